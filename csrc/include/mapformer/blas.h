@@ -1,0 +1,30 @@
+/* CBLAS as mapformer uses it. The scipy-openblas32 wheel exports its symbols with the prefix
+ * `scipy_` (setup.py defines MF_BLAS_PREFIX); a system OpenBLAS has none. Only the routines
+ * the ops call are declared, so no cblas.h is needed at build time. */
+#ifndef MAPFORMER_BLAS_H
+#define MAPFORMER_BLAS_H
+
+#include <stdint.h>
+
+#ifndef MF_BLAS_PREFIX
+#define MF_BLAS_PREFIX
+#endif
+#define MF_BLAS_CAT2(a, b) a##b
+#define MF_BLAS_CAT(a, b) MF_BLAS_CAT2(a, b)
+#define MF_BLAS(name) MF_BLAS_CAT(MF_BLAS_PREFIX, name)
+
+enum MF_CBLAS_ORDER { MfRowMajor = 101, MfColMajor = 102 };
+enum MF_CBLAS_TRANSPOSE { MfNoTrans = 111, MfTrans = 112 };
+
+/* C = alpha * op(A) op(B) + beta * C, row-major; blasint is 32-bit in scipy-openblas32. */
+void MF_BLAS(cblas_sgemm)(enum MF_CBLAS_ORDER order, enum MF_CBLAS_TRANSPOSE transa,
+                          enum MF_CBLAS_TRANSPOSE transb, int m, int n, int k, float alpha,
+                          const float *a, int lda, const float *b, int ldb, float beta, float *c,
+                          int ldc);
+
+/* Row-major sgemm with int64 sizes. Returns MF_EINVAL when a size does not fit BLAS's int.
+ * ta/tb: 0 = no transpose, 1 = transpose. */
+int mf_sgemm(int ta, int tb, int64_t m, int64_t n, int64_t k, float alpha, const float *a,
+             int64_t lda, const float *b, int64_t ldb, float beta, float *c, int64_t ldc);
+
+#endif

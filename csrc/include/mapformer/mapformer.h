@@ -1,0 +1,110 @@
+/* mapformer C core: every op on raw float32 buffers with int64 sizes.
+ *
+ * Conventions (llm.c):
+ *  - arguments run outputs, then saved buffers, then inputs, then weights, then sizes;
+ *    backward puts the d-prefixed gradients first;
+ *  - parameter gradients are accumulated (+=); activation gradients are written (=) unless the
+ *    op takes an explicit `accumulate` flag;
+ *  - every op returns an MfStatus: no printing, no exit, no write outside the given buffers;
+ *  - shapes are row-major (C order); `(B, T, H, D)` means index ((b*T + t)*H + h)*D + d.
+ * The float64 NumPy reference of every op, the specification, is mapformer/reference.py.
+ */
+#ifndef MAPFORMER_H
+#define MAPFORMER_H
+
+#include <stdint.h>
+
+typedef enum {
+    MF_OK = 0,
+    MF_EINVAL = 1,  /* a size or scalar argument out of range */
+    MF_ENOMEM = 2,  /* scratch allocation failed */
+    MF_EINDEX = 3,  /* a token or target id outside [0, V) */
+} MfStatus;
+
+const char *mf_status_string(int status);
+
+/* ---- embedding.c: out[n, :] = weight[tokens[n], :] ------------------------------------- */
+/* out (N, C), tokens (N,), weight (V, C) */
+int embedding_forward(float *out, const int32_t *tokens, const float *weight, int64_t N,
+                      int64_t V, int64_t C);
+/* dweight (V, C) +=, dout (N, C), tokens (N,) */
+int embedding_backward(float *dweight, const float *dout, const int32_t *tokens, int64_t N,
+                       int64_t V, int64_t C);
+
+/* ---- linear.c: y = x weight^T + bias ------------------------------------------------------ */
+/* y (N, Cout), x (N, Cin), weight (Cout, Cin), bias (Cout,) or NULL */
+int linear_forward(float *y, const float *x, const float *weight, const float *bias, int64_t N,
+                   int64_t Cin, int64_t Cout);
+/* dx (N, Cin) (= or += when accumulate_dx), dweight (Cout, Cin) +=, dbias (Cout,) += or NULL,
+ * dy (N, Cout), x (N, Cin), weight (Cout, Cin) */
+int linear_backward(float *dx, float *dweight, float *dbias, const float *dy, const float *x,
+                    const float *weight, int64_t N, int64_t Cin, int64_t Cout, int accumulate_dx);
+
+/* ---- layernorm.c: y = (x - mean) * rstd * weight + bias over the last axis ---------------- */
+/* y (N, C), mean (N,), rstd (N,) saved for backward; x (N, C), weight (C,), bias (C,) */
+int layernorm_forward(float *y, float *mean, float *rstd, const float *x, const float *weight,
+                      const float *bias, int64_t N, int64_t C, float eps);
+/* dx (N, C) (= or += when accumulate_dx), dweight (C,) +=, dbias (C,) += */
+int layernorm_backward(float *dx, float *dweight, float *dbias, const float *dy, const float *x,
+                       const float *mean, const float *rstd, const float *weight, int64_t N,
+                       int64_t C, int accumulate_dx);
+
+/* ---- gelu.c: tanh approximation, y = 0.5 x (1 + tanh(sqrt(2/pi) (x + 0.044715 x^3))) ----- */
+int gelu_forward(float *y, const float *x, int64_t n);
+int gelu_backward(float *dx, const float *dy, const float *x, int64_t n);
+
+/* ---- residual.c ---------------------------------------------------------------------------- */
+/* out = a + b, all (n,) */
+int residual_forward(float *out, const float *a, const float *b, int64_t n);
+/* dx += dout: the residual stream's gradient reaching one branch input */
+int residual_backward(float *dx, const float *dout, int64_t n);
+
+/* ---- attention.c: causal softmax attention, tiled (FlashAttention-2); only lse is saved --- */
+/* out (B, T, H, D), lse (B, H, T); q, k, v (B, T, H, D); scale usually 1/sqrt(D) */
+int attention_forward(float *out, float *lse, const float *q, const float *k, const float *v,
+                      int64_t B, int64_t T, int64_t H, int64_t D, float scale);
+/* dq, dk, dv (B, T, H, D) (=); dout, q, k, v, out (B, T, H, D); lse (B, H, T) */
+int attention_backward(float *dq, float *dk, float *dv, const float *dout, const float *q,
+                       const float *k, const float *v, const float *out, const float *lse,
+                       int64_t B, int64_t T, int64_t H, int64_t D, float scale);
+
+/* ---- path_integration.c: theta = wrap(omega * cumsum_t(delta)), cumsum in double -------- */
+/* theta, delta (B, T, H, NB); omega (H, NB). wrap(a) = a - 2 pi floor(a / (2 pi) + 1/2), in [-pi, pi) */
+int path_integration_forward(float *theta, const float *delta, const float *omega, int64_t B,
+                             int64_t T, int64_t H, int64_t NB);
+/* ddelta (B, T, H, NB) (=), domega (H, NB) +=; dtheta, delta (B, T, H, NB); omega (H, NB) */
+int path_integration_backward(float *ddelta, float *domega, const float *dtheta,
+                              const float *delta, const float *omega, int64_t B, int64_t T,
+                              int64_t H, int64_t NB);
+
+/* ---- rotary.c: rotate pairs (x[2i], x[2i+1]) of q and k by theta_i ------------------------ */
+/* q_out, k_out, q, k (B, T, H, D); theta (TB, T, H, D/2) with TB = 1 (broadcast) or B */
+int rotary_forward(float *q_out, float *k_out, const float *q, const float *k,
+                   const float *theta, int64_t B, int64_t T, int64_t H, int64_t D, int64_t TB);
+/* dq, dk (B, T, H, D) (=); dtheta (TB, T, H, D/2) (=, summed over b when TB = 1) */
+int rotary_backward(float *dq, float *dk, float *dtheta, const float *dq_out,
+                    const float *dk_out, const float *q, const float *k, const float *theta,
+                    int64_t B, int64_t T, int64_t H, int64_t D, int64_t TB);
+
+/* ---- softmax_xent.c: masked softmax cross-entropy ----------------------------------------- */
+/* losses (N,) = -log softmax(logits)[target] (every row); *loss = sum(mask*losses)/sum(mask)
+ * (0 when sum(mask) == 0), accumulated in double. logits (N, V), targets (N,), mask (N,) */
+int softmax_xent_forward(float *losses, double *loss, const float *logits,
+                         const int32_t *targets, const float *mask, int64_t N, int64_t V);
+/* dlogits (N, V) = scale * mask[n] * (softmax(logits[n]) - onehot(targets[n])) */
+int softmax_xent_backward(float *dlogits, const float *logits, const int32_t *targets,
+                          const float *mask, float scale, int64_t N, int64_t V);
+
+/* ---- adamw.c: one fused AdamW step over a flat buffer (in place) -------------------------- */
+/* params, m, v, grads, decay_mask (n,); step >= 1 (bias correction). Decoupled weight decay
+ * params -= lr * weight_decay * params where decay_mask != 0. */
+int adamw_step(float *params, float *m, float *v, const float *grads, const uint8_t *decay_mask,
+               int64_t n, float lr, float beta1, float beta2, float eps, float weight_decay,
+               int64_t step);
+
+/* ---- grad_norm.c: global L2 norm (double accumulation) and clipping ----------------------- */
+int global_norm(double *norm, const float *x, int64_t n);
+/* *norm = ||grads||; when *norm > max_norm, grads *= max_norm / (*norm + 1e-6) */
+int clip_grad_norm(double *norm, float *grads, int64_t n, float max_norm);
+
+#endif

@@ -1,0 +1,39 @@
+/* Token embedding lookup.
+ * Forward saves nothing (backward needs only the tokens).
+ * Gradient rule: dweight is a parameter gradient, accumulated (+=).
+ * Ids are trusted here; the binding checks them against V before calling. */
+#include <string.h>
+
+#include "mapformer/mapformer.h"
+
+int embedding_forward(float *out, const int32_t *tokens, const float *weight, int64_t N,
+                      int64_t V, int64_t C) {
+    if (N < 1 || V < 1 || C < 1) return MF_EINVAL;
+#pragma omp parallel for schedule(static)
+    for (int64_t n = 0; n < N; n++)
+        memcpy(out + n * C, weight + (int64_t)tokens[n] * C, (size_t)C * sizeof(float));
+    return MF_OK;
+}
+
+int embedding_backward(float *dweight, const float *dout, const int32_t *tokens, int64_t N,
+                       int64_t V, int64_t C) {
+    if (N < 1 || V < 1 || C < 1) return MF_EINVAL;
+    /* Parallel over columns: every thread walks all tokens but owns its slice of C, so no two
+     * threads touch the same dweight entry. */
+#pragma omp parallel
+    {
+#ifdef _OPENMP
+        extern int omp_get_thread_num(void), omp_get_num_threads(void);
+        int64_t nt = omp_get_num_threads(), id = omp_get_thread_num();
+#else
+        int64_t nt = 1, id = 0;
+#endif
+        int64_t c0 = C * id / nt, c1 = C * (id + 1) / nt;
+        for (int64_t n = 0; n < N; n++) {
+            float *dst = dweight + (int64_t)tokens[n] * C;
+            const float *src = dout + n * C;
+            for (int64_t c = c0; c < c1; c++) dst[c] += src[c];
+        }
+    }
+    return MF_OK;
+}

@@ -1,0 +1,60 @@
+"""Shared test helpers: tolerances as data, comparison, finite differences, random inputs."""
+import numpy as np
+import pytest
+
+# (rtol, atol) of a float32 C op against the float64 reference. Every slack beyond "default"
+# says why it is needed.
+TOLERANCES = {
+    # elementwise ops and short reductions (C <= 512): a few float32 ulps
+    "default": (1e-5, 1e-6),
+    # sums over a long axis in float32 (sgemm over N rows, attention over T keys, cumulative
+    # angles over T steps): error grows like sqrt(length) * eps32 * |terms|
+    "reduction": (2e-4, 2e-5),
+    # gradients that sum products over both T and D (attention dq/dk, weight gradients over
+    # N = B*T rows): one more long reduction than "reduction"
+    "gradient": (1e-3, 1e-4),
+}
+
+
+def assert_close(actual, expected, kind="default", name="value"):
+    """Assert |actual - expected| <= atol + rtol * |expected| elementwise, with a message that
+    gives the worst element."""
+    rtol, atol = TOLERANCES[kind]
+    actual = np.asarray(actual, dtype=np.float64)
+    expected = np.asarray(expected, dtype=np.float64)
+    assert actual.shape == expected.shape, f"{name}: shape {actual.shape} != {expected.shape}"
+    err = np.abs(actual - expected)
+    bound = atol + rtol * np.abs(expected)
+    if not np.all(err <= bound):
+        i = np.unravel_index(np.argmax(err - bound), err.shape)
+        raise AssertionError(
+            f"{name} ({kind}: rtol={rtol}, atol={atol}): worst at {i}: got {actual[i]!r}, "
+            f"expected {expected[i]!r}, |err| {err[i]:.3g} > bound {bound[i]:.3g}; "
+            f"max |err| {err.max():.3g}"
+        )
+
+
+def numerical_grad(f, x, eps=1e-6):
+    """Central finite differences of the scalar float64 function f at x (modified in place and
+    restored): returns df/dx with x's shape."""
+    grad = np.zeros_like(x, dtype=np.float64)
+    flat, gflat = x.reshape(-1), grad.reshape(-1)
+    for i in range(flat.size):
+        old = flat[i]
+        flat[i] = old + eps
+        up = f()
+        flat[i] = old - eps
+        down = f()
+        flat[i] = old
+        gflat[i] = (up - down) / (2 * eps)
+    return grad
+
+
+@pytest.fixture
+def rng():
+    return np.random.default_rng(1234)
+
+
+def randn(rng, *shape, scale=1.0):
+    """A float32 C-contiguous array of standard normals times scale."""
+    return (rng.standard_normal(shape) * scale).astype(np.float32)
