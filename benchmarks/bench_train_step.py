@@ -1,0 +1,142 @@
+"""Milliseconds per training step (forward + backward + clipping + AdamW) at the MapFormer
+paper's scale, against the step's sgemm-bound time.
+
+Defaults: batch 128, 256 tokens, d_model 128, 2 heads (head dim 64), 1 layer, navigation
+tokens. The same run measures the machine's sgemm rate (a large square sgemm through the C
+core's own OpenBLAS) and reports the step's matrix-multiply flops at that rate (the
+"sgemm-bound" time) and the ratio step / bound. Peak RSS is ru_maxrss of this process.
+
+Matmul flops of a step (N = B*T rows, C width, V vocab, r Delta rank):
+  forward linears  2 N (4 C^2 + 2 * 4 C^2 + C V [+ C r + r C/2 for mapwm])
+  causal attention  forward 2 matmuls (QK^T, PV) over the causal half: 2 * B H T^2 D
+  backward          linears 2x forward; attention 4 matmuls (dV, dP, dQ, dK) over the half
+The attention backward's recomputation of QK^T is not counted: it is an implementation
+choice, not work the step needs.
+
+Prints one JSON line at the end.
+"""
+import argparse
+import json
+import resource
+import time
+from collections import defaultdict
+
+import numpy as np
+
+from mapformer import backend
+from mapformer.models import ModelConfig, Transformer
+from mapformer.tasks import navigation
+from mapformer.train import AdamW, TrainConfig
+
+
+def step_flops(cfg, batch, tokens):
+    """Matmul flops of one step: 3x the forward's (backward = 2 forward)."""
+    n, c = batch * tokens, cfg.d_model
+    linears = 2 * n * 12 * c * c
+    if cfg.positional == "mapwm":
+        linears += 2 * n * (c * cfg.delta_rank + cfg.delta_rank * c // 2)
+    attention = 2 * batch * cfg.n_heads * tokens * tokens * cfg.head_dim  # causal half
+    head = 2 * n * c * cfg.vocab_size
+    return 3 * (cfg.n_layers * (linears + attention) + head)
+
+
+def sgemm_rate(size, repeats):
+    """GFLOP/s of a size^3 sgemm through the C core's linear op (its OpenBLAS)."""
+    rng = np.random.default_rng(0)
+    x = rng.standard_normal((size, size)).astype(np.float32)
+    w = rng.standard_normal((size, size)).astype(np.float32)
+    backend.C.linear_forward(x, w)
+    times = []
+    for _ in range(repeats):
+        t0 = time.perf_counter()
+        backend.C.linear_forward(x, w)
+        times.append(time.perf_counter() - t0)
+    return 2 * size**3 / np.median(times) / 1e9
+
+
+class OpTimer:
+    """Wraps every function of the C backend to add up its wall time per op."""
+
+    def __init__(self):
+        self.totals = defaultdict(float)
+        self.original = dict(vars(backend.C))
+        for name, fn in self.original.items():
+            if callable(fn):
+                setattr(backend.C, name, self.wrap(name, fn))
+
+    def wrap(self, name, fn):
+        def timed(*args, **kwargs):
+            t0 = time.perf_counter()
+            out = fn(*args, **kwargs)
+            self.totals[name] += time.perf_counter() - t0
+            return out
+        return timed
+
+    def restore(self):
+        for name, fn in self.original.items():
+            setattr(backend.C, name, fn)
+
+
+def bench(positional, args):
+    task = navigation.NavigationConfig(dims=2, steps=args.tokens // 2, grid_size=64)
+    cfg = ModelConfig(vocab_size=task.vocab_size, d_model=args.d_model, n_heads=args.heads,
+                      n_layers=args.layers, positional=positional)
+    model = Transformer(cfg, seed=0)
+    opt = AdamW(model, TrainConfig())
+    batch = navigation.generate(task, args.batch, np.random.default_rng(0))
+    times = []
+    for i in range(args.warmup + args.repeats):
+        t0 = time.perf_counter()
+        model.loss(batch.tokens, batch.targets, batch.mask)
+        model.backward()
+        opt.step(1e-4)
+        if i >= args.warmup:
+            times.append(time.perf_counter() - t0)
+    timer = OpTimer()
+    try:
+        model.loss(batch.tokens, batch.targets, batch.mask)
+        model.backward()
+        opt.step(1e-4)
+    finally:
+        timer.restore()
+    return cfg, float(np.median(times)), dict(timer.totals)
+
+
+def main():
+    p = argparse.ArgumentParser(description=__doc__,
+                                formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--batch", type=int, default=128)
+    p.add_argument("--tokens", type=int, default=256)
+    p.add_argument("--d-model", type=int, default=128)
+    p.add_argument("--heads", type=int, default=2)
+    p.add_argument("--layers", type=int, default=1)
+    p.add_argument("--repeats", type=int, default=7)
+    p.add_argument("--warmup", type=int, default=2)
+    p.add_argument("--sgemm-size", type=int, default=2048)
+    p.add_argument("--schemes", default="mapwm,rope")
+    args = p.parse_args()
+
+    rate = sgemm_rate(args.sgemm_size, 5)
+    print(f"sgemm {args.sgemm_size}^3: {rate:.1f} GFLOP/s")
+    figures = {"sgemm_gflops": round(rate, 1), "batch": args.batch, "tokens": args.tokens,
+               "d_model": args.d_model, "heads": args.heads, "layers": args.layers}
+    for positional in args.schemes.split(","):
+        cfg, seconds, ops = bench(positional, args)
+        flops = step_flops(cfg, args.batch, args.tokens)
+        bound = flops / (rate * 1e9)
+        print(f"{positional}: {seconds * 1e3:.1f} ms/step (median of {args.repeats}), "
+              f"{flops / 1e9:.1f} GFLOP of matmul, sgemm-bound {bound * 1e3:.1f} ms, "
+              f"ratio {seconds / bound:.2f}")
+        for name, t in sorted(ops.items(), key=lambda kv: -kv[1]):
+            print(f"    {name:<28} {t * 1e3:8.1f} ms")
+        figures[positional] = {"ms_per_step": round(seconds * 1e3, 1),
+                               "gflop": round(flops / 1e9, 2),
+                               "sgemm_bound_ms": round(bound * 1e3, 1),
+                               "ratio": round(seconds / bound, 2),
+                               "op_ms": {k: round(v * 1e3, 1) for k, v in ops.items()}}
+    figures["peak_rss_mb"] = round(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024, 1)
+    print(json.dumps(figures))
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,106 @@
+"""The two backends a model can run on, with one calling convention.
+
+``C`` is the extension ``mapformer._C`` (float32). ``NUMPY`` wraps ``mapformer.reference``
+(float64) in the same signatures, so a model built on it is a pure NumPy reference model of
+the same architecture: the golden test trains both and compares every loss and gradient.
+
+Conventions shared by both (see ``csrc/include/mapformer/mapformer.h``): parameter gradients
+passed in (``dweight``, ``dbias``, ``domega``) are accumulated in place; an activation
+gradient ``dx=None`` is returned as a new array, a given ``dx`` is accumulated into.
+"""
+from types import SimpleNamespace
+
+import numpy as np
+
+from . import _C
+from . import reference as ref
+
+
+def _accumulate(dx, value):
+    if dx is None:
+        return value
+    dx += value
+    return dx
+
+
+def _embedding_backward(dweight, dout, tokens):
+    dweight += ref.embedding_backward(dout, tokens, dweight.shape[0])
+
+
+def _linear_backward(dy, x, weight, dweight, dbias=None, dx=None):
+    gx, gw, gb = ref.linear_backward(dy, x, weight, dbias is not None)
+    dweight += gw
+    if dbias is not None:
+        dbias += gb
+    return _accumulate(dx, gx)
+
+
+def _layernorm_backward(dy, x, mean, rstd, weight, dweight, dbias, dx=None):
+    gx, gw, gb = ref.layernorm_backward(dy, x, mean, rstd, weight)
+    dweight += gw
+    dbias += gb
+    return _accumulate(dx, gx)
+
+
+def _residual_backward(dx, dout):
+    dx += dout
+
+
+def _path_integration_backward(dtheta, delta, omega, domega):
+    ddelta, gomega = ref.path_integration_backward(dtheta, delta, omega)
+    domega += gomega
+    return ddelta
+
+
+def _adamw_step(params, grads, m, v, decay_mask, *, lr, step, beta1=0.9, beta2=0.999, eps=1e-8,
+                weight_decay=0.0):
+    params[:], m[:], v[:] = ref.adamw_step(params, grads, m, v, decay_mask, lr, beta1, beta2,
+                                           eps, weight_decay, step)
+
+
+def _clip_grad_norm(grads, max_norm):
+    clipped, norm = ref.clip_grad_norm(grads, max_norm)
+    grads[:] = clipped
+    return norm
+
+
+C = SimpleNamespace(name="c", dtype=np.float32, **{
+    name: getattr(_C, name) for name in dir(_C) if name.endswith(("_forward", "_backward"))
+    or name in ("adamw_step", "global_norm", "clip_grad_norm")})
+
+NUMPY = SimpleNamespace(
+    name="numpy",
+    dtype=np.float64,
+    embedding_forward=ref.embedding_forward,
+    embedding_backward=_embedding_backward,
+    linear_forward=ref.linear_forward,
+    linear_backward=_linear_backward,
+    layernorm_forward=ref.layernorm_forward,
+    layernorm_backward=_layernorm_backward,
+    gelu_forward=ref.gelu_forward,
+    gelu_backward=ref.gelu_backward,
+    residual_forward=ref.residual_forward,
+    residual_backward=_residual_backward,
+    attention_forward=ref.attention_forward,
+    attention_backward=lambda dout, q, k, v, out, lse, scale=None: ref.attention_backward(
+        dout, q, k, v, scale),
+    path_integration_forward=ref.path_integration_forward,
+    path_integration_backward=_path_integration_backward,
+    rotary_forward=ref.rotary_forward,
+    rotary_backward=ref.rotary_backward,
+    softmax_xent_forward=ref.softmax_xent_forward,
+    softmax_xent_backward=ref.softmax_xent_backward,
+    adamw_step=_adamw_step,
+    global_norm=ref.global_norm,
+    clip_grad_norm=_clip_grad_norm,
+)
+
+BACKENDS = {"c": C, "numpy": NUMPY}
+
+
+def get(name):
+    """The backend called ``name`` ('c' or 'numpy')."""
+    try:
+        return BACKENDS[name]
+    except KeyError:
+        raise ValueError(f"backend must be one of {sorted(BACKENDS)}, got {name!r}") from None

@@ -1,0 +1,171 @@
+"""Layers with an explicit backward pass, over one flat parameter buffer.
+
+Every layer declares its parameters on a :class:`ParameterStore`; once the store is built,
+each :class:`Param` has ``.value`` and ``.grad``: views into the store's two flat buffers.
+``forward`` keeps what ``backward`` needs; ``backward(dy)`` returns the input gradient and
+accumulates (+=) into its parameters' ``.grad``. The ops come from a backend
+(:mod:`mapformer.backend`): the C core in float32, or the NumPy reference in float64.
+
+Shapes: B batch, T tokens, C = d_model, H heads, D = C / H head dim, NB = D / 2 rotation
+blocks, N = B * T rows.
+"""
+from dataclasses import dataclass
+
+import numpy as np
+
+
+@dataclass
+class Param:
+    """One named parameter: ``value`` and ``grad`` are views into the store's flat buffers."""
+
+    name: str
+    shape: tuple
+    init: object  # callable(rng, shape) -> array
+    decay: bool
+    offset: int = 0
+    value: np.ndarray = None
+    grad: np.ndarray = None
+
+    @property
+    def size(self):
+        return int(np.prod(self.shape))
+
+
+def normal_init(std):
+    return lambda rng, shape: rng.standard_normal(shape) * std
+
+
+def constant_init(value):
+    return lambda rng, shape: np.full(shape, value)
+
+
+class ParameterStore:
+    """All parameters of a model in one flat buffer (``data``), gradients in a second one
+    with the same layout (``grad``), and a bool ``decay_mask`` saying which entries AdamW
+    decays. ``params`` maps names to :class:`Param` in declaration order."""
+
+    def __init__(self, dtype):
+        self.dtype = dtype
+        self.params = {}
+        self.data = self.grad = self.decay_mask = None
+
+    def declare(self, name, shape, init, decay):
+        if self.data is not None:
+            raise RuntimeError("parameters cannot be declared after build()")
+        if name in self.params:
+            raise ValueError(f"parameter {name!r} declared twice")
+        offset = sum(p.size for p in self.params.values())
+        param = Param(name, tuple(shape), init, decay, offset)
+        self.params[name] = param
+        return param
+
+    @property
+    def size(self):
+        return sum(p.size for p in self.params.values())
+
+    def build(self, rng):
+        """Allocate the buffers, point every Param at its slice, and initialise values."""
+        self.data = np.zeros(self.size, dtype=self.dtype)
+        self.grad = np.zeros(self.size, dtype=self.dtype)
+        self.decay_mask = np.zeros(self.size, dtype=bool)
+        for p in self.params.values():
+            sl = slice(p.offset, p.offset + p.size)
+            p.value = self.data[sl].reshape(p.shape)
+            p.grad = self.grad[sl].reshape(p.shape)
+            p.value[...] = p.init(rng, p.shape)
+            self.decay_mask[sl] = p.decay
+
+    def zero_grad(self):
+        self.grad.fill(0)
+
+
+class Embedding:
+    """Token embedding: tokens int32 (N,) -> (N, C)."""
+
+    def __init__(self, store, name, vocab_size, width, ops):
+        self.ops = ops
+        self.weight = store.declare(f"{name}.weight", (vocab_size, width), normal_init(0.02),
+                                    decay=True)
+
+    def forward(self, tokens):
+        self.tokens = tokens
+        return self.ops.embedding_forward(tokens, self.weight.value)
+
+    def backward(self, dout):
+        self.ops.embedding_backward(self.weight.grad, dout, self.tokens)
+
+
+class Linear:
+    """y = x W^T + b: x (N, Cin) -> y (N, Cout); W (Cout, Cin)."""
+
+    def __init__(self, store, name, c_in, c_out, ops, bias=True, std=0.02):
+        self.ops = ops
+        self.weight = store.declare(f"{name}.weight", (c_out, c_in), normal_init(std), decay=True)
+        self.bias = (store.declare(f"{name}.bias", (c_out,), constant_init(0.0), decay=False)
+                     if bias else None)
+
+    def forward(self, x):
+        self.x = x
+        return self.ops.linear_forward(x, self.weight.value,
+                                       None if self.bias is None else self.bias.value)
+
+    def backward(self, dy, dx=None):
+        """dy (N, Cout) -> dx (N, Cin), accumulated into ``dx`` when given."""
+        return self.ops.linear_backward(dy, self.x, self.weight.value, self.weight.grad,
+                                        None if self.bias is None else self.bias.grad, dx)
+
+
+class LayerNorm:
+    """LayerNorm over the last axis: x (N, C) -> (N, C)."""
+
+    def __init__(self, store, name, width, ops, eps=1e-5):
+        self.ops, self.eps = ops, eps
+        self.weight = store.declare(f"{name}.weight", (width,), constant_init(1.0), decay=False)
+        self.bias = store.declare(f"{name}.bias", (width,), constant_init(0.0), decay=False)
+
+    def forward(self, x):
+        self.x = x
+        y, self.mean, self.rstd = self.ops.layernorm_forward(x, self.weight.value,
+                                                             self.bias.value, self.eps)
+        return y
+
+    def backward(self, dy, dx=None):
+        return self.ops.layernorm_backward(dy, self.x, self.mean, self.rstd, self.weight.value,
+                                           self.weight.grad, self.bias.grad, dx)
+
+
+class Dropout:
+    """Inverted dropout with rate p (identity when p == 0 or not training). The mask is drawn
+    with NumPy from the layer's generator; it is elementwise and off the hot path by default."""
+
+    def __init__(self, p, rng):
+        if not 0.0 <= p < 1.0:
+            raise ValueError(f"dropout must be in [0, 1), got {p}")
+        self.p, self.rng, self.training, self.mask = p, rng, True, None
+
+    def forward(self, x):
+        if self.p == 0.0 or not self.training:
+            self.mask = None
+            return x
+        self.mask = (self.rng.random(x.shape) >= self.p).astype(x.dtype) / (1.0 - self.p)
+        return x * self.mask
+
+    def backward(self, dy):
+        return dy if self.mask is None else dy * self.mask
+
+
+class MLP:
+    """Linear(C, 4C) -> GELU -> Linear(4C, C): x (N, C) -> (N, C)."""
+
+    def __init__(self, store, name, width, ops, ratio=4, out_std=0.02):
+        self.ops = ops
+        self.fc = Linear(store, f"{name}.fc", width, ratio * width, ops)
+        self.proj = Linear(store, f"{name}.proj", ratio * width, width, ops, std=out_std)
+
+    def forward(self, x):
+        self.h = self.fc.forward(x)
+        return self.proj.forward(self.ops.gelu_forward(self.h))
+
+    def backward(self, dy, dx=None):
+        dh = self.ops.gelu_backward(self.proj.backward(dy), self.h)
+        return self.fc.backward(dh, dx)

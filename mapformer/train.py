@@ -1,0 +1,319 @@
+"""Training and evaluation on forced navigation: AdamW over the flat parameter buffer,
+learning-rate schedules, recall accuracy on the IID and OOD presets, checkpoints, a JSONL
+metrics log and a progress line.
+
+The batch of step s is generated from ``default_rng([seed, s])``, so a resumed run sees
+exactly the batches the uninterrupted run would have seen.
+"""
+import json
+import math
+import sys
+import time
+from dataclasses import asdict, dataclass, fields
+from pathlib import Path
+
+import numpy as np
+
+from .models import ModelConfig, Transformer
+from .tasks import navigation
+
+SCHEDULES = ("linear", "cosine")
+EVAL_PRESETS = ("iid", "ood_dense", "ood_sparse")
+CHECKPOINT_VERSION = 1
+
+
+@dataclass(frozen=True)
+class TrainConfig:
+    """A training run. Defaults are the MapFormer paper's recipe (section 5.2): AdamW,
+    lr 3e-4, weight decay 0.05, batch 128, gradient clipping at 1.0, linear decay to 0 and
+    no warmup, on the 2D ``iid`` preset (128 steps, p_empty 0.5, grid 64).
+
+    dims, preset: the navigation task (see :func:`mapformer.tasks.navigation.preset`);
+    steps, grid_size, p_empty, n_objects: overrides of that preset (None keeps it).
+    sequences: training sequences in all (rounded up to whole batches).
+    schedule: 'linear' (decay from lr to 0) or 'cosine' (linear warmup over ``warmup_steps``,
+    then cosine to 0). eval_every: optimizer steps between evaluations (0: only at the end).
+    eval_sequences: sequences per preset in each evaluation (fixed set from ``seed``).
+    """
+
+    dims: int = 2
+    preset: str = "iid"
+    steps: int = None
+    grid_size: int = None
+    p_empty: float = None
+    n_objects: int = 16
+    sequences: int = 200_000
+    batch_size: int = 128
+    lr: float = 3e-4
+    weight_decay: float = 0.05
+    beta1: float = 0.9
+    beta2: float = 0.999
+    clip: float = 1.0
+    schedule: str = "linear"
+    warmup_steps: int = 0
+    seed: int = 0
+    eval_every: int = 0
+    eval_sequences: int = 256
+    eval_batch_size: int = 32
+    log_every: int = 10
+    checkpoint_every: int = 0
+
+    def __post_init__(self):
+        if self.schedule not in SCHEDULES:
+            raise ValueError(f"schedule must be one of {SCHEDULES}, got {self.schedule!r}")
+        for name in ("sequences", "batch_size", "eval_sequences", "eval_batch_size",
+                     "log_every"):
+            if getattr(self, name) < 1:
+                raise ValueError(f"{name} must be >= 1, got {getattr(self, name)!r}")
+        for name in ("warmup_steps", "eval_every", "checkpoint_every", "seed"):
+            if getattr(self, name) < 0:
+                raise ValueError(f"{name} must be >= 0, got {getattr(self, name)!r}")
+        for name in ("lr", "weight_decay", "clip"):
+            value = getattr(self, name)
+            if not (math.isfinite(value) and value >= 0):
+                raise ValueError(f"{name} must be a finite number >= 0, got {value!r}")
+        for name in ("beta1", "beta2"):
+            if not 0.0 <= getattr(self, name) < 1.0:
+                raise ValueError(f"{name} must be in [0, 1), got {getattr(self, name)!r}")
+        self.task()  # validates the task fields
+
+    @property
+    def total_steps(self):
+        return -(-self.sequences // self.batch_size)
+
+    def task(self, preset=None):
+        """The NavigationConfig of ``preset`` (default: the training preset) with this run's
+        overrides; the OOD presets keep their own length, grid and p_empty."""
+        name = preset or self.preset
+        overrides = {"n_objects": self.n_objects}
+        if name == self.preset:
+            overrides.update({k: v for k, v in (("steps", self.steps),
+                                                 ("grid_size", self.grid_size),
+                                                 ("p_empty", self.p_empty)) if v is not None})
+        return navigation.preset(name, dims=self.dims, **overrides)
+
+    def to_dict(self):
+        return asdict(self)
+
+    @classmethod
+    def from_dict(cls, values):
+        known = {f.name for f in fields(cls)}
+        return cls(**{k: v for k, v in values.items() if k in known})
+
+
+def learning_rate(config, step):
+    """The learning rate of optimizer step ``step`` (0-based)."""
+    total = config.total_steps
+    if config.schedule == "linear":
+        return config.lr * (1.0 - step / total)
+    if step < config.warmup_steps:
+        return config.lr * (step + 1) / config.warmup_steps
+    progress = (step - config.warmup_steps) / max(total - config.warmup_steps, 1)
+    return config.lr * 0.5 * (1.0 + math.cos(math.pi * min(progress, 1.0)))
+
+
+class AdamW:
+    """AdamW over a model's flat parameter buffer: one op call per step."""
+
+    def __init__(self, model, config):
+        self.model, self.config = model, config
+        store = model.params
+        self.m = np.zeros_like(store.data)
+        self.v = np.zeros_like(store.data)
+        self.step_count = 0
+
+    def step(self, lr):
+        """Clip the gradient's global norm, then update; returns the pre-clip norm."""
+        ops, store, c = self.model.ops, self.model.params, self.config
+        norm = ops.clip_grad_norm(store.grad, c.clip) if c.clip > 0 else ops.global_norm(
+            store.grad)
+        self.step_count += 1
+        ops.adamw_step(store.data, store.grad, self.m, self.v, store.decay_mask, lr=lr,
+                       step=self.step_count, beta1=c.beta1, beta2=c.beta2, eps=1e-8,
+                       weight_decay=c.weight_decay)
+        return norm
+
+
+def recall_accuracy(logits, batch):
+    """Fraction of masked positions whose argmax prediction equals the target."""
+    return navigation.recall_accuracy(logits, batch)
+
+
+def evaluate(model, train_config, presets=EVAL_PRESETS, sequences=None, seed=None):
+    """Recall accuracy, masked loss and the always-blank floor of ``model`` on fixed
+    evaluation sets of each preset: {preset: {"accuracy", "loss", "floor", "sequences"}}."""
+    sequences = sequences or train_config.eval_sequences
+    seed = train_config.seed + 1_000_003 if seed is None else seed
+    model.train(False)
+    results = {}
+    for name in presets:
+        task = train_config.task(name)
+        hits = total = blanks = 0
+        loss_sum = 0.0
+        for batch in navigation.eval_set(task, sequences, seed, train_config.eval_batch_size):
+            n = int(batch.mask.sum())
+            if n == 0:
+                continue
+            loss_sum += model.loss(batch.tokens, batch.targets, batch.mask) * n
+            pred = model.logits.reshape(batch.mask.shape + (-1,)).argmax(-1)
+            hits += int((pred == batch.targets)[batch.mask].sum())
+            blanks += int((batch.targets == task.blank_id)[batch.mask].sum())
+            total += n
+        results[name] = {"accuracy": hits / max(total, 1), "loss": loss_sum / max(total, 1),
+                         "floor": blanks / max(total, 1), "sequences": sequences,
+                         "positions": total}
+    model.train(True)
+    return results
+
+
+def format_eval(results):
+    """One line per preset: accuracy beside the always-blank floor."""
+    return "\n".join(f"  {name:<10} recall {r['accuracy']:.3f}   always-blank floor "
+                     f"{r['floor']:.3f}   loss {r['loss']:.3f}   ({r['positions']} positions)"
+                     for name, r in results.items())
+
+
+def save_checkpoint(path, model, optimizer, train_config, step):
+    """Write config, flat parameters, AdamW moments and the step to ``path`` (.npz)."""
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    meta = {"version": CHECKPOINT_VERSION, "model": model.config.to_dict(),
+            "train": train_config.to_dict(), "step": step,
+            "param_names": list(model.params.params)}
+    tmp = path.with_suffix(".tmp.npz")
+    np.savez(tmp, meta=json.dumps(meta), params=model.params.data, m=optimizer.m,
+             v=optimizer.v)
+    tmp.replace(path)
+
+
+def load_checkpoint(path, backend="c"):
+    """Load a checkpoint: returns (model, optimizer, train_config, step)."""
+    with np.load(path) as f:
+        meta = json.loads(str(f["meta"]))
+        params, m, v = f["params"], f["m"], f["v"]
+    if meta.get("version") != CHECKPOINT_VERSION:
+        raise ValueError(f"{path}: checkpoint version {meta.get('version')} is not "
+                         f"{CHECKPOINT_VERSION}")
+    model = Transformer(ModelConfig.from_dict(meta["model"]), backend=backend)
+    names = list(model.params.params)
+    if names != meta["param_names"] or params.shape != model.params.data.shape:
+        raise ValueError(f"{path}: parameters {meta['param_names'][:3]}... "
+                         f"({params.size} values) do not match the model's "
+                         f"{names[:3]}... ({model.params.size} values)")
+    train_config = TrainConfig.from_dict(meta["train"])
+    model.params.data[:] = params
+    optimizer = AdamW(model, train_config)
+    optimizer.m[:], optimizer.v[:] = m, v
+    optimizer.step_count = meta["step"]
+    return model, optimizer, train_config, meta["step"]
+
+
+def check_resume(path, model_config, train_config):
+    """Raise ValueError naming every field where a checkpoint's configs differ from these."""
+    with np.load(path) as f:
+        meta = json.loads(str(f["meta"]))
+    differences = [f"model.{k}: checkpoint {meta['model'].get(k)!r} != {v!r}"
+                   for k, v in model_config.to_dict().items() if meta["model"].get(k) != v]
+    differences += [f"train.{k}: checkpoint {meta['train'].get(k)!r} != {v!r}"
+                    for k, v in train_config.to_dict().items()
+                    if k not in ("eval_every", "log_every", "checkpoint_every")
+                    and meta["train"].get(k) != v]
+    if differences:
+        raise ValueError(f"{path} does not match this run:\n  " + "\n  ".join(differences))
+
+
+class Progress:
+    """A one-line progress display on stderr (a line per update when not a terminal)."""
+
+    def __init__(self, total, enabled):
+        self.total, self.enabled = total, enabled
+        self.tty = sys.stderr.isatty()
+
+    def update(self, step, record):
+        if not self.enabled:
+            return
+        eta = (self.total - step) * record["elapsed"] / max(step, 1)
+        line = (f"step {step}/{self.total}  loss {record['loss']:.4f}  "
+                f"acc {record['accuracy']:.3f}  lr {record['lr']:.2e}  "
+                f"{record['seq_per_s']:.0f} seq/s  eta {eta:.0f}s")
+        print(("\r" + line) if self.tty else line, end="" if self.tty else "\n",
+              file=sys.stderr, flush=True)
+
+    def close(self):
+        if self.enabled and self.tty:
+            print(file=sys.stderr)
+
+
+def train(model_config, train_config, out_dir=None, resume=None, progress=True, log=print):
+    """Train a model on forced navigation and evaluate it on the three presets.
+
+    model_config: ModelConfig (vocab_size must equal the task's). out_dir: where
+    ``checkpoint.npz`` and ``metrics.jsonl`` go (None: nothing written). resume: a checkpoint
+    to continue from (its configs must equal these). Returns a dict with the final
+    evaluation, the last training loss, wall time and steps/sequences."""
+    task = train_config.task()
+    if model_config.vocab_size != task.vocab_size:
+        raise ValueError(f"model vocab_size {model_config.vocab_size} != task vocab_size "
+                         f"{task.vocab_size} (dims={task.dims}, n_objects={task.n_objects})")
+    if resume:
+        check_resume(resume, model_config, train_config)
+        model, optimizer, _, start = load_checkpoint(resume)
+    else:
+        model = Transformer(model_config, seed=train_config.seed)
+        optimizer, start = AdamW(model, train_config), 0
+    out_dir = Path(out_dir) if out_dir else None
+    metrics = None
+    if out_dir:
+        out_dir.mkdir(parents=True, exist_ok=True)
+        metrics = open(out_dir / "metrics.jsonl", "a" if resume else "w")
+    total = train_config.total_steps
+    log(f"training {model_config.positional} ({model.params.size} parameters) on {task.dims}D "
+        f"navigation: {total} steps of {train_config.batch_size} sequences, "
+        f"{task.seq_len} tokens each" + (f", resuming at step {start}" if start else ""))
+    bar = Progress(total, progress)
+    t0 = time.perf_counter()
+    record = None
+    try:
+        for step in range(start, total):
+            batch = navigation.generate(task, train_config.batch_size,
+                                        np.random.default_rng([train_config.seed, step]))
+            loss = model.loss(batch.tokens, batch.targets, batch.mask)
+            model.backward()
+            lr = learning_rate(train_config, step)
+            norm = optimizer.step(lr)
+            if not math.isfinite(loss):
+                raise FloatingPointError(f"loss became {loss} at step {step}")
+            done = step + 1
+            if done % train_config.log_every == 0 or done == total:
+                elapsed = time.perf_counter() - t0
+                record = {"step": done, "sequences": done * train_config.batch_size,
+                          "loss": loss, "accuracy": recall_accuracy(model.logits.reshape(
+                              batch.mask.shape + (-1,)), batch),
+                          "lr": lr, "grad_norm": norm, "elapsed": elapsed,
+                          "seq_per_s": (done - start) * train_config.batch_size / elapsed}
+                bar.update(done - start, record)
+                if metrics:
+                    metrics.write(json.dumps(record) + "\n")
+                    metrics.flush()
+            if train_config.eval_every and done % train_config.eval_every == 0 and done < total:
+                results = evaluate(model, train_config)
+                bar.close()
+                log(f"step {done}:\n{format_eval(results)}")
+                if metrics:
+                    metrics.write(json.dumps({"step": done, "eval": results}) + "\n")
+            if out_dir and train_config.checkpoint_every and done % train_config.checkpoint_every == 0:
+                save_checkpoint(out_dir / "checkpoint.npz", model, optimizer, train_config, done)
+        bar.close()
+        wall = time.perf_counter() - t0
+        results = evaluate(model, train_config)
+        log(f"final ({total} steps, {total * train_config.batch_size} sequences, "
+            f"{wall:.0f}s):\n{format_eval(results)}")
+        if out_dir:
+            save_checkpoint(out_dir / "checkpoint.npz", model, optimizer, train_config, total)
+            metrics.write(json.dumps({"step": total, "eval": results, "wall_s": wall}) + "\n")
+    finally:
+        if metrics:
+            metrics.close()
+    return {"eval": results, "loss": record["loss"] if record else None, "wall_s": wall,
+            "steps": total, "sequences": total * train_config.batch_size, "model": model}
+
