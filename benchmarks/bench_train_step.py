@@ -61,7 +61,7 @@ class OpTimer:
         self.totals = defaultdict(float)
         self.original = dict(vars(backend.C))
         for name, fn in self.original.items():
-            if callable(fn):
+            if callable(fn) and not isinstance(fn, type):
                 setattr(backend.C, name, self.wrap(name, fn))
 
     def wrap(self, name, fn):

@@ -50,7 +50,10 @@ def test_ten_adamw_steps_match_numpy_reference(positional):
         c_norm, ref_norm = c_opt.step(lr), ref_opt.step(lr)
         assert c_norm == pytest.approx(ref_norm, rel=1e-4)
     assert names_checked == 10 * len(ref_model.params.params)
-    np.testing.assert_allclose(c_model.params.data, ref_model.params.data, rtol=1e-3, atol=1e-5)
+    # Adam moves every entry by ~lr per step whatever its gradient's size, so where a gradient
+    # is ~0 float32 rounding can change its direction: allow 1% of the 10 steps' movement.
+    np.testing.assert_allclose(c_model.params.data, ref_model.params.data, rtol=1e-3,
+                               atol=0.01 * 10 * train_config.lr)
     # the parameters moved: the steps were real
     assert np.abs(c_model.params.data - Transformer(tiny_config(positional), seed=3)
                   .params.data).max() > 1e-3

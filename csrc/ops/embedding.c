@@ -6,10 +6,14 @@
 
 #include "mapformer/mapformer.h"
 
+/* N*C below this runs on one thread: forking a team costs more than copying a few KiB, and on
+ * a shared 2-vCPU machine a tiny parallel region can wait a whole time slice for its sibling. */
+#define EMB_MIN_PARALLEL 32768
+
 int embedding_forward(float *out, const int32_t *tokens, const float *weight, int64_t N,
                       int64_t V, int64_t C) {
     if (N < 1 || V < 1 || C < 1) return MF_EINVAL;
-#pragma omp parallel for schedule(static)
+#pragma omp parallel for schedule(static) if (N * C >= EMB_MIN_PARALLEL)
     for (int64_t n = 0; n < N; n++)
         memcpy(out + n * C, weight + (int64_t)tokens[n] * C, (size_t)C * sizeof(float));
     return MF_OK;
@@ -20,7 +24,7 @@ int embedding_backward(float *dweight, const float *dout, const int32_t *tokens,
     if (N < 1 || V < 1 || C < 1) return MF_EINVAL;
     /* Parallel over columns: every thread walks all tokens but owns its slice of C, so no two
      * threads touch the same dweight entry. */
-#pragma omp parallel
+#pragma omp parallel if (N * C >= EMB_MIN_PARALLEL)
     {
 #ifdef _OPENMP
         extern int omp_get_thread_num(void), omp_get_num_threads(void);

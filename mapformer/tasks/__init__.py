@@ -2,6 +2,8 @@
 
 navigation: forced navigation on an n-dimensional torus (MapFormer, section 5.2), with the
 paper's IID and OOD presets.
+selective_copy: Mamba's selective copying (MapFormer, section 5.1), with the paper's IID and OOD
+presets; its generic names (PRESETS, preset, generate, ...) live in the submodule.
 """
 
 from .navigation import (
@@ -17,6 +19,13 @@ from .navigation import (
     preset,
     recall_accuracy,
 )
+from . import selective_copy
+from .selective_copy import (
+    SelectiveCopyBatch,
+    SelectiveCopyConfig,
+    sequence_accuracy,
+    token_accuracy,
+)
 
 __all__ = [
     "PRESETS",
@@ -30,4 +39,9 @@ __all__ = [
     "generate",
     "preset",
     "recall_accuracy",
+    "selective_copy",
+    "SelectiveCopyBatch",
+    "SelectiveCopyConfig",
+    "sequence_accuracy",
+    "token_accuracy",
 ]

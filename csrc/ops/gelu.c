@@ -1,0 +1,113 @@
+/* GELU, tanh approximation: y = 0.5 x (1 + tanh(u)), u = sqrt(2/pi) (x + 0.044715 x^3).
+ *
+ * Forward saves nothing: backward recomputes from x.
+ * Gradient rule: dx is an activation gradient, written (=).
+ *
+ * 0.5 (1 + tanh(u)) = sigmoid(2u) = 1 / (1 + e) with e = exp(-2u), so
+ *   y  = x / (1 + e)
+ *   dx = dy * (s + 2 x s (1 - s) du/dx),  s = 1 / (1 + e),  1 - s = e s,
+ *        du/dx = sqrt(2/pi) (1 + 3 * 0.044715 x^2)
+ * which never forms 1 - tanh (no cancellation for negative x). exp is mf_expf below: a
+ * branch-free Cephes-style polynomial (about 1 ulp on its clamped range) that GCC vectorises
+ * without -ffast-math; tanhf/expf from libm would not vectorise. The hot loops are compiled
+ * for AVX-512, AVX2 and baseline x86-64 (target_clones) and picked at load time.
+ */
+#include <stdint.h>
+#include <string.h>
+
+#include "mapformer/mapformer.h"
+
+#if defined(__GNUC__) && !defined(__clang__) && defined(__x86_64__) && defined(__linux__)
+#define MF_GELU_CLONES __attribute__((target_clones("avx512f", "avx2", "default")))
+#else
+#define MF_GELU_CLONES
+#endif
+
+/* elements per OpenMP work item; below two chunks the op runs on one thread */
+#define MF_GELU_CHUNK 8192
+
+#define MF_GELU_K 0.7978845608028654f /* sqrt(2/pi) */
+#define MF_GELU_A 0.044715f
+
+/* exp(z) for z clamped to [-87, 88], so results stay normal floats (a NaN z comes out
+ * finite: callers keep NaN through their other factors of x). The clamp compares the float's
+ * bits as integers: a float clamp here lets GCC's PRE split the loop into branches that it then
+ * refuses to if-convert (floating ops may trap), which stops vectorisation. Round-to-nearest
+ * n = z log2(e) by the 1.5 * 2^23 trick, r = z - n ln2 in two parts, exp(r) by Cephes'
+ * polynomial, 2^n from the exponent bits. */
+#if defined(__GNUC__)
+__attribute__((always_inline)) /* inlined into each clone, so compiled for its ISA */
+#endif
+static inline float mf_expf(float z) {
+    uint32_t zu;
+    memcpy(&zu, &z, sizeof zu);
+    int32_t zi = (int32_t)zu;
+    zi = zi > 0x42B00000 ? 0x42B00000 : zi; /* z > 88 (as signed ints, negatives stay below) */
+    zu = (uint32_t)zi;
+    zu = zu > 0xC2AE0000u ? 0xC2AE0000u : zu; /* z < -87 (negatives sort above as unsigned) */
+    memcpy(&z, &zu, sizeof z);
+    const float shift = 12582912.0f; /* 1.5 * 2^23 */
+    float t = z * 1.44269504088896341f + shift;
+    int32_t ti;
+    memcpy(&ti, &t, sizeof ti);
+    float n = t - shift;
+    float r = z - n * 0.693359375f;
+    r = r - n * -2.12194440e-4f;
+    float p = 1.9875691500e-4f;
+    p = p * r + 1.3981999507e-3f;
+    p = p * r + 8.3334519073e-3f;
+    p = p * r + 4.1665795894e-2f;
+    p = p * r + 1.6666665459e-1f;
+    p = p * r + 5.0000001201e-1f;
+    p = p * r * r + r + 1.0f;
+    /* the low mantissa bits of t hold n (two's complement, |n| <= 127) */
+    int32_t e = (int32_t)((uint32_t)(ti - 0x4B400000 + 127) << 23);
+    float scale;
+    memcpy(&scale, &e, sizeof scale);
+    return p * scale;
+}
+
+MF_GELU_CLONES
+static void gelu_forward_kernel(float *restrict y, const float *restrict x, int64_t n) {
+    for (int64_t i = 0; i < n; i++) {
+        float xi = x[i];
+        float u = MF_GELU_K * (xi + MF_GELU_A * xi * xi * xi);
+        y[i] = xi / (1.0f + mf_expf(-2.0f * u));
+    }
+}
+
+MF_GELU_CLONES
+static void gelu_backward_kernel(float *restrict dx, const float *restrict dy,
+                                 const float *restrict x, int64_t n) {
+    for (int64_t i = 0; i < n; i++) {
+        float xi = x[i];
+        float x2 = xi * xi;
+        float u = MF_GELU_K * (xi + MF_GELU_A * x2 * xi);
+        float e = mf_expf(-2.0f * u);
+        float s = 1.0f / (1.0f + e);
+        float du = MF_GELU_K * (1.0f + 3.0f * MF_GELU_A * x2);
+        dx[i] = dy[i] * (s + 2.0f * xi * (e * s) * s * du);
+    }
+}
+
+int gelu_forward(float *y, const float *x, int64_t n) {
+    if (n < 1) return MF_EINVAL;
+    const int64_t chunks = (n + MF_GELU_CHUNK - 1) / MF_GELU_CHUNK;
+#pragma omp parallel for schedule(dynamic, 1) if (chunks > 1)
+    for (int64_t c = 0; c < chunks; c++) {
+        int64_t i0 = c * MF_GELU_CHUNK, len = n - i0 < MF_GELU_CHUNK ? n - i0 : MF_GELU_CHUNK;
+        gelu_forward_kernel(y + i0, x + i0, len);
+    }
+    return MF_OK;
+}
+
+int gelu_backward(float *dx, const float *dy, const float *x, int64_t n) {
+    if (n < 1) return MF_EINVAL;
+    const int64_t chunks = (n + MF_GELU_CHUNK - 1) / MF_GELU_CHUNK;
+#pragma omp parallel for schedule(dynamic, 1) if (chunks > 1)
+    for (int64_t c = 0; c < chunks; c++) {
+        int64_t i0 = c * MF_GELU_CHUNK, len = n - i0 < MF_GELU_CHUNK ? n - i0 : MF_GELU_CHUNK;
+        gelu_backward_kernel(dx + i0, dy + i0, x + i0, len);
+    }
+    return MF_OK;
+}

@@ -1,0 +1,240 @@
+/* Masked softmax cross-entropy over the last axis.
+ *
+ * Forward saves nothing: backward recomputes each row's max and sum of exponentials (one
+ * extra pass over a row that is in cache anyway; the header's signature has no lse buffer).
+ * Gradient rule: dlogits is an activation gradient, written (=).
+ *
+ *   losses[n] = log sum_v exp(logits[n, v] - m_n) + m_n - logits[n, targets[n]],
+ *               m_n = max_v logits[n, v]   (every row, whatever its mask)
+ *   *loss     = sum_n mask[n] losses[n] / sum_n mask[n]   (0 when sum(mask) == 0), in double,
+ *               summed serially in row order (deterministic)
+ *   dlogits[n, v] = scale * mask[n] * (softmax(logits[n])[v] - [v == targets[n]])
+ *
+ * A row whose max is not finite (a NaN or +inf logit) gets a NaN loss and NaN gradients, as
+ * the reference does. Row sums use 16 float lanes of exp(x - m) <= 1, combined in double
+ * (explicit vectors: the same summation order, hence the same bits, in every target clone).
+ * Targets are checked against [0, V) before anything is written (MF_EINDEX).
+ */
+#include <math.h>
+#include <stdint.h>
+#include <string.h>
+
+#include "mapformer/mapformer.h"
+
+#define MF_XENT_LANES 16
+
+/* helpers of the row kernels are forced inline so that each target clone compiles them for
+ * its own ISA (a helper left out of line is compiled for the baseline only) */
+#if defined(__GNUC__)
+#define MF_XENT_INLINE static inline __attribute__((always_inline))
+#else
+#define MF_XENT_INLINE static inline
+#endif
+
+#if defined(__GNUC__) && !defined(__clang__) && defined(__x86_64__) && defined(__linux__)
+#define MF_XENT_CLONES __attribute__((target_clones("avx512f", "avx2", "default")))
+#else
+#define MF_XENT_CLONES
+#endif
+
+/* Same as mf_expf in gelu.c (kept identical; a shared inline header would remove the copy). */
+/* exp(z) for z clamped to [-87, 88], so results stay normal floats (a NaN z comes out
+ * finite: callers keep NaN through their other factors of x). The clamp compares the float's
+ * bits as integers: a float clamp here lets GCC's PRE split the loop into branches that it then
+ * refuses to if-convert (floating ops may trap), which stops vectorisation. Round-to-nearest
+ * n = z log2(e) by the 1.5 * 2^23 trick, r = z - n ln2 in two parts, exp(r) by Cephes'
+ * polynomial, 2^n from the exponent bits. */
+MF_XENT_INLINE float mf_expf(float z) {
+    uint32_t zu;
+    memcpy(&zu, &z, sizeof zu);
+    int32_t zi = (int32_t)zu;
+    zi = zi > 0x42B00000 ? 0x42B00000 : zi; /* z > 88 (as signed ints, negatives stay below) */
+    zu = (uint32_t)zi;
+    zu = zu > 0xC2AE0000u ? 0xC2AE0000u : zu; /* z < -87 (negatives sort above as unsigned) */
+    memcpy(&z, &zu, sizeof z);
+    const float shift = 12582912.0f; /* 1.5 * 2^23 */
+    float t = z * 1.44269504088896341f + shift;
+    int32_t ti;
+    memcpy(&ti, &t, sizeof ti);
+    float n = t - shift;
+    float r = z - n * 0.693359375f;
+    r = r - n * -2.12194440e-4f;
+    float p = 1.9875691500e-4f;
+    p = p * r + 1.3981999507e-3f;
+    p = p * r + 8.3334519073e-3f;
+    p = p * r + 4.1665795894e-2f;
+    p = p * r + 1.6666665459e-1f;
+    p = p * r + 5.0000001201e-1f;
+    p = p * r * r + r + 1.0f;
+    /* the low mantissa bits of t hold n (two's complement, |n| <= 127) */
+    int32_t e = (int32_t)((uint32_t)(ti - 0x4B400000 + 127) << 23);
+    float scale;
+    memcpy(&scale, &e, sizeof scale);
+    return p * scale;
+}
+
+/* 16 float lanes as a GCC/Clang vector (one zmm under AVX-512, two ymm under AVX2, four xmm
+ * at baseline), for the row reductions: GCC does not vectorise a float max or sum reduction
+ * without -ffast-math, and left to vectorise 16-lane arrays it may pick the outer loop. */
+typedef float mf_xent_v16 __attribute__((vector_size(64)));
+typedef int32_t mf_xent_i16 __attribute__((vector_size(64)));
+#define MF_XENT_LOAD(v, p) memcpy(&(v), (p), sizeof(mf_xent_v16))
+/* exp values are computed a block at a time into a stack buffer by a plain loop (which GCC
+ * vectorises, mf_expf included) and then summed with vector lanes */
+#define MF_XENT_BLOCK 256
+
+/* max of row (V,), NaN if any element is NaN */
+MF_XENT_INLINE float row_max(const float *restrict x, int64_t V) {
+    const int64_t Vv = V - V % MF_XENT_LANES;
+    float m = -INFINITY;
+    int32_t any_nan = 0;
+    if (Vv > 0) {
+        mf_xent_v16 acc;
+        mf_xent_i16 nan = {0};
+        MF_XENT_LOAD(acc, x);
+        for (int64_t c = 0; c < Vv; c += MF_XENT_LANES) {
+            mf_xent_v16 v;
+            MF_XENT_LOAD(v, x + c);
+            mf_xent_i16 gt = v > acc; /* lanes -1 where v > acc */
+            acc = (mf_xent_v16)(((mf_xent_i16)v & gt) | ((mf_xent_i16)acc & ~gt));
+            nan |= v != v;
+        }
+        float lanes[MF_XENT_LANES];
+        int32_t nans[MF_XENT_LANES];
+        memcpy(lanes, &acc, sizeof lanes);
+        memcpy(nans, &nan, sizeof nans);
+        for (int j = 0; j < MF_XENT_LANES; j++) {
+            m = lanes[j] > m ? lanes[j] : m;
+            any_nan |= nans[j];
+        }
+    }
+    for (int64_t c = Vv; c < V; c++) {
+        m = x[c] > m ? x[c] : m;
+        any_nan |= x[c] != x[c];
+    }
+    return any_nan ? NAN : m;
+}
+
+/* out[0:n] = exp(x[0:n] - m), a plain loop that vectorises */
+MF_XENT_INLINE void exp_shifted(float *restrict out, const float *restrict x, float m, int64_t n) {
+    for (int64_t i = 0; i < n; i++) out[i] = mf_expf(x[i] - m);
+}
+
+/* sum of e[0:n] in 16 float lanes (n < 2^24 terms of at most 1 each per lane: exact enough),
+ * lanes and tail combined in double */
+MF_XENT_INLINE double lane_sum(const float *restrict e, int64_t n) {
+    const int64_t nv = n - n % MF_XENT_LANES;
+    mf_xent_v16 acc = {0};
+    for (int64_t i = 0; i < nv; i += MF_XENT_LANES) {
+        mf_xent_v16 v;
+        MF_XENT_LOAD(v, e + i);
+        acc += v;
+    }
+    float lanes[MF_XENT_LANES];
+    memcpy(lanes, &acc, sizeof lanes);
+    double s = 0.0;
+    for (int j = 0; j < MF_XENT_LANES; j++) s += lanes[j];
+    for (int64_t i = nv; i < n; i++) s += e[i];
+    return s;
+}
+
+/* sum_v exp(x[v] - m), blockwise through a stack buffer */
+MF_XENT_INLINE double row_sumexp(const float *restrict x, float m, int64_t V) {
+    float buf[MF_XENT_BLOCK];
+    double s = 0.0;
+    for (int64_t c0 = 0; c0 < V; c0 += MF_XENT_BLOCK) {
+        int64_t n = V - c0 < MF_XENT_BLOCK ? V - c0 : MF_XENT_BLOCK;
+        exp_shifted(buf, x + c0, m, n);
+        s += lane_sum(buf, n);
+    }
+    return s;
+}
+
+/* rows [r0, r1) of the forward pass */
+MF_XENT_CLONES
+static void xent_forward_rows(float *restrict losses, const float *restrict logits,
+                              const int32_t *restrict targets, int64_t r0, int64_t r1,
+                              int64_t V) {
+    for (int64_t n = r0; n < r1; n++) {
+        const float *x = logits + n * V;
+        float m = row_max(x, V);
+        if (!isfinite(m)) {
+            losses[n] = NAN;
+            continue;
+        }
+        double s = row_sumexp(x, m, V);
+        losses[n] = (float)(log(s) + ((double)m - (double)x[targets[n]]));
+    }
+}
+
+/* rows [r0, r1) of the backward pass: the row of dlogits holds exp(x - m) until it is scaled */
+MF_XENT_CLONES
+static void xent_backward_rows(float *restrict dlogits, const float *restrict logits,
+                               const int32_t *restrict targets, const float *restrict mask,
+                               float scale, int64_t r0, int64_t r1, int64_t V) {
+    for (int64_t n = r0; n < r1; n++) {
+        const float *x = logits + n * V;
+        float *d = dlogits + n * V;
+        const double w = (double)scale * (double)mask[n];
+        float m = row_max(x, V);
+        if (!isfinite(m) || !isfinite(w)) {
+            for (int64_t c = 0; c < V; c++) d[c] = NAN;
+            continue;
+        }
+        if (w == 0.0) {
+            memset(d, 0, (size_t)V * sizeof(float));
+            continue;
+        }
+        exp_shifted(d, x, m, V);
+        const double s = lane_sum(d, V);
+        const int64_t t = targets[n];
+        const float et = d[t];
+        const float coef = (float)(w / s);
+        for (int64_t c = 0; c < V; c++) d[c] *= coef;
+        d[t] = (float)((double)et * (w / s) - w);
+    }
+}
+
+/* MF_EINDEX unless every target is in [0, V) */
+static int check_targets(const int32_t *targets, int64_t N, int64_t V) {
+    int bad = 0;
+    for (int64_t n = 0; n < N; n++) bad |= targets[n] < 0 || (int64_t)targets[n] >= V;
+    return bad ? MF_EINDEX : MF_OK;
+}
+
+/* rows per OpenMP work item: about 2^14 logits, at least one row */
+static int64_t rows_per_chunk(int64_t V) { return V >= (1 << 14) ? 1 : (1 << 14) / V; }
+
+int softmax_xent_forward(float *losses, double *loss, const float *logits,
+                         const int32_t *targets, const float *mask, int64_t N, int64_t V) {
+    if (N < 1 || V < 1) return MF_EINVAL;
+    int status = check_targets(targets, N, V);
+    if (status != MF_OK) return status;
+    const int64_t rc = rows_per_chunk(V), chunks = (N + rc - 1) / rc;
+#pragma omp parallel for schedule(dynamic, 1) if (chunks > 1)
+    for (int64_t k = 0; k < chunks; k++) {
+        int64_t r0 = k * rc, r1 = r0 + rc < N ? r0 + rc : N;
+        xent_forward_rows(losses, logits, targets, r0, r1, V);
+    }
+    double num = 0.0, den = 0.0;
+    for (int64_t n = 0; n < N; n++) {
+        if (mask[n] != 0.0f) num += (double)mask[n] * (double)losses[n];
+        den += (double)mask[n];
+    }
+    *loss = den != 0.0 ? num / den : 0.0;
+    return MF_OK;
+}
+
+int softmax_xent_backward(float *dlogits, const float *logits, const int32_t *targets,
+                          const float *mask, float scale, int64_t N, int64_t V) {
+    if (N < 1 || V < 1) return MF_EINVAL;
+    int status = check_targets(targets, N, V);
+    if (status != MF_OK) return status;
+    const int64_t rc = rows_per_chunk(V), chunks = (N + rc - 1) / rc;
+#pragma omp parallel for schedule(dynamic, 1) if (chunks > 1)
+    for (int64_t k = 0; k < chunks; k++) {
+        int64_t r0 = k * rc, r1 = r0 + rc < N ? r0 + rc : N;
+        xent_backward_rows(dlogits, logits, targets, mask, scale, r0, r1, V);
+    }
+    return MF_OK;
+}
