@@ -53,5 +53,7 @@ extern PyMethodDef mf_attention_methods[];
 extern PyMethodDef mf_rotary_methods[];        /* path integration, rotary */
 extern PyMethodDef mf_softmax_xent_methods[];
 extern PyMethodDef mf_optim_methods[];         /* adamw, global norm, clipping */
+extern PyMethodDef mf_cope_methods[];
+extern PyMethodDef mf_tape_methods[];          /* TAPE: complex-state rotary, state mix */
 
 #endif

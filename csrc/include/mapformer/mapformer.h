@@ -107,4 +107,38 @@ int global_norm(double *norm, const float *x, int64_t n);
 /* *norm = ||grads||; when *norm > max_norm, grads *= max_norm / (*norm + 1e-6) */
 int clip_grad_norm(double *norm, float *grads, int64_t n, float max_norm);
 
+/* ---- cope.c: CoPE attention (contextual position encoding), causal; only lse is saved --- */
+/* out (B, T, H, D), lse (B, H, T); q, k, v (B, T, H, D); e (H, n_pos, D) integer position
+ * embeddings; scale usually 1/sqrt(D) (the position logits q . e are not scaled) */
+int cope_forward(float *out, float *lse, const float *q, const float *k, const float *v,
+                 const float *e, int64_t B, int64_t T, int64_t H, int64_t D, int64_t n_pos,
+                 float scale);
+/* dq, dk, dv (B, T, H, D) (=), de (H, n_pos, D) +=; dout, q, k, v, out (B, T, H, D);
+ * e (H, n_pos, D); lse (B, H, T) from cope_forward */
+int cope_backward(float *dq, float *dk, float *dv, float *de, const float *dout, const float *q,
+                  const float *k, const float *v, const float *e, const float *out,
+                  const float *lse, int64_t B, int64_t T, int64_t H, int64_t D, int64_t n_pos,
+                  float scale);
+
+/* ---- tape.c: TAPE baseline: complex-state rotary, content-gated head mix of the state ---- */
+/* The state e (B, T, H, D) holds NB = D/2 complex numbers per head, e[..., 2k] + i e[..., 2k+1].
+ * q_out = q * e, k_out = k * e pairwise as complex numbers (the rotary op when |e| = 1).
+ * q_out, k_out, q, k, e (B, T, H, D), D even */
+int tape_rotate_forward(float *q_out, float *k_out, const float *q, const float *k,
+                        const float *e, int64_t B, int64_t T, int64_t H, int64_t D);
+/* dq = conj(e) dq_out, dk = conj(e) dk_out, de = conj(q) dq_out + conj(k) dk_out, all (=);
+ * every array (B, T, H, D) */
+int tape_rotate_backward(float *dq, float *dk, float *de, const float *dq_out,
+                         const float *dk_out, const float *q, const float *k, const float *e,
+                         int64_t B, int64_t T, int64_t H, int64_t D);
+/* e_new[b,t,h] = e_att[b,t,h] + sigmoid(gate_logits[b,t,h]) sum_h' w[h,h'] e_att[b,t,h'];
+ * e_new, e_att (B, T, H, D), D even; gate_logits (B, T, H); w (H, H) */
+int tape_mix_forward(float *e_new, const float *e_att, const float *gate_logits,
+                     const float *w, int64_t B, int64_t T, int64_t H, int64_t D);
+/* de_att (B, T, H, D) (=), dgate_logits (B, T, H) (=), dw (H, H) +=; de_new, e_att
+ * (B, T, H, D), gate_logits (B, T, H), w (H, H) */
+int tape_mix_backward(float *de_att, float *dgate_logits, float *dw, const float *de_new,
+                      const float *e_att, const float *gate_logits, const float *w, int64_t B,
+                      int64_t T, int64_t H, int64_t D);
+
 #endif

@@ -1,0 +1,596 @@
+/* CoPE attention (Golovneva et al. 2024, "Contextual Position Encoding"), causal.
+ *
+ * Per (b, h), for query i and keys j <= i:
+ *   s_ij   = scale q_i . k_j                         content score
+ *   g_ij   = sigmoid(s_ij)                           gate
+ *   p_ij   = min(sum_{t=j..i} g_it, n_pos - 1)       position: reverse cumulative sum over keys
+ *   z_i[n] = q_i . e[h, n], n < n_pos                position logits (unscaled, as in CoPE)
+ *   f = floor(p_ij), c = ceil(p_ij), w = p_ij - f
+ *   a_ij   = s_ij + (1 - w) z_i[f] + w z_i[c]
+ *   out_i  = sum_j softmax_j(a_ij) v_j,  lse_i = log sum_j exp(a_ij)
+ * Forward saves lse (B, H, T); the caller keeps out.
+ *
+ * Backward (P = softmax(a), Dv_i = dout_i . out_i):
+ *   dA_ij  = P_ij (dout_i . v_j - Dv_i)                     as in flash attention
+ *   dz_i[f] += (1 - w) dA_ij,  dz_i[c] += w dA_ij           a_ij is linear in z_i[f], z_i[c]
+ *   dp_ij  = dA_ij (z_i[c] - z_i[f])                        d a_ij / d p_ij, floor's derivative
+ *            taken as 0 (autograd in the CoPE code). Where the position is clamped
+ *            (p = n_pos - 1) or an exact integer, c = f and dp = 0: the clamp needs no test.
+ *   dg_it  = sum_{j <= t} dp_ij                             p_ij sums g_it over t = j..i, so
+ *            g_it feeds every p_ij with j <= t: a forward cumulative sum over j
+ *   ds_ij  = dA_ij + dg_ij g_ij (1 - g_ij)                  s feeds a_ij and the gate
+ *   dq_i   = scale sum_j ds_ij k_j + sum_n dz_i[n] e[h, n]
+ *   dk_j   = scale sum_i ds_ij q_i,  dv_j = sum_i P_ij dout_i
+ *   de[h, n] += sum_{b, i} dz_i[n] q_i
+ * Gradient rule: dq, dk, dv are activation gradients, written (=); de is a parameter
+ * gradient, accumulated (+=).
+ *
+ * Layout of the work. Query rows are taken BR at a time: rows i0 .. i1-1 meet keys
+ * 0 .. i1-1 (L = i1). Positions never exceed i1 (each gate is at most 1), so only
+ * z[0 .. nz) with nz = min(n_pos, i1 + 1) is needed. Per block, sgemm gives the scores
+ * S = scale Q K^T (BR x L) and Z = Q E^T (BR x nz), then each row becomes logits in passes
+ * over whole vectors: gates; positions, a reverse prefix sum in double inside blocks of 8
+ * lanes carried from the top; the interpolation (a gather from z); the softmax. O = P V is
+ * one more sgemm. The backward recomputes S, Z and P from lse, takes dP = dout V^T by
+ * sgemm, turns each row into dA, dz (a scatter), dp and ds (a forward prefix sum in double)
+ * and finishes with sgemms: dv += P^T dout, dk += scale ds^T Q, dq = scale ds K + dZ E,
+ * de_part += dZ^T Q. No T x T buffer: scratch is O(BR T + D T) floats per thread.
+ *
+ * BLAS. Every product goes through gemm() below, in pieces that OpenBLAS runs on the calling
+ * thread, and A B^T products go through transposed copies of K, V and E (see gemm()).
+ *
+ * Parallelism. Forward: one task per (b, h, query block), dynamic schedule, longest blocks
+ * first. Backward: one task per (b, h), which owns that head's dk and dv rows; static
+ * schedule, so which thread handles which head depends only on the thread count. de is
+ * accumulated race-free: each thread adds into its own (H, nzmax, D) buffer, then the
+ * buffers are summed in thread order into de (deterministic for a given thread count).
+ * Scratch is allocated per thread before the parallel region; MF_ENOMEM when any allocation
+ * fails, and everything is freed on every path.
+ *
+ * Exponentials (gates and softmax) use a branch-free exp2 polynomial (Cephes exp2f, about
+ * 2 ulp, plus the rounding of x log2 e), on GCC vector types. */
+#include <limits.h>
+#include <math.h>
+#include <stdint.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "mapformer/blas.h"
+#include "mapformer/mapformer.h"
+
+#ifdef _OPENMP
+#include <omp.h>
+#endif
+
+#define BR 64 /* query rows per block */
+#define LOG2E 1.4426950408889634f
+
+static inline int64_t min64(int64_t a, int64_t b) { return a < b ? a : b; }
+
+/* ---- vector helpers ----------------------------------------------------------------------- */
+
+/* GCC vector extensions, lowered to whatever the target has: VL floats (vf), or 8 doubles (vd)
+ * widened from 8 floats (vh). Memory is read and written through the *u types, which allow
+ * any address. Helpers take pointers: a function passing 64-byte vectors by value draws
+ * -Wpsabi notes. */
+#define VL 16
+typedef float vf __attribute__((vector_size(4 * VL)));
+typedef int32_t vi __attribute__((vector_size(4 * VL)));
+typedef float vfu __attribute__((vector_size(4 * VL), __may_alias__, aligned(4)));
+typedef double vd __attribute__((vector_size(64)));
+typedef int64_t vl __attribute__((vector_size(64)));
+typedef double vdu __attribute__((vector_size(64), __may_alias__, aligned(8)));
+typedef float vh __attribute__((vector_size(32)));
+typedef float vhu __attribute__((vector_size(32), __may_alias__, aligned(4)));
+typedef int32_t vhi __attribute__((vector_size(32)));
+typedef int32_t vhiu __attribute__((vector_size(32), __may_alias__, aligned(4)));
+#define VSPLAT(x) ((float)(x) - (vf){0})
+#define VLOADU(p) (*(const vfu *)(p))
+#define VSTOREU(p, x) (*(vfu *)(p) = (x))
+#define VSELECT(mask, a, b) ((vf)(((mask) & (vi)(a)) | (~(mask) & (vi)(b))))
+#define DSELECT(mask, a, b) ((vd)(((mask) & (vl)(a)) | (~(mask) & (vl)(b))))
+
+/* *x = exp(*x) for finite or -inf lanes (0 below -87.5, NaN kept): n = round(x log2 e),
+ * 2^f on [-1/2, 1/2] by a degree-6 polynomial (Cephes exp2f, about 2 ulp), 2^n put into
+ * the exponent bits. */
+static inline void vexp(vf *x) {
+    const vf x0 = *x;
+    vf y = x0 * LOG2E;
+    y = VSELECT(y < VSPLAT(-126.0f), VSPLAT(-126.0f), y);
+    y = VSELECT(y > VSPLAT(127.0f), VSPLAT(127.0f), y);
+    const vf t = y + 12582912.0f; /* 1.5 * 2^23: the low mantissa bits of t hold round(y) */
+    const vf f = y - (t - 12582912.0f);
+    vf p = VSPLAT(1.535336188319500e-4f);
+    p = p * f + 1.339887440266574e-3f;
+    p = p * f + 9.618437357674640e-3f;
+    p = p * f + 5.550332471162809e-2f;
+    p = p * f + 2.402264791363012e-1f;
+    p = p * f + 6.931472028550421e-1f;
+    p = p * f + 1.0f;
+    const vi e = ((vi)t - 0x4B400000 + 127) << 23; /* 2^round(y) */
+    const vf r = p * (vf)e;
+    *x = VSELECT(x0 < VSPLAT(-87.5f), VSPLAT(0.0f), r); /* y clamped to -126: 2^-126, not 0 */
+}
+
+/* The array helpers work on whole vectors where they can (n a multiple of VL: rows of
+ * scratch are padded). Each is compiled for AVX-512, AVX2 and the baseline and picked at
+ * load time from the CPU (GCC target_clones; plain loops are vectorised by the compiler
+ * there, gathers included). The results are the same bits on every path: ISO C mode
+ * (-std=c11) contracts no a * b + c into an FMA. */
+#if defined(__GNUC__) && !defined(__clang__) && defined(__x86_64__)
+#define MF_CLONES __attribute__((target_clones("avx512f", "avx2", "default")))
+#else
+#define MF_CLONES
+#endif
+
+/* g[j] = sigmoid(s[j]) for j < n (n a multiple of VL). */
+MF_CLONES static void sigmoid_array(float *g, const float *s, int64_t n) {
+    for (int64_t j = 0; j < n; j += VL) {
+        vf x = -VLOADU(s + j);
+        vexp(&x);
+        VSTOREU(g + j, 1.0f / (1.0f + x));
+    }
+}
+
+/* Positions of row i: p_j = min(sum_{t=j..i} g[t], pmax) for j <= i, summed in double
+ * (a NaN sum gives pmax), stored as their floor F[j] and fractional part W[j]; g[i+1 ..] is
+ * zeroed up to the next multiple of 8. Blocks of 8 from the top: a reverse prefix sum inside
+ * the block in three shift-and-add steps, plus the sum of everything above it. */
+MF_CLONES static void positions_array(int32_t *F, float *W, float *g, int64_t i, double pmax) {
+    const int64_t n8 = (i + 8) / 8 * 8;
+    for (int64_t j = i + 1; j < n8; j++) g[j] = 0.0f;
+    const vd zero = {0}, top = zero + pmax;
+    double carry = 0.0;
+    for (int64_t j0 = n8 - 8; j0 >= 0; j0 -= 8) {
+        vd r = __builtin_convertvector(*(const vhu *)(g + j0), vd);
+        r += __builtin_shuffle(r, zero, (vl){1, 2, 3, 4, 5, 6, 7, 8});
+        r += __builtin_shuffle(r, zero, (vl){2, 3, 4, 5, 6, 7, 8, 9});
+        r += __builtin_shuffle(r, zero, (vl){4, 5, 6, 7, 8, 9, 10, 11});
+        r += carry;
+        carry = r[0];
+        r = DSELECT(r < top, r, top);
+        const vhi f = __builtin_convertvector(r, vhi); /* r >= 0: truncation is floor */
+        *(vhiu *)(F + j0) = f;
+        *(vhu *)(W + j0) = __builtin_convertvector(r - __builtin_convertvector(f, vd), vh);
+    }
+}
+
+/* Interpolated position logits added to the scores, for j < n:
+ * s[j] += (1 - w) z[f] + w z[c] with c = f + (w > 0). */
+MF_CLONES static void interp_array(float *restrict s, const int32_t *restrict F,
+                                   const float *restrict W, const float *restrict z,
+                                   int64_t n) {
+    for (int64_t j = 0; j < n; j++) {
+        const float w = W[j];
+        const int32_t f = F[j], c = f + (int32_t)(w > 0.0f);
+        s[j] = s[j] + (1.0f - w) * z[f] + w * z[c];
+    }
+}
+
+/* max of x[0..n) (n a multiple of VL). */
+MF_CLONES static float max_array(const float *x, int64_t n) {
+    vf m = VSPLAT(-INFINITY);
+    for (int64_t j = 0; j < n; j += VL) {
+        const vf y = VLOADU(x + j);
+        m = VSELECT(y > m, y, m);
+    }
+    float r = m[0];
+    for (int l = 1; l < VL; l++) r = m[l] > r ? m[l] : r;
+    return r;
+}
+
+/* x[j] = exp(x[j] - m) for j < n (n a multiple of VL); returns their sum (fixed order:
+ * lanes, then across). */
+MF_CLONES static float exp_sum_array(float *x, int64_t n, float m) {
+    vf acc = VSPLAT(0.0f);
+    for (int64_t j = 0; j < n; j += VL) {
+        vf y = VLOADU(x + j) - m;
+        vexp(&y);
+        VSTOREU(x + j, y);
+        acc += y;
+    }
+    float sum = 0.0f;
+    for (int l = 0; l < VL; l++) sum += acc[l];
+    return sum;
+}
+
+/* Backward: a -> P = exp(a - lse), dP -> dA = P (dP - Dv), for j < n (a multiple of VL). */
+MF_CLONES static void prob_da_array(float *a, float *dp, int64_t n, float lse, float dv) {
+    for (int64_t j = 0; j < n; j += VL) {
+        vf pr = VLOADU(a + j) - lse;
+        vexp(&pr);
+        VSTOREU(a + j, pr);
+        VSTOREU(dp + j, pr * (VLOADU(dp + j) - dv));
+    }
+}
+
+/* Backward: x[j] = dA[j] (z[c] - z[f]), the position gradient, for j < n; x[n ..] is zeroed
+ * up to the next multiple of 8. */
+MF_CLONES static void dpos_array(float *restrict x, const float *restrict da,
+                                 const int32_t *restrict F, const float *restrict W,
+                                 const float *restrict z, int64_t n) {
+    for (int64_t j = 0; j < n; j++) {
+        const int32_t f = F[j], c = f + (int32_t)(W[j] > 0.0f);
+        x[j] = da[j] * (z[c] - z[f]);
+    }
+    for (int64_t j = n; j < (n + 7) / 8 * 8; j++) x[j] = 0.0f;
+}
+
+/* Backward: ds[j] = dA[j] + dg[j] g[j] (1 - g[j]) with dg[j] = sum_{t <= j} x[t] (double),
+ * in place over the dA row, for j < n rounded up to 8 (lanes past n get garbage). */
+MF_CLONES static void ds_array(float *da, const float *x, const float *g, int64_t n) {
+    const vd zero = {0};
+    double carry = 0.0;
+    for (int64_t j0 = 0; j0 < n; j0 += 8) {
+        vd r = __builtin_convertvector(*(const vhu *)(x + j0), vd);
+        r += __builtin_shuffle(zero, r, (vl){7, 8, 9, 10, 11, 12, 13, 14});
+        r += __builtin_shuffle(zero, r, (vl){6, 7, 8, 9, 10, 11, 12, 13});
+        r += __builtin_shuffle(zero, r, (vl){4, 5, 6, 7, 8, 9, 10, 11});
+        r += carry;
+        carry = r[7];
+        const vh dg = __builtin_convertvector(r, vh), gj = *(const vhu *)(g + j0);
+        *(vhu *)(da + j0) = *(const vhu *)(da + j0) + dg * gj * (1.0f - gj);
+    }
+}
+
+/* Backward: dz[f_j] += (1 - w_j) dA_j, dz[c_j] += w_j dA_j for j < n. Consecutive keys
+ * mostly share f, so one accumulator would wait on its own store every step: four partial
+ * rows (part, 4 x nz, all zero on entry and on return) take turns, then are added up over
+ * the touched range. */
+static void scatter_dz(float *restrict dz, float *restrict part, const float *restrict da,
+                       const int32_t *restrict F, const float *restrict W, int64_t n,
+                       int64_t nz) {
+    int32_t lo = INT32_MAX, hi = 0;
+    for (int64_t j = 0; j < n; j++) {
+        const float w = W[j], x = da[j];
+        const int32_t f = F[j], c = f + (int32_t)(w > 0.0f);
+        float *pj = part + (j & 3) * nz;
+        pj[f] += (1.0f - w) * x;
+        pj[c] += w * x;
+        lo = f < lo ? f : lo;
+        hi = c > hi ? c : hi;
+    }
+    for (int32_t m = lo; m <= hi; m++) {
+        dz[m] += (part[m] + part[nz + m]) + (part[2 * nz + m] + part[3 * nz + m]);
+        part[m] = part[nz + m] = part[2 * nz + m] = part[3 * nz + m] = 0.0f;
+    }
+}
+
+static inline int64_t round_up(int64_t n) { return (n + VL - 1) / VL * VL; }
+
+/* ---- BLAS --------------------------------------------------------------------------------- */
+
+/* C (m x n, ldc) = alpha op(A) op(B) + beta C, as mf_sgemm, in pieces of at most GC rows,
+ * GC columns and GC depth. OpenBLAS runs a call with m n k <= 65536 * 4 = 64^3 on the
+ * calling thread (interface/gemm.c: SMP_THRESHOLD_MIN * GEMM_MULTITHREAD_THRESHOLD), so the
+ * OpenMP threads of this op never wake OpenBLAS's own thread pool: with whole blocks, two
+ * OpenMP threads calling the threaded OpenBLAS made the forward 15-60x slower on a 2-core
+ * machine. At these sizes OpenBLAS's small-matrix kernels (no packing) take A B and A^T B
+ * but not A B^T (sgemm_small_kernel_permit: a row-major A B^T is its "TN" case, refused
+ * when m n > 1200), so callers pass B^T as a transposed copy instead. */
+#define GC 64
+static int gemm(int ta, int tb, int64_t m, int64_t n, int64_t k, float alpha, const float *a,
+                int64_t lda, const float *b, int64_t ldb, float beta, float *c, int64_t ldc) {
+    for (int64_t i0 = 0; i0 < m; i0 += GC)
+        for (int64_t j0 = 0; j0 < n; j0 += GC)
+            for (int64_t p0 = 0; p0 < k; p0 += GC) {
+                const float *ap = ta ? a + p0 * lda + i0 : a + i0 * lda + p0;
+                const float *bp = tb ? b + j0 * ldb + p0 : b + p0 * ldb + j0;
+                const int st = mf_sgemm(ta, tb, min64(GC, m - i0), min64(GC, n - j0),
+                                        min64(GC, k - p0), alpha, ap, lda, bp, ldb,
+                                        p0 == 0 ? beta : 1.0f, c + i0 * ldc + j0, ldc);
+                if (st != MF_OK) return st;
+            }
+    return MF_OK;
+}
+
+/* xt (D, n) with row stride ldt = x (n, D) with row stride ld, transposed. */
+static void transpose(float *restrict xt, int64_t ldt, const float *restrict x, int64_t ld,
+                      int64_t n, int64_t D) {
+    for (int64_t t0 = 0; t0 < n; t0 += 16)
+        for (int64_t d = 0; d < D; d++)
+            for (int64_t t = t0; t < min64(t0 + 16, n); t++) xt[d * ldt + t] = x[t * ld + d];
+}
+
+/* ---- the op ------------------------------------------------------------------------------- */
+
+typedef struct {
+    float *out, *lse;               /* forward outputs: out (B, T, H, D), lse (B, H, T) */
+    float *dq, *dk, *dv;            /* backward outputs (B, T, H, D) */
+    const float *q, *k, *v, *e;     /* (B, T, H, D) x3, e (H, n_pos, D) */
+    const float *dout, *o, *lse_in; /* backward inputs */
+    int64_t B, T, H, D, n_pos, ld;  /* ld = H * D: the row stride of one head */
+    int64_t Tp, nzmax;              /* round_up(T); min(n_pos, T + 1): logits ever read */
+    float *ET;                      /* (H, D, nzmax): e[:, :nzmax] transposed, shared */
+    float scale;
+} CopeParams;
+
+/* Scratch of one thread. Rows of S and dP have stride ldS = round_up(L) <= Tp, so the vector
+ * passes run over whole vectors. */
+typedef struct {
+    float *S;    /* (BR, Tp): scores, then logits, then probabilities */
+    float *Z;    /* (BR, nzmax): position logits */
+    float *G;    /* (Tp,): gates of one row */
+    int32_t *F;  /* (Tp,): floor of the positions of one row */
+    float *W;    /* (Tp,): their fractional part */
+    float *KT;   /* (D, Tp): keys of one head, transposed */
+    /* backward only */
+    float *dP;   /* (BR, Tp): dout V^T, then dA, then ds */
+    float *dZ;   /* (BR, nzmax): dz */
+    float *X;    /* (Tp,): dp of one row */
+    float *part; /* (4, nzmax): partial dz rows of scatter_dz, kept zero */
+    float *VT;   /* (D, Tp): values of one head, transposed */
+    float *de;   /* (H, nzmax, D): this thread's share of de */
+} CopeScratch;
+
+/* Row i of a block: turn the scores srow[0..i] into attention logits in place, using the
+ * position logits z (nz of them), and fill srow[i+1 .. round_up(i+1)) with -inf so that
+ * whole-vector passes see exp = 0 there. Leaves the gates in G, the positions' floor and
+ * fractional part in F and W. Returns the row maximum of the logits.
+ * Positions are clamped to nz - 1: that is n_pos - 1 where n_pos <= L + 1 and otherwise
+ * L, which no sum of at most L gates exceeds; a NaN position (from a NaN score) is clamped
+ * too, so every index into z stays in range. They are summed in double: a float sum of T
+ * gates would move them by up to ~T^2 eps32, and the logits with them. */
+static float logits_row(CopeScratch *sc, float *srow, const float *z, int64_t i, int64_t nz) {
+    const int64_t nv = round_up(i + 1);
+    sigmoid_array(sc->G, srow, nv);
+    positions_array(sc->F, sc->W, sc->G, i, (double)(nz - 1));
+    interp_array(srow, sc->F, sc->W, z, i + 1);
+    for (int64_t j = i + 1; j < nv; j++) srow[j] = -INFINITY;
+    return max_array(srow, nv);
+}
+
+/* Forward of query blocks ib0 .. ib1-1 of head (b, h). */
+static int fwd_task(const CopeParams *p, CopeScratch *sc, int64_t b, int64_t h, int64_t ib0,
+                    int64_t ib1) {
+    const int64_t T = p->T, D = p->D, ld = p->ld, Tp = p->Tp, nzmax = p->nzmax;
+    const int64_t off = b * T * ld + h * D; /* element (b, 0, h, 0) */
+    const float *ET = p->ET + h * D * nzmax;
+    float *S = sc->S, *Z = sc->Z, *KT = sc->KT;
+    transpose(KT, Tp, p->k + off, ld, min64(T, ib1 * BR), D);
+    for (int64_t ib = ib0; ib < ib1; ib++) {
+        const int64_t i0 = ib * BR, nr = min64(BR, T - i0), L = i0 + nr, ldS = round_up(L);
+        const int64_t nz = min64(p->n_pos, L + 1);
+        const float *q = p->q + off + i0 * ld;
+        int st = gemm(0, 0, nr, L, D, p->scale, q, ld, KT, Tp, 0.0f, S, ldS);
+        if (st == MF_OK) st = gemm(0, 0, nr, nz, D, 1.0f, q, ld, ET, nzmax, 0.0f, Z, nz);
+        if (st != MF_OK) return st;
+
+        float *lse = p->lse + (b * p->H + h) * T + i0;
+        for (int64_t r = 0; r < nr; r++) {
+            const int64_t i = i0 + r, nv = round_up(i + 1);
+            float *srow = S + r * ldS;
+            const float mx = logits_row(sc, srow, Z + r * nz, i, nz);
+            const float sum = exp_sum_array(srow, nv, mx); /* 0 past i */
+            const float inv = 1.0f / sum;
+            for (int64_t j = 0; j <= i; j++) srow[j] *= inv;
+            for (int64_t j = nv; j < L; j++) srow[j] = 0.0f;
+            lse[r] = mx + logf(sum);
+        }
+        st = gemm(0, 0, nr, D, L, 1.0f, S, ldS, p->v + off, ld, 0.0f, p->out + off + i0 * ld,
+                  ld);
+        if (st != MF_OK) return st;
+    }
+    return MF_OK;
+}
+
+/* Backward of query block ib of head (b, h); sc->KT, VT hold the head's k, v transposed
+ * (bwd_task). Adds into dk, dv and sc->de; writes the block's dq rows. */
+static int bwd_block(const CopeParams *p, CopeScratch *sc, int64_t b, int64_t h, int64_t ib) {
+    const int64_t T = p->T, D = p->D, ld = p->ld, Tp = p->Tp;
+    const int64_t i0 = ib * BR, nr = min64(BR, T - i0), L = i0 + nr, ldS = round_up(L);
+    const int64_t nz = min64(p->n_pos, L + 1);
+    const int64_t off = b * T * ld + h * D;
+    const float *qi = p->q + off + i0 * ld, *doi = p->dout + off + i0 * ld;
+    const float *lse = p->lse_in + (b * p->H + h) * T + i0;
+    float *S = sc->S, *Z = sc->Z, *dP = sc->dP, *dZ = sc->dZ;
+    const float scale = p->scale;
+
+    int st = gemm(0, 0, nr, L, D, scale, qi, ld, sc->KT, Tp, 0.0f, S, ldS);
+    if (st == MF_OK)
+        st = gemm(0, 0, nr, nz, D, 1.0f, qi, ld, p->ET + h * D * p->nzmax, p->nzmax, 0.0f, Z, nz);
+    if (st == MF_OK) st = gemm(0, 0, nr, L, D, 1.0f, doi, ld, sc->VT, Tp, 0.0f, dP, ldS);
+    if (st != MF_OK) return st;
+    memset(dZ, 0, (size_t)(nr * nz) * sizeof(float));
+
+    for (int64_t r = 0; r < nr; r++) {
+        const int64_t i = i0 + r;
+        float *srow = S + r * ldS, *dprow = dP + r * ldS;
+        const float *z = Z + r * nz, *o_i = p->o + off + i * ld, *do_i = doi + r * ld;
+        float dv_i = 0.0f;
+#pragma omp simd reduction(+ : dv_i)
+        for (int64_t d = 0; d < D; d++) dv_i += do_i[d] * o_i[d];
+        logits_row(sc, srow, z, i, nz);
+        prob_da_array(srow, dprow, round_up(i + 1), lse[r], dv_i); /* P = 0, dA = 0 past i */
+        scatter_dz(dZ + r * nz, sc->part, dprow, sc->F, sc->W, i + 1, nz);
+        dpos_array(sc->X, dprow, sc->F, sc->W, z, i + 1);
+        ds_array(dprow, sc->X, sc->G, i + 1);
+        for (int64_t j = i + 1; j < L; j++) srow[j] = dprow[j] = 0.0f;
+    }
+
+    float *dq = p->dq + off + i0 * ld, *dk = p->dk + off, *dv = p->dv + off;
+    float *de = sc->de + h * p->nzmax * D;
+    st = gemm(1, 0, L, D, nr, 1.0f, S, ldS, doi, ld, 1.0f, dv, ld);
+    if (st == MF_OK) st = gemm(1, 0, L, D, nr, scale, dP, ldS, qi, ld, 1.0f, dk, ld);
+    if (st == MF_OK) st = gemm(0, 0, nr, D, L, scale, dP, ldS, p->k + off, ld, 0.0f, dq, ld);
+    if (st == MF_OK)
+        st = gemm(0, 0, nr, D, nz, 1.0f, dZ, nz, p->e + h * p->n_pos * D, D, 1.0f, dq, ld);
+    if (st == MF_OK) st = gemm(1, 0, nz, D, nr, 1.0f, dZ, nz, qi, ld, 1.0f, de, D);
+    return st;
+}
+
+/* Backward of head (b, h). */
+static int bwd_task(const CopeParams *p, CopeScratch *sc, int64_t b, int64_t h) {
+    const int64_t T = p->T, D = p->D, ld = p->ld, off = b * T * ld + h * D;
+    transpose(sc->KT, p->Tp, p->k + off, ld, T, D);
+    transpose(sc->VT, p->Tp, p->v + off, ld, T, D);
+    for (int64_t t = 0; t < T; t++) {
+        memset(p->dk + off + t * ld, 0, (size_t)D * sizeof(float));
+        memset(p->dv + off + t * ld, 0, (size_t)D * sizeof(float));
+    }
+    for (int64_t ib = 0; ib * BR < T; ib++) {
+        const int st = bwd_block(p, sc, b, h, ib);
+        if (st != MF_OK) return st;
+    }
+    return MF_OK;
+}
+
+/* ---- driver ------------------------------------------------------------------------------- */
+
+static int max_threads(void) {
+#ifdef _OPENMP
+    return omp_get_max_threads();
+#else
+    return 1;
+#endif
+}
+
+static int thread_id(void) {
+#ifdef _OPENMP
+    return omp_get_thread_num();
+#else
+    return 0;
+#endif
+}
+
+static void free_scratch(CopeScratch *sc, int nt) {
+    if (sc == NULL) return;
+    for (int t = 0; t < nt; t++) {
+        void *all[] = {sc[t].S,  sc[t].Z,  sc[t].G,  sc[t].F,  sc[t].W, sc[t].KT,
+                       sc[t].dP, sc[t].dZ, sc[t].X, sc[t].part, sc[t].VT, sc[t].de};
+        for (size_t a = 0; a < sizeof all / sizeof all[0]; a++) free(all[a]);
+    }
+    free(sc);
+}
+
+/* One scratch per thread; NULL on allocation failure (nothing left allocated). S and dP are
+ * zeroed once so that lanes past a row's end, which the vector passes read, hold numbers;
+ * part and de must start at zero. */
+static CopeScratch *alloc_scratch(const CopeParams *p, int nt, int backward) {
+    CopeScratch *sc = calloc((size_t)nt, sizeof *sc);
+    if (sc == NULL) return NULL;
+    const size_t rows = (size_t)min64(BR, p->T), Tp = (size_t)p->Tp, nz = (size_t)p->nzmax;
+    const size_t D = (size_t)p->D, H = (size_t)p->H;
+    int ok = 1;
+    for (int t = 0; t < nt && ok; t++) {
+        CopeScratch *s = &sc[t];
+        s->S = calloc(rows * Tp, sizeof(float));
+        s->Z = malloc(rows * nz * sizeof(float));
+        s->G = malloc(Tp * sizeof(float));
+        s->F = malloc(Tp * sizeof(int32_t));
+        s->W = malloc(Tp * sizeof(float));
+        s->KT = malloc(D * Tp * sizeof(float));
+        ok = s->S && s->Z && s->G && s->F && s->W && s->KT;
+        if (backward && ok) {
+            s->dP = calloc(rows * Tp, sizeof(float));
+            s->dZ = malloc(rows * nz * sizeof(float));
+            s->X = malloc(Tp * sizeof(float));
+            s->part = calloc(4 * nz, sizeof(float));
+            s->VT = malloc(D * Tp * sizeof(float));
+            s->de = calloc(H * nz * D, sizeof(float));
+            ok = s->dP && s->dZ && s->X && s->part && s->VT && s->de;
+        }
+    }
+    if (!ok) {
+        free_scratch(sc, nt);
+        return NULL;
+    }
+    return sc;
+}
+
+/* Sizes every sgemm call sees must fit BLAS's int: checked once here. */
+static int check_sizes(int64_t B, int64_t T, int64_t H, int64_t D, int64_t n_pos, float scale) {
+    if (B < 1 || T < 1 || H < 1 || D < 1 || n_pos < 1 || !isfinite(scale)) return MF_EINVAL;
+    if (T >= INT_MAX - VL || H > INT_MAX / D) return MF_EINVAL;
+    return MF_OK;
+}
+
+/* p->ET = e[:, :nzmax] transposed per head (H, D, nzmax); MF_ENOMEM when malloc fails. */
+static int make_et(CopeParams *p) {
+    p->ET = malloc((size_t)(p->H * p->D * p->nzmax) * sizeof(float));
+    if (p->ET == NULL) return MF_ENOMEM;
+    for (int64_t h = 0; h < p->H; h++)
+        transpose(p->ET + h * p->D * p->nzmax, p->nzmax, p->e + h * p->n_pos * p->D, p->D,
+                  p->nzmax, p->D);
+    return MF_OK;
+}
+
+int cope_forward(float *out, float *lse, const float *q, const float *k, const float *v,
+                 const float *e, int64_t B, int64_t T, int64_t H, int64_t D, int64_t n_pos,
+                 float scale) {
+    int status = check_sizes(B, T, H, D, n_pos, scale);
+    if (status != MF_OK) return status;
+    CopeParams p = {.out = out, .lse = lse, .q = q, .k = k, .v = v, .e = e, .B = B, .T = T,
+                    .H = H, .D = D, .n_pos = n_pos, .ld = H * D, .Tp = round_up(T),
+                    .nzmax = min64(n_pos, T + 1), .scale = scale};
+    /* Whole heads per task when there are enough to keep every thread busy (K is then
+     * transposed once per head); else one query block per task, the longest first. */
+    const int64_t nb = (T + BR - 1) / BR;
+    const int whole_heads = B * H >= 4 * (int64_t)max_threads();
+    const int64_t ntask = whole_heads ? B * H : B * H * nb;
+    const int nt = (int)min64(max_threads(), ntask);
+    CopeScratch *sc = alloc_scratch(&p, nt, 0);
+    if (sc == NULL) return MF_ENOMEM;
+    status = make_et(&p);
+    if (status == MF_OK) {
+#pragma omp parallel for num_threads(nt) schedule(dynamic, 1)
+        for (int64_t task = 0; task < ntask; task++) {
+            const int64_t bh = task % (B * H);
+            const int64_t ib0 = whole_heads ? 0 : nb - 1 - task / (B * H);
+            const int64_t ib1 = whole_heads ? nb : ib0 + 1;
+            const int st = fwd_task(&p, &sc[thread_id()], bh / H, bh % H, ib0, ib1);
+            if (st != MF_OK) {
+#pragma omp atomic write
+                status = st;
+            }
+        }
+    }
+    free(p.ET);
+    free_scratch(sc, nt);
+    return status;
+}
+
+int cope_backward(float *dq, float *dk, float *dv, float *de, const float *dout, const float *q,
+                  const float *k, const float *v, const float *e, const float *out,
+                  const float *lse, int64_t B, int64_t T, int64_t H, int64_t D, int64_t n_pos,
+                  float scale) {
+    int status = check_sizes(B, T, H, D, n_pos, scale);
+    if (status != MF_OK) return status;
+    CopeParams p = {.dq = dq, .dk = dk, .dv = dv, .q = q, .k = k, .v = v, .e = e,
+                    .dout = dout, .o = out, .lse_in = lse, .B = B, .T = T, .H = H, .D = D,
+                    .n_pos = n_pos, .ld = H * D, .Tp = round_up(T),
+                    .nzmax = min64(n_pos, T + 1), .scale = scale};
+    const int64_t ntask = B * H;
+    const int nt = (int)min64(max_threads(), ntask);
+    CopeScratch *sc = alloc_scratch(&p, nt, 1);
+    if (sc == NULL) return MF_ENOMEM;
+    status = make_et(&p);
+    const int64_t nde = H * p.nzmax * D; /* rows n >= nzmax of de get nothing */
+    if (status == MF_OK) {
+#pragma omp parallel num_threads(nt)
+        {
+#pragma omp for schedule(static)
+            for (int64_t task = 0; task < ntask; task++) {
+                const int st = bwd_task(&p, &sc[thread_id()], task / H, task % H);
+                if (st != MF_OK) {
+#pragma omp atomic write
+                    status = st;
+                }
+            }
+            /* After the implicit barrier every partial is complete (and status the same in
+             * every thread): sum them in thread order. de is left untouched on failure. */
+            if (status == MF_OK) {
+#pragma omp for schedule(static)
+                for (int64_t x = 0; x < nde; x++) {
+                    const int64_t hh = x / (p.nzmax * D), rest = x % (p.nzmax * D);
+                    float s = 0.0f;
+                    for (int t = 0; t < nt; t++) s += sc[t].de[x];
+                    de[hh * n_pos * D + rest] += s;
+                }
+            }
+        }
+    }
+    free(p.ET);
+    free_scratch(sc, nt);
+    return status;
+}
