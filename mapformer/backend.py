@@ -52,6 +52,18 @@ def _path_integration_backward(dtheta, delta, omega, domega):
     return ddelta
 
 
+def _cope_backward(dout, q, k, v, e, out, lse, de, scale=None):
+    dq, dk, dv, ge = ref.cope_backward(dout, q, k, v, e, scale)
+    de += ge
+    return dq, dk, dv
+
+
+def _tape_mix_backward(de_new, e_att, gate_logits, w, dw):
+    de_att, dgate, gw = ref.tape_mix_backward(de_new, e_att, gate_logits, w)
+    dw += gw
+    return de_att, dgate
+
+
 def _adamw_step(params, grads, m, v, decay_mask, *, lr, step, beta1=0.9, beta2=0.999, eps=1e-8,
                 weight_decay=0.0):
     params[:], m[:], v[:] = ref.adamw_step(params, grads, m, v, decay_mask, lr, beta1, beta2,
@@ -88,6 +100,12 @@ NUMPY = SimpleNamespace(
     path_integration_backward=_path_integration_backward,
     rotary_forward=ref.rotary_forward,
     rotary_backward=ref.rotary_backward,
+    cope_forward=ref.cope_forward,
+    cope_backward=_cope_backward,
+    tape_rotate_forward=ref.tape_rotate_forward,
+    tape_rotate_backward=ref.tape_rotate_backward,
+    tape_mix_forward=ref.tape_mix_forward,
+    tape_mix_backward=_tape_mix_backward,
     softmax_xent_forward=ref.softmax_xent_forward,
     softmax_xent_backward=ref.softmax_xent_backward,
     adamw_step=_adamw_step,

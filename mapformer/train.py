@@ -9,7 +9,7 @@ import json
 import math
 import sys
 import time
-from dataclasses import asdict, dataclass, fields
+from dataclasses import asdict, dataclass, fields, replace
 from pathlib import Path
 
 import numpy as np
@@ -252,6 +252,8 @@ def train(model_config, train_config, out_dir=None, resume=None, progress=True, 
     to continue from (its configs must equal these). Returns a dict with the final
     evaluation, the last training loss, wall time and steps/sequences."""
     task = train_config.task()
+    if model_config.positional == "cope" and model_config.cope_positions is None:
+        model_config = replace(model_config, cope_positions=task.seq_len)
     if model_config.vocab_size != task.vocab_size:
         raise ValueError(f"model vocab_size {model_config.vocab_size} != task vocab_size "
                          f"{task.vocab_size} (dims={task.dims}, n_objects={task.n_objects})")

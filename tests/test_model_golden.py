@@ -11,9 +11,12 @@ from mapformer.train import AdamW, TrainConfig, learning_rate
 TASK = navigation.NavigationConfig(dims=2, steps=9, grid_size=4, p_empty=0.3, n_objects=5)
 
 
+SCHEMES = ["mapwm", "rope", "cope", "tape"]
+
+
 def tiny_config(positional):
     return ModelConfig(vocab_size=TASK.vocab_size, d_model=32, n_heads=2, n_layers=2,
-                       positional=positional, omega_grid=4.0)
+                       positional=positional, omega_grid=4.0, cope_positions=12)
 
 
 def twin_models(positional):
@@ -24,7 +27,7 @@ def twin_models(positional):
     return c_model, ref_model
 
 
-@pytest.mark.parametrize("positional", ["mapwm", "rope"])
+@pytest.mark.parametrize("positional", SCHEMES)
 def test_ten_adamw_steps_match_numpy_reference(positional):
     c_model, ref_model = twin_models(positional)
     train_config = TrainConfig(dims=2, sequences=30, batch_size=3, lr=3e-3, weight_decay=0.05)
@@ -59,7 +62,7 @@ def test_ten_adamw_steps_match_numpy_reference(positional):
                   .params.data).max() > 1e-3
 
 
-@pytest.mark.parametrize("positional", ["mapwm", "rope"])
+@pytest.mark.parametrize("positional", SCHEMES)
 def test_reference_model_gradients_match_finite_differences(positional):
     model = Transformer(tiny_config(positional), seed=5, backend="numpy")
     batch = navigation.generate(TASK, 2, np.random.default_rng(11))
