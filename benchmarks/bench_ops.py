@@ -15,6 +15,10 @@ Conventions:
 The NumPy side is the float64 reference's formulas (mapformer/reference.py) transcribed to
 float32 arrays, computing each cos/sin once: what an eager-NumPy layer would run.
 
+Families: rotary (path integration + rotary), attention (causal attention forward/backward;
+the NumPy side runs on a smaller batch and is scaled, see attention_benches), sgemm (one large
+sgemm: the machine's matmul rate, which the JSON summary compares attention against).
+
 `--threads N` sets OMP_NUM_THREADS before the C core is loaded. Prints one JSON line at the end.
 """
 import argparse
@@ -195,8 +199,124 @@ def rotary_benches(C, B=128, T=256, H=2, D=64, seed=0):
     ]
 
 
+# ---- causal attention -------------------------------------------------------------------
+def _np_attention_forward(q, k, v, scale):
+    """float32 NumPy transcription of reference.attention_forward (batched BLAS matmuls)."""
+    T = q.shape[1]
+    qh, kh, vh = (np.ascontiguousarray(x.transpose(0, 2, 1, 3)) for x in (q, k, v))
+    s = (qh @ kh.transpose(0, 1, 3, 2)) * np.float32(scale)
+    s = np.where(np.tril(np.ones((T, T), dtype=bool)), s, np.float32(-np.inf))
+    m = s.max(-1, keepdims=True)
+    p = np.exp(s - m)
+    total = p.sum(-1, keepdims=True)
+    out = ((p / total) @ vh).transpose(0, 2, 1, 3)
+    return np.ascontiguousarray(out), (m + np.log(total))[..., 0]
+
+
+def _np_attention_backward(dout, q, k, v, out, lse, scale):
+    """float32 NumPy transcription of reference.attention_backward, with the saved out/lse."""
+    T = q.shape[1]
+    qh, kh, vh, doh, oh = (np.ascontiguousarray(x.transpose(0, 2, 1, 3))
+                           for x in (q, k, v, dout, out))
+    s = (qh @ kh.transpose(0, 1, 3, 2)) * np.float32(scale)
+    p = np.where(np.tril(np.ones((T, T), dtype=bool)), np.exp(s - lse[..., None]),
+                 np.float32(0))
+    dv = p.transpose(0, 1, 3, 2) @ doh
+    dp = doh @ vh.transpose(0, 1, 3, 2)
+    delta = (doh * oh).sum(-1, keepdims=True)
+    ds = p * (dp - delta) * np.float32(scale)
+    back = lambda x: np.ascontiguousarray(x.transpose(0, 2, 1, 3))  # noqa: E731
+    return back(ds @ kh), back(ds.transpose(0, 1, 3, 2) @ qh), back(dv)
+
+
+def attention_benches(C, B=128, T=256, H=2, D=64, numpy_batch=16, seed=0):
+    """Causal softmax attention, forward (out, lse) and backward (dq, dk, dv), at the
+    MapFormer paper's scale by default (batch 128, 256 tokens, 2 heads of 64).
+
+    flops count the useful causal half of each T x T product, 2 * T * T * D / 2 per (b, h)
+    per matmul: forward 2 matmuls (S = Q K^T, O = P V), backward 5 (recompute S, dV = P^T dO,
+    dP = dO V^T, dQ = dS K, dK = dS^T Q). Softmax, exponentials and the rescaling are not
+    counted. bytes: forward reads q, k, v and writes out, lse; backward reads dout, q, k, v,
+    out, lse and writes dq, dk, dv (4 B per float32).
+    The NumPy float32 side materialises the B x H x T x T scores; it runs on a batch of
+    `numpy_batch` and its time is scaled by B / numpy_batch (extra["numpy_scale"])."""
+    from mapformer import reference as ref
+
+    rng = np.random.default_rng(seed)
+    f32 = lambda *s: rng.standard_normal(s).astype(np.float32)  # noqa: E731
+    q, k, v, dout = (f32(B, T, H, D) for _ in range(4))
+    scale = 1.0 / np.sqrt(D)
+    out, lse = C.attention_forward(q, k, v)
+    nb = min(B, numpy_batch)
+    qn, kn, vn, don, on, lsen = q[:nb], k[:nb], v[:nb], dout[:nb], out[:nb], lse[:nb]
+    sizes = dict(B=B, T=T, H=H, D=D)
+    half_matmul = 2.0 * T * T * D / 2 * B * H
+    nelem = B * T * H * D
+
+    def close(a, b, name, tol):
+        a, b = np.asarray(a, np.float64), np.asarray(b, np.float64)
+        err = np.abs(a - b).max() / max(1.0, np.abs(b).max())
+        assert err < tol, f"{name}: differs by {err:.3g} (relative to max(1, max|ref|))"
+
+    def check_fwd():
+        # C against the float64 reference on a slice, and against NumPy float32
+        o2, l2 = C.attention_forward(q[:2], k[:2], v[:2])
+        ro, rl = ref.attention_forward(q[:2], k[:2], v[:2])
+        close(o2, ro, "out vs reference", 1e-5)
+        close(l2, rl, "lse vs reference", 1e-5)
+        no, nl = _np_attention_forward(qn, kn, vn, scale)
+        close(out[:nb], no, "out vs NumPy float32", 1e-4)
+        close(lse[:nb], nl, "lse vs NumPy float32", 1e-4)
+
+    def check_bwd():
+        o2, l2 = C.attention_forward(q[:2], k[:2], v[:2])
+        got = C.attention_backward(dout[:2], q[:2], k[:2], v[:2], o2, l2)
+        for a, b, n in zip(got, ref.attention_backward(dout[:2], q[:2], k[:2], v[:2]),
+                           ("dq", "dk", "dv")):
+            close(a, b, n + " vs reference", 1e-4)
+        got = C.attention_backward(don, qn, kn, vn, on, lsen)
+        for a, b, n in zip(got, _np_attention_backward(don, qn, kn, vn, on, lsen, scale),
+                           ("dq", "dk", "dv")):
+            close(a, b, n + " vs NumPy float32", 1e-3)
+
+    extra = dict(numpy_scale=B / nb, numpy_batch=nb)
+    return [
+        OpBench("attention_forward", sizes, lambda: 2 * half_matmul,
+                lambda: 4 * (4 * nelem + B * H * T),
+                lambda: C.attention_forward(q, k, v),
+                lambda: _np_attention_forward(qn, kn, vn, scale), check_fwd,
+                notes="causal; flops = 2 matmuls of the causal half", extra=extra),
+        OpBench("attention_backward", sizes, lambda: 5 * half_matmul,
+                lambda: 4 * (8 * nelem + B * H * T),
+                lambda: C.attention_backward(dout, q, k, v, out, lse),
+                lambda: _np_attention_backward(don, qn, kn, vn, on, lsen, scale), check_bwd,
+                notes="causal; flops = 5 matmuls of the causal half", extra=extra),
+    ]
+
+
+# ---- the machine's sgemm rate, for comparison ---------------------------------------------
+def sgemm_benches(C, N=2048, seed=0):
+    """One large sgemm, y = x W^T with x, W (N, N): the rate every matmul-bound op is judged
+    against. C side: linear_forward (OpenBLAS from scipy-openblas32); NumPy side: x @ W.T
+    (NumPy's own OpenBLAS). flops 2 N^3; bytes 3 N^2 floats."""
+    rng = np.random.default_rng(seed)
+    x = rng.standard_normal((N, N)).astype(np.float32)
+    w = rng.standard_normal((N, N)).astype(np.float32)
+
+    def check():
+        a = C.linear_forward(x[:64], w)
+        b = x[:64].astype(np.float64) @ w.T.astype(np.float64)
+        err = np.abs(a - b).max() / np.abs(b).max()
+        assert err < 1e-4, f"sgemm differs by {err:.3g}"
+
+    return [OpBench(f"sgemm {N}x{N}x{N}", dict(N=N), lambda: 2.0 * N**3, lambda: 12.0 * N * N,
+                    lambda: C.linear_forward(x, w), lambda: x @ w.T, check)]
+
+
 FAMILIES = {
     "rotary": rotary_benches,
+    "attention": attention_benches,
+    "sgemm": sgemm_benches,
 }
 
 
@@ -209,17 +329,32 @@ def main():
     p.add_argument("--warmup", type=int, default=3)
     p.add_argument("--threads", type=int, default=None,
                    help="OMP_NUM_THREADS for the C core (default: the environment's)")
+    p.add_argument("--batch", type=int, default=128, help="attention: batch B")
+    p.add_argument("--seq", type=int, default=256, help="attention: tokens T")
+    p.add_argument("--heads", type=int, default=2, help="attention: heads H")
+    p.add_argument("--head-dim", type=int, default=64, help="attention: head dim D")
+    p.add_argument("--numpy-batch", type=int, default=16,
+                   help="attention: batch the NumPy float32 side runs on (time scaled to B)")
+    p.add_argument("--sgemm-n", type=int, default=2048, help="sgemm: N of the N^3 product")
     args = p.parse_args()
     if args.threads is not None:
         os.environ["OMP_NUM_THREADS"] = str(args.threads)
     from mapformer import _C  # after OMP_NUM_THREADS is set: libgomp reads it once
 
+    family_args = {
+        "attention": dict(B=args.batch, T=args.seq, H=args.heads, D=args.head_dim,
+                          numpy_batch=args.numpy_batch),
+        "sgemm": dict(N=args.sgemm_n),
+    }
     results = []
     for family in args.families.split(","):
-        for b in FAMILIES[family](_C):
+        for b in FAMILIES[family](_C, **family_args.get(family, {})):
             b.check()
             c_ms, c_min = timeit(b.c, args.warmup, args.repeats)
             np_ms, np_min = timeit(b.numpy, args.warmup, args.repeats)
+            # a NumPy side timed on a smaller problem is scaled up to the benchmark's size
+            np_scale = b.extra.get("numpy_scale", 1.0)
+            np_ms, np_min = np_ms * np_scale, np_min * np_scale
             row = {
                 "family": family, "name": b.name, "sizes": b.sizes,
                 "c_ms": round(c_ms * 1e3, 3), "c_min_ms": round(c_min * 1e3, 3),
@@ -230,12 +365,28 @@ def main():
                 "c_gflops": round(b.flops() / c_ms / 1e9, 2),
                 "numpy_gflops": round(b.flops() / np_ms / 1e9, 2),
             }
+            row.update({key: val for key, val in b.extra.items() if key != "numpy_scale"})
+            if np_scale != 1.0:
+                row["numpy_scaled_by"] = np_scale
             results.append(row)
             print(f"{b.name:<36} C {row['c_ms']:8.2f} ms ({row['c_gbps']:6.1f} GB/s, "
                   f"{row['c_gflops']:5.1f} GFLOP/s)   NumPy f32 {row['numpy_ms']:8.2f} ms "
                   f"({row['numpy_gbps']:5.1f} GB/s)   x{row['speedup']:.1f}")
+    summary = {}
+    by_name = {row["name"]: row for row in results}
+    sgemm = next((row for row in results if row["family"] == "sgemm"), None)
+    if "attention_forward" in by_name and "attention_backward" in by_name:
+        fwd, bwd = by_name["attention_forward"], by_name["attention_backward"]
+        ms = fwd["c_ms"] + bwd["c_ms"]
+        gflops = (fwd["c_gflops"] * fwd["c_ms"] + bwd["c_gflops"] * bwd["c_ms"]) / ms
+        summary["attention_fwd_bwd"] = {
+            "c_ms": round(ms, 3), "c_gflops": round(gflops, 2),
+            "speedup_vs_numpy": round((fwd["numpy_ms"] + bwd["numpy_ms"]) / ms, 2)}
+        if sgemm is not None:
+            summary["attention_fwd_bwd"]["fraction_of_sgemm"] = round(
+                gflops / sgemm["c_gflops"], 3)
     print(json.dumps({"bench": "ops", "omp_num_threads": os.environ.get("OMP_NUM_THREADS"),
-                      "repeats": args.repeats, "results": results}))
+                      "repeats": args.repeats, "results": results, "summary": summary}))
 
 
 if __name__ == "__main__":

@@ -1,4 +1,154 @@
-/* Binding of the attention op family (being written). */
-#include "common.h"
+/* Binding of csrc/ops/attention.c: causal softmax attention, forward and backward. */
+#include "common.h" /* Python.h first */
 
-PyMethodDef mf_attention_methods[] = {{NULL, NULL, 0, NULL}};
+#include <math.h>
+
+#define QKV_SHAPE "(B, T, H, D)"
+#define LSE_SHAPE "(B, H, T)"
+
+/* Check the head dim (after q's shape is known) and resolve scale (None -> 1/sqrt(D)). */
+static int head_dim_and_scale(int64_t D, PyObject *scale_obj, float *scale) {
+    if (D % 2 != 0 || D < 16 || D > 128) {
+        PyErr_Format(PyExc_ValueError,
+                     "head dim D (the last axis of q, k, v) must be even and in [16, 128], "
+                     "got %lld",
+                     (long long)D);
+        return -1;
+    }
+    double s = 1.0 / sqrt((double)D);
+    if (scale_obj != NULL && scale_obj != Py_None) {
+        s = PyFloat_AsDouble(scale_obj);
+        if (s == -1.0 && PyErr_Occurred()) {
+            if (PyErr_ExceptionMatches(PyExc_TypeError)) { /* say which argument */
+                PyErr_Clear();
+                PyErr_Format(PyExc_TypeError, "scale must be a real number or None, got %s",
+                             Py_TYPE(scale_obj)->tp_name);
+            }
+            return -1;
+        }
+    }
+    if (mf_check_finite(s, "scale", 0) < 0) return -1;
+    *scale = (float)s;
+    if (!isfinite(*scale)) {
+        PyErr_SetString(PyExc_ValueError, "scale must fit in float32 (|scale| < 3.4e38)");
+        return -1;
+    }
+    return 0;
+}
+
+static PyObject *py_attention_forward(PyObject *self, PyObject *args, PyObject *kwargs) {
+    (void)self;
+    static char *kwlist[] = {"q", "k", "v", "scale", NULL};
+    PyObject *q_obj, *k_obj, *v_obj, *scale_obj = Py_None;
+    PyArrayObject *out = NULL, *lse = NULL;
+    PyObject *result = NULL;
+    if (!PyArg_ParseTupleAndKeywords(args, kwargs, "OOO|O:attention_forward", kwlist, &q_obj,
+                                     &k_obj, &v_obj, &scale_obj))
+        return NULL;
+    int64_t qd[4] = {-1, -1, -1, -1};
+    PyArrayObject *q = mf_array(q_obj, "q", MF_F32, 4, qd, QKV_SHAPE);
+    if (q == NULL) goto fail;
+    int64_t kd[4] = {qd[0], qd[1], qd[2], qd[3]}, vd[4] = {qd[0], qd[1], qd[2], qd[3]};
+    PyArrayObject *k = mf_array(k_obj, "k", MF_F32, 4, kd, QKV_SHAPE);
+    if (k == NULL) goto fail;
+    PyArrayObject *v = mf_array(v_obj, "v", MF_F32, 4, vd, QKV_SHAPE);
+    if (v == NULL) goto fail;
+    const int64_t B = qd[0], T = qd[1], H = qd[2], D = qd[3];
+    float scale;
+    if (head_dim_and_scale(D, scale_obj, &scale) < 0) goto fail;
+
+    int64_t ld[3] = {B, H, T};
+    out = mf_empty_f32(4, qd);
+    if (out == NULL) goto fail;
+    lse = mf_empty_f32(3, ld);
+    if (lse == NULL) goto fail;
+    int status;
+    Py_BEGIN_ALLOW_THREADS;
+    status = attention_forward((float *)PyArray_DATA(out), (float *)PyArray_DATA(lse),
+                               (const float *)PyArray_DATA(q), (const float *)PyArray_DATA(k),
+                               (const float *)PyArray_DATA(v), B, T, H, D, scale);
+    Py_END_ALLOW_THREADS;
+    if (status != MF_OK) {
+        mf_raise_status(status, "attention_forward");
+        goto fail;
+    }
+    result = PyTuple_Pack(2, (PyObject *)out, (PyObject *)lse);
+fail:
+    Py_XDECREF(out);
+    Py_XDECREF(lse);
+    return result;
+}
+
+static PyObject *py_attention_backward(PyObject *self, PyObject *args, PyObject *kwargs) {
+    (void)self;
+    static char *kwlist[] = {"dout", "q", "k", "v", "out", "lse", "scale", NULL};
+    PyObject *dout_obj, *q_obj, *k_obj, *v_obj, *out_obj, *lse_obj, *scale_obj = Py_None;
+    PyArrayObject *dq = NULL, *dk = NULL, *dv = NULL;
+    PyObject *result = NULL;
+    if (!PyArg_ParseTupleAndKeywords(args, kwargs, "OOOOOO|O:attention_backward", kwlist,
+                                     &dout_obj, &q_obj, &k_obj, &v_obj, &out_obj, &lse_obj,
+                                     &scale_obj))
+        return NULL;
+    int64_t qd[4] = {-1, -1, -1, -1};
+    PyArrayObject *q = mf_array(q_obj, "q", MF_F32, 4, qd, QKV_SHAPE);
+    if (q == NULL) goto fail;
+    int64_t dd[4], kd[4], vd[4], od[4];
+    for (int i = 0; i < 4; i++) dd[i] = kd[i] = vd[i] = od[i] = qd[i];
+    PyArrayObject *dout = mf_array(dout_obj, "dout", MF_F32, 4, dd, QKV_SHAPE);
+    if (dout == NULL) goto fail;
+    PyArrayObject *k = mf_array(k_obj, "k", MF_F32, 4, kd, QKV_SHAPE);
+    if (k == NULL) goto fail;
+    PyArrayObject *v = mf_array(v_obj, "v", MF_F32, 4, vd, QKV_SHAPE);
+    if (v == NULL) goto fail;
+    PyArrayObject *out = mf_array(out_obj, "out", MF_F32, 4, od, QKV_SHAPE);
+    if (out == NULL) goto fail;
+    const int64_t B = qd[0], T = qd[1], H = qd[2], D = qd[3];
+    int64_t ld[3] = {B, H, T};
+    PyArrayObject *lse = mf_array(lse_obj, "lse", MF_F32, 3, ld, LSE_SHAPE);
+    if (lse == NULL) goto fail;
+    float scale;
+    if (head_dim_and_scale(D, scale_obj, &scale) < 0) goto fail;
+
+    dq = mf_empty_f32(4, qd);
+    if (dq == NULL) goto fail;
+    dk = mf_empty_f32(4, qd);
+    if (dk == NULL) goto fail;
+    dv = mf_empty_f32(4, qd);
+    if (dv == NULL) goto fail;
+    int status;
+    Py_BEGIN_ALLOW_THREADS;
+    status = attention_backward(
+        (float *)PyArray_DATA(dq), (float *)PyArray_DATA(dk), (float *)PyArray_DATA(dv),
+        (const float *)PyArray_DATA(dout), (const float *)PyArray_DATA(q),
+        (const float *)PyArray_DATA(k), (const float *)PyArray_DATA(v),
+        (const float *)PyArray_DATA(out), (const float *)PyArray_DATA(lse), B, T, H, D, scale);
+    Py_END_ALLOW_THREADS;
+    if (status != MF_OK) {
+        mf_raise_status(status, "attention_backward");
+        goto fail;
+    }
+    result = PyTuple_Pack(3, (PyObject *)dq, (PyObject *)dk, (PyObject *)dv);
+fail:
+    Py_XDECREF(dq);
+    Py_XDECREF(dk);
+    Py_XDECREF(dv);
+    return result;
+}
+
+PyMethodDef mf_attention_methods[] = {
+    {"attention_forward", (PyCFunction)(void (*)(void))py_attention_forward,
+     METH_VARARGS | METH_KEYWORDS,
+     "attention_forward(q, k, v, scale=None) -> (out, lse)\n\n"
+     "Causal softmax attention: out[b, i, h] = sum_{j <= i} softmax_j(scale q_i . k_j) v_j.\n"
+     "q, k, v: float32 C-contiguous (B, T, H, D), head dim D even in [16, 128].\n"
+     "scale: float, default 1/sqrt(D).\n"
+     "Returns out float32 (B, T, H, D) and lse float32 (B, H, T), the log-sum-exp of each\n"
+     "query's scaled scores: the only thing attention_backward needs besides out."},
+    {"attention_backward", (PyCFunction)(void (*)(void))py_attention_backward,
+     METH_VARARGS | METH_KEYWORDS,
+     "attention_backward(dout, q, k, v, out, lse, scale=None) -> (dq, dk, dv)\n\n"
+     "Gradients of causal attention given dout, the gradient of out.\n"
+     "dout, q, k, v, out: float32 C-contiguous (B, T, H, D); lse: float32 (B, H, T) from\n"
+     "attention_forward with the same scale (default 1/sqrt(D)).\n"
+     "Returns new float32 arrays dq, dk, dv (B, T, H, D)."},
+    {NULL, NULL, 0, NULL}};
