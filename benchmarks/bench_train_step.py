@@ -41,7 +41,9 @@ def step_flops(cfg, batch, tokens):
 
 
 def sgemm_rate(size, repeats):
-    """GFLOP/s of a size^3 sgemm through the C core's linear op (its OpenBLAS)."""
+    """Best GFLOP/s of a size^3 sgemm through the C core's linear op (its OpenBLAS, split over
+    the OpenMP threads as the model's products are). The best of many runs is the machine's
+    capability; on a shared machine it makes the sgemm-bound time the conservative one."""
     rng = np.random.default_rng(0)
     x = rng.standard_normal((size, size)).astype(np.float32)
     w = rng.standard_normal((size, size)).astype(np.float32)
@@ -51,7 +53,7 @@ def sgemm_rate(size, repeats):
         t0 = time.perf_counter()
         backend.C.linear_forward(x, w)
         times.append(time.perf_counter() - t0)
-    return 2 * size**3 / np.median(times) / 1e9
+    return 2 * size**3 / min(times) / 1e9
 
 
 class OpTimer:
@@ -116,12 +118,14 @@ def main():
     p.add_argument("--schemes", default="mapwm,rope")
     args = p.parse_args()
 
-    rate = sgemm_rate(args.sgemm_size, 5)
-    print(f"sgemm {args.sgemm_size}^3: {rate:.1f} GFLOP/s")
-    figures = {"sgemm_gflops": round(rate, 1), "batch": args.batch, "tokens": args.tokens,
+    rate = sgemm_rate(args.sgemm_size, 15)
+    figures = {"batch": args.batch, "tokens": args.tokens,
                "d_model": args.d_model, "heads": args.heads, "layers": args.layers}
-    for positional in args.schemes.split(","):
-        cfg, seconds, ops = bench(positional, args)
+    results = [bench(positional, args) for positional in args.schemes.split(",")]
+    rate = max(rate, sgemm_rate(args.sgemm_size, 15))  # measured before and after the steps
+    figures["sgemm_gflops"] = round(rate, 1)
+    print(f"sgemm {args.sgemm_size}^3: {rate:.1f} GFLOP/s (best of 30, before and after)")
+    for positional, (cfg, seconds, ops) in zip(args.schemes.split(","), results):
         flops = step_flops(cfg, args.batch, args.tokens)
         bound = flops / (rate * 1e9)
         print(f"{positional}: {seconds * 1e3:.1f} ms/step (median of {args.repeats}), "

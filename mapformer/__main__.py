@@ -10,21 +10,24 @@ import sys
 from dataclasses import MISSING, fields
 
 from .models import ModelConfig
-from .train import TrainConfig, evaluate, format_eval, load_checkpoint, train
+from .train import (TrainConfig, default_omega_grid, eval_seed, evaluate, format_eval,
+                    load_checkpoint, train)
 
 MODEL_FLAGS = [f for f in fields(ModelConfig) if f.name != "vocab_size"]
 TRAIN_FLAGS = list(fields(TrainConfig))
 CONFIG_HELP = {
-    "positional": "positional scheme: rope or mapwm",
+    "positional": "positional scheme: rope, mapwm, cope or tape",
     "delta_rank": "rank r of Delta = W_out W_in x (MapWM)",
     "omega_grid": "MapWM omega init spans omega_max .. omega_max/omega_grid "
-                  "(default: the training grid size)",
-    "preset": "navigation preset: iid, ood_dense or ood_sparse",
+                  "(default: the task's grid side, or sequence length for selective copy)",
+    "task": "navigation or selective_copy",
+    "preset": "task preset: iid, ood_dense or ood_sparse",
     "steps": "override the preset's walk length T (tokens = 2T)",
     "grid_size": "override the preset's grid side",
     "p_empty": "override the preset's fraction of empty cells",
     "sequences": "training sequences in all",
     "schedule": "linear (paper) or cosine (with --warmup-steps)",
+    "cope_positions": "CoPE position embeddings (default: the training sequence length)",
     "eval_every": "optimizer steps between evaluations (0: at the end only)",
     "checkpoint_every": "optimizer steps between checkpoints (0: at the end only)",
 }
@@ -34,7 +37,7 @@ def add_config_flags(parser, config_fields):
     for f in config_fields:
         default = None if f.default is MISSING else f.default
         kind = type(default) if default is not None else (float if f.name == "p_empty" else int)
-        if f.name in ("positional", "preset", "schedule"):
+        if f.name in ("positional", "preset", "schedule", "task"):
             kind = str
         help_text = CONFIG_HELP.get(f.name, f.name.replace("_", " "))
         parser.add_argument("--" + f.name.replace("_", "-"), type=kind, default=None,
@@ -50,7 +53,7 @@ def build_parser():
     parser = argparse.ArgumentParser(prog="python -m mapformer", description=__doc__,
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
     sub = parser.add_subparsers(dest="command", required=True)
-    tr = sub.add_parser("train", help="train a model on forced navigation, then evaluate it")
+    tr = sub.add_parser("train", help="train a model on a task, then evaluate it on its presets")
     tr.add_argument("--out", default=None,
                     help="directory for checkpoint.npz and metrics.jsonl (default: none)")
     tr.add_argument("--resume", default=None, help="checkpoint to continue from")
@@ -71,8 +74,9 @@ def main(argv=None):
     args = build_parser().parse_args(argv)
     if args.command == "train":
         train_config = TrainConfig(**pick(args, TRAIN_FLAGS))
-        task = train_config.task()
-        model_values = {"omega_grid": float(task.grid_size), **pick(args, MODEL_FLAGS)}
+        task = train_config.task_config()
+        model_values = {"omega_grid": default_omega_grid(task), "cope_positions": task.seq_len,
+                        **pick(args, MODEL_FLAGS)}
         model_config = ModelConfig(vocab_size=task.vocab_size, **model_values)
         result = train(model_config, train_config, out_dir=args.out, resume=args.resume,
                        progress=not args.no_progress)
@@ -80,7 +84,10 @@ def main(argv=None):
             print(json.dumps({k: v for k, v in result.items() if k != "model"}))
     else:
         model, _, train_config, step = load_checkpoint(args.checkpoint)
-        results = evaluate(model, train_config, sequences=args.sequences, seed=args.seed)
+        results = evaluate(model, train_config.eval_tasks(),
+                           args.sequences or train_config.eval_sequences,
+                           eval_seed(train_config) if args.seed is None else args.seed,
+                           train_config.eval_batch_size)
         print(json.dumps(results) if args.json else
               f"{args.checkpoint} (step {step}, {model.config.positional}):\n"
               f"{format_eval(results)}")

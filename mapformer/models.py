@@ -28,8 +28,8 @@ class ModelConfig:
     dimension in the paper). omega_max, omega_grid: MapWM frequencies start geometrically
     spaced from omega_max down to omega_max / omega_grid (appendix 10.2, with the exponent's
     sign read so that omega decreases). rope_base: RoPE's (and TAPE's initial state's) base.
-    cope_positions: CoPE's number of position embeddings (positions are clamped below it);
-    the trainer sets it to the training sequence length when it is None.
+    cope_positions: CoPE's number of position embeddings (positions are clamped below it),
+    required for positional='cope'; the CLI defaults it to the training sequence length.
     """
 
     vocab_size: int

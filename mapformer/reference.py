@@ -424,3 +424,91 @@ def tape_mix_backward(de_new, e_att, gate_logits, w):
     de_att = de_new + np.einsum("hk,bthd->btkd", w, gy)
     dgate = g * one_minus_g * np.einsum("bthd,bthd->bth", de_new, m)
     return de_att, dgate, np.einsum("bthd,btkd->hk", gy, e_att)
+
+
+# ---- conjunctive attention ---------------------------------------------------------------
+CONJ_MODES = ("score_product", "softmax_product", "sum")
+
+
+def _conj_parts(qx, kx, qp, kp, mode, scale):
+    """The score matrices of conjunctive attention, (B, H, T, T) each: returns
+    (sx, sp, zx, zp, z, causal) with sX = qx kx^T, sP = qp kp^T (unmasked), zx = scale sX and
+    zp = scale sP (-inf above the diagonal), z the logits of the one softmax of score_product
+    (scale sX sP) or sum (scale (sX + sP)), -inf above the diagonal (None for
+    softmax_product), and causal the (T, T) mask of keys j <= i."""
+    if mode not in CONJ_MODES:
+        raise ValueError(f"mode must be one of {CONJ_MODES}, got {mode!r}")
+    T = qx.shape[1]
+    causal = np.tril(np.ones((T, T), dtype=bool))
+    sx = np.einsum("bihd,bjhd->bhij", qx, kx)
+    sp = np.einsum("bihd,bjhd->bhij", qp, kp)
+    z = {"score_product": scale * sx * sp, "sum": scale * (sx + sp)}.get(mode)
+    zx, zp = np.where(causal, scale * sx, -np.inf), np.where(causal, scale * sp, -np.inf)
+    return sx, sp, zx, zp, (None if z is None else np.where(causal, z, -np.inf)), causal
+
+
+def _log_softmax_parts(z):
+    """z (..., T) with -inf entries -> (softmax(z), logsumexp(z)) along the last axis."""
+    m = z.max(-1, keepdims=True)
+    lse = m[..., 0] + np.log(np.exp(z - m).sum(-1))
+    return np.exp(z - lse[..., None]), lse
+
+
+def conj_attention_forward(qx, kx, qp, kp, v, mode="score_product", scale=None):
+    """qx, kx, qp, kp, v (B, T, H, D) -> out (B, T, H, D), lse (M, B, H, T).
+
+    MapEM's conjunctive attention (MapFormer paper, sec. 3.5.1, eq. 13), causal, per (b, h),
+    with content scores sX_ij = qx_i . kx_j and positional scores sP_ij = qp_i . kp_j, j <= i:
+      "score_product" (default): A = softmax_j(scale sX_ij sP_ij), the attention between the
+        conjunctions g = vec(x p^T), whose inner products are sX sP; M = 1, lse = log sum_j
+        exp(scale sX sP).
+      "softmax_product": A = AX * AP with AX = softmax_j(scale sX), AP = softmax_j(scale sP),
+        each row-softmaxed on its own (eq. 13 read literally; rows of A sum to less than 1);
+        M = 2, lse[0] = log sum_j exp(scale sX), lse[1] = log sum_j exp(scale sP).
+      "sum": A = softmax_j(scale (sX + sP)): plain attention on [qx, qp] and [kx, kp];
+        M = 1.
+    out_i = sum_{j <= i} A_ij v_j. scale defaults to 1/sqrt(D)."""
+    qx, kx, qp, kp, v = _f64(qx, kx, qp, kp, v)
+    scale = 1.0 / np.sqrt(qx.shape[3]) if scale is None else scale
+    _, _, zx, zp, z, _ = _conj_parts(qx, kx, qp, kp, mode, scale)
+    if mode == "softmax_product":
+        (ax, lse_x), (ap, lse_p) = _log_softmax_parts(zx), _log_softmax_parts(zp)
+        a, lse = ax * ap, np.stack([lse_x, lse_p])
+    else:
+        a, lse = _log_softmax_parts(z)
+        lse = lse[None]
+    return np.einsum("bhij,bjhd->bihd", a, v), lse
+
+
+def conj_attention_backward(dout, qx, kx, qp, kp, v, mode="score_product", scale=None):
+    """dout, qx, kx, qp, kp, v (B, T, H, D) -> dqx, dkx, dqp, dkp, dv (B, T, H, D).
+
+    With dA_ij = dout_i . v_j and Dv_i = dout_i . out_i = sum_j A_ij dA_ij:
+      "score_product": dS = A (dA - Dv) (the softmax backward), and by the product rule
+        dsX = scale dS sP, dsP = scale dS sX.
+      "softmax_product": A = AX AP, so dAX = dA AP and dAP = dA AX; through each softmax
+        dzX = AX (dAX - sum_k AX_ik dAX_ik) = A dA - AX Dv (the sum is sum_k A_ik dA_ik = Dv),
+        and likewise dzP = A dA - AP Dv; dsX = scale dzX, dsP = scale dzP.
+      "sum": dsX = dsP = scale A (dA - Dv).
+    Then dqx = dsX kx, dkx = dsX^T qx, dqp = dsP kp, dkp = dsP^T qp, dv = A^T dout
+    (every score gradient is 0 above the diagonal)."""
+    dout, qx, kx, qp, kp, v = _f64(dout, qx, kx, qp, kp, v)
+    scale = 1.0 / np.sqrt(qx.shape[3]) if scale is None else scale
+    sx, sp, zx, zp, z, causal = _conj_parts(qx, kx, qp, kp, mode, scale)
+    da = np.einsum("bihd,bjhd->bhij", dout, v)
+    if mode == "softmax_product":
+        (ax, _), (ap, _) = _log_softmax_parts(zx), _log_softmax_parts(zp)
+        a = ax * ap
+        delta = (a * da).sum(-1, keepdims=True)
+        dsx, dsp = scale * (a * da - ax * delta), scale * (a * da - ap * delta)
+    else:
+        a, _ = _log_softmax_parts(z)
+        ds = a * (da - (a * da).sum(-1, keepdims=True))
+        if mode == "score_product":
+            dsx, dsp = scale * ds * sp, scale * ds * sx
+        else:
+            dsx = dsp = scale * ds
+    dsx, dsp = np.where(causal, dsx, 0.0), np.where(causal, dsp, 0.0)
+    return (np.einsum("bhij,bjhd->bihd", dsx, kx), np.einsum("bhij,bihd->bjhd", dsx, qx),
+            np.einsum("bhij,bjhd->bihd", dsp, kp), np.einsum("bhij,bihd->bjhd", dsp, qp),
+            np.einsum("bhij,bihd->bjhd", a, dout))

@@ -1,6 +1,6 @@
-"""Training and evaluation on forced navigation: AdamW over the flat parameter buffer,
-learning-rate schedules, recall accuracy on the IID and OOD presets, checkpoints, a JSONL
-metrics log and a progress line.
+"""Training and evaluation on the tasks (forced navigation, selective copy): AdamW over the
+flat parameter buffer, learning-rate schedules, accuracy on the IID and OOD presets beside the
+trivial floor, checkpoints, a JSONL metrics log and a progress line.
 
 The batch of step s is generated from ``default_rng([seed, s])``, so a resumed run sees
 exactly the batches the uninterrupted run would have seen.
@@ -9,14 +9,15 @@ import json
 import math
 import sys
 import time
-from dataclasses import asdict, dataclass, fields, replace
+from dataclasses import asdict, dataclass, fields
 from pathlib import Path
 
 import numpy as np
 
 from .models import ModelConfig, Transformer
-from .tasks import navigation
+from .tasks import navigation, selective_copy
 
+TASKS = {"navigation": navigation, "selective_copy": selective_copy}
 SCHEDULES = ("linear", "cosine")
 EVAL_PRESETS = ("iid", "ood_dense", "ood_sparse")
 CHECKPOINT_VERSION = 1
@@ -28,20 +29,26 @@ class TrainConfig:
     lr 3e-4, weight decay 0.05, batch 128, gradient clipping at 1.0, linear decay to 0 and
     no warmup, on the 2D ``iid`` preset (128 steps, p_empty 0.5, grid 64).
 
-    dims, preset: the navigation task (see :func:`mapformer.tasks.navigation.preset`);
-    steps, grid_size, p_empty, n_objects: overrides of that preset (None keeps it).
+    task: 'navigation' or 'selective_copy'; preset: 'iid', 'ood_dense' or 'ood_sparse'.
+    dims, steps, grid_size, p_empty, n_objects: navigation (see
+    :func:`mapformer.tasks.navigation.preset`); n_copy, n_blanks, n_symbols: selective copy
+    (see :func:`mapformer.tasks.selective_copy.preset`). None keeps the preset's value.
     sequences: training sequences in all (rounded up to whole batches).
     schedule: 'linear' (decay from lr to 0) or 'cosine' (linear warmup over ``warmup_steps``,
     then cosine to 0). eval_every: optimizer steps between evaluations (0: only at the end).
     eval_sequences: sequences per preset in each evaluation (fixed set from ``seed``).
     """
 
-    dims: int = 2
+    task: str = "navigation"
     preset: str = "iid"
+    dims: int = 2
     steps: int = None
     grid_size: int = None
     p_empty: float = None
     n_objects: int = 16
+    n_copy: int = None
+    n_blanks: int = None
+    n_symbols: int = None
     sequences: int = 200_000
     batch_size: int = 128
     lr: float = 3e-4
@@ -59,6 +66,8 @@ class TrainConfig:
     checkpoint_every: int = 0
 
     def __post_init__(self):
+        if self.task not in TASKS:
+            raise ValueError(f"task must be one of {sorted(TASKS)}, got {self.task!r}")
         if self.schedule not in SCHEDULES:
             raise ValueError(f"schedule must be one of {SCHEDULES}, got {self.schedule!r}")
         for name in ("sequences", "batch_size", "eval_sequences", "eval_batch_size",
@@ -75,22 +84,31 @@ class TrainConfig:
         for name in ("beta1", "beta2"):
             if not 0.0 <= getattr(self, name) < 1.0:
                 raise ValueError(f"{name} must be in [0, 1), got {getattr(self, name)!r}")
-        self.task()  # validates the task fields
+        self.task_config()  # validates the task fields
 
     @property
     def total_steps(self):
         return -(-self.sequences // self.batch_size)
 
-    def task(self, preset=None):
-        """The NavigationConfig of ``preset`` (default: the training preset) with this run's
-        overrides; the OOD presets keep their own length, grid and p_empty."""
+    def task_config(self, preset=None):
+        """The task config of ``preset`` (default: the training preset) with this run's
+        overrides. Other presets take only the vocabulary overrides (n_objects, n_symbols)
+        and keep their own lengths, as the paper's OOD sets do."""
         name = preset or self.preset
-        overrides = {"n_objects": self.n_objects}
+        if self.task == "navigation":
+            shape, vocab = ("steps", "grid_size", "p_empty"), {"n_objects": self.n_objects}
+        else:
+            shape, vocab = ("n_copy", "n_blanks"), {"n_symbols": self.n_symbols}
+        overrides = {k: v for k, v in vocab.items() if v is not None}
         if name == self.preset:
-            overrides.update({k: v for k, v in (("steps", self.steps),
-                                                 ("grid_size", self.grid_size),
-                                                 ("p_empty", self.p_empty)) if v is not None})
-        return navigation.preset(name, dims=self.dims, **overrides)
+            overrides.update({k: getattr(self, k) for k in shape if getattr(self, k) is not None})
+        if self.task == "navigation":
+            return navigation.preset(name, dims=self.dims, **overrides)
+        return selective_copy.preset(name, **overrides)
+
+    def eval_tasks(self):
+        """{preset: task config} evaluated at the end of training: the three presets."""
+        return {name: self.task_config(name) for name in EVAL_PRESETS}
 
     def to_dict(self):
         return asdict(self)
@@ -134,43 +152,65 @@ class AdamW:
         return norm
 
 
-def recall_accuracy(logits, batch):
-    """Fraction of masked positions whose argmax prediction equals the target."""
-    return navigation.recall_accuracy(logits, batch)
+def task_module(task):
+    """The module (navigation or selective_copy) that generates batches of a task config."""
+    return navigation if isinstance(task, navigation.NavigationConfig) else selective_copy
 
 
-def evaluate(model, train_config, presets=EVAL_PRESETS, sequences=None, seed=None):
-    """Recall accuracy, masked loss and the always-blank floor of ``model`` on fixed
-    evaluation sets of each preset: {preset: {"accuracy", "loss", "floor", "sequences"}}."""
-    sequences = sequences or train_config.eval_sequences
-    seed = train_config.seed + 1_000_003 if seed is None else seed
+def default_omega_grid(task):
+    """MapWM's omega_grid for a task: the longest distance a path covers (appendix 10.2):
+    the grid side for navigation, the sequence length for selective copy."""
+    return float(task.grid_size if isinstance(task, navigation.NavigationConfig)
+                 else task.seq_len)
+
+
+def masked_accuracy(logits, batch):
+    """Fraction of masked positions whose argmax prediction equals the target.
+    logits (B, T, V), batch with targets (B, T) and mask (B, T)."""
+    pred = logits.argmax(-1)
+    return float((pred == batch.targets)[batch.mask].mean()) if batch.mask.any() else math.nan
+
+
+def eval_seed(train_config):
+    """The seed of a run's evaluation sets: fixed by the run, distinct from its batches."""
+    return train_config.seed + 1_000_003
+
+
+def evaluate(model, tasks, sequences=256, seed=0, batch_size=32):
+    """Masked accuracy, loss and floor of ``model`` on fixed evaluation sets.
+
+    tasks: {name: task config}. Returns {name: {"accuracy", "loss", "floor", "floor_token",
+    "sequences", "positions"}}; the floor is the accuracy of always predicting the most
+    frequent target (for navigation: the always-blank floor)."""
     model.train(False)
     results = {}
-    for name in presets:
-        task = train_config.task(name)
-        hits = total = blanks = 0
+    for name, task in tasks.items():
+        hits = total = 0
         loss_sum = 0.0
-        for batch in navigation.eval_set(task, sequences, seed, train_config.eval_batch_size):
+        counts = np.zeros(task.vocab_size, dtype=np.int64)
+        for batch in task_module(task).eval_set(task, sequences, seed, batch_size):
             n = int(batch.mask.sum())
             if n == 0:
                 continue
             loss_sum += model.loss(batch.tokens, batch.targets, batch.mask) * n
             pred = model.logits.reshape(batch.mask.shape + (-1,)).argmax(-1)
             hits += int((pred == batch.targets)[batch.mask].sum())
-            blanks += int((batch.targets == task.blank_id)[batch.mask].sum())
+            counts += np.bincount(batch.targets[batch.mask], minlength=task.vocab_size)
             total += n
+        majority = int(counts.argmax())
         results[name] = {"accuracy": hits / max(total, 1), "loss": loss_sum / max(total, 1),
-                         "floor": blanks / max(total, 1), "sequences": sequences,
-                         "positions": total}
+                         "floor": int(counts[majority]) / max(total, 1),
+                         "floor_token": "blank" if majority == task.blank_id else majority,
+                         "sequences": sequences, "positions": total}
     model.train(True)
     return results
 
 
 def format_eval(results):
-    """One line per preset: accuracy beside the always-blank floor."""
-    return "\n".join(f"  {name:<10} recall {r['accuracy']:.3f}   always-blank floor "
-                     f"{r['floor']:.3f}   loss {r['loss']:.3f}   ({r['positions']} positions)"
-                     for name, r in results.items())
+    """One line per evaluation set: accuracy beside the floor."""
+    return "\n".join(f"  {name:<10} accuracy {r['accuracy']:.3f}   always-{r['floor_token']} "
+                     f"floor {r['floor']:.3f}   loss {r['loss']:.3f}   ({r['positions']} "
+                     "positions)" for name, r in results.items())
 
 
 def save_checkpoint(path, model, optimizer, train_config, step):
@@ -244,19 +284,26 @@ class Progress:
             print(file=sys.stderr)
 
 
-def train(model_config, train_config, out_dir=None, resume=None, progress=True, log=print):
-    """Train a model on forced navigation and evaluate it on the three presets.
+def train(model_config, train_config, out_dir=None, resume=None, progress=True, log=print,
+          eval_tasks=None):
+    """Train a model on ``train_config``'s task and evaluate it.
 
-    model_config: ModelConfig (vocab_size must equal the task's). out_dir: where
-    ``checkpoint.npz`` and ``metrics.jsonl`` go (None: nothing written). resume: a checkpoint
-    to continue from (its configs must equal these). Returns a dict with the final
-    evaluation, the last training loss, wall time and steps/sequences."""
-    task = train_config.task()
-    if model_config.positional == "cope" and model_config.cope_positions is None:
-        model_config = replace(model_config, cope_positions=task.seq_len)
+    model_config: ModelConfig (vocab_size must equal the task's). out_dir: where ``checkpoint.npz`` and ``metrics.jsonl`` go
+    (None: nothing written). resume: a checkpoint to continue from (its configs must equal
+    these). eval_tasks: {name: task config} (default: the three presets, see
+    TrainConfig.eval_tasks). Returns a dict with the final evaluation, the last training
+    loss, wall time, steps, sequences and the model."""
+    task = train_config.task_config()
+    module = task_module(task)
+    eval_tasks = eval_tasks or train_config.eval_tasks()
+
+    def run_eval():
+        return evaluate(model, eval_tasks, train_config.eval_sequences,
+                        eval_seed(train_config), train_config.eval_batch_size)
+
     if model_config.vocab_size != task.vocab_size:
-        raise ValueError(f"model vocab_size {model_config.vocab_size} != task vocab_size "
-                         f"{task.vocab_size} (dims={task.dims}, n_objects={task.n_objects})")
+        raise ValueError(f"model vocab_size {model_config.vocab_size} != the task's vocab_size "
+                         f"{task.vocab_size} ({task})")
     if resume:
         check_resume(resume, model_config, train_config)
         model, optimizer, _, start = load_checkpoint(resume)
@@ -269,16 +316,16 @@ def train(model_config, train_config, out_dir=None, resume=None, progress=True, 
         out_dir.mkdir(parents=True, exist_ok=True)
         metrics = open(out_dir / "metrics.jsonl", "a" if resume else "w")
     total = train_config.total_steps
-    log(f"training {model_config.positional} ({model.params.size} parameters) on {task.dims}D "
-        f"navigation: {total} steps of {train_config.batch_size} sequences, "
+    log(f"training {model_config.positional} ({model.params.size} parameters) on {task}: "
+        f"{total} steps of {train_config.batch_size} sequences, "
         f"{task.seq_len} tokens each" + (f", resuming at step {start}" if start else ""))
     bar = Progress(total, progress)
     t0 = time.perf_counter()
     record = None
     try:
         for step in range(start, total):
-            batch = navigation.generate(task, train_config.batch_size,
-                                        np.random.default_rng([train_config.seed, step]))
+            batch = module.generate(task, train_config.batch_size,
+                                    np.random.default_rng([train_config.seed, step]))
             loss = model.loss(batch.tokens, batch.targets, batch.mask)
             model.backward()
             lr = learning_rate(train_config, step)
@@ -289,7 +336,7 @@ def train(model_config, train_config, out_dir=None, resume=None, progress=True, 
             if done % train_config.log_every == 0 or done == total:
                 elapsed = time.perf_counter() - t0
                 record = {"step": done, "sequences": done * train_config.batch_size,
-                          "loss": loss, "accuracy": recall_accuracy(model.logits.reshape(
+                          "loss": loss, "accuracy": masked_accuracy(model.logits.reshape(
                               batch.mask.shape + (-1,)), batch),
                           "lr": lr, "grad_norm": norm, "elapsed": elapsed,
                           "seq_per_s": (done - start) * train_config.batch_size / elapsed}
@@ -298,7 +345,7 @@ def train(model_config, train_config, out_dir=None, resume=None, progress=True, 
                     metrics.write(json.dumps(record) + "\n")
                     metrics.flush()
             if train_config.eval_every and done % train_config.eval_every == 0 and done < total:
-                results = evaluate(model, train_config)
+                results = run_eval()
                 bar.close()
                 log(f"step {done}:\n{format_eval(results)}")
                 if metrics:
@@ -307,7 +354,7 @@ def train(model_config, train_config, out_dir=None, resume=None, progress=True, 
                 save_checkpoint(out_dir / "checkpoint.npz", model, optimizer, train_config, done)
         bar.close()
         wall = time.perf_counter() - t0
-        results = evaluate(model, train_config)
+        results = run_eval()
         log(f"final ({total} steps, {total * train_config.batch_size} sequences, "
             f"{wall:.0f}s):\n{format_eval(results)}")
         if out_dir:

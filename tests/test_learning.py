@@ -13,7 +13,7 @@ TASK = dict(dims=2, steps=64, grid_size=16, p_empty=0.5, n_objects=16)
 def run(positional, sequences):
     train_config = TrainConfig(**TASK, sequences=sequences, batch_size=64, eval_sequences=256,
                                seed=0)
-    model_config = ModelConfig(vocab_size=train_config.task().vocab_size, d_model=64,
+    model_config = ModelConfig(vocab_size=train_config.task_config().vocab_size, d_model=64,
                                n_heads=2, positional=positional, omega_grid=16.0)
     return train(model_config, train_config, progress=False, log=lambda *a: None)["eval"]
 

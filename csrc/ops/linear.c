@@ -5,6 +5,8 @@
  * activation gradient, written (=), or accumulated (+=) when accumulate_dx is set (a branch
  * input that also feeds the residual stream).
  *
+ * The three products go through mf_sgemm_rows (rows of the result split over the threads).
+ *
  *   forward:  y  = bias (broadcast), then y += x weight^T   (one sgemm with beta = 1: the bias
  *             fill replaces the zero fill sgemm would do for beta = 0, so the add is free)
  *   backward: dx  = dy weight          (sgemm, beta 0 or 1)
@@ -32,8 +34,8 @@ int linear_forward(float *y, const float *x, const float *weight, const float *b
         for (int64_t n = 0; n < N; n++) memcpy(y + n * Cout, bias, (size_t)Cout * sizeof(float));
     }
     /* y (N, Cout) = x (N, Cin) . weight^T (Cin, Cout) [+ y] */
-    return mf_sgemm(0, 1, N, Cout, Cin, 1.0f, x, Cin, weight, Cin, bias != NULL ? 1.0f : 0.0f, y,
-                    Cout);
+    return mf_sgemm_rows(0, 1, N, Cout, Cin, 1.0f, x, Cin, weight, Cin,
+                         bias != NULL ? 1.0f : 0.0f, y, Cout);
 }
 
 #if defined(__GNUC__) && !defined(__clang__) && defined(__x86_64__) && defined(__linux__)
@@ -65,11 +67,11 @@ int linear_backward(float *dx, float *dweight, float *dbias, const float *dy, co
     }
     int status;
     /* dx (N, Cin) = dy (N, Cout) . weight (Cout, Cin) [+ dx] */
-    status = mf_sgemm(0, 0, N, Cin, Cout, 1.0f, dy, Cout, weight, Cin,
+    status = mf_sgemm_rows(0, 0, N, Cin, Cout, 1.0f, dy, Cout, weight, Cin,
                       accumulate_dx ? 1.0f : 0.0f, dx, Cin);
     if (status != MF_OK) goto done;
     /* dweight (Cout, Cin) += dy^T (Cout, N) . x (N, Cin) */
-    status = mf_sgemm(1, 0, Cout, Cin, N, 1.0f, dy, Cout, x, Cin, 1.0f, dweight, Cin);
+    status = mf_sgemm_rows(1, 0, Cout, Cin, N, 1.0f, dy, Cout, x, Cin, 1.0f, dweight, Cin);
     if (status != MF_OK) goto done;
     if (dbias != NULL) {
 #pragma omp parallel for schedule(dynamic, 1) if (N * Cout >= (1 << 16))

@@ -2,6 +2,7 @@
 
 #include <math.h>
 #include <stdio.h>
+#include <stdlib.h>
 #include <string.h>
 
 static void describe_shape(PyArrayObject *a, char *buf, size_t size) {
@@ -104,8 +105,79 @@ PyObject *mf_raise_status(int status, const char *op) {
     return NULL;
 }
 
+/* ---- output buffer pool ----------------------------------------------------------------
+ * Large op outputs are recycled. Each lives in a 64-byte-aligned block whose header records
+ * its size; the array's base object is a capsule that, when the last view of the array dies,
+ * puts the block back on a free list instead of freeing it. A training loop allocates the
+ * same shapes every step, so after the first step no output pays the kernel's page faulting
+ * and zeroing (measured: ~4 ms per 16 MB). The pool holds at most MAPFORMER_POOL_MB
+ * (environment, default 1024) of free blocks; it is only touched with the GIL held. */
+#define MF_POOL_SLOTS 128
+#define MF_POOL_MIN_BYTES ((size_t)1 << 20) /* smaller outputs use NumPy's allocator */
+#define MF_BLOCK_HEADER 64
+
+static void *pool_blocks[MF_POOL_SLOTS];
+static int pool_count = 0;
+static size_t pool_bytes = 0;
+static size_t pool_limit = (size_t)-1; /* read from the environment on first use */
+
+static size_t block_size(void *block) { return *(size_t *)block; }
+
+static void pool_release(PyObject *capsule) {
+    void *block = PyCapsule_GetPointer(capsule, "mapformer.buffer");
+    size_t size = block_size(block);
+    if (pool_count < MF_POOL_SLOTS && pool_bytes + size <= pool_limit) {
+        pool_blocks[pool_count++] = block;
+        pool_bytes += size;
+    } else {
+        free(block);
+    }
+}
+
+static void *pool_acquire(size_t size) {
+    if (pool_limit == (size_t)-1) {
+        const char *env = getenv("MAPFORMER_POOL_MB");
+        pool_limit = (size_t)(env ? strtoull(env, NULL, 10) : 1024) << 20;
+    }
+    for (int i = pool_count - 1; i >= 0; i--) {
+        if (block_size(pool_blocks[i]) == size) {
+            void *block = pool_blocks[i];
+            pool_blocks[i] = pool_blocks[--pool_count];
+            pool_bytes -= size;
+            return block;
+        }
+    }
+    void *block = aligned_alloc(MF_BLOCK_HEADER, MF_BLOCK_HEADER + size);
+    if (block != NULL) *(size_t *)block = size;
+    return block;
+}
+
 PyArrayObject *mf_empty_f32(int ndim, const int64_t *dims) {
     npy_intp shape[NPY_MAXDIMS];
-    for (int i = 0; i < ndim; i++) shape[i] = (npy_intp)dims[i];
-    return (PyArrayObject *)PyArray_EMPTY(ndim, shape, NPY_FLOAT32, 0);
+    size_t size = sizeof(float);
+    for (int i = 0; i < ndim; i++) {
+        shape[i] = (npy_intp)dims[i];
+        size *= (size_t)dims[i];
+    }
+    if (size < MF_POOL_MIN_BYTES) return (PyArrayObject *)PyArray_EMPTY(ndim, shape, NPY_FLOAT32, 0);
+    size = (size + MF_BLOCK_HEADER - 1) / MF_BLOCK_HEADER * MF_BLOCK_HEADER;
+    void *block = pool_acquire(size);
+    if (block == NULL) return (PyArrayObject *)PyErr_NoMemory();
+    PyObject *capsule = PyCapsule_New(block, "mapformer.buffer", pool_release);
+    if (capsule == NULL) {
+        free(block);
+        return NULL;
+    }
+    PyObject *array = PyArray_NewFromDescr(&PyArray_Type, PyArray_DescrFromType(NPY_FLOAT32),
+                                           ndim, shape, NULL, (char *)block + MF_BLOCK_HEADER,
+                                           NPY_ARRAY_CARRAY, NULL);
+    if (array == NULL) {
+        Py_DECREF(capsule); /* gives the block back to the pool */
+        return NULL;
+    }
+    if (PyArray_SetBaseObject((PyArrayObject *)array, capsule) < 0) { /* steals capsule */
+        Py_DECREF(array);
+        return NULL;
+    }
+    return (PyArrayObject *)array;
 }

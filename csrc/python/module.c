@@ -5,6 +5,7 @@
 #include <numpy/arrayobject.h>
 
 #include "common.h"
+#include "mapformer/blas.h"
 
 static struct PyModuleDef mapformer_module = {
     PyModuleDef_HEAD_INIT, "mapformer._C",
@@ -15,6 +16,7 @@ static struct PyModuleDef mapformer_module = {
 
 PyMODINIT_FUNC PyInit__C(void) {
     import_array();
+    mf_blas_single_thread();
     PyObject *m = PyModule_Create(&mapformer_module);
     if (m == NULL) return NULL;
     PyMethodDef *tables[] = {mf_embedding_methods, mf_linear_methods,  mf_layernorm_methods,

@@ -22,9 +22,19 @@ void MF_BLAS(cblas_sgemm)(enum MF_CBLAS_ORDER order, enum MF_CBLAS_TRANSPOSE tra
                           const float *a, int lda, const float *b, int ldb, float beta, float *c,
                           int ldc);
 
+void MF_BLAS(openblas_set_num_threads)(int num_threads);
+
+/* Make OpenBLAS single-threaded: the core parallelises with OpenMP only (see core.c). */
+void mf_blas_single_thread(void);
+
 /* Row-major sgemm with int64 sizes. Returns MF_EINVAL when a size does not fit BLAS's int.
  * ta/tb: 0 = no transpose, 1 = transpose. */
 int mf_sgemm(int ta, int tb, int64_t m, int64_t n, int64_t k, float alpha, const float *a,
              int64_t lda, const float *b, int64_t ldb, float beta, float *c, int64_t ldc);
+
+/* mf_sgemm with the rows of C split over the OpenMP threads (for large products; a call
+ * inside a parallel region runs on its thread). Same arguments and result. */
+int mf_sgemm_rows(int ta, int tb, int64_t m, int64_t n, int64_t k, float alpha, const float *a,
+                  int64_t lda, const float *b, int64_t ldb, float beta, float *c, int64_t ldc);
 
 #endif
