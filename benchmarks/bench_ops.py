@@ -16,8 +16,10 @@ The NumPy side is the float64 reference's formulas (mapformer/reference.py) tran
 float32 arrays, computing each cos/sin once: what an eager-NumPy layer would run.
 
 Families: rotary (path integration + rotary), attention (causal attention forward/backward;
-the NumPy side runs on a smaller batch and is scaled, see attention_benches), sgemm (one large
-sgemm: the machine's matmul rate, which the JSON summary compares attention against).
+the NumPy side runs on a smaller batch and is scaled, see attention_benches), conj_attention
+(MapEM's conjunctive attention in its three modes, sized and scaled as attention; the JSON
+summary compares each mode with the attention op), sgemm (one large sgemm: the machine's
+matmul rate, which the JSON summary compares attention against).
 
 `--threads N` sets OMP_NUM_THREADS before the C core is loaded. Prints one JSON line at the end.
 """
@@ -294,6 +296,153 @@ def attention_benches(C, B=128, T=256, H=2, D=64, numpy_batch=16, seed=0):
     ]
 
 
+# ---- conjunctive attention (MapEM) --------------------------------------------------------
+CONJ_MODES = ("score_product", "softmax_product", "sum")
+
+
+def _np_heads(*arrays):
+    """(B, T, H, D) arrays -> contiguous (B, H, T, D) views for batched matmuls."""
+    return [np.ascontiguousarray(x.transpose(0, 2, 1, 3)) for x in arrays]
+
+
+def _np_back(x):
+    """(B, H, T, D) -> contiguous (B, T, H, D)."""
+    return np.ascontiguousarray(x.transpose(0, 2, 1, 3))
+
+
+def _np_conj_scores(qx, kx, qp, kp):
+    """sX, sP (B, H, T, T) float32 and the causal mask (T, T)."""
+    T = qx.shape[2]
+    return (qx @ kx.transpose(0, 1, 3, 2), qp @ kp.transpose(0, 1, 3, 2),
+            np.tril(np.ones((T, T), dtype=bool)))
+
+
+def _np_conj_attention_forward(qx, kx, qp, kp, v, mode, scale):
+    """float32 NumPy transcription of reference.conj_attention_forward (batched BLAS
+    matmuls, full T x T matrices): -> out (B, T, H, D), lse (M, B, H, T)."""
+    qx, kx, qp, kp, v = _np_heads(qx, kx, qp, kp, v)
+    sx, sp, causal = _np_conj_scores(qx, kx, qp, kp)
+    scale = np.float32(scale)
+
+    def softmax(z):
+        z = np.where(causal, z, np.float32(-np.inf))
+        m = z.max(-1, keepdims=True)
+        e = np.exp(z - m)
+        total = e.sum(-1, keepdims=True)
+        return e / total, (m + np.log(total))[..., 0]
+
+    if mode == "softmax_product":
+        (ax, lse_x), (ap, lse_p) = softmax(scale * sx), softmax(scale * sp)
+        a, lse = ax * ap, np.stack([lse_x, lse_p])
+    else:
+        a, lse = softmax(scale * sx * sp if mode == "score_product" else scale * (sx + sp))
+        lse = lse[None]
+    return _np_back(a @ v), lse
+
+
+def _np_conj_attention_backward(dout, qx, kx, qp, kp, v, out, lse, mode, scale):
+    """float32 NumPy transcription of reference.conj_attention_backward, with the saved out
+    and lse: -> dqx, dkx, dqp, dkp, dv (B, T, H, D)."""
+    qx, kx, qp, kp, v, dout, out = _np_heads(qx, kx, qp, kp, v, dout, out)
+    sx, sp, causal = _np_conj_scores(qx, kx, qp, kp)
+    scale = np.float32(scale)
+    prob = lambda z, l: np.where(causal, np.exp(z - l[..., None]), np.float32(0))  # noqa: E731
+    da = dout @ v.transpose(0, 1, 3, 2)
+    delta = (dout * out).sum(-1, keepdims=True)
+    if mode == "softmax_product":
+        ax, ap = prob(scale * sx, lse[0]), prob(scale * sp, lse[1])
+        a = ax * ap
+        dsx, dsp = scale * (a * da - ax * delta), scale * (a * da - ap * delta)
+    else:
+        a = prob(scale * sx * sp if mode == "score_product" else scale * (sx + sp), lse[0])
+        ds = a * (da - delta) * scale
+        dsx, dsp = (ds * sp, ds * sx) if mode == "score_product" else (ds, ds)
+    t = lambda x: x.transpose(0, 1, 3, 2)  # noqa: E731
+    return (_np_back(dsx @ kx), _np_back(t(dsx) @ qx), _np_back(dsp @ kp),
+            _np_back(t(dsp) @ qp), _np_back(t(a) @ dout))
+
+
+def conj_attention_benches(C, B=128, T=256, H=2, D=64, numpy_batch=16, seed=0):
+    """MapEM's conjunctive attention in each mode (score_product, softmax_product, sum),
+    forward (out, lse) and backward (dqx, dkx, dqp, dkp, dv), at the MapFormer paper's scale
+    by default (batch 128, 256 tokens, 2 heads of 64), as the attention family.
+
+    flops count the useful causal half of each T x T product, 2 * T * T * D / 2 per (b, h)
+    per matmul: forward 3 (sX, sP, O = A V), or 5 for softmax_product (its second pass
+    recomputes sX and sP); backward 8 (recompute sX and sP, dA = dO V^T, dV = A^T dO,
+    dqx = dsX kx, dkx = dsX^T qx, dqp = dsP kp, dkp = dsP^T qp). Softmax, exponentials and
+    the elementwise combination of the score tiles are not counted. bytes: forward reads
+    qx, kx, qp, kp, v and writes out, lse (M B H T floats, M = 2 for softmax_product, else
+    1); backward reads dout, qx, kx, qp, kp, v, out, lse and writes the five gradients.
+    The NumPy float32 side materialises the B x H x T x T matrices; it runs on a batch of
+    `numpy_batch` and its time is scaled by B / numpy_batch (extra["numpy_scale"]). The JSON
+    summary compares each mode's forward + backward with the attention family's."""
+    from mapformer import reference as ref
+
+    rng = np.random.default_rng(seed)
+    f32 = lambda *s: rng.standard_normal(s).astype(np.float32)  # noqa: E731
+    qx, kx, qp, kp, v, dout = (f32(B, T, H, D) for _ in range(6))
+    scale = 1.0 / np.sqrt(D)
+    nb = min(B, numpy_batch)
+    ins, ins_np, ins_2 = (qx, kx, qp, kp, v), tuple(x[:nb] for x in (qx, kx, qp, kp, v)), \
+        tuple(x[:2] for x in (qx, kx, qp, kp, v))
+    sizes = dict(B=B, T=T, H=H, D=D)
+    half_matmul = 2.0 * T * T * D / 2 * B * H
+    nelem, nrow = B * T * H * D, B * H * T
+    extra = dict(numpy_scale=B / nb, numpy_batch=nb)
+    names = ("dqx", "dkx", "dqp", "dkp", "dv")
+
+    def close(a, b, name, tol):
+        a, b = np.asarray(a, np.float64), np.asarray(b, np.float64)
+        err = np.abs(a - b).max() / max(1.0, np.abs(b).max())
+        assert err < tol, f"{name}: differs by {err:.3g} (relative to max(1, max|ref|))"
+
+    benches = []
+    for mode in CONJ_MODES:
+        M = 2 if mode == "softmax_product" else 1
+        out, lse = C.conj_attention_forward(*ins, mode)
+        on, lsen, don = out[:nb], np.ascontiguousarray(lse[:, :nb]), dout[:nb]
+
+        def check_fwd(mode=mode, out=out, lse=lse):
+            # C against the float64 reference on a slice, and against NumPy float32
+            o2, l2 = C.conj_attention_forward(*ins_2, mode)
+            ro, rl = ref.conj_attention_forward(*ins_2, mode)
+            close(o2, ro, "out vs reference", 1e-4)
+            close(l2, rl, "lse vs reference", 1e-5)
+            no, nl = _np_conj_attention_forward(*ins_np, mode, scale)
+            close(out[:nb], no, "out vs NumPy float32", 1e-3)
+            close(lse[:, :nb], nl, "lse vs NumPy float32", 1e-4)
+
+        def check_bwd(mode=mode, on=on, lsen=lsen):
+            o2, l2 = C.conj_attention_forward(*ins_2, mode)
+            got = C.conj_attention_backward(dout[:2], *ins_2, o2, l2, mode)
+            for a, b, n in zip(got, ref.conj_attention_backward(dout[:2], *ins_2, mode), names):
+                close(a, b, n + " vs reference", 1e-3)
+            got = C.conj_attention_backward(don, *ins_np, on, lsen, mode)
+            want = _np_conj_attention_backward(don, *ins_np, on, lsen, mode, scale)
+            for a, b, n in zip(got, want, names):
+                close(a, b, n + " vs NumPy float32", 1e-3)
+
+        nfwd = 5 if mode == "softmax_product" else 3
+        benches += [
+            OpBench(f"conj_attention_forward {mode}", dict(sizes, mode=mode),
+                    lambda n=nfwd: n * half_matmul, lambda M=M: 4 * (6 * nelem + M * nrow),
+                    lambda mode=mode: C.conj_attention_forward(*ins, mode),
+                    lambda mode=mode: _np_conj_attention_forward(*ins_np, mode, scale),
+                    check_fwd, notes=f"causal; flops = {nfwd} matmuls of the causal half",
+                    extra=extra),
+            OpBench(f"conj_attention_backward {mode}", dict(sizes, mode=mode),
+                    lambda: 8 * half_matmul, lambda M=M: 4 * (12 * nelem + M * nrow),
+                    lambda mode=mode, out=out, lse=lse: C.conj_attention_backward(
+                        dout, *ins, out, lse, mode),
+                    lambda mode=mode, on=on, lsen=lsen: _np_conj_attention_backward(
+                        don, *ins_np, on, lsen, mode, scale),
+                    check_bwd, notes="causal; flops = 8 matmuls of the causal half",
+                    extra=extra),
+        ]
+    return benches
+
+
 # ---- the machine's sgemm rate, for comparison ---------------------------------------------
 def sgemm_benches(C, N=2048, seed=0):
     """One large sgemm, y = x W^T with x, W (N, N): the rate every matmul-bound op is judged
@@ -316,6 +465,7 @@ def sgemm_benches(C, N=2048, seed=0):
 FAMILIES = {
     "rotary": rotary_benches,
     "attention": attention_benches,
+    "conj_attention": conj_attention_benches,
     "sgemm": sgemm_benches,
 }
 
@@ -329,21 +479,24 @@ def main():
     p.add_argument("--warmup", type=int, default=3)
     p.add_argument("--threads", type=int, default=None,
                    help="OMP_NUM_THREADS for the C core (default: the environment's)")
-    p.add_argument("--batch", type=int, default=128, help="attention: batch B")
-    p.add_argument("--seq", type=int, default=256, help="attention: tokens T")
-    p.add_argument("--heads", type=int, default=2, help="attention: heads H")
-    p.add_argument("--head-dim", type=int, default=64, help="attention: head dim D")
+    p.add_argument("--batch", type=int, default=128, help="attention, conj_attention: batch B")
+    p.add_argument("--seq", type=int, default=256, help="attention, conj_attention: tokens T")
+    p.add_argument("--heads", type=int, default=2, help="attention, conj_attention: heads H")
+    p.add_argument("--head-dim", type=int, default=64, help="attention, conj_attention: head dim D")
     p.add_argument("--numpy-batch", type=int, default=16,
-                   help="attention: batch the NumPy float32 side runs on (time scaled to B)")
+                   help="attention, conj_attention: batch the NumPy float32 side "
+                        "runs on (time scaled to B)")
     p.add_argument("--sgemm-n", type=int, default=2048, help="sgemm: N of the N^3 product")
     args = p.parse_args()
     if args.threads is not None:
         os.environ["OMP_NUM_THREADS"] = str(args.threads)
     from mapformer import _C  # after OMP_NUM_THREADS is set: libgomp reads it once
 
+    attn_args = dict(B=args.batch, T=args.seq, H=args.heads, D=args.head_dim,
+                     numpy_batch=args.numpy_batch)
     family_args = {
-        "attention": dict(B=args.batch, T=args.seq, H=args.heads, D=args.head_dim,
-                          numpy_batch=args.numpy_batch),
+        "attention": attn_args,
+        "conj_attention": attn_args,
         "sgemm": dict(N=args.sgemm_n),
     }
     results = []
@@ -369,7 +522,7 @@ def main():
             if np_scale != 1.0:
                 row["numpy_scaled_by"] = np_scale
             results.append(row)
-            print(f"{b.name:<36} C {row['c_ms']:8.2f} ms ({row['c_gbps']:6.1f} GB/s, "
+            print(f"{b.name:<40} C {row['c_ms']:8.2f} ms ({row['c_gbps']:6.1f} GB/s, "
                   f"{row['c_gflops']:5.1f} GFLOP/s)   NumPy f32 {row['numpy_ms']:8.2f} ms "
                   f"({row['numpy_gbps']:5.1f} GB/s)   x{row['speedup']:.1f}")
     summary = {}
@@ -385,6 +538,22 @@ def main():
         if sgemm is not None:
             summary["attention_fwd_bwd"]["fraction_of_sgemm"] = round(
                 gflops / sgemm["c_gflops"], 3)
+    for mode in CONJ_MODES:
+        fwd = by_name.get(f"conj_attention_forward {mode}")
+        bwd = by_name.get(f"conj_attention_backward {mode}")
+        if fwd is None or bwd is None:
+            continue
+        ms = fwd["c_ms"] + bwd["c_ms"]
+        gflops = (fwd["c_gflops"] * fwd["c_ms"] + bwd["c_gflops"] * bwd["c_ms"]) / ms
+        entry = {"c_ms": round(ms, 3), "c_gflops": round(gflops, 2),
+                 "speedup_vs_numpy": round((fwd["numpy_ms"] + bwd["numpy_ms"]) / ms, 2)}
+        if "attention_fwd_bwd" in summary:  # the plain attention op at the same size
+            attn = summary["attention_fwd_bwd"]
+            entry["time_vs_attention"] = round(ms / attn["c_ms"], 2)
+            entry["gflops_vs_attention"] = round(gflops / attn["c_gflops"], 2)
+        if sgemm is not None:
+            entry["fraction_of_sgemm"] = round(gflops / sgemm["c_gflops"], 3)
+        summary[f"conj_attention_{mode}_fwd_bwd"] = entry
     print(json.dumps({"bench": "ops", "omp_num_threads": os.environ.get("OMP_NUM_THREADS"),
                       "repeats": args.repeats, "results": results, "summary": summary}))
 

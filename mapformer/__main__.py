@@ -16,7 +16,9 @@ from .train import (TrainConfig, default_omega_grid, eval_seed, evaluate, format
 MODEL_FLAGS = [f for f in fields(ModelConfig) if f.name != "vocab_size"]
 TRAIN_FLAGS = list(fields(TrainConfig))
 CONFIG_HELP = {
-    "positional": "positional scheme: rope, mapwm, cope or tape",
+    "positional": "positional scheme: rope, mapwm, cope, tape, mapem_os, mapem_s or mapem_o",
+    "mapem_mode": "MapEM-os score combination: score_product, softmax_product or sum",
+    "mapem_separate_start": "separate MapEM start vectors q*, k* (true/false)",
     "delta_rank": "rank r of Delta = W_out W_in x (MapWM)",
     "omega_grid": "MapWM omega init spans omega_max .. omega_max/omega_grid "
                   "(default: the task's grid side, or sequence length for selective copy)",
@@ -33,12 +35,22 @@ CONFIG_HELP = {
 }
 
 
+def parse_bool(text):
+    if text.lower() in ("1", "true", "yes"):
+        return True
+    if text.lower() in ("0", "false", "no"):
+        return False
+    raise argparse.ArgumentTypeError(f"expected true or false, got {text!r}")
+
+
 def add_config_flags(parser, config_fields):
     for f in config_fields:
         default = None if f.default is MISSING else f.default
         kind = type(default) if default is not None else (float if f.name == "p_empty" else int)
-        if f.name in ("positional", "preset", "schedule", "task"):
+        if f.name in ("positional", "preset", "schedule", "task", "mapem_mode"):
             kind = str
+        if kind is bool:
+            kind = parse_bool
         help_text = CONFIG_HELP.get(f.name, f.name.replace("_", " "))
         parser.add_argument("--" + f.name.replace("_", "-"), type=kind, default=None,
                             help=f"{help_text} (default: {default})")

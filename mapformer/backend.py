@@ -64,6 +64,11 @@ def _tape_mix_backward(de_new, e_att, gate_logits, w, dw):
     return de_att, dgate
 
 
+def _conj_attention_backward(dout, qx, kx, qp, kp, v, out, lse, mode="score_product",
+                             scale=None):
+    return ref.conj_attention_backward(dout, qx, kx, qp, kp, v, mode, scale)
+
+
 def _adamw_step(params, grads, m, v, decay_mask, *, lr, step, beta1=0.9, beta2=0.999, eps=1e-8,
                 weight_decay=0.0):
     params[:], m[:], v[:] = ref.adamw_step(params, grads, m, v, decay_mask, lr, beta1, beta2,
@@ -100,6 +105,8 @@ NUMPY = SimpleNamespace(
     path_integration_backward=_path_integration_backward,
     rotary_forward=ref.rotary_forward,
     rotary_backward=ref.rotary_backward,
+    conj_attention_forward=ref.conj_attention_forward,
+    conj_attention_backward=_conj_attention_backward,
     cope_forward=ref.cope_forward,
     cope_backward=_cope_backward,
     tape_rotate_forward=ref.tape_rotate_forward,

@@ -11,7 +11,7 @@ import numpy as np
 
 from . import backend as backends
 from . import reference
-from .attention import ATTENTION
+from .attention import ATTENTION, CONJUNCTIVE_MODES
 from .nn import Dropout, Embedding, LayerNorm, Linear, MLP, ParameterStore
 
 POSITIONAL_SCHEMES = tuple(ATTENTION)
@@ -30,6 +30,9 @@ class ModelConfig:
     sign read so that omega decreases). rope_base: RoPE's (and TAPE's initial state's) base.
     cope_positions: CoPE's number of position embeddings (positions are clamped below it),
     required for positional='cope'; the CLI defaults it to the training sequence length.
+    mapem_mode: how MapEM-os combines content and positional scores (score_product,
+    softmax_product or sum). mapem_separate_start: separate start vectors q*, k* (the paper's
+    appendix form) instead of one shared p* per head.
     """
 
     vocab_size: int
@@ -44,6 +47,8 @@ class ModelConfig:
     omega_grid: float = 64.0
     rope_base: float = 10000.0
     cope_positions: int = None
+    mapem_mode: str = "score_product"
+    mapem_separate_start: bool = False
     layernorm_eps: float = 1e-5
 
     def __post_init__(self):
@@ -64,6 +69,12 @@ class ModelConfig:
                 not isinstance(self.cope_positions, (int, np.integer)) or self.cope_positions < 1):
             raise ValueError("cope_positions must be an integer >= 1 for positional='cope', got "
                              f"{self.cope_positions!r}")
+        if self.mapem_mode not in CONJUNCTIVE_MODES:
+            raise ValueError(f"mapem_mode must be one of {CONJUNCTIVE_MODES}, got "
+                             f"{self.mapem_mode!r}")
+        if not isinstance(self.mapem_separate_start, bool):
+            raise ValueError("mapem_separate_start must be a bool, got "
+                             f"{self.mapem_separate_start!r}")
         if not 0.0 <= self.dropout < 1.0:
             raise ValueError(f"dropout must be in [0, 1), got {self.dropout!r}")
         for name in ("omega_max", "omega_grid", "rope_base", "layernorm_eps"):

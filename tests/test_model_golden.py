@@ -11,7 +11,7 @@ from mapformer.train import AdamW, TrainConfig, learning_rate
 TASK = navigation.NavigationConfig(dims=2, steps=9, grid_size=4, p_empty=0.3, n_objects=5)
 
 
-SCHEMES = ["mapwm", "rope", "cope", "tape"]
+SCHEMES = ["mapwm", "rope", "cope", "tape", "mapem_os", "mapem_s", "mapem_o"]
 
 
 def tiny_config(positional):

@@ -55,5 +55,6 @@ extern PyMethodDef mf_softmax_xent_methods[];
 extern PyMethodDef mf_optim_methods[];         /* adamw, global norm, clipping */
 extern PyMethodDef mf_cope_methods[];
 extern PyMethodDef mf_tape_methods[];          /* TAPE: complex-state rotary, state mix */
+extern PyMethodDef mf_conj_attention_methods[]; /* MapEM conjunctive attention */
 
 #endif

@@ -22,7 +22,7 @@ PyMODINIT_FUNC PyInit__C(void) {
     PyMethodDef *tables[] = {mf_embedding_methods, mf_linear_methods,  mf_layernorm_methods,
                              mf_elementwise_methods, mf_attention_methods, mf_rotary_methods,
                              mf_softmax_xent_methods, mf_optim_methods, mf_cope_methods,
-                             mf_tape_methods};
+                             mf_tape_methods, mf_conj_attention_methods};
     for (size_t i = 0; i < sizeof tables / sizeof tables[0]; i++) {
         if (PyModule_AddFunctions(m, tables[i]) < 0) {
             Py_DECREF(m);

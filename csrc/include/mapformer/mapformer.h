@@ -141,4 +141,28 @@ int tape_mix_backward(float *de_att, float *dgate_logits, float *dw, const float
                       const float *e_att, const float *gate_logits, const float *w, int64_t B,
                       int64_t T, int64_t H, int64_t D);
 
+/* ---- conj_attention.c: MapEM's conjunctive attention, causal, tiled; only lse is saved ---- */
+/* Content scores sX = qx kx^T and positional scores sP = qp kp^T (causal) combine by mode:
+ *   MF_CONJ_SCORE_PRODUCT   A = softmax(scale sX * sP)               (lse: M = 1)
+ *   MF_CONJ_SOFTMAX_PRODUCT A = softmax(scale sX) * softmax(scale sP) (lse_X, lse_P: M = 2)
+ *   MF_CONJ_SUM             A = softmax(scale (sX + sP))              (lse: M = 1)
+ * and out = A v. */
+typedef enum {
+    MF_CONJ_SCORE_PRODUCT = 0,
+    MF_CONJ_SOFTMAX_PRODUCT = 1,
+    MF_CONJ_SUM = 2,
+} MfConjMode;
+/* out (B, T, H, D), lse (M, B, H, T); qx, kx, qp, kp, v (B, T, H, D); D even in [16, 128];
+ * scale usually 1/sqrt(D); mode an MfConjMode */
+int conj_attention_forward(float *out, float *lse, const float *qx, const float *kx,
+                           const float *qp, const float *kp, const float *v, int64_t B,
+                           int64_t T, int64_t H, int64_t D, float scale, int mode);
+/* dqx, dkx, dqp, dkp, dv (B, T, H, D) (=); dout, qx, kx, qp, kp, v, out (B, T, H, D);
+ * lse (M, B, H, T) from conj_attention_forward with the same scale and mode */
+int conj_attention_backward(float *dqx, float *dkx, float *dqp, float *dkp, float *dv,
+                            const float *dout, const float *qx, const float *kx,
+                            const float *qp, const float *kp, const float *v, const float *out,
+                            const float *lse, int64_t B, int64_t T, int64_t H, int64_t D,
+                            float scale, int mode);
+
 #endif

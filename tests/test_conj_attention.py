@@ -1,0 +1,498 @@
+"""Conjunctive attention (MapEM): the float64 reference against finite differences and against
+independent formulations, then the C op (forward and backward, all three modes) against the
+reference on both kernels (the CPU's own, AVX-512 where the CPU has it, and the portable sgemm
+path, MAPFORMER_ATTENTION_KERNEL=blas), sum mode against the plain attention op, and the
+binding's argument checks, input immutability and reference counts."""
+import re
+import sys
+import threading
+
+import numpy as np
+import pytest
+
+from conftest import assert_close, numerical_grad, randn
+from mapformer import _C
+from mapformer import reference as ref
+
+MODES = ["score_product", "softmax_product", "sum"]
+TS = [1, 7, 97, 257]
+BH = [(1, 1), (2, 3)]
+DS = [16, 64, 128]
+NAMES = ["qx", "kx", "qp", "kp", "v"]
+
+
+@pytest.fixture(params=["auto", "blas"])
+def kernel(request, monkeypatch):
+    """Run the test on the CPU's own kernel and on the portable sgemm path."""
+    if request.param == "blas":
+        monkeypatch.setenv("MAPFORMER_ATTENTION_KERNEL", "blas")
+    else:
+        monkeypatch.delenv("MAPFORMER_ATTENTION_KERNEL", raising=False)
+    return request.param
+
+
+def raises(exc, name):
+    """pytest.raises for an error whose message starts with the argument's name."""
+    return pytest.raises(exc, match=rf"^{re.escape(name)}\b")
+
+
+def make(rng, B, T, H, D):
+    """qx, kx, qp, kp, v, dout (B, T, H, D) float32 standard normals."""
+    return [randn(rng, B, T, H, D) for _ in range(6)]
+
+
+# ---- the reference ---------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("mode", MODES)
+def test_reference_backward_matches_finite_differences(rng, mode):
+    """Central differences of L = sum(out * dout) with respect to each of the five inputs, in
+    float64, at a small size (two heads, a head dim that is not even, so nothing in the
+    reference depends on the C op's constraints)."""
+    B, T, H, D = 1, 5, 2, 3
+    x = [rng.standard_normal((B, T, H, D)) for _ in range(6)]
+    dout = x.pop()
+    grads = ref.conj_attention_backward(dout, *x, mode=mode, scale=0.7)
+    for i, name in enumerate(NAMES):
+        num = numerical_grad(
+            lambda: float((ref.conj_attention_forward(*x, mode=mode, scale=0.7)[0] * dout).sum()),
+            x[i])
+        np.testing.assert_allclose(grads[i], num, rtol=1e-6, atol=1e-8, err_msg=name)
+
+
+def _softmax(z):
+    e = np.exp(z - z.max())
+    return e / e.sum()
+
+
+def _loop_forward(qx, kx, qp, kp, v, mode, scale):
+    """Each mode written out row by row, straight from its definition (an oracle for the
+    reference's forward that shares none of its code)."""
+    B, T, H, D = qx.shape
+    out = np.zeros((B, T, H, D))
+    for b in range(B):
+        for h in range(H):
+            for i in range(T):
+                sx = np.array([qx[b, i, h] @ kx[b, j, h] for j in range(i + 1)])
+                sp = np.array([qp[b, i, h] @ kp[b, j, h] for j in range(i + 1)])
+                if mode == "score_product":
+                    a = _softmax(scale * sx * sp)
+                elif mode == "softmax_product":
+                    a = _softmax(scale * sx) * _softmax(scale * sp)
+                else:
+                    a = _softmax(scale * (sx + sp))
+                out[b, i, h] = a @ v[b, : i + 1, h]
+    return out
+
+
+@pytest.mark.parametrize("mode", MODES)
+def test_reference_forward_matches_loops(rng, mode):
+    x = [rng.standard_normal((2, 6, 2, 4)) for _ in range(5)]
+    out, lse = ref.conj_attention_forward(*x, mode=mode, scale=0.6)
+    np.testing.assert_allclose(out, _loop_forward(*x, mode, 0.6), rtol=1e-12, atol=1e-12)
+    assert lse.shape == ((2 if mode == "softmax_product" else 1), 2, 2, 6)
+
+
+def test_reference_score_product_is_attention_on_conjunctions(rng):
+    """The paper's equivalence (sec. 3.5.1, TEM-t): with g = vec(x p^T), g_i . g_j = sX_ij sP_ij,
+    so score_product is plain attention between the conjunctions."""
+    B, T, H, D = 2, 7, 2, 3
+    qx, kx, qp, kp, v = (rng.standard_normal((B, T, H, D)) for _ in range(5))
+    conj = lambda x, p: np.einsum("bthd,bthe->bthde", x, p).reshape(B, T, H, D * D)  # noqa
+    out, lse = ref.conj_attention_forward(qx, kx, qp, kp, v, scale=0.4)
+    aout, alse = ref.attention_forward(conj(qx, qp), conj(kx, kp), v, scale=0.4)
+    np.testing.assert_allclose(out, aout, rtol=1e-12, atol=1e-12)
+    np.testing.assert_allclose(lse[0], alse, rtol=1e-12, atol=1e-12)
+
+
+def test_reference_softmax_product_rows_sum_below_one(rng):
+    """A = AX * AP: rows sum to at most 1, and exactly 1 only on the first row (one key)."""
+    x = [rng.standard_normal((1, 9, 1, 4)) for _ in range(4)]
+    ones = np.ones((1, 9, 1, 4))
+    out, _ = ref.conj_attention_forward(*x, ones, mode="softmax_product")
+    row_sums = out[0, :, 0, 0]
+    assert abs(row_sums[0] - 1) < 1e-12 and np.all(row_sums[1:] < 1 - 1e-6)
+
+
+def test_reference_rejects_unknown_mode(rng):
+    x = [rng.standard_normal((1, 3, 1, 4)) for _ in range(6)]
+    with raises(ValueError, "mode"):
+        ref.conj_attention_forward(*x[:5], mode="product")
+    with raises(ValueError, "mode"):
+        ref.conj_attention_backward(*x, mode="sums")
+
+
+# ---- the C op against the reference ---------------------------------------------------------
+
+# score_product's logits scale sX sP reach |z| ~ 100 at D = 128 with unit-normal inputs
+# (std sqrt(D)); float32 rounding of z (|z| eps32) becomes a relative error of the
+# probabilities, so out and lse get the "gradient" slack there, and the gradients one more
+# factor of the logit size (an absolute slack relative to max|ref|, as in check below).
+OUT_KIND = {"score_product": "gradient", "softmax_product": "reduction", "sum": "reduction"}
+
+
+def check(mode, qx, kx, qp, kp, v, dout, scale=None, large_logits=False):
+    """C forward and backward against the reference; inputs must come back unchanged.
+    large_logits: the gradients are compared relative to their largest element (see below)."""
+    inputs = (qx, kx, qp, kp, v, dout)
+    before = [a.copy() for a in inputs]
+    out, lse = _C.conj_attention_forward(qx, kx, qp, kp, v, mode, scale)
+    B, T, H, D = qx.shape
+    M = 2 if mode == "softmax_product" else 1
+    assert out.dtype == np.float32 and out.shape == (B, T, H, D) and out.flags.c_contiguous
+    assert lse.dtype == np.float32 and lse.shape == (M, B, H, T) and lse.flags.c_contiguous
+    rout, rlse = ref.conj_attention_forward(qx, kx, qp, kp, v, mode, scale)
+    # out sums T probabilities times values, lse a sum of T exponentials
+    assert_close(out, rout, OUT_KIND[mode], "out")
+    assert_close(lse, rlse, OUT_KIND[mode], "lse")
+    lse_before, out_before = lse.copy(), out.copy()
+    grads = _C.conj_attention_backward(dout, qx, kx, qp, kp, v, out, lse, mode, scale)
+    rgrads = ref.conj_attention_backward(dout, qx, kx, qp, kp, v, mode, scale)
+    largest = max(1.0, *(np.abs(rg).max() for rg in rgrads))
+    for g, rg, name in zip(grads, rgrads, ["dqx", "dkx", "dqp", "dkp", "dv"]):
+        assert g.dtype == np.float32 and g.shape == (B, T, H, D) and g.flags.c_contiguous
+        # Each gradient sums over T keys (or queries) products that are sums over D: the
+        # "gradient" tolerance. In score_product each term also carries a factor sP (or sX)
+        # of size sqrt(D), so the error is bounded relative to the gradient's largest element.
+        # With large logits the backward's probabilities, rebuilt from the float32 lse, carry
+        # a relative error |lse| eps32 (~1e-5); in nearly one-hot rows the score gradient
+        # (e.g. A dA - AX Dv) cancels to a small number but keeps the absolute error of its
+        # terms, whose size is that of dA (and of dv's entries): there the error is bounded
+        # relative to the largest element of all five gradients.
+        if large_logits:
+            assert_close(g / largest, rg / largest, "gradient", name)
+        elif mode == "score_product" and name != "dv":
+            size = max(1.0, np.abs(rg).max())
+            assert_close(g / size, rg / size, "gradient", name)
+        else:
+            assert_close(g, rg, "gradient", name)
+    for a, a0 in zip(inputs, before):
+        assert np.array_equal(a, a0)
+    assert np.array_equal(lse, lse_before) and np.array_equal(out, out_before)
+
+
+@pytest.mark.parametrize("mode", MODES)
+@pytest.mark.parametrize("T", TS)
+@pytest.mark.parametrize("B,H", BH)
+@pytest.mark.parametrize("D", DS)
+def test_matches_reference(rng, kernel, mode, B, T, H, D):
+    check(mode, *make(rng, B, T, H, D))
+
+
+@pytest.mark.parametrize("mode", MODES)
+@pytest.mark.parametrize("B,T,H,D", [(1, 130, 1, 18), (2, 65, 2, 34), (1, 200, 1, 50),
+                                     (1, 64, 1, 96), (1, 600, 1, 16)])
+def test_more_shapes(rng, kernel, mode, B, T, H, D):
+    """Head dims that are not multiples of 16, block edges, many blocks."""
+    check(mode, *make(rng, B, T, H, D))
+
+
+@pytest.mark.parametrize("mode", MODES)
+@pytest.mark.parametrize("scale", [0.3, -0.2])
+def test_custom_scale(rng, kernel, mode, scale):
+    check(mode, *make(rng, 2, 97, 2, 32), scale=scale)
+
+
+@pytest.mark.parametrize("mode,big", [("score_product", 1.5), ("softmax_product", 5.0),
+                                      ("sum", 6.0)])
+def test_large_logits_stay_finite(rng, kernel, mode, big):
+    """Inputs scaled by `big` give logits (and lse) of 100 to 400, past exp's float32 range
+    (88.7): the online softmax must not overflow. score_product's logits are quadratic in
+    the inputs, hence its smaller factor."""
+    qx, kx, qp, kp, v, dout = make(rng, 1, 150, 1, 64)
+    _, lse = _C.conj_attention_forward(qx * big, kx * big, qp * big, kp * big, v, mode)
+    assert np.abs(lse).max() > 89
+    check(mode, qx * big, kx * big, qp * big, kp * big, v, dout, large_logits=True)
+
+
+@pytest.mark.parametrize("mode", MODES)
+def test_default_mode_scale_and_keywords(rng, kernel, mode):
+    qx, kx, qp, kp, v, dout = make(rng, 1, 33, 2, 32)
+    out, lse = _C.conj_attention_forward(qx=qx, kx=kx, qp=qp, kp=kp, v=v, mode=mode)
+    out2, lse2 = _C.conj_attention_forward(qx, kx, qp, kp, v, mode, 1 / np.sqrt(32))
+    assert np.array_equal(out, out2) and np.array_equal(lse, lse2)
+    g = _C.conj_attention_backward(dout=dout, qx=qx, kx=kx, qp=qp, kp=kp, v=v, out=out,
+                                   lse=lse, mode=mode)
+    g2 = _C.conj_attention_backward(dout, qx, kx, qp, kp, v, out, lse, mode, 1 / np.sqrt(32))
+    for a, b in zip(g, g2):
+        assert np.array_equal(a, b)
+    if mode == "score_product":  # the default
+        out3, lse3 = _C.conj_attention_forward(qx, kx, qp, kp, v)
+        assert np.array_equal(out, out3) and np.array_equal(lse, lse3)
+        g3 = _C.conj_attention_backward(dout, qx, kx, qp, kp, v, out, lse)
+        for a, b in zip(g, g3):
+            assert np.array_equal(a, b)
+
+
+def _float32_numpy_forward(qx, kx, qp, kp, v, mode):
+    """The reference's math in float32 NumPy (full matrices): the baseline error."""
+    T, D = qx.shape[1], qx.shape[3]
+    scale = np.float32(1 / np.sqrt(D))
+    tr = lambda x: x.transpose(0, 2, 1, 3)  # noqa: E731
+    sx = tr(qx) @ tr(kx).transpose(0, 1, 3, 2)
+    sp = tr(qp) @ tr(kp).transpose(0, 1, 3, 2)
+    causal = np.tril(np.ones((T, T), dtype=bool))
+
+    def softmax(z):
+        z = np.where(causal, z, np.float32(-np.inf))
+        e = np.exp(z - z.max(-1, keepdims=True))
+        return e / e.sum(-1, keepdims=True)
+
+    if mode == "score_product":
+        a = softmax(scale * sx * sp)
+    elif mode == "softmax_product":
+        a = softmax(scale * sx) * softmax(scale * sp)
+    else:
+        a = softmax(scale * (sx + sp))
+    return tr(a @ tr(v))
+
+
+@pytest.mark.parametrize("mode", MODES)
+def test_error_within_twice_float32_numpy(rng, kernel, mode):
+    """The kernel's error against float64 is at most about twice that of the same math done
+    in float32 NumPy (flash-attention's criterion), plus float32 rounding of the result."""
+    x = make(rng, 2, 257, 2, 64)[:5]
+    rout, _ = ref.conj_attention_forward(*x, mode=mode)
+    out, _ = _C.conj_attention_forward(*x, mode=mode)
+    err_c = np.abs(out - rout).max()
+    err_np = np.abs(_float32_numpy_forward(*x, mode) - rout).max()
+    assert err_c <= 2 * err_np + 1e-6, (err_c, err_np)
+
+
+@pytest.mark.parametrize("D", [16, 32, 64])
+def test_sum_mode_is_attention_on_concatenations(rng, kernel, D):
+    """sum mode = the plain attention op on [qx, qp], [kx, kp] (head dim 2D), same scale."""
+    qx, kx, qp, kp, v, dout = make(rng, 2, 97, 2, D)
+    v2 = np.concatenate([v, v], axis=3)  # attention needs v with the head dim of q
+    dout2 = np.concatenate([dout, np.zeros_like(dout)], axis=3)
+    cat = lambda a, b: np.ascontiguousarray(np.concatenate([a, b], axis=3))  # noqa: E731
+    scale = 1 / np.sqrt(D)
+    out, lse = _C.conj_attention_forward(qx, kx, qp, kp, v, "sum", scale)
+    aout, alse = _C.attention_forward(cat(qx, qp), cat(kx, kp), v2, scale)
+    assert_close(out, aout[..., :D], "reduction", "out")
+    assert_close(lse[0], alse, "reduction", "lse")
+    dqx, dkx, dqp, dkp, dv = _C.conj_attention_backward(dout, qx, kx, qp, kp, v, out, lse,
+                                                        "sum", scale)
+    dq, dk, dv2 = _C.attention_backward(dout2, cat(qx, qp), cat(kx, kp), v2, aout, alse, scale)
+    for got, want, name in [(dqx, dq[..., :D], "dqx"), (dqp, dq[..., D:], "dqp"),
+                            (dkx, dk[..., :D], "dkx"), (dkp, dk[..., D:], "dkp"),
+                            (dv, dv2[..., :D], "dv")]:
+        assert_close(got, want, "gradient", name)
+
+
+def test_modes_differ(rng):
+    """The three modes are three different ops (a mix-up of mode numbers would pass the
+    reference comparisons only if the reference had the same mix-up)."""
+    x = make(rng, 1, 20, 1, 16)[:5]
+    outs = [_C.conj_attention_forward(*x, mode=m)[0] for m in MODES]
+    for i in range(3):
+        for j in range(i):
+            assert np.abs(outs[i] - outs[j]).max() > 1e-2
+
+
+def test_threads_agree(rng, kernel):
+    """Calls from several Python threads at once (the GIL is released) give the same result."""
+    x = make(rng, 2, 97, 2, 64)
+    want = {}
+    for mode in MODES:
+        out, lse = _C.conj_attention_forward(*x[:5], mode=mode)
+        want[mode] = (out, lse, _C.conj_attention_backward(x[5], *x[:5], out, lse, mode))
+    results = [None] * 6
+
+    def work(i):
+        mode = MODES[i % 3]
+        out, lse = _C.conj_attention_forward(*x[:5], mode=mode)
+        results[i] = (mode, out, lse, _C.conj_attention_backward(x[5], *x[:5], out, lse, mode))
+
+    threads = [threading.Thread(target=work, args=(i,)) for i in range(6)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    for mode, out, lse, g in results:
+        wout, wlse, wg = want[mode]
+        assert np.array_equal(out, wout) and np.array_equal(lse, wlse)
+        for a, b in zip(g, wg):
+            assert np.array_equal(a, b)
+
+
+# ---- bad input ---------------------------------------------------------------------------
+
+SHAPE = (2, 9, 2, 16)
+
+
+def good(rng, mode="score_product"):
+    qx, kx, qp, kp, v, dout = make(rng, *SHAPE)
+    out, lse = _C.conj_attention_forward(qx, kx, qp, kp, v, mode)
+    return dict(dout=dout, qx=qx, kx=kx, qp=qp, kp=kp, v=v, out=out, lse=lse, mode=mode)
+
+
+def call_forward(a, **override):
+    args = {name: a[name] for name in NAMES + ["mode"]}
+    args.update(override)
+    return _C.conj_attention_forward(**args)
+
+
+def call_backward(a, **override):
+    args = dict(a)
+    args.update(override)
+    return _C.conj_attention_backward(**args)
+
+
+@pytest.mark.parametrize("name", NAMES)
+def test_forward_bad_arrays(rng, name):
+    a = good(rng)
+    x = a[name]
+    with raises(TypeError, name):
+        call_forward(a, **{name: x.astype(np.float64)})
+    with raises(TypeError, name):
+        call_forward(a, **{name: x.tolist()})
+    with raises(ValueError, name):
+        call_forward(a, **{name: x[0]})  # 3 axes
+    with raises(ValueError, name):
+        call_forward(a, **{name: np.ascontiguousarray(x[:, :0])})  # empty axis
+    with raises(ValueError, name):
+        call_forward(a, **{name: np.asfortranarray(x)})  # not C-contiguous
+    with raises(ValueError, name):
+        call_forward(a, **{name: np.concatenate([x, x], axis=3)[..., ::2]})  # strided
+    if name != "qx":  # qx fixes the shape; the others must match it
+        for axis in range(4):
+            bigger = list(x.shape)
+            bigger[axis] += 1
+            with raises(ValueError, name):
+                call_forward(a, **{name: np.zeros(bigger, np.float32)})
+
+
+@pytest.mark.parametrize("name", ["dout", "qx", "kx", "qp", "kp", "v", "out", "lse"])
+def test_backward_bad_arrays(rng, name):
+    a = good(rng)
+    x = a[name]
+    with raises(TypeError, name):
+        call_backward(a, **{name: x.astype(np.float64)})
+    with raises(TypeError, name):
+        call_backward(a, **{name: None})
+    with raises(ValueError, name):
+        call_backward(a, **{name: x[0]})  # one axis short
+    with raises(ValueError, name):
+        call_backward(a, **{name: np.asfortranarray(x)})
+    if name != "qx":
+        for axis in range(x.ndim):
+            bigger = list(x.shape)
+            bigger[axis] += 1
+            with raises(ValueError, name):
+                call_backward(a, **{name: np.zeros(bigger, np.float32)})
+
+
+@pytest.mark.parametrize("mode", MODES)
+def test_lse_must_match_mode(rng, mode):
+    """lse is (2, B, H, T) for softmax_product and (1, B, H, T) otherwise; one from another
+    mode is refused, naming lse and the shape it must have."""
+    a = good(rng, mode)
+    other = "sum" if mode == "softmax_product" else "softmax_product"
+    wrong = good(rng, other)["lse"]
+    want = r"\(2, B, H, T\)" if mode == "softmax_product" else r"\(1, B, H, T\)"
+    with pytest.raises(ValueError, match=r"^lse must have shape " + want):
+        call_backward(a, lse=wrong)
+    with raises(ValueError, "lse"):
+        call_backward(a, lse=a["lse"][0])  # 3 axes, as the plain attention op's lse
+
+
+@pytest.mark.parametrize("bad", ["product", "Sum", "", "score_product "])
+def test_unknown_mode(rng, bad):
+    a = good(rng)
+    with pytest.raises(ValueError, match=r"^mode must be one of 'score_product', "
+                                         r"'softmax_product', 'sum', got"):
+        call_forward(a, mode=bad)
+    with raises(ValueError, "mode"):
+        call_backward(a, mode=bad)
+
+
+@pytest.mark.parametrize("bad", [0, 1.0, None, b"sum", ["sum"]])
+def test_mode_not_a_string(rng, bad):
+    a = good(rng)
+    with raises(TypeError, "mode"):
+        call_forward(a, mode=bad)
+    with raises(TypeError, "mode"):
+        call_backward(a, mode=bad)
+
+
+@pytest.mark.parametrize("D", [15, 17, 8, 14, 130, 256])
+def test_bad_head_dim(rng, D):
+    x = make(rng, 1, 5, 1, D)
+    with pytest.raises(ValueError, match=r"^head dim D .*even and in \[16, 128\], got %d" % D):
+        _C.conj_attention_forward(*x[:5])
+    lse = np.zeros((1, 1, 1, 5), np.float32)
+    with pytest.raises(ValueError, match=r"^head dim D"):
+        _C.conj_attention_backward(x[5], *x[:5], x[0], lse)
+
+
+@pytest.mark.parametrize("scale", [float("nan"), float("inf"), -float("inf"), 1e39])
+def test_bad_scale(rng, scale):
+    a = good(rng)
+    with raises(ValueError, "scale"):
+        call_forward(a, scale=scale)
+    with raises(ValueError, "scale"):
+        call_backward(a, scale=scale)
+
+
+def test_scale_not_a_number(rng):
+    a = good(rng)
+    with raises(TypeError, "scale"):
+        call_forward(a, scale="0.5")
+    with raises(TypeError, "scale"):
+        call_backward(a, scale=[0.5])
+    out, _ = call_forward(a, scale=np.float32(0.25))  # NumPy scalars and ints are numbers
+    assert np.array_equal(out, call_forward(a, scale=0.25)[0])
+    assert np.array_equal(call_forward(a, scale=1)[0], call_forward(a, scale=1.0)[0])
+
+
+def test_missing_and_unknown_arguments(rng):
+    a = good(rng)
+    with pytest.raises(TypeError):
+        _C.conj_attention_forward(a["qx"], a["kx"], a["qp"], a["kp"])
+    with pytest.raises(TypeError):
+        _C.conj_attention_forward(a["qx"], a["kx"], a["qp"], a["kp"], a["v"], bias=None)
+    with pytest.raises(TypeError):
+        _C.conj_attention_backward(a["dout"], a["qx"], a["kx"], a["qp"], a["kp"], a["v"],
+                                   a["out"])
+
+
+def expect_error(fn, **kwargs):
+    """Call fn and swallow the TypeError/ValueError it must raise (no pytest.raises here: its
+    traceback objects would hold references to this test's locals)."""
+    try:
+        fn(**kwargs)
+    except (TypeError, ValueError):
+        return
+    raise AssertionError("no error raised")
+
+
+def test_no_reference_leaks(rng):
+    """1000 calls, good and bad, leave the reference counts of every argument unchanged, and
+    the results are owned by the caller alone."""
+    a = good(rng)
+    b = good(rng, "softmax_product")
+    arrays = [x for x in a.values() if isinstance(x, np.ndarray)] + [b["lse"], b["out"]]
+    mode_obj = "softmax_product"
+    counts = [sys.getrefcount(x) for x in arrays + [mode_obj]]
+    bad_lse = a["lse"].astype(np.float64)
+    bad_q = a["qx"][:, :, :, :15].copy()
+    for _ in range(1000):
+        out, lse = call_forward(a)
+        dqx, dkx, dqp, dkp, dv = call_backward(a)
+        out2, lse2 = call_forward(b, mode=mode_obj)
+        dqx2, dkx2, dqp2, dkp2, dv2 = call_backward(b, mode=mode_obj)
+        for bad in ({"lse": bad_lse}, {"qx": bad_q}, {"scale": float("nan")},
+                    {"mode": "nope"}, {"mode": 3}, {"lse": b["lse"]}):
+            expect_error(call_backward, a=a, **bad)
+        expect_error(call_forward, a=a, v=bad_q)
+        expect_error(call_forward, a=a, qx=bad_q)
+        expect_error(call_forward, a=a, mode="nope")
+    del bad  # the last dict of bad arguments holds b["lse"]
+    assert [sys.getrefcount(x) for x in arrays + [mode_obj]] == counts
+    # each result is held by its name here and by getrefcount's argument, nothing else
+    assert sys.getrefcount(out) == 2 and sys.getrefcount(lse) == 2
+    assert sys.getrefcount(out2) == 2 and sys.getrefcount(lse2) == 2
+    assert sys.getrefcount(dqx) == 2 and sys.getrefcount(dkx) == 2
+    assert sys.getrefcount(dqp) == 2 and sys.getrefcount(dkp) == 2 and sys.getrefcount(dv) == 2
+    assert sys.getrefcount(dqx2) == 2 and sys.getrefcount(dv2) == 2
