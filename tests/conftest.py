@@ -1,6 +1,11 @@
-"""Shared test helpers: tolerances as data, comparison, finite differences, random inputs."""
+"""Shared test helpers: tolerances as data, comparison, finite differences, random inputs,
+child processes."""
+import os
+
 import numpy as np
 import pytest
+
+import mapformer
 
 # (rtol, atol) of a float32 C op against the float64 reference. Every slack beyond "default"
 # says why it is needed.
@@ -59,3 +64,11 @@ def rng():
 def randn(rng, *shape, scale=1.0):
     """A float32 C-contiguous array of standard normals times scale."""
     return (rng.standard_normal(shape) * scale).astype(np.float32)
+
+
+def subprocess_env(threads):
+    """Environment for a child Python with OMP_NUM_THREADS=threads that imports this same
+    build of mapformer (the installed one, or the source tree with an in-place build)."""
+    root = os.path.dirname(os.path.dirname(os.path.abspath(mapformer.__file__)))
+    path = os.pathsep.join(filter(None, [root, os.environ.get("PYTHONPATH")]))
+    return {**os.environ, "OMP_NUM_THREADS": str(threads), "PYTHONPATH": path}

@@ -1,5 +1,4 @@
 """C layernorm op against the float64 reference, and its argument checks."""
-import os
 import re
 import subprocess
 import sys
@@ -7,20 +6,12 @@ import sys
 import numpy as np
 import pytest
 
-from conftest import assert_close, randn
-import mapformer
+from conftest import assert_close, randn, subprocess_env
 from mapformer import _C
 from mapformer import reference as ref
 
 NS = [1, 7, 97, 257]
 CS = [16, 64, 128, 33, 1]
-
-
-def subprocess_env(threads):
-    """Environment for a child Python that imports this same build of mapformer."""
-    root = os.path.dirname(os.path.dirname(os.path.abspath(mapformer.__file__)))
-    path = os.pathsep.join(filter(None, [root, os.environ.get("PYTHONPATH")]))
-    return {**os.environ, "OMP_NUM_THREADS": threads, "PYTHONPATH": path}
 
 
 def raises(exc, name):

@@ -1,6 +1,5 @@
 """C AdamW, global norm and gradient clipping against the float64 reference, and their
 argument checks."""
-import os
 import re
 import subprocess
 import sys
@@ -8,19 +7,11 @@ import sys
 import numpy as np
 import pytest
 
-from conftest import assert_close, randn
-import mapformer
+from conftest import assert_close, randn, subprocess_env
 from mapformer import _C
 from mapformer import reference as ref
 
 PS = [1, 7, 97, 257, 100003]  # 100003 spans several OpenMP chunks with a ragged tail
-
-
-def subprocess_env(threads):
-    """Environment for a child Python that imports this same build of mapformer."""
-    root = os.path.dirname(os.path.dirname(os.path.abspath(mapformer.__file__)))
-    path = os.pathsep.join(filter(None, [root, os.environ.get("PYTHONPATH")]))
-    return {**os.environ, "OMP_NUM_THREADS": threads, "PYTHONPATH": path}
 
 
 def raises(exc, name):

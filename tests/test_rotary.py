@@ -1,13 +1,12 @@
 """C path integration and rotary ops against the float64 reference, plus the properties that
 make them MapFormer's positional encoding (RoPE as a special case, relative positions)."""
-import os
 import subprocess
 import sys
 
 import numpy as np
 import pytest
 
-from conftest import assert_close, randn
+from conftest import assert_close, randn, subprocess_env
 from mapformer import _C
 from mapformer import reference as ref
 
@@ -402,13 +401,11 @@ def test_results_do_not_depend_on_thread_count(tmp_path):
         "        *_C.rotary_backward(q, k, k, q, th), *_C.rotary_backward(q, k, k, q, th[:1])]\n"
         "np.savez(sys.argv[1], *outs)\n"
     )
-    root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
     results = []
     for threads in ("1", "2"):
-        env = dict(os.environ, OMP_NUM_THREADS=threads,
-                   PYTHONPATH=root + os.pathsep + os.environ.get("PYTHONPATH", ""))
         out = tmp_path / f"t{threads}.npz"
-        subprocess.run([sys.executable, str(script), str(out)], env=env, check=True, cwd=root)
+        subprocess.run([sys.executable, str(script), str(out)], env=subprocess_env(threads),
+                       check=True)
         results.append(np.load(out))
     for name in results[0].files:
         assert np.array_equal(results[0][name], results[1][name]), name

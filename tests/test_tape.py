@@ -1,14 +1,13 @@
 """TAPE ops: the float64 reference against finite differences, the C ops against the reference,
 and the properties that make them TAPE's positional encoding (RoPE at initialisation, the
 rotary op for unit states, equivariance of the state update)."""
-import os
 import subprocess
 import sys
 
 import numpy as np
 import pytest
 
-from conftest import assert_close, numerical_grad, randn
+from conftest import assert_close, numerical_grad, randn, subprocess_env
 from mapformer import _C
 from mapformer import reference as ref
 
@@ -450,13 +449,11 @@ def test_results_do_not_depend_on_thread_count(tmp_path):
         "        _C.tape_mix_forward(e, g, w), *_C.tape_mix_backward(dy, e, g, w, dw), dw]\n"
         "np.savez(sys.argv[1], *outs)\n"
     )
-    root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
     results = []
     for threads in ("1", "2", "3"):
-        env = dict(os.environ, OMP_NUM_THREADS=threads,
-                   PYTHONPATH=root + os.pathsep + os.environ.get("PYTHONPATH", ""))
         out = tmp_path / f"t{threads}.npz"
-        subprocess.run([sys.executable, str(script), str(out)], env=env, check=True, cwd=root)
+        subprocess.run([sys.executable, str(script), str(out)], env=subprocess_env(threads),
+                       check=True)
         results.append(np.load(out))
     for other in results[1:]:
         for name in results[0].files:
