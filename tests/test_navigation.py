@@ -1,22 +1,11 @@
 """Tests of the forced-navigation task generator against slow pure-Python references."""
 
-import importlib.util
 import math
-import pathlib
-import sys
 
 import numpy as np
 import pytest
 
-try:
-    from mapformer.tasks import navigation as nav
-except ImportError:
-    # The package __init__ needs the built C extension; the generator itself needs only NumPy.
-    _path = pathlib.Path(__file__).resolve().parents[1] / "mapformer" / "tasks" / "navigation.py"
-    _spec = importlib.util.spec_from_file_location("mapformer_tasks_navigation", _path)
-    nav = importlib.util.module_from_spec(_spec)
-    sys.modules[_spec.name] = nav
-    _spec.loader.exec_module(nav)
+from mapformer.tasks import navigation as nav
 
 
 def step_vector(action, dims):
