@@ -101,9 +101,9 @@ TABLES = {
             "paper": Scale(256, 4, 128, PAPER_SEQUENCES, {"": copy_part(128, 128, 64, 256)},
                            "128 tokens to copy among 128 blanks (OOD 64 and 256); 2 layers, "
                            "4 heads of 64; 200K sequences of batch 128"),
-            "cpu": Scale(64, 2, 64, 64 * 400, {"": copy_part(16, 16, 8, 32)},
+            "cpu": Scale(64, 2, 64, 64 * 600, {"": copy_part(16, 16, 8, 32)},
                          "16 tokens among 16 blanks (OOD 8 and 32: the paper's ratios); "
-                         "2 layers, 2 heads of 32; 400 steps of batch 64 (25,600 sequences)"),
+                         "2 layers, 2 heads of 32; 600 steps of batch 64 (38,400 sequences)"),
         },
     },
     "2": {
@@ -136,11 +136,11 @@ TABLES = {
                            "128 steps, grid 64, p_empty 0.5 (OOD-dense 64/32/0.2, OOD-sparse "
                            "512/128/0.8); 2 heads of 64; r = world dimension; 200K sequences "
                            "of batch 128"),
-            "cpu": Scale(64, 2, 64, 64 * 300,
+            "cpu": Scale(64, 2, 64, 64 * 600,
                          {"1D": navigation_part(1, 32, 16), "2D": navigation_part(2, 32, 16)},
                          "32 steps, grid 16 (OOD-dense 16 steps/grid 8/p_empty 0.2, OOD-sparse"
                          " 128 steps/grid 32/p_empty 0.8: the paper's ratios); 2 heads of 32; "
-                         "300 steps of batch 64 (19,200 sequences)"),
+                         "600 steps of batch 64 (38,400 sequences)"),
         },
         "ablation": [Row(f"MapEM-os ({mode})", "mapem_os", 1, {"mapem_mode": mode})
                      for mode in ("score_product", "softmax_product", "sum")],
@@ -163,10 +163,10 @@ TABLES = {
                            "3D: 256 steps, grid 16; 5D: 16 steps, grid 5 (OOD sets: our "
                            "reading, see mapformer.tasks.navigation); 2 heads of 64; 200K "
                            "sequences of batch 128"),
-            "cpu": Scale(64, 2, 64, 64 * 300,
+            "cpu": Scale(64, 2, 64, 64 * 600,
                          {"3D": navigation_part(3, 64, 8), "5D": navigation_part(5, 16, 5)},
                          "3D: 64 steps, grid 8; 5D: 16 steps, grid 5 (OOD: the 2D ratios); "
-                         "2 heads of 32; 300 steps of batch 64 (19,200 sequences)"),
+                         "2 heads of 32; 600 steps of batch 64 (38,400 sequences)"),
         },
     },
 }
