@@ -6,36 +6,6 @@
 #define QKV_SHAPE "(B, T, H, D)"
 #define LSE_SHAPE "(B, H, T)"
 
-/* Check the head dim (after q's shape is known) and resolve scale (None -> 1/sqrt(D)). */
-static int head_dim_and_scale(int64_t D, PyObject *scale_obj, float *scale) {
-    if (D % 2 != 0 || D < 16 || D > 128) {
-        PyErr_Format(PyExc_ValueError,
-                     "head dim D (the last axis of q, k, v) must be even and in [16, 128], "
-                     "got %lld",
-                     (long long)D);
-        return -1;
-    }
-    double s = 1.0 / sqrt((double)D);
-    if (scale_obj != NULL && scale_obj != Py_None) {
-        s = PyFloat_AsDouble(scale_obj);
-        if (s == -1.0 && PyErr_Occurred()) {
-            if (PyErr_ExceptionMatches(PyExc_TypeError)) { /* say which argument */
-                PyErr_Clear();
-                PyErr_Format(PyExc_TypeError, "scale must be a real number or None, got %s",
-                             Py_TYPE(scale_obj)->tp_name);
-            }
-            return -1;
-        }
-    }
-    if (mf_check_finite(s, "scale", 0) < 0) return -1;
-    *scale = (float)s;
-    if (!isfinite(*scale)) {
-        PyErr_SetString(PyExc_ValueError, "scale must fit in float32 (|scale| < 3.4e38)");
-        return -1;
-    }
-    return 0;
-}
-
 static PyObject *py_attention_forward(PyObject *self, PyObject *args, PyObject *kwargs) {
     (void)self;
     static char *kwlist[] = {"q", "k", "v", "scale", NULL};
@@ -55,7 +25,7 @@ static PyObject *py_attention_forward(PyObject *self, PyObject *args, PyObject *
     if (v == NULL) goto fail;
     const int64_t B = qd[0], T = qd[1], H = qd[2], D = qd[3];
     float scale;
-    if (head_dim_and_scale(D, scale_obj, &scale) < 0) goto fail;
+    if (mf_head_dim_and_scale(D, "q, k, v", scale_obj, &scale) < 0) goto fail;
 
     int64_t ld[3] = {B, H, T};
     out = mf_empty_f32(4, qd);
@@ -107,7 +77,7 @@ static PyObject *py_attention_backward(PyObject *self, PyObject *args, PyObject 
     PyArrayObject *lse = mf_array(lse_obj, "lse", MF_F32, 3, ld, LSE_SHAPE);
     if (lse == NULL) goto fail;
     float scale;
-    if (head_dim_and_scale(D, scale_obj, &scale) < 0) goto fail;
+    if (mf_head_dim_and_scale(D, "q, k, v", scale_obj, &scale) < 0) goto fail;
 
     dq = mf_empty_f32(4, qd);
     if (dq == NULL) goto fail;

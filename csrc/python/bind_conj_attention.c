@@ -29,37 +29,6 @@ static int parse_mode(PyObject *mode_obj) {
     return -1;
 }
 
-/* Check the head dim (after qx's shape is known) and resolve scale (None -> 1/sqrt(D)); the
- * same rules as attention_forward. */
-static int head_dim_and_scale(int64_t D, PyObject *scale_obj, float *scale) {
-    if (D % 2 != 0 || D < 16 || D > 128) {
-        PyErr_Format(PyExc_ValueError,
-                     "head dim D (the last axis of qx, kx, qp, kp, v) must be even and in "
-                     "[16, 128], got %lld",
-                     (long long)D);
-        return -1;
-    }
-    double s = 1.0 / sqrt((double)D);
-    if (scale_obj != NULL && scale_obj != Py_None) {
-        s = PyFloat_AsDouble(scale_obj);
-        if (s == -1.0 && PyErr_Occurred()) {
-            if (PyErr_ExceptionMatches(PyExc_TypeError)) { /* say which argument */
-                PyErr_Clear();
-                PyErr_Format(PyExc_TypeError, "scale must be a real number or None, got %s",
-                             Py_TYPE(scale_obj)->tp_name);
-            }
-            return -1;
-        }
-    }
-    if (mf_check_finite(s, "scale", 0) < 0) return -1;
-    *scale = (float)s;
-    if (!isfinite(*scale)) {
-        PyErr_SetString(PyExc_ValueError, "scale must fit in float32 (|scale| < 3.4e38)");
-        return -1;
-    }
-    return 0;
-}
-
 /* Check qx first (it fixes B, T, H, D into dims), then each of the other arrays against it. */
 static int check_qkv(PyObject *const objs[], const char *const names[], int n,
                      PyArrayObject *arrays[], int64_t dims[4]) {
@@ -93,7 +62,7 @@ static PyObject *py_conj_attention_forward(PyObject *self, PyObject *args, PyObj
     const int mode = parse_mode(mode_obj);
     if (mode < 0) goto fail;
     float scale;
-    if (head_dim_and_scale(D, scale_obj, &scale) < 0) goto fail;
+    if (mf_head_dim_and_scale(D, "qx, kx, qp, kp, v", scale_obj, &scale) < 0) goto fail;
 
     const int64_t ldims[4] = {mode == MF_CONJ_SOFTMAX_PRODUCT ? 2 : 1, B, H, T};
     out = mf_empty_f32(4, dims);
@@ -144,7 +113,7 @@ static PyObject *py_conj_attention_backward(PyObject *self, PyObject *args, PyOb
                                          : "(1, B, H, T) for this mode");
     if (lse == NULL) goto fail;
     float scale;
-    if (head_dim_and_scale(D, scale_obj, &scale) < 0) goto fail;
+    if (mf_head_dim_and_scale(D, "qx, kx, qp, kp, v", scale_obj, &scale) < 0) goto fail;
 
     for (int i = 0; i < 5; i++) {
         g[i] = mf_empty_f32(4, dims);

@@ -8,29 +8,6 @@
 #define LSE_SHAPE "(B, H, T)"
 #define E_SHAPE "(H, n_pos, D)"
 
-/* Check the head dim (after q's shape is known) and resolve scale (None -> 1/sqrt(D)). */
-static int head_dim_and_scale(int64_t D, PyObject *scale_obj, float *scale) {
-    if (D % 2 != 0 || D < 16 || D > 128) {
-        PyErr_Format(PyExc_ValueError,
-                     "head dim D (the last axis of q, k, v, e) must be even and in [16, 128], "
-                     "got %lld",
-                     (long long)D);
-        return -1;
-    }
-    double s = 1.0 / sqrt((double)D);
-    if (scale_obj != NULL && scale_obj != Py_None) {
-        s = PyFloat_AsDouble(scale_obj);
-        if (s == -1.0 && PyErr_Occurred()) return -1;
-    }
-    if (mf_check_finite(s, "scale", 0) < 0) return -1;
-    *scale = (float)s;
-    if (!isfinite(*scale)) {
-        PyErr_SetString(PyExc_ValueError, "scale must fit in float32 (|scale| < 3.4e38)");
-        return -1;
-    }
-    return 0;
-}
-
 static PyObject *py_cope_forward(PyObject *self, PyObject *args, PyObject *kwargs) {
     (void)self;
     static char *kwlist[] = {"q", "k", "v", "e", "scale", NULL};
@@ -54,7 +31,7 @@ static PyObject *py_cope_forward(PyObject *self, PyObject *args, PyObject *kwarg
     if (e == NULL) goto fail;
     const int64_t n_pos = ed[1];
     float scale;
-    if (head_dim_and_scale(D, scale_obj, &scale) < 0) goto fail;
+    if (mf_head_dim_and_scale(D, "q, k, v, e", scale_obj, &scale) < 0) goto fail;
 
     int64_t ld[3] = {B, H, T};
     out = mf_empty_f32(4, qd);
@@ -115,7 +92,7 @@ static PyObject *py_cope_backward(PyObject *self, PyObject *args, PyObject *kwar
     PyArrayObject *de = mf_output_array(de_obj, "de", MF_F32, 3, ded, E_SHAPE);
     if (de == NULL) goto fail;
     float scale;
-    if (head_dim_and_scale(D, scale_obj, &scale) < 0) goto fail;
+    if (mf_head_dim_and_scale(D, "q, k, v, e", scale_obj, &scale) < 0) goto fail;
 
     dq = mf_empty_f32(4, qd);
     if (dq == NULL) goto fail;

@@ -30,11 +30,6 @@ static int64_t numel(int ndim, const int64_t *dims) {
     return n;
 }
 
-static int overlaps(PyArrayObject *a, PyArrayObject *b) {
-    const char *pa = PyArray_BYTES(a), *pb = PyArray_BYTES(b);
-    return pa < pb + PyArray_NBYTES(b) && pb < pa + PyArray_NBYTES(a);
-}
-
 static PyObject *py_gelu_forward(PyObject *self, PyObject *args, PyObject *kwargs) {
     (void)self;
     static char *kwlist[] = {"x", NULL};
@@ -126,10 +121,7 @@ static PyObject *py_residual_backward(PyObject *self, PyObject *args, PyObject *
     if (dx == NULL) return NULL;
     PyArrayObject *dout = same_shape(dout_obj, "dout", ndim, dims, "dx");
     if (dout == NULL) return NULL;
-    if (overlaps(dx, dout)) {
-        PyErr_SetString(PyExc_ValueError, "dx must not share memory with dout");
-        return NULL;
-    }
+    if (mf_check_disjoint(dx, "dx", dout, "dout") < 0) return NULL;
     const int64_t n = numel(ndim, dims);
     int status;
     Py_BEGIN_ALLOW_THREADS;

@@ -3,19 +3,6 @@
 
 #include <math.h>
 
-/* ValueError naming both arrays when the buffer written to (out) overlaps an input the op
- * reads. Returns -1 on overlap. */
-static int check_disjoint(PyArrayObject *out, const char *out_name, PyArrayObject *in,
-                          const char *in_name) {
-    if (out == NULL || in == NULL) return 0;
-    const char *o = PyArray_BYTES(out), *i = PyArray_BYTES(in);
-    if (o < i + PyArray_NBYTES(in) && i < o + PyArray_NBYTES(out)) {
-        PyErr_Format(PyExc_ValueError, "%s must not share memory with %s", out_name, in_name);
-        return -1;
-    }
-    return 0;
-}
-
 static PyObject *py_layernorm_forward(PyObject *self, PyObject *args, PyObject *kwargs) {
     (void)self;
     static char *kwlist[] = {"x", "weight", "bias", "eps", NULL};
@@ -107,14 +94,14 @@ static PyObject *py_layernorm_backward(PyObject *self, PyObject *args, PyObject 
     PyArrayObject *inputs[] = {dy, x, mean, rstd, weight};
     const char *input_names[] = {"dy", "x", "mean", "rstd", "weight"};
     for (int i = 0; i < 5; i++) {
-        if (check_disjoint(dx, "dx", inputs[i], input_names[i]) < 0 ||
-            check_disjoint(dweight, "dweight", inputs[i], input_names[i]) < 0 ||
-            check_disjoint(dbias, "dbias", inputs[i], input_names[i]) < 0)
+        if (mf_check_disjoint(dx, "dx", inputs[i], input_names[i]) < 0 ||
+            mf_check_disjoint(dweight, "dweight", inputs[i], input_names[i]) < 0 ||
+            mf_check_disjoint(dbias, "dbias", inputs[i], input_names[i]) < 0)
             goto fail;
     }
-    if (check_disjoint(dx, "dx", dweight, "dweight") < 0 ||
-        check_disjoint(dx, "dx", dbias, "dbias") < 0 ||
-        check_disjoint(dbias, "dbias", dweight, "dweight") < 0)
+    if (mf_check_disjoint(dx, "dx", dweight, "dweight") < 0 ||
+        mf_check_disjoint(dx, "dx", dbias, "dbias") < 0 ||
+        mf_check_disjoint(dbias, "dbias", dweight, "dweight") < 0)
         goto fail;
     int status;
     Py_BEGIN_ALLOW_THREADS;

@@ -1,19 +1,6 @@
 /* Binding of csrc/ops/linear.c: linear_forward, linear_backward. */
 #include "common.h"
 
-/* ValueError naming both arrays when the buffer written to (out) overlaps an input that the
- * op reads while writing it: sgemm's results would be undefined. Returns -1 on overlap. */
-static int check_disjoint(PyArrayObject *out, const char *out_name, PyArrayObject *in,
-                          const char *in_name) {
-    if (out == NULL || in == NULL) return 0;
-    const char *o = PyArray_BYTES(out), *i = PyArray_BYTES(in);
-    if (o < i + PyArray_NBYTES(in) && i < o + PyArray_NBYTES(out)) {
-        PyErr_Format(PyExc_ValueError, "%s must not share memory with %s", out_name, in_name);
-        return -1;
-    }
-    return 0;
-}
-
 static PyObject *py_linear_forward(PyObject *self, PyObject *args, PyObject *kwargs) {
     (void)self;
     static char *kwlist[] = {"x", "weight", "bias", NULL};
@@ -90,15 +77,15 @@ static PyObject *py_linear_backward(PyObject *self, PyObject *args, PyObject *kw
         if (dx == NULL) goto fail;
     }
     /* dx is written first, then dweight (reading dy, x), then dbias (reading dy) */
-    if (check_disjoint(dx, "dx", dy, "dy") < 0 || check_disjoint(dx, "dx", x, "x") < 0 ||
-        check_disjoint(dx, "dx", weight, "weight") < 0 ||
-        check_disjoint(dx, "dx", dweight, "dweight") < 0 ||
-        check_disjoint(dx, "dx", dbias, "dbias") < 0 ||
-        check_disjoint(dweight, "dweight", dy, "dy") < 0 ||
-        check_disjoint(dweight, "dweight", x, "x") < 0 ||
-        check_disjoint(dweight, "dweight", weight, "weight") < 0 ||
-        check_disjoint(dbias, "dbias", dweight, "dweight") < 0 ||
-        check_disjoint(dbias, "dbias", dy, "dy") < 0)
+    if (mf_check_disjoint(dx, "dx", dy, "dy") < 0 || mf_check_disjoint(dx, "dx", x, "x") < 0 ||
+        mf_check_disjoint(dx, "dx", weight, "weight") < 0 ||
+        mf_check_disjoint(dx, "dx", dweight, "dweight") < 0 ||
+        mf_check_disjoint(dx, "dx", dbias, "dbias") < 0 ||
+        mf_check_disjoint(dweight, "dweight", dy, "dy") < 0 ||
+        mf_check_disjoint(dweight, "dweight", x, "x") < 0 ||
+        mf_check_disjoint(dweight, "dweight", weight, "weight") < 0 ||
+        mf_check_disjoint(dbias, "dbias", dweight, "dweight") < 0 ||
+        mf_check_disjoint(dbias, "dbias", dy, "dy") < 0)
         goto fail;
     int status;
     Py_BEGIN_ALLOW_THREADS;

@@ -3,11 +3,6 @@
 
 #include <math.h>
 
-static int overlaps(PyArrayObject *a, PyArrayObject *b) {
-    const char *pa = PyArray_BYTES(a), *pb = PyArray_BYTES(b);
-    return pa < pb + PyArray_NBYTES(b) && pb < pa + PyArray_NBYTES(a);
-}
-
 /* A float argument of the optimizer: finite, in [lo, hi) (hi_open) or [lo, hi], and still so
  * once rounded to float32 (the C core's type). Raises ValueError naming it. */
 static int check_scalar(double x, const char *name, double lo, double hi, const char *range) {
@@ -55,11 +50,7 @@ static PyObject *py_adamw_step(PyObject *self, PyObject *args, PyObject *kwargs)
     const char *names[] = {"params", "grads", "m", "v", "decay_mask"};
     for (int i = 0; i < 5; i++)
         for (int j = i + 1; j < 5; j++)
-            if (overlaps(arrays[i], arrays[j])) {
-                PyErr_Format(PyExc_ValueError, "%s must not share memory with %s", names[i],
-                             names[j]);
-                return NULL;
-            }
+            if (mf_check_disjoint(arrays[i], names[i], arrays[j], names[j]) < 0) return NULL;
     double lr = PyFloat_AsDouble(lr_obj); /* anything with __float__, as the "d" format */
     if (lr == -1.0 && PyErr_Occurred()) {
         if (PyErr_ExceptionMatches(PyExc_TypeError)) {

@@ -97,6 +97,45 @@ int mf_check_finite(double x, const char *name, int positive_only) {
     return -1;
 }
 
+int mf_check_disjoint(PyArrayObject *out, const char *out_name, PyArrayObject *in,
+                      const char *in_name) {
+    if (out == NULL || in == NULL) return 0;
+    const char *o = PyArray_BYTES(out), *i = PyArray_BYTES(in);
+    if (o < i + PyArray_NBYTES(in) && i < o + PyArray_NBYTES(out)) {
+        PyErr_Format(PyExc_ValueError, "%s must not share memory with %s", out_name, in_name);
+        return -1;
+    }
+    return 0;
+}
+
+int mf_head_dim_and_scale(int64_t D, const char *arrays, PyObject *scale_obj, float *scale) {
+    if (D % 2 != 0 || D < 16 || D > 128) {
+        PyErr_Format(PyExc_ValueError,
+                     "head dim D (the last axis of %s) must be even and in [16, 128], got %lld",
+                     arrays, (long long)D);
+        return -1;
+    }
+    double s = 1.0 / sqrt((double)D);
+    if (scale_obj != NULL && scale_obj != Py_None) {
+        s = PyFloat_AsDouble(scale_obj);
+        if (s == -1.0 && PyErr_Occurred()) {
+            if (PyErr_ExceptionMatches(PyExc_TypeError)) { /* say which argument */
+                PyErr_Clear();
+                PyErr_Format(PyExc_TypeError, "scale must be a real number or None, got %s",
+                             Py_TYPE(scale_obj)->tp_name);
+            }
+            return -1;
+        }
+    }
+    if (mf_check_finite(s, "scale", 0) < 0) return -1;
+    *scale = (float)s;
+    if (!isfinite(*scale)) {
+        PyErr_SetString(PyExc_ValueError, "scale must fit in float32 (|scale| < 3.4e38)");
+        return -1;
+    }
+    return 0;
+}
+
 PyObject *mf_raise_status(int status, const char *op) {
     if (!PyErr_Occurred()) {
         PyObject *type = status == MF_ENOMEM ? PyExc_MemoryError : PyExc_ValueError;

@@ -35,6 +35,16 @@ int mf_check_ids(const int32_t *ids, int64_t n, int64_t V, const char *name);
 /* Raise ValueError naming `name` unless x is finite (and, when positive_only, > 0). */
 int mf_check_finite(double x, const char *name, int positive_only);
 
+/* Raise ValueError naming both arrays if the buffer `out` (written) overlaps `in`; NULL
+ * arrays pass. Returns -1 on overlap, else 0. */
+int mf_check_disjoint(PyArrayObject *out, const char *out_name, PyArrayObject *in,
+                      const char *in_name);
+
+/* For the attention-like ops: check the head dim D (even, in [16, 128]; `arrays` lists the
+ * arrays whose last axis it is, for the message) and resolve scale (None -> 1/sqrt(D); a
+ * number must be finite and fit in float32). Returns -1 with an exception set. */
+int mf_head_dim_and_scale(int64_t D, const char *arrays, PyObject *scale_obj, float *scale);
+
 /* Map a non-OK status of op `op` to a Python exception; returns NULL for `return` chaining. */
 PyObject *mf_raise_status(int status, const char *op);
 
