@@ -24,6 +24,8 @@ from .tasks import navigation, selective_copy
 from .train import TrainConfig, default_omega_grid, train
 
 COLUMNS = ("iid", "ood_dense", "ood_sparse")
+METRICS = {"accuracy": "accuracy over every scored position",
+           "object_accuracy": "object recalls only (revisits whose target is not blank)"}
 
 
 @dataclass(frozen=True)
@@ -89,6 +91,7 @@ PAPER_SEQUENCES = 200_000
 TABLES = {
     "1": {
         "title": "Table 1: selective copy accuracy",
+        "metrics": ("accuracy",),  # every target is a token to copy: no blank targets
         "rows": [Row("MapEM-o", "mapem_o", 2), Row("MapEM-s", "mapem_s", 2),
                  Row("RoPE", "rope", 2), Row("TAPE", "tape", 2), Row("CoPE", "cope", 2),
                  Row("MapWM", "mapwm", 2, {"delta_rank": 1}),
@@ -108,6 +111,7 @@ TABLES = {
     },
     "2": {
         "title": "Table 2: 1D and 2D forced-navigation recall accuracy",
+        "metrics": ("accuracy", "object_accuracy"),
         "rows": [Row("MapEM-o", "mapem_o"),
                  *[Row(f"RoPE ({n}L)", "rope", n) for n in (1, 2, 4)],
                  *[Row(f"TAPE ({n}L)", "tape", n) for n in (1, 2, 4)],
@@ -147,6 +151,7 @@ TABLES = {
     },
     "4": {
         "title": "Table 4: 3D and 5D forced-navigation recall accuracy",
+        "metrics": ("accuracy", "object_accuracy"),
         "rows": [Row("RoPE (1L)", "rope"), Row("CoPE (1L)", "cope"), Row("MapWM", "mapwm"),
                  Row("MapEM-os", "mapem_os"), Row("MapEM-s", "mapem_s")],
         "paper": {
@@ -173,7 +178,8 @@ TABLES = {
 
 
 def run_row(row, part, scale, seed, sequences, eval_sequences, log):
-    """Train one row on one part with one seed; returns {column: accuracy} and the configs."""
+    """Train one row on one part with one seed; returns ({metric: {column: value}} for every
+    metric of METRICS, and a record of the configs, floors and wall time)."""
     train_config = TrainConfig(**part["train_fields"], sequences=sequences,
                                batch_size=scale.batch_size, seed=seed,
                                eval_sequences=eval_sequences)
@@ -187,14 +193,17 @@ def run_row(row, part, scale, seed, sequences, eval_sequences, log):
                                cope_positions=task.seq_len, **extra)
     result = train(model_config, train_config, progress=False, log=log,
                    eval_tasks=part["eval"])
-    return ({c: result["eval"][c]["accuracy"] for c in part["eval"]},
+    evals = result["eval"]
+    return ({m: {c: evals[c][m] for c in evals} for m in METRICS},
             {"model": model_config.to_dict(), "train": train_config.to_dict(),
-             "floor": {c: result["eval"][c]["floor"] for c in part["eval"]},
+             "floor": {c: evals[c]["floor"] for c in evals},
+             "object_floor": {c: evals[c]["object_floor"] for c in evals},
              "wall_s": result["wall_s"]})
 
 
-def format_table(title, parts, rows, measured, paper):
-    """Markdown: one line per row, measured mean +- spread beside the paper per column."""
+def format_table(title, parts, rows, measured, paper, metric="accuracy"):
+    """Markdown: one line per row, measured mean +- spread of ``metric`` beside the paper per
+    column. measured: {part: {row label: [{metric: {column: value}} per seed]}}."""
     lines = [f"**{title}**", "", "| model | " + " | ".join(
         f"{p} {c}".strip() for p in parts for c in COLUMNS) + " |",
         "|---|" + "---|" * (len(parts) * len(COLUMNS))]
@@ -207,7 +216,7 @@ def format_table(title, parts, rows, measured, paper):
                 if accs is None:
                     cells.append("-")
                     continue
-                values = np.array([a[c] for a in accs])
+                values = np.array([a[metric][c] for a in accs])
                 cell = f"{values.mean():.2f} ± {values.std():.2f}"
                 cells.append(cell + (f" ({ref[i]:.2f})" if ref else ""))
         lines.append(f"| {row.label} | " + " | ".join(cells) + " |")
@@ -251,13 +260,17 @@ def main(table_id, argv=None):
                                        log=lambda *a: None)
                 measured.setdefault(part_name, {}).setdefault(row.label, []).append(accs)
                 records.append({"part": part_name, "row": row.label, "seed": seed,
-                                "accuracy": accs, **record})
+                                **accs, **record})
                 print(f"  {part_name} {row.label} seed {seed}: " + "  ".join(
-                    f"{c} {a:.3f}" for c, a in accs.items())
+                    f"{c} {a:.3f}" for c, a in accs["accuracy"].items())
+                      + "  objects " + " ".join(
+                    f"{a:.3f}" for a in accs["object_accuracy"].values())
                       + f"  ({record['wall_s']:.0f}s)", flush=True)
-    text = format_table(f"{table['title']} (scale {args.scale}, {args.seeds} seeds, "
-                        f"{sequences} training sequences per run; paper in parentheses)",
-                        list(scale.parts), rows, measured, table["paper"])
+    text = "\n\n".join(format_table(
+        f"{table['title']}, {METRICS[metric]} (scale {args.scale}, {args.seeds} seeds, "
+        f"{sequences} training sequences per run; paper in parentheses)",
+        list(scale.parts), rows, measured, table["paper"], metric)
+        for metric in table["metrics"])
     print()
     print(text)
     print(f"\ntotal {time.perf_counter() - t0:.0f}s")

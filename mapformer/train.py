@@ -180,12 +180,17 @@ def evaluate(model, tasks, sequences=256, seed=0, batch_size=32):
     """Masked accuracy, loss and floor of ``model`` on fixed evaluation sets.
 
     tasks: {name: task config}. Returns {name: {"accuracy", "loss", "floor", "floor_token",
-    "sequences", "positions"}}; the floor is the accuracy of always predicting the most
-    frequent target (for navigation: the always-blank floor)."""
+    "object_accuracy", "object_floor", "sequences", "positions", "object_positions"}}:
+    - accuracy over every masked position (for navigation: every revisit); the floor is the
+      accuracy of always predicting the most frequent target (the always-blank floor);
+    - object_accuracy over the masked positions whose target is not the blank token (the
+      revisits of cells that hold an object), beside its floor: always the most frequent
+      object. Blank-free tasks (selective copy) give the same number twice.
+    """
     model.train(False)
     results = {}
     for name, task in tasks.items():
-        hits = total = 0
+        hits = object_hits = total = 0
         loss_sum = 0.0
         counts = np.zeros(task.vocab_size, dtype=np.int64)
         for batch in task_module(task).eval_set(task, sequences, seed, batch_size):
@@ -194,22 +199,30 @@ def evaluate(model, tasks, sequences=256, seed=0, batch_size=32):
                 continue
             loss_sum += model.loss(batch.tokens, batch.targets, batch.mask) * n
             pred = model.logits.reshape(batch.mask.shape + (-1,)).argmax(-1)
-            hits += int((pred == batch.targets)[batch.mask].sum())
+            correct = (pred == batch.targets) & batch.mask
+            hits += int(correct.sum())
+            object_hits += int(correct[batch.targets != task.blank_id].sum())
             counts += np.bincount(batch.targets[batch.mask], minlength=task.vocab_size)
             total += n
         majority = int(counts.argmax())
+        objects = np.delete(counts, task.blank_id)
+        n_objects = int(objects.sum())
         results[name] = {"accuracy": hits / max(total, 1), "loss": loss_sum / max(total, 1),
                          "floor": int(counts[majority]) / max(total, 1),
                          "floor_token": "blank" if majority == task.blank_id else majority,
-                         "sequences": sequences, "positions": total}
+                         "object_accuracy": object_hits / max(n_objects, 1),
+                         "object_floor": int(objects.max(initial=0)) / max(n_objects, 1),
+                         "sequences": sequences, "positions": total,
+                         "object_positions": n_objects}
     model.train(True)
     return results
 
 
 def format_eval(results):
-    """One line per evaluation set: accuracy beside the floor."""
+    """One line per evaluation set: accuracy beside its floor, then the object recalls."""
     return "\n".join(f"  {name:<10} accuracy {r['accuracy']:.3f}   always-{r['floor_token']} "
-                     f"floor {r['floor']:.3f}   loss {r['loss']:.3f}   ({r['positions']} "
+                     f"floor {r['floor']:.3f}   objects {r['object_accuracy']:.3f} (floor "
+                     f"{r['object_floor']:.3f})   loss {r['loss']:.3f}   ({r['positions']} "
                      "positions)" for name, r in results.items())
 
 

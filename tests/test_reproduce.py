@@ -4,7 +4,7 @@ import json
 
 import pytest
 
-from mapformer.reproduce import TABLES, format_table, main
+from mapformer.reproduce import COLUMNS, METRICS, TABLES, format_table, main
 
 
 @pytest.mark.parametrize("table_id", sorted(TABLES))
@@ -19,15 +19,21 @@ def test_every_row_builds_and_trains(table_id, tmp_path, capsys):
     for part in parts:
         assert sorted(measured[part]) == sorted(r.label for r in table["rows"])
         for accs in measured[part].values():
-            assert all(0.0 <= a <= 1.0 for a in accs[0].values())
+            for metric in ("accuracy", "object_accuracy"):
+                assert sorted(accs[0][metric]) == sorted(COLUMNS)
+                assert all(0.0 <= a <= 1.0 for a in accs[0][metric].values())
     record = json.loads(out.read_text())
     assert record["sequences"] == 64 and record["seeds"] == 1
     assert len(record["runs"]) == len(parts) * len(table["rows"])
     run = record["runs"][0]
     assert run["train"]["sequences"] == 64 and run["model"]["positional"]
+    assert sorted(run["object_floor"]) == sorted(COLUMNS)
     printed = capsys.readouterr().out
     first = table["rows"][0].label
-    assert f"| {first} |" in printed and "sequences overridden to 64" in printed
+    assert printed.count(f"| {first} |") == len(table["metrics"])
+    assert "sequences overridden to 64" in printed
+    for metric in table["metrics"]:
+        assert METRICS[metric] in printed
 
 
 def test_ablation_rows_and_row_filter(capsys):
@@ -41,7 +47,12 @@ def test_ablation_rows_and_row_filter(capsys):
 def test_format_table_mean_spread_and_paper():
     table = TABLES["1"]
     row = table["rows"][0]
-    text = format_table("t", [""], [row], {"": {row.label: [
-        {"iid": 0.5, "ood_dense": 0.25, "ood_sparse": 1.0},
-        {"iid": 0.7, "ood_dense": 0.25, "ood_sparse": 1.0}]}}, table["paper"])
+    seeds = [{"accuracy": {"iid": 0.5, "ood_dense": 0.25, "ood_sparse": 1.0},
+              "object_accuracy": {"iid": 0.1, "ood_dense": 0.2, "ood_sparse": 0.3}},
+             {"accuracy": {"iid": 0.7, "ood_dense": 0.25, "ood_sparse": 1.0},
+              "object_accuracy": {"iid": 0.3, "ood_dense": 0.2, "ood_sparse": 0.3}}]
+    measured = {"": {row.label: seeds}}
+    text = format_table("t", [""], [row], measured, table["paper"])
     assert f"| {row.label} | 0.60 ± 0.10 (0.11) | 0.25 ± 0.00 (0.08) | 1.00 ± 0.00 (0.07) |" in text
+    text = format_table("t", [""], [row], measured, table["paper"], "object_accuracy")
+    assert f"| {row.label} | 0.20 ± 0.10 (0.11) | 0.20 ± 0.00 (0.08) | 0.30 ± 0.00 (0.07) |" in text
