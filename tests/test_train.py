@@ -1,0 +1,162 @@
+"""Training loop, evaluation metrics, checkpoints and the command line, on tiny runs."""
+import json
+import subprocess
+import sys
+
+import numpy as np
+import pytest
+
+from conftest import subprocess_env
+from mapformer.__main__ import MODEL_FLAGS, TRAIN_FLAGS, build_parser
+from mapformer.models import ModelConfig, Transformer
+from mapformer.tasks import navigation
+from mapformer.train import (TrainConfig, check_resume, evaluate, learning_rate,
+                             load_checkpoint, save_checkpoint, train)
+
+TINY_TASK = dict(dims=1, steps=12, grid_size=6, p_empty=0.5, n_objects=5)
+QUIET = dict(progress=False, log=lambda *a: None)
+
+
+def tiny_configs(**train_fields):
+    train_config = TrainConfig(**{**TINY_TASK, "sequences": 96, "batch_size": 16,
+                                  "eval_sequences": 8, **train_fields})
+    model_config = ModelConfig(vocab_size=train_config.task_config().vocab_size, d_model=32,
+                               n_heads=2, positional="mapwm", omega_grid=6.0)
+    return model_config, train_config
+
+
+def constant_model(task, token):
+    """A model whose logits favour ``token`` at every position, whatever the input."""
+    model = Transformer(ModelConfig(vocab_size=task.vocab_size, d_model=16, n_heads=1,
+                                    positional="rope"))
+    head_w, head_b = model.params.params["head.weight"], model.params.params["head.bias"]
+    head_w.value[...] = 0.0
+    head_b.value[...] = 0.0
+    head_b.value[token] = 10.0
+    return model
+
+
+def test_evaluate_scores_all_revisits_and_object_recalls():
+    task = navigation.NavigationConfig(dims=2, steps=40, grid_size=5, p_empty=0.5, n_objects=4)
+    always_blank = evaluate(constant_model(task, task.blank_id), {"iid": task}, sequences=24)
+    r = always_blank["iid"]
+    assert r["floor_token"] == "blank" and r["accuracy"] == pytest.approx(r["floor"])
+    assert 0.3 < r["floor"] < 0.7
+    assert r["object_accuracy"] == 0.0
+    assert r["positions"] > r["object_positions"] > 0
+    first_object = min(task.object_ids())
+    always_object = evaluate(constant_model(task, first_object), {"iid": task}, sequences=24)
+    o = always_object["iid"]
+    # the same evaluation set: the object positions are the non-blank ones
+    assert o["object_positions"] == r["object_positions"]
+    assert o["accuracy"] * o["positions"] == pytest.approx(
+        o["object_accuracy"] * o["object_positions"])
+    assert 0.0 < o["object_accuracy"] <= o["object_floor"] < 0.5
+
+
+def test_learning_rate_schedules():
+    linear = TrainConfig(sequences=1000, batch_size=100, lr=1e-3)
+    assert [learning_rate(linear, s) for s in (0, 5, 9)] == pytest.approx([1e-3, 5e-4, 1e-4])
+    cosine = TrainConfig(sequences=1000, batch_size=100, lr=1e-3, schedule="cosine",
+                         warmup_steps=2)
+    assert learning_rate(cosine, 0) == pytest.approx(5e-4)
+    assert learning_rate(cosine, 1) == pytest.approx(1e-3)
+    assert learning_rate(cosine, 2) == pytest.approx(1e-3)
+    assert learning_rate(cosine, 6) == pytest.approx(5e-4)
+
+
+@pytest.mark.parametrize("field, value", [("sequences", 0), ("batch_size", 0), ("lr", -1.0),
+                                          ("beta1", 1.0), ("schedule", "step"),
+                                          ("task", "maze"), ("seed", -1)])
+def test_bad_train_config_names_the_field(field, value):
+    with pytest.raises(ValueError, match=field):
+        TrainConfig(**{field: value})
+
+
+def test_vocab_mismatch_raises():
+    model_config, train_config = tiny_configs()
+    wrong = ModelConfig(**{**model_config.to_dict(), "vocab_size": model_config.vocab_size + 1})
+    with pytest.raises(ValueError, match="vocab_size"):
+        train(wrong, train_config, **QUIET)
+
+
+def test_resume_continues_exactly(tmp_path):
+    """Stopped after step 2 of 6 and resumed, a run ends with the same bits as one that was
+    never stopped: the batches, learning rates and AdamW moments all carry over."""
+    model_config, train_config = tiny_configs(checkpoint_every=2, eval_every=2)
+    whole = train(model_config, train_config, out_dir=tmp_path / "whole", **QUIET)
+
+    calls = []
+
+    def crash_at_second_eval(*args):
+        calls.append(args)
+        if len(calls) == 3:  # the start line, the step-2 evaluation, the step-4 evaluation
+            raise KeyboardInterrupt
+
+    with pytest.raises(KeyboardInterrupt):
+        train(model_config, train_config, out_dir=tmp_path / "cut", progress=False,
+              log=crash_at_second_eval)
+    checkpoint = tmp_path / "cut" / "checkpoint.npz"
+    assert load_checkpoint(checkpoint)[3] == 2
+    resumed = train(model_config, train_config, out_dir=tmp_path / "cut", resume=checkpoint,
+                    **QUIET)
+    np.testing.assert_array_equal(resumed["model"].params.data, whole["model"].params.data)
+    assert resumed["eval"] == whole["eval"]
+    lines = [json.loads(l) for l in (tmp_path / "cut" / "metrics.jsonl").read_text().splitlines()]
+    assert lines[-1]["step"] == 6 and "eval" in lines[-1]
+
+
+def test_checkpoint_round_trip_and_mismatch(tmp_path):
+    model_config, train_config = tiny_configs()
+    result = train(model_config, train_config, out_dir=tmp_path, **QUIET)
+    model, optimizer, loaded_train, step = load_checkpoint(tmp_path / "checkpoint.npz")
+    assert step == train_config.total_steps and loaded_train == train_config
+    assert model.config == model_config
+    np.testing.assert_array_equal(model.params.data, result["model"].params.data)
+    assert optimizer.step_count == step and np.any(optimizer.v > 0)
+
+    other_model = ModelConfig(**{**model_config.to_dict(), "d_model": 64})
+    other_train = TrainConfig(**{**train_config.to_dict(), "lr": 1e-3})
+    with pytest.raises(ValueError) as info:
+        check_resume(tmp_path / "checkpoint.npz", other_model, other_train)
+    assert "model.d_model" in str(info.value) and "train.lr" in str(info.value)
+    check_resume(tmp_path / "checkpoint.npz", model_config, train_config)  # same: no error
+
+    # a checkpoint whose parameters do not fit its own model config is refused
+    bad = tmp_path / "bad.npz"
+    save_checkpoint(bad, model, optimizer, train_config, step)
+    with np.load(bad) as f:
+        arrays = dict(f)
+    arrays["params"] = arrays["params"][:-1]
+    np.savez(bad, **arrays)
+    with pytest.raises(ValueError, match="do not match"):
+        load_checkpoint(bad)
+
+
+def test_cli_flags_mirror_the_configs():
+    train_help = build_parser()._subparsers._group_actions[0].choices["train"].format_help()
+    for f in MODEL_FLAGS + TRAIN_FLAGS:
+        assert "--" + f.name.replace("_", "-") in train_help, f.name
+
+
+def test_cli_train_then_eval(tmp_path):
+    env = subprocess_env(1)
+    common = [sys.executable, "-m", "mapformer"]
+    args = ["train", "--dims", "1", "--steps", "12", "--grid-size", "6", "--n-objects", "5",
+            "--sequences", "64", "--batch-size", "16", "--eval-sequences", "8",
+            "--d-model", "32", "--n-heads", "2", "--positional", "mapwm",
+            "--out", str(tmp_path), "--no-progress", "--json"]
+    trained = subprocess.run(common + args, env=env, capture_output=True, text=True,
+                             check=True, cwd=tmp_path)
+    result = json.loads(trained.stdout.strip().splitlines()[-1])
+    assert result["steps"] == 4 and result["sequences"] == 64
+    assert "iid" in trained.stdout and "objects" in trained.stdout  # the printed evaluation
+    evaluated = subprocess.run(common + ["eval", str(tmp_path / "checkpoint.npz"), "--json"],
+                               env=env, capture_output=True, text=True, check=True,
+                               cwd=tmp_path)
+    again = json.loads(evaluated.stdout)
+    for preset in ("iid", "ood_dense", "ood_sparse"):
+        assert again[preset]["accuracy"] == pytest.approx(result["eval"][preset]["accuracy"])
+    bad = subprocess.run(common + ["train", "--positional", "alibi", "--sequences", "16"],
+                         env=env, capture_output=True, text=True, cwd=tmp_path)
+    assert bad.returncode != 0 and "positional" in bad.stderr
