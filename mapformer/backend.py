@@ -42,6 +42,15 @@ def _layernorm_backward(dy, x, mean, rstd, weight, dweight, dbias, dx=None):
     return _accumulate(dx, gx)
 
 
+def _mlp_backward(dy, x, h, g, w_fc, w_proj, dw_fc, db_fc, dw_proj, db_proj):
+    dx, gw_fc, gb_fc, gw_proj, gb_proj = ref.mlp_backward(dy, x, h, w_fc, w_proj)
+    dw_fc += gw_fc
+    db_fc += gb_fc
+    dw_proj += gw_proj
+    db_proj += gb_proj
+    return dx
+
+
 def _residual_backward(dx, dout):
     dx += dout
 
@@ -96,6 +105,8 @@ NUMPY = SimpleNamespace(
     layernorm_backward=_layernorm_backward,
     gelu_forward=ref.gelu_forward,
     gelu_backward=ref.gelu_backward,
+    mlp_forward=ref.mlp_forward,
+    mlp_backward=_mlp_backward,
     residual_forward=ref.residual_forward,
     residual_backward=_residual_backward,
     attention_forward=ref.attention_forward,

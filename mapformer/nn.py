@@ -155,7 +155,9 @@ class Dropout:
 
 
 class MLP:
-    """Linear(C, 4C) -> GELU -> Linear(4C, C): x (N, C) -> (N, C)."""
+    """Linear(C, 4C) -> GELU -> Linear(4C, C): x (N, C) -> (N, C), one fused op each way
+    (``mlp_forward`` keeps the pre-activation h and g = gelu(h) for ``mlp_backward``).
+    ``fc`` and ``proj`` hold the two layers' parameters."""
 
     def __init__(self, store, name, width, ops, ratio=4, out_std=0.02):
         self.ops = ops
@@ -163,9 +165,14 @@ class MLP:
         self.proj = Linear(store, f"{name}.proj", ratio * width, width, ops, std=out_std)
 
     def forward(self, x):
-        self.h = self.fc.forward(x)
-        return self.proj.forward(self.ops.gelu_forward(self.h))
+        self.x = x
+        y, self.h, self.g = self.ops.mlp_forward(x, self.fc.weight.value, self.fc.bias.value,
+                                                 self.proj.weight.value, self.proj.bias.value)
+        return y
 
-    def backward(self, dy, dx=None):
-        dh = self.ops.gelu_backward(self.proj.backward(dy), self.h)
-        return self.fc.backward(dh, dx)
+    def backward(self, dy):
+        """dy (N, C) -> dx (N, C)."""
+        return self.ops.mlp_backward(dy, self.x, self.h, self.g, self.fc.weight.value,
+                                     self.proj.weight.value, self.fc.weight.grad,
+                                     self.fc.bias.grad, self.proj.weight.grad,
+                                     self.proj.bias.grad)

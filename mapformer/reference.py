@@ -84,6 +84,23 @@ def gelu_backward(dy, x):
     return dy * (0.5 * (1.0 + t) + 0.5 * x * (1.0 - t**2) * du)
 
 
+# ---- mlp ---------------------------------------------------------------------------------
+def mlp_forward(x, w_fc, b_fc, w_proj, b_proj):
+    """x (N, C), w_fc (F, C), b_fc (F,), w_proj (C, F), b_proj (C,) -> y (N, C), h (N, F),
+    g (N, F): h = x w_fc^T + b_fc, g = gelu(h), y = g w_proj^T + b_proj."""
+    h = linear_forward(x, w_fc, b_fc)
+    g = gelu_forward(h)
+    return linear_forward(g, w_proj, b_proj), h, g
+
+
+def mlp_backward(dy, x, h, w_fc, w_proj):
+    """dy (N, C), x (N, C), h (N, F) from forward, w_fc (F, C), w_proj (C, F) -> dx (N, C),
+    dw_fc (F, C), db_fc (F,), dw_proj (C, F), db_proj (C,)."""
+    dg, dw_proj, db_proj = linear_backward(dy, gelu_forward(h), w_proj)
+    dx, dw_fc, db_fc = linear_backward(gelu_backward(dg, h), x, w_fc)
+    return dx, dw_fc, db_fc, dw_proj, db_proj
+
+
 # ---- residual ----------------------------------------------------------------------------
 def residual_forward(a, b):
     """a, b (...) -> a + b."""

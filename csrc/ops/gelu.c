@@ -11,6 +11,7 @@
  * branch-free Cephes-style polynomial (about 1 ulp on its clamped range) that GCC vectorises
  * without -ffast-math; tanhf/expf from libm would not vectorise. The hot loops are compiled
  * for AVX-512, AVX2 and baseline x86-64 (target_clones) and picked at load time.
+ * mf_gelu_kernel and mf_gelu_grad_kernel are the single-threaded loops, shared with mlp.c.
  */
 #include <stdint.h>
 #include <string.h>
@@ -31,8 +32,18 @@
 #define MF_GELU_A 0.044715f
 
 
+/* gelu'(x) */
+static inline float gelu_grad(float xi) {
+    float x2 = xi * xi;
+    float u = MF_GELU_K * (xi + MF_GELU_A * x2 * xi);
+    float e = mf_expf(-2.0f * u);
+    float s = 1.0f / (1.0f + e);
+    float du = MF_GELU_K * (1.0f + 3.0f * MF_GELU_A * x2);
+    return s + 2.0f * xi * (e * s) * s * du;
+}
+
 MF_GELU_CLONES
-static void gelu_forward_kernel(float *restrict y, const float *restrict x, int64_t n) {
+void mf_gelu_kernel(float *restrict y, const float *restrict x, int64_t n) {
     for (int64_t i = 0; i < n; i++) {
         float xi = x[i];
         float u = MF_GELU_K * (xi + MF_GELU_A * xi * xi * xi);
@@ -43,15 +54,12 @@ static void gelu_forward_kernel(float *restrict y, const float *restrict x, int6
 MF_GELU_CLONES
 static void gelu_backward_kernel(float *restrict dx, const float *restrict dy,
                                  const float *restrict x, int64_t n) {
-    for (int64_t i = 0; i < n; i++) {
-        float xi = x[i];
-        float x2 = xi * xi;
-        float u = MF_GELU_K * (xi + MF_GELU_A * x2 * xi);
-        float e = mf_expf(-2.0f * u);
-        float s = 1.0f / (1.0f + e);
-        float du = MF_GELU_K * (1.0f + 3.0f * MF_GELU_A * x2);
-        dx[i] = dy[i] * (s + 2.0f * xi * (e * s) * s * du);
-    }
+    for (int64_t i = 0; i < n; i++) dx[i] = dy[i] * gelu_grad(x[i]);
+}
+
+MF_GELU_CLONES
+void mf_gelu_grad_kernel(float *restrict d, const float *restrict x, int64_t n) {
+    for (int64_t i = 0; i < n; i++) d[i] *= gelu_grad(x[i]);
 }
 
 int gelu_forward(float *y, const float *x, int64_t n) {
@@ -60,7 +68,7 @@ int gelu_forward(float *y, const float *x, int64_t n) {
 #pragma omp parallel for schedule(dynamic, 1) if (chunks > 1)
     for (int64_t c = 0; c < chunks; c++) {
         int64_t i0 = c * MF_GELU_CHUNK, len = n - i0 < MF_GELU_CHUNK ? n - i0 : MF_GELU_CHUNK;
-        gelu_forward_kernel(y + i0, x + i0, len);
+        mf_gelu_kernel(y + i0, x + i0, len);
     }
     return MF_OK;
 }

@@ -59,6 +59,7 @@ extern PyMethodDef mf_embedding_methods[];
 extern PyMethodDef mf_linear_methods[];
 extern PyMethodDef mf_layernorm_methods[];
 extern PyMethodDef mf_elementwise_methods[];   /* gelu, residual */
+extern PyMethodDef mf_mlp_methods[];           /* fused linear, GELU, linear */
 extern PyMethodDef mf_attention_methods[];
 extern PyMethodDef mf_rotary_methods[];        /* path integration, rotary */
 extern PyMethodDef mf_softmax_xent_methods[];

@@ -19,10 +19,12 @@ PyMODINIT_FUNC PyInit__C(void) {
     mf_blas_single_thread();
     PyObject *m = PyModule_Create(&mapformer_module);
     if (m == NULL) return NULL;
-    PyMethodDef *tables[] = {mf_embedding_methods, mf_linear_methods,  mf_layernorm_methods,
-                             mf_elementwise_methods, mf_attention_methods, mf_rotary_methods,
-                             mf_softmax_xent_methods, mf_optim_methods, mf_cope_methods,
-                             mf_tape_methods, mf_conj_attention_methods};
+    PyMethodDef *tables[] = {mf_embedding_methods,    mf_linear_methods,
+                             mf_layernorm_methods,    mf_elementwise_methods,
+                             mf_mlp_methods,          mf_attention_methods,
+                             mf_rotary_methods,       mf_softmax_xent_methods,
+                             mf_optim_methods,        mf_cope_methods,
+                             mf_tape_methods,         mf_conj_attention_methods};
     for (size_t i = 0; i < sizeof tables / sizeof tables[0]; i++) {
         if (PyModule_AddFunctions(m, tables[i]) < 0) {
             Py_DECREF(m);

@@ -1,0 +1,230 @@
+"""C fused MLP op (linear, GELU, linear in row blocks) against the float64 reference and
+against the separate C ops, and its argument checks."""
+import re
+import subprocess
+import sys
+
+import numpy as np
+import pytest
+
+from conftest import assert_close, randn, subprocess_env
+from mapformer import _C
+from mapformer import reference as ref
+
+# 513 and 1000 rows span several 256-row blocks with a ragged last one
+NS = [1, 7, 97, 257, 513]
+WIDTHS = [(16, 64), (33, 20), (8, 131)]  # (C, F)
+
+
+def raises(exc, name):
+    """pytest.raises for an error whose message starts with the argument's name."""
+    return pytest.raises(exc, match=rf"^{re.escape(name)}\b")
+
+
+def make(rng, N, C, F):
+    x = randn(rng, N, C)
+    w_fc = randn(rng, F, C, scale=C**-0.5)
+    b_fc = randn(rng, F, scale=0.5)
+    w_proj = randn(rng, C, F, scale=F**-0.5)
+    b_proj = randn(rng, C)
+    dy = randn(rng, N, C)
+    return x, w_fc, b_fc, w_proj, b_proj, dy
+
+
+def grads(rng, C, F):
+    """Nonzero prefilled parameter gradients (they accumulate): dw_fc, db_fc, dw_proj, db_proj."""
+    return [randn(rng, F, C), randn(rng, F), randn(rng, C, F), randn(rng, C)]
+
+
+@pytest.mark.parametrize("N", NS)
+@pytest.mark.parametrize("C,F", WIDTHS)
+def test_forward(rng, N, C, F):
+    x, w_fc, b_fc, w_proj, b_proj, _ = make(rng, N, C, F)
+    inputs = (x, w_fc, b_fc, w_proj, b_proj)
+    before = [a.copy() for a in inputs]
+    y, h, g = _C.mlp_forward(*inputs)
+    for a, shape in ((y, (N, C)), (h, (N, F)), (g, (N, F))):
+        assert a.dtype == np.float32 and a.shape == shape and a.flags.c_contiguous
+    ry, rh, rg = ref.mlp_forward(*inputs)
+    # h and y are sgemm dot products (over C, then F); g is elementwise in h
+    assert_close(h, rh, "reduction", "h")
+    assert_close(g, rg, "reduction", "g")
+    assert_close(y, ry, "reduction", "y")
+    for a, a0 in zip(inputs, before):
+        assert np.array_equal(a, a0)
+
+
+@pytest.mark.parametrize("N", NS)
+@pytest.mark.parametrize("C,F", WIDTHS)
+def test_backward(rng, N, C, F):
+    x, w_fc, b_fc, w_proj, b_proj, dy = make(rng, N, C, F)
+    _, h, g = _C.mlp_forward(x, w_fc, b_fc, w_proj, b_proj)
+    g0 = grads(rng, C, F)
+    out = [a.copy() for a in g0]
+    inputs = (dy, x, h, g, w_fc, w_proj)
+    before = [a.copy() for a in inputs]
+    dx = _C.mlp_backward(*inputs, *out)
+    assert dx.dtype == np.float32 and dx.shape == (N, C) and dx.flags.c_contiguous
+    rdx, *rgrads = ref.mlp_backward(dy, x, h, w_fc, w_proj)
+    # dx chains two sgemm reductions (over C, then F); the weight gradients sum N rows of
+    # products, the bias gradients N rows (in double in C)
+    assert_close(dx, rdx, "gradient", "dx")
+    for name, kind, got, start, expected in zip(("dw_fc", "db_fc", "dw_proj", "db_proj"),
+                                                ("gradient", "reduction") * 2, out, g0, rgrads):
+        assert_close(got, start + expected, kind, name)
+    for a, a0 in zip(inputs, before):
+        assert np.array_equal(a, a0)
+    # keywords, and a second call adds the parameter gradients again
+    dx2 = _C.mlp_backward(dy=dy, x=x, h=h, g=g, w_fc=w_fc, w_proj=w_proj, dw_fc=out[0],
+                          db_fc=out[1], dw_proj=out[2], db_proj=out[3])
+    assert np.array_equal(dx2, dx)
+    for name, kind, got, start, expected in zip(("dw_fc", "db_fc", "dw_proj", "db_proj"),
+                                                ("gradient", "reduction") * 2, out, g0, rgrads):
+        assert_close(got, start + 2 * expected, kind, name + " (2 calls)")
+
+
+@pytest.mark.parametrize("N", [7, 1000])
+def test_matches_separate_ops(rng, N):
+    """The fused op computes what linear, gelu, linear compute one after the other."""
+    C, F = 24, 96
+    x, w_fc, b_fc, w_proj, b_proj, dy = make(rng, N, C, F)
+    y, h, g = _C.mlp_forward(x, w_fc, b_fc, w_proj, b_proj)
+    h1 = _C.linear_forward(x, w_fc, b_fc)
+    g1 = _C.gelu_forward(h1)
+    assert_close(h, h1, "default", "h")
+    assert_close(g, g1, "default", "g")
+    assert_close(y, _C.linear_forward(g1, w_proj, b_proj), "default", "y")
+    fused = [np.zeros((F, C), np.float32), np.zeros(F, np.float32),
+             np.zeros((C, F), np.float32), np.zeros(C, np.float32)]
+    dx = _C.mlp_backward(dy, x, h, g, w_fc, w_proj, *fused)
+    sep = [np.zeros_like(a) for a in fused]
+    dg = _C.linear_backward(dy, g, w_proj, sep[2], sep[3])
+    dx1 = _C.linear_backward(_C.gelu_backward(dg, h), x, w_fc, sep[0], sep[1])
+    assert_close(dx, dx1, "default", "dx")
+    for name, a, b in zip(("dw_fc", "db_fc", "dw_proj", "db_proj"), fused, sep):
+        assert_close(a, b, "default", name)
+
+
+def test_same_bits_for_any_thread_count(tmp_path):
+    """Row blocks depend on N only and the bias sums are combined in block order, so
+    everything but the weight gradients has the same bits; those come from mf_sgemm_rows,
+    whose row split over the threads (as in linear_backward) can change float32 rounding."""
+    script = tmp_path / "run.py"
+    script.write_text(
+        "import sys\nimport numpy as np\nfrom mapformer import _C\n"
+        "r = np.random.default_rng(5)\n"
+        "f = lambda *s: r.standard_normal(s).astype(np.float32)\n"
+        "x, wf, bf, wp, bp, dy = f(1000, 24), f(96, 24), f(96), f(24, 96), f(24), f(1000, 24)\n"
+        "y, h, g = _C.mlp_forward(x, wf, bf, wp, bp)\n"
+        "gr = [np.zeros((96, 24), np.float32), np.zeros(96, np.float32),\n"
+        "      np.zeros((24, 96), np.float32), np.zeros(24, np.float32)]\n"
+        "dx = _C.mlp_backward(dy, x, h, g, wf, wp, *gr)\n"
+        "np.savez(sys.argv[1], y=y, h=h, g=g, dx=dx, dwf=gr[0], dbf=gr[1], dwp=gr[2], "
+        "dbp=gr[3])\n")
+    results = []
+    for threads in (1, 2):
+        out = tmp_path / f"t{threads}.npz"
+        subprocess.run([sys.executable, str(script), str(out)], env=subprocess_env(threads),
+                       check=True)
+        results.append(np.load(out))
+    one, two = results
+    for name in one.files:
+        if name in ("dwf", "dwp"):
+            assert_close(one[name], two[name], "gradient", name)  # sums over N rows
+        else:
+            assert np.array_equal(one[name], two[name]), name
+
+
+def test_forward_bad_inputs(rng):
+    x, w_fc, b_fc, w_proj, b_proj, _ = make(rng, 5, 8, 12)
+    ok = dict(x=x, w_fc=w_fc, b_fc=b_fc, w_proj=w_proj, b_proj=b_proj)
+    cases = [
+        ("x", x.astype(np.float64), TypeError),
+        ("x", x.tolist(), TypeError),
+        ("w_fc", w_fc.astype(np.float16), TypeError),
+        ("b_fc", b_fc.astype(np.float64), TypeError),
+        ("w_proj", w_proj.astype(np.int32), TypeError),
+        ("b_proj", b_proj.astype(np.float64), TypeError),
+        ("x", x[0], ValueError),  # ndim
+        ("x", np.zeros((0, 8), np.float32), ValueError),  # empty axis
+        ("x", np.asfortranarray(randn(rng, 5, 8)), ValueError),  # layout
+        ("x", randn(rng, 5, 16)[:, ::2], ValueError),  # strided
+        ("w_fc", randn(rng, 12, 9), ValueError),  # C mismatch
+        ("b_fc", randn(rng, 13), ValueError),  # F mismatch
+        ("b_fc", None, TypeError),  # required
+        ("w_proj", randn(rng, 12, 8), ValueError),  # transposed
+        ("w_proj", randn(rng, 8, 13), ValueError),
+        ("b_proj", randn(rng, 9), ValueError),
+    ]
+    for name, bad, exc in cases:
+        with raises(exc, name):
+            _C.mlp_forward(**{**ok, name: bad})
+
+
+def test_backward_bad_inputs(rng):
+    N, C, F = 5, 8, 12
+    x, w_fc, b_fc, w_proj, b_proj, dy = make(rng, N, C, F)
+    _, h, g = _C.mlp_forward(x, w_fc, b_fc, w_proj, b_proj)
+    dw_fc, db_fc = np.zeros((F, C), np.float32), np.zeros(F, np.float32)
+    dw_proj, db_proj = np.zeros((C, F), np.float32), np.zeros(C, np.float32)
+    ok = dict(dy=dy, x=x, h=h, g=g, w_fc=w_fc, w_proj=w_proj, dw_fc=dw_fc, db_fc=db_fc,
+              dw_proj=dw_proj, db_proj=db_proj)
+    readonly = np.zeros((F, C), np.float32)
+    readonly.flags.writeable = False
+    cases = [
+        ("dy", dy.astype(np.float64), TypeError),
+        ("x", x.astype(np.int32), TypeError),
+        ("h", h.astype(np.float64), TypeError),
+        ("g", g.tolist(), TypeError),
+        ("w_fc", w_fc.astype(np.float64), TypeError),
+        ("w_proj", w_proj.astype(np.float64), TypeError),
+        ("dw_fc", dw_fc.astype(np.float64), TypeError),
+        ("db_fc", db_fc.astype(np.float64), TypeError),
+        ("dw_proj", dw_proj.astype(np.float64), TypeError),
+        ("db_proj", db_proj.astype(np.float64), TypeError),
+        ("dy", dy[0], ValueError),
+        ("dy", np.zeros((5, 0), np.float32), ValueError),
+        ("x", randn(rng, 6, C), ValueError),  # N mismatch
+        ("x", randn(rng, N, C + 1), ValueError),  # C mismatch
+        ("h", randn(rng, N, F + 1), ValueError),  # F mismatch
+        ("h", randn(rng, N + 1, F), ValueError),
+        ("g", randn(rng, N, F - 1), ValueError),
+        ("g", np.asfortranarray(randn(rng, N, F)), ValueError),
+        ("w_fc", randn(rng, C, F), ValueError),  # transposed
+        ("w_proj", randn(rng, F, C), ValueError),
+        ("dw_fc", np.zeros((C, F), np.float32), ValueError),
+        ("dw_fc", readonly, ValueError),
+        ("db_fc", np.zeros(F + 1, np.float32), ValueError),
+        ("dw_proj", np.zeros((C, 2 * F), np.float32)[:, ::2], ValueError),
+        ("db_proj", np.zeros((C, 1), np.float32), ValueError),
+    ]
+    for name, bad, exc in cases:
+        with raises(exc, name):
+            _C.mlp_backward(**{**ok, name: bad})
+    for a in (dw_fc, db_fc, dw_proj, db_proj):
+        assert not a.any()
+
+
+def test_backward_overlap_rejected(rng):
+    N, C, F = 6, 6, 6  # square, so gradient, weight and activation shapes coincide
+    x, w_fc, b_fc, w_proj, b_proj, dy = make(rng, N, C, F)
+    _, h, g = _C.mlp_forward(x, w_fc, b_fc, w_proj, b_proj)
+    buf = np.zeros(2 * F * C + F + C, np.float32)
+    dw_fc, dw_proj = buf[:F * C].reshape(F, C), buf[F * C:2 * F * C].reshape(C, F)
+    db_fc, db_proj = buf[2 * F * C:2 * F * C + F], buf[2 * F * C + F:]
+    ok = dict(dy=dy, x=x, h=h, g=g, w_fc=w_fc, w_proj=w_proj, dw_fc=dw_fc, db_fc=db_fc,
+              dw_proj=dw_proj, db_proj=db_proj)
+    with raises(ValueError, "dw_fc"):  # a gradient written over its own weight
+        _C.mlp_backward(**{**ok, "dw_fc": w_fc})
+    with raises(ValueError, "dw_proj"):  # over an input that dw_fc's sgemm reads
+        _C.mlp_backward(**{**ok, "dw_proj": x})
+    with raises(ValueError, "dw_fc"):  # two gradients sharing memory
+        _C.mlp_backward(**{**ok, "dw_proj": buf[1:F * C + 1].reshape(C, F)})
+    assert not buf.any()
+    # disjoint views into one flat buffer, as the model's gradients are, are fine
+    _C.mlp_backward(**ok)
+    _, rdw_fc, rdb_fc, rdw_proj, rdb_proj = ref.mlp_backward(dy, x, h, w_fc, w_proj)
+    assert_close(dw_fc, rdw_fc, "gradient", "dw_fc view")
+    assert_close(db_fc, rdb_fc, "reduction", "db_fc view")
+    assert_close(dw_proj, rdw_proj, "gradient", "dw_proj view")
+    assert_close(db_proj, rdb_proj, "reduction", "db_proj view")
