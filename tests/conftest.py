@@ -1,6 +1,9 @@
 """Shared test helpers: tolerances as data, comparison, finite differences, random inputs,
-child processes."""
+the bad arguments every binding must refuse, leak checks, child processes."""
 import os
+import re
+import subprocess
+import sys
 
 import numpy as np
 import pytest
@@ -72,3 +75,120 @@ def subprocess_env(threads):
     root = os.path.dirname(os.path.dirname(os.path.abspath(mapformer.__file__)))
     path = os.pathsep.join(filter(None, [root, os.environ.get("PYTHONPATH")]))
     return {**os.environ, "OMP_NUM_THREADS": str(threads), "PYTHONPATH": path}
+
+
+def copies(*arrays):
+    return [a.copy() for a in arrays]
+
+
+def assert_unchanged(before, after):
+    """The inputs (``after``) still equal the copies taken before the call (``before``)."""
+    for i, (b, a) in enumerate(zip(before, after)):
+        assert np.array_equal(b, a, equal_nan=True), f"input {i} was modified"
+
+
+def raises_naming(exc, name):
+    """pytest.raises for an error of type ``exc`` whose message starts with ``name``."""
+    return pytest.raises(exc, match=rf"^{re.escape(name)}\b")
+
+
+def bad_versions(x):
+    """The versions of a good float32 array ``x`` (2 or more axes, the last longer than 1)
+    that every binding must refuse with an error naming the argument: [(value, exception)]:
+    a float64 copy and a nested list (TypeError); one axis too many, one too few, an empty
+    last axis, Fortran order and a strided view (ValueError)."""
+    return [(x.astype(np.float64), TypeError),
+            (x.tolist(), TypeError),
+            (x[None], ValueError),
+            (x[0], ValueError),
+            (np.zeros(x.shape[:-1] + (0,), np.float32), ValueError),
+            (np.asfortranarray(x), ValueError),
+            (np.repeat(x, 2, axis=-1)[..., ::2], ValueError)]
+
+
+def assert_refuses_bad_versions(call, name, x):
+    """``call(value)`` passes ``value`` as the argument ``name`` (good array ``x``): every
+    one of :func:`bad_versions` must raise its exception, naming ``name``."""
+    for value, exc in bad_versions(x):
+        with raises_naming(exc, name):
+            call(value)
+
+
+def assert_refuses_wrong_sizes(call, name, x):
+    """``call(value)`` passes ``value`` as the argument ``name`` (good array ``x``): an array
+    one longer on any one axis must raise ValueError naming ``name``."""
+    for axis in range(x.ndim):
+        shape = list(x.shape)
+        shape[axis] += 1
+        with raises_naming(ValueError, name):
+            call(np.zeros(shape, np.float32))
+
+
+BAD_SCALES = [(float("nan"), ValueError), (float("inf"), ValueError),
+              (-float("inf"), ValueError), (1e39, ValueError),  # not finite in float32
+              ("0.5", TypeError), ([0.5], TypeError), (1j, TypeError)]
+
+
+def assert_scale_checked(call):
+    """``call(scale)`` runs an attention op with that scale: every one of BAD_SCALES must
+    raise its exception naming ``scale``; NumPy scalars and ints are numbers."""
+    for scale, exc in BAD_SCALES:
+        with raises_naming(exc, "scale"):
+            call(scale)
+    assert np.array_equal(call(np.float32(0.25))[0], call(0.25)[0])
+    assert np.array_equal(call(1)[0], call(1.0)[0])
+
+
+def expect_error(fn, *args, **kwargs):
+    """fn(*args, **kwargs) must raise TypeError or ValueError, which is swallowed (no
+    pytest.raises: its traceback objects would keep references to the arguments, which the
+    leak checks count)."""
+    try:
+        fn(*args, **kwargs)
+    except (TypeError, ValueError):
+        return
+    raise AssertionError("no error raised")
+
+
+def rss_bytes():
+    with open("/proc/self/statm") as f:
+        return int(f.read().split()[1]) * os.sysconf("SC_PAGE_SIZE")
+
+
+def assert_no_leaks(calls, arrays, rounds=1000, rss_budget=16 << 20):
+    """After 100 warm-up rounds of ``calls()``, ``rounds`` more grow resident memory by less
+    than ``rss_budget`` bytes and leave the reference count of every object in ``arrays``
+    as it was."""
+    counts = [sys.getrefcount(a) for a in arrays]
+    for _ in range(100):
+        calls()
+    start = rss_bytes()
+    for _ in range(rounds):
+        calls()
+    assert rss_bytes() - start < rss_budget
+    assert [sys.getrefcount(a) for a in arrays] == counts
+
+
+def outputs_for_thread_counts(tmp_path, script, threads):
+    """Run the Python source ``script``, which saves its outputs with
+    ``np.savez(sys.argv[1], ...)``, once per OMP_NUM_THREADS in ``threads``; returns the
+    loaded archives in that order."""
+    path = tmp_path / "run.py"
+    path.write_text(script)
+    results = []
+    for n in threads:
+        out = tmp_path / f"threads{n}.npz"
+        subprocess.run([sys.executable, str(path), str(out)], env=subprocess_env(n),
+                       check=True)
+        results.append(np.load(out))
+    return results
+
+
+def assert_same_bits_for_thread_counts(tmp_path, script, threads=(1, 2)):
+    """Every output of ``script`` (see :func:`outputs_for_thread_counts`) is bitwise the same
+    for every thread count."""
+    first, *others = outputs_for_thread_counts(tmp_path, script, threads)
+    assert first.files
+    for other in others:
+        for name in first.files:
+            assert np.array_equal(first[name], other[name]), name

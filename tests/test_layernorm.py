@@ -1,22 +1,14 @@
 """C layernorm op against the float64 reference, and its argument checks."""
-import re
-import subprocess
-import sys
-
 import numpy as np
 import pytest
 
-from conftest import assert_close, randn, subprocess_env
+from conftest import (assert_close, assert_same_bits_for_thread_counts, raises_naming,
+                      randn)
 from mapformer import _C
 from mapformer import reference as ref
 
 NS = [1, 7, 97, 257]
 CS = [16, 64, 128, 33, 1]
-
-
-def raises(exc, name):
-    """pytest.raises for an error whose message starts with the argument's name."""
-    return pytest.raises(exc, match=rf"^{re.escape(name)}\b")
 
 
 def make(rng, N, C):
@@ -104,23 +96,20 @@ def test_backward_keywords_and_second_call(rng):
     assert_close(dbias, 2 * rdb, "reduction", "dbias (2 calls)")
 
 
-def test_backward_same_bits_for_any_thread_count():
+def test_backward_same_bits_for_any_thread_count(tmp_path):
     """dweight/dbias are reduced over fixed row blocks combined in order: no dependence on
     OMP_NUM_THREADS."""
-    code = (
-        "import numpy as np; from mapformer import _C; r = np.random.default_rng(0);"
-        "x = r.standard_normal((3001, 40)).astype(np.float32);"
-        "dy = r.standard_normal((3001, 40)).astype(np.float32);"
-        "w = np.ones(40, np.float32); b = np.zeros(40, np.float32);"
-        "y, m, s = _C.layernorm_forward(x, w, b); dw = np.zeros(40, np.float32);"
-        "db = np.zeros(40, np.float32); dx = _C.layernorm_backward(dy, x, m, s, w, dw, db);"
-        "import sys; sys.stdout.write((y.tobytes() + dx.tobytes() + dw.tobytes() + db.tobytes()).hex())"
-    )
-    outs = []
-    for threads in ("1", "3"):
-        outs.append(subprocess.run([sys.executable, "-c", code], env=subprocess_env(threads),
-                                   capture_output=True, text=True, check=True).stdout)
-    assert outs[0] == outs[1] and len(outs[0]) > 0
+    assert_same_bits_for_thread_counts(tmp_path, (
+        "import sys, numpy as np\n"
+        "from mapformer import _C\n"
+        "r = np.random.default_rng(0)\n"
+        "x = r.standard_normal((3001, 40)).astype(np.float32)\n"
+        "dy = r.standard_normal((3001, 40)).astype(np.float32)\n"
+        "w, b = np.ones(40, np.float32), np.zeros(40, np.float32)\n"
+        "y, m, s = _C.layernorm_forward(x, w, b)\n"
+        "dw, db = np.zeros(40, np.float32), np.zeros(40, np.float32)\n"
+        "dx = _C.layernorm_backward(dy, x, m, s, w, dw, db)\n"
+        "np.savez(sys.argv[1], y, dx, dw, db)\n"), threads=(1, 3))
 
 
 def test_forward_bad_inputs(rng):
@@ -146,7 +135,7 @@ def test_forward_bad_inputs(rng):
         ("eps", "small", TypeError),
     ]
     for name, bad, exc in cases:
-        with raises(exc, name) if exc is ValueError or name != "eps" else pytest.raises(exc):
+        with raises_naming(exc, name) if exc is ValueError or name != "eps" else pytest.raises(exc):
             _C.layernorm_forward(**{**ok, name: bad})
 
 
@@ -182,6 +171,6 @@ def test_backward_bad_inputs(rng):
         ("dx", dy, ValueError),  # shares memory with dy
     ]
     for name, bad, exc in cases:
-        with raises(exc, name):
+        with raises_naming(exc, name):
             _C.layernorm_backward(**{**ok, name: bad})
     assert not dweight.any() and not dbias.any() and not dx.any()

@@ -1,12 +1,11 @@
 """C path integration and rotary ops against the float64 reference, plus the properties that
 make them MapFormer's positional encoding (RoPE as a special case, relative positions)."""
-import subprocess
-import sys
-
 import numpy as np
 import pytest
 
-from conftest import assert_close, randn, subprocess_env
+from conftest import (assert_close, assert_no_leaks, assert_refuses_bad_versions,
+                      assert_same_bits_for_thread_counts, assert_unchanged, copies,
+                      expect_error, randn, raises_naming)
 from mapformer import _C
 from mapformer import reference as ref
 
@@ -28,15 +27,6 @@ def omega_init(rng, H, NB):
     """Frequencies as the model initialises them: geometric from 2 pi down to 2 pi / 64."""
     om = 2 * np.pi * np.geomspace(1.0, 1.0 / 64, NB)
     return (om * rng.uniform(0.8, 1.2, (H, NB))).astype(np.float32)
-
-
-def copies(*arrays):
-    return [a.copy() for a in arrays]
-
-
-def assert_unchanged(before, after):
-    for i, (b, a) in enumerate(zip(before, after)):
-        assert np.array_equal(b, a, equal_nan=True), f"input {i} was modified"
 
 
 # ---- path integration ---------------------------------------------------------------------
@@ -267,37 +257,18 @@ def test_good_args_work(rng):
     _C.rotary_backward(g["dq_out"], g["dk_out"], g["q"], g["k"], g["theta"])
 
 
-@pytest.mark.parametrize("fn,arg", ARGS)
-def test_bad_dtype(rng, fn, arg):
-    kwargs = good_args(rng)[fn]
-    kwargs[arg] = kwargs[arg].astype(np.float64)
-    with pytest.raises(TypeError, match=arg):
-        call(fn, kwargs)
-    kwargs[arg] = kwargs[arg].tolist()
-    with pytest.raises(TypeError, match=arg):
-        call(fn, kwargs)
-
-
 FIRST = {"pif": "delta", "pib": "dtheta", "rf": "q", "rb": "dq_out"}
 
 
 @pytest.mark.parametrize("fn,arg", ARGS)
-def test_bad_shape(rng, fn, arg):
+def test_bad_arrays(rng, fn, arg):
     kwargs = good_args(rng)[fn]
     a = kwargs[arg]
-    names = list(kwargs)
+    assert_refuses_bad_versions(lambda value: call(fn, {**kwargs, arg: value}), arg, a)
     # The first array fixes B, T, H, D; a size it gets wrong is reported by the next one.
-    blamed = names[1] if arg == FIRST[fn] else arg
-    bad = {
-        "ndim": (a[None], arg),
-        "mismatch": (np.zeros(a.shape[:-1] + (a.shape[-1] + 2,), np.float32), blamed),
-        "empty": (np.zeros(a.shape[:-1] + (0,), np.float32), arg),
-        "layout": (np.asfortranarray(a), arg),
-    }
-    for value, name in bad.values():
-        kwargs[arg] = value
-        with pytest.raises(ValueError, match=name):
-            call(fn, kwargs)
+    blamed = list(kwargs)[1] if arg == FIRST[fn] else arg
+    with raises_naming(ValueError, blamed):
+        call(fn, {**kwargs, arg: np.zeros(a.shape[:-1] + (a.shape[-1] + 2,), np.float32)})
 
 
 @pytest.mark.parametrize("fn,arg", [("rf", "q"), ("rb", "dq_out")])
@@ -345,11 +316,6 @@ def test_docstrings_give_shapes():
 
 
 # ---- hygiene ------------------------------------------------------------------------------
-def rss_bytes():
-    with open("/proc/self/statm") as f:
-        return int(f.read().split()[1]) * 4096
-
-
 def test_no_reference_or_memory_leaks(rng):
     """~100 KiB of outputs per round: 1000 leaking rounds would grow RSS by ~100 MiB. The error
     paths (a bad last argument, checked after the others) must not leak either. Sizes stay
@@ -359,35 +325,22 @@ def test_no_reference_or_memory_leaks(rng):
     delta, omega = randn(rng, B, T, H, D // 2), randn(rng, H, D // 2)
     domega = np.zeros_like(omega)
     bad_theta = theta.astype(np.float64)
-    arrays = (q, k, theta, delta, omega, domega)
-    counts = [sys.getrefcount(a) for a in arrays]
 
     def calls():
         _C.rotary_forward(q, k, theta)
         _C.rotary_backward(q, k, q, k, theta)
         th = _C.path_integration_forward(delta, omega)
         _C.path_integration_backward(th, delta, omega, domega)
-        for fn in (lambda: _C.rotary_forward(q, k, bad_theta),
-                   lambda: _C.rotary_backward(q, k, q, k, bad_theta)):
-            try:
-                fn()
-            except TypeError:
-                pass
+        expect_error(_C.rotary_forward, q, k, bad_theta)
+        expect_error(_C.rotary_backward, q, k, q, k, bad_theta)
 
-    for _ in range(100):  # warm up the allocator
-        calls()
-    start = rss_bytes()
-    for _ in range(1000):
-        calls()
-    assert rss_bytes() - start < 16 << 20
-    assert [sys.getrefcount(a) for a in arrays] == counts
+    assert_no_leaks(calls, (q, k, theta, delta, omega, domega, bad_theta))
 
 
 def test_results_do_not_depend_on_thread_count(tmp_path):
     """domega and dtheta (TB = 1) are reductions across threads' work: they must be race-free,
     and with the fixed-order reductions they are bitwise the same for 1 and 2 threads."""
-    script = tmp_path / "run.py"
-    script.write_text(
+    assert_same_bits_for_thread_counts(tmp_path, (
         "import sys, numpy as np\n"
         "from mapformer import _C\n"
         "rng = np.random.default_rng(5)\n"
@@ -399,13 +352,4 @@ def test_results_do_not_depend_on_thread_count(tmp_path):
         "dd = _C.path_integration_backward(th, d, om, dom)\n"
         "outs = [th, dd, dom, *_C.rotary_forward(q, k, th), *_C.rotary_forward(q, k, th[:1]),\n"
         "        *_C.rotary_backward(q, k, k, q, th), *_C.rotary_backward(q, k, k, q, th[:1])]\n"
-        "np.savez(sys.argv[1], *outs)\n"
-    )
-    results = []
-    for threads in ("1", "2"):
-        out = tmp_path / f"t{threads}.npz"
-        subprocess.run([sys.executable, str(script), str(out)], env=subprocess_env(threads),
-                       check=True)
-        results.append(np.load(out))
-    for name in results[0].files:
-        assert np.array_equal(results[0][name], results[1][name]), name
+        "np.savez(sys.argv[1], *outs)\n"))

@@ -1,13 +1,12 @@
 """TAPE ops: the float64 reference against finite differences, the C ops against the reference,
 and the properties that make them TAPE's positional encoding (RoPE at initialisation, the
 rotary op for unit states, equivariance of the state update)."""
-import subprocess
-import sys
-
 import numpy as np
 import pytest
 
-from conftest import assert_close, numerical_grad, randn, subprocess_env
+from conftest import (assert_close, assert_no_leaks, assert_refuses_bad_versions,
+                      assert_same_bits_for_thread_counts, assert_unchanged, copies,
+                      expect_error, numerical_grad, randn, raises_naming)
 from mapformer import _C
 from mapformer import reference as ref
 
@@ -16,15 +15,6 @@ SIZES = [(B, T, H, D) for T in (1, 7, 97, 257) for B in (1, 2) for H in (1, 3)
 # Past the single-thread threshold and over several work items / row blocks, with D not a
 # multiple of the 16 float lanes (200, 2), D over one 256-float chunk (384), more heads (8).
 BIG = [(2, 257, 3, 200), (3, 130, 2, 384), (4, 64, 8, 64), (5, 33, 1, 2)]
-
-
-def copies(*arrays):
-    return [a.copy() for a in arrays]
-
-
-def assert_unchanged(before, after):
-    for i, (b, a) in enumerate(zip(before, after)):
-        assert np.array_equal(b, a, equal_nan=True), f"input {i} was modified"
 
 
 def state(rng, B, T, H, D):
@@ -320,36 +310,17 @@ def test_good_args_work(rng):
 
 
 @pytest.mark.parametrize("fn,arg", ARGS)
-def test_bad_dtype(rng, fn, arg):
-    kwargs = good_args(rng)[fn]
-    kwargs[arg] = kwargs[arg].astype(np.float64)
-    with pytest.raises(TypeError, match=arg):
-        call(fn, kwargs)
-    kwargs[arg] = kwargs[arg].tolist()
-    with pytest.raises(TypeError, match=arg):
-        call(fn, kwargs)
-
-
-@pytest.mark.parametrize("fn,arg", ARGS)
-def test_bad_shape(rng, fn, arg):
+def test_bad_arrays(rng, fn, arg):
     kwargs = good_args(rng)[fn]
     a = kwargs[arg]
-    names = list(kwargs)
+    assert_refuses_bad_versions(lambda value: call(fn, {**kwargs, arg: value}), arg, a)
     first = arg == FIRST[fn]
     # The first array fixes B, T, H (and D); a size it gets wrong is reported by the next one.
-    bad = {
-        "ndim": (a[None], arg),
-        "batch": (np.zeros((a.shape[0] + 1,) + a.shape[1:], np.float32),
-                  names[1] if first else arg),
-        "empty": (np.zeros(a.shape[:-1] + (0,), np.float32), arg),
-        "layout": (np.asfortranarray(a), arg),
-    }
+    with raises_naming(ValueError, list(kwargs)[1] if first else arg):
+        call(fn, {**kwargs, arg: np.zeros((a.shape[0] + 1,) + a.shape[1:], np.float32)})
     if not first:  # the first array's last axis is D, which it alone may set in tape_mix
-        bad["last"] = (np.zeros(a.shape[:-1] + (a.shape[-1] + 2,), np.float32), arg)
-    for value, name in bad.values():
-        kwargs[arg] = value
-        with pytest.raises(ValueError, match=name):
-            call(fn, kwargs)
+        with raises_naming(ValueError, arg):
+            call(fn, {**kwargs, arg: np.zeros(a.shape[:-1] + (a.shape[-1] + 2,), np.float32)})
 
 
 @pytest.mark.parametrize("fn", list(FUNCS))
@@ -394,11 +365,6 @@ def test_docstrings_give_shapes():
 
 
 # ---- hygiene ------------------------------------------------------------------------------
-def rss_bytes():
-    with open("/proc/self/statm") as f:
-        return int(f.read().split()[1]) * 4096
-
-
 def test_no_reference_or_memory_leaks(rng):
     """~100 KiB of outputs per round: 1000 leaking rounds would grow RSS by ~100 MiB. The error
     paths (a bad last argument, checked after the others) must not leak either. Sizes stay
@@ -408,35 +374,22 @@ def test_no_reference_or_memory_leaks(rng):
     gate, w = randn(rng, B, T, H), randn(rng, H, H)
     dw = np.zeros_like(w)
     bad_e, bad_dw = e.astype(np.float64), dw.astype(np.float64)
-    arrays = (q, k, e, gate, w, dw)
-    counts = [sys.getrefcount(a) for a in arrays]
 
     def calls():
         _C.tape_rotate_forward(q, k, e)
         _C.tape_rotate_backward(q, k, q, k, e)
         _C.tape_mix_forward(e, gate, w)
         _C.tape_mix_backward(q, e, gate, w, dw)
-        for fn in (lambda: _C.tape_rotate_backward(q, k, q, k, bad_e),
-                   lambda: _C.tape_mix_backward(q, e, gate, w, bad_dw)):
-            try:
-                fn()
-            except TypeError:
-                pass
+        expect_error(_C.tape_rotate_backward, q, k, q, k, bad_e)
+        expect_error(_C.tape_mix_backward, q, e, gate, w, bad_dw)
 
-    for _ in range(100):  # warm up the allocator
-        calls()
-    start = rss_bytes()
-    for _ in range(1000):
-        calls()
-    assert rss_bytes() - start < 16 << 20
-    assert [sys.getrefcount(a) for a in arrays] == counts
+    assert_no_leaks(calls, (q, k, e, gate, w, dw, bad_e, bad_dw))
 
 
 def test_results_do_not_depend_on_thread_count(tmp_path):
     """dw is a reduction across threads' work: with per-block partials summed in block order it
     is race-free and bitwise the same for 1, 2 and 3 threads (as is everything else)."""
-    script = tmp_path / "run.py"
-    script.write_text(
+    assert_same_bits_for_thread_counts(tmp_path, (
         "import sys, numpy as np\n"
         "from mapformer import _C\n"
         "rng = np.random.default_rng(5)\n"
@@ -447,14 +400,4 @@ def test_results_do_not_depend_on_thread_count(tmp_path):
         "dw = f(H, H)\n"
         "outs = [*_C.tape_rotate_forward(q, k, e), *_C.tape_rotate_backward(dy, q, k, e, q),\n"
         "        _C.tape_mix_forward(e, g, w), *_C.tape_mix_backward(dy, e, g, w, dw), dw]\n"
-        "np.savez(sys.argv[1], *outs)\n"
-    )
-    results = []
-    for threads in ("1", "2", "3"):
-        out = tmp_path / f"t{threads}.npz"
-        subprocess.run([sys.executable, str(script), str(out)], env=subprocess_env(threads),
-                       check=True)
-        results.append(np.load(out))
-    for other in results[1:]:
-        for name in results[0].files:
-            assert np.array_equal(results[0][name], other[name]), name
+        "np.savez(sys.argv[1], *outs)\n"), threads=(1, 2, 3))
