@@ -5,17 +5,17 @@
  * activation gradient, written (=), or accumulated (+=) when accumulate_dx is set (a branch
  * input that also feeds the residual stream).
  *
- * The three products go through mf_sgemm_rows (rows of the result split over the threads).
- *
- *   forward:  y  = bias (broadcast), then y += x weight^T   (one sgemm with beta = 1: the bias
- *             fill replaces the zero fill sgemm would do for beta = 0, so the add is free)
- *   backward: dx  = dy weight          (sgemm, beta 0 or 1)
- *             dW += dy^T x             (sgemm, beta 1)
- *             db += sum_n dy[n, :]     (rows cut into at most MF_LINEAR_DB_BLOCKS blocks, a
- *                                       function of N only; each block sums its rows in double
- *                                       into its own scratch row, read in contiguous order, and
- *                                       the blocks are combined in block order: race-free and
- *                                       the same bits for any thread count)
+ * Rows are cut into blocks of MF_LINEAR_ROWS, spread over the OpenMP threads, each block on
+ * one thread, so that the passes over a block's rows run while they are in that core's cache
+ * (as in mlp.c):
+ *   forward, per block:  y = bias (broadcast), then y += x weight^T  (sgemm, beta 1: the bias
+ *                        fill replaces the zero fill sgemm does for beta 0, so the add is free)
+ *   backward, per block: dx = dy weight  (sgemm, beta 0 or 1)
+ *                        column sums of dy over the block's rows, in double, into the
+ *                        block's own scratch row
+ *   then:                dW += dy^T x    (mf_sgemm_rows: rows of dW over the threads)
+ *                        db += the block sums, added in block order
+ * The blocks depend on N only, so y, dx and db have the same bits for any thread count.
  */
 #include <stdlib.h>
 #include <string.h>
@@ -23,20 +23,8 @@
 #include "mapformer/blas.h"
 #include "mapformer/mapformer.h"
 
-/* Row blocks of the dbias reduction (scratch: blocks * Cout doubles). */
-#define MF_LINEAR_DB_BLOCKS 64
-
-int linear_forward(float *y, const float *x, const float *weight, const float *bias, int64_t N,
-                   int64_t Cin, int64_t Cout) {
-    if (N < 1 || Cin < 1 || Cout < 1) return MF_EINVAL;
-    if (bias != NULL) {
-#pragma omp parallel for schedule(dynamic, 256) if (N * Cout >= (1 << 16))
-        for (int64_t n = 0; n < N; n++) memcpy(y + n * Cout, bias, (size_t)Cout * sizeof(float));
-    }
-    /* y (N, Cout) = x (N, Cin) . weight^T (Cin, Cout) [+ y] */
-    return mf_sgemm_rows(0, 1, N, Cout, Cin, 1.0f, x, Cin, weight, Cin,
-                         bias != NULL ? 1.0f : 0.0f, y, Cout);
-}
+/* rows per block: at Cout = 128 a block of y or dy is 128 KB */
+#define MF_LINEAR_ROWS 256
 
 #if defined(__GNUC__) && !defined(__clang__) && defined(__x86_64__) && defined(__linux__)
 #define MF_LINEAR_CLONES __attribute__((target_clones("avx512f", "avx2", "default")))
@@ -44,42 +32,77 @@ int linear_forward(float *y, const float *x, const float *weight, const float *b
 #define MF_LINEAR_CLONES
 #endif
 
-/* part (Cout,) = sum of dy rows [r0, r1), in double, in row order */
+/* sum (n,) = sum over rows [0, rows) of a (rows, n), in double, in row order */
 MF_LINEAR_CLONES
-static void row_block_sums(double *restrict part, const float *restrict dy, int64_t r0,
-                           int64_t r1, int64_t Cout) {
-    for (int64_t c = 0; c < Cout; c++) part[c] = 0.0;
-    for (int64_t n = r0; n < r1; n++) {
-        const float *row = dy + n * Cout;
-        for (int64_t c = 0; c < Cout; c++) part[c] += (double)row[c];
+static void column_sums(double *restrict sum, const float *restrict a, int64_t rows,
+                        int64_t n) {
+    for (int64_t c = 0; c < n; c++) sum[c] = 0.0;
+    for (int64_t r = 0; r < rows; r++)
+        for (int64_t c = 0; c < n; c++) sum[c] += (double)a[r * n + c];
+}
+
+/* the blocks run on one thread unless there are at least two and the product is large */
+static int64_t row_blocks(int64_t N) { return (N + MF_LINEAR_ROWS - 1) / MF_LINEAR_ROWS; }
+static int parallel(int64_t N, int64_t Cin, int64_t Cout) {
+    return row_blocks(N) > 1 && N * Cin * Cout >= ((int64_t)1 << 21);
+}
+
+int linear_forward(float *y, const float *x, const float *weight, const float *bias, int64_t N,
+                   int64_t Cin, int64_t Cout) {
+    if (N < 1 || Cin < 1 || Cout < 1) return MF_EINVAL;
+    const int64_t blocks = row_blocks(N);
+    int status = MF_OK;
+#pragma omp parallel for schedule(dynamic, 1) if (parallel(N, Cin, Cout))
+    for (int64_t b = 0; b < blocks; b++) {
+        const int64_t r0 = b * MF_LINEAR_ROWS;
+        const int64_t rows = N - r0 < MF_LINEAR_ROWS ? N - r0 : MF_LINEAR_ROWS;
+        float *yb = y + r0 * Cout;
+        if (bias != NULL)
+            for (int64_t r = 0; r < rows; r++)
+                memcpy(yb + r * Cout, bias, (size_t)Cout * sizeof(float));
+        /* y (rows, Cout) = x (rows, Cin) . weight^T (Cin, Cout) [+ y] */
+        int st = mf_sgemm(0, 1, rows, Cout, Cin, 1.0f, x + r0 * Cin, Cin, weight, Cin,
+                          bias != NULL ? 1.0f : 0.0f, yb, Cout);
+        if (st != MF_OK) {
+#pragma omp atomic write
+            status = st;
+        }
     }
+    return status;
 }
 
 int linear_backward(float *dx, float *dweight, float *dbias, const float *dy, const float *x,
                     const float *weight, int64_t N, int64_t Cin, int64_t Cout, int accumulate_dx) {
     if (N < 1 || Cin < 1 || Cout < 1) return MF_EINVAL;
+    const int64_t blocks = row_blocks(N);
     /* scratch first, so that running out of memory leaves every output untouched */
-    const int64_t nb = N < MF_LINEAR_DB_BLOCKS ? N : MF_LINEAR_DB_BLOCKS;
     double *part = NULL;
     if (dbias != NULL) {
-        part = malloc((size_t)nb * (size_t)Cout * sizeof(double));
+        part = malloc((size_t)blocks * (size_t)Cout * sizeof(double));
         if (part == NULL) return MF_ENOMEM;
     }
-    int status;
-    /* dx (N, Cin) = dy (N, Cout) . weight (Cout, Cin) [+ dx] */
-    status = mf_sgemm_rows(0, 0, N, Cin, Cout, 1.0f, dy, Cout, weight, Cin,
-                      accumulate_dx ? 1.0f : 0.0f, dx, Cin);
+    int status = MF_OK;
+#pragma omp parallel for schedule(dynamic, 1) if (parallel(N, Cin, Cout))
+    for (int64_t b = 0; b < blocks; b++) {
+        const int64_t r0 = b * MF_LINEAR_ROWS;
+        const int64_t rows = N - r0 < MF_LINEAR_ROWS ? N - r0 : MF_LINEAR_ROWS;
+        /* dx (rows, Cin) = dy (rows, Cout) . weight (Cout, Cin) [+ dx] */
+        int st = mf_sgemm(0, 0, rows, Cin, Cout, 1.0f, dy + r0 * Cout, Cout, weight, Cin,
+                          accumulate_dx ? 1.0f : 0.0f, dx + r0 * Cin, Cin);
+        if (part != NULL) column_sums(part + b * Cout, dy + r0 * Cout, rows, Cout);
+        if (st != MF_OK) {
+#pragma omp atomic write
+            status = st;
+        }
+    }
     if (status != MF_OK) goto done;
     /* dweight (Cout, Cin) += dy^T (Cout, N) . x (N, Cin) */
     status = mf_sgemm_rows(1, 0, Cout, Cin, N, 1.0f, dy, Cout, x, Cin, 1.0f, dweight, Cin);
     if (status != MF_OK) goto done;
     if (dbias != NULL) {
-#pragma omp parallel for schedule(dynamic, 1) if (N * Cout >= (1 << 16))
-        for (int64_t b = 0; b < nb; b++)
-            row_block_sums(part + b * Cout, dy, N * b / nb, N * (b + 1) / nb, Cout);
         for (int64_t c = 0; c < Cout; c++) {
             double s = 0.0;
-            for (int64_t b = 0; b < nb; b++) s += part[b * Cout + c];
+            for (int64_t b = 0; b < blocks; b++) s += part[b * Cout + c];
             dbias[c] = (float)((double)dbias[c] + s);
         }
     }
