@@ -4,7 +4,7 @@ import re
 import numpy as np
 import pytest
 
-from conftest import assert_close, randn
+from conftest import assert_close, outputs_for_thread_counts, randn
 from mapformer import _C
 from mapformer import reference as ref
 
@@ -153,3 +153,42 @@ def test_backward_overlap_rejected(rng):
     rdx, rdw, rdb = ref.linear_backward(dy, x, weight)
     assert_close(buf[:Cout * Cin].reshape(Cout, Cin), rdw, "gradient", "dweight view")
     assert_close(buf[Cout * Cin:], rdb, "reduction", "dbias view")
+
+
+def test_same_bits_for_any_thread_count(tmp_path):
+    """Row blocks depend on N only and the dbias block sums are combined in block order, so
+    y, dx and dbias have the same bits on 1 and 2 threads (dweight goes through
+    mf_sgemm_rows, whose row split over the threads can change float32 rounding)."""
+    script = (
+        "import sys\nimport numpy as np\nfrom mapformer import _C\n"
+        "r = np.random.default_rng(3)\n"
+        "f = lambda *s: r.standard_normal(s).astype(np.float32)\n"
+        "x, w, b, dy = f(3000, 40), f(130, 40), f(130), f(3000, 130)\n"
+        "y = _C.linear_forward(x, w, b)\n"
+        "dw, db = np.zeros((130, 40), np.float32), np.zeros(130, np.float32)\n"
+        "dx = _C.linear_backward(dy, x, w, dw, db)\n"
+        "np.savez(sys.argv[1], y=y, dx=dx, db=db, dw=dw)\n")
+    one, two = outputs_for_thread_counts(tmp_path, script, (1, 2))
+    for name in ("y", "dx", "db"):
+        assert np.array_equal(one[name], two[name]), name
+    assert_close(one["dw"], two["dw"], "gradient", "dw")  # sums over N rows
+
+
+@pytest.mark.parametrize("N", [1, 300])
+def test_large_weight(rng, N):
+    """A weight of more than 2^18 floats is multiplied in one split sgemm instead of row block
+    by row block; bias fill, dbias block sums and dx accumulation must still hold."""
+    Cin, Cout = 520, 513
+    x, weight, bias, dy = make(rng, N, Cin, Cout)
+    assert_close(_C.linear_forward(x, weight, bias), ref.linear_forward(x, weight, bias),
+                 "reduction", "y")
+    assert_close(_C.linear_forward(x, weight), ref.linear_forward(x, weight), "reduction",
+                 "y (no bias)")
+    dx0, dw0, db0 = randn(rng, N, Cin), randn(rng, Cout, Cin), randn(rng, Cout)
+    dx, dweight, dbias = dx0.copy(), dw0.copy(), db0.copy()
+    _C.linear_backward(dy, x, weight, dweight, dbias, dx)
+    rdx, rdw, rdb = ref.linear_backward(dy, x, weight)
+    assert_close(dx, dx0 + rdx, "reduction", "dx (+=)")
+    assert_close(dweight, dw0 + rdw, "gradient", "dweight")
+    assert_close(dbias, db0 + rdb, "reduction", "dbias")
+    assert_close(_C.linear_backward(dy, x, weight, dweight), rdx, "reduction", "dx")

@@ -1,24 +1,16 @@
 """C fused MLP op (linear, GELU, linear in row blocks) against the float64 reference and
 against the separate C ops, and its argument checks."""
-import re
-import subprocess
-import sys
-
 import numpy as np
 import pytest
 
-from conftest import assert_close, randn, subprocess_env
+from conftest import (assert_close, assert_no_leaks, expect_error, outputs_for_thread_counts,
+                      randn, raises_naming)
 from mapformer import _C
 from mapformer import reference as ref
 
 # 513 and 1000 rows span several 256-row blocks with a ragged last one
 NS = [1, 7, 97, 257, 513]
 WIDTHS = [(16, 64), (33, 20), (8, 131)]  # (C, F)
-
-
-def raises(exc, name):
-    """pytest.raises for an error whose message starts with the argument's name."""
-    return pytest.raises(exc, match=rf"^{re.escape(name)}\b")
 
 
 def make(rng, N, C, F):
@@ -109,8 +101,7 @@ def test_same_bits_for_any_thread_count(tmp_path):
     """Row blocks depend on N only and the bias sums are combined in block order, so
     everything but the weight gradients has the same bits; those come from mf_sgemm_rows,
     whose row split over the threads (as in linear_backward) can change float32 rounding."""
-    script = tmp_path / "run.py"
-    script.write_text(
+    script = (
         "import sys\nimport numpy as np\nfrom mapformer import _C\n"
         "r = np.random.default_rng(5)\n"
         "f = lambda *s: r.standard_normal(s).astype(np.float32)\n"
@@ -121,13 +112,7 @@ def test_same_bits_for_any_thread_count(tmp_path):
         "dx = _C.mlp_backward(dy, x, h, g, wf, wp, *gr)\n"
         "np.savez(sys.argv[1], y=y, h=h, g=g, dx=dx, dwf=gr[0], dbf=gr[1], dwp=gr[2], "
         "dbp=gr[3])\n")
-    results = []
-    for threads in (1, 2):
-        out = tmp_path / f"t{threads}.npz"
-        subprocess.run([sys.executable, str(script), str(out)], env=subprocess_env(threads),
-                       check=True)
-        results.append(np.load(out))
-    one, two = results
+    one, two = outputs_for_thread_counts(tmp_path, script, (1, 2))
     for name in one.files:
         if name in ("dwf", "dwp"):
             assert_close(one[name], two[name], "gradient", name)  # sums over N rows
@@ -157,7 +142,7 @@ def test_forward_bad_inputs(rng):
         ("b_proj", randn(rng, 9), ValueError),
     ]
     for name, bad, exc in cases:
-        with raises(exc, name):
+        with raises_naming(exc, name):
             _C.mlp_forward(**{**ok, name: bad})
 
 
@@ -199,7 +184,7 @@ def test_backward_bad_inputs(rng):
         ("db_proj", np.zeros((C, 1), np.float32), ValueError),
     ]
     for name, bad, exc in cases:
-        with raises(exc, name):
+        with raises_naming(exc, name):
             _C.mlp_backward(**{**ok, name: bad})
     for a in (dw_fc, db_fc, dw_proj, db_proj):
         assert not a.any()
@@ -214,11 +199,11 @@ def test_backward_overlap_rejected(rng):
     db_fc, db_proj = buf[2 * F * C:2 * F * C + F], buf[2 * F * C + F:]
     ok = dict(dy=dy, x=x, h=h, g=g, w_fc=w_fc, w_proj=w_proj, dw_fc=dw_fc, db_fc=db_fc,
               dw_proj=dw_proj, db_proj=db_proj)
-    with raises(ValueError, "dw_fc"):  # a gradient written over its own weight
+    with raises_naming(ValueError, "dw_fc"):  # a gradient written over its own weight
         _C.mlp_backward(**{**ok, "dw_fc": w_fc})
-    with raises(ValueError, "dw_proj"):  # over an input that dw_fc's sgemm reads
+    with raises_naming(ValueError, "dw_proj"):  # over an input that dw_fc's sgemm reads
         _C.mlp_backward(**{**ok, "dw_proj": x})
-    with raises(ValueError, "dw_fc"):  # two gradients sharing memory
+    with raises_naming(ValueError, "dw_fc"):  # two gradients sharing memory
         _C.mlp_backward(**{**ok, "dw_proj": buf[1:F * C + 1].reshape(C, F)})
     assert not buf.any()
     # disjoint views into one flat buffer, as the model's gradients are, are fine
@@ -228,3 +213,21 @@ def test_backward_overlap_rejected(rng):
     assert_close(db_fc, rdb_fc, "reduction", "db_fc view")
     assert_close(dw_proj, rdw_proj, "gradient", "dw_proj view")
     assert_close(db_proj, rdb_proj, "reduction", "db_proj view")
+
+
+def test_no_leaks(rng):
+    """Results and errors alike leave reference counts and resident memory flat."""
+    N, C, F = 9, 8, 12
+    x, w_fc, b_fc, w_proj, b_proj, dy = make(rng, N, C, F)
+    dw_fc, db_fc = np.zeros((F, C), np.float32), np.zeros(F, np.float32)
+    dw_proj, db_proj = np.zeros((C, F), np.float32), np.zeros(C, np.float32)
+    bad = randn(rng, N, C + 1)
+
+    def calls():
+        _, h, g = _C.mlp_forward(x, w_fc, b_fc, w_proj, b_proj)
+        _C.mlp_backward(dy, x, h, g, w_fc, w_proj, dw_fc, db_fc, dw_proj, db_proj)
+        expect_error(_C.mlp_forward, bad, w_fc, b_fc, w_proj, b_proj)
+        expect_error(_C.mlp_backward, dy, x, h, g, w_fc, w_proj, dw_fc, db_fc, dw_proj, bad)
+
+    assert_no_leaks(calls, (x, w_fc, b_fc, w_proj, b_proj, dy, dw_fc, db_fc, dw_proj, db_proj,
+                            bad))
