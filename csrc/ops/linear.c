@@ -17,8 +17,10 @@
  *                        db += the block sums, added in block order
  * Each block's sgemm packs the whole weight again, which is cheap while it fits in L2; a
  * weight of more than MF_LINEAR_BLOCK_WEIGHT floats (a 2048 x 2048 one took 1.1x the time in
- * 256-row blocks) is multiplied in one mf_sgemm_rows call instead, after the block loop.
- * The blocks depend on N only, so y, dx and db have the same bits for any thread count.
+ * 256-row blocks) is multiplied in one mf_sgemm_rows call instead (forward: after a plain bias
+ * fill; backward: after the block loop, which then only sums dbias).
+ * The blocks depend on N only, so db, and y and dx where the weight is blocked, have the same
+ * bits for any thread count.
  */
 #include <stdlib.h>
 #include <string.h>
@@ -55,9 +57,16 @@ static int parallel(int64_t N, int64_t Cin, int64_t Cout) {
 int linear_forward(float *y, const float *x, const float *weight, const float *bias, int64_t N,
                    int64_t Cin, int64_t Cout) {
     if (N < 1 || Cin < 1 || Cout < 1) return MF_EINVAL;
-    const int64_t blocks = row_blocks(N);
-    const int blocked = Cin * Cout <= MF_LINEAR_BLOCK_WEIGHT;
     const float beta = bias != NULL ? 1.0f : 0.0f;
+    if (Cin * Cout > MF_LINEAR_BLOCK_WEIGHT) { /* bias fill, then one split sgemm */
+        if (bias != NULL) {
+#pragma omp parallel for schedule(dynamic, 256) if (N * Cout >= (1 << 16))
+            for (int64_t n = 0; n < N; n++)
+                memcpy(y + n * Cout, bias, (size_t)Cout * sizeof(float));
+        }
+        return mf_sgemm_rows(0, 1, N, Cout, Cin, 1.0f, x, Cin, weight, Cin, beta, y, Cout);
+    }
+    const int64_t blocks = row_blocks(N);
     int status = MF_OK;
 #pragma omp parallel for schedule(dynamic, 1) if (parallel(N, Cin, Cout))
     for (int64_t b = 0; b < blocks; b++) {
@@ -67,7 +76,6 @@ int linear_forward(float *y, const float *x, const float *weight, const float *b
         if (bias != NULL)
             for (int64_t r = 0; r < rows; r++)
                 memcpy(yb + r * Cout, bias, (size_t)Cout * sizeof(float));
-        if (!blocked) continue;
         /* y (rows, Cout) = x (rows, Cin) . weight^T (Cin, Cout) [+ y] */
         int st = mf_sgemm(0, 1, rows, Cout, Cin, 1.0f, x + r0 * Cin, Cin, weight, Cin, beta,
                           yb, Cout);
@@ -76,8 +84,6 @@ int linear_forward(float *y, const float *x, const float *weight, const float *b
             status = st;
         }
     }
-    if (!blocked) status = mf_sgemm_rows(0, 1, N, Cout, Cin, 1.0f, x, Cin, weight, Cin, beta, y,
-                                         Cout);
     return status;
 }
 
