@@ -132,7 +132,10 @@ PRESETS: dict[str, dict] = {
 """The paper's 1D and 2D settings (section 5.2): train on "iid", test on the two OOD sets."""
 
 
-def _scaled_presets(steps: int, grid_size: int) -> dict[str, dict]:
+def scaled_presets(steps: int, grid_size: int) -> dict[str, dict]:
+    """Presets around an IID set of ``steps`` and ``grid_size`` at the paper's 2D ratios:
+    ood_dense halves steps and grid_size (rounded half up, at least 2) with p_empty 0.2,
+    ood_sparse has 4x the steps and 2x the grid_size with p_empty 0.8."""
     return {
         "iid": dict(steps=steps, p_empty=0.5, grid_size=grid_size),
         "ood_dense": dict(steps=max(1, steps // 2), p_empty=0.2, grid_size=max(2, (grid_size + 1) // 2)),
@@ -141,15 +144,14 @@ def _scaled_presets(steps: int, grid_size: int) -> dict[str, dict]:
 
 
 PRESETS_BY_DIMS: dict[int, dict[str, dict]] = {
-    3: _scaled_presets(steps=256, grid_size=16),
-    5: _scaled_presets(steps=16, grid_size=5),
+    3: scaled_presets(steps=256, grid_size=16),
+    5: scaled_presets(steps=16, grid_size=5),
 }
 """Settings for 3D and 5D (appendix 10.3).
 
 The paper gives only the IID numbers (3D: 256 steps, grid 16; 5D: 16 steps, grid 5) and keeps
 p_empty = 0.5 implicit. The OOD sets are our reading, scaled from the IID set as the 2D presets
-are: ood_dense halves steps and grid_size (rounded half up, at least 2) with p_empty = 0.2;
-ood_sparse has 4x the steps, 2x the grid_size and p_empty = 0.8.
+are (:func:`scaled_presets`).
 3D: ood_dense 128 steps, grid 8; ood_sparse 1024 steps, grid 32.
 5D: ood_dense 8 steps, grid 3; ood_sparse 64 steps, grid 10.
 """
