@@ -6,12 +6,15 @@ tokens. The same run measures the machine's sgemm rate (a large square sgemm thr
 core's own OpenBLAS) and reports the step's matrix-multiply flops at that rate (the
 "sgemm-bound" time) and the ratio step / bound. Peak RSS is ru_maxrss of this process.
 
-Matmul flops of a step (N = B*T rows, C width, V vocab, r Delta rank):
-  forward linears  2 N (4 C^2 + 2 * 4 C^2 + C V [+ C r + r C/2 for mapwm])
-  causal attention  forward 2 matmuls (QK^T, PV) over the causal half: 2 * B H T^2 D
-  backward          linears 2x forward; attention 4 matmuls (dV, dP, dQ, dK) over the half
-The attention backward's recomputation of QK^T is not counted: it is an implementation
-choice, not work the step needs.
+Matmul flops of a step (N = B*T rows, C width, V vocab, r Delta rank, 4C the MLP width):
+  forward linears  2 N (2 C^2 [q, k; not in mapem_s] + 2 C^2 [v, out] + 2 * 4 C^2 [MLP] + C V
+                   [+ C r + r C/2: Delta, for mapwm, mapem_os and mapem_s])
+  causal attention forward over the causal half, B H T^2 D per matmul: scores and PV (two);
+                   mapem_os has a second score matmul (positional queries and keys: three)
+  backward         linears 2x forward; attention 2x forward (dV, dP, and dQ, dK per score)
+The attention backward's recomputation of the scores is not counted: it is an implementation
+choice, not work the step needs. CoPE's and TAPE's extra position matmuls are not counted
+either (their ratios are flattered).
 
 Prints one JSON line at the end.
 """
@@ -32,10 +35,12 @@ from mapformer.train import AdamW, TrainConfig
 def step_flops(cfg, batch, tokens):
     """Matmul flops of one step: 3x the forward's (backward = 2 forward)."""
     n, c = batch * tokens, cfg.d_model
-    linears = 2 * n * 12 * c * c
-    if cfg.positional == "mapwm":
-        linears += 2 * n * (c * cfg.delta_rank + cfg.delta_rank * c // 2)
-    attention = 2 * batch * cfg.n_heads * tokens * tokens * cfg.head_dim  # causal half
+    projections = 4 if cfg.positional != "mapem_s" else 2  # mapem_s has no content q, k
+    linears = 2 * n * c * c * (projections + 2 * cfg.mlp_ratio)
+    if cfg.positional in ("mapwm", "mapem_os", "mapem_s"):  # Delta = W_out W_in x
+        linears += 2 * n * cfg.delta_rank * (c + c // 2)
+    scores = 2 if cfg.positional == "mapem_os" else 1
+    attention = batch * cfg.n_heads * tokens * tokens * cfg.head_dim * (scores + 1)
     head = 2 * n * c * cfg.vocab_size
     return 3 * (cfg.n_layers * (linears + attention) + head)
 
