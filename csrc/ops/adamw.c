@@ -13,18 +13,13 @@
  */
 #include <math.h>
 
+#include "mapformer/clones.h"
 #include "mapformer/mapformer.h"
-
-#if defined(__GNUC__) && !defined(__clang__) && defined(__x86_64__) && defined(__linux__)
-#define MF_ADAMW_CLONES __attribute__((target_clones("avx512f", "avx2", "default")))
-#else
-#define MF_ADAMW_CLONES
-#endif
 
 /* elements per OpenMP work item; below two chunks the step runs on one thread */
 #define MF_ADAMW_CHUNK 32768
 
-MF_ADAMW_CLONES
+MF_CLONES
 static void adamw_kernel(float *restrict p, float *restrict m, float *restrict v,
                          const float *restrict g, const uint8_t *restrict mask, int64_t n,
                          float beta1, float beta2, float eps, float lr_wd, float step_size,

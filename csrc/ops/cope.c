@@ -56,6 +56,7 @@
 #include <string.h>
 
 #include "mapformer/blas.h"
+#include "mapformer/clones.h"
 #include "mapformer/mapformer.h"
 
 #ifdef _OPENMP
@@ -113,15 +114,7 @@ static inline void vexp(vf *x) {
 }
 
 /* The array helpers work on whole vectors where they can (n a multiple of VL: rows of
- * scratch are padded). Each is compiled for AVX-512, AVX2 and the baseline and picked at
- * load time from the CPU (GCC target_clones; plain loops are vectorised by the compiler
- * there, gathers included). The results are the same bits on every path: ISO C mode
- * (-std=c11) contracts no a * b + c into an FMA. */
-#if defined(__GNUC__) && !defined(__clang__) && defined(__x86_64__)
-#define MF_CLONES __attribute__((target_clones("avx512f", "avx2", "default")))
-#else
-#define MF_CLONES
-#endif
+ * scratch are padded); each is compiled per ISA (MF_CLONES, mapformer/clones.h). */
 
 /* g[j] = sigmoid(s[j]) for j < n (n a multiple of VL). */
 MF_CLONES static void sigmoid_array(float *g, const float *s, int64_t n) {

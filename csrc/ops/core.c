@@ -1,17 +1,21 @@
-/* Shared by all ops: status strings and the int64-checked sgemm wrappers.
+/* Shared by all ops: status strings, the int64-checked sgemm wrappers and the row-block
+ * helpers of the sgemm-based ops.
  *
  * Threading: the C core uses one thread pool, OpenMP's. OpenBLAS is set to one thread when
  * the module loads (mf_blas_single_thread), and large products are split over OpenMP threads
  * by mf_sgemm_rows. Two pools on two cores spin against each other: measured, a 200K-float
  * norm took 14 ms right after a multithreaded OpenBLAS call instead of 0.1 ms. */
 #include <limits.h>
+#include <string.h>
 
 #ifdef _OPENMP
 #include <omp.h>
 #endif
 
 #include "mapformer/blas.h"
+#include "mapformer/clones.h"
 #include "mapformer/mapformer.h"
+#include "mapformer/rows.h"
 
 const char *mf_status_string(int status) {
     switch (status) {
@@ -65,4 +69,15 @@ int mf_sgemm_rows(int ta, int tb, int64_t m, int64_t n, int64_t k, float alpha, 
         }
     }
     return status;
+}
+
+void mf_fill_rows(float *out, const float *row, int64_t rows, int64_t n) {
+    for (int64_t r = 0; r < rows; r++) memcpy(out + r * n, row, (size_t)n * sizeof(float));
+}
+
+MF_CLONES
+void mf_column_sums(double *restrict sum, const float *restrict a, int64_t rows, int64_t n) {
+    for (int64_t c = 0; c < n; c++) sum[c] = 0.0;
+    for (int64_t r = 0; r < rows; r++)
+        for (int64_t c = 0; c < n; c++) sum[c] += (double)a[r * n + c];
 }

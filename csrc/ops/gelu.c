@@ -16,14 +16,9 @@
 #include <stdint.h>
 #include <string.h>
 
+#include "mapformer/clones.h"
 #include "mapformer/fastmath.h"
 #include "mapformer/mapformer.h"
-
-#if defined(__GNUC__) && !defined(__clang__) && defined(__x86_64__) && defined(__linux__)
-#define MF_GELU_CLONES __attribute__((target_clones("avx512f", "avx2", "default")))
-#else
-#define MF_GELU_CLONES
-#endif
 
 /* elements per OpenMP work item; below two chunks the op runs on one thread */
 #define MF_GELU_CHUNK 8192
@@ -42,7 +37,7 @@ static inline float gelu_grad(float xi) {
     return s + 2.0f * xi * (e * s) * s * du;
 }
 
-MF_GELU_CLONES
+MF_CLONES
 void mf_gelu_kernel(float *restrict y, const float *restrict x, int64_t n) {
     for (int64_t i = 0; i < n; i++) {
         float xi = x[i];
@@ -51,13 +46,13 @@ void mf_gelu_kernel(float *restrict y, const float *restrict x, int64_t n) {
     }
 }
 
-MF_GELU_CLONES
+MF_CLONES
 static void gelu_backward_kernel(float *restrict dx, const float *restrict dy,
                                  const float *restrict x, int64_t n) {
     for (int64_t i = 0; i < n; i++) dx[i] = dy[i] * gelu_grad(x[i]);
 }
 
-MF_GELU_CLONES
+MF_CLONES
 void mf_gelu_grad_kernel(float *restrict d, const float *restrict x, int64_t n) {
     for (int64_t i = 0; i < n; i++) d[i] *= gelu_grad(x[i]);
 }

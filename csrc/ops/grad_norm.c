@@ -13,21 +13,16 @@
  */
 #include <math.h>
 
+#include "mapformer/clones.h"
 #include "mapformer/mapformer.h"
 
 #define MF_NORM_BLOCKS 256
 #define MF_NORM_MIN_BLOCK 4096
 #define MF_NORM_LANES 8
 
-#if defined(__GNUC__) && !defined(__clang__) && defined(__x86_64__) && defined(__linux__)
-#define MF_NORM_CLONES __attribute__((target_clones("avx512f", "avx2", "default")))
-#else
-#define MF_NORM_CLONES
-#endif
-
 /* sum of squares of x[0:n] in double, 8 lanes (vectorisable without -ffast-math; the lane
  * order is fixed by the source, so every clone gives the same bits) */
-MF_NORM_CLONES
+MF_CLONES
 static double sum_squares(const float *restrict x, int64_t n) {
     const int64_t nv = n - n % MF_NORM_LANES;
     double acc[MF_NORM_LANES] = {0};

@@ -20,15 +20,10 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "mapformer/clones.h"
 #include "mapformer/mapformer.h"
 
 #define MF_LN_BLOCKS 64
-
-#if defined(__GNUC__) && !defined(__clang__) && defined(__x86_64__) && defined(__linux__)
-#define MF_LN_CLONES __attribute__((target_clones("avx512f", "avx2", "default")))
-#else
-#define MF_LN_CLONES
-#endif
 
 /* 16 float lanes as a GCC/Clang vector: one zmm under AVX-512, two ymm under AVX2, four xmm
  * at baseline. Written with explicit vectors because GCC, left to vectorise a 16-lane array
@@ -48,7 +43,7 @@ typedef float mf_ln_v16 __attribute__((vector_size(64)));
     } while (0)
 
 /* rows [r0, r1) of the forward pass */
-MF_LN_CLONES
+MF_CLONES
 static void ln_forward_rows(float *restrict y, float *restrict mean, float *restrict rstd,
                             const float *restrict x, const float *restrict weight,
                             const float *restrict bias, int64_t r0, int64_t r1, int64_t C,
@@ -99,7 +94,7 @@ int layernorm_forward(float *y, float *mean, float *rstd, const float *x, const 
 }
 
 /* rows [r0, r1) of the backward pass; this block's dweight/dbias sums go to pw, pb (C,) */
-MF_LN_CLONES
+MF_CLONES
 static void ln_backward_rows(float *restrict dx, double *restrict pw, double *restrict pb,
                              const float *restrict dy, const float *restrict x,
                              const float *restrict mean, const float *restrict rstd,

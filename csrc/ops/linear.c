@@ -27,26 +27,12 @@
 
 #include "mapformer/blas.h"
 #include "mapformer/mapformer.h"
+#include "mapformer/rows.h"
 
 /* rows per block: at Cout = 128 a block of y or dy is 128 KB */
 #define MF_LINEAR_ROWS 256
 /* largest weight (Cout * Cin floats, 1 MB) multiplied block by block */
 #define MF_LINEAR_BLOCK_WEIGHT ((int64_t)1 << 18)
-
-#if defined(__GNUC__) && !defined(__clang__) && defined(__x86_64__) && defined(__linux__)
-#define MF_LINEAR_CLONES __attribute__((target_clones("avx512f", "avx2", "default")))
-#else
-#define MF_LINEAR_CLONES
-#endif
-
-/* sum (n,) = sum over rows [0, rows) of a (rows, n), in double, in row order */
-MF_LINEAR_CLONES
-static void column_sums(double *restrict sum, const float *restrict a, int64_t rows,
-                        int64_t n) {
-    for (int64_t c = 0; c < n; c++) sum[c] = 0.0;
-    for (int64_t r = 0; r < rows; r++)
-        for (int64_t c = 0; c < n; c++) sum[c] += (double)a[r * n + c];
-}
 
 /* the blocks run on one thread unless there are at least two and the product is large */
 static int64_t row_blocks(int64_t N) { return (N + MF_LINEAR_ROWS - 1) / MF_LINEAR_ROWS; }
@@ -73,9 +59,7 @@ int linear_forward(float *y, const float *x, const float *weight, const float *b
         const int64_t r0 = b * MF_LINEAR_ROWS;
         const int64_t rows = N - r0 < MF_LINEAR_ROWS ? N - r0 : MF_LINEAR_ROWS;
         float *yb = y + r0 * Cout;
-        if (bias != NULL)
-            for (int64_t r = 0; r < rows; r++)
-                memcpy(yb + r * Cout, bias, (size_t)Cout * sizeof(float));
+        if (bias != NULL) mf_fill_rows(yb, bias, rows, Cout);
         /* y (rows, Cout) = x (rows, Cin) . weight^T (Cin, Cout) [+ y] */
         int st = mf_sgemm(0, 1, rows, Cout, Cin, 1.0f, x + r0 * Cin, Cin, weight, Cin, beta,
                           yb, Cout);
@@ -109,7 +93,7 @@ int linear_backward(float *dx, float *dweight, float *dbias, const float *dy, co
         if (blocked)
             st = mf_sgemm(0, 0, rows, Cin, Cout, 1.0f, dy + r0 * Cout, Cout, weight, Cin, beta,
                           dx + r0 * Cin, Cin);
-        if (part != NULL) column_sums(part + b * Cout, dy + r0 * Cout, rows, Cout);
+        if (part != NULL) mf_column_sums(part + b * Cout, dy + r0 * Cout, rows, Cout);
         if (st != MF_OK) {
 #pragma omp atomic write
             status = st;

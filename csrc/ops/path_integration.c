@@ -33,6 +33,7 @@
 #include <omp.h>
 #endif
 
+#include "mapformer/clones.h"
 #include "mapformer/mapformer.h"
 
 #define PI_BLOCK 256          /* columns per work item: at most 3 double arrays of 2 KiB each */
@@ -52,7 +53,7 @@ static inline double floor_small(double v) {
 static inline double wrap_angle(double a) { return a - TWO_PI * floor_small(a * INV_TWO_PI + 0.5); }
 
 /* theta, delta: column m0 of batch row b, i.e. (T, M) with stride M; omega: (n,) at m0. */
-__attribute__((target_clones("avx512f", "avx2", "default")))
+MF_CLONES
 static void forward_block(float *restrict theta, const float *restrict delta,
                           const float *restrict omega, int64_t T, int64_t M, int64_t n) {
     double acc[PI_BLOCK], om[PI_BLOCK];
@@ -71,7 +72,7 @@ static void forward_block(float *restrict theta, const float *restrict delta,
 }
 
 /* As forward_block, backward: writes ddelta and this block's domega partial dom (n,). */
-__attribute__((target_clones("avx512f", "avx2", "default")))
+MF_CLONES
 static void backward_block(float *restrict ddelta, double *restrict dom,
                            const float *restrict dtheta, const float *restrict delta,
                            const float *restrict omega, int64_t T, int64_t M, int64_t n) {

@@ -36,6 +36,7 @@
 #include <omp.h>
 #endif
 
+#include "mapformer/clones.h"
 #include "mapformer/mapformer.h"
 
 #define ROT_SEG 1024           /* angles per segment: cos/sin (4 KiB each) and dtheta (8 KiB)
@@ -150,7 +151,7 @@ static inline __attribute__((always_inline)) Item item_at(int64_t i, int64_t B, 
     return it;
 }
 
-__attribute__((target_clones("avx512f", "avx2", "default")))
+MF_CLONES
 static void forward_items(float *q_out, float *k_out, const float *q, const float *k,
                           const float *theta, int64_t B, int64_t TP, int64_t TB, int64_t nseg,
                           int64_t nbb, int64_t i0, int64_t i1) {
@@ -165,7 +166,7 @@ static void forward_items(float *q_out, float *k_out, const float *q, const floa
     }
 }
 
-__attribute__((target_clones("avx512f", "avx2", "default")))
+MF_CLONES
 static void backward_items(float *dq, float *dk, float *dtheta, const float *dq_out,
                            const float *dk_out, const float *q, const float *k,
                            const float *theta, int64_t B, int64_t TP, int64_t TB, int64_t nseg,

@@ -19,6 +19,7 @@
 #include <stdint.h>
 #include <string.h>
 
+#include "mapformer/clones.h"
 #include "mapformer/fastmath.h"
 #include "mapformer/mapformer.h"
 
@@ -30,12 +31,6 @@
 #define MF_XENT_INLINE static inline __attribute__((always_inline))
 #else
 #define MF_XENT_INLINE static inline
-#endif
-
-#if defined(__GNUC__) && !defined(__clang__) && defined(__x86_64__) && defined(__linux__)
-#define MF_XENT_CLONES __attribute__((target_clones("avx512f", "avx2", "default")))
-#else
-#define MF_XENT_CLONES
 #endif
 
 
@@ -117,7 +112,7 @@ MF_XENT_INLINE double row_sumexp(const float *restrict x, float m, int64_t V) {
 }
 
 /* rows [r0, r1) of the forward pass */
-MF_XENT_CLONES
+MF_CLONES
 static void xent_forward_rows(float *restrict losses, const float *restrict logits,
                               const int32_t *restrict targets, int64_t r0, int64_t r1,
                               int64_t V) {
@@ -134,7 +129,7 @@ static void xent_forward_rows(float *restrict losses, const float *restrict logi
 }
 
 /* rows [r0, r1) of the backward pass: the row of dlogits holds exp(x - m) until it is scaled */
-MF_XENT_CLONES
+MF_CLONES
 static void xent_backward_rows(float *restrict dlogits, const float *restrict logits,
                                const int32_t *restrict targets, const float *restrict mask,
                                float scale, int64_t r0, int64_t r1, int64_t V) {

@@ -51,13 +51,8 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "mapformer/clones.h"
 #include "mapformer/mapformer.h"
-
-#if defined(__GNUC__) && !defined(__clang__) && defined(__x86_64__) && defined(__linux__)
-#define TAPE_CLONES __attribute__((target_clones("avx512f", "avx2", "default")))
-#else
-#define TAPE_CLONES
-#endif
 
 #define TAPE_MIN_PARALLEL 32768   /* B*T*H*D below this runs on one thread */
 #define TAPE_BLOCK_FLOATS 16384   /* floats of one tensor per rotate / mix-forward work item */
@@ -109,14 +104,14 @@ static inline __attribute__((always_inline)) void cmul_back_block(
 }
 
 /* Rows [r0, r1) of length L = H*D floats (L/2 pairs each, contiguous across rows). */
-TAPE_CLONES
+MF_CLONES
 static void rotate_rows(float *q_out, float *k_out, const float *q, const float *k,
                         const float *e, int64_t L, int64_t r0, int64_t r1) {
     const int64_t off = r0 * L;
     cmul_block(q_out + off, k_out + off, q + off, k + off, e + off, (r1 - r0) * L / 2);
 }
 
-TAPE_CLONES
+MF_CLONES
 static void rotate_back_rows(float *dq, float *dk, float *de, const float *dq_out,
                              const float *dk_out, const float *q, const float *k, const float *e,
                              int64_t L, int64_t r0, int64_t r1) {
@@ -169,7 +164,7 @@ static inline void sigmoid_pair(float x, float *g, float *h) {
 }
 
 /* Rows [r0, r1): e_new (H, D) of row r = e_att + g * W e_att, D in chunks of TAPE_DCHUNK. */
-TAPE_CLONES
+MF_CLONES
 static void mix_rows(float *restrict e_new, const float *restrict e_att,
                      const float *restrict gate_logits, const float *restrict w, int64_t H,
                      int64_t D, int64_t r0, int64_t r1) {
@@ -224,7 +219,7 @@ static inline __attribute__((always_inline)) double dot_f32(const float *restric
 
 /* Rows [r0, r1) of the mix backward. Scratch: pw (H, H) this block's dw partial sums (set
  * here) and gs (2H: g, then g (1 - g)) per-row work space. */
-TAPE_CLONES
+MF_CLONES
 static void mix_back_rows(float *restrict de_att, float *restrict dgate_logits,
                           double *restrict pw, double *restrict gs,
                           const float *restrict de_new, const float *restrict e_att,
