@@ -95,10 +95,11 @@ def raises_naming(exc, name):
 def bad_versions(x):
     """The versions of a good float32 array ``x`` (2 or more axes, the last longer than 1)
     that every binding must refuse with an error naming the argument: [(value, exception)]:
-    a float64 copy and a nested list (TypeError); one axis too many, one too few, an empty
+    a float64 copy, a nested list and None (TypeError); one axis too many, one too few, an empty
     last axis, Fortran order and a strided view (ValueError)."""
     return [(x.astype(np.float64), TypeError),
             (x.tolist(), TypeError),
+            (None, TypeError),
             (x[None], ValueError),
             (x[0], ValueError),
             (np.zeros(x.shape[:-1] + (0,), np.float32), ValueError),
@@ -114,10 +115,13 @@ def assert_refuses_bad_versions(call, name, x):
             call(value)
 
 
-def assert_refuses_wrong_sizes(call, name, x):
-    """``call(value)`` passes ``value`` as the argument ``name`` (good array ``x``): an array
-    one longer on any one axis must raise ValueError naming ``name``."""
-    for axis in range(x.ndim):
+def assert_array_argument_checked(call, name, x, sizes=True):
+    """``call(value)`` passes ``value`` as the argument ``name`` (good array ``x``): every one
+    of :func:`bad_versions` must raise its exception naming ``name``, and with ``sizes`` so
+    must an array one longer on any one axis (ValueError; not for the argument that fixes
+    the sizes the others are checked against)."""
+    assert_refuses_bad_versions(call, name, x)
+    for axis in range(x.ndim if sizes else 0):
         shape = list(x.shape)
         shape[axis] += 1
         with raises_naming(ValueError, name):
