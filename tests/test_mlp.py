@@ -75,10 +75,12 @@ def test_backward(rng, N, C, F):
         assert_close(got, start + 2 * expected, kind, name + " (2 calls)")
 
 
-@pytest.mark.parametrize("N", [7, 1000])
-def test_matches_separate_ops(rng, N):
+# (N, C, F): small weights (256-row blocks); weights of 2 x 2^16 floats, where the blocks grow
+# to 512 rows (N = 5000) or are capped at N / 8 rows (N = 3000)
+@pytest.mark.parametrize("N, C, F", [(7, 24, 96), (1000, 24, 96), (3000, 192, 768),
+                                     (5000, 192, 768)])
+def test_matches_separate_ops(rng, N, C, F):
     """The fused op computes what linear, gelu, linear compute one after the other."""
-    C, F = 24, 96
     x, w_fc, b_fc, w_proj, b_proj, dy = make(rng, N, C, F)
     y, h, g = _C.mlp_forward(x, w_fc, b_fc, w_proj, b_proj)
     h1 = _C.linear_forward(x, w_fc, b_fc)
@@ -98,23 +100,28 @@ def test_matches_separate_ops(rng, N):
 
 
 def test_same_bits_for_any_thread_count(tmp_path):
-    """Row blocks depend on N only and the bias sums are combined in block order, so
+    """Row blocks depend on N, C and F only and the bias sums are combined in block order, so
     everything but the weight gradients has the same bits; those come from mf_sgemm_rows,
     whose row split over the threads (as in linear_backward) can change float32 rounding."""
     script = (
         "import sys\nimport numpy as np\nfrom mapformer import _C\n"
         "r = np.random.default_rng(5)\n"
         "f = lambda *s: r.standard_normal(s).astype(np.float32)\n"
-        "x, wf, bf, wp, bp, dy = f(1000, 24), f(96, 24), f(96), f(24, 96), f(24), f(1000, 24)\n"
-        "y, h, g = _C.mlp_forward(x, wf, bf, wp, bp)\n"
-        "gr = [np.zeros((96, 24), np.float32), np.zeros(96, np.float32),\n"
-        "      np.zeros((24, 96), np.float32), np.zeros(24, np.float32)]\n"
-        "dx = _C.mlp_backward(dy, x, h, g, wf, wp, *gr)\n"
-        "np.savez(sys.argv[1], y=y, h=h, g=g, dx=dx, dwf=gr[0], dbf=gr[1], dwp=gr[2], "
-        "dbp=gr[3])\n")
+        "out = {}\n"
+        "for N, C, F in ((1000, 24, 96), (5000, 192, 768)):\n"
+        "    x, wf, bf, wp, bp, dy = f(N, C), f(F, C), f(F), f(C, F), f(C), f(N, C)\n"
+        "    y, h, g = _C.mlp_forward(x, wf, bf, wp, bp)\n"
+        "    gr = [np.zeros((F, C), np.float32), np.zeros(F, np.float32),\n"
+        "          np.zeros((C, F), np.float32), np.zeros(C, np.float32)]\n"
+        "    dx = _C.mlp_backward(dy, x, h, g, wf, wp, *gr)\n"
+        "    for name, a in zip(('y', 'h', 'g', 'dx', 'dwf', 'dbf', 'dwp', 'dbp'),\n"
+        "                       (y, h, g, dx, *gr)):\n"
+        "        out[f'{name}{C}'] = a\n"
+        "np.savez(sys.argv[1], **out)\n")
     one, two = outputs_for_thread_counts(tmp_path, script, (1, 2))
+    assert len(one.files) == 16
     for name in one.files:
-        if name in ("dwf", "dwp"):
+        if name.startswith(("dwf", "dwp")):
             assert_close(one[name], two[name], "gradient", name)  # sums over N rows
         else:
             assert np.array_equal(one[name], two[name]), name
