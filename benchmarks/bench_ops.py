@@ -18,7 +18,8 @@ float32 arrays, computing each cos/sin once: what an eager-NumPy layer would run
 Families: rotary (path integration + rotary), attention (causal attention forward/backward;
 the NumPy side runs on a smaller batch and is scaled, see attention_benches), conj_attention
 (MapEM's conjunctive attention in its three modes, sized and scaled as attention; the JSON
-summary compares each mode with the attention op), sgemm (one large sgemm: the machine's
+summary compares each mode with the attention op), mlp (the fused MLP op against the
+separate linear and gelu ops it replaces, and NumPy), sgemm (one large sgemm: the machine's
 matmul rate, which the JSON summary compares attention against).
 
 `--threads N` sets OMP_NUM_THREADS before the C core is loaded. Prints one JSON line at the end.
@@ -443,6 +444,92 @@ def conj_attention_benches(C, B=128, T=256, H=2, D=64, numpy_batch=16, seed=0):
     return benches
 
 
+# ---- MLP: the fused op against the separate linear and gelu ops ----------------------------
+GELU_K32 = np.float32(np.sqrt(2.0 / np.pi))
+
+
+def _np_gelu(h):
+    return h / (np.float32(1.0) + np.exp(np.float32(-2.0) * GELU_K32
+                                         * (h + np.float32(0.044715) * h**3)))
+
+
+def _np_gelu_grad(h):
+    t = np.tanh(GELU_K32 * (h + np.float32(0.044715) * h**3))
+    du = GELU_K32 * (np.float32(1.0) + np.float32(3 * 0.044715) * h * h)
+    return np.float32(0.5) * (np.float32(1.0) + t) + np.float32(0.5) * h * (1 - t * t) * du
+
+
+def mlp_benches(C, N=32768, width=128, ratio=4, seed=0):
+    """The transformer block's MLP, y = gelu(x w_fc^T + b_fc) w_proj^T + b_proj, at the
+    training step's size (N = B*T rows, width C, F = ratio*C hidden units), run three ways:
+    the fused op (mlp_forward / mlp_backward: row blocks that stay in cache), the separate C
+    ops it replaces (linear, gelu, linear), and NumPy float32. flops: the four (forward: two)
+    products, 2 N C F each; GELU is not counted. bytes: inputs read and outputs written once.
+    The JSON summary gives fused / separate time."""
+    rng = np.random.default_rng(seed)
+    F = ratio * width
+    f = lambda *s: (rng.standard_normal(s) * 0.1).astype(np.float32)  # noqa: E731
+    x, w_fc, b_fc, dy = f(N, width), f(F, width), f(F), f(N, width)
+    w_proj, b_proj = f(width, F), f(width)
+    y, h, g = C.mlp_forward(x, w_fc, b_fc, w_proj, b_proj)
+    grads = [np.zeros_like(a) for a in (w_fc, b_fc, w_proj, b_proj)]
+
+    def separate_forward():
+        h1 = C.linear_forward(x, w_fc, b_fc)
+        g1 = C.gelu_forward(h1)
+        return C.linear_forward(g1, w_proj, b_proj), h1, g1
+
+    def separate_backward():
+        dg = C.linear_backward(dy, g, w_proj, grads[2], grads[3])
+        return C.linear_backward(C.gelu_backward(dg, h), x, w_fc, grads[0], grads[1])
+
+    def numpy_forward():
+        h1 = x @ w_fc.T + b_fc
+        g1 = _np_gelu(h1)
+        return g1 @ w_proj.T + b_proj, h1, g1
+
+    def numpy_backward():
+        dh = (dy @ w_proj) * _np_gelu_grad(h)
+        return dh @ w_fc, dh.T @ x, dh.sum(0), dy.T @ g, dy.sum(0)
+
+    def check_forward():
+        for a, b, name in zip(C.mlp_forward(x, w_fc, b_fc, w_proj, b_proj),
+                              separate_forward(), ("y", "h", "g")):
+            err = np.abs(a - b).max() / np.abs(b).max()
+            assert err < 1e-5, f"mlp_forward {name} differs from the separate ops by {err:.3g}"
+
+    def check_backward():
+        fused = [np.zeros_like(a) for a in grads]
+        dx = C.mlp_backward(dy, x, h, g, w_fc, w_proj, *fused)
+        want = numpy_backward()
+        for a, b, name in zip([dx, *fused], [want[0], want[1], want[2], want[3], want[4]],
+                              ("dx", "dw_fc", "db_fc", "dw_proj", "db_proj")):
+            err = np.abs(a - b).max() / np.abs(b).max()
+            assert err < 1e-3, f"mlp_backward {name} differs from NumPy by {err:.3g}"
+
+    def flops(products):
+        return lambda: 2.0 * products * N * width * F
+
+    def fwd_bytes():  # x, weights, biases in; h, g, y out
+        return 4.0 * (2 * N * width + 2 * width * F + F + width + 2 * N * F)
+
+    def bwd_bytes():  # dy, x, h, g, weights in; dx, weight and bias gradients out
+        return 4.0 * (3 * N * width + 2 * N * F + 4 * width * F + 2 * (F + width))
+    sizes = dict(N=N, C=width, F=F)
+    return [
+        OpBench("mlp_forward", sizes, flops(2), fwd_bytes,
+                lambda: C.mlp_forward(x, w_fc, b_fc, w_proj, b_proj), numpy_forward,
+                check_forward),
+        OpBench("mlp_forward separate ops", sizes, flops(2), fwd_bytes, separate_forward,
+                numpy_forward, check_forward),
+        OpBench("mlp_backward", sizes, flops(4), bwd_bytes,
+                lambda: C.mlp_backward(dy, x, h, g, w_fc, w_proj, *grads), numpy_backward,
+                check_backward),
+        OpBench("mlp_backward separate ops", sizes, flops(4), bwd_bytes, separate_backward,
+                numpy_backward, check_backward),
+    ]
+
+
 # ---- the machine's sgemm rate, for comparison ---------------------------------------------
 def sgemm_benches(C, N=2048, seed=0):
     """One large sgemm, y = x W^T with x, W (N, N): the rate every matmul-bound op is judged
@@ -466,6 +553,7 @@ FAMILIES = {
     "rotary": rotary_benches,
     "attention": attention_benches,
     "conj_attention": conj_attention_benches,
+    "mlp": mlp_benches,
     "sgemm": sgemm_benches,
 }
 
@@ -486,6 +574,8 @@ def main():
     p.add_argument("--numpy-batch", type=int, default=16,
                    help="attention, conj_attention: batch the NumPy float32 side "
                         "runs on (time scaled to B)")
+    p.add_argument("--mlp-rows", type=int, default=32768, help="mlp: rows N (= B*T)")
+    p.add_argument("--mlp-width", type=int, default=128, help="mlp: width C (F = 4C)")
     p.add_argument("--sgemm-n", type=int, default=2048, help="sgemm: N of the N^3 product")
     args = p.parse_args()
     if args.threads is not None:
@@ -497,6 +587,7 @@ def main():
     family_args = {
         "attention": attn_args,
         "conj_attention": attn_args,
+        "mlp": dict(N=args.mlp_rows, width=args.mlp_width),
         "sgemm": dict(N=args.sgemm_n),
     }
     results = []
@@ -554,6 +645,10 @@ def main():
         if sgemm is not None:
             entry["fraction_of_sgemm"] = round(gflops / sgemm["c_gflops"], 3)
         summary[f"conj_attention_{mode}_fwd_bwd"] = entry
+    for step in ("forward", "backward"):
+        fused, separate = by_name.get(f"mlp_{step}"), by_name.get(f"mlp_{step} separate ops")
+        if fused is not None and separate is not None:
+            summary[f"mlp_{step}_fused_vs_separate"] = round(fused["c_ms"] / separate["c_ms"], 3)
     print(json.dumps({"bench": "ops", "omp_num_threads": os.environ.get("OMP_NUM_THREADS"),
                       "repeats": args.repeats, "results": results, "summary": summary}))
 
