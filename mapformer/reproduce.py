@@ -258,11 +258,10 @@ def main(table_id, argv=None):
                 measured.setdefault(part_name, {}).setdefault(row.label, []).append(accs)
                 records.append({"part": part_name, "row": row.label, "seed": seed,
                                 **accs, **record})
-                print(f"  {part_name} {row.label} seed {seed}: " + "  ".join(
-                    f"{c} {a:.3f}" for c, a in accs["accuracy"].items())
-                      + "  objects " + " ".join(
-                    f"{a:.3f}" for a in accs["object_accuracy"].values())
-                      + f"  ({record['wall_s']:.0f}s)", flush=True)
+                print(f"  {part_name} {row.label} seed {seed}: " + "   ".join(
+                    f"{metric} " + " ".join(f"{c} {a:.3f}" for c, a in accs[metric].items())
+                    for metric in table["metrics"]) + f"  ({record['wall_s']:.0f}s)",
+                      flush=True)
     text = "\n\n".join(format_table(
         f"{table['title']}, {METRICS[metric]} (scale {args.scale}, {args.seeds} seeds, "
         f"{sequences} training sequences per run; paper in parentheses)",

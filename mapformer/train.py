@@ -301,9 +301,9 @@ def train(model_config, train_config, out_dir=None, resume=None, progress=True, 
           eval_tasks=None):
     """Train a model on ``train_config``'s task and evaluate it.
 
-    model_config: ModelConfig (vocab_size must equal the task's). out_dir: where ``checkpoint.npz`` and ``metrics.jsonl`` go
-    (None: nothing written). resume: a checkpoint to continue from (its configs must equal
-    these). eval_tasks: {name: task config} (default: the three presets, see
+    model_config: ModelConfig (vocab_size must equal the task's). out_dir: where
+    ``checkpoint.npz`` and ``metrics.jsonl`` go (None: nothing written). resume: a checkpoint
+    to continue from (its configs must equal these). eval_tasks: {name: task config} (default: the three presets, see
     TrainConfig.eval_tasks). Returns a dict with the final evaluation, the last training
     loss, wall time, steps, sequences and the model."""
     task = train_config.task_config()
@@ -363,7 +363,8 @@ def train(model_config, train_config, out_dir=None, resume=None, progress=True, 
                 log(f"step {done}:\n{format_eval(results)}")
                 if metrics:
                     metrics.write(json.dumps({"step": done, "eval": results}) + "\n")
-            if out_dir and train_config.checkpoint_every and done % train_config.checkpoint_every == 0:
+            every = train_config.checkpoint_every
+            if out_dir and every and done % every == 0:
                 save_checkpoint(out_dir / "checkpoint.npz", model, optimizer, train_config, done)
         bar.close()
         wall = time.perf_counter() - t0

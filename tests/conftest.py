@@ -59,6 +59,17 @@ def numerical_grad(f, x, eps=1e-6):
     return grad
 
 
+@pytest.fixture(params=["auto", "blas"])
+def kernel(request, monkeypatch):
+    """Run an attention-family test on the CPU's own kernel (AVX-512 where the CPU has it)
+    and on the portable sgemm path (MAPFORMER_ATTENTION_KERNEL=blas)."""
+    if request.param == "blas":
+        monkeypatch.setenv("MAPFORMER_ATTENTION_KERNEL", "blas")
+    else:
+        monkeypatch.delenv("MAPFORMER_ATTENTION_KERNEL", raising=False)
+    return request.param
+
+
 @pytest.fixture
 def rng():
     return np.random.default_rng(1234)

@@ -22,16 +22,6 @@ DS = [16, 64, 128]
 NAMES = ["qx", "kx", "qp", "kp", "v"]
 
 
-@pytest.fixture(params=["auto", "blas"])
-def kernel(request, monkeypatch):
-    """Run the test on the CPU's own kernel and on the portable sgemm path."""
-    if request.param == "blas":
-        monkeypatch.setenv("MAPFORMER_ATTENTION_KERNEL", "blas")
-    else:
-        monkeypatch.delenv("MAPFORMER_ATTENTION_KERNEL", raising=False)
-    return request.param
-
-
 def make(rng, B, T, H, D):
     """qx, kx, qp, kp, v, dout (B, T, H, D) float32 standard normals."""
     return [randn(rng, B, T, H, D) for _ in range(6)]

@@ -28,10 +28,7 @@ static PyObject *py_attention_forward(PyObject *self, PyObject *args, PyObject *
     if (mf_head_dim_and_scale(D, "q, k, v", scale_obj, &scale) < 0) goto fail;
 
     int64_t ld[3] = {B, H, T};
-    out = mf_empty_f32(4, qd);
-    if (out == NULL) goto fail;
-    lse = mf_empty_f32(3, ld);
-    if (lse == NULL) goto fail;
+    if ((out = mf_empty_f32(4, qd)) == NULL || (lse = mf_empty_f32(3, ld)) == NULL) goto fail;
     int status;
     Py_BEGIN_ALLOW_THREADS;
     status = attention_forward((float *)PyArray_DATA(out), (float *)PyArray_DATA(lse),
@@ -79,12 +76,9 @@ static PyObject *py_attention_backward(PyObject *self, PyObject *args, PyObject 
     float scale;
     if (mf_head_dim_and_scale(D, "q, k, v", scale_obj, &scale) < 0) goto fail;
 
-    dq = mf_empty_f32(4, qd);
-    if (dq == NULL) goto fail;
-    dk = mf_empty_f32(4, qd);
-    if (dk == NULL) goto fail;
-    dv = mf_empty_f32(4, qd);
-    if (dv == NULL) goto fail;
+    if ((dq = mf_empty_f32(4, qd)) == NULL || (dk = mf_empty_f32(4, qd)) == NULL ||
+        (dv = mf_empty_f32(4, qd)) == NULL)
+        goto fail;
     int status;
     Py_BEGIN_ALLOW_THREADS;
     status = attention_backward(

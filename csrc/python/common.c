@@ -198,7 +198,8 @@ PyArrayObject *mf_empty_f32(int ndim, const int64_t *dims) {
         shape[i] = (npy_intp)dims[i];
         size *= (size_t)dims[i];
     }
-    if (size < MF_POOL_MIN_BYTES) return (PyArrayObject *)PyArray_EMPTY(ndim, shape, NPY_FLOAT32, 0);
+    if (size < MF_POOL_MIN_BYTES)
+        return (PyArrayObject *)PyArray_EMPTY(ndim, shape, NPY_FLOAT32, 0);
     size = (size + MF_BLOCK_HEADER - 1) / MF_BLOCK_HEADER * MF_BLOCK_HEADER;
     void *block = pool_acquire(size);
     if (block == NULL) return (PyArrayObject *)PyErr_NoMemory();
