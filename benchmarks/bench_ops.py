@@ -18,7 +18,8 @@ float32 arrays, computing each cos/sin once: what an eager-NumPy layer would run
 Families: rotary (path integration + rotary), attention (causal attention forward/backward;
 the NumPy side runs on a smaller batch and is scaled, see attention_benches), conj_attention
 (MapEM's conjunctive attention in its three modes, sized and scaled as attention; the JSON
-summary compares each mode with the attention op), mlp (the fused MLP op against the
+summary compares each mode with the attention op), linear (linear_forward at the training
+step's shapes), mlp (the fused MLP op against the
 separate linear and gelu ops it replaces, and NumPy), sgemm (one large sgemm: the machine's
 matmul rate, which the JSON summary compares attention against).
 
@@ -444,6 +445,33 @@ def conj_attention_benches(C, B=128, T=256, H=2, D=64, numpy_batch=16, seed=0):
     return benches
 
 
+# ---- linear at the training step's shapes ---------------------------------------------------
+def linear_benches(C, N=32768, width=128, ratio=4, seed=0):
+    """y = x W^T + b at the shapes of a training step's linears (N = B*T rows): the
+    projections (width -> width), the MLP's fc (width -> ratio*width) and proj (back).
+    Their rates, against the square sgemm's, are what bounds the step (bench_train_step).
+    flops 2 N Cin Cout; bytes: x, W, b read, y written."""
+    rng = np.random.default_rng(seed)
+    benches = []
+    for c_in, c_out in ((width, width), (width, ratio * width), (ratio * width, width)):
+        x = rng.standard_normal((N, c_in)).astype(np.float32)
+        w = rng.standard_normal((c_out, c_in)).astype(np.float32)
+        b = rng.standard_normal(c_out).astype(np.float32)
+
+        def check(x=x, w=w, b=b):
+            got, want = C.linear_forward(x[:256], w, b), x[:256] @ w.T + b
+            err = np.abs(got - want).max() / np.abs(want).max()
+            assert err < 1e-5, f"linear_forward differs from NumPy by {err:.3g}"
+
+        benches.append(OpBench(
+            f"linear_forward {N}x{c_in}->{c_out}", dict(N=N, Cin=c_in, Cout=c_out),
+            lambda c_in=c_in, c_out=c_out: 2.0 * N * c_in * c_out,
+            lambda c_in=c_in, c_out=c_out: 4.0 * (N * c_in + c_in * c_out + c_out + N * c_out),
+            lambda x=x, w=w, b=b: C.linear_forward(x, w, b), lambda x=x, w=w, b=b: x @ w.T + b,
+            check))
+    return benches
+
+
 # ---- MLP: the fused op against the separate linear and gelu ops ----------------------------
 GELU_K32 = np.float32(np.sqrt(2.0 / np.pi))
 
@@ -553,6 +581,7 @@ FAMILIES = {
     "rotary": rotary_benches,
     "attention": attention_benches,
     "conj_attention": conj_attention_benches,
+    "linear": linear_benches,
     "mlp": mlp_benches,
     "sgemm": sgemm_benches,
 }
@@ -574,8 +603,9 @@ def main():
     p.add_argument("--numpy-batch", type=int, default=16,
                    help="attention, conj_attention: batch the NumPy float32 side "
                         "runs on (time scaled to B)")
-    p.add_argument("--mlp-rows", type=int, default=32768, help="mlp: rows N (= B*T)")
-    p.add_argument("--mlp-width", type=int, default=128, help="mlp: width C (F = 4C)")
+    p.add_argument("--mlp-rows", type=int, default=32768, help="linear, mlp: rows N (= B*T)")
+    p.add_argument("--mlp-width", type=int, default=128,
+                   help="linear, mlp: width C (F = 4C)")
     p.add_argument("--sgemm-n", type=int, default=2048, help="sgemm: N of the N^3 product")
     args = p.parse_args()
     if args.threads is not None:
@@ -587,6 +617,7 @@ def main():
     family_args = {
         "attention": attn_args,
         "conj_attention": attn_args,
+        "linear": dict(N=args.mlp_rows, width=args.mlp_width),
         "mlp": dict(N=args.mlp_rows, width=args.mlp_width),
         "sgemm": dict(N=args.sgemm_n),
     }
