@@ -58,10 +58,8 @@
 #include "mapformer/blas.h"
 #include "mapformer/clones.h"
 #include "mapformer/mapformer.h"
+#include "mapformer/threads.h"
 
-#ifdef _OPENMP
-#include <omp.h>
-#endif
 
 #define BR 64 /* query rows per block */
 #define LOG2E 1.4426950408889634f
@@ -430,22 +428,6 @@ static int bwd_task(const CopeParams *p, CopeScratch *sc, int64_t b, int64_t h) 
 
 /* ---- driver ------------------------------------------------------------------------------- */
 
-static int max_threads(void) {
-#ifdef _OPENMP
-    return omp_get_max_threads();
-#else
-    return 1;
-#endif
-}
-
-static int thread_id(void) {
-#ifdef _OPENMP
-    return omp_get_thread_num();
-#else
-    return 0;
-#endif
-}
-
 static void free_scratch(CopeScratch *sc, int nt) {
     if (sc == NULL) return;
     for (int t = 0; t < nt; t++) {
@@ -519,9 +501,9 @@ int cope_forward(float *out, float *lse, const float *q, const float *k, const f
     /* Whole heads per task when there are enough to keep every thread busy (K is then
      * transposed once per head); else one query block per task, the longest first. */
     const int64_t nb = (T + BR - 1) / BR;
-    const int whole_heads = B * H >= 4 * (int64_t)max_threads();
+    const int whole_heads = B * H >= 4 * (int64_t)mf_max_threads();
     const int64_t ntask = whole_heads ? B * H : B * H * nb;
-    const int nt = (int)min64(max_threads(), ntask);
+    const int nt = (int)min64(mf_max_threads(), ntask);
     CopeScratch *sc = alloc_scratch(&p, nt, 0);
     if (sc == NULL) return MF_ENOMEM;
     status = make_et(&p);
@@ -531,7 +513,7 @@ int cope_forward(float *out, float *lse, const float *q, const float *k, const f
             const int64_t bh = task % (B * H);
             const int64_t ib0 = whole_heads ? 0 : nb - 1 - task / (B * H);
             const int64_t ib1 = whole_heads ? nb : ib0 + 1;
-            const int st = fwd_task(&p, &sc[thread_id()], bh / H, bh % H, ib0, ib1);
+            const int st = fwd_task(&p, &sc[mf_thread_id()], bh / H, bh % H, ib0, ib1);
             if (st != MF_OK) {
 #pragma omp atomic write
                 status = st;
@@ -554,7 +536,7 @@ int cope_backward(float *dq, float *dk, float *dv, float *de, const float *dout,
                     .n_pos = n_pos, .ld = H * D, .Tp = round_up(T),
                     .nzmax = min64(n_pos, T + 1), .scale = scale};
     const int64_t ntask = B * H;
-    const int nt = (int)min64(max_threads(), ntask);
+    const int nt = (int)min64(mf_max_threads(), ntask);
     CopeScratch *sc = alloc_scratch(&p, nt, 1);
     if (sc == NULL) return MF_ENOMEM;
     status = make_et(&p);
@@ -564,7 +546,7 @@ int cope_backward(float *dq, float *dk, float *dv, float *de, const float *dout,
         {
 #pragma omp for schedule(static)
             for (int64_t task = 0; task < ntask; task++) {
-                const int st = bwd_task(&p, &sc[thread_id()], task / H, task % H);
+                const int st = bwd_task(&p, &sc[mf_thread_id()], task / H, task % H);
                 if (st != MF_OK) {
 #pragma omp atomic write
                     status = st;

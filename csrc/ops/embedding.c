@@ -5,6 +5,7 @@
 #include <string.h>
 
 #include "mapformer/mapformer.h"
+#include "mapformer/threads.h"
 
 /* N*C below this runs on one thread: forking a team costs more than copying a few KiB, and on
  * a shared 2-vCPU machine a tiny parallel region can wait a whole time slice for its sibling. */
@@ -26,12 +27,7 @@ int embedding_backward(float *dweight, const float *dout, const int32_t *tokens,
      * threads touch the same dweight entry. */
 #pragma omp parallel if (N * C >= EMB_MIN_PARALLEL)
     {
-#ifdef _OPENMP
-        extern int omp_get_thread_num(void), omp_get_num_threads(void);
-        int64_t nt = omp_get_num_threads(), id = omp_get_thread_num();
-#else
-        int64_t nt = 1, id = 0;
-#endif
+        const int64_t nt = mf_num_threads(), id = mf_thread_id();
         int64_t c0 = C * id / nt, c1 = C * (id + 1) / nt;
         for (int64_t n = 0; n < N; n++) {
             float *dst = dweight + (int64_t)tokens[n] * C;

@@ -29,12 +29,9 @@
 #include <math.h>
 #include <stdlib.h>
 
-#ifdef _OPENMP
-#include <omp.h>
-#endif
-
 #include "mapformer/clones.h"
 #include "mapformer/mapformer.h"
+#include "mapformer/threads.h"
 
 #define PI_BLOCK 256          /* columns per work item: at most 3 double arrays of 2 KiB each */
 #define PI_MIN_PARALLEL 32768 /* B*T*M below this runs on one thread */
@@ -97,10 +94,7 @@ static void backward_block(float *restrict ddelta, double *restrict dom,
 /* Columns per work item: all M (up to PI_BLOCK) when there are enough batch rows to feed every
  * thread, else M split so that B * blocks >= threads, in multiples of 16 columns. */
 static int64_t block_width(int64_t B, int64_t M) {
-    int64_t threads = 1;
-#ifdef _OPENMP
-    threads = omp_get_max_threads();
-#endif
+    const int64_t threads = mf_max_threads();
     int64_t per_row = (threads + B - 1) / B;
     int64_t w = (M + per_row - 1) / per_row;
     w = (w + 15) / 16 * 16;

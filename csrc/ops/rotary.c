@@ -32,12 +32,9 @@
 #include <stdint.h>
 #include <string.h>
 
-#ifdef _OPENMP
-#include <omp.h>
-#endif
-
 #include "mapformer/clones.h"
 #include "mapformer/mapformer.h"
+#include "mapformer/threads.h"
 
 #define ROT_SEG 1024           /* angles per segment: cos/sin (4 KiB each) and dtheta (8 KiB)
                                   scratch on the stack; a segment's q, k and outputs fit L1/L2 */
@@ -187,14 +184,6 @@ static void backward_items(float *dq, float *dk, float *dtheta, const float *dq_
     }
 }
 
-static int64_t max_threads(void) {
-#ifdef _OPENMP
-    return omp_get_max_threads();
-#else
-    return 1;
-#endif
-}
-
 /* Items per dynamically scheduled chunk: about ROT_CHUNK_PAIRS pairs of q (and of k), so a
  * parked thread holds up little work and the scheduling cost stays negligible. */
 static int64_t chunk_items(int64_t items, int64_t pairs_per_item) {
@@ -211,8 +200,8 @@ int rotary_forward(float *q_out, float *k_out, const float *q, const float *k,
     const int64_t TP = T * H * (D / 2), nseg = (TP + ROT_SEG - 1) / ROT_SEG;
     /* With TB = 1 and few segments, split b too so that every thread gets work. */
     int64_t nbb = 1;
-    if (TB == 1 && nseg < 4 * max_threads()) {
-        nbb = (4 * max_threads() + nseg - 1) / nseg;
+    if (TB == 1 && nseg < 4 * mf_max_threads()) {
+        nbb = (4 * mf_max_threads() + nseg - 1) / nseg;
         if (nbb > B) nbb = B;
     }
     const int64_t items = TB == 1 ? nseg * nbb : B * nseg;
