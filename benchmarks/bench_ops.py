@@ -490,22 +490,23 @@ def _np_gelu_grad(h):
 def mlp_benches(C, N=32768, width=128, ratio=4, seed=0):
     """The transformer block's MLP, y = gelu(x w_fc^T + b_fc) w_proj^T + b_proj, at the
     training step's size (N = B*T rows, width C, F = ratio*C hidden units), run three ways:
-    the fused op (mlp_forward / mlp_backward: row blocks that stay in cache), the separate C
-    ops it replaces (linear, gelu, linear), and NumPy float32. flops: the four (forward: two)
-    products, 2 N C F each; GELU is not counted. bytes: inputs read and outputs written once.
-    The JSON summary gives fused / separate time."""
+    the fused op (mlp_forward / mlp_backward: row blocks that stay in cache; only h is kept),
+    the separate C ops it replaces (linear, gelu, linear, keeping h and g), and NumPy float32.
+    flops: the four (forward: two) products, 2 N C F each; GELU is not counted. bytes: the
+    fused op's inputs read and outputs written once. The JSON summary gives fused / separate
+    time."""
     rng = np.random.default_rng(seed)
     F = ratio * width
     f = lambda *s: (rng.standard_normal(s) * 0.1).astype(np.float32)  # noqa: E731
     x, w_fc, b_fc, dy = f(N, width), f(F, width), f(F), f(N, width)
     w_proj, b_proj = f(width, F), f(width)
-    y, h, g = C.mlp_forward(x, w_fc, b_fc, w_proj, b_proj)
+    y, h = C.mlp_forward(x, w_fc, b_fc, w_proj, b_proj)
+    g = C.gelu_forward(h)  # what the separate ops keep from their forward
     grads = [np.zeros_like(a) for a in (w_fc, b_fc, w_proj, b_proj)]
 
     def separate_forward():
         h1 = C.linear_forward(x, w_fc, b_fc)
-        g1 = C.gelu_forward(h1)
-        return C.linear_forward(g1, w_proj, b_proj), h1, g1
+        return C.linear_forward(C.gelu_forward(h1), w_proj, b_proj), h1
 
     def separate_backward():
         dg = C.linear_backward(dy, g, w_proj, grads[2], grads[3])
@@ -513,8 +514,7 @@ def mlp_benches(C, N=32768, width=128, ratio=4, seed=0):
 
     def numpy_forward():
         h1 = x @ w_fc.T + b_fc
-        g1 = _np_gelu(h1)
-        return g1 @ w_proj.T + b_proj, h1, g1
+        return _np_gelu(h1) @ w_proj.T + b_proj, h1
 
     def numpy_backward():
         dh = (dy @ w_proj) * _np_gelu_grad(h)
@@ -522,13 +522,13 @@ def mlp_benches(C, N=32768, width=128, ratio=4, seed=0):
 
     def check_forward():
         for a, b, name in zip(C.mlp_forward(x, w_fc, b_fc, w_proj, b_proj),
-                              separate_forward(), ("y", "h", "g")):
+                              separate_forward(), ("y", "h")):
             err = np.abs(a - b).max() / np.abs(b).max()
             assert err < 1e-5, f"mlp_forward {name} differs from the separate ops by {err:.3g}"
 
     def check_backward():
         fused = [np.zeros_like(a) for a in grads]
-        dx = C.mlp_backward(dy, x, h, g, w_fc, w_proj, *fused)
+        dx = C.mlp_backward(dy, x, h, w_fc, w_proj, *fused)
         want = numpy_backward()
         for a, b, name in zip([dx, *fused], [want[0], want[1], want[2], want[3], want[4]],
                               ("dx", "dw_fc", "db_fc", "dw_proj", "db_proj")):
@@ -538,11 +538,11 @@ def mlp_benches(C, N=32768, width=128, ratio=4, seed=0):
     def flops(products):
         return lambda: 2.0 * products * N * width * F
 
-    def fwd_bytes():  # x, weights, biases in; h, g, y out
-        return 4.0 * (2 * N * width + 2 * width * F + F + width + 2 * N * F)
+    def fwd_bytes():  # x, weights, biases in; h, y out
+        return 4.0 * (2 * N * width + 2 * width * F + F + width + N * F)
 
-    def bwd_bytes():  # dy, x, h, g, weights in; dx, weight and bias gradients out
-        return 4.0 * (3 * N * width + 2 * N * F + 4 * width * F + 2 * (F + width))
+    def bwd_bytes():  # dy, x, h, weights in; dx, weight and bias gradients out
+        return 4.0 * (3 * N * width + N * F + 4 * width * F + 2 * (F + width))
     sizes = dict(N=N, C=width, F=F)
     return [
         OpBench("mlp_forward", sizes, flops(2), fwd_bytes,
@@ -551,7 +551,7 @@ def mlp_benches(C, N=32768, width=128, ratio=4, seed=0):
         OpBench("mlp_forward separate ops", sizes, flops(2), fwd_bytes, separate_forward,
                 numpy_forward, check_forward),
         OpBench("mlp_backward", sizes, flops(4), bwd_bytes,
-                lambda: C.mlp_backward(dy, x, h, g, w_fc, w_proj, *grads), numpy_backward,
+                lambda: C.mlp_backward(dy, x, h, w_fc, w_proj, *grads), numpy_backward,
                 check_backward),
         OpBench("mlp_backward separate ops", sizes, flops(4), bwd_bytes, separate_backward,
                 numpy_backward, check_backward),

@@ -156,7 +156,7 @@ class Dropout:
 
 class MLP:
     """Linear(C, 4C) -> GELU -> Linear(4C, C): x (N, C) -> (N, C), one fused op each way
-    (``mlp_forward`` keeps the pre-activation h and g = gelu(h) for ``mlp_backward``).
+    (``mlp_forward`` keeps the pre-activation h (N, 4C) for ``mlp_backward``).
     ``fc`` and ``proj`` hold the two layers' parameters."""
 
     def __init__(self, store, name, width, ops, ratio=4, out_std=0.02):
@@ -166,13 +166,13 @@ class MLP:
 
     def forward(self, x):
         self.x = x
-        y, self.h, self.g = self.ops.mlp_forward(x, self.fc.weight.value, self.fc.bias.value,
-                                                 self.proj.weight.value, self.proj.bias.value)
+        y, self.h = self.ops.mlp_forward(x, self.fc.weight.value, self.fc.bias.value,
+                                         self.proj.weight.value, self.proj.bias.value)
         return y
 
     def backward(self, dy):
         """dy (N, C) -> dx (N, C)."""
-        return self.ops.mlp_backward(dy, self.x, self.h, self.g, self.fc.weight.value,
+        return self.ops.mlp_backward(dy, self.x, self.h, self.fc.weight.value,
                                      self.proj.weight.value, self.fc.weight.grad,
                                      self.fc.bias.grad, self.proj.weight.grad,
                                      self.proj.bias.grad)

@@ -86,11 +86,10 @@ def gelu_backward(dy, x):
 
 # ---- mlp ---------------------------------------------------------------------------------
 def mlp_forward(x, w_fc, b_fc, w_proj, b_proj):
-    """x (N, C), w_fc (F, C), b_fc (F,), w_proj (C, F), b_proj (C,) -> y (N, C), h (N, F),
-    g (N, F): h = x w_fc^T + b_fc, g = gelu(h), y = g w_proj^T + b_proj."""
+    """x (N, C), w_fc (F, C), b_fc (F,), w_proj (C, F), b_proj (C,) -> y (N, C), h (N, F):
+    h = x w_fc^T + b_fc, y = gelu(h) w_proj^T + b_proj."""
     h = linear_forward(x, w_fc, b_fc)
-    g = gelu_forward(h)
-    return linear_forward(g, w_proj, b_proj), h, g
+    return linear_forward(gelu_forward(h), w_proj, b_proj), h
 
 
 def mlp_backward(dy, x, h, w_fc, w_proj):

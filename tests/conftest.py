@@ -61,12 +61,13 @@ def numerical_grad(f, x, eps=1e-6):
 
 @pytest.fixture(params=["auto", "blas"])
 def kernel(request, monkeypatch):
-    """Run an attention-family test on the CPU's own kernel (AVX-512 where the CPU has it)
-    and on the portable sgemm path (MAPFORMER_ATTENTION_KERNEL=blas)."""
+    """Run a test of an op with hand-written kernels (attention, conjunctive attention, linear,
+    MLP) on the CPU's own kernel (AVX-512 where the CPU has it) and on the portable OpenBLAS
+    path (MAPFORMER_KERNELS=blas)."""
     if request.param == "blas":
-        monkeypatch.setenv("MAPFORMER_ATTENTION_KERNEL", "blas")
+        monkeypatch.setenv("MAPFORMER_KERNELS", "blas")
     else:
-        monkeypatch.delenv("MAPFORMER_ATTENTION_KERNEL", raising=False)
+        monkeypatch.delenv("MAPFORMER_KERNELS", raising=False)
     return request.param
 
 

@@ -1,7 +1,7 @@
 """C causal attention (forward and backward) against the float64 reference, and its argument
 checks. Every case runs on both kernels: the CPU's own (the AVX-512 microkernels where the CPU
 has them) and the portable sgemm path that CPUs without AVX-512 take
-(MAPFORMER_ATTENTION_KERNEL=blas)."""
+(MAPFORMER_KERNELS=blas)."""
 import sys
 import threading
 

@@ -1,7 +1,7 @@
 """Conjunctive attention (MapEM): the float64 reference against finite differences and against
 independent formulations, then the C op (forward and backward, all three modes) against the
 reference on both kernels (the CPU's own, AVX-512 where the CPU has it, and the portable sgemm
-path, MAPFORMER_ATTENTION_KERNEL=blas), sum mode against the plain attention op, and the
+path, MAPFORMER_KERNELS=blas), sum mode against the plain attention op, and the
 binding's argument checks, input immutability and reference counts."""
 import sys
 import threading

@@ -43,7 +43,8 @@ def test_gelu_dense_range():
     assert_close(y, ref.gelu_forward(x), "default", "y")
     assert_close(_C.gelu_backward(np.ones_like(x), x), ref.gelu_backward(np.ones_like(x), x),
                  "default", "dx")
-    u32 = (np.float32(np.sqrt(2 / np.pi)) * (x + np.float32(0.044715) * x * x * x)).astype(np.float64)
+    u32 = np.float32(np.sqrt(2 / np.pi)) * (x + np.float32(0.044715) * (x * x) * x)
+    u32 = u32.astype(np.float64)
     oracle = x / (1.0 + np.exp(-2.0 * u32))
     big = np.abs(oracle) > 1e-30
     ulps = np.abs(y - oracle)[big] / np.spacing(np.abs(oracle[big]).astype(np.float32))

@@ -4,7 +4,7 @@ import re
 import numpy as np
 import pytest
 
-from conftest import assert_close, outputs_for_thread_counts, randn
+from conftest import assert_close, assert_same_bits_for_thread_counts, randn
 from mapformer import _C
 from mapformer import reference as ref
 
@@ -28,7 +28,7 @@ def make(rng, N, Cin, Cout):
 @pytest.mark.parametrize("N", NS)
 @pytest.mark.parametrize("Cin,Cout", WIDTHS)
 @pytest.mark.parametrize("with_bias", [True, False])
-def test_forward(rng, N, Cin, Cout, with_bias):
+def test_forward(rng, kernel, N, Cin, Cout, with_bias):
     x, weight, bias, _ = make(rng, N, Cin, Cout)
     b = bias if with_bias else None
     before = (x.copy(), weight.copy(), bias.copy())
@@ -44,7 +44,7 @@ def test_forward(rng, N, Cin, Cout, with_bias):
 @pytest.mark.parametrize("N", NS + [4096])
 @pytest.mark.parametrize("Cin,Cout", WIDTHS + [(20, 130)])
 @pytest.mark.parametrize("with_bias", [True, False])
-def test_backward_new_dx(rng, N, Cin, Cout, with_bias):
+def test_backward_new_dx(rng, kernel, N, Cin, Cout, with_bias):
     x, weight, _, dy = make(rng, N, Cin, Cout)
     dw0 = randn(rng, Cout, Cin)  # nonzero prefill: parameter gradients accumulate
     db0 = randn(rng, Cout)
@@ -64,7 +64,7 @@ def test_backward_new_dx(rng, N, Cin, Cout, with_bias):
 
 @pytest.mark.parametrize("N", NS)
 @pytest.mark.parametrize("Cin,Cout", WIDTHS)
-def test_backward_accumulates_dx(rng, N, Cin, Cout):
+def test_backward_accumulates_dx(rng, kernel, N, Cin, Cout):
     x, weight, _, dy = make(rng, N, Cin, Cout)
     dx0, dw0, db0 = randn(rng, N, Cin), randn(rng, Cout, Cin), randn(rng, Cout)
     dx, dweight, dbias = dx0.copy(), dw0.copy(), db0.copy()
@@ -156,9 +156,8 @@ def test_backward_overlap_rejected(rng):
 
 
 def test_same_bits_for_any_thread_count(tmp_path):
-    """Row blocks depend on N only and the dbias block sums are combined in block order, so
-    y, dx and dbias have the same bits on 1 and 2 threads (dweight goes through
-    mf_sgemm_rows, whose row split over the threads can change float32 rounding)."""
+    """Row blocks and the chunks of dweight's sums depend on N only, and the block and chunk
+    sums are combined in order, so every output has the same bits on 1, 2 and 3 threads."""
     script = (
         "import sys\nimport numpy as np\nfrom mapformer import _C\n"
         "r = np.random.default_rng(3)\n"
@@ -168,10 +167,7 @@ def test_same_bits_for_any_thread_count(tmp_path):
         "dw, db = np.zeros((130, 40), np.float32), np.zeros(130, np.float32)\n"
         "dx = _C.linear_backward(dy, x, w, dw, db)\n"
         "np.savez(sys.argv[1], y=y, dx=dx, db=db, dw=dw)\n")
-    one, two = outputs_for_thread_counts(tmp_path, script, (1, 2))
-    for name in ("y", "dx", "db"):
-        assert np.array_equal(one[name], two[name]), name
-    assert_close(one["dw"], two["dw"], "gradient", "dw")  # sums over N rows
+    assert_same_bits_for_thread_counts(tmp_path, script, (1, 2, 3))
 
 
 @pytest.mark.parametrize("N", [1, 300])

@@ -3,8 +3,8 @@ against the separate C ops, and its argument checks."""
 import numpy as np
 import pytest
 
-from conftest import (assert_close, assert_no_leaks, expect_error, outputs_for_thread_counts,
-                      randn, raises_naming)
+from conftest import (assert_close, assert_no_leaks, assert_same_bits_for_thread_counts,
+                      expect_error, randn, raises_naming)
 from mapformer import _C
 from mapformer import reference as ref
 
@@ -30,17 +30,16 @@ def grads(rng, C, F):
 
 @pytest.mark.parametrize("N", NS)
 @pytest.mark.parametrize("C,F", WIDTHS)
-def test_forward(rng, N, C, F):
+def test_forward(rng, kernel, N, C, F):
     x, w_fc, b_fc, w_proj, b_proj, _ = make(rng, N, C, F)
     inputs = (x, w_fc, b_fc, w_proj, b_proj)
     before = [a.copy() for a in inputs]
-    y, h, g = _C.mlp_forward(*inputs)
-    for a, shape in ((y, (N, C)), (h, (N, F)), (g, (N, F))):
+    y, h = _C.mlp_forward(*inputs)
+    for a, shape in ((y, (N, C)), (h, (N, F))):
         assert a.dtype == np.float32 and a.shape == shape and a.flags.c_contiguous
-    ry, rh, rg = ref.mlp_forward(*inputs)
-    # h and y are sgemm dot products (over C, then F); g is elementwise in h
+    ry, rh = ref.mlp_forward(*inputs)
+    # h and y are dot products (over C, then F)
     assert_close(h, rh, "reduction", "h")
-    assert_close(g, rg, "reduction", "g")
     assert_close(y, ry, "reduction", "y")
     for a, a0 in zip(inputs, before):
         assert np.array_equal(a, a0)
@@ -48,12 +47,12 @@ def test_forward(rng, N, C, F):
 
 @pytest.mark.parametrize("N", NS)
 @pytest.mark.parametrize("C,F", WIDTHS)
-def test_backward(rng, N, C, F):
+def test_backward(rng, kernel, N, C, F):
     x, w_fc, b_fc, w_proj, b_proj, dy = make(rng, N, C, F)
-    _, h, g = _C.mlp_forward(x, w_fc, b_fc, w_proj, b_proj)
+    _, h = _C.mlp_forward(x, w_fc, b_fc, w_proj, b_proj)
     g0 = grads(rng, C, F)
     out = [a.copy() for a in g0]
-    inputs = (dy, x, h, g, w_fc, w_proj)
+    inputs = (dy, x, h, w_fc, w_proj)
     before = [a.copy() for a in inputs]
     dx = _C.mlp_backward(*inputs, *out)
     assert dx.dtype == np.float32 and dx.shape == (N, C) and dx.flags.c_contiguous
@@ -67,7 +66,7 @@ def test_backward(rng, N, C, F):
     for a, a0 in zip(inputs, before):
         assert np.array_equal(a, a0)
     # keywords, and a second call adds the parameter gradients again
-    dx2 = _C.mlp_backward(dy=dy, x=x, h=h, g=g, w_fc=w_fc, w_proj=w_proj, dw_fc=out[0],
+    dx2 = _C.mlp_backward(dy=dy, x=x, h=h, w_fc=w_fc, w_proj=w_proj, dw_fc=out[0],
                           db_fc=out[1], dw_proj=out[2], db_proj=out[3])
     assert np.array_equal(dx2, dx)
     for name, kind, got, start, expected in zip(("dw_fc", "db_fc", "dw_proj", "db_proj"),
@@ -75,24 +74,23 @@ def test_backward(rng, N, C, F):
         assert_close(got, start + 2 * expected, kind, name + " (2 calls)")
 
 
-# (N, C, F): small weights (256-row blocks); weights of 2 x 2^16 floats, where the blocks grow
-# to 512 rows (N = 5000) or are capped at N / 8 rows (N = 3000)
+# (N, C, F): one block; several 256-row blocks with a ragged last one; weights of 2 x 2^17
+# floats, in fewer chunks than blocks
 @pytest.mark.parametrize("N, C, F", [(7, 24, 96), (1000, 24, 96), (3000, 192, 768),
                                      (5000, 192, 768)])
-def test_matches_separate_ops(rng, N, C, F):
+def test_matches_separate_ops(rng, kernel, N, C, F):
     """The fused op computes what linear, gelu, linear compute one after the other."""
     x, w_fc, b_fc, w_proj, b_proj, dy = make(rng, N, C, F)
-    y, h, g = _C.mlp_forward(x, w_fc, b_fc, w_proj, b_proj)
+    y, h = _C.mlp_forward(x, w_fc, b_fc, w_proj, b_proj)
     h1 = _C.linear_forward(x, w_fc, b_fc)
     g1 = _C.gelu_forward(h1)
     assert_close(h, h1, "default", "h")
-    assert_close(g, g1, "default", "g")
     assert_close(y, _C.linear_forward(g1, w_proj, b_proj), "default", "y")
     fused = [np.zeros((F, C), np.float32), np.zeros(F, np.float32),
              np.zeros((C, F), np.float32), np.zeros(C, np.float32)]
-    dx = _C.mlp_backward(dy, x, h, g, w_fc, w_proj, *fused)
+    dx = _C.mlp_backward(dy, x, h, w_fc, w_proj, *fused)
     sep = [np.zeros_like(a) for a in fused]
-    dg = _C.linear_backward(dy, g, w_proj, sep[2], sep[3])
+    dg = _C.linear_backward(dy, g1, w_proj, sep[2], sep[3])
     dx1 = _C.linear_backward(_C.gelu_backward(dg, h), x, w_fc, sep[0], sep[1])
     assert_close(dx, dx1, "default", "dx")
     for name, a, b in zip(("dw_fc", "db_fc", "dw_proj", "db_proj"), fused, sep):
@@ -100,9 +98,9 @@ def test_matches_separate_ops(rng, N, C, F):
 
 
 def test_same_bits_for_any_thread_count(tmp_path):
-    """Row blocks depend on N, C and F only and the bias sums are combined in block order, so
-    everything but the weight gradients has the same bits; those come from mf_sgemm_rows,
-    whose row split over the threads (as in linear_backward) can change float32 rounding."""
+    """Row blocks and the chunks of the weight gradients' sums depend on N, C and F only, and
+    the block and chunk sums are combined in order, so every output has the same bits on 1, 2
+    and 3 threads."""
     script = (
         "import sys\nimport numpy as np\nfrom mapformer import _C\n"
         "r = np.random.default_rng(5)\n"
@@ -110,21 +108,14 @@ def test_same_bits_for_any_thread_count(tmp_path):
         "out = {}\n"
         "for N, C, F in ((1000, 24, 96), (5000, 192, 768)):\n"
         "    x, wf, bf, wp, bp, dy = f(N, C), f(F, C), f(F), f(C, F), f(C), f(N, C)\n"
-        "    y, h, g = _C.mlp_forward(x, wf, bf, wp, bp)\n"
+        "    y, h = _C.mlp_forward(x, wf, bf, wp, bp)\n"
         "    gr = [np.zeros((F, C), np.float32), np.zeros(F, np.float32),\n"
         "          np.zeros((C, F), np.float32), np.zeros(C, np.float32)]\n"
-        "    dx = _C.mlp_backward(dy, x, h, g, wf, wp, *gr)\n"
-        "    for name, a in zip(('y', 'h', 'g', 'dx', 'dwf', 'dbf', 'dwp', 'dbp'),\n"
-        "                       (y, h, g, dx, *gr)):\n"
+        "    dx = _C.mlp_backward(dy, x, h, wf, wp, *gr)\n"
+        "    for name, a in zip(('y', 'h', 'dx', 'dwf', 'dbf', 'dwp', 'dbp'), (y, h, dx, *gr)):\n"
         "        out[f'{name}{C}'] = a\n"
         "np.savez(sys.argv[1], **out)\n")
-    one, two = outputs_for_thread_counts(tmp_path, script, (1, 2))
-    assert len(one.files) == 16
-    for name in one.files:
-        if name.startswith(("dwf", "dwp")):
-            assert_close(one[name], two[name], "gradient", name)  # sums over N rows
-        else:
-            assert np.array_equal(one[name], two[name]), name
+    assert_same_bits_for_thread_counts(tmp_path, script, (1, 2, 3))
 
 
 def test_forward_bad_inputs(rng):
@@ -156,10 +147,10 @@ def test_forward_bad_inputs(rng):
 def test_backward_bad_inputs(rng):
     N, C, F = 5, 8, 12
     x, w_fc, b_fc, w_proj, b_proj, dy = make(rng, N, C, F)
-    _, h, g = _C.mlp_forward(x, w_fc, b_fc, w_proj, b_proj)
+    _, h = _C.mlp_forward(x, w_fc, b_fc, w_proj, b_proj)
     dw_fc, db_fc = np.zeros((F, C), np.float32), np.zeros(F, np.float32)
     dw_proj, db_proj = np.zeros((C, F), np.float32), np.zeros(C, np.float32)
-    ok = dict(dy=dy, x=x, h=h, g=g, w_fc=w_fc, w_proj=w_proj, dw_fc=dw_fc, db_fc=db_fc,
+    ok = dict(dy=dy, x=x, h=h, w_fc=w_fc, w_proj=w_proj, dw_fc=dw_fc, db_fc=db_fc,
               dw_proj=dw_proj, db_proj=db_proj)
     readonly = np.zeros((F, C), np.float32)
     readonly.flags.writeable = False
@@ -167,7 +158,7 @@ def test_backward_bad_inputs(rng):
         ("dy", dy.astype(np.float64), TypeError),
         ("x", x.astype(np.int32), TypeError),
         ("h", h.astype(np.float64), TypeError),
-        ("g", g.tolist(), TypeError),
+        ("h", h.tolist(), TypeError),
         ("w_fc", w_fc.astype(np.float64), TypeError),
         ("w_proj", w_proj.astype(np.float64), TypeError),
         ("dw_fc", dw_fc.astype(np.float64), TypeError),
@@ -180,8 +171,8 @@ def test_backward_bad_inputs(rng):
         ("x", randn(rng, N, C + 1), ValueError),  # C mismatch
         ("h", randn(rng, N, F + 1), ValueError),  # F mismatch
         ("h", randn(rng, N + 1, F), ValueError),
-        ("g", randn(rng, N, F - 1), ValueError),
-        ("g", np.asfortranarray(randn(rng, N, F)), ValueError),
+        ("h", randn(rng, N, F - 1), ValueError),
+        ("h", np.asfortranarray(randn(rng, N, F)), ValueError),
         ("w_fc", randn(rng, C, F), ValueError),  # transposed
         ("w_proj", randn(rng, F, C), ValueError),
         ("dw_fc", np.zeros((C, F), np.float32), ValueError),
@@ -200,11 +191,11 @@ def test_backward_bad_inputs(rng):
 def test_backward_overlap_rejected(rng):
     N, C, F = 6, 6, 6  # square, so gradient, weight and activation shapes coincide
     x, w_fc, b_fc, w_proj, b_proj, dy = make(rng, N, C, F)
-    _, h, g = _C.mlp_forward(x, w_fc, b_fc, w_proj, b_proj)
+    _, h = _C.mlp_forward(x, w_fc, b_fc, w_proj, b_proj)
     buf = np.zeros(2 * F * C + F + C, np.float32)
     dw_fc, dw_proj = buf[:F * C].reshape(F, C), buf[F * C:2 * F * C].reshape(C, F)
     db_fc, db_proj = buf[2 * F * C:2 * F * C + F], buf[2 * F * C + F:]
-    ok = dict(dy=dy, x=x, h=h, g=g, w_fc=w_fc, w_proj=w_proj, dw_fc=dw_fc, db_fc=db_fc,
+    ok = dict(dy=dy, x=x, h=h, w_fc=w_fc, w_proj=w_proj, dw_fc=dw_fc, db_fc=db_fc,
               dw_proj=dw_proj, db_proj=db_proj)
     with raises_naming(ValueError, "dw_fc"):  # a gradient written over its own weight
         _C.mlp_backward(**{**ok, "dw_fc": w_fc})
@@ -231,10 +222,10 @@ def test_no_leaks(rng):
     bad = randn(rng, N, C + 1)
 
     def calls():
-        _, h, g = _C.mlp_forward(x, w_fc, b_fc, w_proj, b_proj)
-        _C.mlp_backward(dy, x, h, g, w_fc, w_proj, dw_fc, db_fc, dw_proj, db_proj)
+        _, h = _C.mlp_forward(x, w_fc, b_fc, w_proj, b_proj)
+        _C.mlp_backward(dy, x, h, w_fc, w_proj, dw_fc, db_fc, dw_proj, db_proj)
         expect_error(_C.mlp_forward, bad, w_fc, b_fc, w_proj, b_proj)
-        expect_error(_C.mlp_backward, dy, x, h, g, w_fc, w_proj, dw_fc, db_fc, dw_proj, bad)
+        expect_error(_C.mlp_backward, dy, x, h, w_fc, w_proj, dw_fc, db_fc, dw_proj, bad)
 
     assert_no_leaks(calls, (x, w_fc, b_fc, w_proj, b_proj, dy, dw_fc, db_fc, dw_proj, db_proj,
                             bad))

@@ -23,7 +23,7 @@
  *    causal mask are computed. Each task prefetches the rows the next task will need.
  *    Exponentials are base 2 (scale * log2 e folded into the scores) by a polynomial exp2
  *    kept in vector registers (Cephes exp2f, about 2 ulp).
- *  - portable (other CPUs, or MAPFORMER_ATTENTION_KERNEL=blas, which the tests use): each
+ *  - portable (other CPUs, or MAPFORMER_KERNELS=blas, which the tests use): each
  *    product is one cblas sgemm on a BTB x BTB tile read in place (leading dimension H*D),
  *    softmax and exponentials in plain loops the compiler vectorises.
  * Both parallelise over tasks with OpenMP (one thread for problems too small to share).
@@ -359,7 +359,7 @@ __attribute__((MF_AVX512)) static int bwd_avx512(const void *p, float *s, int64_
 }
 
 /* ---- portable path: the same tiling on sgemm ---------------------------------------------- */
-/* For CPUs without AVX-512 (and MAPFORMER_ATTENTION_KERNEL=blas): every product is one sgemm on
+/* For CPUs without AVX-512 (and MAPFORMER_KERNELS=blas): every product is one sgemm on
  * a tile, read in place with leading dimension H*D; OpenBLAS picks its own kernel for the CPU.
  * BTB = 32 keeps every call at m n k <= 32 * 32 * 128 = 2^17, under OpenBLAS's threading
  * threshold, so calls from several OpenMP threads never start BLAS threads. Scores are kept
@@ -486,7 +486,7 @@ int attention_forward(float *out, float *lse, const float *q, const float *k, co
     if (out == NULL || lse == NULL || q == NULL || k == NULL || v == NULL) return MF_EINVAL;
     int status = check_sizes(B, T, H, D, scale);
     if (status != MF_OK) return status;
-    const int fast = use_avx512();
+    const int fast = mf_use_avx512();
     const double work = (double)B * H * T * T * D;
     AttnParams p = make_params(B, T, H, D, scale, fast ? BT : BTB);
     p.out = out;
@@ -508,7 +508,7 @@ int attention_backward(float *dq, float *dk, float *dv, const float *dout, const
         return MF_EINVAL;
     int status = check_sizes(B, T, H, D, scale);
     if (status != MF_OK) return status;
-    const int fast = use_avx512();
+    const int fast = mf_use_avx512();
     const double work = (double)B * H * T * T * D;
     AttnParams p = make_params(B, T, H, D, scale, fast ? BT : BTB);
     p.dq = dq;

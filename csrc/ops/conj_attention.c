@@ -31,7 +31,7 @@
  *    builds A, dsX and dsP in (query, key) layout from three register-tile products
  *    (qx Kx^T, qp Kp^T, dout V^T) and accumulates dKx, dKp, dV (scratch) and dqx, dqp (in
  *    place). Modes are compile-time constants inside one entry point per direction.
- *  - portable (MAPFORMER_ATTENTION_KERNEL=blas, or CPUs without AVX-512): the same tiling with
+ *  - portable (MAPFORMER_KERNELS=blas, or CPUs without AVX-512): the same tiling with
  *    one sgemm per product on BTB x BTB tiles read in place.
  * Products per (query block, key block): forward 3 (5 for softmax_product), backward 8.
  * Sizes are checked again here: MF_EINVAL for D odd or outside [16, 128], any size < 1, a
@@ -774,7 +774,7 @@ int conj_attention_forward(float *out, float *lse, const float *qx, const float 
         return MF_EINVAL;
     int status = check_sizes(B, T, H, D, scale);
     if (status != MF_OK) return status;
-    const int fast = use_avx512();
+    const int fast = mf_use_avx512();
     ConjAttnParams p = make_params(B, T, H, D, scale, mode, fast ? BT : BTB);
     p.out = out;
     p.lse = lse;
@@ -802,7 +802,7 @@ int conj_attention_backward(float *dqx, float *dkx, float *dqp, float *dkp, floa
         return MF_EINVAL;
     int status = check_sizes(B, T, H, D, scale);
     if (status != MF_OK) return status;
-    const int fast = use_avx512();
+    const int fast = mf_use_avx512();
     ConjAttnParams p = make_params(B, T, H, D, scale, mode, fast ? BT : BTB);
     p.dqx = dqx;
     p.dkx = dkx;

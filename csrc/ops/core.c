@@ -8,14 +8,11 @@
 #include <limits.h>
 #include <string.h>
 
-#ifdef _OPENMP
-#include <omp.h>
-#endif
-
 #include "mapformer/blas.h"
 #include "mapformer/clones.h"
 #include "mapformer/mapformer.h"
 #include "mapformer/rows.h"
+#include "mapformer/threads.h"
 
 const char *mf_status_string(int status) {
     switch (status) {
@@ -52,11 +49,7 @@ int mf_sgemm_rows(int ta, int tb, int64_t m, int64_t n, int64_t k, float alpha, 
     int status = MF_OK;
 #pragma omp parallel
     {
-#ifdef _OPENMP
-        const int64_t nt = omp_get_num_threads(), id = omp_get_thread_num();
-#else
-        const int64_t nt = 1, id = 0;
-#endif
+        const int64_t nt = mf_num_threads(), id = mf_thread_id();
         const int64_t r0 = 16 * (blocks * id / nt), r1 = 16 * (blocks * (id + 1) / nt);
         const int64_t rows = (r1 < m ? r1 : m) - r0;
         if (rows > 0) {
@@ -80,4 +73,21 @@ void mf_column_sums(double *restrict sum, const float *restrict a, int64_t rows,
     for (int64_t c = 0; c < n; c++) sum[c] = 0.0;
     for (int64_t r = 0; r < rows; r++)
         for (int64_t c = 0; c < n; c++) sum[c] += (double)a[r * n + c];
+}
+
+int64_t mf_grad_chunks(int64_t blocks, int64_t weight_floats) {
+    int64_t chunks = MF_GRAD_SCRATCH / (weight_floats > 0 ? weight_floats : 1);
+    if (chunks > MF_GRAD_CHUNKS) chunks = MF_GRAD_CHUNKS;
+    if (chunks > blocks) chunks = blocks;
+    return chunks > 1 ? chunks : 1;
+}
+
+void mf_add_chunks(float *dst, const float *parts, int64_t chunks, int64_t stride,
+                   int64_t size) {
+#pragma omp parallel for schedule(static) if (chunks * size >= ((int64_t)1 << 18))
+    for (int64_t i = 0; i < size; i++) {
+        double s = 0.0;
+        for (int64_t c = 0; c < chunks; c++) s += (double)parts[c * stride + i];
+        dst[i] = (float)((double)dst[i] + s);
+    }
 }

@@ -11,7 +11,9 @@
  * branch-free Cephes-style polynomial (about 1 ulp on its clamped range) that GCC vectorises
  * without -ffast-math; tanhf/expf from libm would not vectorise. The hot loops are compiled
  * for AVX-512, AVX2 and baseline x86-64 (target_clones) and picked at load time.
- * mf_gelu_kernel and mf_gelu_grad_kernel are the single-threaded loops, shared with mlp.c.
+ * mf_gelu_kernel and mf_gelu_grad_kernel are single-threaded loops shared with mlp.c; the
+ * latter also gives gelu(x) from the same exponential, for mlp_backward, which recomputes
+ * it rather than keep it from the forward.
  */
 #include <stdint.h>
 #include <string.h>
@@ -27,13 +29,14 @@
 #define MF_GELU_A 0.044715f
 
 
-/* gelu'(x) */
-static inline float gelu_grad(float xi) {
+/* gelu'(x), and gelu(x) = x s into *y */
+static inline float gelu_grad(float xi, float *y) {
     float x2 = xi * xi;
     float u = MF_GELU_K * (xi + MF_GELU_A * x2 * xi);
     float e = mf_expf(-2.0f * u);
     float s = 1.0f / (1.0f + e);
     float du = MF_GELU_K * (1.0f + 3.0f * MF_GELU_A * x2);
+    *y = xi * s;
     return s + 2.0f * xi * (e * s) * s * du;
 }
 
@@ -41,20 +44,25 @@ MF_CLONES
 void mf_gelu_kernel(float *restrict y, const float *restrict x, int64_t n) {
     for (int64_t i = 0; i < n; i++) {
         float xi = x[i];
-        float u = MF_GELU_K * (xi + MF_GELU_A * xi * xi * xi);
-        y[i] = xi / (1.0f + mf_expf(-2.0f * u));
+        /* the operations of gelu_grad, in its order: the same bits as its y */
+        float u = MF_GELU_K * (xi + MF_GELU_A * (xi * xi) * xi);
+        y[i] = xi * (1.0f / (1.0f + mf_expf(-2.0f * u)));
     }
 }
 
 MF_CLONES
 static void gelu_backward_kernel(float *restrict dx, const float *restrict dy,
                                  const float *restrict x, int64_t n) {
-    for (int64_t i = 0; i < n; i++) dx[i] = dy[i] * gelu_grad(x[i]);
+    for (int64_t i = 0; i < n; i++) {
+        float y;
+        dx[i] = dy[i] * gelu_grad(x[i], &y);
+    }
 }
 
 MF_CLONES
-void mf_gelu_grad_kernel(float *restrict d, const float *restrict x, int64_t n) {
-    for (int64_t i = 0; i < n; i++) d[i] *= gelu_grad(x[i]);
+void mf_gelu_grad_kernel(float *restrict y, float *restrict d, const float *restrict x,
+                         int64_t n) {
+    for (int64_t i = 0; i < n; i++) d[i] *= gelu_grad(x[i], &y[i]);
 }
 
 int gelu_forward(float *y, const float *x, int64_t n) {

@@ -1,124 +1,140 @@
 /* MLP: y = gelu(x w_fc^T + b_fc) w_proj^T + b_proj, the transformer block's feed-forward
  * branch (F = mlp_ratio * C hidden units), fused in row blocks.
  *
- * Forward saves h = x w_fc^T + b_fc (the pre-activation, for gelu') and g = gelu(h) (the
- * input of w_proj, for its gradient). Gradient rule: dw_fc, db_fc, dw_proj, db_proj are
- * parameter gradients, accumulated (+=); dx is an activation gradient, written (=).
+ * Forward saves only h = x w_fc^T + b_fc (the pre-activation); backward recomputes
+ * g = gelu(h) (the input of w_proj, for its gradient) in the same pass as gelu'(h), from the
+ * same exponential. Gradient rule: dw_fc, db_fc, dw_proj, db_proj are parameter gradients,
+ * accumulated (+=); dx is an activation gradient, written (=).
  *
- * The rows are cut into blocks (block_rows: 256 at the default sizes), spread over the
- * OpenMP threads, each block on one thread. A block's slices of h, g and dh (256 x F floats
- * each at the default sizes) stay in that core's L2 cache from the product that writes them
- * to the GELU and the product that reads them, where separate linear and gelu ops send each
- * (N, F) array to memory and back. Measured: on a quiet 2-core machine the op is on par with
- * the separate ops (the products dominate); on a loaded one it was 0.78x (forward) and 0.91x
- * (backward).
- *
- *   forward, per block:  h = b_fc (broadcast); h += x w_fc^T      (sgemm, beta 1)
+ * The rows are cut into blocks of MF_MLP_ROWS, each block on one OpenMP thread. A block's
+ * g and dh (MF_MLP_ROWS x F floats, 512 KB each at F = 512) live in that thread's own
+ * scratch, in its core's L2 cache, from the product that writes them to the products that
+ * read them: of the (N, F) arrays only h goes to memory (written forward, read backward),
+ * where separate linear and gelu ops would also write and read g, dg and dh. The products
+ * are gemm.c's row-block kernels (the weights laid out for them once per call):
+ *   forward, per block:  h = b_fc + x w_fc^T
  *                        g = gelu(h)                              (gelu.c's kernel)
- *                        y = b_proj (broadcast); y += g w_proj^T  (sgemm, beta 1)
- *   backward, per block: dh = dy w_proj                           (sgemm)
- *                        dh *= gelu'(h)                           (gelu.c's kernel)
- *                        dx = dh w_fc                             (sgemm)
+ *                        y = b_proj + g w_proj^T
+ *   backward, per chunk of blocks (rows.h: mf_grad_chunks), per block in order:
+ *                        dh = dy w_proj
+ *                        g = gelu(h), dh *= gelu'(h)              (gelu.c's kernel)
+ *                        dx = dh w_fc
+ *                        dw_proj_chunk += dy^T g, dw_fc_chunk += dh^T x  (the chunk's own
+ *                        scratch)
  *                        column sums of dh and of dy over the block's rows, in double,
  *                        into the block's own scratch rows
- *   then, over all rows: dw_proj += dy^T g, dw_fc += dh^T x       (mf_sgemm_rows)
- *                        db_fc, db_proj += the block sums, added in block order
- * The blocks depend on N, C and F only, so y, h, g, dx and the bias gradients have the same
- * bits for any thread count; the weight gradients are split over the threads by rows as in
- * linear_backward. Each number is the one linear_forward/backward and gelu_forward/backward
- * compute, up to float32 rounding in the sgemm's blocking.
+ *   then:                dw_proj, dw_fc += the chunks' sums; db_fc, db_proj += the blocks'
+ *                        sums, added in order
+ * The blocks and chunks depend on N, C and F only, so every output has the same bits for any
+ * thread count. Each number is the one linear_forward/backward and gelu_forward/backward
+ * compute, up to float32 rounding in the products' order.
  */
 #include <stdlib.h>
 
-#include "mapformer/blas.h"
+#include "mapformer/clones.h"
+#include "mapformer/gemm.h"
 #include "mapformer/mapformer.h"
 #include "mapformer/rows.h"
+#include "mapformer/threads.h"
 
-/* rows per block: a block's h and g (forward) or dh (backward) are 512 KB each at F = 512,
- * which fits the 2 MB L2 beside the packed weights; measured on the loaded 2-vCPU machine,
- * 256 rows ran the MLP forward in 0.78x and backward in 0.91x the time of separate linear
- * and gelu ops (128 rows: 0.95x and 0.96x; 512 rows: 0.85x and 0.92x) */
+/* rows per block: a block's g and dh are 512 KB each at F = 512, in the 2 MB L2 beside the
+ * weights' panels */
 #define MF_MLP_ROWS 256
 
-/* Rows per block for N rows and C x F weights: MF_MLP_ROWS up to C * F = 2^16 floats (the
- * model's default 128 x 512), then in proportion to the weights, so that the sgemm's packing
- * of the weights, done once per block, stays a small part of the block's work; but at most
- * N / 8 rows (and at least MF_MLP_ROWS), so that the threads still share 8 or more blocks.
- * With 256-row blocks, C = 512 (N = 16384) took 1.10x the time of the separate linear and
- * gelu ops; with these blocks, 1.00x forward and 1.02x backward, and C = 256 0.95x and 0.99x
- * (benchmarks/bench_ops.py --families mlp --mlp-rows 16384 --mlp-width C).
- * A function of the sizes only: the bits do not depend on the thread count. */
-static int64_t block_rows(int64_t N, int64_t C, int64_t F) {
-    const int64_t scale = C * F >> 16;
-    int64_t rows = scale > 1 ? MF_MLP_ROWS * scale : MF_MLP_ROWS;
-    const int64_t eighth = (N + 7) / 8;
-    if (rows > eighth) rows = eighth > MF_MLP_ROWS ? eighth : MF_MLP_ROWS;
-    return rows;
+static void record(int *status, int st) {
+    if (st != MF_OK) {
+#pragma omp atomic write
+        *status = st;
+    }
 }
 
-int mlp_forward(float *y, float *h, float *g, const float *x, const float *w_fc,
-                const float *b_fc, const float *w_proj, const float *b_proj, int64_t N,
-                int64_t C, int64_t F) {
+int mlp_forward(float *y, float *h, const float *x, const float *w_fc, const float *b_fc,
+                const float *w_proj, const float *b_proj, int64_t N, int64_t C, int64_t F) {
     if (N < 1 || C < 1 || F < 1) return MF_EINVAL;
-    const int64_t R = block_rows(N, C, F), blocks = (N + R - 1) / R;
+    const int64_t R = MF_MLP_ROWS, blocks = (N + R - 1) / R;
+    const int fast = mf_use_avx512();
+    /* w_fc^T (C, F), then w_proj^T (F, C), laid out for mf_gemm_nn; a block of g per thread */
+    const int64_t fc_floats = mf_gemm_b_floats(C, F), proj_floats = mf_gemm_b_floats(F, C);
+    float *wt = malloc((size_t)(fc_floats + proj_floats) * sizeof(float));
+    float *g = malloc((size_t)(mf_max_threads() * R * F) * sizeof(float));
     int status = MF_OK;
+    if (wt == NULL || g == NULL) {
+        status = MF_ENOMEM;
+        goto done;
+    }
+    const float *w_fc_t = wt, *w_proj_t = wt + fc_floats;
+    mf_gemm_prepare_b(fast, wt, w_fc, C, F, 1);
+    mf_gemm_prepare_b(fast, wt + fc_floats, w_proj, F, C, 1);
 #pragma omp parallel for schedule(dynamic, 1) if (blocks > 1)
     for (int64_t b = 0; b < blocks; b++) {
         const int64_t r0 = b * R;
         const int64_t rows = N - r0 < R ? N - r0 : R;
-        float *hb = h + r0 * F, *gb = g + r0 * F, *yb = y + r0 * C;
-        mf_fill_rows(hb, b_fc, rows, F);
-        /* h (rows, F) += x (rows, C) . w_fc^T (C, F) */
-        int st = mf_sgemm(0, 1, rows, F, C, 1.0f, x + r0 * C, C, w_fc, C, 1.0f, hb, F);
+        float *hb = h + r0 * F, *gb = g + mf_thread_id() * R * F;
+        /* h (rows, F) = b_fc + x (rows, C) . w_fc^T (C, F) */
+        record(&status, mf_gemm_nn(fast, rows, F, C, x + r0 * C, C, w_fc_t, hb, F, b_fc, 0));
         mf_gelu_kernel(gb, hb, rows * F);
-        mf_fill_rows(yb, b_proj, rows, C);
-        /* y (rows, C) += g (rows, F) . w_proj^T (F, C) */
-        if (st == MF_OK) st = mf_sgemm(0, 1, rows, C, F, 1.0f, gb, F, w_proj, F, 1.0f, yb, C);
-        if (st != MF_OK) {
-#pragma omp atomic write
-            status = st;
-        }
+        /* y (rows, C) = b_proj + g (rows, F) . w_proj^T (F, C) */
+        record(&status,
+               mf_gemm_nn(fast, rows, C, F, gb, F, w_proj_t, y + r0 * C, C, b_proj, 0));
     }
+done:
+    free(wt);
+    free(g);
     return status;
 }
 
 int mlp_backward(float *dx, float *dw_fc, float *db_fc, float *dw_proj, float *db_proj,
-                 float *dh, const float *dy, const float *h, const float *g, const float *x,
-                 const float *w_fc, const float *w_proj, int64_t N, int64_t C, int64_t F) {
+                 const float *dy, const float *h, const float *x, const float *w_fc,
+                 const float *w_proj, int64_t N, int64_t C, int64_t F) {
     if (N < 1 || C < 1 || F < 1) return MF_EINVAL;
-    const int64_t R = block_rows(N, C, F), blocks = (N + R - 1) / R;
+    const int64_t R = MF_MLP_ROWS, blocks = (N + R - 1) / R, W = C * F;
+    const int64_t chunks = mf_grad_chunks(blocks, 2 * W);
+    const int fast = mf_use_avx512();
+    const int64_t wide = F > C ? F : C, proj_floats = mf_gemm_b_floats(C, F);
+    /* per thread: a block of g, a block of dh, the weight-gradient product's pack */
+    const int64_t thread_floats = 2 * R * F + mf_gemm_tn_pack_floats(wide, wide);
     /* scratch first, so that running out of memory leaves every output untouched:
-     * per block, F sums of dh then C sums of dy */
-    double *part = malloc((size_t)blocks * (size_t)(F + C) * sizeof(double));
-    if (part == NULL) return MF_ENOMEM;
+     * per block, F sums of dh then C sums of dy; per chunk, dw_proj's sums then dw_fc's */
+    double *part = malloc((size_t)(blocks * (F + C)) * sizeof(double));
+    float *wb = malloc((size_t)(proj_floats + mf_gemm_b_floats(F, C)) * sizeof(float));
+    float *dw_chunks = calloc((size_t)(chunks * 2 * W), sizeof(float));
+    float *scratch = malloc((size_t)(mf_max_threads() * thread_floats) * sizeof(float));
     int status = MF_OK;
-#pragma omp parallel for schedule(dynamic, 1) if (blocks > 1)
-    for (int64_t b = 0; b < blocks; b++) {
-        const int64_t r0 = b * R;
-        const int64_t rows = N - r0 < R ? N - r0 : R;
-        const float *dyb = dy + r0 * C;
-        float *dhb = dh + r0 * F;
-        /* dh (rows, F) = dy (rows, C) . w_proj (C, F) */
-        int st = mf_sgemm(0, 0, rows, F, C, 1.0f, dyb, C, w_proj, F, 0.0f, dhb, F);
-        if (st == MF_OK) {
-            mf_gelu_grad_kernel(dhb, h + r0 * F, rows * F);
+    if (part == NULL || wb == NULL || dw_chunks == NULL || scratch == NULL) {
+        status = MF_ENOMEM;
+        goto done;
+    }
+    /* w_proj (C, F), then w_fc (F, C), laid out for mf_gemm_nn */
+    const float *w_proj_b = wb, *w_fc_b = wb + proj_floats;
+    mf_gemm_prepare_b(fast, wb, w_proj, C, F, 0);
+    mf_gemm_prepare_b(fast, wb + proj_floats, w_fc, F, C, 0);
+#pragma omp parallel for schedule(dynamic, 1) if (chunks > 1)
+    for (int64_t c = 0; c < chunks; c++) {
+        float *dw_proj_c = dw_chunks + c * 2 * W, *dw_fc_c = dw_proj_c + W;
+        float *gb = scratch + mf_thread_id() * thread_floats, *dhb = gb + R * F;
+        float *pack = dhb + R * F;
+        for (int64_t b = c * blocks / chunks; b < (c + 1) * blocks / chunks; b++) {
+            const int64_t r0 = b * R;
+            const int64_t rows = N - r0 < R ? N - r0 : R;
+            const float *dyb = dy + r0 * C;
+            /* dh (rows, F) = dy (rows, C) . w_proj (C, F) */
+            record(&status, mf_gemm_nn(fast, rows, F, C, dyb, C, w_proj_b, dhb, F, NULL, 0));
+            mf_gelu_grad_kernel(gb, dhb, h + r0 * F, rows * F);
             /* dx (rows, C) = dh (rows, F) . w_fc (F, C) */
-            st = mf_sgemm(0, 0, rows, C, F, 1.0f, dhb, F, w_fc, C, 0.0f, dx + r0 * C, C);
+            record(&status,
+                   mf_gemm_nn(fast, rows, C, F, dhb, F, w_fc_b, dx + r0 * C, C, NULL, 0));
+            /* dw_proj (C, F) += dy^T (C, rows) . g (rows, F) */
+            record(&status, mf_gemm_tn(fast, C, F, rows, dyb, C, gb, F, dw_proj_c, F, pack));
+            /* dw_fc (F, C) += dh^T (F, rows) . x (rows, C) */
+            record(&status,
+                   mf_gemm_tn(fast, F, C, rows, dhb, F, x + r0 * C, C, dw_fc_c, C, pack));
             mf_column_sums(part + b * (F + C), dhb, rows, F);
             mf_column_sums(part + b * (F + C) + F, dyb, rows, C);
         }
-        if (st != MF_OK) {
-#pragma omp atomic write
-            status = st;
-        }
     }
     if (status != MF_OK) goto done;
-    /* dw_proj (C, F) += dy^T (C, N) . g (N, F) */
-    status = mf_sgemm_rows(1, 0, C, F, N, 1.0f, dy, C, g, F, 1.0f, dw_proj, F);
-    if (status != MF_OK) goto done;
-    /* dw_fc (F, C) += dh^T (F, N) . x (N, C) */
-    status = mf_sgemm_rows(1, 0, F, C, N, 1.0f, dh, F, x, C, 1.0f, dw_fc, C);
-    if (status != MF_OK) goto done;
+    mf_add_chunks(dw_proj, dw_chunks, chunks, 2 * W, W);
+    mf_add_chunks(dw_fc, dw_chunks + W, chunks, 2 * W, W);
     for (int64_t c = 0; c < F + C; c++) {
         double s = 0.0;
         for (int64_t b = 0; b < blocks; b++) s += part[b * (F + C) + c];
@@ -127,5 +143,8 @@ int mlp_backward(float *dx, float *dw_fc, float *db_fc, float *dw_proj, float *d
     }
 done:
     free(part);
+    free(wb);
+    free(dw_chunks);
+    free(scratch);
     return status;
 }

@@ -26,40 +26,36 @@ static PyObject *py_mlp_forward(PyObject *self, PyObject *args, PyObject *kwargs
     PyArrayObject *b_proj = mf_array(b_proj_obj, "b_proj", MF_F32, 1, bpd, "(C,)");
     if (b_proj == NULL) return NULL;
     PyObject *result = NULL;
-    PyArrayObject *y = NULL, *h = NULL, *g = NULL;
+    PyArrayObject *y = NULL, *h = NULL;
     int64_t yd[2] = {N, C}, hd[2] = {N, F};
-    if ((y = mf_empty_f32(2, yd)) == NULL || (h = mf_empty_f32(2, hd)) == NULL ||
-        (g = mf_empty_f32(2, hd)) == NULL)
-        goto fail;
+    if ((y = mf_empty_f32(2, yd)) == NULL || (h = mf_empty_f32(2, hd)) == NULL) goto fail;
     int status;
     Py_BEGIN_ALLOW_THREADS;
     status = mlp_forward((float *)PyArray_DATA(y), (float *)PyArray_DATA(h),
-                         (float *)PyArray_DATA(g), (const float *)PyArray_DATA(x),
-                         (const float *)PyArray_DATA(w_fc), (const float *)PyArray_DATA(b_fc),
-                         (const float *)PyArray_DATA(w_proj),
+                         (const float *)PyArray_DATA(x), (const float *)PyArray_DATA(w_fc),
+                         (const float *)PyArray_DATA(b_fc), (const float *)PyArray_DATA(w_proj),
                          (const float *)PyArray_DATA(b_proj), N, C, F);
     Py_END_ALLOW_THREADS;
     if (status != MF_OK) {
         mf_raise_status(status, "mlp_forward");
         goto fail;
     }
-    result = PyTuple_Pack(3, (PyObject *)y, (PyObject *)h, (PyObject *)g);
+    result = PyTuple_Pack(2, (PyObject *)y, (PyObject *)h);
 fail:
     Py_XDECREF(y);
     Py_XDECREF(h);
-    Py_XDECREF(g);
     return result;
 }
 
 static PyObject *py_mlp_backward(PyObject *self, PyObject *args, PyObject *kwargs) {
     (void)self;
-    static char *kwlist[] = {"dy",    "x",     "h",       "g",       "w_fc", "w_proj",
+    static char *kwlist[] = {"dy",    "x",     "h",       "w_fc",    "w_proj",
                              "dw_fc", "db_fc", "dw_proj", "db_proj", NULL};
-    PyObject *dy_obj, *x_obj, *h_obj, *g_obj, *w_fc_obj, *w_proj_obj, *dw_fc_obj, *db_fc_obj,
+    PyObject *dy_obj, *x_obj, *h_obj, *w_fc_obj, *w_proj_obj, *dw_fc_obj, *db_fc_obj,
         *dw_proj_obj, *db_proj_obj;
-    if (!PyArg_ParseTupleAndKeywords(args, kwargs, "OOOOOOOOOO:mlp_backward", kwlist, &dy_obj,
-                                     &x_obj, &h_obj, &g_obj, &w_fc_obj, &w_proj_obj,
-                                     &dw_fc_obj, &db_fc_obj, &dw_proj_obj, &db_proj_obj))
+    if (!PyArg_ParseTupleAndKeywords(args, kwargs, "OOOOOOOOO:mlp_backward", kwlist, &dy_obj,
+                                     &x_obj, &h_obj, &w_fc_obj, &w_proj_obj, &dw_fc_obj,
+                                     &db_fc_obj, &dw_proj_obj, &db_proj_obj))
         return NULL;
     int64_t dyd[2] = {-1, -1};
     PyArrayObject *dy = mf_array(dy_obj, "dy", MF_F32, 2, dyd, "(N, C)");
@@ -72,11 +68,9 @@ static PyObject *py_mlp_backward(PyObject *self, PyObject *args, PyObject *kwarg
     PyArrayObject *w_fc = mf_array(w_fc_obj, "w_fc", MF_F32, 2, wfd, "(F, C)");
     if (w_fc == NULL) return NULL;
     const int64_t F = wfd[0];
-    int64_t hd[2] = {N, F}, gd[2] = {N, F}, wpd[2] = {C, F};
+    int64_t hd[2] = {N, F}, wpd[2] = {C, F};
     PyArrayObject *h = mf_array(h_obj, "h", MF_F32, 2, hd, "(N, F)");
     if (h == NULL) return NULL;
-    PyArrayObject *g = mf_array(g_obj, "g", MF_F32, 2, gd, "(N, F)");
-    if (g == NULL) return NULL;
     PyArrayObject *w_proj = mf_array(w_proj_obj, "w_proj", MF_F32, 2, wpd, "(C, F)");
     if (w_proj == NULL) return NULL;
     int64_t dwfd[2] = {F, C}, dbfd[1] = {F}, dwpd[2] = {C, F}, dbpd[1] = {C};
@@ -92,49 +86,44 @@ static PyObject *py_mlp_backward(PyObject *self, PyObject *args, PyObject *kwarg
      * last time except by their own sgemm: none may share memory with an input or another */
     PyArrayObject *outs[] = {dw_fc, db_fc, dw_proj, db_proj};
     const char *out_names[] = {"dw_fc", "db_fc", "dw_proj", "db_proj"};
-    PyArrayObject *ins[] = {dy, x, h, g, w_fc, w_proj};
-    const char *in_names[] = {"dy", "x", "h", "g", "w_fc", "w_proj"};
+    PyArrayObject *ins[] = {dy, x, h, w_fc, w_proj};
+    const char *in_names[] = {"dy", "x", "h", "w_fc", "w_proj"};
     for (int i = 0; i < 4; i++) {
-        for (int j = 0; j < 6; j++)
+        for (int j = 0; j < 5; j++)
             if (mf_check_disjoint(outs[i], out_names[i], ins[j], in_names[j]) < 0) return NULL;
         for (int j = i + 1; j < 4; j++)
             if (mf_check_disjoint(outs[i], out_names[i], outs[j], out_names[j]) < 0)
                 return NULL;
     }
-    PyArrayObject *dx = NULL, *dh = NULL;
-    int64_t dxd[2] = {N, C}, dhd[2] = {N, F};
-    if ((dx = mf_empty_f32(2, dxd)) == NULL || (dh = mf_empty_f32(2, dhd)) == NULL) goto fail;
+    int64_t dxd[2] = {N, C};
+    PyArrayObject *dx = mf_empty_f32(2, dxd);
+    if (dx == NULL) return NULL;
     int status;
     Py_BEGIN_ALLOW_THREADS;
     status = mlp_backward((float *)PyArray_DATA(dx), (float *)PyArray_DATA(dw_fc),
                           (float *)PyArray_DATA(db_fc), (float *)PyArray_DATA(dw_proj),
-                          (float *)PyArray_DATA(db_proj), (float *)PyArray_DATA(dh),
-                          (const float *)PyArray_DATA(dy), (const float *)PyArray_DATA(h),
-                          (const float *)PyArray_DATA(g), (const float *)PyArray_DATA(x),
+                          (float *)PyArray_DATA(db_proj), (const float *)PyArray_DATA(dy),
+                          (const float *)PyArray_DATA(h), (const float *)PyArray_DATA(x),
                           (const float *)PyArray_DATA(w_fc), (const float *)PyArray_DATA(w_proj),
                           N, C, F);
     Py_END_ALLOW_THREADS;
     if (status != MF_OK) {
         mf_raise_status(status, "mlp_backward");
-        goto fail;
+        Py_DECREF(dx);
+        return NULL;
     }
-    Py_DECREF(dh);
     return (PyObject *)dx;
-fail:
-    Py_XDECREF(dx);
-    Py_XDECREF(dh);
-    return NULL;
 }
 
 PyMethodDef mf_mlp_methods[] = {
     {"mlp_forward", (PyCFunction)(void (*)(void))py_mlp_forward, METH_VARARGS | METH_KEYWORDS,
-     "mlp_forward(x, w_fc, b_fc, w_proj, b_proj) -> (y, h, g)\n\n"
+     "mlp_forward(x, w_fc, b_fc, w_proj, b_proj) -> (y, h)\n\n"
      "x float32 (N, C), w_fc (F, C), b_fc (F,), w_proj (C, F), b_proj (C,) ->\n"
-     "h (N, F) = x @ w_fc.T + b_fc, g (N, F) = gelu(h) (tanh approximation),\n"
-     "y (N, C) = g @ w_proj.T + b_proj; h and g are what mlp_backward needs."},
+     "y (N, C) = gelu(h) @ w_proj.T + b_proj (GELU's tanh approximation), and\n"
+     "h (N, F) = x @ w_fc.T + b_fc, which mlp_backward needs."},
     {"mlp_backward", (PyCFunction)(void (*)(void))py_mlp_backward, METH_VARARGS | METH_KEYWORDS,
-     "mlp_backward(dy, x, h, g, w_fc, w_proj, dw_fc, db_fc, dw_proj, db_proj) -> dx\n\n"
-     "dy float32 (N, C); x, h, g, w_fc, w_proj as given to / returned by mlp_forward.\n"
+     "mlp_backward(dy, x, h, w_fc, w_proj, dw_fc, db_fc, dw_proj, db_proj) -> dx\n\n"
+     "dy float32 (N, C); x, h, w_fc, w_proj as given to / returned by mlp_forward.\n"
      "Parameter gradients are accumulated in place: dw_fc (F, C), db_fc (F,), dw_proj (C, F),\n"
      "db_proj (C,); they must not share memory with the inputs or with each other.\n"
      "Returns a new dx float32 (N, C)."},

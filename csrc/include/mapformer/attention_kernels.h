@@ -10,8 +10,8 @@
  *    only inside each op's AVX-512 entry points (declared with MF_AVX512).
  *  - portable-path helpers: exp2_scalar, sum8 and the online softmax step of a score row,
  *    plain loops the compiler vectorises.
- *  - dispatch: use_avx512 (MAPFORMER_ATTENTION_KERNEL=blas forces the portable path of both
- *    ops), check_sizes, per-thread scratch and the OpenMP task loop. */
+ *  - dispatch (mf_use_avx512, in mapformer/clones.h, picks the path), check_sizes,
+ *    per-thread scratch and the OpenMP task loop. */
 #ifndef MAPFORMER_ATTENTION_KERNELS_H
 #define MAPFORMER_ATTENTION_KERNELS_H
 
@@ -21,6 +21,7 @@
 #include <string.h>
 
 #include "mapformer/blas.h"
+#include "mapformer/clones.h"
 #include "mapformer/mapformer.h"
 
 #define BT 64          /* rows of a query block = rows of a key block; a multiple of 16, <= 64 */
@@ -347,17 +348,6 @@ static inline float row_softmax_step(float *s, int64_t cend, int64_t nc, float *
 }
 
 /* ---- dispatch, sizes, scratch, tasks ------------------------------------------------------ */
-
-/* 1: the AVX-512 kernels, 0: the sgemm path. MAPFORMER_ATTENTION_KERNEL=blas forces the latter
- * (the tests use it to cover the path other CPUs take). */
-static inline int use_avx512(void) {
-    const char *kernel = getenv("MAPFORMER_ATTENTION_KERNEL");
-    if (kernel != NULL && strcmp(kernel, "blas") == 0) return 0;
-    __builtin_cpu_init();
-    return __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512dq") &&
-           __builtin_cpu_supports("avx512bw") && __builtin_cpu_supports("avx512vl") &&
-           __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma");
-}
 
 static inline int check_sizes(int64_t B, int64_t T, int64_t H, int64_t D, float scale) {
     if (B < 1 || T < 1 || H < 1 || D < 16 || D > 128 || D % 2 != 0 || !isfinite(scale))

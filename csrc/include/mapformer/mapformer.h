@@ -52,23 +52,21 @@ int layernorm_backward(float *dx, float *dweight, float *dbias, const float *dy,
 /* ---- gelu.c: tanh approximation, y = 0.5 x (1 + tanh(sqrt(2/pi) (x + 0.044715 x^3))) ----- */
 int gelu_forward(float *y, const float *x, int64_t n);
 int gelu_backward(float *dx, const float *dy, const float *x, int64_t n);
-/* the single-threaded loops of both, shared with mlp.c: y (n,) = gelu(x (n,)), and
- * d (n,) *= gelu'(x (n,)) in place */
+/* single-threaded loops shared with mlp.c: y (n,) = gelu(x (n,)); and d (n,) *= gelu'(x)
+ * in place with y (n,) = gelu(x) */
 void mf_gelu_kernel(float *y, const float *x, int64_t n);
-void mf_gelu_grad_kernel(float *d, const float *x, int64_t n);
+void mf_gelu_grad_kernel(float *y, float *d, const float *x, int64_t n);
 
 /* ---- mlp.c: y = gelu(x w_fc^T + b_fc) w_proj^T + b_proj, in row blocks ------------------- */
-/* y (N, C); h (N, F) = x w_fc^T + b_fc and g (N, F) = gelu(h) saved for backward;
+/* y (N, C); h (N, F) = x w_fc^T + b_fc saved for backward;
  * x (N, C), w_fc (F, C), b_fc (F,), w_proj (C, F), b_proj (C,) */
-int mlp_forward(float *y, float *h, float *g, const float *x, const float *w_fc,
-                const float *b_fc, const float *w_proj, const float *b_proj, int64_t N,
-                int64_t C, int64_t F);
+int mlp_forward(float *y, float *h, const float *x, const float *w_fc, const float *b_fc,
+                const float *w_proj, const float *b_proj, int64_t N, int64_t C, int64_t F);
 /* dx (N, C) (=), dw_fc (F, C) +=, db_fc (F,) +=, dw_proj (C, F) +=, db_proj (C,) +=;
- * dh (N, F) scratch (written: the gradient of h); dy (N, C), h, g (N, F) from forward,
- * x (N, C), w_fc (F, C), w_proj (C, F) */
+ * dy (N, C), h (N, F) from forward, x (N, C), w_fc (F, C), w_proj (C, F) */
 int mlp_backward(float *dx, float *dw_fc, float *db_fc, float *dw_proj, float *db_proj,
-                 float *dh, const float *dy, const float *h, const float *g, const float *x,
-                 const float *w_fc, const float *w_proj, int64_t N, int64_t C, int64_t F);
+                 const float *dy, const float *h, const float *x, const float *w_fc,
+                 const float *w_proj, int64_t N, int64_t C, int64_t F);
 
 /* ---- residual.c ---------------------------------------------------------------------------- */
 /* out = a + b, all (n,) */

@@ -10,4 +10,20 @@ void mf_fill_rows(float *out, const float *row, int64_t rows, int64_t n);
 /* sum (n,) = the sum over rows [0, rows) of a (rows, n), in double, in row order */
 void mf_column_sums(double *sum, const float *a, int64_t rows, int64_t n);
 
+/* Weight gradients in chunks of row blocks. The backward ops cut their row blocks into
+ * mf_grad_chunks(blocks, weight_floats) chunks, chunk c holding blocks
+ * [c * blocks / chunks, (c + 1) * blocks / chunks); each chunk, on one thread, sums its
+ * blocks' weight gradients in order into its own scratch (weight_floats floats), and
+ * mf_add_chunks adds the scratches in chunk order. The chunks are a function of the sizes,
+ * so the gradients have the same bits for any thread count. At most MF_GRAD_CHUNKS chunks,
+ * fewer where their scratch would pass MF_GRAD_SCRATCH floats (a weight that large has its
+ * own parallelism in each block's product). */
+#define MF_GRAD_CHUNKS 16
+#define MF_GRAD_SCRATCH ((int64_t)1 << 24)
+int64_t mf_grad_chunks(int64_t blocks, int64_t weight_floats);
+
+/* dst (size,) += the sum over c < chunks of parts[c * stride : c * stride + size], in double,
+ * in chunk order (parallel over the elements) */
+void mf_add_chunks(float *dst, const float *parts, int64_t chunks, int64_t stride, int64_t size);
+
 #endif
