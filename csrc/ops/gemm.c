@@ -41,43 +41,48 @@ int64_t mf_gemm_tn_pack_floats(int64_t m, int64_t n) {
 }
 
 #ifdef MF_GEMM_KERNEL
+#define GEMM_TARGET __attribute__((target("avx512f")))
+
 /* out = b (k, n) in column panels: out[j * k * 32 + kk * 32 + c] = b[kk, 32 j + c], with b's
  * element (kk, col) at w[kk * rs + col * cs], zero beyond column n */
-static void pack_panels(float *out, const float *w, int64_t k, int64_t n, int64_t rs,
-                        int64_t cs) {
+GEMM_TARGET static void pack_panels(float *out, const float *w, int64_t k, int64_t n,
+                                    int64_t rs, int64_t cs) {
     for (int64_t j = 0; j < n; j += TILE_COLS) {
         const int64_t cols = n - j < TILE_COLS ? n - j : TILE_COLS;
+        const __mmask16 m0 = (__mmask16)(cols >= 16 ? 0xFFFF : (1u << cols) - 1);
+        const __mmask16 m1 =
+            (__mmask16)(cols >= 32 ? 0xFFFF : cols > 16 ? (1u << (cols - 16)) - 1 : 0);
         float *panel = out + j * k;
         for (int64_t kk = 0; kk < k; kk++) {
             float *dst = panel + kk * TILE_COLS;
             if (cs == 1) {
-                memcpy(dst, w + kk * rs + j, (size_t)cols * sizeof(float));
+                const float *src = w + kk * rs + j;
+                _mm512_storeu_ps(dst, _mm512_maskz_loadu_ps(m0, src));
+                _mm512_storeu_ps(dst + 16, _mm512_maskz_loadu_ps(m1, src + 16));
             } else {
-                for (int64_t c = 0; c < cols; c++) dst[c] = w[kk * rs + (j + c) * cs];
+                for (int64_t c = 0; c < TILE_COLS; c++)
+                    dst[c] = c < cols ? w[kk * rs + (j + c) * cs] : 0.0f;
             }
-            for (int64_t c = cols; c < TILE_COLS; c++) dst[c] = 0.0f;
         }
     }
 }
-#endif
 
-void mf_gemm_prepare_b(int fast, float *out, const float *w, int64_t k, int64_t n,
-                       int transposed) {
-    const int64_t rs = transposed ? 1 : n, cs = transposed ? k : 1;
-#ifdef MF_GEMM_KERNEL
-    if (fast) {
-        pack_panels(out, w, k, n, rs, cs);
-        return;
+/* pa = a's columns 8t .. 8t+7 (of m) over k rows in panels, k-major:
+ * pa[t * 8 k + kk * 8 + r] = a[kk, 8 t + r] */
+GEMM_TARGET static void pack_columns(float *pa, const float *a, int64_t lda, int64_t m,
+                                     int64_t k) {
+    for (int64_t t = 0; t * TILE_ROWS < m; t++) {
+        const int64_t c0 = t * TILE_ROWS, w = m - c0 < TILE_ROWS ? m - c0 : TILE_ROWS;
+        float *panel = pa + t * TILE_ROWS * k;
+        if (w == TILE_ROWS) {
+            for (int64_t kk = 0; kk < k; kk++)
+                _mm256_storeu_ps(panel + kk * TILE_ROWS, _mm256_loadu_ps(a + kk * lda + c0));
+        } else {
+            for (int64_t kk = 0; kk < k; kk++)
+                for (int64_t r = 0; r < w; r++) panel[kk * TILE_ROWS + r] = a[kk * lda + c0 + r];
+        }
     }
-#else
-    (void)fast;
-#endif
-    for (int64_t kk = 0; kk < k; kk++)
-        for (int64_t c = 0; c < n; c++) out[kk * n + c] = w[kk * rs + c * cs];
 }
-
-#ifdef MF_GEMM_KERNEL
-#define GEMM_TARGET __attribute__((target("avx512f")))
 
 /* c's tile row halves: masked (a column tail) or not (MASKED is a constant after inlining;
  * masks held through the k loop cost more than plain loads) */
@@ -122,10 +127,16 @@ tile(const int R, const int MASKED, int64_t K, const float *a, int64_t ars, int6
 #undef STORE
 
 /* c (m, n) = init + a b, with b in column panels: panels outer (a panel, K x 32, is reused by
- * every row tile), row tiles inner. Row tile t starts at a + t * tile_stride. */
+ * every row tile), row tiles inner. Row tile t starts at a + t * tile_stride. The tiles also
+ * prefetch the pf_floats floats at pf into L2, a share each, for the caller's next pass over
+ * them: those loads then overlap the products instead of stalling that pass. */
 GEMM_TARGET static void kernel(int64_t m, int64_t n, int64_t K, const float *a,
                                int64_t tile_stride, int64_t ars, int64_t aks, const float *b,
-                               float *c, int64_t ldc, const float *bias, int accumulate) {
+                               float *c, int64_t ldc, const float *bias, int accumulate,
+                               const float *pf, int64_t pf_floats) {
+    const int64_t lines = pf != NULL ? (pf_floats + 15) / 16 : 0;
+    const int64_t tiles = (n + TILE_COLS - 1) / TILE_COLS * ((m + TILE_ROWS - 1) / TILE_ROWS);
+    int64_t t = 0;
     for (int64_t j = 0; j < n; j += TILE_COLS) {
         const int64_t cols = n - j < TILE_COLS ? n - j : TILE_COLS;
         const __mmask16 m0 = (__mmask16)(cols >= 16 ? 0xFFFF : (1u << cols) - 1);
@@ -136,6 +147,9 @@ GEMM_TARGET static void kernel(int64_t m, int64_t n, int64_t K, const float *a,
             const float *ai = a + i / TILE_ROWS * tile_stride;
             float *ci = c + i * ldc + j;
             const int64_t rows = m - i < TILE_ROWS ? m - i : TILE_ROWS;
+            for (int64_t l = t * lines / tiles; l < (t + 1) * lines / tiles; l++)
+                _mm_prefetch((const char *)(pf + 16 * l), _MM_HINT_T1);
+            t++;
             if (rows == TILE_ROWS && cols == TILE_COLS) { /* the bulk of the work */
                 tile(TILE_ROWS, 0, K, ai, ars, aks, bj, ci, ldc, biasj, accumulate, m0, m1);
                 continue;
@@ -152,16 +166,35 @@ GEMM_TARGET static void kernel(int64_t m, int64_t n, int64_t K, const float *a,
 }
 #endif
 
-int mf_gemm_nn(int fast, int64_t m, int64_t n, int64_t k, const float *a, int64_t lda,
-               const float *b, float *c, int64_t ldc, const float *bias, int accumulate) {
+void mf_gemm_prepare_b(int fast, float *out, const float *w, int64_t k, int64_t n,
+                       int transposed) {
+    const int64_t rs = transposed ? 1 : n, cs = transposed ? k : 1;
 #ifdef MF_GEMM_KERNEL
     if (fast) {
-        kernel(m, n, k, a, TILE_ROWS * lda, lda, 1, b, c, ldc, bias, accumulate);
+        pack_panels(out, w, k, n, rs, cs);
+        return;
+    }
+#else
+    (void)fast;
+#endif
+    for (int64_t kk = 0; kk < k; kk++)
+        for (int64_t c = 0; c < n; c++) out[kk * n + c] = w[kk * rs + c * cs];
+}
+
+int mf_gemm_nn(int fast, int64_t m, int64_t n, int64_t k, const float *a, int64_t lda,
+               const float *b, float *c, int64_t ldc, const float *bias, int accumulate,
+               const float *prefetch, int64_t prefetch_floats) {
+#ifdef MF_GEMM_KERNEL
+    if (fast) {
+        kernel(m, n, k, a, TILE_ROWS * lda, lda, 1, b, c, ldc, bias, accumulate, prefetch,
+               prefetch_floats);
         return MF_OK;
     }
 #else
     (void)fast;
 #endif
+    (void)prefetch;
+    (void)prefetch_floats;
     if (!accumulate && bias != NULL)
         for (int64_t r = 0; r < m; r++) memcpy(c + r * ldc, bias, (size_t)n * sizeof(float));
     const float beta = accumulate || bias != NULL ? 1.0f : 0.0f;
@@ -173,20 +206,13 @@ int mf_gemm_tn(int fast, int64_t m, int64_t n, int64_t k, const float *a, int64_
 #ifdef MF_GEMM_KERNEL
     if (fast) {
         /* TN_ROWS rows of a and b at a time (the sums still run over k in order): a's panel t
-         * holds its columns 8t .. 8t+7, k-major (pa[t * 8 kn + kk * 8 + r]); b as
-         * mf_gemm_prepare_b lays it out */
+         * holds its columns 8t .. 8t+7 (pack_columns); b as mf_gemm_prepare_b lays it out */
         float *pa = pack, *pb = pack + round_up(m, TILE_ROWS) * TN_ROWS;
         for (int64_t k0 = 0; k0 < k; k0 += TN_ROWS) {
             const int64_t kn = k - k0 < TN_ROWS ? k - k0 : TN_ROWS;
-            for (int64_t t = 0; t * TILE_ROWS < m; t++) {
-                const int64_t c0 = t * TILE_ROWS, w = m - c0 < TILE_ROWS ? m - c0 : TILE_ROWS;
-                float *panel = pa + t * TILE_ROWS * kn;
-                for (int64_t kk = 0; kk < kn; kk++)
-                    memcpy(panel + kk * TILE_ROWS, a + (k0 + kk) * lda + c0,
-                           (size_t)w * sizeof(float));
-            }
+            pack_columns(pa, a + k0 * lda, lda, m, kn);
             pack_panels(pb, b + k0 * ldb, kn, n, ldb, 1);
-            kernel(m, n, kn, pa, TILE_ROWS * kn, 1, TILE_ROWS, pb, c, ldc, NULL, 1);
+            kernel(m, n, kn, pa, TILE_ROWS * kn, 1, TILE_ROWS, pb, c, ldc, NULL, 1, NULL, 0);
         }
         return MF_OK;
     }

@@ -76,7 +76,7 @@ int linear_forward(float *y, const float *x, const float *weight, const float *b
         const int64_t r0 = b * MF_LINEAR_ROWS;
         /* y (rows, Cout) = bias + x (rows, Cin) . weight^T (Cin, Cout) */
         record(&status, mf_gemm_nn(fast, block_size(N, b), Cout, Cin, x + r0 * Cin, Cin, wt,
-                                   y + r0 * Cout, Cout, bias, 0));
+                                   y + r0 * Cout, Cout, bias, 0, NULL, 0));
     }
     free(wt);
     return status;
@@ -111,8 +111,9 @@ int linear_backward(float *dx, float *dweight, float *dbias, const float *dy, co
             const float *dyb = dy + r0 * Cout;
             if (blocked) {
                 /* dx (rows, Cin) = dy (rows, Cout) . weight (Cout, Cin) [+ dx] */
+                /* (prefetching x's rows for dW's product) */
                 record(&status, mf_gemm_nn(fast, rows, Cin, Cout, dyb, Cout, wb, dx + r0 * Cin,
-                                           Cin, NULL, accumulate_dx));
+                                           Cin, NULL, accumulate_dx, x + r0 * Cin, rows * Cin));
                 /* dW_chunk (Cout, Cin) += dy^T (Cout, rows) . x (rows, Cin) */
                 record(&status, mf_gemm_tn(fast, Cout, Cin, rows, dyb, Cout, x + r0 * Cin, Cin,
                                            dw_chunks + c * W, Cin,

@@ -71,11 +71,12 @@ int mlp_forward(float *y, float *h, const float *x, const float *w_fc, const flo
         const int64_t rows = N - r0 < R ? N - r0 : R;
         float *hb = h + r0 * F, *gb = g + mf_thread_id() * R * F;
         /* h (rows, F) = b_fc + x (rows, C) . w_fc^T (C, F) */
-        record(&status, mf_gemm_nn(fast, rows, F, C, x + r0 * C, C, w_fc_t, hb, F, b_fc, 0));
+        record(&status,
+               mf_gemm_nn(fast, rows, F, C, x + r0 * C, C, w_fc_t, hb, F, b_fc, 0, NULL, 0));
         mf_gelu_kernel(gb, hb, rows * F);
         /* y (rows, C) = b_proj + g (rows, F) . w_proj^T (F, C) */
         record(&status,
-               mf_gemm_nn(fast, rows, C, F, gb, F, w_proj_t, y + r0 * C, C, b_proj, 0));
+               mf_gemm_nn(fast, rows, C, F, gb, F, w_proj_t, y + r0 * C, C, b_proj, 0, NULL, 0));
     }
 done:
     free(wt);
@@ -117,12 +118,13 @@ int mlp_backward(float *dx, float *dw_fc, float *db_fc, float *dw_proj, float *d
             const int64_t r0 = b * R;
             const int64_t rows = N - r0 < R ? N - r0 : R;
             const float *dyb = dy + r0 * C;
-            /* dh (rows, F) = dy (rows, C) . w_proj (C, F) */
-            record(&status, mf_gemm_nn(fast, rows, F, C, dyb, C, w_proj_b, dhb, F, NULL, 0));
+            /* dh (rows, F) = dy (rows, C) . w_proj (C, F), prefetching h's rows for gelu' */
+            record(&status, mf_gemm_nn(fast, rows, F, C, dyb, C, w_proj_b, dhb, F, NULL, 0,
+                                       h + r0 * F, rows * F));
             mf_gelu_grad_kernel(gb, dhb, h + r0 * F, rows * F);
-            /* dx (rows, C) = dh (rows, F) . w_fc (F, C) */
-            record(&status,
-                   mf_gemm_nn(fast, rows, C, F, dhb, F, w_fc_b, dx + r0 * C, C, NULL, 0));
+            /* dx (rows, C) = dh (rows, F) . w_fc (F, C), prefetching x's rows for dw_fc */
+            record(&status, mf_gemm_nn(fast, rows, C, F, dhb, F, w_fc_b, dx + r0 * C, C, NULL,
+                                       0, x + r0 * C, rows * C));
             /* dw_proj (C, F) += dy^T (C, rows) . g (rows, F) */
             record(&status, mf_gemm_tn(fast, C, F, rows, dyb, C, gb, F, dw_proj_c, F, pack));
             /* dw_fc (F, C) += dh^T (F, rows) . x (rows, C) */

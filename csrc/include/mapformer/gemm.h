@@ -20,9 +20,12 @@ void mf_gemm_prepare_b(int fast, float *out, const float *w, int64_t k, int64_t 
 
 /* c (m, n; row stride ldc) = init + a (m, k; lda) . b (k, n; prepared by mf_gemm_prepare_b),
  * init being c itself (accumulate = 1), the row bias (n,) on every row (bias != NULL), or
- * zero. Returns MF_OK, or MF_EINVAL when a size does not fit BLAS's int (OpenBLAS path). */
+ * zero. On the kernel path the product also prefetches prefetch_floats floats at prefetch
+ * (may be NULL) into L2, for the caller's next pass over them.
+ * Returns MF_OK, or MF_EINVAL when a size does not fit BLAS's int (OpenBLAS path). */
 int mf_gemm_nn(int fast, int64_t m, int64_t n, int64_t k, const float *a, int64_t lda,
-               const float *b, float *c, int64_t ldc, const float *bias, int accumulate);
+               const float *b, float *c, int64_t ldc, const float *bias, int accumulate,
+               const float *prefetch, int64_t prefetch_floats);
 
 /* c (m, n; ldc) += a^T . b, with a (k, m; lda) and b (k, n; ldb) read in place: a weight
  * gradient over a block of k rows. pack is scratch of mf_gemm_tn_pack_floats(m, n) floats. */
