@@ -18,8 +18,9 @@ float32 arrays, computing each cos/sin once: what an eager-NumPy layer would run
 Families: rotary (path integration + rotary), attention (causal attention forward/backward;
 the NumPy side runs on a smaller batch and is scaled, see attention_benches), conj_attention
 (MapEM's conjunctive attention in its three modes, sized and scaled as attention; the JSON
-summary compares each mode with the attention op), linear (linear_forward at the training
-step's shapes), mlp (the fused MLP op against the
+summary compares each mode with the attention op), linear (linear forward and backward at the
+training step's shapes, on gemm.c's kernel and on the OpenBLAS path), mlp (the fused MLP op
+against the
 separate linear and gelu ops it replaces, and NumPy), sgemm (one large sgemm: the machine's
 matmul rate, which the JSON summary compares attention against).
 
@@ -446,29 +447,66 @@ def conj_attention_benches(C, B=128, T=256, H=2, D=64, numpy_batch=16, seed=0):
 
 
 # ---- linear at the training step's shapes ---------------------------------------------------
+def on_blas_path(fn):
+    """fn run on the ops' portable OpenBLAS path (MAPFORMER_KERNELS=blas, which the C core
+    reads on every call) instead of their AVX-512 kernels."""
+    def run():
+        old = os.environ.get("MAPFORMER_KERNELS")
+        os.environ["MAPFORMER_KERNELS"] = "blas"
+        try:
+            return fn()
+        finally:
+            if old is None:
+                del os.environ["MAPFORMER_KERNELS"]
+            else:
+                os.environ["MAPFORMER_KERNELS"] = old
+    return run
+
+
 def linear_benches(C, N=32768, width=128, ratio=4, seed=0):
-    """y = x W^T + b at the shapes of a training step's linears (N = B*T rows): the
-    projections (width -> width), the MLP's fc (width -> ratio*width) and proj (back).
-    Their rates, against the square sgemm's, are what bounds the step (bench_train_step).
-    flops 2 N Cin Cout; bytes: x, W, b read, y written."""
+    """y = x W^T + b and its backward (dx = dy W, dW += dy^T x, db += column sums of dy) at the
+    shapes of a training step's linears (N = B*T rows): the projections (width -> width), the
+    MLP's fc (width -> ratio*width) and proj (back). Their rates, against the square sgemm's,
+    are what bounds the step (bench_train_step). Each runs twice: on gemm.c's kernel (the
+    default on AVX-512 CPUs) and on the portable OpenBLAS path; the JSON summary gives their
+    time ratio. flops 2 N Cin Cout forward, twice that backward; bytes: forward x, W, b read,
+    y written; backward dy, x, W read, dx, dW, db written."""
     rng = np.random.default_rng(seed)
     benches = []
     for c_in, c_out in ((width, width), (width, ratio * width), (ratio * width, width)):
         x = rng.standard_normal((N, c_in)).astype(np.float32)
         w = rng.standard_normal((c_out, c_in)).astype(np.float32)
         b = rng.standard_normal(c_out).astype(np.float32)
+        dy = rng.standard_normal((N, c_out)).astype(np.float32)
+        dw, db = np.zeros_like(w), np.zeros_like(b)
 
-        def check(x=x, w=w, b=b):
-            got, want = C.linear_forward(x[:256], w, b), x[:256] @ w.T + b
-            err = np.abs(got - want).max() / np.abs(want).max()
-            assert err < 1e-5, f"linear_forward differs from NumPy by {err:.3g}"
+        def check(x=x[:300], w=w, b=b, dy=dy[:300]):
+            gw = np.zeros_like(w)
+            gx = C.linear_backward(dy, x, w, gw, np.zeros_like(b))
+            for name, got, want in (("y", C.linear_forward(x, w, b), x @ w.T + b),
+                                    ("dx", gx, dy @ w), ("dW", gw, dy.T @ x)):
+                err = np.abs(got - want).max() / np.abs(want).max()
+                assert err < 1e-5, f"linear {name} differs from NumPy by {err:.3g}"
 
-        benches.append(OpBench(
-            f"linear_forward {N}x{c_in}->{c_out}", dict(N=N, Cin=c_in, Cout=c_out),
-            lambda c_in=c_in, c_out=c_out: 2.0 * N * c_in * c_out,
-            lambda c_in=c_in, c_out=c_out: 4.0 * (N * c_in + c_in * c_out + c_out + N * c_out),
-            lambda x=x, w=w, b=b: C.linear_forward(x, w, b), lambda x=x, w=w, b=b: x @ w.T + b,
-            check))
+        def forward(x=x, w=w, b=b):
+            return C.linear_forward(x, w, b)
+
+        def backward(x=x, w=w, dy=dy, dw=dw, db=db):
+            return C.linear_backward(dy, x, w, dw, db)
+
+        sizes = dict(N=N, Cin=c_in, Cout=c_out)
+        flops = 2.0 * N * c_in * c_out
+        fwd_bytes = 4.0 * (N * c_in + c_in * c_out + c_out + N * c_out)
+        bwd_bytes = 4.0 * (2 * N * c_out + 2 * N * c_in + 2 * c_in * c_out + c_out)
+        for path, wrap in (("", lambda fn: fn), (" (OpenBLAS path)", on_blas_path)):
+            benches.append(OpBench(
+                f"linear_forward {c_in}->{c_out}{path}", sizes, lambda f=flops: f,
+                lambda v=fwd_bytes: v, wrap(forward), lambda x=x, w=w, b=b: x @ w.T + b,
+                check))
+            benches.append(OpBench(
+                f"linear_backward {c_in}->{c_out}{path}", sizes, lambda f=flops: 2 * f,
+                lambda v=bwd_bytes: v, wrap(backward),
+                lambda x=x, w=w, dy=dy: (dy @ w, dy.T @ x, dy.sum(0)), check))
     return benches
 
 
@@ -680,6 +718,13 @@ def main():
         fused, separate = by_name.get(f"mlp_{step}"), by_name.get(f"mlp_{step} separate ops")
         if fused is not None and separate is not None:
             summary[f"mlp_{step}_fused_vs_separate"] = round(fused["c_ms"] / separate["c_ms"], 3)
+    for row in results:
+        blas = by_name.get(row["name"] + " (OpenBLAS path)")
+        if blas is not None:
+            entry = {"kernel_vs_openblas_time": round(row["c_ms"] / blas["c_ms"], 3)}
+            if sgemm is not None:
+                entry["fraction_of_sgemm"] = round(row["c_gflops"] / sgemm["c_gflops"], 3)
+            summary[row["name"]] = entry
     print(json.dumps({"bench": "ops", "omp_num_threads": os.environ.get("OMP_NUM_THREADS"),
                       "repeats": args.repeats, "results": results, "summary": summary}))
 
