@@ -84,6 +84,38 @@ GEMM_TARGET static void pack_columns(float *pa, const float *a, int64_t lda, int
     }
 }
 
+/* gelu(x), GELU's tanh approximation: the operations of gelu.c's mf_gelu_kernel (and of
+ * fastmath.h's mf_expf) in its order, one rounding each, so the same bits */
+GEMM_TARGET __attribute__((always_inline)) static inline __m512 gelu16(__m512 x) {
+#define V(c) _mm512_set1_ps(c)
+    const __m512 u = _mm512_mul_ps(
+        V(0.7978845608028654f),
+        _mm512_add_ps(x, _mm512_mul_ps(_mm512_mul_ps(V(0.044715f), _mm512_mul_ps(x, x)), x)));
+    /* mf_expf(-2u): clamp as integers, 2^n by the 1.5 * 2^23 trick, Cephes' polynomial */
+    __m512i zi = _mm512_castps_si512(_mm512_mul_ps(V(-2.0f), u));
+    zi = _mm512_min_epi32(zi, _mm512_set1_epi32(0x42B00000));
+    zi = _mm512_min_epu32(zi, _mm512_set1_epi32((int)0xC2AE0000u));
+    const __m512 z = _mm512_castsi512_ps(zi);
+    const __m512 t = _mm512_add_ps(_mm512_mul_ps(z, V(1.44269504088896341f)), V(12582912.0f));
+    const __m512 nn = _mm512_sub_ps(t, V(12582912.0f));
+    __m512 r = _mm512_sub_ps(z, _mm512_mul_ps(nn, V(0.693359375f)));
+    r = _mm512_sub_ps(r, _mm512_mul_ps(nn, V(-2.12194440e-4f)));
+    __m512 p = V(1.9875691500e-4f);
+    p = _mm512_add_ps(_mm512_mul_ps(p, r), V(1.3981999507e-3f));
+    p = _mm512_add_ps(_mm512_mul_ps(p, r), V(8.3334519073e-3f));
+    p = _mm512_add_ps(_mm512_mul_ps(p, r), V(4.1665795894e-2f));
+    p = _mm512_add_ps(_mm512_mul_ps(p, r), V(1.6666665459e-1f));
+    p = _mm512_add_ps(_mm512_mul_ps(p, r), V(5.0000001201e-1f));
+    p = _mm512_add_ps(_mm512_add_ps(_mm512_mul_ps(_mm512_mul_ps(p, r), r), r), V(1.0f));
+    const __m512i e = _mm512_slli_epi32(
+        _mm512_add_epi32(_mm512_sub_epi32(_mm512_castps_si512(t), _mm512_set1_epi32(0x4B400000)),
+                         _mm512_set1_epi32(127)),
+        23);
+    const __m512 ez = _mm512_mul_ps(p, _mm512_castsi512_ps(e));
+    return _mm512_mul_ps(x, _mm512_div_ps(V(1.0f), _mm512_add_ps(V(1.0f), ez)));
+#undef V
+}
+
 /* c's tile row halves: masked (a column tail) or not (MASKED is a constant after inlining;
  * masks held through the k loop cost more than plain loads) */
 #define LOAD(p, m) (MASKED ? _mm512_maskz_loadu_ps(m, p) : _mm512_loadu_ps(p))
@@ -91,11 +123,13 @@ GEMM_TARGET static void pack_columns(float *pa, const float *a, int64_t lda, int
 
 /* One tile of R rows (R <= TILE_ROWS) and the columns in masks m0 (0:16) and m1 (16:32):
  *   c[r, :] = init[r, :] + sum_k a[r * ars + k * aks] b[k * 32 + :]
- * R and MASKED are constants after inlining, so the accumulators stay in registers. */
+ * and g[r, :] = gelu(c[r, :]) where g != NULL; stream: c's stores are non-temporal (full
+ * tiles only; the caller checks the alignment). R and MASKED are constants after inlining,
+ * so the accumulators stay in registers. */
 GEMM_TARGET __attribute__((always_inline)) static inline void
 tile(const int R, const int MASKED, int64_t K, const float *a, int64_t ars, int64_t aks,
-     const float *b, float *c, int64_t ldc, const float *bias, int accumulate, __mmask16 m0,
-     __mmask16 m1) {
+     const float *b, float *c, int64_t ldc, const float *bias, int accumulate, float *g,
+     int stream, __mmask16 m0, __mmask16 m1) {
     __m512 acc0[TILE_ROWS], acc1[TILE_ROWS];
     for (int r = 0; r < R; r++) {
         if (accumulate) {
@@ -119,50 +153,65 @@ tile(const int R, const int MASKED, int64_t K, const float *a, int64_t ars, int6
         }
     }
     for (int r = 0; r < R; r++) {
-        STORE(c + r * ldc, m0, acc0[r]);
-        STORE(c + r * ldc + 16, m1, acc1[r]);
+        if (!MASKED && stream) {
+            _mm512_stream_ps(c + r * ldc, acc0[r]);
+            _mm512_stream_ps(c + r * ldc + 16, acc1[r]);
+        } else {
+            STORE(c + r * ldc, m0, acc0[r]);
+            STORE(c + r * ldc + 16, m1, acc1[r]);
+        }
+        if (g != NULL) {
+            STORE(g + r * ldc, m0, gelu16(acc0[r]));
+            STORE(g + r * ldc + 16, m1, gelu16(acc1[r]));
+        }
     }
 }
 #undef LOAD
 #undef STORE
 
 /* c (m, n) = init + a b, with b in column panels: panels outer (a panel, K x 32, is reused by
- * every row tile), row tiles inner. Row tile t starts at a + t * tile_stride. The tiles also
- * prefetch the pf_floats floats at pf into L2, a share each, for the caller's next pass over
- * them: those loads then overlap the products instead of stalling that pass. */
+ * every row tile), row tiles inner. Row tile t starts at a + t * tile_stride. The options
+ * are mf_gemm_nn's; the prefetched lines are spread over the tiles, a share each, so that
+ * their loads overlap the products instead of stalling the caller's next pass. */
 GEMM_TARGET static void kernel(int64_t m, int64_t n, int64_t K, const float *a,
                                int64_t tile_stride, int64_t ars, int64_t aks, const float *b,
-                               float *c, int64_t ldc, const float *bias, int accumulate,
-                               const float *pf, int64_t pf_floats) {
-    const int64_t lines = pf != NULL ? (pf_floats + 15) / 16 : 0;
+                               float *c, int64_t ldc, const MfGemmOptions *o) {
+    const float *pf = o->prefetch;
+    const int64_t lines = pf != NULL ? (o->prefetch_floats + 15) / 16 : 0;
     const int64_t tiles = (n + TILE_COLS - 1) / TILE_COLS * ((m + TILE_ROWS - 1) / TILE_ROWS);
+    /* non-temporal stores need 64-byte aligned rows */
+    const int stream = o->stream && (uintptr_t)c % 64 == 0 && ldc % 16 == 0;
     int64_t t = 0;
     for (int64_t j = 0; j < n; j += TILE_COLS) {
         const int64_t cols = n - j < TILE_COLS ? n - j : TILE_COLS;
         const __mmask16 m0 = (__mmask16)(cols >= 16 ? 0xFFFF : (1u << cols) - 1);
         const __mmask16 m1 =
             (__mmask16)(cols >= 32 ? 0xFFFF : cols > 16 ? (1u << (cols - 16)) - 1 : 0);
-        const float *bj = b + j * K, *biasj = bias != NULL ? bias + j : NULL;
+        const float *bj = b + j * K, *biasj = o->bias != NULL ? o->bias + j : NULL;
         for (int64_t i = 0; i < m; i += TILE_ROWS) {
             const float *ai = a + i / TILE_ROWS * tile_stride;
-            float *ci = c + i * ldc + j;
+            float *ci = c + i * ldc + j, *gi = o->gelu != NULL ? o->gelu + i * ldc + j : NULL;
             const int64_t rows = m - i < TILE_ROWS ? m - i : TILE_ROWS;
             for (int64_t l = t * lines / tiles; l < (t + 1) * lines / tiles; l++)
                 _mm_prefetch((const char *)(pf + 16 * l), _MM_HINT_T1);
             t++;
             if (rows == TILE_ROWS && cols == TILE_COLS) { /* the bulk of the work */
-                tile(TILE_ROWS, 0, K, ai, ars, aks, bj, ci, ldc, biasj, accumulate, m0, m1);
+                tile(TILE_ROWS, 0, K, ai, ars, aks, bj, ci, ldc, biasj, o->accumulate, gi,
+                     stream, m0, m1);
                 continue;
             }
             switch (rows) {
 #define MF_TILE(R)                                                                            \
-    case R: tile(R, 1, K, ai, ars, aks, bj, ci, ldc, biasj, accumulate, m0, m1); break;
+    case R:                                                                                   \
+        tile(R, 1, K, ai, ars, aks, bj, ci, ldc, biasj, o->accumulate, gi, 0, m0, m1);       \
+        break;
                 MF_TILE(8) MF_TILE(7) MF_TILE(6) MF_TILE(5) MF_TILE(4) MF_TILE(3) MF_TILE(2)
                 MF_TILE(1)
 #undef MF_TILE
             }
         }
     }
+    if (stream) _mm_sfence(); /* the streamed stores are visible before the op returns */
 }
 #endif
 
@@ -182,23 +231,25 @@ void mf_gemm_prepare_b(int fast, float *out, const float *w, int64_t k, int64_t 
 }
 
 int mf_gemm_nn(int fast, int64_t m, int64_t n, int64_t k, const float *a, int64_t lda,
-               const float *b, float *c, int64_t ldc, const float *bias, int accumulate,
-               const float *prefetch, int64_t prefetch_floats) {
+               const float *b, float *c, int64_t ldc, const MfGemmOptions *opt) {
+    const MfGemmOptions none = {0};
+    const MfGemmOptions *o = opt != NULL ? opt : &none;
 #ifdef MF_GEMM_KERNEL
     if (fast) {
-        kernel(m, n, k, a, TILE_ROWS * lda, lda, 1, b, c, ldc, bias, accumulate, prefetch,
-               prefetch_floats);
+        kernel(m, n, k, a, TILE_ROWS * lda, lda, 1, b, c, ldc, o);
         return MF_OK;
     }
 #else
     (void)fast;
 #endif
-    (void)prefetch;
-    (void)prefetch_floats;
-    if (!accumulate && bias != NULL)
-        for (int64_t r = 0; r < m; r++) memcpy(c + r * ldc, bias, (size_t)n * sizeof(float));
-    const float beta = accumulate || bias != NULL ? 1.0f : 0.0f;
-    return mf_sgemm(0, 0, m, n, k, 1.0f, a, lda, b, n, beta, c, ldc);
+    if (!o->accumulate && o->bias != NULL)
+        for (int64_t r = 0; r < m; r++)
+            memcpy(c + r * ldc, o->bias, (size_t)n * sizeof(float));
+    const float beta = o->accumulate || o->bias != NULL ? 1.0f : 0.0f;
+    int status = mf_sgemm(0, 0, m, n, k, 1.0f, a, lda, b, n, beta, c, ldc);
+    if (status == MF_OK && o->gelu != NULL)
+        for (int64_t r = 0; r < m; r++) mf_gelu_kernel(o->gelu + r * ldc, c + r * ldc, n);
+    return status;
 }
 
 int mf_gemm_tn(int fast, int64_t m, int64_t n, int64_t k, const float *a, int64_t lda,
@@ -212,7 +263,8 @@ int mf_gemm_tn(int fast, int64_t m, int64_t n, int64_t k, const float *a, int64_
             const int64_t kn = k - k0 < TN_ROWS ? k - k0 : TN_ROWS;
             pack_columns(pa, a + k0 * lda, lda, m, kn);
             pack_panels(pb, b + k0 * ldb, kn, n, ldb, 1);
-            kernel(m, n, kn, pa, TILE_ROWS * kn, 1, TILE_ROWS, pb, c, ldc, NULL, 1, NULL, 0);
+            const MfGemmOptions accumulate = {.accumulate = 1};
+            kernel(m, n, kn, pa, TILE_ROWS * kn, 1, TILE_ROWS, pb, c, ldc, &accumulate);
         }
         return MF_OK;
     }

@@ -70,13 +70,14 @@ int linear_forward(float *y, const float *x, const float *weight, const float *b
     if (wt == NULL) return MF_ENOMEM;
     mf_gemm_prepare_b(fast, wt, weight, Cin, Cout, 1); /* weight^T (Cin, Cout) */
     const int64_t blocks = row_blocks(N);
+    const MfGemmOptions with_bias = {.bias = bias};
     int status = MF_OK;
 #pragma omp parallel for schedule(dynamic, 1) if (parallel(N, Cin, Cout))
     for (int64_t b = 0; b < blocks; b++) {
         const int64_t r0 = b * MF_LINEAR_ROWS;
         /* y (rows, Cout) = bias + x (rows, Cin) . weight^T (Cin, Cout) */
         record(&status, mf_gemm_nn(fast, block_size(N, b), Cout, Cin, x + r0 * Cin, Cin, wt,
-                                   y + r0 * Cout, Cout, bias, 0, NULL, 0));
+                                   y + r0 * Cout, Cout, &with_bias));
     }
     free(wt);
     return status;
@@ -110,10 +111,13 @@ int linear_backward(float *dx, float *dweight, float *dbias, const float *dy, co
             const int64_t r0 = b * MF_LINEAR_ROWS, rows = block_size(N, b);
             const float *dyb = dy + r0 * Cout;
             if (blocked) {
-                /* dx (rows, Cin) = dy (rows, Cout) . weight (Cout, Cin) [+ dx] */
-                /* (prefetching x's rows for dW's product) */
+                /* dx (rows, Cin) = dy (rows, Cout) . weight (Cout, Cin) [+ dx], prefetching
+                 * x's rows for dW's product */
+                const MfGemmOptions o = {.accumulate = accumulate_dx,
+                                         .prefetch = x + r0 * Cin,
+                                         .prefetch_floats = rows * Cin};
                 record(&status, mf_gemm_nn(fast, rows, Cin, Cout, dyb, Cout, wb, dx + r0 * Cin,
-                                           Cin, NULL, accumulate_dx, x + r0 * Cin, rows * Cin));
+                                           Cin, &o));
                 /* dW_chunk (Cout, Cin) += dy^T (Cout, rows) . x (rows, Cin) */
                 record(&status, mf_gemm_tn(fast, Cout, Cin, rows, dyb, Cout, x + r0 * Cin, Cin,
                                            dw_chunks + c * W, Cin,

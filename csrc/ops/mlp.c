@@ -12,8 +12,8 @@
  * read them: of the (N, F) arrays only h goes to memory (written forward, read backward),
  * where separate linear and gelu ops would also write and read g, dg and dh. The products
  * are gemm.c's row-block kernels (the weights laid out for them once per call):
- *   forward, per block:  h = b_fc + x w_fc^T
- *                        g = gelu(h)                              (gelu.c's kernel)
+ *   forward, per block:  h = b_fc + x w_fc^T, and g = gelu(h) from the same registers
+ *                        (h's stores non-temporal: the backward reads it next)
  *                        y = b_proj + g w_proj^T
  *   backward, per chunk of blocks (rows.h: mf_grad_chunks), per block in order:
  *                        dh = dy w_proj
@@ -65,18 +65,18 @@ int mlp_forward(float *y, float *h, const float *x, const float *w_fc, const flo
     const float *w_fc_t = wt, *w_proj_t = wt + fc_floats;
     mf_gemm_prepare_b(fast, wt, w_fc, C, F, 1);
     mf_gemm_prepare_b(fast, wt + fc_floats, w_proj, F, C, 1);
+    const MfGemmOptions proj = {.bias = b_proj};
 #pragma omp parallel for schedule(dynamic, 1) if (blocks > 1)
     for (int64_t b = 0; b < blocks; b++) {
         const int64_t r0 = b * R;
         const int64_t rows = N - r0 < R ? N - r0 : R;
-        float *hb = h + r0 * F, *gb = g + mf_thread_id() * R * F;
-        /* h (rows, F) = b_fc + x (rows, C) . w_fc^T (C, F) */
-        record(&status,
-               mf_gemm_nn(fast, rows, F, C, x + r0 * C, C, w_fc_t, hb, F, b_fc, 0, NULL, 0));
-        mf_gelu_kernel(gb, hb, rows * F);
+        float *gb = g + mf_thread_id() * R * F;
+        /* h (rows, F) = b_fc + x (rows, C) . w_fc^T (C, F), and g = gelu(h) from the same
+         * registers; h is next read by the backward, so it streams past the cache */
+        const MfGemmOptions fc = {.bias = b_fc, .gelu = gb, .stream = 1};
+        record(&status, mf_gemm_nn(fast, rows, F, C, x + r0 * C, C, w_fc_t, h + r0 * F, F, &fc));
         /* y (rows, C) = b_proj + g (rows, F) . w_proj^T (F, C) */
-        record(&status,
-               mf_gemm_nn(fast, rows, C, F, gb, F, w_proj_t, y + r0 * C, C, b_proj, 0, NULL, 0));
+        record(&status, mf_gemm_nn(fast, rows, C, F, gb, F, w_proj_t, y + r0 * C, C, &proj));
     }
 done:
     free(wt);
@@ -119,12 +119,12 @@ int mlp_backward(float *dx, float *dw_fc, float *db_fc, float *dw_proj, float *d
             const int64_t rows = N - r0 < R ? N - r0 : R;
             const float *dyb = dy + r0 * C;
             /* dh (rows, F) = dy (rows, C) . w_proj (C, F), prefetching h's rows for gelu' */
-            record(&status, mf_gemm_nn(fast, rows, F, C, dyb, C, w_proj_b, dhb, F, NULL, 0,
-                                       h + r0 * F, rows * F));
+            const MfGemmOptions to_dh = {.prefetch = h + r0 * F, .prefetch_floats = rows * F};
+            record(&status, mf_gemm_nn(fast, rows, F, C, dyb, C, w_proj_b, dhb, F, &to_dh));
             mf_gelu_grad_kernel(gb, dhb, h + r0 * F, rows * F);
             /* dx (rows, C) = dh (rows, F) . w_fc (F, C), prefetching x's rows for dw_fc */
-            record(&status, mf_gemm_nn(fast, rows, C, F, dhb, F, w_fc_b, dx + r0 * C, C, NULL,
-                                       0, x + r0 * C, rows * C));
+            const MfGemmOptions to_dx = {.prefetch = x + r0 * C, .prefetch_floats = rows * C};
+            record(&status, mf_gemm_nn(fast, rows, C, F, dhb, F, w_fc_b, dx + r0 * C, C, &to_dx));
             /* dw_proj (C, F) += dy^T (C, rows) . g (rows, F) */
             record(&status, mf_gemm_tn(fast, C, F, rows, dyb, C, gb, F, dw_proj_c, F, pack));
             /* dw_fc (F, C) += dh^T (F, rows) . x (rows, C) */

@@ -18,14 +18,22 @@ int64_t mf_gemm_b_floats(int64_t k, int64_t n);
 void mf_gemm_prepare_b(int fast, float *out, const float *w, int64_t k, int64_t n,
                        int transposed);
 
+/* What mf_gemm_nn does besides the product; {0} is a plain c = a b. */
+typedef struct {
+    const float *bias;        /* c starts from this row (n,) on every row, not zero */
+    int accumulate;           /* c starts from itself (c += a b) */
+    float *gelu;              /* also gelu (c) here (m, n; row stride ldc), from registers */
+    int stream;               /* c is not read again soon: non-temporal stores (aligned rows) */
+    const float *prefetch;    /* the kernel also prefetches prefetch_floats floats here into */
+    int64_t prefetch_floats;  /* L2, for the caller's next pass over them */
+} MfGemmOptions;
+
 /* c (m, n; row stride ldc) = init + a (m, k; lda) . b (k, n; prepared by mf_gemm_prepare_b),
- * init being c itself (accumulate = 1), the row bias (n,) on every row (bias != NULL), or
- * zero. On the kernel path the product also prefetches prefetch_floats floats at prefetch
- * (may be NULL) into L2, for the caller's next pass over them.
+ * with init and the extras as `opt` says (NULL: none). gelu is the same bits as
+ * mf_gelu_kernel on c; stream and prefetch are hints that change no result.
  * Returns MF_OK, or MF_EINVAL when a size does not fit BLAS's int (OpenBLAS path). */
 int mf_gemm_nn(int fast, int64_t m, int64_t n, int64_t k, const float *a, int64_t lda,
-               const float *b, float *c, int64_t ldc, const float *bias, int accumulate,
-               const float *prefetch, int64_t prefetch_floats);
+               const float *b, float *c, int64_t ldc, const MfGemmOptions *opt);
 
 /* c (m, n; ldc) += a^T . b, with a (k, m; lda) and b (k, n; ldb) read in place: a weight
  * gradient over a block of k rows. pack is scratch of mf_gemm_tn_pack_floats(m, n) floats. */
