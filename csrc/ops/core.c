@@ -6,7 +6,6 @@
  * by mf_sgemm_rows. Two pools on two cores spin against each other: measured, a 200K-float
  * norm took 14 ms right after a multithreaded OpenBLAS call instead of 0.1 ms. */
 #include <limits.h>
-#include <string.h>
 
 #include "mapformer/blas.h"
 #include "mapformer/clones.h"
@@ -62,10 +61,6 @@ int mf_sgemm_rows(int ta, int tb, int64_t m, int64_t n, int64_t k, float alpha, 
         }
     }
     return status;
-}
-
-void mf_fill_rows(float *out, const float *row, int64_t rows, int64_t n) {
-    for (int64_t r = 0; r < rows; r++) memcpy(out + r * n, row, (size_t)n * sizeof(float));
 }
 
 MF_CLONES

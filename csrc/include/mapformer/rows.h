@@ -4,9 +4,6 @@
 
 #include <stdint.h>
 
-/* out (rows, n) = row (n,) on every row: a bias broadcast before an sgemm with beta = 1 */
-void mf_fill_rows(float *out, const float *row, int64_t rows, int64_t n);
-
 /* sum (n,) = the sum over rows [0, rows) of a (rows, n), in double, in row order */
 void mf_column_sums(double *sum, const float *a, int64_t rows, int64_t n);
 
@@ -16,8 +13,9 @@ void mf_column_sums(double *sum, const float *a, int64_t rows, int64_t n);
  * blocks' weight gradients in order into its own scratch (weight_floats floats), and
  * mf_add_chunks adds the scratches in chunk order. The chunks are a function of the sizes,
  * so the gradients have the same bits for any thread count. At most MF_GRAD_CHUNKS chunks,
- * fewer where their scratch would pass MF_GRAD_SCRATCH floats (a weight that large has its
- * own parallelism in each block's product). */
+ * fewer where their scratch would pass MF_GRAD_SCRATCH floats (64 MB). The chunks are the
+ * backward's unit of parallelism: an MLP of width 512 (two 512 x 2048 weights) has 8, one of
+ * width 1024 has 2, and no more threads than that share its backward. */
 #define MF_GRAD_CHUNKS 16
 #define MF_GRAD_SCRATCH ((int64_t)1 << 24)
 int64_t mf_grad_chunks(int64_t blocks, int64_t weight_floats);
