@@ -33,7 +33,7 @@ def twin_models(positional):
 
 
 @pytest.mark.parametrize("positional", SCHEMES)
-def test_ten_adamw_steps_match_numpy_reference(positional):
+def test_ten_adamw_steps_match_numpy_reference(positional, kernel):
     c_model, ref_model = twin_models(positional)
     train_config = TrainConfig(dims=2, sequences=30, batch_size=3, lr=3e-3, weight_decay=0.05)
     c_opt, ref_opt = AdamW(c_model, train_config), AdamW(ref_model, train_config)
