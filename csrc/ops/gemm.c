@@ -84,26 +84,22 @@ GEMM_TARGET static void pack_columns(float *pa, const float *a, int64_t lda, int
     }
 }
 
-/* The GELU of gelu.c (tanh approximation) on 16 floats, for the products' epilogues: the
- * operations of its scalar loops (and of fastmath.h's mf_expf) in their order, one rounding
- * each, so the same bits. */
+/* gelu(x), GELU's tanh approximation: the operations of gelu.c's mf_gelu_kernel (and of
+ * fastmath.h's mf_expf) in its order, one rounding each, so the same bits */
+GEMM_TARGET __attribute__((always_inline)) static inline __m512 gelu16(__m512 x) {
 #define V(c) _mm512_set1_ps(c)
-
-/* exp(-2u), u = sqrt(2/pi) (x + 0.044715 x^3), with x2 = x * x: mf_expf's clamp as
- * integers, 2^n by the 1.5 * 2^23 trick and Cephes' polynomial */
-GEMM_TARGET __attribute__((always_inline)) static inline __m512 gelu_exp16(__m512 x,
-                                                                           __m512 x2) {
     const __m512 u = _mm512_mul_ps(
         V(0.7978845608028654f),
-        _mm512_add_ps(x, _mm512_mul_ps(_mm512_mul_ps(V(0.044715f), x2), x)));
+        _mm512_add_ps(x, _mm512_mul_ps(_mm512_mul_ps(V(0.044715f), _mm512_mul_ps(x, x)), x)));
+    /* mf_expf(-2u): clamp as integers, 2^n by the 1.5 * 2^23 trick, Cephes' polynomial */
     __m512i zi = _mm512_castps_si512(_mm512_mul_ps(V(-2.0f), u));
     zi = _mm512_min_epi32(zi, _mm512_set1_epi32(0x42B00000));
     zi = _mm512_min_epu32(zi, _mm512_set1_epi32((int)0xC2AE0000u));
     const __m512 z = _mm512_castsi512_ps(zi);
     const __m512 t = _mm512_add_ps(_mm512_mul_ps(z, V(1.44269504088896341f)), V(12582912.0f));
-    const __m512 n = _mm512_sub_ps(t, V(12582912.0f));
-    __m512 r = _mm512_sub_ps(z, _mm512_mul_ps(n, V(0.693359375f)));
-    r = _mm512_sub_ps(r, _mm512_mul_ps(n, V(-2.12194440e-4f)));
+    const __m512 nn = _mm512_sub_ps(t, V(12582912.0f));
+    __m512 r = _mm512_sub_ps(z, _mm512_mul_ps(nn, V(0.693359375f)));
+    r = _mm512_sub_ps(r, _mm512_mul_ps(nn, V(-2.12194440e-4f)));
     __m512 p = V(1.9875691500e-4f);
     p = _mm512_add_ps(_mm512_mul_ps(p, r), V(1.3981999507e-3f));
     p = _mm512_add_ps(_mm512_mul_ps(p, r), V(8.3334519073e-3f));
@@ -115,29 +111,10 @@ GEMM_TARGET __attribute__((always_inline)) static inline __m512 gelu_exp16(__m51
         _mm512_add_epi32(_mm512_sub_epi32(_mm512_castps_si512(t), _mm512_set1_epi32(0x4B400000)),
                          _mm512_set1_epi32(127)),
         23);
-    return _mm512_mul_ps(p, _mm512_castsi512_ps(e));
-}
-
-/* gelu(x), as mf_gelu_kernel */
-GEMM_TARGET __attribute__((always_inline)) static inline __m512 gelu16(__m512 x) {
-    const __m512 e = gelu_exp16(x, _mm512_mul_ps(x, x));
-    return _mm512_mul_ps(x, _mm512_div_ps(V(1.0f), _mm512_add_ps(V(1.0f), e)));
-}
-
-/* gelu'(x), and gelu(x) into *y, as mf_gelu_grad_kernel */
-GEMM_TARGET __attribute__((always_inline)) static inline __m512 gelu_grad16(__m512 x,
-                                                                            __m512 *y) {
-    const __m512 x2 = _mm512_mul_ps(x, x);
-    const __m512 e = gelu_exp16(x, x2);
-    const __m512 s = _mm512_div_ps(V(1.0f), _mm512_add_ps(V(1.0f), e));
-    const __m512 du = _mm512_mul_ps(
-        V(0.7978845608028654f), _mm512_add_ps(V(1.0f), _mm512_mul_ps(V(3.0f * 0.044715f), x2)));
-    *y = _mm512_mul_ps(x, s);
-    const __m512 tail = _mm512_mul_ps(
-        _mm512_mul_ps(_mm512_mul_ps(_mm512_mul_ps(V(2.0f), x), _mm512_mul_ps(e, s)), s), du);
-    return _mm512_add_ps(s, tail);
-}
+    const __m512 ez = _mm512_mul_ps(p, _mm512_castsi512_ps(e));
+    return _mm512_mul_ps(x, _mm512_div_ps(V(1.0f), _mm512_add_ps(V(1.0f), ez)));
 #undef V
+}
 
 /* c's tile row halves: masked (a column tail) or not (MASKED is a constant after inlining;
  * masks held through the k loop cost more than plain loads) */
@@ -146,14 +123,13 @@ GEMM_TARGET __attribute__((always_inline)) static inline __m512 gelu_grad16(__m5
 
 /* One tile of R rows (R <= TILE_ROWS) and the columns in masks m0 (0:16) and m1 (16:32):
  *   c[r, :] = init[r, :] + sum_k a[r * ars + k * aks] b[k * 32 + :]
- * then, where gx != NULL, c[r, :] *= gelu'(gx[r, :]) and g[r, :] = gelu(gx[r, :]); else,
- * where g != NULL, g[r, :] = gelu(c[r, :]). stream: c's stores are non-temporal (full tiles
- * only; the caller checks the alignment). gx and g have c's row stride. R and MASKED are
- * constants after inlining, so the accumulators stay in registers. */
+ * and g[r, :] = gelu(c[r, :]) where g != NULL; stream: c's stores are non-temporal (full
+ * tiles only; the caller checks the alignment). R and MASKED are constants after inlining,
+ * so the accumulators stay in registers. */
 GEMM_TARGET __attribute__((always_inline)) static inline void
 tile(const int R, const int MASKED, int64_t K, const float *a, int64_t ars, int64_t aks,
      const float *b, float *c, int64_t ldc, const float *bias, int accumulate, float *g,
-     const float *gx, int stream, __mmask16 m0, __mmask16 m1) {
+     int stream, __mmask16 m0, __mmask16 m1) {
     __m512 acc0[TILE_ROWS], acc1[TILE_ROWS];
     for (int r = 0; r < R; r++) {
         if (accumulate) {
@@ -177,13 +153,6 @@ tile(const int R, const int MASKED, int64_t K, const float *a, int64_t ars, int6
         }
     }
     for (int r = 0; r < R; r++) {
-        if (gx != NULL) {
-            __m512 g0, g1;
-            acc0[r] = _mm512_mul_ps(acc0[r], gelu_grad16(LOAD(gx + r * ldc, m0), &g0));
-            acc1[r] = _mm512_mul_ps(acc1[r], gelu_grad16(LOAD(gx + r * ldc + 16, m1), &g1));
-            STORE(g + r * ldc, m0, g0);
-            STORE(g + r * ldc + 16, m1, g1);
-        }
         if (!MASKED && stream) {
             _mm512_stream_ps(c + r * ldc, acc0[r]);
             _mm512_stream_ps(c + r * ldc + 16, acc1[r]);
@@ -191,7 +160,7 @@ tile(const int R, const int MASKED, int64_t K, const float *a, int64_t ars, int6
             STORE(c + r * ldc, m0, acc0[r]);
             STORE(c + r * ldc + 16, m1, acc1[r]);
         }
-        if (g != NULL && gx == NULL) {
+        if (g != NULL) {
             STORE(g + r * ldc, m0, gelu16(acc0[r]));
             STORE(g + r * ldc + 16, m1, gelu16(acc1[r]));
         }
@@ -222,29 +191,19 @@ GEMM_TARGET static void kernel(int64_t m, int64_t n, int64_t K, const float *a,
         for (int64_t i = 0; i < m; i += TILE_ROWS) {
             const float *ai = a + i / TILE_ROWS * tile_stride;
             float *ci = c + i * ldc + j, *gi = o->gelu != NULL ? o->gelu + i * ldc + j : NULL;
-            const float *gxi = o->gelu_grad_of != NULL ? o->gelu_grad_of + i * ldc + j : NULL;
             const int64_t rows = m - i < TILE_ROWS ? m - i : TILE_ROWS;
             for (int64_t l = t * lines / tiles; l < (t + 1) * lines / tiles; l++)
                 _mm_prefetch((const char *)(pf + 16 * l), _MM_HINT_T1);
             t++;
-            if (gxi != NULL) { /* the next tile's rows of gelu_grad_of, read in its epilogue */
-                const int64_t ni = i + TILE_ROWS < m ? i + TILE_ROWS : 0;
-                const int64_t nj = i + TILE_ROWS < m ? j : j + TILE_COLS;
-                for (int64_t r = ni; nj < n && r < m && r < ni + TILE_ROWS; r++) {
-                    const float *row = o->gelu_grad_of + r * ldc + nj;
-                    _mm_prefetch((const char *)row, _MM_HINT_T0);
-                    _mm_prefetch((const char *)(row + 16), _MM_HINT_T0);
-                }
-            }
             if (rows == TILE_ROWS && cols == TILE_COLS) { /* the bulk of the work */
-                tile(TILE_ROWS, 0, K, ai, ars, aks, bj, ci, ldc, biasj, o->accumulate, gi, gxi,
+                tile(TILE_ROWS, 0, K, ai, ars, aks, bj, ci, ldc, biasj, o->accumulate, gi,
                      stream, m0, m1);
                 continue;
             }
             switch (rows) {
 #define MF_TILE(R)                                                                            \
     case R:                                                                                   \
-        tile(R, 1, K, ai, ars, aks, bj, ci, ldc, biasj, o->accumulate, gi, gxi, 0, m0, m1);  \
+        tile(R, 1, K, ai, ars, aks, bj, ci, ldc, biasj, o->accumulate, gi, 0, m0, m1);       \
         break;
                 MF_TILE(8) MF_TILE(7) MF_TILE(6) MF_TILE(5) MF_TILE(4) MF_TILE(3) MF_TILE(2)
                 MF_TILE(1)
@@ -288,12 +247,8 @@ int mf_gemm_nn(int fast, int64_t m, int64_t n, int64_t k, const float *a, int64_
             memcpy(c + r * ldc, o->bias, (size_t)n * sizeof(float));
     const float beta = o->accumulate || o->bias != NULL ? 1.0f : 0.0f;
     int status = mf_sgemm(0, 0, m, n, k, 1.0f, a, lda, b, n, beta, c, ldc);
-    for (int64_t r = 0; status == MF_OK && o->gelu != NULL && r < m; r++) {
-        if (o->gelu_grad_of != NULL)
-            mf_gelu_grad_kernel(o->gelu + r * ldc, c + r * ldc, o->gelu_grad_of + r * ldc, n);
-        else
-            mf_gelu_kernel(o->gelu + r * ldc, c + r * ldc, n);
-    }
+    if (status == MF_OK && o->gelu != NULL)
+        for (int64_t r = 0; r < m; r++) mf_gelu_kernel(o->gelu + r * ldc, c + r * ldc, n);
     return status;
 }
 

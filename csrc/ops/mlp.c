@@ -16,8 +16,8 @@
  *                        (h's stores non-temporal: the backward reads it next)
  *                        y = b_proj + g w_proj^T
  *   backward, per chunk of blocks (rows.h: mf_grad_chunks), per block in order:
- *                        dh = dy w_proj, then dh *= gelu'(h) and g = gelu(h) from the same
- *                        registers
+ *                        dh = dy w_proj
+ *                        g = gelu(h), dh *= gelu'(h)              (gelu.c's kernel)
  *                        dx = dh w_fc
  *                        dw_proj_chunk += dy^T g, dw_fc_chunk += dh^T x  (the chunk's own
  *                        scratch)
@@ -118,10 +118,10 @@ int mlp_backward(float *dx, float *dw_fc, float *db_fc, float *dw_proj, float *d
             const int64_t r0 = b * R;
             const int64_t rows = N - r0 < R ? N - r0 : R;
             const float *dyb = dy + r0 * C;
-            /* dh (rows, F) = dy (rows, C) . w_proj (C, F) * gelu'(h), and g = gelu(h), from
-             * the product's registers */
-            const MfGemmOptions to_dh = {.gelu = gb, .gelu_grad_of = h + r0 * F};
+            /* dh (rows, F) = dy (rows, C) . w_proj (C, F), prefetching h's rows for gelu' */
+            const MfGemmOptions to_dh = {.prefetch = h + r0 * F, .prefetch_floats = rows * F};
             record(&status, mf_gemm_nn(fast, rows, F, C, dyb, C, w_proj_b, dhb, F, &to_dh));
+            mf_gelu_grad_kernel(gb, dhb, h + r0 * F, rows * F);
             /* dx (rows, C) = dh (rows, F) . w_fc (F, C), prefetching x's rows for dw_fc */
             const MfGemmOptions to_dx = {.prefetch = x + r0 * C, .prefetch_floats = rows * C};
             record(&status, mf_gemm_nn(fast, rows, C, F, dhb, F, w_fc_b, dx + r0 * C, C, &to_dx));

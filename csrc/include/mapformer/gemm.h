@@ -22,17 +22,15 @@ void mf_gemm_prepare_b(int fast, float *out, const float *w, int64_t k, int64_t 
 typedef struct {
     const float *bias;        /* c starts from this row (n,) on every row, not zero */
     int accumulate;           /* c starts from itself (c += a b) */
-    float *gelu;              /* also gelu(c) here (m, n; row stride ldc), from registers; */
-    const float *gelu_grad_of; /* or, given x (m, n; ldc): c *= gelu'(x), gelu = gelu(x) */
+    float *gelu;              /* also gelu (c) here (m, n; row stride ldc), from registers */
     int stream;               /* c is not read again soon: non-temporal stores (aligned rows) */
     const float *prefetch;    /* the kernel also prefetches prefetch_floats floats here into */
     int64_t prefetch_floats;  /* L2, for the caller's next pass over them */
 } MfGemmOptions;
 
 /* c (m, n; row stride ldc) = init + a (m, k; lda) . b (k, n; prepared by mf_gemm_prepare_b),
- * with init and the extras as `opt` says (NULL: none). The GELU outputs are the same bits as
- * mf_gelu_kernel and mf_gelu_grad_kernel; stream and prefetch are hints that change no
- * result.
+ * with init and the extras as `opt` says (NULL: none). gelu is the same bits as
+ * mf_gelu_kernel on c; stream and prefetch are hints that change no result.
  * Returns MF_OK, or MF_EINVAL when a size does not fit BLAS's int (OpenBLAS path). */
 int mf_gemm_nn(int fast, int64_t m, int64_t n, int64_t k, const float *a, int64_t lda,
                const float *b, float *c, int64_t ldc, const MfGemmOptions *opt);
