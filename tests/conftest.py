@@ -185,25 +185,19 @@ def assert_no_leaks(calls, arrays, rounds=1000, rss_budget=16 << 20):
     assert [sys.getrefcount(a) for a in arrays] == counts
 
 
-def outputs_for_thread_counts(tmp_path, script, threads):
-    """Run the Python source ``script``, which saves its outputs with
-    ``np.savez(sys.argv[1], ...)``, once per OMP_NUM_THREADS in ``threads``; returns the
-    loaded archives in that order."""
+def assert_same_bits_for_thread_counts(tmp_path, script, threads=(1, 2)):
+    """The Python source ``script``, which saves its outputs with ``np.savez(sys.argv[1],
+    ...)``, run once per OMP_NUM_THREADS in ``threads``: every output is bitwise the same for
+    every thread count."""
     path = tmp_path / "run.py"
     path.write_text(script)
-    results = []
+    runs = []
     for n in threads:
         out = tmp_path / f"threads{n}.npz"
         subprocess.run([sys.executable, str(path), str(out)], env=subprocess_env(n),
                        check=True)
-        results.append(np.load(out))
-    return results
-
-
-def assert_same_bits_for_thread_counts(tmp_path, script, threads=(1, 2)):
-    """Every output of ``script`` (see :func:`outputs_for_thread_counts`) is bitwise the same
-    for every thread count."""
-    first, *others = outputs_for_thread_counts(tmp_path, script, threads)
+        runs.append(np.load(out))
+    first, *others = runs
     assert first.files
     for other in others:
         for name in first.files:

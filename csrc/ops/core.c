@@ -77,6 +77,15 @@ int64_t mf_grad_chunks(int64_t blocks, int64_t weight_floats) {
     return chunks > 1 ? chunks : 1;
 }
 
+void mf_add_block_sums(float *dst, const double *sums, int64_t blocks, int64_t stride,
+                       int64_t n) {
+    for (int64_t c = 0; c < n; c++) {
+        double s = 0.0;
+        for (int64_t b = 0; b < blocks; b++) s += sums[b * stride + c];
+        dst[c] = (float)((double)dst[c] + s);
+    }
+}
+
 void mf_add_chunks(float *dst, const float *parts, int64_t chunks, int64_t stride,
                    int64_t size) {
 #pragma omp parallel for schedule(static) if (chunks * size >= ((int64_t)1 << 18))

@@ -43,15 +43,18 @@ int64_t mf_gemm_tn_pack_floats(int64_t m, int64_t n) {
 #ifdef MF_GEMM_KERNEL
 #define GEMM_TARGET __attribute__((target("avx512f")))
 
+/* the mask of the first `cols` of 16 lanes (all for cols >= 16, none for cols <= 0) */
+static __mmask16 col_mask(int64_t cols) {
+    return (__mmask16)(cols >= 16 ? 0xFFFF : cols > 0 ? (1u << cols) - 1 : 0);
+}
+
 /* out = b (k, n) in column panels: out[j * k * 32 + kk * 32 + c] = b[kk, 32 j + c], with b's
  * element (kk, col) at w[kk * rs + col * cs], zero beyond column n */
 GEMM_TARGET static void pack_panels(float *out, const float *w, int64_t k, int64_t n,
                                     int64_t rs, int64_t cs) {
     for (int64_t j = 0; j < n; j += TILE_COLS) {
         const int64_t cols = n - j < TILE_COLS ? n - j : TILE_COLS;
-        const __mmask16 m0 = (__mmask16)(cols >= 16 ? 0xFFFF : (1u << cols) - 1);
-        const __mmask16 m1 =
-            (__mmask16)(cols >= 32 ? 0xFFFF : cols > 16 ? (1u << (cols - 16)) - 1 : 0);
+        const __mmask16 m0 = col_mask(cols), m1 = col_mask(cols - 16);
         float *panel = out + j * k;
         for (int64_t kk = 0; kk < k; kk++) {
             float *dst = panel + kk * TILE_COLS;
@@ -178,15 +181,13 @@ GEMM_TARGET static void kernel(int64_t m, int64_t n, int64_t K, const float *a,
                                float *c, int64_t ldc, const MfGemmOptions *o) {
     const float *pf = o->prefetch;
     const int64_t lines = pf != NULL ? (o->prefetch_floats + 15) / 16 : 0;
-    const int64_t tiles = (n + TILE_COLS - 1) / TILE_COLS * ((m + TILE_ROWS - 1) / TILE_ROWS);
+    const int64_t tiles = round_up(n, TILE_COLS) / TILE_COLS * (round_up(m, TILE_ROWS) / TILE_ROWS);
     /* non-temporal stores need 64-byte aligned rows */
     const int stream = o->stream && (uintptr_t)c % 64 == 0 && ldc % 16 == 0;
     int64_t t = 0;
     for (int64_t j = 0; j < n; j += TILE_COLS) {
         const int64_t cols = n - j < TILE_COLS ? n - j : TILE_COLS;
-        const __mmask16 m0 = (__mmask16)(cols >= 16 ? 0xFFFF : (1u << cols) - 1);
-        const __mmask16 m1 =
-            (__mmask16)(cols >= 32 ? 0xFFFF : cols > 16 ? (1u << (cols - 16)) - 1 : 0);
+        const __mmask16 m0 = col_mask(cols), m1 = col_mask(cols - 16);
         const float *bj = b + j * K, *biasj = o->bias != NULL ? o->bias + j : NULL;
         for (int64_t i = 0; i < m; i += TILE_ROWS) {
             const float *ai = a + i / TILE_ROWS * tile_stride;

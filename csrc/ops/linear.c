@@ -46,12 +46,6 @@ static int64_t block_size(int64_t N, int64_t b) {
     const int64_t r0 = b * MF_LINEAR_ROWS;
     return N - r0 < MF_LINEAR_ROWS ? N - r0 : MF_LINEAR_ROWS;
 }
-static void record(int *status, int st) {
-    if (st != MF_OK) {
-#pragma omp atomic write
-        *status = st;
-    }
-}
 
 int linear_forward(float *y, const float *x, const float *weight, const float *bias, int64_t N,
                    int64_t Cin, int64_t Cout) {
@@ -76,8 +70,8 @@ int linear_forward(float *y, const float *x, const float *weight, const float *b
     for (int64_t b = 0; b < blocks; b++) {
         const int64_t r0 = b * MF_LINEAR_ROWS;
         /* y (rows, Cout) = bias + x (rows, Cin) . weight^T (Cin, Cout) */
-        record(&status, mf_gemm_nn(fast, block_size(N, b), Cout, Cin, x + r0 * Cin, Cin, wt,
-                                   y + r0 * Cout, Cout, &with_bias));
+        mf_record_status(&status, mf_gemm_nn(fast, block_size(N, b), Cout, Cin, x + r0 * Cin, Cin,
+                                  wt, y + r0 * Cout, Cout, &with_bias));
     }
     free(wt);
     return status;
@@ -116,12 +110,12 @@ int linear_backward(float *dx, float *dweight, float *dbias, const float *dy, co
                 const MfGemmOptions o = {.accumulate = accumulate_dx,
                                          .prefetch = x + r0 * Cin,
                                          .prefetch_floats = rows * Cin};
-                record(&status, mf_gemm_nn(fast, rows, Cin, Cout, dyb, Cout, wb, dx + r0 * Cin,
-                                           Cin, &o));
+                mf_record_status(&status, mf_gemm_nn(fast, rows, Cin, Cout, dyb, Cout, wb,
+                                                     dx + r0 * Cin, Cin, &o));
                 /* dW_chunk (Cout, Cin) += dy^T (Cout, rows) . x (rows, Cin) */
-                record(&status, mf_gemm_tn(fast, Cout, Cin, rows, dyb, Cout, x + r0 * Cin, Cin,
-                                           dw_chunks + c * W, Cin,
-                                           pack + mf_thread_id() * pack_floats));
+                float *pk = pack + mf_thread_id() * pack_floats;
+                mf_record_status(&status, mf_gemm_tn(fast, Cout, Cin, rows, dyb, Cout, x + r0 * Cin,
+                                                     Cin, dw_chunks + c * W, Cin, pk));
             }
             if (part != NULL) mf_column_sums(part + b * Cout, dyb, rows, Cout);
         }
@@ -138,13 +132,7 @@ int linear_backward(float *dx, float *dweight, float *dbias, const float *dy, co
                                    Cin);
         if (status != MF_OK) goto done;
     }
-    if (dbias != NULL) {
-        for (int64_t c = 0; c < Cout; c++) {
-            double s = 0.0;
-            for (int64_t b = 0; b < blocks; b++) s += part[b * Cout + c];
-            dbias[c] = (float)((double)dbias[c] + s);
-        }
-    }
+    if (dbias != NULL) mf_add_block_sums(dbias, part, blocks, Cout, Cout);
 done:
     free(part);
     free(wb);

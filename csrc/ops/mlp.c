@@ -41,12 +41,6 @@
  * weights' panels */
 #define MF_MLP_ROWS 256
 
-static void record(int *status, int st) {
-    if (st != MF_OK) {
-#pragma omp atomic write
-        *status = st;
-    }
-}
 
 int mlp_forward(float *y, float *h, const float *x, const float *w_fc, const float *b_fc,
                 const float *w_proj, const float *b_proj, int64_t N, int64_t C, int64_t F) {
@@ -74,9 +68,11 @@ int mlp_forward(float *y, float *h, const float *x, const float *w_fc, const flo
         /* h (rows, F) = b_fc + x (rows, C) . w_fc^T (C, F), and g = gelu(h) from the same
          * registers; h is next read by the backward, so it streams past the cache */
         const MfGemmOptions fc = {.bias = b_fc, .gelu = gb, .stream = 1};
-        record(&status, mf_gemm_nn(fast, rows, F, C, x + r0 * C, C, w_fc_t, h + r0 * F, F, &fc));
+        mf_record_status(&status, mf_gemm_nn(fast, rows, F, C, x + r0 * C, C, w_fc_t, h + r0 * F, F,
+                                  &fc));
         /* y (rows, C) = b_proj + g (rows, F) . w_proj^T (F, C) */
-        record(&status, mf_gemm_nn(fast, rows, C, F, gb, F, w_proj_t, y + r0 * C, C, &proj));
+        mf_record_status(&status, mf_gemm_nn(fast, rows, C, F, gb, F, w_proj_t, y + r0 * C, C,
+                                  &proj));
     }
 done:
     free(wt);
@@ -120,16 +116,19 @@ int mlp_backward(float *dx, float *dw_fc, float *db_fc, float *dw_proj, float *d
             const float *dyb = dy + r0 * C;
             /* dh (rows, F) = dy (rows, C) . w_proj (C, F), prefetching h's rows for gelu' */
             const MfGemmOptions to_dh = {.prefetch = h + r0 * F, .prefetch_floats = rows * F};
-            record(&status, mf_gemm_nn(fast, rows, F, C, dyb, C, w_proj_b, dhb, F, &to_dh));
+            mf_record_status(&status,
+                             mf_gemm_nn(fast, rows, F, C, dyb, C, w_proj_b, dhb, F, &to_dh));
             mf_gelu_grad_kernel(gb, dhb, h + r0 * F, rows * F);
             /* dx (rows, C) = dh (rows, F) . w_fc (F, C), prefetching x's rows for dw_fc */
             const MfGemmOptions to_dx = {.prefetch = x + r0 * C, .prefetch_floats = rows * C};
-            record(&status, mf_gemm_nn(fast, rows, C, F, dhb, F, w_fc_b, dx + r0 * C, C, &to_dx));
+            mf_record_status(&status, mf_gemm_nn(fast, rows, C, F, dhb, F, w_fc_b, dx + r0 * C, C,
+                                      &to_dx));
             /* dw_proj (C, F) += dy^T (C, rows) . g (rows, F) */
-            record(&status, mf_gemm_tn(fast, C, F, rows, dyb, C, gb, F, dw_proj_c, F, pack));
+            mf_record_status(&status, mf_gemm_tn(fast, C, F, rows, dyb, C, gb, F, dw_proj_c, F,
+                                      pack));
             /* dw_fc (F, C) += dh^T (F, rows) . x (rows, C) */
-            record(&status,
-                   mf_gemm_tn(fast, F, C, rows, dhb, F, x + r0 * C, C, dw_fc_c, C, pack));
+            mf_record_status(&status, mf_gemm_tn(fast, F, C, rows, dhb, F, x + r0 * C, C, dw_fc_c,
+                                      C, pack));
             mf_column_sums(part + b * (F + C), dhb, rows, F);
             mf_column_sums(part + b * (F + C) + F, dyb, rows, C);
         }
@@ -137,12 +136,8 @@ int mlp_backward(float *dx, float *dw_fc, float *db_fc, float *dw_proj, float *d
     if (status != MF_OK) goto done;
     mf_add_chunks(dw_proj, dw_chunks, chunks, 2 * W, W);
     mf_add_chunks(dw_fc, dw_chunks + W, chunks, 2 * W, W);
-    for (int64_t c = 0; c < F + C; c++) {
-        double s = 0.0;
-        for (int64_t b = 0; b < blocks; b++) s += part[b * (F + C) + c];
-        float *d = c < F ? db_fc + c : db_proj + (c - F);
-        *d = (float)((double)*d + s);
-    }
+    mf_add_block_sums(db_fc, part, blocks, F + C, F);
+    mf_add_block_sums(db_proj, part + F, blocks, F + C, C);
 done:
     free(part);
     free(wb);

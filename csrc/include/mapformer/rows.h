@@ -4,6 +4,8 @@
 
 #include <stdint.h>
 
+#include "mapformer/mapformer.h"
+
 /* sum (n,) = the sum over rows [0, rows) of a (rows, n), in double, in row order */
 void mf_column_sums(double *sum, const float *a, int64_t rows, int64_t n);
 
@@ -23,5 +25,18 @@ int64_t mf_grad_chunks(int64_t blocks, int64_t weight_floats);
 /* dst (size,) += the sum over c < chunks of parts[c * stride : c * stride + size], in double,
  * in chunk order (parallel over the elements) */
 void mf_add_chunks(float *dst, const float *parts, int64_t chunks, int64_t stride, int64_t size);
+
+/* dst (n,) += the sum over b < blocks of sums[b * stride : b * stride + n] (the blocks' own
+ * double column sums, from mf_column_sums), in block order: the bias gradients */
+void mf_add_block_sums(float *dst, const double *sums, int64_t blocks, int64_t stride,
+                       int64_t n);
+
+/* In a parallel loop over blocks: *status = st unless st is MF_OK (the last failure wins) */
+static inline void mf_record_status(int *status, int st) {
+    if (st != MF_OK) {
+#pragma omp atomic write
+        *status = st;
+    }
+}
 
 #endif
