@@ -1,14 +1,40 @@
 """Build of the C core `mapformer._C`.
 
+Sources: csrc/ops/*.c and csrc/ops/portable/*.c (every platform), csrc/ops/x86/*.c (x86-64
+only: each file compiled for its instruction set, `*_avx512.c` with -mavx512f -mavx512dq
+-mavx512bw -mavx512vl -mavx2 -mfma and `*_avx2.c` with -mavx2 -mfma; which one runs is picked
+at run time, mapformer/cpu.h), and csrc/python/*.c (the binding).
+
 CBLAS comes from the scipy-openblas32 wheel (a build and run dependency; its symbols carry the
 prefix ``scipy_``), or from a system OpenBLAS when ``MAPFORMER_BLAS=system`` is set. OpenMP
-comes from the compiler (gcc: libgomp).
+comes from the compiler (gcc: libgomp; clang: libomp). ``CC=clang pip install .`` builds with
+clang.
+
+The built extension is also copied into the source tree's ``mapformer/`` (an in-place build on
+install), so that ``python -m mapformer`` and ``import mapformer`` run from the repository root,
+where the source package shadows the installed one, find it too.
 """
 import glob
 import os
+import platform
+import shutil
+from concurrent.futures import ThreadPoolExecutor
 
 import numpy
 from setuptools import Extension, setup
+from setuptools.command.build_ext import build_ext
+
+ROOT = os.path.dirname(os.path.abspath(__file__))
+X86 = platform.machine().lower() in ("x86_64", "amd64")
+ISA_FLAGS = {
+    "_avx512.c": ["-mavx512f", "-mavx512dq", "-mavx512bw", "-mavx512vl", "-mavx2", "-mfma"],
+    "_avx2.c": ["-mavx2", "-mfma"],
+}
+# C11, no warnings; -ffp-contract=off: every a * b + c is two roundings (explicit fused
+# multiply-adds only, mapformer/simd.h), whatever the compiler's default; -fno-math-errno lets
+# sqrtf vectorise and changes no result (unlike -ffast-math, never used).
+COMPILE_ARGS = ["-std=c11", "-O3", "-fopenmp", "-ffp-contract=off", "-fno-math-errno", "-Wall",
+                "-Wextra"]
 
 
 def blas_config():
@@ -29,19 +55,68 @@ def blas_config():
     )
 
 
+def isa_flags(source):
+    return next((flags for suffix, flags in ISA_FLAGS.items() if source.endswith(suffix)), [])
+
+
+def compile_in_parallel(compiler):
+    """Make ``compiler.compile`` compile its sources on every core (setuptools compiles the
+    sources of one extension one after another)."""
+    def compile(sources, output_dir=None, macros=None, include_dirs=None, debug=0,
+                extra_preargs=None, extra_postargs=None, depends=None):
+        macros, objects, extra_postargs, pp_opts, build = compiler._setup_compile(
+            output_dir, macros, include_dirs, sources, depends, extra_postargs)
+        cc_args = compiler._get_cc_args(pp_opts, debug, extra_preargs)
+
+        def one(obj):
+            source, suffix = build[obj]
+            compiler._compile(obj, source, suffix, cc_args, extra_postargs, pp_opts)
+
+        with ThreadPoolExecutor(os.cpu_count() or 1) as pool:
+            list(pool.map(one, [obj for obj in objects if obj in build]))
+        return objects
+
+    compiler.compile = compile
+
+
+class BuildExt(build_ext):
+    """Compiles the ISA kernel files with their own flags, links them into the extension, and
+    copies the built extension into the source tree."""
+
+    def build_extension(self, ext):
+        compile_in_parallel(self.compiler)
+        objects = []
+        for flags in ISA_FLAGS.values():
+            sources = [s for s in ext.isa_sources if isa_flags(s) is flags]
+            objects += self.compiler.compile(
+                sources, output_dir=self.build_temp, macros=ext.define_macros,
+                include_dirs=ext.include_dirs, debug=self.debug,
+                extra_postargs=ext.extra_compile_args + flags, depends=ext.depends)
+        ext.extra_objects = objects
+        super().build_extension(ext)
+        if not self.inplace:
+            built = self.get_ext_fullpath(ext.name)
+            target = os.path.join(ROOT, *ext.name.split(".")[:-1], os.path.basename(built))
+            if os.path.isdir(os.path.dirname(target)) and os.access(os.path.dirname(target),
+                                                                    os.W_OK):
+                shutil.copyfile(built, target)
+
+
 blas_inc, blas_libdirs, blas_libs, blas_macros, blas_link = blas_config()
 
 extension = Extension(
     "mapformer._C",
-    sources=sorted(glob.glob("csrc/ops/*.c")) + sorted(glob.glob("csrc/python/*.c")),
+    sources=sorted(glob.glob("csrc/ops/*.c")) + sorted(glob.glob("csrc/ops/portable/*.c"))
+    + sorted(glob.glob("csrc/python/*.c")),
     include_dirs=["csrc/include", numpy.get_include(), *blas_inc],
     library_dirs=blas_libdirs,
     libraries=blas_libs,
     define_macros=[("NPY_NO_DEPRECATED_API", "NPY_2_0_API_VERSION"), *blas_macros],
-    # -fno-math-errno lets sqrtf vectorise; it changes no result (unlike -ffast-math).
-    extra_compile_args=["-std=c11", "-O3", "-fopenmp", "-fno-math-errno", "-Wall", "-Wextra"],
+    extra_compile_args=COMPILE_ARGS,
     extra_link_args=["-fopenmp", *blas_link],
-    depends=sorted(glob.glob("csrc/include/mapformer/*.h")) + sorted(glob.glob("csrc/python/*.h")),
+    depends=sorted(glob.glob("csrc/include/mapformer/*.h"))
+    + sorted(glob.glob("csrc/ops/kernels/*.h")) + sorted(glob.glob("csrc/python/*.h")),
 )
+extension.isa_sources = sorted(glob.glob("csrc/ops/x86/*.c")) if X86 else []
 
-setup(ext_modules=[extension])
+setup(ext_modules=[extension], cmdclass={"build_ext": BuildExt})

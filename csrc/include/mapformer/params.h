@@ -1,0 +1,220 @@
+/* One public parameter struct per op family: pointers, sizes, scalars, mode and the caller's
+ * scratch, nothing else (no Python, no allocator), so that the CPU ops (csrc/ops) and the CUDA
+ * ops (cuda/, the same struct plus a stream) take the same thing and the binding fills it in
+ * one place (csrc/python).
+ *
+ * Conventions:
+ *  - shapes are row-major; `(B, T, H, D)` means index ((b*T + t)*H + h)*D + d;
+ *  - a struct serves its family's forward and backward: each op reads the fields its comment
+ *    names and ignores the rest (NULL or 0);
+ *  - parameter gradients (dweight, dbias, domega, de, dw ...) are accumulated (+=);
+ *    activation gradients are written (=) unless the struct has an `accumulate_dx` flag;
+ *  - scratch: an op with a `<op>_scratch_floats(p)` function needs that many floats of scratch
+ *    (computed from p's sizes and the current OpenMP thread count): `scratch` points to at
+ *    least `scratch_floats` floats, 64-byte aligned, contents undefined on entry (the op
+ *    zeroes what it needs) and after return. An op given less returns MF_EINVAL; an op run on
+ *    more threads than its scratch was sized for uses as many as the scratch serves. Ops
+ *    without a scratch function ignore both fields.
+ * The ops and their math are declared in mapformer/mapformer.h. */
+#ifndef MAPFORMER_PARAMS_H
+#define MAPFORMER_PARAMS_H
+
+#include <stdint.h>
+
+/* embedding: out[n, :] = weight[tokens[n], :] */
+typedef struct {
+    float *out;             /* forward (N, C) */
+    float *dweight;         /* backward (V, C) += */
+    const float *dout;      /* backward (N, C) */
+    const int32_t *tokens;  /* (N,), each in [0, V) (checked by the op) */
+    const float *weight;    /* (V, C) */
+    int64_t N, V, C;
+} MfEmbeddingParams;
+
+/* linear: y = x weight^T + bias */
+typedef struct {
+    float *y;                    /* forward (N, Cout) */
+    float *dx, *dweight, *dbias; /* backward (N, Cin) (= or += with accumulate_dx),
+                                  * (Cout, Cin) +=, (Cout,) += or NULL */
+    const float *dy;             /* backward (N, Cout) */
+    const float *x;              /* (N, Cin) */
+    const float *weight, *bias;  /* (Cout, Cin), (Cout,) or NULL */
+    int64_t N, Cin, Cout;
+    int accumulate_dx;
+    float *scratch;
+    int64_t scratch_floats;
+} MfLinearParams;
+
+/* layernorm: y = (x - mean) * rstd * weight + bias over the last axis */
+typedef struct {
+    float *y, *mean, *rstd;      /* forward (N, C), (N,), (N,): mean and rstd saved */
+    float *dx, *dweight, *dbias; /* backward (N, C) (= or += with accumulate_dx), (C,) +=,
+                                  * (C,) += */
+    const float *dy;             /* backward (N, C) */
+    const float *x;              /* (N, C) */
+    const float *mean_in, *rstd_in; /* backward: forward's mean, rstd (N,) */
+    const float *weight, *bias;  /* (C,), (C,) */
+    int64_t N, C;
+    float eps;
+    int accumulate_dx;
+    float *scratch;
+    int64_t scratch_floats;
+} MfLayernormParams;
+
+/* gelu (tanh approximation), elementwise over n floats */
+typedef struct {
+    float *y;        /* forward (n,) */
+    float *dx;       /* backward (n,) */
+    const float *dy; /* backward (n,) */
+    const float *x;  /* (n,) */
+    int64_t n;
+} MfGeluParams;
+
+/* mlp: y = gelu(x w_fc^T + b_fc) w_proj^T + b_proj */
+typedef struct {
+    float *y, *h;                  /* forward (N, C); h (N, F) = x w_fc^T + b_fc, saved */
+    float *dx;                     /* backward (N, C) (=) */
+    float *dw_fc, *db_fc;          /* backward (F, C) +=, (F,) += */
+    float *dw_proj, *db_proj;      /* backward (C, F) +=, (C,) += */
+    const float *dy;               /* backward (N, C) */
+    const float *h_in;             /* backward: forward's h (N, F) */
+    const float *x;                /* (N, C) */
+    const float *w_fc, *b_fc;      /* (F, C), (F,) */
+    const float *w_proj, *b_proj;  /* (C, F), (C,) */
+    int64_t N, C, F;
+    float *scratch;
+    int64_t scratch_floats;
+} MfMlpParams;
+
+/* residual: out = a + b (forward); dx += dout (backward) */
+typedef struct {
+    float *out;          /* forward (n,) */
+    float *dx;           /* backward (n,) += */
+    const float *a, *b;  /* forward (n,) */
+    const float *dout;   /* backward (n,) */
+    int64_t n;
+} MfResidualParams;
+
+/* attention: causal softmax attention; only the row log-sum-exp is saved */
+typedef struct {
+    float *out, *lse;          /* forward (B, T, H, D), (B, H, T) */
+    float *dq, *dk, *dv;       /* backward (B, T, H, D) each (=) */
+    const float *q, *k, *v;    /* (B, T, H, D) */
+    const float *dout, *o;     /* backward (B, T, H, D): out's gradient, forward's out */
+    const float *lse_in;       /* backward (B, H, T) */
+    int64_t B, T, H, D;        /* D even in [16, 128] */
+    float scale;               /* usually 1/sqrt(D) */
+    float *scratch;
+    int64_t scratch_floats;
+} MfAttentionParams;
+
+/* conj_attention: MapEM's conjunctive attention, causal; mode an MfConjMode (mapformer.h) */
+typedef struct {
+    float *out, *lse;                    /* forward (B, T, H, D), (M, B, H, T): M = 2 for
+                                          * softmax_product, else 1 */
+    float *dqx, *dkx, *dqp, *dkp, *dv;   /* backward (B, T, H, D) each (=) */
+    const float *qx, *kx, *qp, *kp, *v;  /* (B, T, H, D) */
+    const float *dout, *o;               /* backward (B, T, H, D) */
+    const float *lse_in;                 /* backward (M, B, H, T) */
+    int64_t B, T, H, D;                  /* D even in [16, 128] */
+    float scale;
+    int mode;
+    float *scratch;
+    int64_t scratch_floats;
+} MfConjAttentionParams;
+
+/* path_integration: theta = wrap(omega * cumsum_t(delta)), the cumulative sum in double */
+typedef struct {
+    float *theta;         /* forward (B, T, H, NB) */
+    float *ddelta;        /* backward (B, T, H, NB) (=) */
+    float *domega;        /* backward (H, NB) += */
+    const float *dtheta;  /* backward (B, T, H, NB) */
+    const float *delta;   /* (B, T, H, NB) */
+    const float *omega;   /* (H, NB) */
+    int64_t B, T, H, NB;
+    float *scratch;
+    int64_t scratch_floats;
+} MfPathIntegrationParams;
+
+/* rotary: rotate pairs (x[2i], x[2i+1]) of q and k by theta_i */
+typedef struct {
+    float *q_out, *k_out;           /* forward (B, T, H, D) */
+    float *dq, *dk, *dtheta;        /* backward (B, T, H, D) (=), (TB, T, H, D/2) (=, summed
+                                     * over b when TB = 1) */
+    const float *dq_out, *dk_out;   /* backward (B, T, H, D) */
+    const float *q, *k;             /* (B, T, H, D) */
+    const float *theta;             /* (TB, T, H, D/2) */
+    int64_t B, T, H, D, TB;         /* D even; TB = 1 (broadcast over b) or B */
+} MfRotaryParams;
+
+/* softmax_xent: masked softmax cross-entropy over V classes */
+typedef struct {
+    float *losses;           /* forward (N,): -log softmax(logits)[target], every row */
+    double *loss;            /* forward: sum(mask * losses) / sum(mask) (0 if sum(mask) = 0) */
+    float *dlogits;          /* backward (N, V) = scale mask (softmax - onehot(target)) */
+    const float *logits;     /* (N, V) */
+    const int32_t *targets;  /* (N,), each in [0, V) (checked by the op) */
+    const float *mask;       /* (N,) */
+    int64_t N, V;
+    float scale;             /* backward */
+} MfSoftmaxXentParams;
+
+/* adamw: one fused AdamW step over a flat buffer, in place */
+typedef struct {
+    float *params, *m, *v;       /* (n,) each, updated */
+    const float *grads;          /* (n,) */
+    const uint8_t *decay_mask;   /* (n,): decoupled weight decay where != 0 */
+    int64_t n;
+    float lr, beta1, beta2, eps, weight_decay;
+    int64_t step;                /* >= 1: bias correction */
+} MfAdamwParams;
+
+/* grad_norm: global L2 norm in double (global_norm), and clipping (clip_grad_norm:
+ * when *norm > max_norm, grads *= max_norm / (*norm + 1e-6)) */
+typedef struct {
+    double *norm;         /* out */
+    float *grads;         /* clip_grad_norm: (n,), scaled in place */
+    const float *x;       /* global_norm: (n,) */
+    int64_t n;
+    float max_norm;
+} MfGradNormParams;
+
+/* cope: CoPE attention, causal; only lse is saved */
+typedef struct {
+    float *out, *lse;          /* forward (B, T, H, D), (B, H, T) */
+    float *dq, *dk, *dv;       /* backward (B, T, H, D) (=) */
+    float *de;                 /* backward (H, n_pos, D) += */
+    const float *q, *k, *v;    /* (B, T, H, D) */
+    const float *e;            /* (H, n_pos, D): integer position embeddings */
+    const float *dout, *o;     /* backward (B, T, H, D) */
+    const float *lse_in;       /* backward (B, H, T) */
+    int64_t B, T, H, D, n_pos;
+    float scale;               /* the content logits' scale, usually 1/sqrt(D) */
+    float *scratch;
+    int64_t scratch_floats;
+} MfCopeParams;
+
+/* tape_rotate: q_out = q * e, k_out = k * e pairwise as complex numbers */
+typedef struct {
+    float *q_out, *k_out;          /* forward (B, T, H, D) */
+    float *dq, *dk, *de;           /* backward (B, T, H, D) (=) */
+    const float *dq_out, *dk_out;  /* backward (B, T, H, D) */
+    const float *q, *k, *e;        /* (B, T, H, D), D even */
+    int64_t B, T, H, D;
+} MfTapeRotateParams;
+
+/* tape_mix: e_new[b,t,h] = e_att[b,t,h] + sigmoid(gate_logits[b,t,h]) sum_h' w[h,h'] e_att[b,t,h'] */
+typedef struct {
+    float *e_new;                    /* forward (B, T, H, D) */
+    float *de_att, *dgate_logits;    /* backward (B, T, H, D) (=), (B, T, H) (=) */
+    float *dw;                       /* backward (H, H) += */
+    const float *de_new;             /* backward (B, T, H, D) */
+    const float *e_att;              /* (B, T, H, D), D even */
+    const float *gate_logits;        /* (B, T, H) */
+    const float *w;                  /* (H, H) */
+    int64_t B, T, H, D;
+    float *scratch;
+    int64_t scratch_floats;
+} MfTapeMixParams;
+
+#endif

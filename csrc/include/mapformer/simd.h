@@ -1,0 +1,241 @@
+/* The one vector dialect of the C core: GCC/clang vector extensions over MF_VW floats.
+ *
+ * A file that includes this header first defines MF_VW, the vector width in floats: 16 in the
+ * AVX-512 kernel files (csrc/ops/x86/<family>_avx512.c, compiled with -mavx512f ...), 8 in the
+ * AVX2 ones (x86/<family>_avx2.c, -mavx2 -mfma), 4 in the portable ones (csrc/ops/portable/,
+ * baseline flags: SSE2 on x86-64, NEON on aarch64). It defaults to 16 for the elementwise ops,
+ * whose loops the compiler lowers to whatever their target (or target_clones copy) has.
+ * Kernels are written once over this header, with the width and their tile shapes as
+ * parameters, and compiled once per width.
+ *
+ * Arithmetic is plain C on the vector types (+ - * /, comparisons give vi masks). The whole
+ * core compiles with -ffp-contract=off, so a * b + c is two roundings everywhere, and the
+ * only fused multiply-adds are the explicit VFMA of the product loops (one rounding where the
+ * target has FMA, two where it does not): a result never depends on what a compiler chose to
+ * contract. Functions take and return vectors through pointers (a function passing a 64-byte
+ * vector by value draws -Wpsabi notes where the target lacks AVX-512); tiny ones are macros.
+ */
+#ifndef MAPFORMER_SIMD_H
+#define MAPFORMER_SIMD_H
+
+#include <stdint.h>
+#include <string.h>
+
+#ifndef MF_VW
+#define MF_VW 16
+#endif
+#if MF_VW != 4 && MF_VW != 8 && MF_VW != 16
+#error "MF_VW must be 4, 8 or 16"
+#endif
+
+#if defined(__x86_64__) || defined(__i386__)
+#include <immintrin.h>
+#elif defined(__aarch64__)
+#include <arm_neon.h>
+#endif
+
+/* vf: MF_VW floats, aligned to its size (scratch); vfu: the same at any float address;
+ * vi: the lane masks of comparisons (all ones or zero) and integer lanes. */
+typedef float vf __attribute__((vector_size(4 * MF_VW)));
+typedef float vfu __attribute__((vector_size(4 * MF_VW), __may_alias__, aligned(4)));
+typedef int32_t vi __attribute__((vector_size(4 * MF_VW)));
+
+#define MF_INLINE static inline __attribute__((always_inline))
+
+#define VSPLAT(x) ((float)(x) - (vf){0})
+#define ISPLAT(x) ((int32_t)(x) + (vi){0})
+#define VZERO ((vf){0})
+#define VLOAD(p) (*(const vf *)(p))     /* aligned to 4 * MF_VW bytes (scratch) */
+#define VLOADU(p) (*(const vfu *)(p))   /* any float address */
+#define VSTORE(p, x) (*(vf *)(p) = (x))
+#define VSTOREU(p, x) (*(vfu *)(p) = (x))
+#define VSELECT(mask, a, b) ((vf)(((mask) & (vi)(a)) | (~(mask) & (vi)(b))))
+#define VMAX(a, b) VSELECT((a) > (b), (a), (b))
+#define VAND(mask, a) ((vf)((mask) & (vi)(a))) /* a where mask, else +0 */
+
+/* VFMA(a, b, c) = a * b + c, one rounding where the target has fused multiply-adds */
+#if MF_VW == 16 && defined(__AVX512F__)
+#define VFMA(a, b, c) ((vf)_mm512_fmadd_ps((__m512)(a), (__m512)(b), (__m512)(c)))
+#elif MF_VW == 8 && defined(__FMA__)
+#define VFMA(a, b, c) ((vf)_mm256_fmadd_ps((__m256)(a), (__m256)(b), (__m256)(c)))
+#elif MF_VW == 4 && defined(__FMA__)
+#define VFMA(a, b, c) ((vf)_mm_fmadd_ps((__m128)(a), (__m128)(b), (__m128)(c)))
+#elif MF_VW == 4 && defined(__aarch64__)
+#define VFMA(a, b, c) \
+    ((vf)vfmaq_f32((float32x4_t)(c), (float32x4_t)(a), (float32x4_t)(b)))
+#else
+#define VFMA(a, b, c) ((a) * (b) + (c))
+#endif
+
+/* lane indices 0 .. MF_VW-1 */
+#if MF_VW == 16
+#define VLANES ((vi){0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15})
+#elif MF_VW == 8
+#define VLANES ((vi){0, 1, 2, 3, 4, 5, 6, 7})
+#else
+#define VLANES ((vi){0, 1, 2, 3})
+#endif
+
+/* the first n lanes (all for n >= MF_VW, none for n <= 0) */
+#define VFIRST(n) (VLANES < ISPLAT(n))
+
+/* store x to p with non-temporal hints where the target has them (p aligned to the vector) */
+MF_INLINE void vstream(float *p, const vf *x) {
+#if MF_VW == 16 && defined(__AVX512F__)
+    _mm512_stream_ps(p, (__m512)*x);
+#elif MF_VW == 8 && defined(__AVX__)
+    _mm256_stream_ps(p, (__m256)*x);
+#elif MF_VW == 4 && defined(__SSE__)
+    _mm_stream_ps(p, (__m128)*x);
+#else
+    VSTORE(p, *x);
+#endif
+}
+
+/* make stream stores visible before returning */
+MF_INLINE void vstream_fence(void) {
+#if defined(__SSE__)
+    _mm_sfence();
+#endif
+}
+
+MF_INLINE float vhsum(const vf *x) {
+    float s = 0.0f;
+    for (int l = 0; l < MF_VW; l++) s += (*x)[l];
+    return s;
+}
+
+MF_INLINE float vhmax(const vf *x) {
+    float m = (*x)[0];
+    for (int l = 1; l < MF_VW; l++) m = (*x)[l] > m ? (*x)[l] : m;
+    return m;
+}
+
+/* the first n floats of p (n < MF_VW), zero beyond; and the store of the first n lanes */
+MF_INLINE void vload_part(vf *x, const float *p, int64_t n) {
+    float t[MF_VW] __attribute__((aligned(4 * MF_VW))) = {0};
+    for (int64_t l = 0; l < n; l++) t[l] = p[l];
+    *x = VLOAD(t);
+}
+MF_INLINE void vstore_part(float *p, const vf *x, int64_t n) {
+    for (int64_t l = 0; l < n; l++) p[l] = (*x)[l];
+}
+
+/* *x = 2^*x: Cephes exp2f, about 2 ulp. n = round(x) by the 1.5 * 2^23 trick, 2^f on
+ * [-1/2, 1/2] by a degree-6 polynomial, 2^n put into the exponent bits. x is clamped to
+ * [-127, 127]: lanes below -126.5 (and -inf) give 0, lanes above 127 give 2^127 (finite),
+ * NaN stays NaN. The polynomial is written with separate multiplies
+ * and adds, so every width, ISA and compiler gives the same bits. This is the core's only
+ * exponential: vexp, the GELU and every softmax and sigmoid go through it. */
+MF_INLINE void vexp2(vf *x) {
+    vf y = *x;
+    y = VSELECT(y < VSPLAT(-127.0f), VSPLAT(-127.0f), y);
+    y = VSELECT(y > VSPLAT(127.0f), VSPLAT(127.0f), y);
+    const vf t = y + 12582912.0f; /* 1.5 * 2^23: the low mantissa bits of t hold round(y) */
+    const vf f = y - (t - 12582912.0f);
+    vf p = VSPLAT(1.535336188319500e-4f);
+    p = p * f + 1.339887440266574e-3f;
+    p = p * f + 9.618437357674640e-3f;
+    p = p * f + 5.550332471162809e-2f;
+    p = p * f + 2.402264791363012e-1f;
+    p = p * f + 6.931472028550421e-1f;
+    p = p * f + 1.0f;
+    const vi e = ((vi)t - 0x4B400000 + 127) << 23; /* 2^round(y); 0.0f for round(y) = -127 */
+    *x = p * (vf)e;
+}
+
+#define MF_LOG2E 1.4426950408889634f
+
+/* *x = exp(*x) through vexp2 (0 below about -88, 2^127-capped above 88) */
+MF_INLINE void vexp(vf *x) {
+    *x = *x * MF_LOG2E;
+    vexp2(x);
+}
+
+/* *x = 1 / (1 + exp(-*x)) */
+MF_INLINE void vsigmoid(vf *x) {
+    vf e = -*x;
+    vexp(&e);
+    *x = 1.0f / (1.0f + e);
+}
+
+/* -2 sqrt(2/pi) log2(e): exp(-2u) = 2^(MF_GELU_EXP2 (x + 0.044715 x^3)) */
+#define MF_GELU_EXP2 -2.302208198144325f
+
+/* *x = gelu(*x), the tanh approximation 0.5 x (1 + tanh(u)) = x s, s = 1 / (1 + exp(-2u)),
+ * u = sqrt(2/pi) (x + 0.044715 x^3); never forms 1 - tanh (no cancellation for negative x) */
+MF_INLINE void vgelu(vf *x) {
+    const vf v = *x;
+    const vf x2 = v * v;
+    vf e = (v + 0.044715f * x2 * v) * MF_GELU_EXP2; /* -2u log2(e) */
+    vexp2(&e);
+    *x = v * (1.0f / (1.0f + e));
+}
+
+/* *dy *= gelu'(x) and *g = gelu(x) (the bits of vgelu) from one exponential:
+ * gelu'(x) = s + 2 x s (1 - s) u'(x), with 1 - s = e s (no cancellation as s -> 1) */
+MF_INLINE void vgelu_grad(vf *g, vf *dy, const vf *x) {
+    const vf v = *x;
+    const vf x2 = v * v;
+    vf e = (v + 0.044715f * x2 * v) * MF_GELU_EXP2;
+    vexp2(&e);
+    const vf s = 1.0f / (1.0f + e);
+    const vf du = 0.7978845608028654f * (1.0f + 3.0f * 0.044715f * x2);
+    *g = v * s;
+    *dy = *dy * (s + 2.0f * v * (e * s) * s * du);
+}
+
+/* Transpose in registers: dst[c * ldd + r] = src[r * lds + c] for r, c < MF_VW; butterfly
+ * stages, each swapping one bit of the row and column index. */
+#define MF_LO(h, l) (((l) & (h)) ? (l) - (h) + MF_VW : (l))
+#define MF_HI(h, l) (((l) & (h)) ? (l) + MF_VW : (l) + (h))
+#if MF_VW == 16
+#define MF_SHUF(a, b, F, h)                                                                  \
+    __builtin_shufflevector(a, b, F(h, 0), F(h, 1), F(h, 2), F(h, 3), F(h, 4), F(h, 5),     \
+                            F(h, 6), F(h, 7), F(h, 8), F(h, 9), F(h, 10), F(h, 11), F(h, 12), \
+                            F(h, 13), F(h, 14), F(h, 15))
+#elif MF_VW == 8
+#define MF_SHUF(a, b, F, h)                                                                 \
+    __builtin_shufflevector(a, b, F(h, 0), F(h, 1), F(h, 2), F(h, 3), F(h, 4), F(h, 5),    \
+                            F(h, 6), F(h, 7))
+#else
+#define MF_SHUF(a, b, F, h) __builtin_shufflevector(a, b, F(h, 0), F(h, 1), F(h, 2), F(h, 3))
+#endif
+#define MF_STAGE(x, h)                                \
+    for (int i = 0; i < MF_VW; i++) {                 \
+        if (i & (h)) continue;                        \
+        const vf a = x[i], b = x[i + (h)];            \
+        x[i] = MF_SHUF(a, b, MF_LO, h);               \
+        x[i + (h)] = MF_SHUF(a, b, MF_HI, h);         \
+    }
+
+MF_INLINE void vtranspose(float *dst, int64_t ldd, const float *src, int64_t lds) {
+    vf x[MF_VW];
+    for (int i = 0; i < MF_VW; i++) x[i] = VLOADU(src + i * lds);
+#if MF_VW == 16
+    MF_STAGE(x, 8)
+#endif
+#if MF_VW >= 8
+    MF_STAGE(x, 4)
+#endif
+    MF_STAGE(x, 2)
+    MF_STAGE(x, 1)
+    for (int i = 0; i < MF_VW; i++) VSTOREU(dst + i * ldd, x[i]);
+}
+
+/* dst[c * ldd + r] = src[r * lds + c] for r < nr, c < nc: MF_VW x MF_VW blocks in registers,
+ * the ragged edges element by element */
+MF_INLINE void mf_transpose(float *dst, int64_t ldd, const float *src, int64_t lds, int64_t nr,
+                            int64_t nc) {
+    const int64_t nrv = nr / MF_VW * MF_VW, ncv = nc / MF_VW * MF_VW;
+    for (int64_t r0 = 0; r0 < nrv; r0 += MF_VW) {
+        for (int64_t c0 = 0; c0 < ncv; c0 += MF_VW)
+            vtranspose(dst + c0 * ldd + r0, ldd, src + r0 * lds + c0, lds);
+        for (int64_t r = r0; r < r0 + MF_VW; r++)
+            for (int64_t c = ncv; c < nc; c++) dst[c * ldd + r] = src[r * lds + c];
+    }
+    for (int64_t r = nrv; r < nr; r++)
+        for (int64_t c = 0; c < nc; c++) dst[c * ldd + r] = src[r * lds + c];
+}
+
+#endif
