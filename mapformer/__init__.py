@@ -7,7 +7,7 @@ import scipy_openblas32  # noqa: F401  (loads libscipy_openblas before _C needs 
 
 try:
     from . import _C
-except ImportError as exc:  # pragma: no cover - only when the build is missing
+except ModuleNotFoundError as exc:  # only when the build is missing
     raise ImportError(
         "mapformer's C extension is not built. Install the package with `pip install .` "
         "from the repository root (it compiles csrc/ with OpenMP and OpenBLAS)."

@@ -9,6 +9,7 @@ import numpy as np
 import pytest
 
 import mapformer
+from mapformer import _C
 
 # (rtol, atol) of a float32 C op against the float64 reference. Every slack beyond "default"
 # says why it is needed.
@@ -59,16 +60,15 @@ def numerical_grad(f, x, eps=1e-6):
     return grad
 
 
-@pytest.fixture(params=["auto", "blas"])
-def kernel(request, monkeypatch):
+@pytest.fixture(params=_C.kernel_sets())
+def kernel(request):
     """Run a test of an op with hand-written kernels (attention, conjunctive attention, linear,
-    MLP) on the CPU's own kernel (AVX-512 where the CPU has it) and on the portable OpenBLAS
-    path (MAPFORMER_KERNELS=blas)."""
-    if request.param == "blas":
-        monkeypatch.setenv("MAPFORMER_KERNELS", "blas")
-    else:
-        monkeypatch.delenv("MAPFORMER_KERNELS", raising=False)
-    return request.param
+    MLP) on every kernel set this CPU runs (mapformer._C.kernel_sets(): 'avx512' where the CPU
+    has it, 'avx2', 'portable' and the OpenBLAS path 'blas'), restoring the active set after."""
+    before = _C.kernels()
+    _C.set_kernels(request.param)
+    yield request.param
+    _C.set_kernels(before)
 
 
 @pytest.fixture

@@ -5,11 +5,7 @@
  * vectorised by the compiler on each path). Elsewhere it is empty and the loop is compiled
  * once. The results are the same bits on every path: ISO C mode (-std=c11) contracts no
  * a * b + c into an FMA.
- *
- * mf_use_avx512(): 1 where the CPU has AVX-512 (F, DQ, BW, VL), AVX2 and FMA, unless the
- * environment sets MAPFORMER_KERNELS=blas. The ops with hand-written AVX-512 kernels
- * (attention.c, conj_attention.c, gemm.c) check it on every call and otherwise take their
- * portable, OpenBLAS-based path; the tests set the variable to cover that path. */
+ */
 #ifndef MAPFORMER_CLONES_H
 #define MAPFORMER_CLONES_H
 
@@ -19,19 +15,8 @@
 #define MF_CLONES
 #endif
 
-#if defined(__GNUC__) && defined(__x86_64__)
-#include <stdlib.h>
-#include <string.h>
-static inline int mf_use_avx512(void) {
-    const char *kernels = getenv("MAPFORMER_KERNELS");
-    if (kernels != NULL && strcmp(kernels, "blas") == 0) return 0;
-    __builtin_cpu_init();
-    return __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512dq") &&
-           __builtin_cpu_supports("avx512bw") && __builtin_cpu_supports("avx512vl") &&
-           __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma");
-}
-#else
-static inline int mf_use_avx512(void) { return 0; }
-#endif
+#include "mapformer/cpu.h"
+/* transitional: the AVX-512 kernels run when they are the active set (mapformer/cpu.h) */
+static inline int mf_use_avx512(void) { return mf_kernels() == MF_KERNELS_AVX512; }
 
 #endif
