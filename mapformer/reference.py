@@ -3,63 +3,71 @@
 Each op has ``<op>_forward`` and ``<op>_backward`` written for clarity, not speed: full
 matrices, no tiling. Shapes follow the C core (``csrc/include/mapformer/mapformer.h``):
 B batch, T tokens, H heads, D head dim (even), NB = D/2 rotation blocks, C model width,
-V vocabulary, N rows (B*T). Inputs may be any float dtype; results are float64.
+V vocabulary, N rows (B*T). Inputs may be any float dtype; every op computes and returns in
+its ``dtype`` argument (float64 by default: the oracle; the benchmarks time the same code in
+float32 as the NumPy baseline of each C op).
 """
 import numpy as np
 
 TWO_PI = 2.0 * np.pi
-GELU_K = np.sqrt(2.0 / np.pi)
+GELU_K = float(np.sqrt(2.0 / np.pi))
 
 
-def _f64(*arrays):
-    return [np.asarray(a, dtype=np.float64) for a in arrays]
+def _cast(dtype, *arrays):
+    return [np.asarray(a, dtype=dtype) for a in arrays]
+
+
+def _default_scale(D, scale):
+    """1/sqrt(D) when scale is None, as a Python float (which keeps a float32 computation in
+    float32)."""
+    return 1.0 / float(np.sqrt(D)) if scale is None else float(scale)
 
 
 # ---- embedding ---------------------------------------------------------------------------
-def embedding_forward(tokens, weight):
+def embedding_forward(tokens, weight, dtype=np.float64):
     """tokens int (N,), weight (V, C) -> out (N, C) = weight[tokens]."""
-    (weight,) = _f64(weight)
+    (weight,) = _cast(dtype, weight)
     return weight[np.asarray(tokens)]
 
 
-def embedding_backward(dout, tokens, vocab_size):
+def embedding_backward(dout, tokens, vocab_size, dtype=np.float64):
     """dout (N, C), tokens int (N,) -> dweight (V, C) with dweight[v] = sum of dout[tokens == v]."""
-    (dout,) = _f64(dout)
-    dweight = np.zeros((vocab_size, dout.shape[1]))
+    (dout,) = _cast(dtype, dout)
+    dweight = np.zeros((vocab_size, dout.shape[1]), dtype=dtype)
     np.add.at(dweight, np.asarray(tokens), dout)
     return dweight
 
 
 # ---- linear ------------------------------------------------------------------------------
-def linear_forward(x, weight, bias=None):
+def linear_forward(x, weight, bias=None, dtype=np.float64):
     """x (N, Cin), weight (Cout, Cin), bias (Cout,) or None -> y (N, Cout) = x weight^T + bias."""
-    x, weight = _f64(x, weight)
+    x, weight = _cast(dtype, x, weight)
     y = x @ weight.T
-    return y if bias is None else y + np.asarray(bias, dtype=np.float64)
+    return y if bias is None else y + np.asarray(bias, dtype=dtype)
 
 
-def linear_backward(dy, x, weight, has_bias=True):
+def linear_backward(dy, x, weight, has_bias=True, dtype=np.float64):
     """dy (N, Cout), x (N, Cin), weight (Cout, Cin) -> dx (N, Cin), dweight (Cout, Cin),
     dbias (Cout,) or None."""
-    dy, x, weight = _f64(dy, x, weight)
+    dy, x, weight = _cast(dtype, dy, x, weight)
     return dy @ weight, dy.T @ x, (dy.sum(0) if has_bias else None)
 
 
 # ---- layernorm ---------------------------------------------------------------------------
-def layernorm_forward(x, weight, bias, eps=1e-5):
+def layernorm_forward(x, weight, bias, eps=1e-5, dtype=np.float64):
     """x (N, C), weight (C,), bias (C,) -> y (N, C), mean (N,), rstd (N,).
 
     y = (x - mean) * rstd * weight + bias with the biased variance over C."""
-    x, weight, bias = _f64(x, weight, bias)
+    x, weight, bias = _cast(dtype, x, weight, bias)
     mean = x.mean(-1)
     rstd = 1.0 / np.sqrt(((x - mean[:, None]) ** 2).mean(-1) + eps)
     xhat = (x - mean[:, None]) * rstd[:, None]
     return xhat * weight + bias, mean, rstd
 
 
-def layernorm_backward(dy, x, mean, rstd, weight):
+def layernorm_backward(dy, x, mean, rstd, weight, dtype=np.float64):
     """dy, x (N, C), mean, rstd (N,), weight (C,) -> dx (N, C), dweight (C,), dbias (C,)."""
-    dy, x, mean, rstd, weight = _f64(dy, x, mean, rstd, weight)
+    dy, x, mean, rstd, weight = _cast(dtype, dy, x, mean, rstd, weight)
     xhat = (x - mean[:, None]) * rstd[:, None]
     g = dy * weight
     dx = rstd[:, None] * (g - g.mean(-1, keepdims=True) - xhat * (g * xhat).mean(-1, keepdims=True))
@@ -67,17 +75,17 @@ def layernorm_backward(dy, x, mean, rstd, weight):
 
 
 # ---- GELU (tanh approximation) -----------------------------------------------------------
-def gelu_forward(x):
+def gelu_forward(x, dtype=np.float64):
     """x (...) -> 0.5 x (1 + tanh(u)), u = sqrt(2/pi) (x + 0.044715 x^3), computed as the
     equal x * sigmoid(2u), which keeps its relative accuracy for large negative x."""
-    (x,) = _f64(x)
+    (x,) = _cast(dtype, x)
     with np.errstate(over="ignore"):  # exp -> inf gives the exact limit -0
         return x / (1.0 + np.exp(-2.0 * GELU_K * (x + 0.044715 * x**3)))
 
 
-def gelu_backward(dy, x):
+def gelu_backward(dy, x, dtype=np.float64):
     """dy, x (...) -> dx (...)."""
-    dy, x = _f64(dy, x)
+    dy, x = _cast(dtype, dy, x)
     u = GELU_K * (x + 0.044715 * x**3)
     t = np.tanh(u)
     du = GELU_K * (1.0 + 3 * 0.044715 * x**2)
@@ -85,43 +93,44 @@ def gelu_backward(dy, x):
 
 
 # ---- mlp ---------------------------------------------------------------------------------
-def mlp_forward(x, w_fc, b_fc, w_proj, b_proj):
+def mlp_forward(x, w_fc, b_fc, w_proj, b_proj, dtype=np.float64):
     """x (N, C), w_fc (F, C), b_fc (F,), w_proj (C, F), b_proj (C,) -> y (N, C), h (N, F):
     h = x w_fc^T + b_fc, y = gelu(h) w_proj^T + b_proj."""
-    h = linear_forward(x, w_fc, b_fc)
-    return linear_forward(gelu_forward(h), w_proj, b_proj), h
+    h = linear_forward(x, w_fc, b_fc, dtype=dtype)
+    return linear_forward(gelu_forward(h, dtype=dtype), w_proj, b_proj, dtype=dtype), h
 
 
-def mlp_backward(dy, x, h, w_fc, w_proj):
+def mlp_backward(dy, x, h, w_fc, w_proj, dtype=np.float64):
     """dy (N, C), x (N, C), h (N, F) from forward, w_fc (F, C), w_proj (C, F) -> dx (N, C),
     dw_fc (F, C), db_fc (F,), dw_proj (C, F), db_proj (C,)."""
-    dg, dw_proj, db_proj = linear_backward(dy, gelu_forward(h), w_proj)
-    dx, dw_fc, db_fc = linear_backward(gelu_backward(dg, h), x, w_fc)
+    dg, dw_proj, db_proj = linear_backward(dy, gelu_forward(h, dtype=dtype), w_proj,
+                                           dtype=dtype)
+    dx, dw_fc, db_fc = linear_backward(gelu_backward(dg, h, dtype=dtype), x, w_fc, dtype=dtype)
     return dx, dw_fc, db_fc, dw_proj, db_proj
 
 
 # ---- residual ----------------------------------------------------------------------------
-def residual_forward(a, b):
+def residual_forward(a, b, dtype=np.float64):
     """a, b (...) -> a + b."""
-    a, b = _f64(a, b)
+    a, b = _cast(dtype, a, b)
     return a + b
 
 
-def residual_backward(dout):
+def residual_backward(dout, dtype=np.float64):
     """dout (...) -> (da, db): both branches receive dout unchanged."""
-    (dout,) = _f64(dout)
+    (dout,) = _cast(dtype, dout)
     return dout, dout
 
 
 # ---- causal attention --------------------------------------------------------------------
-def attention_forward(q, k, v, scale=None):
+def attention_forward(q, k, v, scale=None, dtype=np.float64):
     """q, k, v (B, T, H, D) -> out (B, T, H, D), lse (B, H, T).
 
     out[b, i, h] = sum_{j <= i} softmax_j(scale * q_i . k_j) v_j (causal);
     lse[b, h, i] = log sum_{j <= i} exp(scale * q_i . k_j). scale defaults to 1/sqrt(D)."""
-    q, k, v = _f64(q, k, v)
+    q, k, v = _cast(dtype, q, k, v)
     T, D = q.shape[1], q.shape[3]
-    scale = 1.0 / np.sqrt(D) if scale is None else scale
+    scale = _default_scale(D, scale)
     s = np.einsum("bihd,bjhd->bhij", q, k) * scale
     s = np.where(np.tril(np.ones((T, T), dtype=bool)), s, -np.inf)
     m = s.max(-1, keepdims=True)
@@ -130,12 +139,11 @@ def attention_forward(q, k, v, scale=None):
     return np.einsum("bhij,bjhd->bihd", p, v), lse
 
 
-def attention_backward(dout, q, k, v, scale=None):
+def attention_backward(dout, q, k, v, scale=None, dtype=np.float64):
     """dout, q, k, v (B, T, H, D) -> dq, dk, dv (B, T, H, D)."""
-    dout, q, k, v = _f64(dout, q, k, v)
-    D = q.shape[3]
-    scale = 1.0 / np.sqrt(D) if scale is None else scale
-    out, lse = attention_forward(q, k, v, scale)
+    dout, q, k, v = _cast(dtype, dout, q, k, v)
+    scale = _default_scale(q.shape[3], scale)
+    out, lse = attention_forward(q, k, v, scale, dtype=dtype)
     s = np.einsum("bihd,bjhd->bhij", q, k) * scale
     p = np.tril(np.exp(s - lse[..., None]))
     dv = np.einsum("bhij,bihd->bjhd", p, dout)
@@ -151,57 +159,57 @@ def wrap_angle(theta):
     return theta - TWO_PI * np.floor(theta / TWO_PI + 0.5)
 
 
-def path_integration_forward(delta, omega, wrap=True):
+def path_integration_forward(delta, omega, wrap=True, dtype=np.float64):
     """delta (B, T, H, NB), omega (H, NB) -> theta (B, T, H, NB).
 
     theta[b, t, h, i] = omega[h, i] * sum_{s <= t} delta[b, s, h, i], reduced to [-pi, pi)
     when wrap (the C op always wraps: rotations see only the angle mod 2 pi)."""
-    delta, omega = _f64(delta, omega)
+    delta, omega = _cast(dtype, delta, omega)
     theta = omega * np.cumsum(delta, axis=1)
     return wrap_angle(theta) if wrap else theta
 
 
-def path_integration_backward(dtheta, delta, omega):
+def path_integration_backward(dtheta, delta, omega, dtype=np.float64):
     """dtheta, delta (B, T, H, NB), omega (H, NB) -> ddelta (B, T, H, NB), domega (H, NB).
 
     ddelta[t] = sum_{s >= t} dtheta[s] * omega; domega = sum_{b, t} dtheta * cumsum(delta)."""
-    dtheta, delta, omega = _f64(dtheta, delta, omega)
+    dtheta, delta, omega = _cast(dtype, dtheta, delta, omega)
     ddelta = np.flip(np.cumsum(np.flip(dtheta * omega, 1), 1), 1)
     return ddelta, (dtheta * np.cumsum(delta, axis=1)).sum((0, 1))
 
 
 # ---- input-dependent rotary --------------------------------------------------------------
-def rotate_pairs(x, theta):
+def rotate_pairs(x, theta, dtype=np.float64):
     """x (B, T, H, D), theta (TB, T, H, D/2), TB in {1, B} -> x with each pair
     (x[2i], x[2i+1]) rotated by theta_i: (x0 cos - x1 sin, x0 sin + x1 cos)."""
-    x, theta = _f64(x, theta)
+    x, theta = _cast(dtype, x, theta)
     x0, x1 = x[..., 0::2], x[..., 1::2]
     c, s = np.cos(theta), np.sin(theta)
-    y = np.empty(np.broadcast_shapes(x.shape, theta.shape[:-1] + (x.shape[-1],)))
+    y = np.empty(np.broadcast_shapes(x.shape, theta.shape[:-1] + (x.shape[-1],)), dtype=dtype)
     y[..., 0::2] = x0 * c - x1 * s
     y[..., 1::2] = x0 * s + x1 * c
     return y
 
 
-def rotary_forward(q, k, theta):
+def rotary_forward(q, k, theta, dtype=np.float64):
     """q, k (B, T, H, D), theta (TB, T, H, D/2) -> q_out, k_out (B, T, H, D).
 
     With theta = omega * t (delta = 1 in path integration) this is RoPE."""
-    return rotate_pairs(q, theta), rotate_pairs(k, theta)
+    return rotate_pairs(q, theta, dtype=dtype), rotate_pairs(k, theta, dtype=dtype)
 
 
-def rotary_backward(dq_out, dk_out, q, k, theta):
+def rotary_backward(dq_out, dk_out, q, k, theta, dtype=np.float64):
     """dq_out, dk_out, q, k (B, T, H, D), theta (TB, T, H, D/2) -> dq, dk (B, T, H, D),
     dtheta (TB, T, H, D/2).
 
     dx = R(theta)^T dy; dtheta = y0 dy1 - y1 dy0 summed over q and k (and over b when TB = 1)."""
-    (theta,) = _f64(theta)
+    (theta,) = _cast(dtype, theta)
     dtheta = 0.0
     grads = []
     for dy, x in ((dq_out, q), (dk_out, k)):
-        (dy,) = _f64(dy)
-        y = rotate_pairs(x, theta)
-        grads.append(rotate_pairs(dy, -theta))
+        (dy,) = _cast(dtype, dy)
+        y = rotate_pairs(x, theta, dtype=dtype)
+        grads.append(rotate_pairs(dy, -theta, dtype=dtype))
         dtheta = dtheta + y[..., 0::2] * dy[..., 1::2] - y[..., 1::2] * dy[..., 0::2]
     if theta.shape[0] == 1:
         dtheta = dtheta.sum(0, keepdims=True)
@@ -209,12 +217,12 @@ def rotary_backward(dq_out, dk_out, q, k, theta):
 
 
 # ---- masked softmax cross-entropy --------------------------------------------------------
-def softmax_xent_forward(logits, targets, mask):
+def softmax_xent_forward(logits, targets, mask, dtype=np.float64):
     """logits (N, V), targets int (N,), mask (N,) -> losses (N,), loss (float).
 
     losses[n] = -log softmax(logits[n])[targets[n]] for every row; loss is their mean
     weighted by mask (0.0 when mask sums to 0)."""
-    logits, mask = _f64(logits, mask)
+    logits, mask = _cast(dtype, logits, mask)
     z = logits - logits.max(-1, keepdims=True)
     logp = z - np.log(np.exp(z).sum(-1, keepdims=True))
     losses = -logp[np.arange(len(logits)), np.asarray(targets)]
@@ -222,11 +230,11 @@ def softmax_xent_forward(logits, targets, mask):
     return losses, (float((losses * mask).sum() / total) if total != 0 else 0.0)
 
 
-def softmax_xent_backward(logits, targets, mask, scale):
+def softmax_xent_backward(logits, targets, mask, scale, dtype=np.float64):
     """logits (N, V), targets (N,), mask (N,) -> dlogits (N, V) =
     scale * mask[n] * (softmax(logits[n]) - onehot(targets[n])). With scale = 1/sum(mask)
     this is the gradient of the loss returned by the forward."""
-    logits, mask = _f64(logits, mask)
+    logits, mask = _cast(dtype, logits, mask)
     p = np.exp(logits - logits.max(-1, keepdims=True))
     p /= p.sum(-1, keepdims=True)
     p[np.arange(len(logits)), np.asarray(targets)] -= 1.0
@@ -234,32 +242,33 @@ def softmax_xent_backward(logits, targets, mask, scale):
 
 
 # ---- AdamW -------------------------------------------------------------------------------
-def adamw_step(params, grads, m, v, decay_mask, lr, beta1, beta2, eps, weight_decay, step):
+def adamw_step(params, grads, m, v, decay_mask, lr, beta1, beta2, eps, weight_decay, step,
+               dtype=np.float64):
     """params, grads, m, v (P,), decay_mask bool (P,), step >= 1 -> new params, m, v (P,).
 
     PyTorch's AdamW: m = b1 m + (1-b1) g; v = b2 v + (1-b2) g^2;
     p -= lr * (wd * mask * p + (m / (1-b1^t)) / (sqrt(v / (1-b2^t)) + eps))."""
-    params, grads, m, v = _f64(params, grads, m, v)
+    params, grads, m, v = _cast(dtype, params, grads, m, v)
     m = beta1 * m + (1 - beta1) * grads
     v = beta2 * v + (1 - beta2) * grads**2
     mhat = m / (1 - beta1**step)
     vhat = v / (1 - beta2**step)
-    decay = weight_decay * np.asarray(decay_mask, dtype=np.float64) * params
+    decay = weight_decay * np.asarray(decay_mask, dtype=dtype) * params
     return params - lr * (decay + mhat / (np.sqrt(vhat) + eps)), m, v
 
 
 # ---- global norm and clipping ------------------------------------------------------------
-def global_norm(x):
+def global_norm(x, dtype=np.float64):
     """x (P,) -> ||x||_2 (float)."""
-    (x,) = _f64(x)
+    (x,) = _cast(dtype, x)
     return float(np.sqrt((x * x).sum()))
 
 
-def clip_grad_norm(grads, max_norm):
+def clip_grad_norm(grads, max_norm, dtype=np.float64):
     """grads (P,) -> (clipped grads (P,), norm before clipping). Scales by
     max_norm / (norm + 1e-6) only when norm > max_norm."""
-    (grads,) = _f64(grads)
-    norm = global_norm(grads)
+    (grads,) = _cast(dtype, grads)
+    norm = global_norm(grads, dtype=dtype)
     return (grads * (max_norm / (norm + 1e-6)) if norm > max_norm else grads), norm
 
 
@@ -285,7 +294,7 @@ def _cope_parts(q, k, e, scale):
     return dict(s=s, g=g, p_raw=p_raw, f=f, c=c, w=w, z=z, zf=zf, zc=zc, a=a, causal=causal)
 
 
-def cope_forward(q, k, v, e, scale=None):
+def cope_forward(q, k, v, e, scale=None, dtype=np.float64):
     """q, k, v (B, T, H, D), e (H, n_pos, D) -> out (B, T, H, D), lse (B, H, T).
 
     Contextual position encoding (Golovneva et al. 2024), causal, per (b, h):
@@ -295,8 +304,8 @@ def cope_forward(q, k, v, e, scale=None):
       a_ij = s_ij + (1 - w) z_i[floor p_ij] + w z_i[ceil p_ij],  w = p_ij - floor p_ij,
       out_i = sum_{j <= i} softmax_j(a_ij) v_j,  lse_i = log sum_{j <= i} exp(a_ij).
     scale defaults to 1/sqrt(D)."""
-    q, k, v, e = _f64(q, k, v, e)
-    scale = 1.0 / np.sqrt(q.shape[3]) if scale is None else scale
+    q, k, v, e = _cast(dtype, q, k, v, e)
+    scale = _default_scale(q.shape[3], scale)
     a = _cope_parts(q, k, e, scale)["a"]
     m = a.max(-1, keepdims=True)
     lse = m[..., 0] + np.log(np.exp(a - m).sum(-1))
@@ -304,7 +313,7 @@ def cope_forward(q, k, v, e, scale=None):
     return np.einsum("bhij,bjhd->bihd", prob, v), lse
 
 
-def cope_backward(dout, q, k, v, e, scale=None):
+def cope_backward(dout, q, k, v, e, scale=None, dtype=np.float64):
     """dout, q, k, v (B, T, H, D), e (H, n_pos, D) -> dq, dk, dv (B, T, H, D), de (H, n_pos, D).
 
     With P = softmax(a) and Dv_i = dout_i . out_i:
@@ -317,10 +326,10 @@ def cope_backward(dout, q, k, v, e, scale=None):
       ds_ij = dA_ij + dg_ij g_ij (1 - g_ij);
       dq_i = scale sum_j ds_ij k_j + sum_n dz_i[n] e[h, n],  dk_j = scale sum_i ds_ij q_i,
       dv_j = sum_i P_ij dout_i,  de[h, n] = sum_{b, i} dz_i[n] q_i."""
-    dout, q, k, v, e = _f64(dout, q, k, v, e)
+    dout, q, k, v, e = _cast(dtype, dout, q, k, v, e)
     B, T, H, D = q.shape
     n_pos = e.shape[1]
-    scale = 1.0 / np.sqrt(D) if scale is None else scale
+    scale = _default_scale(D, scale)
     x = _cope_parts(q, k, e, scale)
     a, g, w, f, c, causal = x["a"], x["g"], x["w"], x["f"], x["c"], x["causal"]
     m = a.max(-1, keepdims=True)
@@ -362,8 +371,8 @@ def _as_complex(x):
 
 
 def _as_pairs(z):
-    """z (..., NB) complex -> (..., 2 NB) float64 with (Re, Im) interleaved."""
-    out = np.empty(z.shape[:-1] + (2 * z.shape[-1],))
+    """z (..., NB) complex -> (..., 2 NB) real of z's precision, (Re, Im) interleaved."""
+    out = np.empty(z.shape[:-1] + (2 * z.shape[-1],), dtype=z.real.dtype)
     out[..., 0::2], out[..., 1::2] = z.real, z.imag
     return out
 
@@ -386,17 +395,17 @@ def tape_initial_state(T, H, D, base=10000.0):
     return np.broadcast_to(e[None, :, None, :], (1, T, H, D)).copy()
 
 
-def tape_rotate_forward(q, k, e):
+def tape_rotate_forward(q, k, e, dtype=np.float64):
     """q, k (B, T, H, D), e (B, T, H, D) (or (1, T, H, D), broadcast over b) -> q_out, k_out
     (B, T, H, D).
 
     Per pair, as complex numbers: y = x e, i.e. (x0 e0 - x1 e1, x0 e1 + x1 e0)."""
-    q, k, e = _f64(q, k, e)
+    q, k, e = _cast(dtype, q, k, e)
     ec = _as_complex(e)
     return _as_pairs(_as_complex(q) * ec), _as_pairs(_as_complex(k) * ec)
 
 
-def tape_rotate_backward(dq_out, dk_out, q, k, e):
+def tape_rotate_backward(dq_out, dk_out, q, k, e, dtype=np.float64):
     """dq_out, dk_out, q, k (B, T, H, D), e (B, T, H, D) or (1, T, H, D) -> dq, dk (B, T, H, D),
     de (e's shape).
 
@@ -406,7 +415,7 @@ def tape_rotate_backward(dq_out, dk_out, q, k, e):
       dx = conj(e) dy:  (dy0 e0 + dy1 e1, dy1 e0 - dy0 e1),
       de = conj(x) dy:  (x0 dy0 + x1 dy1, x0 dy1 - x1 dy0),
     and de sums the q and k terms (and b, when e is broadcast)."""
-    dq_out, dk_out, q, k, e = _f64(dq_out, dk_out, q, k, e)
+    dq_out, dk_out, q, k, e = _cast(dtype, dq_out, dk_out, q, k, e)
     ec = np.conj(_as_complex(e))
     gq, gk = _as_complex(dq_out), _as_complex(dk_out)
     de = np.conj(_as_complex(q)) * gq + np.conj(_as_complex(k)) * gk
@@ -415,17 +424,17 @@ def tape_rotate_backward(dq_out, dk_out, q, k, e):
     return _as_pairs(ec * gq), _as_pairs(ec * gk), _as_pairs(de)
 
 
-def tape_mix_forward(e_att, gate_logits, w):
+def tape_mix_forward(e_att, gate_logits, w, dtype=np.float64):
     """e_att (B, T, H, D), gate_logits (B, T, H), w (H, H) -> e_new (B, T, H, D).
 
     e_new[b, t, h] = e_att[b, t, h] + g[b, t, h] sum_h' w[h, h'] e_att[b, t, h'],
     g = sigmoid(gate_logits)."""
-    e_att, gate_logits, w = _f64(e_att, gate_logits, w)
+    e_att, gate_logits, w = _cast(dtype, e_att, gate_logits, w)
     g, _ = _sigmoid_pair(gate_logits)
     return e_att + g[..., None] * np.einsum("hk,btkd->bthd", w, e_att)
 
 
-def tape_mix_backward(de_new, e_att, gate_logits, w):
+def tape_mix_backward(de_new, e_att, gate_logits, w, dtype=np.float64):
     """de_new, e_att (B, T, H, D), gate_logits (B, T, H), w (H, H) -> de_att (B, T, H, D),
     dgate_logits (B, T, H), dw (H, H).
 
@@ -433,7 +442,7 @@ def tape_mix_backward(de_new, e_att, gate_logits, w):
       de_att[h'] = Y[h'] + sum_h g[h] w[h, h'] Y[h],
       dgate_logits[h] = g[h] (1 - g[h]) Y[h] . M[h]  (dot product over D),
       dw[h, h'] = sum_{b, t} g[h] Y[h] . e_att[h']."""
-    de_new, e_att, gate_logits, w = _f64(de_new, e_att, gate_logits, w)
+    de_new, e_att, gate_logits, w = _cast(dtype, de_new, e_att, gate_logits, w)
     g, one_minus_g = _sigmoid_pair(gate_logits)
     gy = g[..., None] * de_new
     m = np.einsum("hk,btkd->bthd", w, e_att)
@@ -470,7 +479,8 @@ def _log_softmax_parts(z):
     return np.exp(z - lse[..., None]), lse
 
 
-def conj_attention_forward(qx, kx, qp, kp, v, mode="score_product", scale=None):
+def conj_attention_forward(qx, kx, qp, kp, v, mode="score_product", scale=None,
+                           dtype=np.float64):
     """qx, kx, qp, kp, v (B, T, H, D) -> out (B, T, H, D), lse (M, B, H, T).
 
     MapEM's conjunctive attention (MapFormer paper, sec. 3.5.1, eq. 13), causal, per (b, h),
@@ -484,8 +494,8 @@ def conj_attention_forward(qx, kx, qp, kp, v, mode="score_product", scale=None):
       "sum": A = softmax_j(scale (sX + sP)): plain attention on [qx, qp] and [kx, kp];
         M = 1.
     out_i = sum_{j <= i} A_ij v_j. scale defaults to 1/sqrt(D)."""
-    qx, kx, qp, kp, v = _f64(qx, kx, qp, kp, v)
-    scale = 1.0 / np.sqrt(qx.shape[3]) if scale is None else scale
+    qx, kx, qp, kp, v = _cast(dtype, qx, kx, qp, kp, v)
+    scale = _default_scale(qx.shape[3], scale)
     _, _, zx, zp, z, _ = _conj_parts(qx, kx, qp, kp, mode, scale)
     if mode == "softmax_product":
         (ax, lse_x), (ap, lse_p) = _log_softmax_parts(zx), _log_softmax_parts(zp)
@@ -496,7 +506,8 @@ def conj_attention_forward(qx, kx, qp, kp, v, mode="score_product", scale=None):
     return np.einsum("bhij,bjhd->bihd", a, v), lse
 
 
-def conj_attention_backward(dout, qx, kx, qp, kp, v, mode="score_product", scale=None):
+def conj_attention_backward(dout, qx, kx, qp, kp, v, mode="score_product", scale=None,
+                            dtype=np.float64):
     """dout, qx, kx, qp, kp, v (B, T, H, D) -> dqx, dkx, dqp, dkp, dv (B, T, H, D).
 
     With dA_ij = dout_i . v_j and Dv_i = dout_i . out_i = sum_j A_ij dA_ij:
@@ -508,8 +519,8 @@ def conj_attention_backward(dout, qx, kx, qp, kp, v, mode="score_product", scale
       "sum": dsX = dsP = scale A (dA - Dv).
     Then dqx = dsX kx, dkx = dsX^T qx, dqp = dsP kp, dkp = dsP^T qp, dv = A^T dout
     (every score gradient is 0 above the diagonal)."""
-    dout, qx, kx, qp, kp, v = _f64(dout, qx, kx, qp, kp, v)
-    scale = 1.0 / np.sqrt(qx.shape[3]) if scale is None else scale
+    dout, qx, kx, qp, kp, v = _cast(dtype, dout, qx, kx, qp, kp, v)
+    scale = _default_scale(qx.shape[3], scale)
     sx, sp, zx, zp, z, causal = _conj_parts(qx, kx, qp, kp, mode, scale)
     da = np.einsum("bihd,bjhd->bhij", dout, v)
     if mode == "softmax_product":

@@ -217,3 +217,82 @@ def test_cope(rng, n_pos):
     dq, dk, dv, de = ref.cope_backward(W, q, k, v, e)
     check(lambda: (ref.cope_forward(q, k, v, e)[0] * W).sum(),
           {"q": q, "k": k, "v": v, "e": e}, {"q": dq, "k": dk, "v": dv, "e": de})
+
+
+def _float32_cases(rng):
+    """(name, call taking dtype) for every op of the reference, on float32 inputs."""
+    def r(*shape):
+        return rng.standard_normal(shape).astype(np.float32)
+
+    B, T, H, D, C, V = 2, 5, 2, 4, 6, 7
+    tokens, targets = rng.integers(0, V, 10), rng.integers(0, V, 10)
+    q, k, v, dout, e4 = r(B, T, H, D), r(B, T, H, D), r(B, T, H, D), r(B, T, H, D), r(B, T, H, D)
+    x, w, b, mask = r(10, C), r(V, C), r(V), (rng.random(10) > 0.3).astype(np.float32)
+    theta, delta, omega = r(B, T, H, D // 2), r(B, T, H, D // 2), r(H, D // 2)
+    h, wfc, wproj = r(10, 3 * C), r(3 * C, C), r(C, 3 * C)
+    mean, rstd = x.mean(1), 1 / x.std(1)
+    gates, mix, e_pos = r(B, T, H), r(H, H), r(H, 4, D)
+    flat, dy, logits = r(20), r(10, V), r(10, V)
+    return [
+        ("embedding_forward", lambda dt: ref.embedding_forward(tokens, w, dtype=dt)),
+        ("embedding_backward", lambda dt: ref.embedding_backward(x, tokens, V, dtype=dt)),
+        ("linear_forward", lambda dt: ref.linear_forward(x, w, b, dtype=dt)),
+        ("linear_backward", lambda dt: ref.linear_backward(dy, x, w, dtype=dt)),
+        ("layernorm_forward", lambda dt: ref.layernorm_forward(x, x[0], x[1], dtype=dt)),
+        ("layernorm_backward",
+         lambda dt: ref.layernorm_backward(x, x, mean, rstd, x[0], dtype=dt)),
+        ("gelu_forward", lambda dt: ref.gelu_forward(x, dtype=dt)),
+        ("gelu_backward", lambda dt: ref.gelu_backward(x, x, dtype=dt)),
+        ("mlp_forward", lambda dt: ref.mlp_forward(x, wfc, h[0], wproj, x[0], dtype=dt)),
+        ("mlp_backward", lambda dt: ref.mlp_backward(x, x, h, wfc, wproj, dtype=dt)),
+        ("residual_forward", lambda dt: ref.residual_forward(x, x, dtype=dt)),
+        ("attention_forward", lambda dt: ref.attention_forward(q, k, v, dtype=dt)),
+        ("attention_backward", lambda dt: ref.attention_backward(dout, q, k, v, dtype=dt)),
+        ("path_integration_forward",
+         lambda dt: ref.path_integration_forward(delta, omega, dtype=dt)),
+        ("path_integration_backward",
+         lambda dt: ref.path_integration_backward(theta, delta, omega, dtype=dt)),
+        ("rotary_forward", lambda dt: ref.rotary_forward(q, k, theta, dtype=dt)),
+        ("rotary_backward", lambda dt: ref.rotary_backward(dout, v, q, k, theta, dtype=dt)),
+        ("softmax_xent_forward",
+         lambda dt: ref.softmax_xent_forward(logits, targets, mask, dtype=dt)[0]),
+        ("softmax_xent_backward",
+         lambda dt: ref.softmax_xent_backward(logits, targets, mask, 0.5, dtype=dt)),
+        ("adamw_step", lambda dt: ref.adamw_step(flat, flat, flat, flat ** 2, flat > 0, 1e-2,
+                                                 0.9, 0.99, 1e-8, 0.1, 3, dtype=dt)),
+        ("clip_grad_norm", lambda dt: ref.clip_grad_norm(flat, 1.0, dtype=dt)[0]),
+        ("cope_forward", lambda dt: ref.cope_forward(q, k, v, e_pos, dtype=dt)),
+        ("cope_backward", lambda dt: ref.cope_backward(dout, q, k, v, e_pos, dtype=dt)),
+        ("tape_rotate_forward", lambda dt: ref.tape_rotate_forward(q, k, e4, dtype=dt)),
+        ("tape_rotate_backward",
+         lambda dt: ref.tape_rotate_backward(dout, v, q, k, e4, dtype=dt)),
+        ("tape_mix_forward", lambda dt: ref.tape_mix_forward(e4, gates, mix, dtype=dt)),
+        ("tape_mix_backward",
+         lambda dt: ref.tape_mix_backward(dout, e4, gates, mix, dtype=dt)),
+        *[(f"conj_attention_{d}_{mode}",
+           (lambda dt, mode=mode: ref.conj_attention_forward(q, k, v, e4, dout, mode,
+                                                             dtype=dt))
+           if d == "forward" else
+           (lambda dt, mode=mode: ref.conj_attention_backward(dout, q, k, v, e4, dout, mode,
+                                                              dtype=dt)))
+          for mode in ref.CONJ_MODES for d in ("forward", "backward")],
+    ]
+
+
+def _arrays(result):
+    """The array results of a reference call, in order (tuples flattened, None dropped)."""
+    items = result if isinstance(result, tuple) else (result,)
+    return [a for a in items if isinstance(a, np.ndarray)]
+
+
+def test_every_op_computes_in_its_dtype(rng):
+    """dtype=np.float32 keeps every array result in float32 (the benchmarks' NumPy baseline
+    of each C op) and agrees with the float64 oracle to float32 precision."""
+    for name, call in _float32_cases(rng):
+        got, want = _arrays(call(np.float32)), _arrays(call(np.float64))
+        assert got and len(got) == len(want), name
+        for g, w in zip(got, want):
+            assert g.dtype == np.float32, f"{name}: {g.dtype}"
+            assert w.dtype == np.float64, f"{name}: {w.dtype}"
+            np.testing.assert_allclose(g, w, rtol=2e-4, atol=2e-5 * (1 + np.abs(w).max()),
+                                       err_msg=name)
