@@ -1,0 +1,204 @@
+"""The same training step in mapformer and in PyTorch (eager and torch.compile), interleaved in
+one run: medians and ratios.
+
+A step is forward, masked cross-entropy, backward, gradient clipping at 1.0 and AdamW, on
+forced-navigation tokens, for three models of the same architecture in both libraries:
+pre-LN blocks (LayerNorm, attention with q, k, v, out projections with biases, residual,
+LayerNorm, MLP of 4x width with tanh-GELU, residual), a final LayerNorm and a linear head.
+- rope: queries and keys rotated by fixed angles omega_i t (F.scaled_dot_product_attention,
+  causal, in PyTorch);
+- mapwm: rotated by path-integrated angles theta = omega * cumsum_t(x W_in W_out) (rank 2);
+- mapem_os: conjunctive attention softmax(scale (q_x k_x^T) * (q_p k_p^T)) with positional
+  queries and keys R(theta) p* (explicit score matrices in PyTorch: no fused kernel does
+  this).
+PyTorch runs on the same number of threads (torch.set_num_threads) as mapformer's OpenMP
+(OMP_NUM_THREADS, default: all cores). The models are the same size and do the same math; their
+parameters are initialised independently (this measures time, not training).
+
+PyTorch is for comparison only, never a dependency: install it in a separate virtualenv
+(`pip install torch==2.13.0` takes a CPU build here), with mapformer importable there
+(`pip install .`, or PYTHONPATH=<repository root> after an in-place build).
+
+Prints one line per model and variant and a JSON line at the end.
+"""
+import argparse
+import json
+import os
+import time
+
+import numpy as np
+
+from mapformer import _C
+from mapformer.models import ModelConfig, Transformer
+from mapformer.tasks import navigation
+from mapformer.train import AdamW, TrainConfig
+
+try:
+    import torch
+    import torch.nn.functional as F
+except ImportError:  # pragma: no cover - the benchmark's only precondition
+    raise SystemExit("bench_vs_pytorch.py needs PyTorch: in a separate virtualenv, "
+                     "`pip install torch==2.13.0` (CPU build), with mapformer importable there")
+
+MODELS = ("mapwm", "rope", "mapem_os")
+
+
+# ---- the PyTorch models ------------------------------------------------------------------
+def rotate(x, cos, sin):
+    """x (B, T, H, D) with pairs (x[2i], x[2i+1]) rotated by angles whose cos, sin are
+    (B or 1, T, H, D/2)."""
+    x0, x1 = x[..., 0::2], x[..., 1::2]
+    return torch.stack((x0 * cos - x1 * sin, x0 * sin + x1 * cos), -1).flatten(-2)
+
+
+class TorchBlock(torch.nn.Module):
+    def __init__(self, kind, d, heads, rank, grid):
+        super().__init__()
+        self.kind, self.heads, self.hd = kind, heads, d // heads
+        nb = self.hd // 2
+        self.ln1, self.ln2 = torch.nn.LayerNorm(d), torch.nn.LayerNorm(d)
+        self.q, self.k, self.v, self.o = (torch.nn.Linear(d, d) for _ in range(4))
+        self.fc, self.proj = torch.nn.Linear(d, 4 * d), torch.nn.Linear(4 * d, d)
+        if kind == "rope":
+            self.register_buffer("omega", 10000.0 ** (-torch.arange(nb) / nb))
+        else:
+            self.delta_in = torch.nn.Linear(d, rank, bias=False)
+            self.delta_out = torch.nn.Linear(rank, heads * nb, bias=False)
+            self.omega = torch.nn.Parameter(
+                (np.pi * grid ** (-torch.arange(nb) / (nb - 1))).repeat(heads, 1))
+        if kind == "mapem_os":
+            self.start = torch.nn.Parameter(torch.randn(heads, self.hd))
+
+    def angles(self, x):
+        B, T, _ = x.shape
+        if self.kind == "rope":
+            theta = torch.arange(1, T + 1, dtype=x.dtype)[:, None, None] * self.omega
+            return theta[None].expand(1, T, self.heads, -1)
+        delta = self.delta_out(self.delta_in(x)).view(B, T, self.heads, -1)
+        return self.omega * torch.cumsum(delta, 1)
+
+    def attend(self, x):
+        B, T, d = x.shape
+        shape = (B, T, self.heads, self.hd)
+        q, k, v = self.q(x).view(shape), self.k(x).view(shape), self.v(x).view(shape)
+        theta = self.angles(x)
+        cos, sin = torch.cos(theta), torch.sin(theta)
+        scale = self.hd ** -0.5
+        if self.kind == "mapem_os":
+            p = rotate(self.start.expand(B, T, -1, -1), cos, sin)
+            sx = torch.einsum("bihd,bjhd->bhij", q, k)
+            sp = torch.einsum("bihd,bjhd->bhij", p, p)
+            causal = torch.ones(T, T, dtype=torch.bool).tril()
+            a = torch.softmax((scale * sx * sp).masked_fill(~causal, float("-inf")), -1)
+            out = torch.einsum("bhij,bjhd->bihd", a, v)
+        else:
+            q, k = rotate(q, cos, sin), rotate(k, cos, sin)
+            out = F.scaled_dot_product_attention(q.transpose(1, 2), k.transpose(1, 2),
+                                                 v.transpose(1, 2), is_causal=True,
+                                                 scale=scale).transpose(1, 2)
+        return self.o(out.reshape(B, T, d))
+
+    def forward(self, x):
+        x = x + self.attend(self.ln1(x))
+        return x + self.proj(F.gelu(self.fc(self.ln2(x)), approximate="tanh"))
+
+
+class TorchModel(torch.nn.Module):
+    def __init__(self, kind, vocab, d, heads, layers, rank=2, grid=64):
+        super().__init__()
+        self.embed = torch.nn.Embedding(vocab, d)
+        self.blocks = torch.nn.ModuleList(TorchBlock(kind, d, heads, rank, grid)
+                                          for _ in range(layers))
+        self.ln_f, self.head = torch.nn.LayerNorm(d), torch.nn.Linear(d, vocab)
+
+    def forward(self, tokens, targets, mask):
+        x = self.embed(tokens)
+        for block in self.blocks:
+            x = block(x)
+        losses = F.cross_entropy(self.head(self.ln_f(x)).flatten(0, 1), targets.flatten(),
+                                 reduction="none")
+        return (losses * mask.flatten()).sum() / mask.sum()
+
+
+def torch_step(kind, task, batch, args, compiled):
+    """A callable running one PyTorch training step (forward, backward, clip, AdamW)."""
+    model = TorchModel(kind, task.vocab_size, args.d_model, args.heads, args.layers)
+    opt = torch.optim.AdamW(model.parameters(), lr=1e-4, weight_decay=0.05)
+    tokens, targets = torch.from_numpy(batch.tokens).long(), torch.from_numpy(batch.targets).long()
+    mask = torch.from_numpy(batch.mask).float()
+    loss_fn = torch.compile(model) if compiled else model
+
+    def step():
+        opt.zero_grad(set_to_none=True)
+        loss = loss_fn(tokens, targets, mask)
+        loss.backward()
+        torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
+        opt.step()
+    return step
+
+
+def mapformer_step(kind, task, batch, args):
+    """A callable running one mapformer training step."""
+    cfg = ModelConfig(vocab_size=task.vocab_size, d_model=args.d_model, n_heads=args.heads,
+                      n_layers=args.layers, positional=kind)
+    model = Transformer(cfg, seed=0)
+    opt = AdamW(model, TrainConfig())
+
+    def step():
+        model.loss(batch.tokens, batch.targets, batch.mask)
+        model.backward()
+        opt.step(1e-4)
+    return step
+
+
+def main():
+    p = argparse.ArgumentParser(description=__doc__,
+                                formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--batch", type=int, default=128)
+    p.add_argument("--tokens", type=int, default=256, help="tokens per sequence (even)")
+    p.add_argument("--d-model", type=int, default=128)
+    p.add_argument("--heads", type=int, default=2)
+    p.add_argument("--layers", type=int, default=1)
+    p.add_argument("--models", default=",".join(MODELS))
+    p.add_argument("--repeats", type=int, default=7, help="timed rounds (each runs every "
+                   "variant once, in turn)")
+    p.add_argument("--warmup", type=int, default=3, help="untimed rounds (torch.compile "
+                   "compiles in its first)")
+    p.add_argument("--no-compile", action="store_true", help="skip torch.compile")
+    args = p.parse_args()
+    threads = int(os.environ.get("OMP_NUM_THREADS", os.cpu_count()))
+    torch.set_num_threads(threads)
+    task = navigation.NavigationConfig(dims=2, steps=args.tokens // 2, grid_size=64)
+    batch = navigation.generate(task, args.batch, np.random.default_rng(0))
+    print(f"batch {args.batch}, {args.tokens} tokens, d_model {args.d_model}, {args.heads} "
+          f"heads, {args.layers} layer(s), {threads} thread(s); mapformer kernels "
+          f"{_C.kernels()}, torch {torch.__version__}")
+    figures = {"batch": args.batch, "tokens": args.tokens, "d_model": args.d_model,
+               "heads": args.heads, "layers": args.layers, "threads": threads,
+               "kernels": _C.kernels(), "torch": torch.__version__}
+    for kind in args.models.split(","):
+        variants = {"mapformer": mapformer_step(kind, task, batch, args),
+                    "eager": torch_step(kind, task, batch, args, compiled=False)}
+        if not args.no_compile:
+            variants["compile"] = torch_step(kind, task, batch, args, compiled=True)
+        times = {name: [] for name in variants}
+        for round_ in range(args.warmup + args.repeats):
+            for name, step in variants.items():
+                t0 = time.perf_counter()
+                step()
+                if round_ >= args.warmup:
+                    times[name].append(time.perf_counter() - t0)
+        medians = {name: float(np.median(t)) * 1e3 for name, t in times.items()}
+        ours = medians["mapformer"]
+        line = "   ".join(f"{name} {ms:.1f} ms" + ("" if name == "mapformer" else
+                                                  f" ({ms / ours:.2f}x mapformer's time)")
+                          for name, ms in medians.items())
+        print(f"{kind}: {line}   (medians of {args.repeats})")
+        figures[kind] = {name: round(ms, 1) for name, ms in medians.items()}
+        figures[kind].update({f"{name}_over_mapformer": round(ms / ours, 2)
+                              for name, ms in medians.items() if name != "mapformer"})
+    print(json.dumps(figures))
+
+
+if __name__ == "__main__":
+    main()
