@@ -125,19 +125,19 @@ def main():
     rate = sgemm_rate(args.sgemm_size, 15)
     figures = {"batch": args.batch, "tokens": args.tokens,
                "d_model": args.d_model, "heads": args.heads, "layers": args.layers}
-    results = [bench(name, args) for name in args.models.split(",")]
+    results = [bench(model_name, args) for model_name in args.models.split(",")]
     rate = max(rate, sgemm_rate(args.sgemm_size, 15))  # measured before and after the steps
     figures["sgemm_gflops"] = round(rate, 1)
     print(f"sgemm {args.sgemm_size}^3: {rate:.1f} GFLOP/s (best of 30, before and after)")
-    for name, (cfg, seconds, ops) in zip(args.models.split(","), results):
+    for model_name, (cfg, seconds, ops) in zip(args.models.split(","), results):
         flops = step_flops(cfg, args.batch, args.tokens)
         bound = flops / (rate * 1e9)
-        print(f"{name}: {seconds * 1e3:.1f} ms/step (median of {args.repeats}), "
+        print(f"{model_name}: {seconds * 1e3:.1f} ms/step (median of {args.repeats}), "
               f"{flops / 1e9:.1f} GFLOP of matmul, sgemm-bound {bound * 1e3:.1f} ms, "
               f"ratio {seconds / bound:.2f}")
         for name, t in sorted(ops.items(), key=lambda kv: -kv[1]):
             print(f"    {name:<28} {t * 1e3:8.1f} ms")
-        figures[name] = {"ms_per_step": round(seconds * 1e3, 1),
+        figures[model_name] = {"ms_per_step": round(seconds * 1e3, 1),
                                "gflop": round(flops / 1e9, 2),
                                "sgemm_bound_ms": round(bound * 1e3, 1),
                                "ratio": round(seconds / bound, 2),

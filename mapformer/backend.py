@@ -95,9 +95,8 @@ def _clip_grad_norm(grads, max_norm):
 
 
 def array_ops(float_dtype):
-    """Allocation and elementwise arithmetic on NumPy arrays whose float dtype is
-    ``float_dtype``:
-    {name: function}, the same names and signatures on every backend.
+    """{name: function}: allocation and the arithmetic between ops, on NumPy arrays of
+    ``float_dtype``; every backend has these names and signatures.
 
     zeros(shape, dtype=None), ones(shape), zeros_like(a): new arrays (dtype: the backend's).
     asarray(a): a C-contiguous array of the backend's dtype (a copy only when needed);

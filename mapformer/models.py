@@ -7,6 +7,7 @@ the config holds in one dict. MODELS names the paper's models as presets of the 
 Shapes: tokens int32 (B, T); logits (B, T, V); C = d_model, H heads, D = C / H, NB = D / 2.
 """
 import math
+import numbers
 from collections import namedtuple
 from dataclasses import asdict, dataclass, field, fields
 
@@ -103,7 +104,7 @@ class ModelConfig:
     def __post_init__(self):
         for name in ("vocab_size", "d_model", "n_heads", "n_layers", "mlp_ratio"):
             value = getattr(self, name)
-            if not isinstance(value, (int, np.integer)) or isinstance(value, bool) or value < 1:
+            if not isinstance(value, numbers.Integral) or isinstance(value, bool) or value < 1:
                 raise ValueError(f"{name} must be an integer >= 1, got {value!r}")
         if self.d_model % self.n_heads:
             raise ValueError(f"d_model ({self.d_model}) must be divisible by n_heads "

@@ -151,8 +151,9 @@ def foreign_option_message(name, chosen, spelled=None):
     spelled = spelled or name
     owners = declared_by(name)
     if not owners:
-        kinds = ", ".join(registry.kind for registry in REGISTRIES)
-        return f"unknown option {spelled}: no registered {kinds} declares it"
+        kinds = sorted(registry.kind for registry in REGISTRIES)
+        return (f"unknown option {spelled}: no registered {', '.join(kinds[:-1])} or "
+                f"{kinds[-1]} declares it")
     not_of = " or ".join(registry.describe(cls.name) for registry, cls in chosen.items()
                          if any(r is registry for r, _ in declarations(name)))
     return f"{spelled} is an option of {owners}, not of {not_of}"
