@@ -14,8 +14,8 @@ from dataclasses import asdict, dataclass, field, fields
 import numpy as np
 
 from . import backend as backends
-from .bottlenecks import BOTTLENECKS
-from .mixers import MIXERS
+from .bottlenecks import BOTTLENECKS, get_bottleneck
+from .mixers import MIXERS, get_mixer
 from .nn import Dropout, Embedding, LayerNorm, Linear, MLP, ParameterStore
 from .registry import Registry, reserve, resolve_options
 from .schemes import SCHEMES
@@ -200,9 +200,9 @@ class Block:
         out_std = 0.02 / math.sqrt(2 * config.n_layers)
         self.ops = ops
         self.ln1 = LayerNorm(store, f"{name}.ln1", config.d_model, ops, config.layernorm_eps)
-        self.mixer = MIXERS.get(config.mixer)(store, f"{name}.mixer", config, ops, out_std)
-        self.bottleneck = BOTTLENECKS.get(config.bottleneck)(store, f"{name}.bottleneck",
-                                                             config, ops)
+        self.mixer = get_mixer(config.mixer)(store, f"{name}.mixer", config, ops, out_std)
+        self.bottleneck = get_bottleneck(config.bottleneck)(store, f"{name}.bottleneck", config,
+                                                            ops)
         self.ln2 = LayerNorm(store, f"{name}.ln2", config.d_model, ops, config.layernorm_eps)
         self.mlp = MLP(store, f"{name}.mlp", config.d_model, ops, config.mlp_ratio, out_std)
         self.drop1 = Dropout(config.dropout, rng, ops)

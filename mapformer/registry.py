@@ -8,8 +8,10 @@ flat dict over its three components, so an option name means one thing everywher
 components may declare the same name only with the same :class:`Option` (MapWM and MapEM share
 their path-integration options), and no option may be named like a ModelConfig field.
 """
+import importlib
 import math
 import numbers
+import pkgutil
 from dataclasses import dataclass
 
 REGISTRIES = []  # every Registry, in creation order
@@ -110,6 +112,13 @@ class Registry:
     @staticmethod
     def options_of(cls):
         return {option.name: option for option in cls.options}
+
+
+def import_package_modules(package, path):
+    """Import every module of the package ``package`` (whose ``__path__`` is ``path``): each
+    registers its components, so a new component is one new module."""
+    for module in pkgutil.iter_modules(path):
+        importlib.import_module(f"{package}.{module.name}")
 
 
 def declarations(option_name):

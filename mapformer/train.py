@@ -272,10 +272,13 @@ def load_checkpoint(path, backend="c"):
 def check_resume(path, model_config, train_config):
     """Raise ValueError naming every field (and model option) where a checkpoint's configs
     differ from these."""
+    def flat(model_dict):  # options.<name> beside the fields
+        values = dict(model_dict)
+        values.update({f"options.{k}": v for k, v in values.pop("options").items()})
+        return values
+
     meta = checkpoint_meta(path)
-    saved, ours = dict(meta["model"]), model_config.to_dict()
-    saved.update({f"options.{k}": v for k, v in saved.pop("options", {}).items()})
-    ours.update({f"options.{k}": v for k, v in ours.pop("options").items()})
+    saved, ours = flat(meta["model"]), flat(model_config.to_dict())
     differences = [f"model.{k}: checkpoint {saved.get(k)!r} != {ours.get(k)!r}"
                    for k in dict.fromkeys([*ours, *saved]) if saved.get(k) != ours.get(k)]
     differences += [f"train.{k}: checkpoint {meta['train'].get(k)!r} != {v!r}"

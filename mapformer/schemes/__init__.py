@@ -5,19 +5,14 @@ README, "Adding a positional scheme"); a scheme defined elsewhere registers when
 is imported (``python -m mapformer --import MODULE``). What a scheme declares, and the
 interfaces of its ``kind``, are in :mod:`mapformer.schemes.base`.
 """
-import importlib
-import pkgutil
-
-from ..registry import Registry
+from ..registry import Registry, import_package_modules
 from .base import AngleScheme, AttentionScheme, Scheme
 
 SCHEMES = Registry("positional scheme", "positional")
 register_scheme = SCHEMES.register
 get_scheme = SCHEMES.get
 
-for _module in pkgutil.iter_modules(__path__):
-    importlib.import_module(f"{__name__}.{_module.name}")
-del _module
+import_package_modules(__name__, __path__)
 
 __all__ = ["SCHEMES", "AngleScheme", "AttentionScheme", "Scheme", "get_scheme",
            "register_scheme"]

@@ -84,4 +84,5 @@ class AttentionScheme(Scheme, ABC):
 
     def input_backward(self, dx):
         """Gradient of this scheme's own dependence on x into dx (N, C) (+=), called after the
-        mixer's projections wrote dx. Nothing here: only the attention reads x."""
+        mixer's projections wrote dx. By default a scheme reads x only through the mixer's
+        q, k, v: nothing to add."""
