@@ -6,15 +6,18 @@ tokens. The same run measures the machine's sgemm rate (a large square sgemm thr
 core's own OpenBLAS) and reports the step's matrix-multiply flops at that rate (the
 "sgemm-bound" time) and the ratio step / bound. Peak RSS is ru_maxrss of this process.
 
-Matmul flops of a step (N = B*T rows, C width, V vocab, r Delta rank, 4C the MLP width):
-  forward linears  2 N (2 C^2 [q, k; not in mapem_s] + 2 C^2 [v, out] + 2 * 4 C^2 [MLP] + C V
-                   [+ C r + r C/2: Delta, for mapwm, mapem_os and mapem_s])
-  causal attention forward over the causal half, B H T^2 D per matmul: scores and PV (two);
-                   mapem_os has a second score matmul (positional queries and keys: three)
-  backward         linears 2x forward; attention 2x forward (dV, dP, and dQ, dK per score)
+Matmul flops of a step: 3x the forward's (the backward does twice the forward's products:
+dV, dP, and dQ, dK per score; linears dX and dW), the forward's counted by
+mapformer.models.forward_flops from what each registered component declares (N = B*T rows,
+C width, V vocab, r Delta rank, 4C the MLP width):
+  mixer            attention: 2 N 4 C^2 (q, k, v, out) + over the causal half, B H T^2 D per
+                   matmul, scores and PV; conjunctive (mapem_os, mapem_s): q, k and the content
+                   scores only with content scores (mapem_os), plus the positional scores
+  scheme           mapwm, mapem: 2 N r (C + C/2) (Delta); cope: 2 N C n_pos (its position
+                   logits); tape: B H T^2 D (the state's PV) + 2 N C H (its gate); rope, none: 0
+  MLP, head        2 N 2 * 4 C^2; 2 N C V
 The attention backward's recomputation of the scores is not counted: it is an implementation
-choice, not work the step needs. CoPE's and TAPE's extra position matmuls are not counted
-either (their ratios are flattered).
+choice, not work the step needs.
 
 Prints one JSON line at the end.
 """
@@ -27,22 +30,14 @@ from collections import defaultdict
 import numpy as np
 
 from mapformer import backend
-from mapformer.models import ModelConfig, Transformer
+from mapformer.models import MODELS, ModelConfig, Transformer, forward_flops
 from mapformer.tasks import navigation
 from mapformer.train import AdamW, TrainConfig
 
 
 def step_flops(cfg, batch, tokens):
     """Matmul flops of one step: 3x the forward's (backward = 2 forward)."""
-    n, c = batch * tokens, cfg.d_model
-    projections = 4 if cfg.positional != "mapem_s" else 2  # mapem_s has no content q, k
-    linears = 2 * n * c * c * (projections + 2 * cfg.mlp_ratio)
-    if cfg.positional in ("mapwm", "mapem_os", "mapem_s"):  # Delta = W_out W_in x
-        linears += 2 * n * cfg.delta_rank * (c + c // 2)
-    scores = 2 if cfg.positional == "mapem_os" else 1
-    attention = batch * cfg.n_heads * tokens * tokens * cfg.head_dim * (scores + 1)
-    head = 2 * n * c * cfg.vocab_size
-    return 3 * (cfg.n_layers * (linears + attention) + head)
+    return 3 * forward_flops(cfg, batch, tokens)
 
 
 def sgemm_rate(size, repeats):
@@ -84,10 +79,10 @@ class OpTimer:
             setattr(backend.C, name, fn)
 
 
-def bench(positional, args):
+def bench(model_name, args):
     task = navigation.NavigationConfig(dims=2, steps=args.tokens // 2, grid_size=64)
-    cfg = ModelConfig(vocab_size=task.vocab_size, d_model=args.d_model, n_heads=args.heads,
-                      n_layers=args.layers, positional=positional)
+    cfg = ModelConfig.for_task(model_name, task, d_model=args.d_model, n_heads=args.heads,
+                               n_layers=args.layers)
     model = Transformer(cfg, seed=0)
     opt = AdamW(model, TrainConfig())
     batch = navigation.generate(task, args.batch, np.random.default_rng(0))
@@ -119,29 +114,30 @@ def main():
     p.add_argument("--layers", type=int, default=1)
     p.add_argument("--repeats", type=int, default=7)
     p.add_argument("--warmup", type=int, default=5,
-                   help="untimed steps per scheme (the first scheme of a run pays for the "
+                   help="untimed steps per model (the first model of a run pays for the "
                         "output pool and page faults: with 2, MapWM measured first was 10%% "
                         "slower)")
     p.add_argument("--sgemm-size", type=int, default=2048)
-    p.add_argument("--schemes", default="mapwm,rope")
+    p.add_argument("--models", default="mapwm,rope",
+                   help=f"comma-separated model presets, of {', '.join(MODELS)}")
     args = p.parse_args()
 
     rate = sgemm_rate(args.sgemm_size, 15)
     figures = {"batch": args.batch, "tokens": args.tokens,
                "d_model": args.d_model, "heads": args.heads, "layers": args.layers}
-    results = [bench(positional, args) for positional in args.schemes.split(",")]
+    results = [bench(model_name, args) for model_name in args.models.split(",")]
     rate = max(rate, sgemm_rate(args.sgemm_size, 15))  # measured before and after the steps
     figures["sgemm_gflops"] = round(rate, 1)
     print(f"sgemm {args.sgemm_size}^3: {rate:.1f} GFLOP/s (best of 30, before and after)")
-    for positional, (cfg, seconds, ops) in zip(args.schemes.split(","), results):
+    for model_name, (cfg, seconds, ops) in zip(args.models.split(","), results):
         flops = step_flops(cfg, args.batch, args.tokens)
         bound = flops / (rate * 1e9)
-        print(f"{positional}: {seconds * 1e3:.1f} ms/step (median of {args.repeats}), "
+        print(f"{model_name}: {seconds * 1e3:.1f} ms/step (median of {args.repeats}), "
               f"{flops / 1e9:.1f} GFLOP of matmul, sgemm-bound {bound * 1e3:.1f} ms, "
               f"ratio {seconds / bound:.2f}")
         for name, t in sorted(ops.items(), key=lambda kv: -kv[1]):
             print(f"    {name:<28} {t * 1e3:8.1f} ms")
-        figures[positional] = {"ms_per_step": round(seconds * 1e3, 1),
+        figures[model_name] = {"ms_per_step": round(seconds * 1e3, 1),
                                "gflop": round(flops / 1e9, 2),
                                "sgemm_bound_ms": round(bound * 1e3, 1),
                                "ratio": round(seconds / bound, 2),

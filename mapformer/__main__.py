@@ -1,27 +1,33 @@
 """Command line: ``python -m mapformer train ...`` and ``python -m mapformer eval ...``.
 
-Each flag maps to one field of :class:`mapformer.models.ModelConfig` or
-:class:`mapformer.train.TrainConfig` (same names, dashes for underscores); run with ``-h``
-for the list. Defaults are the library's (the paper's recipe) unless stated.
+``--model`` picks one of the paper's models (a preset of mixer, positional scheme and options:
+mapformer.models.MODELS); ``--mixer`` and ``--positional`` replace the preset's parts. Every
+other flag is a field of :class:`mapformer.models.ModelConfig` or
+:class:`mapformer.train.TrainConfig`, or an option of a registered positional scheme, mixer or
+bottleneck (same names, dashes for underscores); an option flag is accepted only when one of
+the chosen components declares it. Run with ``-h`` for the list. Defaults are the library's
+(the paper's recipe) unless stated; options with a task default (omega_grid, cope_positions)
+take it from the training task. ``--import MODULE`` (before the command) imports a module
+first, so that the schemes, mixers or bottlenecks it registers can be picked.
 """
 import argparse
+import importlib
 import json
 import sys
 from dataclasses import MISSING, fields
 
-from .models import ModelConfig
-from .train import (TrainConfig, default_omega_grid, eval_seed, evaluate, format_eval,
-                    load_checkpoint, train)
+from . import registry
+from .bottlenecks import BOTTLENECKS
+from .mixers import MIXERS
+from .models import MODELS, ModelConfig, components, options_of, preset_parts
+from .schemes import SCHEMES
+from .train import TrainConfig, eval_seed, evaluate, format_eval, load_checkpoint, train
 
-MODEL_FLAGS = [f for f in fields(ModelConfig) if f.name != "vocab_size"]
-TRAIN_FLAGS = list(fields(TrainConfig))
-CONFIG_HELP = {
-    "positional": "positional scheme: rope, mapwm, cope, tape, mapem_os, mapem_s or mapem_o",
-    "mapem_mode": "MapEM-os score combination: score_product, softmax_product or sum",
-    "mapem_separate_start": "separate MapEM start vectors q*, k* (true/false)",
-    "delta_rank": "rank r of Delta = W_out W_in x (MapWM)",
-    "omega_grid": "MapWM omega init spans omega_max .. omega_max/omega_grid "
-                  "(default: the task's grid side, or sequence length for selective copy)",
+MODEL_FIELDS = [f for f in fields(ModelConfig)
+                if f.name not in ("vocab_size", "options", "mixer", "positional", "bottleneck")]
+TRAIN_FIELDS = list(fields(TrainConfig))
+PARTS = {"mixer": MIXERS, "positional": SCHEMES, "bottleneck": BOTTLENECKS}
+FIELD_HELP = {
     "task": "navigation or selective_copy",
     "preset": "task preset: iid, ood_dense or ood_sparse",
     "steps": "override the preset's walk length T (tokens = 2T)",
@@ -29,7 +35,6 @@ CONFIG_HELP = {
     "p_empty": "override the preset's fraction of empty cells",
     "sequences": "training sequences in all",
     "schedule": "linear (paper) or cosine (with --warmup-steps)",
-    "cope_positions": "CoPE position embeddings (default: the training sequence length)",
     "eval_every": "optimizer steps between evaluations (0: at the end only)",
     "checkpoint_every": "optimizer steps between checkpoints (0: at the end only)",
 }
@@ -43,27 +48,52 @@ def parse_bool(text):
     raise argparse.ArgumentTypeError(f"expected true or false, got {text!r}")
 
 
-def add_config_flags(parser, config_fields):
+def flag(name):
+    return "--" + name.replace("_", "-")
+
+
+def add_field_flags(parser, config_fields):
     for f in config_fields:
         default = None if f.default is MISSING else f.default
         kind = type(default) if default is not None else (float if f.name == "p_empty" else int)
-        if f.name in ("positional", "preset", "schedule", "task", "mapem_mode"):
+        if f.name in ("preset", "schedule", "task"):
             kind = str
-        if kind is bool:
-            kind = parse_bool
-        help_text = CONFIG_HELP.get(f.name, f.name.replace("_", " "))
-        parser.add_argument("--" + f.name.replace("_", "-"), type=kind, default=None,
+        help_text = FIELD_HELP.get(f.name, f.name.replace("_", " "))
+        parser.add_argument(flag(f.name), type=kind, default=None,
                             help=f"{help_text} (default: {default})")
 
 
-def pick(args, config_fields):
-    return {f.name: getattr(args, f.name) for f in config_fields
-            if getattr(args, f.name) is not None}
+def add_part_flags(parser):
+    for part, parts in PARTS.items():
+        parser.add_argument(flag(part), default=None, choices=sorted(parts.entries),
+                            help=f"the {parts.kind} (default: the model's)")
+
+
+def add_option_flags(parser):
+    """One flag per registered option, grouped by the kind of component declaring it."""
+    groups = {}
+    for name, option in registry.registered_options().items():
+        kind = registry.declarations(name)[0][0].kind
+        if kind not in groups:
+            groups[kind] = parser.add_argument_group(f"{kind} options")
+        who = registry.declared_by(name)
+        default = "from the task" if option.from_task else option.default
+        groups[kind].add_argument(
+            flag(name), dest=name, default=None, choices=option.choices,
+            type=parse_bool if option.type is bool else option.type,
+            help=f"{option.help} [{who}] (default: {default})")
+
+
+def pick(args, names):
+    return {name: getattr(args, name) for name in names if getattr(args, name) is not None}
 
 
 def build_parser():
     parser = argparse.ArgumentParser(prog="python -m mapformer", description=__doc__,
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--import", dest="imports", action="append", default=[],
+                        metavar="MODULE", help="import MODULE first (it may register schemes, "
+                        "mixers or bottlenecks); repeatable")
     sub = parser.add_subparsers(dest="command", required=True)
     tr = sub.add_parser("train", help="train a model on a task, then evaluate it on its presets")
     tr.add_argument("--out", default=None,
@@ -71,8 +101,14 @@ def build_parser():
     tr.add_argument("--resume", default=None, help="checkpoint to continue from")
     tr.add_argument("--no-progress", action="store_true", help="no progress line")
     tr.add_argument("--json", action="store_true", help="print the final results as JSON")
-    add_config_flags(tr.add_argument_group("model"), MODEL_FLAGS)
-    add_config_flags(tr.add_argument_group("training"), TRAIN_FLAGS)
+    model = tr.add_argument_group("model")
+    model.add_argument("--model", default="mapwm", choices=list(MODELS),
+                       help="the paper's model: a preset of mixer, positional scheme and "
+                            "options (default: mapwm)")
+    add_part_flags(model)
+    add_field_flags(model, MODEL_FIELDS)
+    add_option_flags(tr)
+    add_field_flags(tr.add_argument_group("training"), TRAIN_FIELDS)
     ev = sub.add_parser("eval", help="evaluate a checkpoint on the IID and OOD presets")
     ev.add_argument("checkpoint", help="path to a checkpoint.npz written by train")
     ev.add_argument("--sequences", type=int, default=None,
@@ -82,15 +118,41 @@ def build_parser():
     return parser
 
 
+def import_modules(argv):
+    """Import the --import modules before the parser's flags are made from the registries."""
+    pre = argparse.ArgumentParser(add_help=False)
+    pre.add_argument("--import", dest="imports", action="append", default=[])
+    for module in pre.parse_known_args(argv)[0].imports:
+        importlib.import_module(module)
+
+
+def model_config(parser, args, task):
+    """The ModelConfig of the train command's model flags, for ``task``. An option flag the
+    chosen components do not declare is a usage error naming it and who declares it."""
+    mixer, positional, bottleneck, _ = preset_parts(args.model, args.mixer, args.positional,
+                                                    args.bottleneck)
+    owned = options_of(mixer, positional, bottleneck)
+    given = pick(args, registry.registered_options())
+    for name in given:
+        if name not in owned:
+            parser.error(registry.foreign_option_message(
+                name, components(mixer, positional, bottleneck), flag(name)))
+    return ModelConfig.for_task(args.model, task, **pick(args, PARTS),
+                                **pick(args, [f.name for f in MODEL_FIELDS]), **given)
+
+
 def main(argv=None):
-    args = build_parser().parse_args(argv)
+    argv = sys.argv[1:] if argv is None else argv
+    import_modules(argv)
+    parser = build_parser()
+    args = parser.parse_args(argv)
     if args.command == "train":
-        train_config = TrainConfig(**pick(args, TRAIN_FLAGS))
-        task = train_config.task_config()
-        model_values = {"omega_grid": default_omega_grid(task), "cope_positions": task.seq_len,
-                        **pick(args, MODEL_FLAGS)}
-        model_config = ModelConfig(vocab_size=task.vocab_size, **model_values)
-        result = train(model_config, train_config, out_dir=args.out, resume=args.resume,
+        try:
+            train_config = TrainConfig(**pick(args, [f.name for f in TRAIN_FIELDS]))
+            config = model_config(parser, args, train_config.task_config())
+        except ValueError as exc:
+            parser.error(str(exc))
+        result = train(config, train_config, out_dir=args.out, resume=args.resume,
                        progress=not args.no_progress)
         if args.json:
             print(json.dumps({k: v for k, v in result.items() if k != "model"}))
@@ -101,7 +163,7 @@ def main(argv=None):
                            eval_seed(train_config) if args.seed is None else args.seed,
                            train_config.eval_batch_size)
         print(json.dumps(results) if args.json else
-              f"{args.checkpoint} (step {step}, {model.config.positional}):\n"
+              f"{args.checkpoint} (step {step}, {model.config.label}):\n"
               f"{format_eval(results)}")
     return 0
 

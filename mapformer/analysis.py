@@ -13,9 +13,11 @@ A MapFormer has learned a map when
   values (:func:`closed_walk`, :func:`path_angles`, :func:`closure_error`,
   :func:`project_to_plane`).
 
-Every function runs the model's own forward (the C core, dropout off) and reads what its layers
-keep: ``block.attn.path.delta`` (Delta), ``block.attn.vh`` (values), ``q_rot``/``k_rot``
-(rotated queries and keys). Only one-off NumPy math is done here (float64).
+Every function runs the model's own forward (the C core, dropout off) and reads the traces its
+layers keep, through a block's mixer (``block.mixer``: values ``vh``, the queries and keys
+its softmax compared) and its positional scheme (``block.mixer.scheme``: integration times
+``delta``, angles ``theta``, ``frequencies``); each mixer and scheme lists its ``traces``.
+Only one-off NumPy math is done here (float64).
 
 Token layout (forced navigation, :mod:`mapformer.tasks.navigation`): a sequence is
 a_1, o_1, ..., a_L, o_L, so even positions hold actions and odd positions observations.
@@ -26,6 +28,7 @@ Calling any of these functions overwrites the activations the model keeps for ba
 """
 import numpy as np
 
+from .schemes import SCHEMES
 from .tasks import navigation
 
 AXIS_NAMES = "xyzuvw"
@@ -51,19 +54,31 @@ def _block(model, layer):
     return model.blocks[layer]
 
 
-def _scheme(model):
-    return model.config.positional
+def _scheme(model, layer):
+    return _block(model, layer).mixer.scheme
+
+
+def _float64(model, array):
+    """A trace of the model (any backend) as a new float64 NumPy array."""
+    return np.array(model.ops.to_numpy(array), dtype=np.float64)
 
 
 def _path(model, layer, what):
-    """The layer's PathIntegrator, or a ValueError saying the scheme has no Delta."""
-    path = getattr(_block(model, layer).attn, "path", None)
-    if path is None:
+    """The layer's scheme if it integrates Delta (it traces ``delta``), else a ValueError
+    saying the scheme has no Delta."""
+    scheme = _scheme(model, layer)
+    if "delta" not in scheme.traces:
+        integrating = [name for name, cls in SCHEMES.entries.items() if "delta" in cls.traces]
         raise ValueError(
-            f"{what} needs integration times Delta, but positional={_scheme(model)!r} has no "
-            "path integrator (only 'mapwm' and the path-integrating MapEM variants have one; "
-            "rope's angles are fixed, cope, tape and mapem_o learn no Delta)")
-    return path
+            f"{what} needs integration times Delta, but positional scheme {scheme.name!r} keeps "
+            f"none (only path-integrating schemes do: {', '.join(integrating)})")
+    return scheme
+
+
+def _rotated_queries_keys(mixer):
+    """The queries and keys that angles rotated (B, T, H, D): the positional ones of the
+    conjunctive mixer, the ones the attention mixer's softmax compared."""
+    return (mixer.qp, mixer.kp) if mixer.name == "conjunctive" else (mixer.q_att, mixer.k_att)
 
 
 def _forward(model, tokens):
@@ -112,11 +127,11 @@ def integration_times(model, batch, layer=0, task=None):
       every step: it adds the same angle to each step, which the queries can absorb);
       observation_spread: mean |Delta - observation_mean| over observation tokens (~0 when
       no observation moves the map relative to another).
-    Raises ValueError if the layer has no Delta (rope, cope, tape, mapem_o)."""
+    Raises ValueError if the layer's scheme has no Delta (rope, cope, tape, none)."""
     tokens = _tokens(batch)
     path = _path(model, layer, "integration_times")
     _forward(model, tokens)
-    delta = np.array(path.delta, dtype=np.float64)
+    delta = _float64(model, path.delta)
     act = np.array(_is_action(tokens, task))
     a_abs = float(np.abs(delta[act]).mean()) if act.any() else float("nan")
     o_abs = float(np.abs(delta[~act]).mean()) if (~act).any() else float("nan")
@@ -151,8 +166,8 @@ def action_similarity(model, task, layer=0, space="delta", step=False):
     ids = np.arange(task.n_actions)
     every = np.arange(task.vocab_size)
     _forward(model, (every if step else ids).reshape(-1, 1))
-    vectors = path.delta if space == "delta" else path.delta_out.x
-    vectors = np.asarray(vectors, dtype=np.float64).reshape(len(every) if step else len(ids), -1)
+    vectors = _float64(model, path.delta if space == "delta" else path.delta_r)
+    vectors = vectors.reshape(len(every) if step else len(ids), -1)
     if step:
         vectors = vectors[ids] + vectors[task.n_actions:].mean(0)
     unit = vectors / np.maximum(np.linalg.norm(vectors, axis=1, keepdims=True), 1e-30)
@@ -165,11 +180,13 @@ def value_norms(model, batch, layer=0, task=None):
     batch: a Batch or tokens (B, T); task: as in :func:`integration_times`.
     Returns a dict: norms (B, T) float64; action_mean, observation_mean (floats);
     ratio = observation_mean / action_mean (>> 1 once trained, Figure 5b bottom);
-    per_token: {token id: mean norm}. Works for every scheme."""
+    per_token: {token id: mean norm}. Works for every mixer that keeps values (``vh``)."""
     tokens = _tokens(batch)
-    block = _block(model, layer)
+    mixer = _block(model, layer).mixer
+    if "vh" not in mixer.traces:
+        raise ValueError(f"value_norms: mixer {mixer.name!r} keeps no values")
     _forward(model, tokens)
-    v = np.asarray(block.attn.vh, dtype=np.float64)
+    v = _float64(model, mixer.vh)
     norms = np.sqrt((v.reshape(v.shape[0], v.shape[1], -1) ** 2).sum(-1))
     act = np.array(_is_action(tokens, task))
     a, o = float(norms[act].mean()), float(norms[~act].mean())
@@ -203,47 +220,49 @@ def attention_map(model, batch, index, layer=0, head=None):
     batch: a Batch, tokens (B, T) or (T,); index: the query position i (a recall is a masked
     position, an action token), or (b, i) when B > 1. head: None for every head.
     Returns float64 (H, T), or (T,) for one head: row i of the causal attention matrix, zero
-    for keys j > i. rope, mapwm, tape: softmax_j(q_rot_i . k_rot_j / sqrt(D)); mapem_s and
-    mapem_o: the same on positional / content queries and keys; mapem_os: its conjunctive
-    mode (score_product: softmax of the scaled product of the scores; sum: softmax of their
-    sum; softmax_product: the product of the two softmaxes, whose rows sum to less than 1).
-    Only row i is computed, never the T x T matrix. Raises ValueError for cope (its logits
-    add interpolated contextual position terms that are not saved)."""
+    for keys j > i. The attention mixer: softmax_j(q_i . k_j / sqrt(D)) on the queries and
+    keys its softmax compared (``q_att``, ``k_att``: content ones for mapem_o, rotated for
+    rope and mapwm, multiplied by TAPE's state for tape). The conjunctive mixer: the same on
+    the positional queries and keys for mapem_s; for mapem_os its mode (score_product: softmax
+    of the scaled product of the scores; sum: softmax of their sum; softmax_product: the
+    product of the two softmaxes, whose rows sum to less than 1). Only row i is computed,
+    never the T x T matrix. Raises ValueError for cope (its logits add interpolated contextual
+    position terms that are not saved)."""
     tokens = _tokens(batch)
     b, i = _split_index(tokens, index)
-    attn = _block(model, layer).attn
-    scheme = _scheme(model)
-    if scheme == "cope":
-        raise ValueError("attention_map: positional='cope' adds q.e[p_ij] terms at "
-                         "interpolated contextual positions that the layer does not save; only "
-                         "schemes whose logits are products of saved queries and keys are "
-                         "supported (rope, mapwm, tape, mapem_*)")
+    mixer = _block(model, layer).mixer
+    scheme = mixer.scheme
+    if mixer.name == "attention":
+        source = scheme if scheme.kind == "attention" else mixer
+        if "q_att" not in source.traces:
+            raise ValueError(
+                f"attention_map: positional scheme {scheme.name!r} runs its own attention, "
+                "whose logits are not products of saved queries and keys (cope adds q.e[p_ij] "
+                "terms at interpolated contextual positions)")
+    elif mixer.name != "conjunctive":
+        raise ValueError(f"attention_map knows the attention and conjunctive mixers, not "
+                         f"{mixer.name!r}")
     _forward(model, tokens[b:b + 1])
     n_heads, d = model.config.n_heads, model.config.head_dim
     scale = 1.0 / np.sqrt(d)
 
     def scores(q, k):  # q (1, T, H, D), k (1, T, H, D) -> (H, i + 1)
-        q = np.asarray(q[0, i], dtype=np.float64)
-        k = np.asarray(k[0, :i + 1], dtype=np.float64)
+        q = _float64(model, q[0, i])
+        k = _float64(model, k[0, :i + 1])
         return np.einsum("hd,jhd->hj", q, k) * scale
 
-    if hasattr(attn, "q_rot"):
-        row = _softmax(scores(attn.q_rot, attn.k_rot))
-    elif scheme == "mapem_o":
-        row = _softmax(scores(attn.qx, attn.kx))
-    elif scheme == "mapem_s":
-        row = _softmax(scores(attn.qp, attn.kp))
-    elif scheme == "mapem_os":
-        sx, sp = scores(attn.qx, attn.kx) / scale, scores(attn.qp, attn.kp) / scale
-        mode = model.config.mapem_mode
-        if mode == "score_product":
+    if mixer.name == "attention":
+        row = _softmax(scores(source.q_att, source.k_att))
+    elif mixer.qx is None:  # positional scores alone
+        row = _softmax(scores(mixer.qp, mixer.kp))
+    else:
+        sx, sp = scores(mixer.qx, mixer.kx) / scale, scores(mixer.qp, mixer.kp) / scale
+        if mixer.mode == "score_product":
             row = _softmax(scale * sx * sp)
-        elif mode == "sum":
+        elif mixer.mode == "sum":
             row = _softmax(scale * (sx + sp))
         else:
             row = _softmax(scale * sx) * _softmax(scale * sp)
-    else:
-        raise ValueError(f"attention_map does not know how positional={scheme!r} attends")
     out = np.zeros((n_heads, tokens.shape[1]))
     out[:, :i + 1] = row
     if head is None:
@@ -279,19 +298,20 @@ def path_angles(model, tokens, layer=0):
     """Unwrapped path-integrated angles of one sequence: theta = omega * cumsum_t(Delta).
 
     tokens: (T,) or (1, T) (or a Batch of one sequence). Returns float64 (T, H, NB); reduced
-    to [-pi, pi) it equals the layer's ``theta``. rope gives its fixed angles omega * (t + 1)
-    (it integrates a constant Delta = 1). Raises ValueError for cope, tape and mapem_o."""
+    to [-pi, pi) it equals the layer's ``theta``. A scheme of fixed ``frequencies`` without
+    Delta (rope) gives its angles omega * (t + 1), those of a constant Delta = 1. Raises
+    ValueError for the others (cope, tape, none)."""
     tokens = _tokens(tokens)
     if tokens.shape[0] != 1:
         raise ValueError(f"path_angles takes one sequence, got {tokens.shape[0]}")
-    attn = _block(model, layer).attn
-    if _scheme(model) == "rope":
+    scheme = _scheme(model, layer)
+    if "delta" not in scheme.traces and "frequencies" in scheme.traces:
         t = np.arange(1, tokens.shape[1] + 1, dtype=np.float64)
-        return t[:, None, None] * np.asarray(attn.rope_omega, dtype=np.float64)
+        return t[:, None, None] * _float64(model, scheme.frequencies)
     path = _path(model, layer, "path_angles")
     _forward(model, tokens)
-    delta = np.asarray(path.delta[0], dtype=np.float64)
-    return np.cumsum(delta, axis=0) * np.asarray(path.omega.value, dtype=np.float64)
+    return np.cumsum(_float64(model, path.delta[0]), axis=0) * _float64(model,
+                                                                         path.frequencies)
 
 
 def unwrap_positions(positions, grid_size):
@@ -418,16 +438,16 @@ def closure_error(model, tokens, layer=0, reduce="max"):
         return float(err.max())
     if reduce == "mean":
         return float(err.mean())
-    attn = _block(model, layer).attn
+    scheme = _scheme(model, layer)
     if reduce == "slowest":
-        omega = np.abs(attn.rope_omega if _scheme(model) == "rope" else attn.path.omega.value)
+        omega = np.abs(_float64(model, scheme.frequencies))
         return float(err.reshape(-1)[np.argmin(omega.reshape(-1))])
     if reduce == "weighted":
-        if _scheme(model) == "rope":  # path_angles computes rope's angles without a forward
+        if "delta" not in scheme.traces:  # path_angles computed fixed angles without a forward
             _forward(model, _tokens(tokens))
-        q, k = (attn.q_rot, attn.k_rot) if hasattr(attn, "q_rot") else (attn.qp, attn.kp)
+        q, k = _rotated_queries_keys(_block(model, layer).mixer)
         t = q.shape[1]
-        q, k = (np.asarray(x[0], dtype=np.float64).reshape(t, *err.shape, 2) for x in (q, k))
+        q, k = (_float64(model, x[0]).reshape(t, *err.shape, 2) for x in (q, k))
         scale = 1.0 / np.sqrt(2 * err.shape[1])
         queries = range(2, t, 2)  # action tokens: where recalls are asked
         if not queries:

@@ -7,6 +7,10 @@ the same architecture: the golden test trains both and compares every loss and g
 Conventions shared by both (see ``csrc/include/mapformer/mapformer.h``): parameter gradients
 passed in (``dweight``, ``dbias``, ``domega``) are accumulated in place; an activation
 gradient ``dx=None`` is returned as a new array, a given ``dx`` is accumulated into.
+
+A backend also owns allocation and the tensor arithmetic between ops (:func:`array_ops`):
+layers never call NumPy on activations or gradients, so a backend whose arrays live elsewhere
+(CuPy on a GPU) can run the same layers by supplying its own.
 """
 from types import SimpleNamespace
 
@@ -90,13 +94,58 @@ def _clip_grad_norm(grads, max_norm):
     return norm
 
 
-C = SimpleNamespace(name="c", dtype=np.float32, **{
+def array_ops(float_dtype):
+    """{name: function}: allocation and the arithmetic between ops, on NumPy arrays of
+    ``float_dtype``; every backend has these names and signatures.
+
+    zeros(shape, dtype=None), ones(shape), zeros_like(a): new arrays (dtype: the backend's).
+    asarray(a): a C-contiguous array of the backend's dtype (a copy only when needed);
+    as_indices(a): the same in int32 (tokens, targets). to_numpy(a): a NumPy array.
+    add_(dst, src): dst += src in place. sum_leading(a, n): a summed over its first n axes.
+    broadcast_rows(row, shape, out=None): ``row`` (shape[k:]) copied to every index of the
+    leading axes of ``shape``, into ``out`` when it has that shape (a buffer kept across
+    steps), else into a new array.
+    dropout(x, p, rng) -> (y, mask): inverted dropout, mask (x's shape) drawn from the NumPy
+    Generator ``rng``; dropout_backward(dy, mask) -> dx."""
+    def zeros(shape, dtype=None):
+        return np.zeros(shape, dtype or float_dtype)
+
+    def broadcast_rows(row, shape, out=None):
+        if out is None or out.shape != tuple(shape):
+            out = np.empty(shape, float_dtype)
+        out[...] = row
+        return out
+
+    def add_(dst, src):
+        dst += src
+
+    def dropout(x, p, rng):
+        mask = (rng.random(x.shape) >= p).astype(x.dtype) / (1.0 - p)
+        return x * mask, mask
+
+    return dict(
+        zeros=zeros,
+        ones=lambda shape: np.ones(shape, float_dtype),
+        zeros_like=np.zeros_like,
+        asarray=lambda a: np.ascontiguousarray(a, dtype=float_dtype),
+        as_indices=lambda a: np.ascontiguousarray(a, dtype=np.int32),
+        to_numpy=np.asarray,
+        add_=add_,
+        sum_leading=lambda a, n: a.sum(tuple(range(n))),
+        broadcast_rows=broadcast_rows,
+        dropout=dropout,
+        dropout_backward=lambda dy, mask: dy * mask,
+    )
+
+
+C = SimpleNamespace(name="c", dtype=np.float32, **array_ops(np.float32), **{
     name: getattr(_C, name) for name in dir(_C) if name.endswith(("_forward", "_backward"))
     or name in ("adamw_step", "global_norm", "clip_grad_norm")})
 
 NUMPY = SimpleNamespace(
     name="numpy",
     dtype=np.float64,
+    **array_ops(np.float64),
     embedding_forward=ref.embedding_forward,
     embedding_backward=_embedding_backward,
     linear_forward=ref.linear_forward,

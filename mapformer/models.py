@@ -1,38 +1,92 @@
-"""Models built from a :class:`ModelConfig`: a pre-LayerNorm transformer whose positional
-scheme is one switch (``positional``); the schemes are described in
-:mod:`mapformer.attention`.
+"""Models built from a :class:`ModelConfig`: a pre-LayerNorm transformer whose blocks are a
+token mixer with a positional scheme, a bottleneck slot and an MLP. The config names the
+three components; each comes from its registry (:mod:`mapformer.mixers`,
+:mod:`mapformer.schemes`, :mod:`mapformer.bottlenecks`) and declares its own options, which
+the config holds in one dict. MODELS names the paper's models as presets of the three.
 
 Shapes: tokens int32 (B, T); logits (B, T, V); C = d_model, H heads, D = C / H, NB = D / 2.
 """
 import math
-from dataclasses import asdict, dataclass, fields
+import numbers
+from collections import namedtuple
+from dataclasses import asdict, dataclass, field, fields
 
 import numpy as np
 
 from . import backend as backends
-from . import reference
-from .attention import ATTENTION, CONJUNCTIVE_MODES
+from .bottlenecks import BOTTLENECKS, get_bottleneck
+from .mixers import MIXERS, get_mixer
 from .nn import Dropout, Embedding, LayerNorm, Linear, MLP, ParameterStore
+from .registry import Registry, reserve, resolve_options
+from .schemes import SCHEMES
 
-POSITIONAL_SCHEMES = tuple(ATTENTION)
+Preset = namedtuple("Preset", "mixer positional options")
+Preset.__doc__ = "A named model: its mixer, positional scheme and options (no bottleneck)."
+
+MODELS = {
+    "rope": Preset("attention", "rope", {}),
+    "mapwm": Preset("attention", "mapwm", {}),
+    "mapem_os": Preset("conjunctive", "mapem", {"mapem_scores": "both"}),
+    "mapem_s": Preset("conjunctive", "mapem", {"mapem_scores": "positional"}),
+    "mapem_o": Preset("attention", "none", {}),
+    "cope": Preset("attention", "cope", {}),
+    "tape": Preset("attention", "tape", {}),
+}
+
+
+def components(mixer, positional, bottleneck="none"):
+    """{registry: component class} of the named mixer, positional scheme and bottleneck.
+    ValueError for a name no registry holds, or a scheme of a kind the mixer does not
+    accept (naming both)."""
+    chosen = {MIXERS: MIXERS.get(mixer), SCHEMES: SCHEMES.get(positional),
+              BOTTLENECKS: BOTTLENECKS.get(bottleneck)}
+    accepts, kind = chosen[MIXERS].accepts, chosen[SCHEMES].kind
+    if kind not in accepts:
+        kinds = [repr(k) for k in accepts]
+        kinds = " or ".join([", ".join(kinds[:-1]), kinds[-1]] if kinds[1:] else kinds)
+        fitting = [name for name, cls in SCHEMES.entries.items() if cls.kind in accepts]
+        raise ValueError(f"mixer {mixer!r} takes positional schemes of kind {kinds} "
+                         f"({', '.join(fitting)}), not {positional!r} (kind {kind!r})")
+    return chosen
+
+
+def options_of(mixer, positional, bottleneck="none"):
+    """{option name: Option} of every option the three components declare."""
+    return {name: option for cls in components(mixer, positional, bottleneck).values()
+            for name, option in Registry.options_of(cls).items()}
+
+
+def preset_parts(name, mixer=None, positional=None, bottleneck=None):
+    """(mixer, positional, bottleneck, options) of the preset ``name`` (MODELS), with the
+    parts given here in place of its own; the preset's options that the chosen components do
+    not declare are dropped."""
+    try:
+        preset = MODELS[name]
+    except KeyError:
+        raise ValueError(f"model must be one of the presets {sorted(MODELS)}, got {name!r}"
+                         ) from None
+    parts = (mixer or preset.mixer, positional or preset.positional, bottleneck or "none")
+    owned = options_of(*parts)
+    return parts + ({k: v for k, v in preset.options.items() if k in owned},)
 
 
 @dataclass(frozen=True)
 class ModelConfig:
-    """Architecture of a model. Every field is validated; a bad value raises ValueError.
+    """Architecture of a model. Every field and option is validated; a bad value raises
+    ValueError.
 
     vocab_size: number of token ids. d_model, n_heads: width and heads (head dim d_model /
-    n_heads must be even, 16..128). n_layers: pre-LN blocks, each attention + MLP
-    (mlp_ratio x width, GELU). dropout: residual dropout rate. positional: one of
-    POSITIONAL_SCHEMES. delta_rank: r, the rank of Delta = W_out W_in x (the world's
-    dimension in the paper). omega_max, omega_grid: MapWM frequencies start geometrically
-    spaced from omega_max down to omega_max / omega_grid (appendix 10.2, with the exponent's
-    sign read so that omega decreases). rope_base: RoPE's (and TAPE's initial state's) base.
-    cope_positions: CoPE's number of position embeddings (positions are clamped below it),
-    required for positional='cope'; the CLI defaults it to the training sequence length.
-    mapem_mode: how MapEM-os combines content and positional scores (score_product,
-    softmax_product or sum). mapem_separate_start: separate start vectors q*, k* (the paper's
-    appendix form) instead of one shared p* per head.
+    n_heads must be even, 16..128). n_layers: pre-LN blocks, each mixer, bottleneck, MLP
+    (mlp_ratio x width, GELU). dropout: residual dropout rate. mixer, positional, bottleneck:
+    the registered names of the token mixer, its positional scheme and the bottleneck (the
+    mixer must accept the scheme's kind). layernorm_eps: LayerNorm's epsilon.
+    options: {name: value} for options the three components declare (see ``python -m
+    mapformer train -h`` or their modules); validated by their declarations and completed
+    with their defaults, so two configs that differ only by defaults are equal. An option no
+    chosen component declares is refused, naming who declares it.
+
+    :meth:`preset` builds a config from a paper model's name (MODELS), :meth:`for_task` also
+    takes the task's defaults (vocab_size, omega_grid, cope_positions).
     """
 
     vocab_size: int
@@ -41,20 +95,16 @@ class ModelConfig:
     n_layers: int = 1
     mlp_ratio: int = 4
     dropout: float = 0.0
+    mixer: str = "attention"
     positional: str = "mapwm"
-    delta_rank: int = 2
-    omega_max: float = math.pi
-    omega_grid: float = 64.0
-    rope_base: float = 10000.0
-    cope_positions: int = None
-    mapem_mode: str = "score_product"
-    mapem_separate_start: bool = False
+    bottleneck: str = "none"
     layernorm_eps: float = 1e-5
+    options: dict = field(default_factory=dict, hash=False)
 
     def __post_init__(self):
-        for name in ("vocab_size", "d_model", "n_heads", "n_layers", "mlp_ratio", "delta_rank"):
+        for name in ("vocab_size", "d_model", "n_heads", "n_layers", "mlp_ratio"):
             value = getattr(self, name)
-            if not isinstance(value, (int, np.integer)) or isinstance(value, bool) or value < 1:
+            if not isinstance(value, numbers.Integral) or isinstance(value, bool) or value < 1:
                 raise ValueError(f"{name} must be an integer >= 1, got {value!r}")
         if self.d_model % self.n_heads:
             raise ValueError(f"d_model ({self.d_model}) must be divisible by n_heads "
@@ -62,29 +112,32 @@ class ModelConfig:
         if self.head_dim % 2 or not 16 <= self.head_dim <= 128:
             raise ValueError(f"head dim d_model / n_heads = {self.head_dim} must be even and in "
                              "[16, 128]")
-        if self.positional not in POSITIONAL_SCHEMES:
-            raise ValueError(f"positional must be one of {POSITIONAL_SCHEMES}, got "
-                             f"{self.positional!r}")
-        if self.positional == "cope" and (
-                not isinstance(self.cope_positions, (int, np.integer)) or self.cope_positions < 1):
-            raise ValueError("cope_positions must be an integer >= 1 for positional='cope', got "
-                             f"{self.cope_positions!r}")
-        if self.mapem_mode not in CONJUNCTIVE_MODES:
-            raise ValueError(f"mapem_mode must be one of {CONJUNCTIVE_MODES}, got "
-                             f"{self.mapem_mode!r}")
-        if not isinstance(self.mapem_separate_start, bool):
-            raise ValueError("mapem_separate_start must be a bool, got "
-                             f"{self.mapem_separate_start!r}")
         if not 0.0 <= self.dropout < 1.0:
             raise ValueError(f"dropout must be in [0, 1), got {self.dropout!r}")
-        for name in ("omega_max", "omega_grid", "rope_base", "layernorm_eps"):
-            value = getattr(self, name)
-            if not (isinstance(value, (int, float)) and math.isfinite(value) and value > 0):
-                raise ValueError(f"{name} must be a finite positive number, got {value!r}")
+        value = self.layernorm_eps
+        if not (isinstance(value, (int, float)) and math.isfinite(value) and value > 0):
+            raise ValueError(f"layernorm_eps must be a finite positive number, got {value!r}")
+        if not isinstance(self.options, dict):
+            raise ValueError(f"options must be a dict of option values, got {self.options!r}")
+        chosen = components(self.mixer, self.positional, self.bottleneck)
+        object.__setattr__(self, "options", resolve_options(chosen, self.options))
 
     @property
     def head_dim(self):
         return self.d_model // self.n_heads
+
+    @property
+    def label(self):
+        """The name of the preset this config is (e.g. 'mapem_s'), else
+        'mixer/positional[/bottleneck]'."""
+        for name, preset in MODELS.items():
+            if ((self.mixer, self.positional, self.bottleneck)
+                    == (preset.mixer, preset.positional, "none")
+                    and all(self.options[k] == v for k, v in preset.options.items())):
+                return name
+        parts = (self.mixer, self.positional) + ((self.bottleneck,) if self.bottleneck != "none"
+                                                 else ())
+        return "/".join(parts)
 
     def to_dict(self):
         return asdict(self)
@@ -97,33 +150,100 @@ class ModelConfig:
             raise ValueError(f"unknown ModelConfig fields: {sorted(unknown)}")
         return cls(**values)
 
+    @classmethod
+    def preset(cls, name, vocab_size, **values):
+        """The config of the preset ``name`` (MODELS: rope, mapwm, mapem_os, mapem_s, mapem_o,
+        cope, tape). values: ModelConfig fields (``mixer``, ``positional``, ``bottleneck``
+        replace the preset's parts) and options (over the preset's own), e.g.
+        ``ModelConfig.preset("mapem_os", 20, d_model=64, mapem_mode="sum")``."""
+        names = {f.name for f in fields(cls)} - {"options"}
+        config_fields = {k: v for k, v in values.items() if k in names}
+        options = {k: v for k, v in values.items() if k not in names}
+        mixer, positional, bottleneck, preset_options = preset_parts(
+            name, *(config_fields.pop(part, None) for part in ("mixer", "positional",
+                                                                "bottleneck")))
+        return cls(vocab_size=vocab_size, mixer=mixer, positional=positional,
+                   bottleneck=bottleneck, options={**preset_options, **options}, **config_fields)
+
+    @classmethod
+    def for_task(cls, name, task, **values):
+        """:meth:`preset` for a run on ``task`` (a task config): vocab_size is the task's, and
+        every option of the chosen components with a task default (``Option.from_task``:
+        omega_grid, cope_positions) takes it unless given in ``values``."""
+        parts = preset_parts(name, *(values.get(part) for part in ("mixer", "positional",
+                                                                   "bottleneck")))[:3]
+        from_task = {option.name: option.from_task(task)
+                     for option in options_of(*parts).values()
+                     if option.from_task is not None and option.name not in values}
+        return cls.preset(name, task.vocab_size, **from_task, **values)
+
+
+reserve(f.name for f in fields(ModelConfig))
+
+
+def forward_flops(config, batch, steps):
+    """Matmul flops of one forward on (batch, steps) tokens: per layer the mixer's, its
+    scheme's and its bottleneck's own products and the MLP's two (2 N C (mlp_ratio C) each),
+    then the head's (2 N C V)."""
+    n, c = batch * steps, config.d_model
+    parts = components(config.mixer, config.positional, config.bottleneck).values()
+    layer = (sum(cls.flops(config, batch, steps) for cls in parts)
+             + 2 * 2 * n * c * c * config.mlp_ratio)
+    return config.n_layers * layer + 2 * n * c * config.vocab_size
+
 
 class Block:
-    """Pre-LN transformer block: x + drop(attn(ln1 x)), then h + drop(mlp(ln2 h))."""
+    """Pre-LN block: h = x + drop(mixer(ln1 x)), h = bottleneck(h), then
+    h + drop(mlp(ln2 h))."""
 
     def __init__(self, store, name, config, ops, rng):
         out_std = 0.02 / math.sqrt(2 * config.n_layers)
         self.ops = ops
         self.ln1 = LayerNorm(store, f"{name}.ln1", config.d_model, ops, config.layernorm_eps)
-        self.attn = ATTENTION[config.positional](store, f"{name}.attn", config, ops, out_std)
+        self.mixer = get_mixer(config.mixer)(store, f"{name}.mixer", config, ops, out_std)
+        self.bottleneck = get_bottleneck(config.bottleneck)(store, f"{name}.bottleneck", config,
+                                                            ops)
         self.ln2 = LayerNorm(store, f"{name}.ln2", config.d_model, ops, config.layernorm_eps)
         self.mlp = MLP(store, f"{name}.mlp", config.d_model, ops, config.mlp_ratio, out_std)
-        self.drop1 = Dropout(config.dropout, rng)
-        self.drop2 = Dropout(config.dropout, rng)
+        self.drop1 = Dropout(config.dropout, rng, ops)
+        self.drop2 = Dropout(config.dropout, rng, ops)
+
+    def initial_state(self, batch, steps):
+        """The positional state entering this block when it is the first (its scheme's)."""
+        return self.mixer.initial_state(batch, steps)
 
     def forward(self, x, batch, steps, state):
         """x (N, C), positional state -> (N, C), the state for the next block."""
-        a, state = self.attn.forward(self.ln1.forward(x), batch, steps, state)
-        h = self.ops.residual_forward(x, self.drop1.forward(a))
+        a, state = self.mixer.forward(self.ln1.forward(x), batch, steps, state)
+        h = self.bottleneck.forward(self.ops.residual_forward(x, self.drop1.forward(a)))
         y = self.ops.residual_forward(h, self.drop2.forward(self.mlp.forward(self.ln2.forward(h))))
         return y, state
 
     def backward(self, dout, dstate):
         """dout (N, C) -> dx (N, C) (dout is consumed: gradients are accumulated into it),
         and the gradient of the incoming positional state."""
-        dh = self.ln2.backward(self.mlp.backward(self.drop2.backward(dout)), dout)
-        da, dstate = self.attn.backward(self.drop1.backward(dh), dstate)
+        dh = self.bottleneck.backward(
+            self.ln2.backward(self.mlp.backward(self.drop2.backward(dout)), dout))
+        da, dstate = self.mixer.backward(self.drop1.backward(dh), dstate)
         return self.ln1.backward(da, dh), dstate
+
+
+def check_tokens(tokens):
+    """Integer tokens (B, T), B, T >= 1 (any array-like) -> a NumPy array; the error names
+    what is wrong."""
+    tokens = np.asarray(tokens)
+    if tokens.ndim != 2 or tokens.size == 0:
+        raise ValueError(f"tokens must have shape (B, T) with B, T >= 1, got {tokens.shape}")
+    if not np.issubdtype(tokens.dtype, np.integer):
+        raise TypeError(f"tokens must be integers, got dtype {tokens.dtype}")
+    return tokens
+
+
+def check_targets(targets, mask, shape):
+    """targets and mask of the tokens' shape (B, T), or ValueError."""
+    if np.shape(targets) != shape or np.shape(mask) != shape:
+        raise ValueError(f"targets and mask must have the tokens' shape {shape}, got "
+                         f"{np.shape(targets)} and {np.shape(mask)}")
 
 
 class Transformer:
@@ -136,7 +256,7 @@ class Transformer:
         self.config = config
         self.ops = backends.get(backend)
         rng = np.random.default_rng(seed)
-        self.params = ParameterStore(self.ops.dtype)
+        self.params = ParameterStore(self.ops)
         c = config.d_model
         self.embed = Embedding(self.params, "embed", config.vocab_size, c, self.ops)
         self.blocks = [Block(self.params, f"blocks.{i}", config, self.ops, rng)
@@ -144,39 +264,18 @@ class Transformer:
         self.ln_f = LayerNorm(self.params, "ln_f", c, self.ops, config.layernorm_eps)
         self.head = Linear(self.params, "head", c, config.vocab_size, self.ops)
         self.params.build(rng)
-        self.tape_states = {}
 
     def train(self, mode=True):
         """Switch dropout on (training) or off (evaluation)."""
         for block in self.blocks:
             block.drop1.training = block.drop2.training = mode
 
-    def initial_state(self, batch, steps):
-        """The positional state entering the first block: TAPE's RoPE state (B, T, H, D),
-        None for the other schemes."""
-        if self.config.positional != "tape":
-            return None
-        if steps not in self.tape_states:
-            cfg = self.config
-            self.tape_states[steps] = reference.tape_initial_state(
-                steps, cfg.n_heads, cfg.head_dim, cfg.rope_base).astype(self.ops.dtype)
-        state = self.tape_states[steps]
-        return np.ascontiguousarray(np.broadcast_to(state, (batch,) + state.shape[1:]))
-
-    def check_tokens(self, tokens):
-        tokens = np.asarray(tokens)
-        if tokens.ndim != 2 or tokens.size == 0:
-            raise ValueError(f"tokens must have shape (B, T) with B, T >= 1, got {tokens.shape}")
-        if not np.issubdtype(tokens.dtype, np.integer):
-            raise TypeError(f"tokens must be integers, got dtype {tokens.dtype}")
-        return np.ascontiguousarray(tokens, dtype=np.int32)
-
     def forward(self, tokens):
         """tokens int (B, T) -> logits (B, T, V). Keeps the activations for backward()."""
-        tokens = self.check_tokens(tokens)
+        tokens = self.ops.as_indices(check_tokens(tokens))
         batch, steps = tokens.shape
         x = self.embed.forward(tokens.reshape(-1))
-        state = self.initial_state(batch, steps)
+        state = self.blocks[0].initial_state(batch, steps)
         for block in self.blocks:
             x, state = block.forward(x, batch, steps, state)
         self.final_state = state
@@ -184,16 +283,15 @@ class Transformer:
         return self.logits.reshape(batch, steps, -1)
 
     def loss(self, tokens, targets, mask):
-        """Masked next-token cross-entropy: tokens, targets int (B, T), mask bool (B, T) ->
-        mean loss over the masked positions (float). Keeps what backward() needs."""
+        """Masked next-token cross-entropy plus the bottlenecks' auxiliary losses (none
+        without a bottleneck): tokens, targets int (B, T), mask bool (B, T) -> mean loss over
+        the masked positions (float). Keeps what backward() needs."""
         logits = self.forward(tokens)
-        if np.shape(targets) != logits.shape[:2] or np.shape(mask) != logits.shape[:2]:
-            raise ValueError(f"targets and mask must have the tokens' shape {logits.shape[:2]}, "
-                             f"got {np.shape(targets)} and {np.shape(mask)}")
-        self.targets = np.ascontiguousarray(targets, dtype=np.int32).reshape(-1)
-        self.mask = np.ascontiguousarray(mask, dtype=self.ops.dtype).reshape(-1)
+        check_targets(targets, mask, logits.shape[:2])
+        self.targets = self.ops.as_indices(targets).reshape(-1)
+        self.mask = self.ops.asarray(mask).reshape(-1)
         _, loss = self.ops.softmax_xent_forward(self.logits, self.targets, self.mask)
-        return loss
+        return loss + sum(block.bottleneck.aux_loss() for block in self.blocks)
 
     def backward(self):
         """Gradient of the last loss() into ``self.params.grad`` (zeroed first)."""
@@ -203,7 +301,7 @@ class Transformer:
             self.ops.softmax_xent_backward(self.logits, self.targets, self.mask, scale))
         dx = self.ln_f.backward(dx)
         # the last block's output state feeds nothing: its gradient is zero
-        dstate = None if self.final_state is None else np.zeros_like(self.final_state)
+        dstate = None if self.final_state is None else self.ops.zeros_like(self.final_state)
         for block in reversed(self.blocks):
             dx, dstate = block.backward(dx, dstate)
         self.embed.backward(dx)

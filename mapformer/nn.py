@@ -9,6 +9,7 @@ accumulates (+=) into its parameters' ``.grad``. The ops come from a backend
 Shapes: B batch, T tokens, C = d_model, H heads, D = C / H head dim, NB = D / 2 rotation
 blocks, N = B * T rows.
 """
+import math
 from dataclasses import dataclass
 
 import numpy as np
@@ -28,7 +29,7 @@ class Param:
 
     @property
     def size(self):
-        return int(np.prod(self.shape))
+        return math.prod(self.shape)
 
 
 def normal_init(std):
@@ -42,10 +43,11 @@ def constant_init(value):
 class ParameterStore:
     """All parameters of a model in one flat buffer (``data``), gradients in a second one
     with the same layout (``grad``), and a bool ``decay_mask`` saying which entries AdamW
-    decays. ``params`` maps names to :class:`Param` in declaration order."""
+    decays; the backend ``ops`` allocates them. ``params`` maps names to :class:`Param` in
+    declaration order."""
 
-    def __init__(self, dtype):
-        self.dtype = dtype
+    def __init__(self, ops):
+        self.ops = ops
         self.params = {}
         self.data = self.grad = self.decay_mask = None
 
@@ -64,15 +66,16 @@ class ParameterStore:
         return sum(p.size for p in self.params.values())
 
     def build(self, rng):
-        """Allocate the buffers, point every Param at its slice, and initialise values."""
-        self.data = np.zeros(self.size, dtype=self.dtype)
-        self.grad = np.zeros(self.size, dtype=self.dtype)
-        self.decay_mask = np.zeros(self.size, dtype=bool)
+        """Allocate the buffers, point every Param at its slice, and initialise values (drawn
+        from the NumPy Generator ``rng`` in declaration order)."""
+        self.data = self.ops.zeros(self.size)
+        self.grad = self.ops.zeros(self.size)
+        self.decay_mask = self.ops.zeros(self.size, dtype=bool)
         for p in self.params.values():
             sl = slice(p.offset, p.offset + p.size)
             p.value = self.data[sl].reshape(p.shape)
             p.grad = self.grad[sl].reshape(p.shape)
-            p.value[...] = p.init(rng, p.shape)
+            p.value[...] = self.ops.asarray(p.init(rng, p.shape))
             self.decay_mask[sl] = p.decay
 
     def zero_grad(self):
@@ -136,22 +139,23 @@ class LayerNorm:
 
 class Dropout:
     """Inverted dropout with rate p (identity when p == 0 or not training). The mask is drawn
-    with NumPy from the layer's generator; it is elementwise and off the hot path by default."""
+    from the layer's NumPy generator ``rng``; it is elementwise and off the hot path by
+    default."""
 
-    def __init__(self, p, rng):
+    def __init__(self, p, rng, ops):
         if not 0.0 <= p < 1.0:
             raise ValueError(f"dropout must be in [0, 1), got {p}")
-        self.p, self.rng, self.training, self.mask = p, rng, True, None
+        self.p, self.rng, self.ops, self.training, self.mask = p, rng, ops, True, None
 
     def forward(self, x):
         if self.p == 0.0 or not self.training:
             self.mask = None
             return x
-        self.mask = (self.rng.random(x.shape) >= self.p).astype(x.dtype) / (1.0 - self.p)
-        return x * self.mask
+        y, self.mask = self.ops.dropout(x, self.p, self.rng)
+        return y
 
     def backward(self, dy):
-        return dy if self.mask is None else dy * self.mask
+        return dy if self.mask is None else self.ops.dropout_backward(dy, self.mask)
 
 
 class MLP:

@@ -19,9 +19,9 @@ from pathlib import Path
 
 import numpy as np
 
-from .models import ModelConfig
+from .models import ModelConfig, options_of, preset_parts
 from .tasks import navigation, selective_copy
-from .train import TrainConfig, default_omega_grid, train
+from .train import TrainConfig, train
 
 COLUMNS = ("iid", "ood_dense", "ood_sparse")
 METRICS = {"accuracy": "accuracy over every scored position",
@@ -30,12 +30,13 @@ METRICS = {"accuracy": "accuracy over every scored position",
 
 @dataclass(frozen=True)
 class Row:
-    """One table row: a label, a positional scheme, a depth, extra ModelConfig fields."""
+    """One table row: a label, a model preset (mapformer.models.MODELS), a depth, and options
+    over the preset's."""
 
     label: str
-    positional: str
+    model: str
     n_layers: int = 1
-    extra: dict = field(default_factory=dict)
+    options: dict = field(default_factory=dict)
 
 
 @dataclass(frozen=True)
@@ -181,13 +182,11 @@ def run_row(row, part, scale, seed, sequences, eval_sequences, log):
                                batch_size=scale.batch_size, seed=seed,
                                eval_sequences=eval_sequences)
     task = part["train"]
-    extra = dict(row.extra)
-    if row.positional in ("mapwm", "mapem_os", "mapem_s"):  # r = the world's dimension
-        extra.setdefault("delta_rank", getattr(task, "dims", 1))
-    model_config = ModelConfig(vocab_size=task.vocab_size, d_model=scale.d_model,
-                               n_heads=scale.n_heads, n_layers=row.n_layers,
-                               positional=row.positional, omega_grid=default_omega_grid(task),
-                               cope_positions=task.seq_len, **extra)
+    options = dict(row.options)
+    if "delta_rank" in options_of(*preset_parts(row.model)[:3]):  # r = the world's dimension
+        options.setdefault("delta_rank", getattr(task, "dims", 1))
+    model_config = ModelConfig.for_task(row.model, task, d_model=scale.d_model,
+                                        n_heads=scale.n_heads, n_layers=row.n_layers, **options)
     result = train(model_config, train_config, progress=False, log=log,
                    eval_tasks=part["eval"])
     evals = result["eval"]

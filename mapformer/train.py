@@ -20,7 +20,7 @@ from .tasks import navigation, selective_copy
 TASKS = {"navigation": navigation, "selective_copy": selective_copy}
 SCHEDULES = ("linear", "cosine")
 EVAL_PRESETS = ("iid", "ood_dense", "ood_sparse")
-CHECKPOINT_VERSION = 1
+CHECKPOINT_VERSION = 2  # 2: ModelConfig names mixer, positional scheme, bottleneck, options
 
 
 @dataclass(frozen=True)
@@ -135,9 +135,8 @@ class AdamW:
 
     def __init__(self, model, config):
         self.model, self.config = model, config
-        store = model.params
-        self.m = np.zeros_like(store.data)
-        self.v = np.zeros_like(store.data)
+        self.m = model.ops.zeros_like(model.params.data)
+        self.v = model.ops.zeros_like(model.params.data)
         self.step_count = 0
 
     def step(self, lr):
@@ -155,13 +154,6 @@ class AdamW:
 def task_module(task):
     """The module (navigation or selective_copy) that generates batches of a task config."""
     return navigation if isinstance(task, navigation.NavigationConfig) else selective_copy
-
-
-def default_omega_grid(task):
-    """MapWM's omega_grid for a task: the longest distance a path covers (appendix 10.2):
-    the grid side for navigation, the sequence length for selective copy."""
-    return float(task.grid_size if isinstance(task, navigation.NavigationConfig)
-                 else task.seq_len)
 
 
 def masked_accuracy(logits, batch):
@@ -198,7 +190,7 @@ def evaluate(model, tasks, sequences=256, seed=0, batch_size=32):
             if n == 0:
                 continue
             loss_sum += model.loss(batch.tokens, batch.targets, batch.mask) * n
-            pred = model.logits.reshape(batch.mask.shape + (-1,)).argmax(-1)
+            pred = model.ops.to_numpy(model.logits).reshape(batch.mask.shape + (-1,)).argmax(-1)
             correct = (pred == batch.targets) & batch.mask
             hits += int(correct.sum())
             object_hits += int(correct[batch.targets != task.blank_id].sum())
@@ -234,19 +226,34 @@ def save_checkpoint(path, model, optimizer, train_config, step):
             "train": train_config.to_dict(), "step": step,
             "param_names": list(model.params.params)}
     tmp = path.with_suffix(".tmp.npz")
-    np.savez(tmp, meta=json.dumps(meta), params=model.params.data, m=optimizer.m,
-             v=optimizer.v)
+    to_numpy = model.ops.to_numpy
+    np.savez(tmp, meta=json.dumps(meta), params=to_numpy(model.params.data),
+             m=to_numpy(optimizer.m), v=to_numpy(optimizer.v))
     tmp.replace(path)
+
+
+def checkpoint_meta(path):
+    """The metadata of a checkpoint (configs, step, parameter names), or ValueError if another
+    version of mapformer wrote it."""
+    with np.load(path) as f:
+        meta = json.loads(str(f["meta"]))
+    version = meta.get("version")
+    if version != CHECKPOINT_VERSION:
+        raise ValueError(
+            f"{path} is a version {version} checkpoint, written by "
+            + ("an older mapformer (before ModelConfig named a mixer, a positional scheme and "
+               "a bottleneck with one options dict): retrain it, or read it with that version"
+               if isinstance(version, int) and version < CHECKPOINT_VERSION
+               else "another mapformer")
+            + f"; this one reads version {CHECKPOINT_VERSION}")
+    return meta
 
 
 def load_checkpoint(path, backend="c"):
     """Load a checkpoint: returns (model, optimizer, train_config, step)."""
+    meta = checkpoint_meta(path)
     with np.load(path) as f:
-        meta = json.loads(str(f["meta"]))
         params, m, v = f["params"], f["m"], f["v"]
-    if meta.get("version") != CHECKPOINT_VERSION:
-        raise ValueError(f"{path}: checkpoint version {meta.get('version')} is not "
-                         f"{CHECKPOINT_VERSION}")
     model = Transformer(ModelConfig.from_dict(meta["model"]), backend=backend)
     names = list(model.params.params)
     if names != meta["param_names"] or params.shape != model.params.data.shape:
@@ -254,19 +261,26 @@ def load_checkpoint(path, backend="c"):
                          f"({params.size} values) do not match the model's "
                          f"{names[:3]}... ({model.params.size} values)")
     train_config = TrainConfig.from_dict(meta["train"])
-    model.params.data[:] = params
+    asarray = model.ops.asarray
+    model.params.data[:] = asarray(params)
     optimizer = AdamW(model, train_config)
-    optimizer.m[:], optimizer.v[:] = m, v
+    optimizer.m[:], optimizer.v[:] = asarray(m), asarray(v)
     optimizer.step_count = meta["step"]
     return model, optimizer, train_config, meta["step"]
 
 
 def check_resume(path, model_config, train_config):
-    """Raise ValueError naming every field where a checkpoint's configs differ from these."""
-    with np.load(path) as f:
-        meta = json.loads(str(f["meta"]))
-    differences = [f"model.{k}: checkpoint {meta['model'].get(k)!r} != {v!r}"
-                   for k, v in model_config.to_dict().items() if meta["model"].get(k) != v]
+    """Raise ValueError naming every field (and model option) where a checkpoint's configs
+    differ from these."""
+    def flat(model_dict):  # options.<name> beside the fields
+        values = dict(model_dict)
+        values.update({f"options.{k}": v for k, v in values.pop("options").items()})
+        return values
+
+    meta = checkpoint_meta(path)
+    saved, ours = flat(meta["model"]), flat(model_config.to_dict())
+    differences = [f"model.{k}: checkpoint {saved.get(k)!r} != {ours.get(k)!r}"
+                   for k in dict.fromkeys([*ours, *saved]) if saved.get(k) != ours.get(k)]
     differences += [f"train.{k}: checkpoint {meta['train'].get(k)!r} != {v!r}"
                     for k, v in train_config.to_dict().items()
                     if k not in ("eval_every", "log_every", "checkpoint_every")
@@ -329,7 +343,7 @@ def train(model_config, train_config, out_dir=None, resume=None, progress=True, 
         out_dir.mkdir(parents=True, exist_ok=True)
         metrics = open(out_dir / "metrics.jsonl", "a" if resume else "w")
     total = train_config.total_steps
-    log(f"training {model_config.positional} ({model.params.size} parameters) on {task}: "
+    log(f"training {model_config.label} ({model.params.size} parameters) on {task}: "
         f"{total} steps of {train_config.batch_size} sequences, "
         f"{task.seq_len} tokens each" + (f", resuming at step {start}" if start else ""))
     bar = Progress(total, progress)
@@ -349,8 +363,9 @@ def train(model_config, train_config, out_dir=None, resume=None, progress=True, 
             if done % train_config.log_every == 0 or done == total:
                 elapsed = time.perf_counter() - t0
                 record = {"step": done, "sequences": done * train_config.batch_size,
-                          "loss": loss, "accuracy": masked_accuracy(model.logits.reshape(
-                              batch.mask.shape + (-1,)), batch),
+                          "loss": loss, "accuracy": masked_accuracy(
+                              model.ops.to_numpy(model.logits).reshape(
+                                  batch.mask.shape + (-1,)), batch),
                           "lr": lr, "grad_norm": norm, "elapsed": elapsed,
                           "seq_per_s": (done - start) * train_config.batch_size / elapsed}
                 bar.update(done - start, record)

@@ -8,13 +8,13 @@ import numpy as np
 import pytest
 
 from mapformer import analysis as A
-from mapformer.models import POSITIONAL_SCHEMES, ModelConfig, Transformer
+from mapformer.models import MODELS, ModelConfig, Transformer
 from mapformer.tasks import navigation
 from mapformer.train import TrainConfig, train
 
 TASK = dict(dims=1, steps=16, grid_size=16, p_empty=0.5, n_objects=8)
 TRAIN = dict(sequences=300 * 32, batch_size=32, lr=1e-3, seed=0, eval_sequences=128)
-MODEL = dict(d_model=32, n_heads=2, delta_rank=1)
+MODEL = dict(d_model=32, n_heads=2)
 H, NB = MODEL["n_heads"], MODEL["d_model"] // MODEL["n_heads"] // 2
 
 
@@ -29,8 +29,7 @@ def trained():
     cosine +1 for some), which these assertions would flag."""
     train_config = TrainConfig(**TASK, **TRAIN)
     task = train_config.task_config()
-    config = ModelConfig(vocab_size=task.vocab_size, positional="mapwm",
-                         omega_grid=float(task.grid_size), **MODEL)
+    config = ModelConfig.for_task("mapwm", task, delta_rank=1, **MODEL)
     result = train(config, train_config, progress=False, log=lambda *a: None,
                    eval_tasks={"iid": task})
     return result["model"], task, result["eval"]["iid"]["accuracy"]
@@ -41,10 +40,10 @@ def batch(trained):
     return navigation.generate(trained[1], 16, np.random.default_rng(7))
 
 
-def untrained(task, positional, **kw):
-    config = ModelConfig(vocab_size=task.vocab_size, d_model=32, n_heads=2,
-                         positional=positional, cope_positions=64, **kw)
-    return Transformer(config, seed=3)
+def untrained(task, model, **options):
+    if model == "cope":
+        options["cope_positions"] = 64
+    return Transformer(ModelConfig.preset(model, task.vocab_size, **MODEL, **options), seed=3)
 
 
 def test_model_learned_the_task(trained):
@@ -62,7 +61,7 @@ def test_integration_times(trained, batch):
     assert all(v.shape == (H, NB) for v in out["per_action"].values())
     assert out["observation_mean"].shape == (H, NB)
     # the layer's own Delta
-    np.testing.assert_array_equal(out["delta"], model.blocks[0].attn.path.delta)
+    np.testing.assert_array_equal(out["delta"], model.blocks[0].mixer.scheme.delta)
     # by id (task given) == by layout on navigation sequences
     assert A.integration_times(model, batch, task=task)["ratio"] == pytest.approx(out["ratio"])
     # actions rotate the map, observations barely: measured ratio 2.43 (raw |Delta|), and the
@@ -96,7 +95,7 @@ def test_value_norms(trained, batch):
     out = A.value_norms(model, batch)
     assert out["norms"].shape == batch.tokens.shape
     assert np.all(out["norms"] > 0)
-    v = model.blocks[0].attn.vh
+    v = model.blocks[0].mixer.vh
     np.testing.assert_allclose(out["norms"][0, 3], np.linalg.norm(v[0, 3]), rtol=1e-5)
     assert set(out["per_token"]) == set(np.unique(batch.tokens).tolist())
     assert out["ratio"] == pytest.approx(out["observation_mean"] / out["action_mean"])
@@ -106,7 +105,7 @@ def test_value_norms(trained, batch):
 def test_attention_map_of_a_recall(trained, batch):
     model, task, _ = trained
     b, t = batch.tokens.shape
-    attn = model.blocks[0].attn
+    mixer = model.blocks[0].mixer
     on_target = []
     for seq in range(b):
         recalls = np.nonzero(batch.mask[seq])[0]
@@ -116,13 +115,13 @@ def test_attention_map_of_a_recall(trained, batch):
             np.testing.assert_allclose(w.sum(1), 1.0, atol=1e-9)
             assert np.all(w >= 0) and np.all(w[:, i + 1:] == 0)  # causal
             # exactly the kernel's attention: weights @ values == the saved output row
-            np.testing.assert_allclose(np.einsum("hj,jhd->hd", w, attn.vh[0].astype(float)),
-                                       attn.attn[0, i], rtol=1e-4, atol=1e-5)
+            np.testing.assert_allclose(np.einsum("hj,jhd->hd", w, mixer.vh[0].astype(float)),
+                                       mixer.attn[0, i], rtol=1e-4, atol=1e-5)
             # and its row log-sum-exp
-            q, k = attn.q_rot[0, i].astype(float), attn.k_rot[0, :i + 1].astype(float)
+            q, k = mixer.q_att[0, i].astype(float), mixer.k_att[0, :i + 1].astype(float)
             s = np.einsum("hd,jhd->hj", q, k) / np.sqrt(q.shape[-1])
             lse = np.log(np.exp(s - s.max(1, keepdims=True)).sum(1)) + s.max(1)
-            np.testing.assert_allclose(lse, attn.lse[0, :, i], rtol=1e-4, atol=1e-4)
+            np.testing.assert_allclose(lse, mixer.lse[0, :, i], rtol=1e-4, atol=1e-4)
             target = A.recall_key(batch, (seq, i))
             assert target % 2 == 1 and target < i
             assert np.all(batch.positions[seq, target // 2] == batch.positions[seq, i // 2])
@@ -142,7 +141,7 @@ def test_path_angles_and_projection(trained, batch):
     theta = A.path_angles(model, batch.tokens[2])
     t = batch.tokens.shape[1]
     assert theta.shape == (t, H, NB) and theta.dtype == np.float64
-    saved = model.blocks[0].attn.theta[0].astype(float)  # wrapped to [-pi, pi)
+    saved = model.blocks[0].mixer.scheme.theta[0].astype(float)  # wrapped to [-pi, pi)
     assert np.abs(A.wrap(theta - saved)).max() < 1e-4
     for positions in (None, batch.positions[2], np.repeat(batch.positions[2], 2, axis=0)):
         xy = A.project_to_plane(theta, positions, grid_size=task.grid_size)
@@ -198,26 +197,25 @@ def test_closure_error(trained):
         assert 0 <= A.closure_error(model, A.closed_walk(task, 15, 0), reduce=reduce) <= np.pi
 
 
-ROW_SCHEMES = [s for s in ("rope", "mapwm", "tape", "mapem_os", "mapem_s", "mapem_o")
-               if s in POSITIONAL_SCHEMES]
+ROW_MODELS = [m for m in MODELS if m != "cope"]
 
 
-@pytest.mark.parametrize("positional", ROW_SCHEMES)
-def test_attention_map_is_the_kernels_attention(positional):
-    """On an untrained model of every supported scheme: the weights times the saved values are
-    the layer's attention output, for several queries (rows sum to 1 but for MapEM's
+@pytest.mark.parametrize("model_name", ROW_MODELS)
+def test_attention_map_is_the_kernels_attention(model_name):
+    """On an untrained model of every supported preset: the weights times the saved values
+    are the layer's attention output, for several queries (rows sum to 1 but for MapEM's
     softmax_product mode)."""
     task = navigation.NavigationConfig(dims=2, steps=12, grid_size=6)
     batch = navigation.generate(task, 3, np.random.default_rng(0))
-    modes = ["score_product", "softmax_product", "sum"] if positional == "mapem_os" else [None]
+    modes = ["score_product", "softmax_product", "sum"] if model_name == "mapem_os" else [None]
     for mode in modes:
-        model = untrained(task, positional, **({"mapem_mode": mode} if mode else {}))
+        model = untrained(task, model_name, **({"mapem_mode": mode} if mode else {}))
         for i in (0, 5, 23):
             w = A.attention_map(model, batch, (1, i))
-            attn = model.blocks[0].attn
+            mixer = model.blocks[0].mixer
             assert w.shape == (2, 24) and np.all(w[:, i + 1:] == 0)
-            np.testing.assert_allclose(np.einsum("hj,jhd->hd", w, attn.vh[0].astype(float)),
-                                       attn.attn[0, i], rtol=1e-4, atol=1e-5)
+            np.testing.assert_allclose(np.einsum("hj,jhd->hd", w, mixer.vh[0].astype(float)),
+                                       mixer.attn[0, i], rtol=1e-4, atol=1e-5)
             if mode != "softmax_product":
                 np.testing.assert_allclose(w.sum(1), 1.0, atol=1e-9)
 

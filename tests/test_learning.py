@@ -10,11 +10,12 @@ from mapformer.train import TrainConfig, train
 TASK = dict(dims=2, steps=64, grid_size=16, p_empty=0.5, n_objects=16)
 
 
-def run(positional, sequences):
+def run(model, sequences):
     train_config = TrainConfig(**TASK, sequences=sequences, batch_size=64, eval_sequences=256,
                                seed=0)
-    model_config = ModelConfig(vocab_size=train_config.task_config().vocab_size, d_model=64,
-                               n_heads=2, positional=positional, omega_grid=16.0)
+    # for_task: MapWM's omega_grid is the task's grid side, 16
+    model_config = ModelConfig.for_task(model, train_config.task_config(), d_model=64,
+                                        n_heads=2)
     return train(model_config, train_config, progress=False, log=lambda *a: None)["eval"]
 
 

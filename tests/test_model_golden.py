@@ -17,11 +17,13 @@ TASK = navigation.NavigationConfig(dims=2, steps=9, grid_size=4, p_empty=0.3, n_
 
 
 SCHEMES = ["mapwm", "rope", "cope", "tape", "mapem_os", "mapem_s", "mapem_o"]
+PATH = {"omega_grid": 4.0}
+OPTIONS = {"mapwm": PATH, "mapem_os": PATH, "mapem_s": PATH, "cope": {"cope_positions": 12}}
 
 
-def tiny_config(positional):
-    return ModelConfig(vocab_size=TASK.vocab_size, d_model=32, n_heads=2, n_layers=2,
-                       positional=positional, omega_grid=4.0, cope_positions=12)
+def tiny_config(model):
+    return ModelConfig.preset(model, TASK.vocab_size, d_model=32, n_heads=2, n_layers=2,
+                              **OPTIONS.get(model, {}))
 
 
 def twin_models(positional):

@@ -6,12 +6,15 @@ import sys
 import numpy as np
 import pytest
 
+from dataclasses import fields
+
 from conftest import subprocess_env
-from mapformer.__main__ import MODEL_FLAGS, TRAIN_FLAGS, build_parser
+from mapformer.__main__ import build_parser
 from mapformer.models import ModelConfig, Transformer
+from mapformer.registry import registered_options
 from mapformer.tasks import navigation
-from mapformer.train import (TrainConfig, check_resume, evaluate, learning_rate,
-                             load_checkpoint, save_checkpoint, train)
+from mapformer.train import (CHECKPOINT_VERSION, TrainConfig, check_resume, evaluate,
+                             learning_rate, load_checkpoint, save_checkpoint, train)
 
 TINY_TASK = dict(dims=1, steps=12, grid_size=6, p_empty=0.5, n_objects=5)
 QUIET = dict(progress=False, log=lambda *a: None)
@@ -20,8 +23,8 @@ QUIET = dict(progress=False, log=lambda *a: None)
 def tiny_configs(**train_fields):
     train_config = TrainConfig(**{**TINY_TASK, "sequences": 96, "batch_size": 16,
                                   "eval_sequences": 8, **train_fields})
-    model_config = ModelConfig(vocab_size=train_config.task_config().vocab_size, d_model=32,
-                               n_heads=2, positional="mapwm", omega_grid=6.0)
+    model_config = ModelConfig.preset("mapwm", train_config.task_config().vocab_size,
+                                      d_model=32, n_heads=2, omega_grid=6.0)
     return model_config, train_config
 
 
@@ -115,11 +118,14 @@ def test_checkpoint_round_trip_and_mismatch(tmp_path):
     np.testing.assert_array_equal(model.params.data, result["model"].params.data)
     assert optimizer.step_count == step and np.any(optimizer.v > 0)
 
-    other_model = ModelConfig(**{**model_config.to_dict(), "d_model": 64})
+    other_model = ModelConfig(**{**model_config.to_dict(), "d_model": 64,
+                                 "options": {"omega_max": 2.0}})
     other_train = TrainConfig(**{**train_config.to_dict(), "lr": 1e-3})
     with pytest.raises(ValueError) as info:
         check_resume(tmp_path / "checkpoint.npz", other_model, other_train)
-    assert "model.d_model" in str(info.value) and "train.lr" in str(info.value)
+    for difference in ("model.d_model", "model.options.omega_max", "model.options.omega_grid",
+                       "train.lr"):
+        assert difference in str(info.value)
     check_resume(tmp_path / "checkpoint.npz", model_config, train_config)  # same: no error
 
     # a checkpoint whose parameters do not fit its own model config is refused
@@ -133,10 +139,35 @@ def test_checkpoint_round_trip_and_mismatch(tmp_path):
         load_checkpoint(bad)
 
 
+def test_checkpoint_of_an_older_version_is_refused_clearly(tmp_path):
+    model_config, train_config = tiny_configs(sequences=16)
+    train(model_config, train_config, out_dir=tmp_path, **QUIET)
+    path = tmp_path / "checkpoint.npz"
+    with np.load(path) as f:
+        arrays = dict(f)
+    meta = json.loads(str(arrays["meta"]))
+    meta["version"] = CHECKPOINT_VERSION - 1
+    arrays["meta"] = json.dumps(meta)
+    np.savez(path, **arrays)
+    for read in (lambda: load_checkpoint(path),
+                 lambda: check_resume(path, model_config, train_config)):
+        with pytest.raises(ValueError, match="written by an older mapformer"):
+            read()
+
+
 def test_cli_flags_mirror_the_configs():
+    """Every config field and every option of every registered scheme, mixer and bottleneck
+    is a flag of train, with its help text."""
     train_help = build_parser()._subparsers._group_actions[0].choices["train"].format_help()
-    for f in MODEL_FLAGS + TRAIN_FLAGS:
-        assert "--" + f.name.replace("_", "-") in train_help, f.name
+    names = [f.name for f in fields(ModelConfig) + fields(TrainConfig)
+             if f.name not in ("vocab_size", "options")]
+    options = registered_options()
+    assert {"delta_rank", "rope_base", "cope_positions", "mapem_mode"} <= set(options)
+    for name in names + list(options):
+        assert "--" + name.replace("_", "-") in train_help, name
+    for option in options.values():
+        assert option.help.split()[0] in train_help, option.name
+    assert "--model" in train_help
 
 
 def test_cli_train_then_eval(tmp_path):
@@ -160,3 +191,45 @@ def test_cli_train_then_eval(tmp_path):
     bad = subprocess.run(common + ["train", "--positional", "alibi", "--sequences", "16"],
                          env=env, capture_output=True, text=True, cwd=tmp_path)
     assert bad.returncode != 0 and "positional" in bad.stderr
+
+
+def cli_train(argv, tmp_path):
+    """main(argv) with a tiny 1D task; returns the JSON result line."""
+    from mapformer.__main__ import main
+    main(["train", "--dims", "1", "--steps", "6", "--grid-size", "4", "--n-objects", "3",
+          "--sequences", "8", "--batch-size", "8", "--eval-sequences", "2", "--d-model", "32",
+          "--n-heads", "2", "--no-progress", "--json", "--out", str(tmp_path), *argv])
+    return load_checkpoint(tmp_path / "checkpoint.npz")[0].config
+
+
+def test_cli_model_presets_and_options(tmp_path, capsys):
+    config = cli_train(["--model", "mapem_os", "--mapem-mode", "sum"], tmp_path)
+    assert (config.mixer, config.positional, config.label) == ("conjunctive", "mapem",
+                                                               "mapem_os")
+    assert config.options["mapem_mode"] == "sum"
+    assert config.options["omega_grid"] == 4.0  # from the task's grid
+    config = cli_train(["--model", "mapem_s", "--mapem-separate-start", "true"], tmp_path)
+    assert config.options["mapem_scores"] == "positional" and config.label == "mapem_s"
+    assert config.options["mapem_separate_start"] is True
+    config = cli_train(["--model", "cope"], tmp_path)
+    assert config.options == {"cope_positions": 12}  # the sequence length
+    config = cli_train(["--model", "mapem_s", "--mixer", "attention", "--positional", "rope",
+                        "--rope-base", "100"], tmp_path)
+    assert config.label == "rope" and config.options == {"rope_base": 100.0}
+    capsys.readouterr()
+
+
+@pytest.mark.parametrize("argv, message", [
+    (["--model", "rope", "--delta-rank", "3"],
+     "--delta-rank is an option of positional scheme 'mapwm' (and 'mapem'), not of "
+     "positional scheme 'rope'"),
+    (["--mapem-mode", "sum"],
+     "--mapem-mode is an option of mixer 'conjunctive', not of mixer 'attention'"),
+    (["--model", "mapem_os", "--mixer", "attention"],
+     "mixer 'attention' takes positional schemes of kind"),
+    (["--model", "mapwm", "--omega-grid", "-1"], "omega_grid must be a finite number > 0"),
+])
+def test_cli_refuses_options_of_other_components(argv, message, tmp_path, capsys):
+    with pytest.raises(SystemExit):
+        cli_train(argv, tmp_path)
+    assert message in capsys.readouterr().err

@@ -1,0 +1,80 @@
+"""``attention``: causal softmax attention over heads, with a positional scheme.
+
+How positions enter depends on the scheme's kind:
+- ``none``: softmax(q k^T / sqrt(D)) v on the content queries and keys (MapEM-o, NoPE);
+- ``angles``: queries and keys rotated pairwise by the scheme's angles first (the rotary op):
+  RoPE, MapWM;
+- ``attention``: the scheme runs the attention itself on q, k, v (CoPE; TAPE, which also
+  carries its state from layer to layer).
+"""
+from ..schemes import get_scheme
+from . import QKVMixer, register_mixer
+
+
+@register_mixer
+class CausalAttention(QKVMixer):
+    """Parameters: ``q``, ``k``, ``v``, ``out`` (C -> C), then the scheme's. Traces: ``vh``
+    (B, T, H, D) values; ``attn`` (B, T, H, D) the attention's output before ``out``;
+    ``lse`` (B, H, T) its row log-sum-exps; ``q_att``, ``k_att`` (B, T, H, D) the queries and
+    keys the softmax compared (rotated for angle schemes; an ``attention`` scheme keeps its
+    own)."""
+
+    name = "attention"
+    accepts = ("none", "angles", "attention")
+    traces = ("vh", "attn", "lse", "q_att", "k_att")
+
+    def __init__(self, store, name, config, ops, out_std):
+        super().__init__(store, name, config, ops, out_std)
+        self.scheme = get_scheme(config.positional)(store, f"{name}.scheme", config, ops)
+        self.attend, self.attend_backward = {
+            "none": (self.attend_content, self.attend_content_backward),
+            "angles": (self.attend_rotated, self.attend_rotated_backward),
+            "attention": (self.attend_by_scheme, self.attend_by_scheme_backward),
+        }[self.scheme.kind]
+
+    def forward(self, x, batch, steps, state=None):
+        self.qh, self.kh, self.vh = self.project(x, batch, steps)
+        attn, state = self.attend(x, batch, steps, state)
+        return self.output(attn), state
+
+    def backward(self, dy, dstate=None):
+        return self.attend_backward(self.output_backward(dy), dstate)
+
+    def attend_content(self, x, batch, steps, state):
+        self.q_att, self.k_att = self.qh, self.kh
+        attn, self.lse = self.ops.attention_forward(self.q_att, self.k_att, self.vh)
+        return attn, state
+
+    def attend_content_backward(self, dattn, dstate):
+        dq, dk, dv = self.ops.attention_backward(dattn, self.q_att, self.k_att, self.vh,
+                                                 self.attn, self.lse)
+        return self.project_backward(dq, dk, dv), dstate
+
+    def attend_rotated(self, x, batch, steps, state):
+        self.theta = self.scheme.angles(x, batch, steps)
+        self.q_att, self.k_att = self.ops.rotary_forward(self.qh, self.kh, self.theta)
+        attn, self.lse = self.ops.attention_forward(self.q_att, self.k_att, self.vh)
+        return attn, state
+
+    def attend_rotated_backward(self, dattn, dstate):
+        dq_att, dk_att, dv = self.ops.attention_backward(dattn, self.q_att, self.k_att, self.vh,
+                                                         self.attn, self.lse)
+        dq, dk, dtheta = self.ops.rotary_backward(dq_att, dk_att, self.qh, self.kh, self.theta)
+        dx = self.project_backward(dq, dk, dv)
+        self.scheme.angles_backward(dtheta, dx)
+        return dx, dstate
+
+    def attend_by_scheme(self, x, batch, steps, state):
+        return self.scheme.attend(x, self.qh, self.kh, self.vh, batch, steps, state)
+
+    def attend_by_scheme_backward(self, dattn, dstate):
+        dq, dk, dv, dstate = self.scheme.attend_backward(dattn, dstate)
+        dx = self.project_backward(dq, dk, dv)
+        self.scheme.input_backward(dx)
+        return dx, dstate
+
+    @classmethod
+    def flops(cls, config, batch, steps):
+        """q, k, v, out, then scores and the weighted sum of values."""
+        return (cls.projection_flops(config, batch, steps, 4)
+                + cls.attention_flops(config, batch, steps, 2))

@@ -1,0 +1,88 @@
+"""What every positional scheme is, and the interfaces its ``kind`` promises a mixer.
+
+A scheme is a class registered with :func:`mapformer.schemes.register_scheme`:
+
+- ``name``: its key in SCHEMES and the value of ``ModelConfig.positional``;
+- ``kind``: the interface it offers a token mixer (a mixer lists the kinds it ``accepts``):
+  - ``"none"``: no positional information (:class:`Scheme` itself);
+  - ``"angles"``: rotation angles for queries and keys (:class:`AngleScheme`);
+  - ``"positions"``: positional queries and keys Q_P, K_P (B, T, H, D) of their own, for a
+    mixer that scores them beside the content ones: ``positions(x, batch, steps) -> (qp, kp)``
+    and ``positions_backward(dqp, dkp, dx)`` (dx accumulated); see schemes/mapem.py;
+  - ``"attention"``: it runs the causal attention itself on the mixer's q, k, v
+    (:class:`AttentionScheme`);
+- ``options``: a tuple of :class:`mapformer.registry.Option`, validated (defaults filled)
+  into ``config.options`` before the scheme is built;
+- ``traces``: names of the attributes a forward leaves on the scheme for analyses to read
+  (documented in each class);
+- ``__init__(store, name, config, ops)``: declares its parameters on the
+  :class:`mapformer.nn.ParameterStore` under ``name`` (in a fixed order: the rng draws of
+  the initial values follow it);
+- ``initial_state(batch, steps)``: the positional state entering the first layer (None but
+  for schemes that carry one across layers, TAPE);
+- ``flops(config, batch, steps)``: matmul flops of one forward of its own products.
+
+Tensor arithmetic goes through ``ops`` (the backend), never NumPy directly: a scheme runs
+unchanged on every backend. Shapes: B batch, T tokens, H heads, D head dim, NB = D / 2
+rotation blocks, N = B * T rows, C = d_model.
+"""
+from abc import ABC, abstractmethod
+
+
+class Scheme:
+    """No positional information: the mixer sees content alone (kind ``none``)."""
+
+    name = None
+    kind = "none"
+    options = ()
+    traces = ()
+
+    def __init__(self, store, name, config, ops):
+        self.config, self.ops = config, ops
+
+    def initial_state(self, batch, steps):
+        return None
+
+    @classmethod
+    def flops(cls, config, batch, steps):
+        return 0
+
+
+class AngleScheme(Scheme, ABC):
+    """A scheme that only generates rotation angles (kind ``angles``); the mixer rotates each
+    pair (q[2i], q[2i+1]) and (k[2i], k[2i+1]) of every head by theta_i (the rotary op)."""
+
+    kind = "angles"
+
+    @abstractmethod
+    def angles(self, x, batch, steps):
+        """x (N, C) -> theta (TB, T, H, NB), TB = B for input-dependent angles, 1 for angles
+        shared by every sequence."""
+
+    @abstractmethod
+    def angles_backward(self, dtheta, dx):
+        """dtheta (TB, T, H, NB) -> gradients into this scheme's parameters (+=) and, for
+        angles that depend on x, into dx (N, C) (+=)."""
+
+
+class AttentionScheme(Scheme, ABC):
+    """A scheme that runs the causal attention itself (kind ``attention``), on the mixer's
+    queries, keys and values; ``state`` is the positional state carried from layer to layer
+    (None but for schemes with an :meth:`initial_state`)."""
+
+    kind = "attention"
+
+    @abstractmethod
+    def attend(self, x, q, k, v, batch, steps, state):
+        """x (N, C) (the mixer's input), q, k, v (B, T, H, D) -> (out (B, T, H, D), state
+        for the next layer)."""
+
+    @abstractmethod
+    def attend_backward(self, dout, dstate):
+        """dout (B, T, H, D), dstate (the next layer's state gradient) -> (dq, dk, dv, the
+        incoming state's gradient)."""
+
+    def input_backward(self, dx):
+        """Gradient of this scheme's own dependence on x into dx (N, C) (+=), called after the
+        mixer's projections wrote dx. By default a scheme reads x only through the mixer's
+        q, k, v: nothing to add."""
