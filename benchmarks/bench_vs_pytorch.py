@@ -139,8 +139,8 @@ def torch_step(kind, task, batch, args, compiled):
 
 def mapformer_step(kind, task, batch, args):
     """A callable running one mapformer training step."""
-    cfg = ModelConfig(vocab_size=task.vocab_size, d_model=args.d_model, n_heads=args.heads,
-                      n_layers=args.layers, positional=kind)
+    cfg = ModelConfig.for_task(kind, task, d_model=args.d_model, n_heads=args.heads,
+                               n_layers=args.layers)
     model = Transformer(cfg, seed=0)
     opt = AdamW(model, TrainConfig())
 
