@@ -19,6 +19,7 @@ from dataclasses import MISSING, fields
 from . import registry
 from .bottlenecks import BOTTLENECKS
 from .mixers import MIXERS
+from .plots import learning_curves
 from .models import MODELS, ModelConfig, components, options_of, preset_parts
 from .schemes import SCHEMES
 from .train import TrainConfig, eval_seed, evaluate, format_eval, load_checkpoint, train
@@ -33,6 +34,17 @@ FIELD_HELP = {
     "steps": "override the preset's walk length T (tokens = 2T)",
     "grid_size": "override the preset's grid side",
     "p_empty": "override the preset's fraction of empty cells",
+    "ood_dense": "override fields of the OOD-dense test set, derived from the training task "
+                 "by the paper's ratios (half the steps and grid, p_empty 0.2; selective copy: "
+                 "half the blanks), e.g. 'steps=16,grid_size=8'",
+    "ood_sparse": "override fields of the OOD-sparse test set, derived from the training task "
+                  "by the paper's ratios (4x the steps, 2x the grid, p_empty 0.8; selective "
+                  "copy: twice the blanks), e.g. 'steps=256'",
+    "loss_positions": "where the training loss is taken: revisits (the scored positions, as "
+                      "the paper), observations (every observation, navigation only) or all",
+    "decay": "parameters AdamW decays: comma-separated 'matrices' (linear and embedding "
+             "weights, CoPE position embeddings, TAPE's head mix), 'all', 'none' and "
+             "parameter-name globs, e.g. 'matrices,*.omega' to also decay MapWM's omega",
     "sequences": "training sequences in all",
     "schedule": "linear (paper) or cosine (with --warmup-steps)",
     "eval_every": "optimizer steps between evaluations (0: at the end only)",
@@ -56,7 +68,8 @@ def add_field_flags(parser, config_fields):
     for f in config_fields:
         default = None if f.default is MISSING else f.default
         kind = type(default) if default is not None else (float if f.name == "p_empty" else int)
-        if f.name in ("preset", "schedule", "task"):
+        if f.name in ("preset", "schedule", "task", "ood_dense", "ood_sparse", "loss_positions",
+                      "decay"):
             kind = str
         help_text = FIELD_HELP.get(f.name, f.name.replace("_", " "))
         parser.add_argument(flag(f.name), type=kind, default=None,
@@ -115,6 +128,14 @@ def build_parser():
                     help="sequences per preset (default: the run's eval_sequences)")
     ev.add_argument("--seed", type=int, default=None, help="evaluation seed")
     ev.add_argument("--json", action="store_true", help="print the results as JSON")
+    pl = sub.add_parser("plot", help="learning curves of training runs side by side, as a PNG")
+    pl.add_argument("runs", nargs="+", metavar="RUN_DIR",
+                    help="directories written by train --out (each holds metrics.jsonl)")
+    pl.add_argument("--out", default="learning_curves.png",
+                    help="the PNG to write (default: learning_curves.png)")
+    pl.add_argument("--labels", default=None,
+                    help="comma-separated legend labels, one per run (default: the "
+                         "directory names)")
     return parser
 
 
@@ -156,6 +177,17 @@ def main(argv=None):
                        progress=not args.no_progress)
         if args.json:
             print(json.dumps({k: v for k, v in result.items() if k != "model"}))
+    elif args.command == "plot":
+        import matplotlib
+        matplotlib.use("Agg")  # a file, no window
+        labels = args.labels.split(",") if args.labels else None
+        if labels is not None and len(labels) != len(args.runs):
+            parser.error(f"--labels has {len(labels)} labels for {len(args.runs)} runs")
+        try:
+            learning_curves(args.runs, out=args.out, labels=labels)
+        except (FileNotFoundError, ValueError) as exc:
+            parser.error(str(exc))
+        print(f"wrote {args.out}")
     else:
         model, _, train_config, step = load_checkpoint(args.checkpoint)
         results = evaluate(model, train_config.eval_tasks(),

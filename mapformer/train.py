@@ -5,21 +5,23 @@ trivial floor, checkpoints, a JSONL metrics log and a progress line.
 The batch of step s is generated from ``default_rng([seed, s])``, so a resumed run sees
 exactly the batches the uninterrupted run would have seen.
 """
+import dataclasses
+import fnmatch
 import json
 import math
-import sys
 import time
 from dataclasses import asdict, dataclass, fields
 from pathlib import Path
 
 import numpy as np
+from tqdm.auto import tqdm
 
 from .models import ModelConfig, Transformer
 from .tasks import navigation, selective_copy
 
 TASKS = {"navigation": navigation, "selective_copy": selective_copy}
 SCHEDULES = ("linear", "cosine")
-EVAL_PRESETS = ("iid", "ood_dense", "ood_sparse")
+EVAL_SETS = ("iid", "ood_dense", "ood_sparse")
 CHECKPOINT_VERSION = 2  # 2: ModelConfig names mixer, positional scheme, bottleneck, options
 
 
@@ -33,10 +35,20 @@ class TrainConfig:
     dims, steps, grid_size, p_empty, n_objects: navigation (see
     :func:`mapformer.tasks.navigation.preset`); n_copy, n_blanks, n_symbols: selective copy
     (see :func:`mapformer.tasks.selective_copy.preset`). None keeps the preset's value.
-    sequences: training sequences in all (rounded up to whole batches).
-    schedule: 'linear' (decay from lr to 0) or 'cosine' (linear warmup over ``warmup_steps``,
-    then cosine to 0). eval_every: optimizer steps between evaluations (0: only at the end).
-    eval_sequences: sequences per preset in each evaluation (fixed set from ``seed``).
+    ood_dense, ood_sparse: overrides ("field=value,...", e.g. "steps=256,p_empty=0.9") of the
+    OOD test sets, which are derived from the training task by the paper's ratios (see
+    :meth:`eval_tasks`). sequences: training sequences in all (rounded up to whole batches).
+    loss_positions: where the training loss is taken: 'revisits' (the task's scored
+    positions, as the paper trains; evaluation always scores these), 'observations' (every
+    position whose target is an observation, first visits included: navigation only) or
+    'all' (every position). decay: which parameters AdamW's weight decay applies to, a
+    comma-separated union of 'matrices' (the weights of linear maps, embedding tables,
+    CoPE's position embeddings and TAPE's head mix: the library's rule), 'all', 'none', and
+    glob patterns of parameter names (e.g. 'matrices,*.omega' also decays MapWM's
+    frequencies, as a public reproduction does). schedule: 'linear' (decay from lr to 0) or
+    'cosine' (linear warmup over ``warmup_steps``, then cosine to 0). eval_every: optimizer
+    steps between evaluations (0: only at the end). eval_sequences: sequences per set in
+    each evaluation (fixed set from ``seed``).
     """
 
     task: str = "navigation"
@@ -49,10 +61,14 @@ class TrainConfig:
     n_copy: int = None
     n_blanks: int = None
     n_symbols: int = None
+    ood_dense: str = None
+    ood_sparse: str = None
     sequences: int = 200_000
     batch_size: int = 128
+    loss_positions: str = "revisits"
     lr: float = 3e-4
     weight_decay: float = 0.05
+    decay: str = "matrices"
     beta1: float = 0.9
     beta2: float = 0.999
     clip: float = 1.0
@@ -70,6 +86,9 @@ class TrainConfig:
             raise ValueError(f"task must be one of {sorted(TASKS)}, got {self.task!r}")
         if self.schedule not in SCHEDULES:
             raise ValueError(f"schedule must be one of {SCHEDULES}, got {self.schedule!r}")
+        if not isinstance(self.decay, str) or not all(t.strip() for t in self.decay.split(",")):
+            raise ValueError("decay must be a comma-separated list of 'matrices', 'all', "
+                             f"'none' or parameter-name patterns, got {self.decay!r}")
         for name in ("sequences", "batch_size", "eval_sequences", "eval_batch_size",
                      "log_every"):
             if getattr(self, name) < 1:
@@ -84,7 +103,11 @@ class TrainConfig:
         for name in ("beta1", "beta2"):
             if not 0.0 <= getattr(self, name) < 1.0:
                 raise ValueError(f"{name} must be in [0, 1), got {getattr(self, name)!r}")
-        self.task_config()  # validates the task fields
+        positions = task_module(self.task_config()).LOSS_POSITIONS  # validates the task fields
+        if self.loss_positions not in positions:
+            raise ValueError(f"loss_positions must be one of {positions} for task "
+                             f"{self.task!r}, got {self.loss_positions!r}")
+        self.eval_tasks()  # validates the OOD overrides
 
     @property
     def total_steps(self):
@@ -107,8 +130,19 @@ class TrainConfig:
         return selective_copy.preset(name, **overrides)
 
     def eval_tasks(self):
-        """{preset: task config} evaluated at the end of training: the three presets."""
-        return {name: self.task_config(name) for name in EVAL_PRESETS}
+        """{name: task config} evaluated at the end of training: 'iid', the training task;
+        'ood_dense' and 'ood_sparse', derived from it by the paper's ratios (the task
+        module's ``ood_sets``: navigation halves steps and grid with p_empty 0.2, and takes 4x
+        the steps and 2x the grid with p_empty 0.8; selective copy halves and doubles the
+        blanks), then with the ``ood_dense`` / ``ood_sparse`` overrides. For the paper's
+        presets these are its OOD presets."""
+        task = self.task_config()
+        sets = {"iid": task, **task_module(task).ood_sets(task)}
+        for name in ("ood_dense", "ood_sparse"):
+            if getattr(self, name):
+                sets[name] = dataclasses.replace(
+                    sets[name], **parse_overrides(getattr(self, name), sets[name], name))
+        return sets
 
     def to_dict(self):
         return asdict(self)
@@ -117,6 +151,49 @@ class TrainConfig:
     def from_dict(cls, values):
         known = {f.name for f in fields(cls)}
         return cls(**{k: v for k, v in values.items() if k in known})
+
+
+def parse_overrides(text, config, name):
+    """'field=value,...' -> {field: value} for the dataclass ``config``, each value parsed as
+    its field's type (int, float or bool). ValueError naming ``name`` for an unknown field or
+    a bad value."""
+    types = {f.name: type(getattr(config, f.name)) for f in fields(config)}
+    values = {}
+    for item in text.split(","):
+        key, sep, value = item.partition("=")
+        key = key.strip().replace("-", "_")
+        if not sep or key not in types:
+            raise ValueError(f"{name}: expected 'field=value,...' with fields among "
+                             f"{sorted(types)}, got {item!r}")
+        if types[key] is bool:
+            if value.strip().lower() not in ("true", "false"):
+                raise ValueError(f"{name}: {key} must be true or false, got {value!r}")
+            values[key] = value.strip().lower() == "true"
+            continue
+        try:
+            values[key] = types[key](value)
+        except ValueError:
+            raise ValueError(f"{name}: {key} must be a {types[key].__name__}, got "
+                             f"{value!r}") from None
+    return values
+
+
+def decay_mask(store, rule):
+    """bool (P,): the entries of the parameter store that AdamW decays under ``rule`` (see
+    TrainConfig.decay). ValueError for a pattern that matches no parameter."""
+    mask = store.ops.zeros(store.size, dtype=bool)
+    for term in (t.strip() for t in rule.split(",")):
+        if term == "matrices":
+            mask |= store.decay_mask
+        elif term != "none":
+            matched = [p for p in store.params.values()
+                       if term == "all" or fnmatch.fnmatchcase(p.name, term)]
+            if not matched:
+                raise ValueError(f"decay: the pattern {term!r} matches no parameter; the "
+                                 f"parameters are {list(store.params)}")
+            for p in matched:
+                mask[p.offset:p.offset + p.size] = True
+    return mask
 
 
 def learning_rate(config, step):
@@ -135,6 +212,7 @@ class AdamW:
 
     def __init__(self, model, config):
         self.model, self.config = model, config
+        self.decay_mask = decay_mask(model.params, config.decay)
         self.m = model.ops.zeros_like(model.params.data)
         self.v = model.ops.zeros_like(model.params.data)
         self.step_count = 0
@@ -145,7 +223,7 @@ class AdamW:
         norm = ops.clip_grad_norm(store.grad, c.clip) if c.clip > 0 else ops.global_norm(
             store.grad)
         self.step_count += 1
-        ops.adamw_step(store.data, store.grad, self.m, self.v, store.decay_mask, lr=lr,
+        ops.adamw_step(store.data, store.grad, self.m, self.v, self.decay_mask, lr=lr,
                        step=self.step_count, beta1=c.beta1, beta2=c.beta2, eps=1e-8,
                        weight_decay=c.weight_decay)
         return norm
@@ -289,28 +367,6 @@ def check_resume(path, model_config, train_config):
         raise ValueError(f"{path} does not match this run:\n  " + "\n  ".join(differences))
 
 
-class Progress:
-    """A one-line progress display on stderr (a line per update when not a terminal)."""
-
-    def __init__(self, total, enabled):
-        self.total, self.enabled = total, enabled
-        self.tty = sys.stderr.isatty()
-
-    def update(self, step, record):
-        if not self.enabled:
-            return
-        eta = (self.total - step) * record["elapsed"] / max(step, 1)
-        line = (f"step {step}/{self.total}  loss {record['loss']:.4f}  "
-                f"acc {record['accuracy']:.3f}  lr {record['lr']:.2e}  "
-                f"{record['seq_per_s']:.0f} seq/s  eta {eta:.0f}s")
-        print(("\r" + line) if self.tty else line, end="" if self.tty else "\n",
-              file=sys.stderr, flush=True)
-
-    def close(self):
-        if self.enabled and self.tty:
-            print(file=sys.stderr)
-
-
 def train(model_config, train_config, out_dir=None, resume=None, progress=True, log=print,
           eval_tasks=None):
     """Train a model on ``train_config``'s task and evaluate it.
@@ -346,14 +402,19 @@ def train(model_config, train_config, out_dir=None, resume=None, progress=True, 
     log(f"training {model_config.label} ({model.params.size} parameters) on {task}: "
         f"{total} steps of {train_config.batch_size} sequences, "
         f"{task.seq_len} tokens each" + (f", resuming at step {start}" if start else ""))
-    bar = Progress(total, progress)
+    log("evaluating on " + "; ".join(f"{name} ({task_module(config).describe(config)})"
+                                     for name, config in eval_tasks.items()))
+    # tqdm.auto: a widget in notebooks, a bar on a terminal; metrics.jsonl is the record
+    bar = tqdm(total=total, initial=start, disable=not progress, unit="step",
+               dynamic_ncols=True, mininterval=0.5)
     t0 = time.perf_counter()
     record = None
     try:
         for step in range(start, total):
             batch = module.generate(task, train_config.batch_size,
                                     np.random.default_rng([train_config.seed, step]))
-            loss = model.loss(batch.tokens, batch.targets, batch.mask)
+            loss = model.loss(batch.tokens, batch.targets,
+                              module.loss_mask(batch, train_config.loss_positions))
             model.backward()
             lr = learning_rate(train_config, step)
             norm = optimizer.step(lr)
@@ -368,13 +429,14 @@ def train(model_config, train_config, out_dir=None, resume=None, progress=True, 
                                   batch.mask.shape + (-1,)), batch),
                           "lr": lr, "grad_norm": norm, "elapsed": elapsed,
                           "seq_per_s": (done - start) * train_config.batch_size / elapsed}
-                bar.update(done - start, record)
+                bar.set_postfix(loss=f"{loss:.4f}", acc=f"{record['accuracy']:.3f}",
+                                seq_per_s=f"{record['seq_per_s']:.0f}")
                 if metrics:
                     metrics.write(json.dumps(record) + "\n")
                     metrics.flush()
+            bar.update(1)
             if train_config.eval_every and done % train_config.eval_every == 0 and done < total:
                 results = run_eval()
-                bar.close()
                 log(f"step {done}:\n{format_eval(results)}")
                 if metrics:
                     metrics.write(json.dumps({"step": done, "eval": results}) + "\n")
@@ -390,6 +452,7 @@ def train(model_config, train_config, out_dir=None, resume=None, progress=True, 
             save_checkpoint(out_dir / "checkpoint.npz", model, optimizer, train_config, total)
             metrics.write(json.dumps({"step": total, "eval": results, "wall_s": wall}) + "\n")
     finally:
+        bar.close()
         if metrics:
             metrics.close()
     return {"eval": results, "loss": record["loss"] if record else None, "wall_s": wall,

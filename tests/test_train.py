@@ -12,9 +12,9 @@ from conftest import subprocess_env
 from mapformer.__main__ import build_parser
 from mapformer.models import ModelConfig, Transformer
 from mapformer.registry import registered_options
-from mapformer.tasks import navigation
-from mapformer.train import (CHECKPOINT_VERSION, TrainConfig, check_resume, evaluate,
-                             learning_rate, load_checkpoint, save_checkpoint, train)
+from mapformer.tasks import navigation, selective_copy
+from mapformer.train import (CHECKPOINT_VERSION, TrainConfig, check_resume, decay_mask,
+                             evaluate, learning_rate, load_checkpoint, save_checkpoint, train)
 
 TINY_TASK = dict(dims=1, steps=12, grid_size=6, p_empty=0.5, n_objects=5)
 QUIET = dict(progress=False, log=lambda *a: None)
@@ -93,7 +93,8 @@ def test_resume_continues_exactly(tmp_path):
 
     def crash_at_second_eval(*args):
         calls.append(args)
-        if len(calls) == 3:  # the start line, the step-2 evaluation, the step-4 evaluation
+        # the two start lines (run, evaluation sets), the step-2 evaluation, the step-4 one
+        if len(calls) == 4:
             raise KeyboardInterrupt
 
     with pytest.raises(KeyboardInterrupt):
@@ -233,3 +234,83 @@ def test_cli_refuses_options_of_other_components(argv, message, tmp_path, capsys
     with pytest.raises(SystemExit):
         cli_train(argv, tmp_path)
     assert message in capsys.readouterr().err
+
+
+def test_ood_sets_follow_the_training_task_by_the_paper_ratios():
+    """The default preset's derived OOD sets are the paper's; a smaller training task gets
+    them scaled (the rule the reproduction uses); overrides replace single fields."""
+    paper = TrainConfig().eval_tasks()
+    assert paper == {name: navigation.preset(name) for name in ("iid", "ood_dense",
+                                                                 "ood_sparse")}
+    for dims in (3, 5):
+        assert TrainConfig(dims=dims).eval_tasks() == {
+            name: navigation.preset(name, dims=dims) for name in paper}
+    small = TrainConfig(steps=32, grid_size=16, n_objects=5).eval_tasks()
+    assert (small["ood_dense"].steps, small["ood_dense"].grid_size,
+            small["ood_dense"].p_empty, small["ood_dense"].n_objects) == (16, 8, 0.2, 5)
+    assert (small["ood_sparse"].steps, small["ood_sparse"].grid_size,
+            small["ood_sparse"].p_empty) == (128, 32, 0.8)
+    edited = TrainConfig(steps=32, grid_size=16, ood_sparse="steps=100, p_empty=0.9",
+                         ood_dense="grid_size=5").eval_tasks()
+    assert (edited["ood_sparse"].steps, edited["ood_sparse"].grid_size,
+            edited["ood_sparse"].p_empty) == (100, 32, 0.9)
+    assert (edited["ood_dense"].steps, edited["ood_dense"].grid_size) == (16, 5)
+    copy = TrainConfig(task="selective_copy").eval_tasks()
+    assert copy == {name: selective_copy.preset(name) for name in paper}
+    scaled = TrainConfig(task="selective_copy", n_copy=16, n_blanks=16).eval_tasks()
+    assert [scaled[n].n_blanks for n in paper] == [16, 8, 32]
+
+
+@pytest.mark.parametrize("field,value,message", [
+    ("ood_sparse", "stepz=3", "ood_sparse: expected"),
+    ("ood_dense", "steps", "ood_dense: expected"),
+    ("ood_dense", "steps=two", "ood_dense: steps must be a int"),
+    ("ood_sparse", "fixed_map=maybe", "ood_sparse: fixed_map must be true or false"),
+    ("ood_sparse", "grid_size=1", "grid_size must be an integer >= 2"),
+    ("loss_positions", "everything", "loss_positions must be one of"),
+    ("decay", "matrices,,", "decay must be a comma-separated list"),
+])
+def test_bad_ood_loss_and_decay_fields_are_named(field, value, message):
+    with pytest.raises(ValueError, match=message):
+        TrainConfig(**{field: value})
+
+
+def test_loss_positions_choose_the_training_mask():
+    task = navigation.NavigationConfig(dims=1, steps=10, grid_size=4)
+    batch = navigation.generate(task, 3, 0)
+    assert navigation.loss_mask(batch, "revisits") is batch.mask
+    observations = navigation.loss_mask(batch, "observations")
+    assert observations[:, 0::2].all() and not observations[:, 1::2].any()
+    assert (observations | batch.mask).sum() == observations.sum()  # revisits are a subset
+    assert navigation.loss_mask(batch, "all").all()
+    with pytest.raises(ValueError, match="loss_positions must be one of"):
+        TrainConfig(task="selective_copy", loss_positions="observations")
+    copy_task = selective_copy.SelectiveCopyConfig(n_copy=3, n_blanks=2)
+    assert selective_copy.loss_mask(selective_copy.generate(copy_task, 2, 0), "all").all()
+    # a step on every observation sees a different loss than one on revisits only
+    losses = {}
+    for positions in ("revisits", "observations", "all"):
+        model_config, train_config = tiny_configs(sequences=16, loss_positions=positions)
+        losses[positions] = train(model_config, train_config, **QUIET)["loss"]
+    assert len(set(losses.values())) == 3
+
+
+def test_decay_rule_selects_parameters():
+    model_config, train_config = tiny_configs()
+    store = Transformer(model_config).params
+    matrices = decay_mask(store, "matrices")
+    assert np.array_equal(matrices, store.decay_mask) and matrices.any() and not matrices.all()
+    omega = store.params["blocks.0.mixer.scheme.omega"]
+    with_omega = decay_mask(store, "matrices,*.omega")
+    assert with_omega[omega.offset:omega.offset + omega.size].all()
+    assert with_omega.sum() == matrices.sum() + omega.size
+    assert decay_mask(store, "all").all() and not decay_mask(store, "none").any()
+    with pytest.raises(ValueError, match="'nothing.here' matches no parameter"):
+        decay_mask(store, "matrices,nothing.here")
+    # the rule reaches AdamW: decaying omega moves it where the default leaves it
+    trained = {rule: train(model_config, TrainConfig(**{**train_config.to_dict(),
+                                                        "decay": rule, "weight_decay": 50.0,
+                                                        "sequences": 16}), **QUIET)["model"]
+               for rule in ("matrices", "matrices,*.omega")}
+    values = [m.params.params["blocks.0.mixer.scheme.omega"].value for m in trained.values()]
+    assert not np.allclose(values[0], values[1])

@@ -34,7 +34,7 @@ import functools
 import math
 import numbers
 from collections.abc import Iterator
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import numpy as np
 
@@ -141,6 +141,41 @@ def scaled_presets(steps: int, grid_size: int) -> dict[str, dict]:
         "ood_dense": dict(steps=max(1, steps // 2), p_empty=0.2, grid_size=max(2, (grid_size + 1) // 2)),
         "ood_sparse": dict(steps=4 * steps, p_empty=0.8, grid_size=2 * grid_size),
     }
+
+
+def describe(config: NavigationConfig) -> str:
+    """A short description of a task config for logs: '2D, 128 steps, grid 64, p_empty 0.5',
+    then the other fields that differ from their defaults."""
+    text = f"{config.dims}D, {config.steps} steps, grid {config.grid_size}, p_empty {config.p_empty}"
+    defaults = NavigationConfig()
+    rest = ("n_objects", "fixed_map", "action_repeat", "map_seed")
+    extra = [f"{f} {getattr(config, f)}" for f in rest if getattr(config, f) != getattr(defaults, f)]
+    return ", ".join([text, *extra])
+
+
+def ood_sets(config: NavigationConfig) -> dict[str, NavigationConfig]:
+    """The OOD test sets of a training set ``config`` at the paper's ratios
+    (:func:`scaled_presets`): {"ood_dense": ..., "ood_sparse": ...}, every other field (dims,
+    n_objects, fixed_map, ...) kept. For the paper's presets these are its OOD presets."""
+    sets = scaled_presets(config.steps, config.grid_size)
+    return {name: replace(config, **sets[name]) for name in ("ood_dense", "ood_sparse")}
+
+
+LOSS_POSITIONS = ("revisits", "observations", "all")
+"""The choices of :func:`loss_mask` for this task."""
+
+
+def loss_mask(batch: Batch, positions: str) -> np.ndarray:
+    """bool (B, 2T): the columns a training loss is taken on. "revisits": the scored positions
+    (an action whose next observation is of a cell seen before, ``batch.mask``);
+    "observations": every action column (its target is the next observation, first visits
+    included); "all": every column."""
+    if positions == "revisits":
+        return batch.mask
+    mask = np.ones_like(batch.mask)
+    if positions == "observations":
+        mask[:, 1::2] = False
+    return mask
 
 
 PRESETS_BY_DIMS: dict[int, dict[str, dict]] = {

@@ -35,7 +35,7 @@ from __future__ import annotations
 
 import numbers
 from collections.abc import Iterator
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import numpy as np
 
@@ -96,6 +96,36 @@ PRESETS: dict[str, dict] = {
     "ood_sparse": dict(n_copy=128, n_blanks=256),
 }
 """The paper's settings (section 5.1, Table 1): train on "iid", test on the two OOD sets."""
+
+
+def describe(config: SelectiveCopyConfig) -> str:
+    """A short description of a task config for logs, e.g. '128 tokens among 128 blanks, 16
+    symbols'."""
+    return f"{config.n_copy} tokens among {config.n_blanks} blanks, {config.n_symbols} symbols"
+
+
+def ood_sets(config: SelectiveCopyConfig) -> dict[str, SelectiveCopyConfig]:
+    """The OOD test sets of a training set ``config`` at the paper's ratios:
+    {"ood_dense": half the blanks, "ood_sparse": twice the blanks}, n_copy and n_symbols kept.
+    For the paper's "iid" preset these are its OOD presets."""
+    return {"ood_dense": replace(config, n_blanks=config.n_blanks // 2),
+            "ood_sparse": replace(config, n_blanks=2 * config.n_blanks)}
+
+
+LOSS_POSITIONS = ("revisits", "all")
+"""The choices of :func:`loss_mask` for this task."""
+
+
+def loss_mask(batch: SelectiveCopyBatch, positions: str) -> np.ndarray:
+    """bool (B, L): the columns a training loss is taken on. "revisits" (the scored
+    positions): the answer columns, ``batch.mask``; "all": every column. A selective-copy
+    sequence has no observations: "observations" raises ValueError."""
+    if positions == "revisits":
+        return batch.mask
+    if positions == "all":
+        return np.ones_like(batch.mask)
+    raise ValueError(f"loss_positions {positions!r} is not defined for selective copy (use "
+                     "'revisits', its answer columns, or 'all')")
 
 
 def preset(name: str, **overrides) -> SelectiveCopyConfig:
