@@ -1,5 +1,5 @@
-"""The analysis notebook runs end to end (MAPFORMER_NOTEBOOK_SMALL=1, matplotlib Agg) and its
-last cell prints the accuracy lines.
+"""Both notebooks run end to end (MAPFORMER_NOTEBOOK_SMALL=1, matplotlib Agg): their last cells
+print the accuracy lines, and their analysis cells print their summaries.
 
 The kernel is this interpreter (a throwaway kernelspec whose argv is sys.executable -m
 ipykernel_launcher), importing the same mapformer as this test process. nbclient, nbformat,
@@ -11,14 +11,21 @@ import sys
 from pathlib import Path
 
 import nbformat
+import pytest
 from jupyter_client import KernelManager
 from jupyter_client.kernelspec import KernelSpecManager
 from nbclient import NotebookClient
 
 import mapformer
 
-NOTEBOOK = Path(__file__).resolve().parents[1] / "notebooks" / "mapformer_navigation.ipynb"
+NOTEBOOKS = Path(__file__).resolve().parents[1] / "notebooks"
 KERNEL = "mapformer-test-python"
+# notebook: what the cells must print besides the last cell's accuracy lines
+SUMMARIES = {
+    "mapformer_navigation.ipynb": ("mean |Delta|: actions", "mean |v|: actions"),
+    "quickstart.ipynb": ("mean |Delta|: actions", "cosine of opposite actions",
+                         "mapwm closure error", "rope closure error"),
+}
 
 
 def kernel_manager(tmp_path):
@@ -36,8 +43,13 @@ def kernel_manager(tmp_path):
     return KernelManager(kernel_name=KERNEL, kernel_spec_manager=specs)
 
 
-def test_notebook_runs_small(tmp_path):
-    nb = nbformat.read(NOTEBOOK, as_version=4)
+def test_every_notebook_is_tested():
+    assert sorted(p.name for p in NOTEBOOKS.glob("*.ipynb")) == sorted(SUMMARIES)
+
+
+@pytest.mark.parametrize("name", sorted(SUMMARIES))
+def test_notebook_runs_small(tmp_path, name):
+    nb = nbformat.read(NOTEBOOKS / name, as_version=4)
     assert all(not c.get("outputs") for c in nb.cells if c.cell_type == "code"), \
         "the notebook must be saved without outputs"
     workdir = tmp_path / "run"
@@ -47,13 +59,14 @@ def test_notebook_runs_small(tmp_path):
     client.execute()  # raises CellExecutionError on any failing cell
     last = [c for c in nb.cells if c.cell_type == "code"][-1]
     text = "".join(o.get("text", "") for o in last.outputs if o.output_type == "stream")
-    for name in ("mapwm", "rope"):
-        match = re.search(rf"{name} accuracy: iid ([0-9.]+), ood_dense ([0-9.]+), "
+    for model in ("mapwm", "rope"):
+        match = re.search(rf"{model} accuracy: iid ([0-9.]+), ood_dense ([0-9.]+), "
                           rf"ood_sparse ([0-9.]+)", text)
-        assert match, f"no {name} accuracy line in the last cell's output: {text!r}"
+        assert match, f"no {model} accuracy line in the last cell's output: {text!r}"
         values = [float(v) for v in match.groups()]
         assert all(0.0 <= v <= 1.0 for v in values), values
     # the small run actually executed the analysis cells (their printed summaries)
     printed = "".join(o.get("text", "") for c in nb.cells if c.cell_type == "code"
                       for o in c.outputs if o.output_type == "stream")
-    assert "mean |Delta|: actions" in printed and "mean |v|: actions" in printed
+    for summary in SUMMARIES[name]:
+        assert summary in printed, f"{name} printed no {summary!r}"
