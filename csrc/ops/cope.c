@@ -58,91 +58,48 @@
 #include "mapformer/blas.h"
 #include "mapformer/clones.h"
 #include "mapformer/mapformer.h"
+#include "mapformer/simd.h" /* MF_VW 16: the target_clones copies lower it to their ISA */
 #include "mapformer/threads.h"
 
 
 #define BR 64 /* query rows per block */
-#define LOG2E 1.4426950408889634f
 
 static inline int64_t min64(int64_t a, int64_t b) { return a < b ? a : b; }
 
 /* ---- vector helpers ----------------------------------------------------------------------- */
+/* simd.h's vectors at MF_VW = 16 floats (vf), or VDL = 8 doubles (vd) widened from 8 floats
+ * (vfh); every exponential (gates and softmax) is simd.h's vexp. */
 
-/* GCC vector extensions, lowered to whatever the target has: VL floats (vf), or 8 doubles (vd)
- * widened from 8 floats (vh). Memory is read and written through the *u types, which allow
- * any address. Helpers take pointers: a function passing 64-byte vectors by value draws
- * -Wpsabi notes. */
-#define VL 16
-typedef float vf __attribute__((vector_size(4 * VL)));
-typedef int32_t vi __attribute__((vector_size(4 * VL)));
-typedef float vfu __attribute__((vector_size(4 * VL), __may_alias__, aligned(4)));
-typedef double vd __attribute__((vector_size(64)));
-typedef int64_t vl __attribute__((vector_size(64)));
-typedef double vdu __attribute__((vector_size(64), __may_alias__, aligned(8)));
-typedef float vh __attribute__((vector_size(32)));
-typedef float vhu __attribute__((vector_size(32), __may_alias__, aligned(4)));
-typedef int32_t vhi __attribute__((vector_size(32)));
-typedef int32_t vhiu __attribute__((vector_size(32), __may_alias__, aligned(4)));
-#define VSPLAT(x) ((float)(x) - (vf){0})
-#define VLOADU(p) (*(const vfu *)(p))
-#define VSTOREU(p, x) (*(vfu *)(p) = (x))
-#define VSELECT(mask, a, b) ((vf)(((mask) & (vi)(a)) | (~(mask) & (vi)(b))))
-#define DSELECT(mask, a, b) ((vd)(((mask) & (vl)(a)) | (~(mask) & (vl)(b))))
-
-/* *x = exp(*x) for finite or -inf lanes (0 below -87.5, NaN kept): n = round(x log2 e),
- * 2^f on [-1/2, 1/2] by a degree-6 polynomial (Cephes exp2f, about 2 ulp), 2^n put into
- * the exponent bits. */
-static inline void vexp(vf *x) {
-    const vf x0 = *x;
-    vf y = x0 * LOG2E;
-    y = VSELECT(y < VSPLAT(-126.0f), VSPLAT(-126.0f), y);
-    y = VSELECT(y > VSPLAT(127.0f), VSPLAT(127.0f), y);
-    const vf t = y + 12582912.0f; /* 1.5 * 2^23: the low mantissa bits of t hold round(y) */
-    const vf f = y - (t - 12582912.0f);
-    vf p = VSPLAT(1.535336188319500e-4f);
-    p = p * f + 1.339887440266574e-3f;
-    p = p * f + 9.618437357674640e-3f;
-    p = p * f + 5.550332471162809e-2f;
-    p = p * f + 2.402264791363012e-1f;
-    p = p * f + 6.931472028550421e-1f;
-    p = p * f + 1.0f;
-    const vi e = ((vi)t - 0x4B400000 + 127) << 23; /* 2^round(y) */
-    const vf r = p * (vf)e;
-    *x = VSELECT(x0 < VSPLAT(-87.5f), VSPLAT(0.0f), r); /* y clamped to -126: 2^-126, not 0 */
-}
-
-/* The array helpers work on whole vectors where they can (n a multiple of VL: rows of
+/* The array helpers work on whole vectors where they can (n a multiple of MF_VW: rows of
  * scratch are padded); each is compiled per ISA (MF_CLONES, mapformer/clones.h). */
 
-/* g[j] = sigmoid(s[j]) for j < n (n a multiple of VL). */
+/* g[j] = sigmoid(s[j]) for j < n (n a multiple of MF_VW). */
 MF_CLONES static void sigmoid_array(float *g, const float *s, int64_t n) {
-    for (int64_t j = 0; j < n; j += VL) {
-        vf x = -VLOADU(s + j);
-        vexp(&x);
-        VSTOREU(g + j, 1.0f / (1.0f + x));
+    for (int64_t j = 0; j < n; j += MF_VW) {
+        vf x = VLOADU(s + j);
+        vsigmoid(&x);
+        VSTOREU(g + j, x);
     }
 }
 
 /* Positions of row i: p_j = min(sum_{t=j..i} g[t], pmax) for j <= i, summed in double
  * (a NaN sum gives pmax), stored as their floor F[j] and fractional part W[j]; g[i+1 ..] is
- * zeroed up to the next multiple of 8. Blocks of 8 from the top: a reverse prefix sum inside
- * the block in three shift-and-add steps, plus the sum of everything above it. */
+ * zeroed up to the next multiple of VDL. Blocks of VDL from the top: a suffix sum inside
+ * the block (simd.h's vd_suffix_sum), plus the sum of everything above it. */
 MF_CLONES static void positions_array(int32_t *F, float *W, float *g, int64_t i, double pmax) {
-    const int64_t n8 = (i + 8) / 8 * 8;
-    for (int64_t j = i + 1; j < n8; j++) g[j] = 0.0f;
-    const vd zero = {0}, top = zero + pmax;
+    const int64_t nd = (i + VDL) / VDL * VDL;
+    for (int64_t j = i + 1; j < nd; j++) g[j] = 0.0f;
+    const vd top = (vd){0} + pmax;
     double carry = 0.0;
-    for (int64_t j0 = n8 - 8; j0 >= 0; j0 -= 8) {
-        vd r = __builtin_convertvector(*(const vhu *)(g + j0), vd);
-        r += __builtin_shuffle(r, zero, (vl){1, 2, 3, 4, 5, 6, 7, 8});
-        r += __builtin_shuffle(r, zero, (vl){2, 3, 4, 5, 6, 7, 8, 9});
-        r += __builtin_shuffle(r, zero, (vl){4, 5, 6, 7, 8, 9, 10, 11});
+    for (int64_t j0 = nd - VDL; j0 >= 0; j0 -= VDL) {
+        vd r = __builtin_convertvector(*(const vfhu *)(g + j0), vd);
+        vd_suffix_sum(&r);
         r += carry;
         carry = r[0];
         r = DSELECT(r < top, r, top);
-        const vhi f = __builtin_convertvector(r, vhi); /* r >= 0: truncation is floor */
-        *(vhiu *)(F + j0) = f;
-        *(vhu *)(W + j0) = __builtin_convertvector(r - __builtin_convertvector(f, vd), vh);
+        const vih f = __builtin_convertvector(r, vih); /* r >= 0: truncation is floor */
+        *(vihu *)(F + j0) = f;
+        *(vfhu *)(W + j0) = __builtin_convertvector(r - __builtin_convertvector(f, vd), vfh);
     }
 }
 
@@ -158,36 +115,36 @@ MF_CLONES static void interp_array(float *restrict s, const int32_t *restrict F,
     }
 }
 
-/* max of x[0..n) (n a multiple of VL). */
+/* max of x[0..n) (n a multiple of MF_VW). */
 MF_CLONES static float max_array(const float *x, int64_t n) {
     vf m = VSPLAT(-INFINITY);
-    for (int64_t j = 0; j < n; j += VL) {
+    for (int64_t j = 0; j < n; j += MF_VW) {
         const vf y = VLOADU(x + j);
         m = VSELECT(y > m, y, m);
     }
     float r = m[0];
-    for (int l = 1; l < VL; l++) r = m[l] > r ? m[l] : r;
+    for (int l = 1; l < MF_VW; l++) r = m[l] > r ? m[l] : r;
     return r;
 }
 
-/* x[j] = exp(x[j] - m) for j < n (n a multiple of VL); returns their sum (fixed order:
+/* x[j] = exp(x[j] - m) for j < n (n a multiple of MF_VW); returns their sum (fixed order:
  * lanes, then across). */
 MF_CLONES static float exp_sum_array(float *x, int64_t n, float m) {
     vf acc = VSPLAT(0.0f);
-    for (int64_t j = 0; j < n; j += VL) {
+    for (int64_t j = 0; j < n; j += MF_VW) {
         vf y = VLOADU(x + j) - m;
         vexp(&y);
         VSTOREU(x + j, y);
         acc += y;
     }
     float sum = 0.0f;
-    for (int l = 0; l < VL; l++) sum += acc[l];
+    for (int l = 0; l < MF_VW; l++) sum += acc[l];
     return sum;
 }
 
-/* Backward: a -> P = exp(a - lse), dP -> dA = P (dP - Dv), for j < n (a multiple of VL). */
+/* Backward: a -> P = exp(a - lse), dP -> dA = P (dP - Dv), for j < n (a multiple of MF_VW). */
 MF_CLONES static void prob_da_array(float *a, float *dp, int64_t n, float lse, float dv) {
-    for (int64_t j = 0; j < n; j += VL) {
+    for (int64_t j = 0; j < n; j += MF_VW) {
         vf pr = VLOADU(a + j) - lse;
         vexp(&pr);
         VSTOREU(a + j, pr);
@@ -196,7 +153,7 @@ MF_CLONES static void prob_da_array(float *a, float *dp, int64_t n, float lse, f
 }
 
 /* Backward: x[j] = dA[j] (z[c] - z[f]), the position gradient, for j < n; x[n ..] is zeroed
- * up to the next multiple of 8. */
+ * up to the next multiple of VDL. */
 MF_CLONES static void dpos_array(float *restrict x, const float *restrict da,
                                  const int32_t *restrict F, const float *restrict W,
                                  const float *restrict z, int64_t n) {
@@ -204,23 +161,20 @@ MF_CLONES static void dpos_array(float *restrict x, const float *restrict da,
         const int32_t f = F[j], c = f + (int32_t)(W[j] > 0.0f);
         x[j] = da[j] * (z[c] - z[f]);
     }
-    for (int64_t j = n; j < (n + 7) / 8 * 8; j++) x[j] = 0.0f;
+    for (int64_t j = n; j < (n + VDL - 1) / VDL * VDL; j++) x[j] = 0.0f;
 }
 
 /* Backward: ds[j] = dA[j] + dg[j] g[j] (1 - g[j]) with dg[j] = sum_{t <= j} x[t] (double),
- * in place over the dA row, for j < n rounded up to 8 (lanes past n get garbage). */
+ * in place over the dA row, for j < n rounded up to VDL (lanes past n get garbage). */
 MF_CLONES static void ds_array(float *da, const float *x, const float *g, int64_t n) {
-    const vd zero = {0};
     double carry = 0.0;
-    for (int64_t j0 = 0; j0 < n; j0 += 8) {
-        vd r = __builtin_convertvector(*(const vhu *)(x + j0), vd);
-        r += __builtin_shuffle(zero, r, (vl){7, 8, 9, 10, 11, 12, 13, 14});
-        r += __builtin_shuffle(zero, r, (vl){6, 7, 8, 9, 10, 11, 12, 13});
-        r += __builtin_shuffle(zero, r, (vl){4, 5, 6, 7, 8, 9, 10, 11});
+    for (int64_t j0 = 0; j0 < n; j0 += VDL) {
+        vd r = __builtin_convertvector(*(const vfhu *)(x + j0), vd);
+        vd_prefix_sum(&r);
         r += carry;
-        carry = r[7];
-        const vh dg = __builtin_convertvector(r, vh), gj = *(const vhu *)(g + j0);
-        *(vhu *)(da + j0) = *(const vhu *)(da + j0) + dg * gj * (1.0f - gj);
+        carry = r[VDL - 1];
+        const vfh dg = __builtin_convertvector(r, vfh), gj = *(const vfhu *)(g + j0);
+        *(vfhu *)(da + j0) = *(const vfhu *)(da + j0) + dg * gj * (1.0f - gj);
     }
 }
 
@@ -247,7 +201,7 @@ static void scatter_dz(float *restrict dz, float *restrict part, const float *re
     }
 }
 
-static inline int64_t round_up(int64_t n) { return (n + VL - 1) / VL * VL; }
+static inline int64_t round_up(int64_t n) { return (n + MF_VW - 1) / MF_VW * MF_VW; }
 
 /* ---- BLAS --------------------------------------------------------------------------------- */
 
@@ -476,7 +430,7 @@ static CopeScratch *alloc_scratch(const CopeParams *p, int nt, int backward) {
 /* Sizes every sgemm call sees must fit BLAS's int: checked once here. */
 static int check_sizes(int64_t B, int64_t T, int64_t H, int64_t D, int64_t n_pos, float scale) {
     if (B < 1 || T < 1 || H < 1 || D < 1 || n_pos < 1 || !isfinite(scale)) return MF_EINVAL;
-    if (T >= INT_MAX - VL || H > INT_MAX / D) return MF_EINVAL;
+    if (T >= INT_MAX - MF_VW || H > INT_MAX / D) return MF_EINVAL;
     return MF_OK;
 }
 

@@ -11,8 +11,9 @@
  *   dlogits[n, v] = scale * mask[n] * (softmax(logits[n])[v] - [v == targets[n]])
  *
  * A row whose max is not finite (a NaN or +inf logit) gets a NaN loss and NaN gradients, as
- * the reference does. Row sums use 16 float lanes of exp(x - m) <= 1, combined in double
- * (explicit vectors: the same summation order, hence the same bits, in every target clone).
+ * the reference does. exp is simd.h's vexp (the core's one exponential); row sums use
+ * MF_VW float lanes of exp(x - m) <= 1, combined in double (explicit vectors: the same
+ * summation order, hence the same bits, in every target clone).
  * Targets are checked against [0, V) before anything is written (MF_EINDEX).
  */
 #include <math.h>
@@ -20,53 +21,29 @@
 #include <string.h>
 
 #include "mapformer/clones.h"
-#include "mapformer/fastmath.h"
 #include "mapformer/mapformer.h"
+#include "mapformer/simd.h" /* MF_VW 16: the target_clones copies lower it to their ISA */
 
-#define MF_XENT_LANES 16
-
-/* helpers of the row kernels are forced inline so that each target clone compiles them for
- * its own ISA (a helper left out of line is compiled for the baseline only) */
-#if defined(__GNUC__)
-#define MF_XENT_INLINE static inline __attribute__((always_inline))
-#else
-#define MF_XENT_INLINE static inline
-#endif
-
-
-/* 16 float lanes as a GCC/Clang vector (one zmm under AVX-512, two ymm under AVX2, four xmm
- * at baseline), for the row reductions: GCC does not vectorise a float max or sum reduction
- * without -ffast-math, and left to vectorise 16-lane arrays it may pick the outer loop. */
-typedef float mf_xent_v16 __attribute__((vector_size(64)));
-typedef int32_t mf_xent_i16 __attribute__((vector_size(64)));
-#define MF_XENT_LOAD(v, p) memcpy(&(v), (p), sizeof(mf_xent_v16))
-/* exp values are computed a block at a time into a stack buffer by a plain loop (which GCC
- * vectorises, mf_expf included) and then summed with vector lanes */
+/* exponentials are summed in float lanes over blocks of this many logits, each block's lanes
+ * then added in double: a lane never sums more than MF_XENT_BLOCK / MF_VW terms */
 #define MF_XENT_BLOCK 256
 
 /* max of row (V,), NaN if any element is NaN */
-MF_XENT_INLINE float row_max(const float *restrict x, int64_t V) {
-    const int64_t Vv = V - V % MF_XENT_LANES;
+MF_INLINE float row_max(const float *restrict x, int64_t V) {
+    const int64_t Vv = V - V % MF_VW;
     float m = -INFINITY;
     int32_t any_nan = 0;
     if (Vv > 0) {
-        mf_xent_v16 acc;
-        mf_xent_i16 nan = {0};
-        MF_XENT_LOAD(acc, x);
-        for (int64_t c = 0; c < Vv; c += MF_XENT_LANES) {
-            mf_xent_v16 v;
-            MF_XENT_LOAD(v, x + c);
-            mf_xent_i16 gt = v > acc; /* lanes -1 where v > acc */
-            acc = (mf_xent_v16)(((mf_xent_i16)v & gt) | ((mf_xent_i16)acc & ~gt));
+        vf acc = VLOADU(x);
+        vi nan = ISPLAT(0);
+        for (int64_t c = 0; c < Vv; c += MF_VW) {
+            const vf v = VLOADU(x + c);
+            acc = VSELECT(v > acc, v, acc);
             nan |= v != v;
         }
-        float lanes[MF_XENT_LANES];
-        int32_t nans[MF_XENT_LANES];
-        memcpy(lanes, &acc, sizeof lanes);
-        memcpy(nans, &nan, sizeof nans);
-        for (int j = 0; j < MF_XENT_LANES; j++) {
-            m = lanes[j] > m ? lanes[j] : m;
-            any_nan |= nans[j];
+        for (int l = 0; l < MF_VW; l++) {
+            m = acc[l] > m ? acc[l] : m;
+            any_nan |= nan[l];
         }
     }
     for (int64_t c = Vv; c < V; c++) {
@@ -76,37 +53,30 @@ MF_XENT_INLINE float row_max(const float *restrict x, int64_t V) {
     return any_nan ? NAN : m;
 }
 
-/* out[0:n] = exp(x[0:n] - m), a plain loop that vectorises */
-MF_XENT_INLINE void exp_shifted(float *restrict out, const float *restrict x, float m, int64_t n) {
-    for (int64_t i = 0; i < n; i++) out[i] = mf_expf(x[i] - m);
-}
-
-/* sum of e[0:n] in 16 float lanes (n < 2^24 terms of at most 1 each per lane: exact enough),
- * lanes and tail combined in double */
-MF_XENT_INLINE double lane_sum(const float *restrict e, int64_t n) {
-    const int64_t nv = n - n % MF_XENT_LANES;
-    mf_xent_v16 acc = {0};
-    for (int64_t i = 0; i < nv; i += MF_XENT_LANES) {
-        mf_xent_v16 v;
-        MF_XENT_LOAD(v, e + i);
-        acc += v;
-    }
-    float lanes[MF_XENT_LANES];
-    memcpy(lanes, &acc, sizeof lanes);
-    double s = 0.0;
-    for (int j = 0; j < MF_XENT_LANES; j++) s += lanes[j];
-    for (int64_t i = nv; i < n; i++) s += e[i];
-    return s;
-}
-
-/* sum_v exp(x[v] - m), blockwise through a stack buffer */
-MF_XENT_INLINE double row_sumexp(const float *restrict x, float m, int64_t V) {
-    float buf[MF_XENT_BLOCK];
+/* sum_v exp(x[v] - m) (simd.h's vexp), and the exponentials into out[0:V] unless out is
+ * NULL: float lanes per block of MF_XENT_BLOCK, the blocks' lanes added in double */
+MF_INLINE double row_exp_sum(float *restrict out, const float *restrict x, float m, int64_t V) {
     double s = 0.0;
     for (int64_t c0 = 0; c0 < V; c0 += MF_XENT_BLOCK) {
-        int64_t n = V - c0 < MF_XENT_BLOCK ? V - c0 : MF_XENT_BLOCK;
-        exp_shifted(buf, x + c0, m, n);
-        s += lane_sum(buf, n);
+        const int64_t n = V - c0 < MF_XENT_BLOCK ? V - c0 : MF_XENT_BLOCK;
+        const int64_t nv = n - n % MF_VW;
+        vf acc = VZERO;
+        for (int64_t i = c0; i < c0 + nv; i += MF_VW) {
+            vf v = VLOADU(x + i) - m;
+            vexp(&v);
+            if (out != NULL) VSTOREU(out + i, v);
+            acc += v;
+        }
+        if (nv < n) { /* the block's tail, lanes past it zeroed */
+            vf v;
+            vload_part(&v, x + c0 + nv, n - nv);
+            v = v - m;
+            vexp(&v);
+            v = VAND(VFIRST(n - nv), v);
+            if (out != NULL) vstore_part(out + c0 + nv, &v, n - nv);
+            acc += v;
+        }
+        for (int l = 0; l < MF_VW; l++) s += acc[l];
     }
     return s;
 }
@@ -123,7 +93,7 @@ static void xent_forward_rows(float *restrict losses, const float *restrict logi
             losses[n] = NAN;
             continue;
         }
-        double s = row_sumexp(x, m, V);
+        double s = row_exp_sum(NULL, x, m, V);
         losses[n] = (float)(log(s) + ((double)m - (double)x[targets[n]]));
     }
 }
@@ -146,8 +116,7 @@ static void xent_backward_rows(float *restrict dlogits, const float *restrict lo
             memset(d, 0, (size_t)V * sizeof(float));
             continue;
         }
-        exp_shifted(d, x, m, V);
-        const double s = lane_sum(d, V);
+        const double s = row_exp_sum(d, x, m, V);
         const int64_t t = targets[n];
         const float et = d[t];
         const float coef = (float)(w / s);

@@ -53,21 +53,12 @@
 
 #include "mapformer/clones.h"
 #include "mapformer/mapformer.h"
+#include "mapformer/simd.h" /* MF_VW 16: the target_clones copies lower it to their ISA */
 
 #define TAPE_MIN_PARALLEL 32768   /* B*T*H*D below this runs on one thread */
 #define TAPE_BLOCK_FLOATS 16384   /* floats of one tensor per rotate / mix-forward work item */
 #define TAPE_MIX_BLOCKS 256       /* row blocks of the mix backward (a function of B*T only) */
 #define TAPE_DCHUNK 256           /* D-chunk of the head-mix stack buffer (1 KiB) */
-
-/* 16 float lanes as a GCC/Clang vector: one zmm under AVX-512, two ymm under AVX2, four xmm
- * at baseline. */
-typedef float tape_v16 __attribute__((vector_size(64)));
-#define TAPE_LANES 16
-#define TAPE_LOAD(v, p) memcpy(&(v), (p), sizeof(tape_v16))
-/* halves of it, and 8 and 4 doubles, for the tree sums of the lanes */
-typedef float tape_v8 __attribute__((vector_size(32)));
-typedef double tape_v8d __attribute__((vector_size(64)));
-typedef double tape_v4d __attribute__((vector_size(32)));
 
 /* ---- complex_rotary ------------------------------------------------------------------------ */
 
@@ -154,13 +145,21 @@ int tape_rotate_backward(float *dq, float *dk, float *de, const float *dq_out,
 
 /* ---- tape_mix ------------------------------------------------------------------------------ */
 
-/* *g = sigmoid(x), *h = 1 - sigmoid(x) = sigmoid(-x), both to float relative accuracy:
- * t = exp(-|x|) in (0, 1] never overflows. */
-static inline void sigmoid_pair(float x, float *g, float *h) {
-    float t = expf(-fabsf(x));
-    float big = 1.0f / (1.0f + t), small = t / (1.0f + t);
-    *g = x >= 0.0f ? big : small; /* NaN x: NaN either way */
-    *h = x >= 0.0f ? small : big;
+/* g[j] = sigmoid(x[j]) and omg[j] = 1 - sigmoid(x[j]) = sigmoid(-x[j]) for j < n <= MF_VW, both
+ * to float relative accuracy: t = exp(-|x|) in (0, 1] (simd.h's vexp) never overflows. A NaN
+ * x gives NaN in both. */
+MF_INLINE void gate_pairs(float g[MF_VW], float omg[MF_VW], const float *x, int64_t n) {
+    vf v;
+    if (n < MF_VW)
+        vload_part(&v, x, n);
+    else
+        v = VLOADU(x);
+    vf t = (vf)((vi)v | ISPLAT(INT32_MIN)); /* -|x| */
+    vexp(&t);
+    const vf big = 1.0f / (1.0f + t), small = t / (1.0f + t);
+    const vi pos = v >= VSPLAT(0.0f);
+    VSTOREU(g, VSELECT(pos, big, small));
+    VSTOREU(omg, VSELECT(pos, small, big));
 }
 
 /* Rows [r0, r1): e_new (H, D) of row r = e_att + g * W e_att, D in chunks of TAPE_DCHUNK. */
@@ -168,14 +167,13 @@ MF_CLONES
 static void mix_rows(float *restrict e_new, const float *restrict e_att,
                      const float *restrict gate_logits, const float *restrict w, int64_t H,
                      int64_t D, int64_t r0, int64_t r1) {
-    float m[TAPE_DCHUNK];
+    float m[TAPE_DCHUNK], g[MF_VW], omg[MF_VW];
     for (int64_t r = r0; r < r1; r++) {
         const float *er = e_att + r * H * D;
         float *yr = e_new + r * H * D;
         for (int64_t h = 0; h < H; h++) {
-            float g, omg;
-            sigmoid_pair(gate_logits[r * H + h], &g, &omg);
-            const float *wh = w + h * H;
+            if (h % MF_VW == 0) gate_pairs(g, omg, gate_logits + r * H + h, H - h);
+            const float gh = g[h % MF_VW], *wh = w + h * H;
             for (int64_t d0 = 0; d0 < D; d0 += TAPE_DCHUNK) {
                 const int64_t n = D - d0 < TAPE_DCHUNK ? D - d0 : TAPE_DCHUNK;
                 for (int64_t j = 0; j < n; j++) m[j] = wh[0] * er[d0 + j];
@@ -185,7 +183,7 @@ static void mix_rows(float *restrict e_new, const float *restrict e_att,
                 }
                 const float *src = er + h * D + d0;
                 float *dst = yr + h * D + d0;
-                for (int64_t j = 0; j < n; j++) dst[j] = src[j] + g * m[j];
+                for (int64_t j = 0; j < n; j++) dst[j] = src[j] + gh * m[j];
             }
         }
     }
@@ -193,26 +191,14 @@ static void mix_rows(float *restrict e_new, const float *restrict e_att,
 
 /* a . b over n floats: 16 float lanes, summed in double as a fixed tree (vector adds: with
  * H = 2 and D = 64 a lane-order sum was a quarter of the backward's time), then the tail. */
-static inline __attribute__((always_inline)) double dot_f32(const float *restrict a,
-                                                            const float *restrict b,
-                                                            int64_t n) {
-    const int64_t nv = n - n % TAPE_LANES;
-    tape_v16 acc = {0};
-    for (int64_t j = 0; j < nv; j += TAPE_LANES) {
-        tape_v16 av, bv;
-        TAPE_LOAD(av, a + j);
-        TAPE_LOAD(bv, b + j);
-        acc += av * bv;
-    }
-    tape_v8 lo, hi;
-    memcpy(&lo, &acc, sizeof lo);
-    memcpy(&hi, (const char *)&acc + sizeof lo, sizeof hi);
-    tape_v8d s8 = __builtin_convertvector(lo, tape_v8d) + __builtin_convertvector(hi, tape_v8d);
-    tape_v4d s4a, s4b;
-    memcpy(&s4a, &s8, sizeof s4a);
-    memcpy(&s4b, (const char *)&s8 + sizeof s4a, sizeof s4b);
-    s4a += s4b;
-    double s = (s4a[0] + s4a[2]) + (s4a[1] + s4a[3]);
+MF_INLINE double dot_f32(const float *restrict a, const float *restrict b, int64_t n) {
+    const int64_t nv = n - n % MF_VW;
+    vf acc = VZERO;
+    for (int64_t j = 0; j < nv; j += MF_VW) acc += VLOADU(a + j) * VLOADU(b + j);
+    vd lo, hi;
+    vd_widen(&lo, &hi, &acc);
+    lo += hi;
+    double s = vd_tree_sum(&lo);
     for (int64_t j = nv; j < n; j++) s += (double)(a[j] * b[j]);
     return s;
 }
@@ -229,11 +215,13 @@ static void mix_back_rows(float *restrict de_att, float *restrict dgate_logits,
     for (int64_t r = r0; r < r1; r++) {
         const float *yr = de_new + r * H * D, *er = e_att + r * H * D;
         float *dr = de_att + r * H * D;
-        for (int64_t h = 0; h < H; h++) {
-            float g, omg;
-            sigmoid_pair(gate_logits[r * H + h], &g, &omg);
-            gs[h] = g;
-            gs[H + h] = (double)g * (double)omg;
+        for (int64_t h0 = 0; h0 < H; h0 += MF_VW) {
+            float g[MF_VW], omg[MF_VW];
+            gate_pairs(g, omg, gate_logits + r * H + h0, H - h0);
+            for (int64_t h = h0; h < H && h < h0 + MF_VW; h++) {
+                gs[h] = g[h - h0];
+                gs[H + h] = (double)g[h - h0] * (double)omg[h - h0];
+            }
         }
         /* P[h, h'] = Y[h] . E_att[h'];  dG[h] = g (1 - g) sum_h' W[h,h'] P[h,h'];
          * dw[h, h'] += g[h] P[h, h'] */
