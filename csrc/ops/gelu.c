@@ -81,24 +81,26 @@ void mf_gelu_grad_kernel(float *restrict y, float *restrict d, const float *rest
     }
 }
 
-int gelu_forward(float *y, const float *x, int64_t n) {
+int gelu_forward(const MfGeluParams *p) {
+    const int64_t n = p->n;
     if (n < 1) return MF_EINVAL;
     const int64_t chunks = (n + MF_GELU_CHUNK - 1) / MF_GELU_CHUNK;
 #pragma omp parallel for schedule(dynamic, 1) if (chunks > 1)
     for (int64_t c = 0; c < chunks; c++) {
         int64_t i0 = c * MF_GELU_CHUNK, len = n - i0 < MF_GELU_CHUNK ? n - i0 : MF_GELU_CHUNK;
-        mf_gelu_kernel(y + i0, x + i0, len);
+        mf_gelu_kernel(p->y + i0, p->x + i0, len);
     }
     return MF_OK;
 }
 
-int gelu_backward(float *dx, const float *dy, const float *x, int64_t n) {
+int gelu_backward(const MfGeluParams *p) {
+    const int64_t n = p->n;
     if (n < 1) return MF_EINVAL;
     const int64_t chunks = (n + MF_GELU_CHUNK - 1) / MF_GELU_CHUNK;
 #pragma omp parallel for schedule(dynamic, 1) if (chunks > 1)
     for (int64_t c = 0; c < chunks; c++) {
         int64_t i0 = c * MF_GELU_CHUNK, len = n - i0 < MF_GELU_CHUNK ? n - i0 : MF_GELU_CHUNK;
-        gelu_backward_kernel(dx + i0, dy + i0, x + i0, len);
+        gelu_backward_kernel(p->dx + i0, p->dy + i0, p->x + i0, len);
     }
     return MF_OK;
 }

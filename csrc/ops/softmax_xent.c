@@ -14,7 +14,9 @@
  * the reference does. exp is simd.h's vexp (the core's one exponential); row sums use
  * MF_VW float lanes of exp(x - m) <= 1, combined in double (explicit vectors: the same
  * summation order, hence the same bits, in every target clone).
- * Targets are checked against [0, V) before anything is written (MF_EINDEX).
+ * Each target is read once, where its row uses it, and checked against [0, V) there: a bad one
+ * makes its row NaN and the op return MF_EINDEX (rows whose logits or weight make them NaN or
+ * zero anyway do not read their target).
  */
 #include <math.h>
 #include <stdint.h>
@@ -81,34 +83,46 @@ MF_INLINE double row_exp_sum(float *restrict out, const float *restrict x, float
     return s;
 }
 
-/* rows [r0, r1) of the forward pass */
+/* targets[n], read once (volatile: the compiler cannot load it again for the indexing) */
+MF_INLINE int64_t target_at(const int32_t *targets, int64_t n) {
+    return ((const volatile int32_t *)targets)[n];
+}
+
+/* rows [r0, r1) of the forward pass; returns 1 if a target was outside [0, V) (its loss NaN) */
 MF_CLONES
-static void xent_forward_rows(float *restrict losses, const float *restrict logits,
-                              const int32_t *restrict targets, int64_t r0, int64_t r1,
-                              int64_t V) {
+static int xent_forward_rows(float *restrict losses, const float *restrict logits,
+                             const int32_t *targets, int64_t r0, int64_t r1, int64_t V) {
+    int bad = 0;
     for (int64_t n = r0; n < r1; n++) {
         const float *x = logits + n * V;
         float m = row_max(x, V);
-        if (!isfinite(m)) {
+        const int64_t t = isfinite(m) ? target_at(targets, n) : 0;
+        if (t < 0 || t >= V) bad = 1;
+        if (!isfinite(m) || t < 0 || t >= V) {
             losses[n] = NAN;
             continue;
         }
         double s = row_exp_sum(NULL, x, m, V);
-        losses[n] = (float)(log(s) + ((double)m - (double)x[targets[n]]));
+        losses[n] = (float)(log(s) + ((double)m - (double)x[t]));
     }
+    return bad;
 }
 
-/* rows [r0, r1) of the backward pass: the row of dlogits holds exp(x - m) until it is scaled */
+/* rows [r0, r1) of the backward pass: the row of dlogits holds exp(x - m) until it is scaled;
+ * returns 1 if a target was outside [0, V) (its row NaN) */
 MF_CLONES
-static void xent_backward_rows(float *restrict dlogits, const float *restrict logits,
-                               const int32_t *restrict targets, const float *restrict mask,
-                               float scale, int64_t r0, int64_t r1, int64_t V) {
+static int xent_backward_rows(float *restrict dlogits, const float *restrict logits,
+                              const int32_t *targets, const float *restrict mask, float scale,
+                              int64_t r0, int64_t r1, int64_t V) {
+    int bad = 0;
     for (int64_t n = r0; n < r1; n++) {
         const float *x = logits + n * V;
         float *d = dlogits + n * V;
         const double w = (double)scale * (double)mask[n];
         float m = row_max(x, V);
-        if (!isfinite(m) || !isfinite(w)) {
+        const int64_t t = isfinite(m) && isfinite(w) && w != 0.0 ? target_at(targets, n) : 0;
+        if (t < 0 || t >= V) bad = 1;
+        if (!isfinite(m) || !isfinite(w) || t < 0 || t >= V) {
             for (int64_t c = 0; c < V; c++) d[c] = NAN;
             continue;
         }
@@ -117,54 +131,46 @@ static void xent_backward_rows(float *restrict dlogits, const float *restrict lo
             continue;
         }
         const double s = row_exp_sum(d, x, m, V);
-        const int64_t t = targets[n];
         const float et = d[t];
         const float coef = (float)(w / s);
         for (int64_t c = 0; c < V; c++) d[c] *= coef;
         d[t] = (float)((double)et * (w / s) - w);
     }
-}
-
-/* MF_EINDEX unless every target is in [0, V) */
-static int check_targets(const int32_t *targets, int64_t N, int64_t V) {
-    int bad = 0;
-    for (int64_t n = 0; n < N; n++) bad |= targets[n] < 0 || (int64_t)targets[n] >= V;
-    return bad ? MF_EINDEX : MF_OK;
+    return bad;
 }
 
 /* rows per OpenMP work item: about 2^14 logits, at least one row */
 static int64_t rows_per_chunk(int64_t V) { return V >= (1 << 14) ? 1 : (1 << 14) / V; }
 
-int softmax_xent_forward(float *losses, double *loss, const float *logits,
-                         const int32_t *targets, const float *mask, int64_t N, int64_t V) {
+int softmax_xent_forward(const MfSoftmaxXentParams *p) {
+    const int64_t N = p->N, V = p->V;
     if (N < 1 || V < 1) return MF_EINVAL;
-    int status = check_targets(targets, N, V);
-    if (status != MF_OK) return status;
     const int64_t rc = rows_per_chunk(V), chunks = (N + rc - 1) / rc;
-#pragma omp parallel for schedule(dynamic, 1) if (chunks > 1)
+    int bad = 0;
+#pragma omp parallel for schedule(dynamic, 1) reduction(| : bad) if (chunks > 1)
     for (int64_t k = 0; k < chunks; k++) {
         int64_t r0 = k * rc, r1 = r0 + rc < N ? r0 + rc : N;
-        xent_forward_rows(losses, logits, targets, r0, r1, V);
+        bad |= xent_forward_rows(p->losses, p->logits, p->targets, r0, r1, V);
     }
     double num = 0.0, den = 0.0;
     for (int64_t n = 0; n < N; n++) {
-        if (mask[n] != 0.0f) num += (double)mask[n] * (double)losses[n];
-        den += (double)mask[n];
+        if (p->mask[n] != 0.0f) num += (double)p->mask[n] * (double)p->losses[n];
+        den += (double)p->mask[n];
     }
-    *loss = den != 0.0 ? num / den : 0.0;
-    return MF_OK;
+    *p->loss = den != 0.0 ? num / den : 0.0;
+    return bad ? MF_EINDEX : MF_OK;
 }
 
-int softmax_xent_backward(float *dlogits, const float *logits, const int32_t *targets,
-                          const float *mask, float scale, int64_t N, int64_t V) {
+int softmax_xent_backward(const MfSoftmaxXentParams *p) {
+    const int64_t N = p->N, V = p->V;
     if (N < 1 || V < 1) return MF_EINVAL;
-    int status = check_targets(targets, N, V);
-    if (status != MF_OK) return status;
     const int64_t rc = rows_per_chunk(V), chunks = (N + rc - 1) / rc;
-#pragma omp parallel for schedule(dynamic, 1) if (chunks > 1)
+    int bad = 0;
+#pragma omp parallel for schedule(dynamic, 1) reduction(| : bad) if (chunks > 1)
     for (int64_t k = 0; k < chunks; k++) {
         int64_t r0 = k * rc, r1 = r0 + rc < N ? r0 + rc : N;
-        xent_backward_rows(dlogits, logits, targets, mask, scale, r0, r1, V);
+        bad |= xent_backward_rows(p->dlogits, p->logits, p->targets, p->mask, p->scale, r0, r1,
+                                  V);
     }
-    return MF_OK;
+    return bad ? MF_EINDEX : MF_OK;
 }

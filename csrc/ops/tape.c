@@ -40,19 +40,20 @@
  * whichever thread the OS has parked). Inner loops run over D: the complex products as plain
  * loops over pairs (GCC vectorises the interleaved even/odd lanes with permutes; explicit
  * shuffles measured no faster: the op is memory-bound), the head mix over D-chunks of a stack
- * buffer (forward) or in place in the output row (backward), the dot products P with 16 float
- * lanes (explicit vectors: GCC does not vectorise a float sum without -ffast-math) summed in
- * double. In the mix backward each row block sums its dw contribution into its own double
- * scratch (malloc'd; MF_ENOMEM if that fails) and the blocks are added in block order
- * afterwards: race-free and bit-identical for any number of threads.
+ * buffer (forward) or in place in the output row (backward), the dot products P with MF_VW
+ * float lanes (simd.h's vectors: GCC does not vectorise a float sum without -ffast-math)
+ * summed in double, the gates with simd.h's vexp. In the mix backward each row block sums its
+ * dw contribution into its own double scratch (the caller's: tape_mix_backward_scratch_floats)
+ * and the blocks are added in block order afterwards: race-free and bit-identical for any
+ * number of threads.
  */
 #include <math.h>
 #include <stdint.h>
-#include <stdlib.h>
 #include <string.h>
 
 #include "mapformer/clones.h"
 #include "mapformer/mapformer.h"
+#include "mapformer/scratch.h"
 #include "mapformer/simd.h" /* MF_VW 16: the target_clones copies lower it to their ISA */
 
 #define TAPE_MIN_PARALLEL 32768   /* B*T*H*D below this runs on one thread */
@@ -121,24 +122,23 @@ static int bad_sizes(int64_t B, int64_t T, int64_t H, int64_t D) {
     return B < 1 || T < 1 || H < 1 || D < 2 || D % 2 != 0;
 }
 
-int tape_rotate_forward(float *q_out, float *k_out, const float *q, const float *k,
-                        const float *e, int64_t B, int64_t T, int64_t H, int64_t D) {
+int tape_rotate_forward(const MfTapeRotateParams *p) {
+    const int64_t B = p->B, T = p->T, H = p->H, D = p->D;
     if (bad_sizes(B, T, H, D)) return MF_EINVAL;
     const int64_t N = B * T, L = H * D, per = rows_per_item(L);
 #pragma omp parallel for schedule(dynamic, 1) if (N * L >= TAPE_MIN_PARALLEL)
     for (int64_t r0 = 0; r0 < N; r0 += per)
-        rotate_rows(q_out, k_out, q, k, e, L, r0, r0 + per < N ? r0 + per : N);
+        rotate_rows(p->q_out, p->k_out, p->q, p->k, p->e, L, r0, r0 + per < N ? r0 + per : N);
     return MF_OK;
 }
 
-int tape_rotate_backward(float *dq, float *dk, float *de, const float *dq_out,
-                         const float *dk_out, const float *q, const float *k, const float *e,
-                         int64_t B, int64_t T, int64_t H, int64_t D) {
+int tape_rotate_backward(const MfTapeRotateParams *p) {
+    const int64_t B = p->B, T = p->T, H = p->H, D = p->D;
     if (bad_sizes(B, T, H, D)) return MF_EINVAL;
     const int64_t N = B * T, L = H * D, per = rows_per_item(L);
 #pragma omp parallel for schedule(dynamic, 1) if (N * L >= TAPE_MIN_PARALLEL)
     for (int64_t r0 = 0; r0 < N; r0 += per)
-        rotate_back_rows(dq, dk, de, dq_out, dk_out, q, k, e, L, r0,
+        rotate_back_rows(p->dq, p->dk, p->de, p->dq_out, p->dk_out, p->q, p->k, p->e, L, r0,
                          r0 + per < N ? r0 + per : N);
     return MF_OK;
 }
@@ -189,7 +189,7 @@ static void mix_rows(float *restrict e_new, const float *restrict e_att,
     }
 }
 
-/* a . b over n floats: 16 float lanes, summed in double as a fixed tree (vector adds: with
+/* a . b over n floats: MF_VW float lanes, summed in double as a fixed tree (vector adds: with
  * H = 2 and D = 64 a lane-order sum was a quarter of the backward's time), then the tail. */
 MF_INLINE double dot_f32(const float *restrict a, const float *restrict b, int64_t n) {
     const int64_t nv = n - n % MF_VW;
@@ -249,36 +249,43 @@ static void mix_back_rows(float *restrict de_att, float *restrict dgate_logits,
     }
 }
 
-int tape_mix_forward(float *e_new, const float *e_att, const float *gate_logits,
-                     const float *w, int64_t B, int64_t T, int64_t H, int64_t D) {
+int tape_mix_forward(const MfTapeMixParams *p) {
+    const int64_t B = p->B, T = p->T, H = p->H, D = p->D;
     if (bad_sizes(B, T, H, D)) return MF_EINVAL;
     const int64_t N = B * T, per = rows_per_item(H * D);
 #pragma omp parallel for schedule(dynamic, 1) if (N * H * D >= TAPE_MIN_PARALLEL)
     for (int64_t r0 = 0; r0 < N; r0 += per)
-        mix_rows(e_new, e_att, gate_logits, w, H, D, r0, r0 + per < N ? r0 + per : N);
+        mix_rows(p->e_new, p->e_att, p->gate_logits, p->w, H, D, r0, r0 + per < N ? r0 + per : N);
     return MF_OK;
 }
 
-int tape_mix_backward(float *de_att, float *dgate_logits, float *dw, const float *de_new,
-                      const float *e_att, const float *gate_logits, const float *w, int64_t B,
-                      int64_t T, int64_t H, int64_t D) {
-    if (bad_sizes(B, T, H, D)) return MF_EINVAL;
-    const int64_t N = B * T, nb = N < TAPE_MIX_BLOCKS ? N : TAPE_MIX_BLOCKS;
-    /* scratch per block: dw partials (H*H), then g and g (1 - g) (2H) */
-    const int64_t stride = H * H + 2 * H;
-    double *part = malloc((size_t)(nb * stride) * sizeof(double));
-    if (part == NULL) return MF_ENOMEM;
+/* per row block of the backward, in double: dw partials (H*H), then g and g (1 - g) (2H) */
+static int64_t mix_blocks(const MfTapeMixParams *p) {
+    const int64_t N = p->B * p->T;
+    return N < TAPE_MIX_BLOCKS ? N : TAPE_MIX_BLOCKS;
+}
+
+int64_t tape_mix_backward_scratch_floats(const MfTapeMixParams *p) {
+    return mf_scratch_size(2 * mix_blocks(p) * (p->H * p->H + 2 * p->H));
+}
+
+int tape_mix_backward(const MfTapeMixParams *p) {
+    float *dw = p->dw;
+    const int64_t B = p->B, T = p->T, H = p->H, D = p->D;
+    if (bad_sizes(B, T, H, D) || p->scratch_floats < tape_mix_backward_scratch_floats(p))
+        return MF_EINVAL;
+    const int64_t N = B * T, nb = mix_blocks(p), stride = H * H + 2 * H;
+    double *part = (double *)p->scratch;
 #pragma omp parallel for schedule(dynamic, 1) if (N * H * D >= TAPE_MIN_PARALLEL)
     for (int64_t b = 0; b < nb; b++) {
         double *s = part + b * stride;
-        mix_back_rows(de_att, dgate_logits, s, s + H * H, de_new, e_att,
-                      gate_logits, w, H, D, N * b / nb, N * (b + 1) / nb);
+        mix_back_rows(p->de_att, p->dgate_logits, s, s + H * H, p->de_new, p->e_att,
+                      p->gate_logits, p->w, H, D, N * b / nb, N * (b + 1) / nb);
     }
     for (int64_t i = 0; i < H * H; i++) {
         double sum = 0.0;
         for (int64_t b = 0; b < nb; b++) sum += part[b * stride + i];
         dw[i] = (float)((double)dw[i] + sum);
     }
-    free(part);
     return MF_OK;
 }
