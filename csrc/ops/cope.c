@@ -29,7 +29,7 @@
  * 0 .. i1-1 (L = i1). Positions never exceed i1 (each gate is at most 1), so only
  * z[0 .. nz) with nz = min(n_pos, i1 + 1) is needed. Per block, sgemm gives the scores
  * S = scale Q K^T (BR x L) and Z = Q E^T (BR x nz), then each row becomes logits in passes
- * over whole vectors: gates; positions, a reverse prefix sum in double inside blocks of 8
+ * over whole vectors: gates; positions, a reverse prefix sum in double inside blocks of VDL
  * lanes carried from the top; the interpolation (a gather from z); the softmax. O = P V is
  * one more sgemm. The backward recomputes S, Z and P from lse, takes dP = dout V^T by
  * sgemm, turns each row into dA, dz (a scatter), dp and ds (a forward prefix sum in double)
@@ -58,7 +58,8 @@
 #include "mapformer/clones.h"
 #include "mapformer/mapformer.h"
 #include "mapformer/scratch.h"
-#include "mapformer/simd.h" /* MF_VW 16: the target_clones copies lower it to their ISA */
+#define MF_VW MF_CLONES_VW /* the width of the target_clones copies (clones.h) */
+#include "mapformer/simd.h"
 #include "mapformer/threads.h"
 
 
@@ -67,8 +68,8 @@
 static inline int64_t min64(int64_t a, int64_t b) { return a < b ? a : b; }
 
 /* ---- vector helpers ----------------------------------------------------------------------- */
-/* simd.h's vectors at MF_VW = 16 floats (vf), or VDL = 8 doubles (vd) widened from 8 floats
- * (vfh); every exponential (gates and softmax) is simd.h's vexp. */
+/* simd.h's vectors of MF_VW floats (vf), or VDL = MF_VW / 2 doubles (vd) widened from VDL
+ * floats (vfh); every exponential (gates and softmax) is simd.h's vexp. */
 
 /* The array helpers work on whole vectors where they can (n a multiple of MF_VW: rows of
  * scratch are padded); each is compiled per ISA (MF_CLONES, mapformer/clones.h). */

@@ -20,7 +20,8 @@
 
 #include "mapformer/clones.h"
 #include "mapformer/mapformer.h"
-#include "mapformer/simd.h" /* MF_VW 16: the target_clones copies lower it to their ISA */
+#define MF_VW MF_CLONES_VW /* the width of the target_clones copies (clones.h) */
+#include "mapformer/simd.h"
 
 /* elements per OpenMP work item; below two chunks the op runs on one thread */
 #define MF_GELU_CHUNK 8192

@@ -24,7 +24,8 @@
 
 #include "mapformer/clones.h"
 #include "mapformer/mapformer.h"
-#include "mapformer/simd.h" /* MF_VW 16: the target_clones copies lower it to their ISA */
+#define MF_VW MF_CLONES_VW /* the width of the target_clones copies (clones.h) */
+#include "mapformer/simd.h"
 
 /* exponentials are summed in float lanes over blocks of this many logits, each block's lanes
  * then added in double: a lane never sums more than MF_XENT_BLOCK / MF_VW terms */

@@ -40,7 +40,7 @@
  * whichever thread the OS has parked). Inner loops run over D: the complex products as plain
  * loops over pairs (GCC vectorises the interleaved even/odd lanes with permutes; explicit
  * shuffles measured no faster: the op is memory-bound), the head mix over D-chunks of a stack
- * buffer (forward) or in place in the output row (backward), the dot products P with MF_VW
+ * buffer (forward) or in place in the output row (backward), the dot products P with 16
  * float lanes (simd.h's vectors: GCC does not vectorise a float sum without -ffast-math)
  * summed in double, the gates with simd.h's vexp. In the mix backward each row block sums its
  * dw contribution into its own double scratch (the caller's: tape_mix_backward_scratch_floats)
@@ -54,7 +54,8 @@
 #include "mapformer/clones.h"
 #include "mapformer/mapformer.h"
 #include "mapformer/scratch.h"
-#include "mapformer/simd.h" /* MF_VW 16: the target_clones copies lower it to their ISA */
+#define MF_VW MF_CLONES_VW /* the width of the target_clones copies (clones.h) */
+#include "mapformer/simd.h"
 
 #define TAPE_MIN_PARALLEL 32768   /* B*T*H*D below this runs on one thread */
 #define TAPE_BLOCK_FLOATS 16384   /* floats of one tensor per rotate / mix-forward work item */
@@ -189,16 +190,24 @@ static void mix_rows(float *restrict e_new, const float *restrict e_att,
     }
 }
 
-/* a . b over n floats: MF_VW float lanes, summed in double as a fixed tree (vector adds: with
- * H = 2 and D = 64 a lane-order sum was a quarter of the backward's time), then the tail. */
+/* a . b over n floats: 16 float lanes (16 / MF_VW vectors), summed in double as a fixed tree
+ * (lane l + 8 onto lane l, then halving: with H = 2 and D = 64 a lane-order sum was a quarter
+ * of the backward's time), then the tail. The same bits for any MF_VW. */
+#define TAPE_LANES 16
 MF_INLINE double dot_f32(const float *restrict a, const float *restrict b, int64_t n) {
-    const int64_t nv = n - n % MF_VW;
-    vf acc = VZERO;
-    for (int64_t j = 0; j < nv; j += MF_VW) acc += VLOADU(a + j) * VLOADU(b + j);
-    vd lo, hi;
-    vd_widen(&lo, &hi, &acc);
-    lo += hi;
-    double s = vd_tree_sum(&lo);
+    const int64_t nv = n - n % TAPE_LANES;
+    vf acc[TAPE_LANES / MF_VW];
+    for (int v = 0; v < TAPE_LANES / MF_VW; v++) acc[v] = VZERO;
+    for (int64_t j = 0; j < nv; j += TAPE_LANES)
+        for (int v = 0; v < TAPE_LANES / MF_VW; v++)
+            acc[v] += VLOADU(a + j + v * MF_VW) * VLOADU(b + j + v * MF_VW);
+    float lane[TAPE_LANES];
+    memcpy(lane, acc, sizeof lane);
+    double t[TAPE_LANES / 2];
+    for (int l = 0; l < TAPE_LANES / 2; l++) t[l] = (double)lane[l] + (double)lane[l + 8];
+    for (int w = TAPE_LANES / 4; w >= 1; w /= 2)
+        for (int l = 0; l < w; l++) t[l] += t[l + w];
+    double s = t[0];
     for (int64_t j = nv; j < n; j++) s += (double)(a[j] * b[j]);
     return s;
 }

@@ -452,6 +452,7 @@ static int parse_args(MfCall *c, PyObject *args, PyObject *kwargs) {
         if (c->nrows == MF_MAX_ROWS - 1 || pos > MF_MAX_PY) return table_error(c, "is too long");
         if (pos > 0) row_at[pos - 1] = c->nrows, n++;
     }
+    if (n > MF_MAX_PY) return table_error(c, "repeats a position");
     char *kwlist[MF_MAX_PY + 1], fmt[MF_MAX_PY + 80];
     int f = 0, optional = 0, kwonly = 0;
     for (int k = 0; k < n; k++) {

@@ -3,8 +3,10 @@
  * A file that includes this header first defines MF_VW, the vector width in floats: 16 in the
  * AVX-512 kernel files (csrc/ops/x86/<family>_avx512.c, compiled with -mavx512f ...), 8 in the
  * AVX2 ones (x86/<family>_avx2.c, -mavx2 -mfma), 4 in the portable ones (csrc/ops/portable/,
- * baseline flags: SSE2 on x86-64, NEON on aarch64). It defaults to 16 for the elementwise ops,
- * whose loops the compiler lowers to whatever their target (or target_clones copy) has.
+ * baseline flags: SSE2 on x86-64, NEON on aarch64). The elementwise ops, compiled as
+ * target_clones copies (mapformer/clones.h), use MF_CLONES_VW: 8 on x86-64 (GCC lowers the
+ * comparisons of vectors wider than a clone's registers lane by lane), 4 elsewhere. It
+ * defaults to 16.
  * Kernels are written once over this header, with the width and their tile shapes as
  * parameters, and compiled once per width.
  *
@@ -188,8 +190,8 @@ MF_INLINE void vgelu_grad(vf *g, vf *dy, const vf *x) {
 /* ---- doubles: VDL = MF_VW / 2 lanes, the same bytes as a vf ----------------------------------
  * vd holds VDL doubles, vdi their lane masks; vfh and vih are VDL floats and int32s (half a vf),
  * the lanes a vd converts from and to with __builtin_convertvector. The *u types are the same
- * at any float (int32) address. For sums that must run in double: cumulative sums of many
- * floats, dot products combined in a fixed tree. */
+ * at any float (int32) address. For sums that must run in double (cumulative sums of many
+ * floats). */
 #define VDL (MF_VW / 2)
 typedef double vd __attribute__((vector_size(4 * MF_VW)));
 typedef int64_t vdi __attribute__((vector_size(4 * MF_VW)));
@@ -236,23 +238,6 @@ MF_INLINE void vd_prefix_sum(vd *x) {
 #if VDL > 4
     *x += MF_DSHUF(z, *x, MF_DOWN, 4);
 #endif
-}
-
-/* the lanes of x summed as a halving tree: lane l + VDL/2 onto lane l, and so on down to 1 */
-MF_INLINE double vd_tree_sum(const vd *x) {
-    double t[VDL];
-    memcpy(t, x, sizeof t);
-    for (int w = VDL / 2; w >= 1; w /= 2)
-        for (int l = 0; l < w; l++) t[l] += t[l + w];
-    return t[0];
-}
-
-/* the low and high halves of x, each widened to VDL doubles */
-MF_INLINE void vd_widen(vd *lo, vd *hi, const vf *x) {
-    vfh h[2];
-    memcpy(h, x, sizeof h);
-    *lo = __builtin_convertvector(h[0], vd);
-    *hi = __builtin_convertvector(h[1], vd);
 }
 
 /* Transpose in registers: dst[c * ldd + r] = src[r * lds + c] for r, c < MF_VW; butterfly
