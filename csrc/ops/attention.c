@@ -28,8 +28,8 @@
  *    softmax and exponentials in plain loops the compiler vectorises.
  * Both parallelise over tasks with OpenMP (one thread for problems too small to share).
  * Scratch is the caller's, per thread: O(BT * (BT + D)) floats, plus 2T floats in the
- * backward (attention_*_scratch_floats). Sizes are checked again here: MF_EINVAL for D odd or outside
- * [16, 128], any size < 1, or a non-finite scale.
+ * backward (attention_*_scratch_floats). Sizes are checked again here: MF_EINVAL for D odd
+ * or outside [16, 128], any size < 1, or a non-finite scale.
  * The building blocks shared with conj_attention.c live in mapformer/attention_kernels.h. */
 #include "mapformer/attention_kernels.h"
 

@@ -22,8 +22,9 @@
  * double accumulator per column (on the stack), so the inner loop runs over contiguous
  * columns and vectorises. domega partials go to a (B, M) double scratch (the caller's:
  * path_integration_backward_scratch_floats), one slot per work item, summed over b in a fixed
- * order afterwards: race-free and independent of the number of threads. Items are handed out dynamically: on a shared 2-vCPU machine a static split
- * waits for whichever thread the OS has parked.
+ * order afterwards: race-free and independent of the number of threads. Items are handed out
+ * dynamically: on a shared 2-vCPU machine a static split waits for whichever thread the OS has
+ * parked.
  */
 #include <math.h>
 
