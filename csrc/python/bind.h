@@ -1,18 +1,19 @@
 /* The binding of the C core (only csrc/python includes Python.h): every op is data, an MfOp
  * whose arguments are MfArg rows, and one checker (bind.c: mf_call) turns a Python call into
- * the op's parameter struct (mapformer/params.h), runs the op with the GIL released and
- * builds the result.
+ * the op's parameter struct (mapformer/params.h), runs the op with the GIL released (and
+ * nothing else: no Python call) and builds the result; one cleanup label releases every
+ * reference it took.
  *
  * An op's argument rows, in the order they are checked:
- *   {"q", 2, MF_IN, .shape = "B T H D", .field = offsetof(MfAttentionParams, q)}
+ *   {"q", 2, MF_IN, 0, "B T H D", .field = offsetof(MfAttentionParams, q)}
  * names the argument (as Python and the error messages see it), its place in the Python
  * signature (1-based; 0 for what is not a Python argument: new outputs, results), its kind and
  * what the kind needs. The arrays' shapes are space-separated letters: a letter's first array
  * (in row order) fixes its size, every later one must match, and the error names the array,
  * the axis, the shape in letters and the shape it got. "D/2" is half of D; "..." is any shape
  * with at least one axis, the same for every "..." array of the call. New outputs are
- * allocated from the output pool by their letter shapes, the op's scratch (its
- * <op>_scratch_floats) from the same pool, released after the call. Every array the op writes
+ * allocated from the output pool by their letter shapes; the op's scratch (its
+ * <op>_scratch_floats) is borrowed from the same pool for the call. Every array the op writes
  * (new or in place) is checked against every other array of the call for shared memory, in
  * row order, and the written one is named. The sizes the op reads (op->sizes) are copied from
  * the letters into the struct's int64 fields.
