@@ -38,9 +38,13 @@ static void adamw_kernel(float *restrict p, float *restrict m, float *restrict v
     }
 }
 
-int adamw_step(float *params, float *m, float *v, const float *grads, const uint8_t *decay_mask,
-               int64_t n, float lr, float beta1, float beta2, float eps, float weight_decay,
-               int64_t step) {
+int adamw_step(const MfAdamwParams *p) {
+    float *params = p->params, *m = p->m, *v = p->v;
+    const float *grads = p->grads;
+    const uint8_t *decay_mask = p->decay_mask;
+    const int64_t n = p->n, step = p->step;
+    const float lr = p->lr, beta1 = p->beta1, beta2 = p->beta2, eps = p->eps;
+    const float weight_decay = p->weight_decay;
     if (n < 1 || step < 1 || !isfinite(lr) || lr < 0.0f || !(beta1 >= 0.0f && beta1 < 1.0f) ||
         !(beta2 >= 0.0f && beta2 < 1.0f) || !isfinite(eps) || !(eps > 0.0f) ||
         !isfinite(weight_decay) || weight_decay < 0.0f)

@@ -27,9 +27,9 @@
  *    product is one cblas sgemm on a BTB x BTB tile read in place (leading dimension H*D),
  *    softmax and exponentials in plain loops the compiler vectorises.
  * Both parallelise over tasks with OpenMP (one thread for problems too small to share).
- * Scratch is malloc'ed per thread: O(BT * (BT + D)) floats, plus 2T floats in the backward;
- * MF_ENOMEM when that fails. Sizes are checked again here: MF_EINVAL for D odd or outside
- * [16, 128], any size < 1, or a non-finite scale.
+ * Scratch is the caller's, per thread: O(BT * (BT + D)) floats, plus 2T floats in the
+ * backward (attention_*_scratch_floats). Sizes are checked again here: MF_EINVAL for D odd
+ * or outside [16, 128], any size < 1, or a non-finite scale.
  * The building blocks shared with conj_attention.c live in mapformer/attention_kernels.h. */
 #include "mapformer/attention_kernels.h"
 
@@ -481,8 +481,32 @@ static AttnParams make_params(int64_t B, int64_t T, int64_t H, int64_t D, float 
     return p;
 }
 
-int attention_forward(float *out, float *lse, const float *q, const float *k, const float *v,
-                      int64_t B, int64_t T, int64_t H, int64_t D, float scale) {
+/* floats of one task's scratch on the AVX-512 path (fast) or the sgemm path */
+static int64_t fwd_floats(int fast, const AttnParams *p) {
+    return fast ? p->D * BT + BT * BT + 2 * BT * p->Dp + 4 * BT : BTB * BTB + BTB * p->D + 2 * BTB;
+}
+static int64_t bwd_floats(int fast, const AttnParams *p) {
+    return fast ? 2 * p->D * BT + 5 * BT * p->Dp + 2 * BT * BT + 2 * p->T
+                : 2 * BTB * BTB + 2 * BTB * p->D + 2 * p->T;
+}
+
+int64_t attention_forward_scratch_floats(const MfAttentionParams *a) {
+    if (check_sizes(a->B, a->T, a->H, a->D, 0.0f) != MF_OK) return 0;
+    const AttnParams p = make_params(a->B, a->T, a->H, a->D, a->scale, BT);
+    return task_scratch_floats(fwd_floats(1, &p), fwd_floats(0, &p));
+}
+
+int64_t attention_backward_scratch_floats(const MfAttentionParams *a) {
+    if (check_sizes(a->B, a->T, a->H, a->D, 0.0f) != MF_OK) return 0;
+    const AttnParams p = make_params(a->B, a->T, a->H, a->D, a->scale, BT);
+    return task_scratch_floats(bwd_floats(1, &p), bwd_floats(0, &p));
+}
+
+int attention_forward(const MfAttentionParams *a) {
+    float *out = a->out, *lse = a->lse;
+    const float *q = a->q, *k = a->k, *v = a->v;
+    const int64_t B = a->B, T = a->T, H = a->H, D = a->D;
+    const float scale = a->scale;
     if (out == NULL || lse == NULL || q == NULL || k == NULL || v == NULL) return MF_EINVAL;
     int status = check_sizes(B, T, H, D, scale);
     if (status != MF_OK) return status;
@@ -495,14 +519,15 @@ int attention_forward(float *out, float *lse, const float *q, const float *k, co
     p.k = k;
     p.v = v;
     const int64_t ntask = B * H * fwd_npair(&p);
-    if (fast)
-        return run_tasks(fwd_avx512, &p, ntask, D * BT + BT * BT + 2 * BT * p.Dp + 4 * BT, work);
-    return run_tasks(fwd_blas, &p, ntask, BTB * BTB + BTB * D + 2 * BTB, work);
+    return run_tasks(fast ? fwd_avx512 : fwd_blas, &p, ntask, fwd_floats(fast, &p), work,
+                     a->scratch, a->scratch_floats);
 }
 
-int attention_backward(float *dq, float *dk, float *dv, const float *dout, const float *q,
-                       const float *k, const float *v, const float *out, const float *lse,
-                       int64_t B, int64_t T, int64_t H, int64_t D, float scale) {
+int attention_backward(const MfAttentionParams *a) {
+    float *dq = a->dq, *dk = a->dk, *dv = a->dv;
+    const float *dout = a->dout, *q = a->q, *k = a->k, *v = a->v, *out = a->o, *lse = a->lse_in;
+    const int64_t B = a->B, T = a->T, H = a->H, D = a->D;
+    const float scale = a->scale;
     if (dq == NULL || dk == NULL || dv == NULL || dout == NULL || q == NULL || k == NULL ||
         v == NULL || out == NULL || lse == NULL)
         return MF_EINVAL;
@@ -520,8 +545,6 @@ int attention_backward(float *dq, float *dk, float *dv, const float *dout, const
     p.v = v;
     p.o = out;
     p.lse_in = lse;
-    if (fast)
-        return run_tasks(bwd_avx512, &p, B * H, 2 * D * BT + 5 * BT * p.Dp + 2 * BT * BT + 2 * T,
-                         work);
-    return run_tasks(bwd_blas, &p, B * H, 2 * BTB * BTB + 2 * BTB * D + 2 * T, work);
+    return run_tasks(fast ? bwd_avx512 : bwd_blas, &p, B * H, bwd_floats(fast, &p), work,
+                     a->scratch, a->scratch_floats);
 }

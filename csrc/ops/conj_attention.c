@@ -766,9 +766,34 @@ static int valid_mode(int mode) {
            mode == MF_CONJ_SUM;
 }
 
-int conj_attention_forward(float *out, float *lse, const float *qx, const float *kx,
-                           const float *qp, const float *kp, const float *v, int64_t B,
-                           int64_t T, int64_t H, int64_t D, float scale, int mode) {
+/* floats of one task's scratch on the AVX-512 path (fast) or the sgemm path */
+static int64_t fwd_floats(int fast, const ConjAttnParams *p) {
+    return fast ? 2 * p->D * BT + BT * BT + 2 * BT * p->Dp + 6 * BT
+                : 2 * BTB * BTB + BTB * p->D + 4 * BTB;
+}
+static int64_t bwd_floats(int fast, const ConjAttnParams *p) {
+    return fast ? 3 * p->D * BT + 8 * BT * p->Dp + 3 * BT * BT + 3 * p->T
+                : 4 * BTB * BTB + 3 * BTB * p->D + 3 * p->T;
+}
+
+int64_t conj_attention_forward_scratch_floats(const MfConjAttentionParams *a) {
+    if (check_sizes(a->B, a->T, a->H, a->D, 0.0f) != MF_OK) return 0;
+    const ConjAttnParams p = make_params(a->B, a->T, a->H, a->D, a->scale, a->mode, BT);
+    return task_scratch_floats(fwd_floats(1, &p), fwd_floats(0, &p));
+}
+
+int64_t conj_attention_backward_scratch_floats(const MfConjAttentionParams *a) {
+    if (check_sizes(a->B, a->T, a->H, a->D, 0.0f) != MF_OK) return 0;
+    const ConjAttnParams p = make_params(a->B, a->T, a->H, a->D, a->scale, a->mode, BT);
+    return task_scratch_floats(bwd_floats(1, &p), bwd_floats(0, &p));
+}
+
+int conj_attention_forward(const MfConjAttentionParams *a) {
+    float *out = a->out, *lse = a->lse;
+    const float *qx = a->qx, *kx = a->kx, *qp = a->qp, *kp = a->kp, *v = a->v;
+    const int64_t B = a->B, T = a->T, H = a->H, D = a->D;
+    const float scale = a->scale;
+    const int mode = a->mode;
     if (out == NULL || lse == NULL || qx == NULL || kx == NULL || qp == NULL || kp == NULL ||
         v == NULL || !valid_mode(mode))
         return MF_EINVAL;
@@ -785,17 +810,17 @@ int conj_attention_forward(float *out, float *lse, const float *qx, const float 
     p.v = v;
     const int64_t ntask = B * H * fwd_npair(&p);
     const double work = (double)B * H * T * T * D;
-    if (fast)
-        return run_tasks(fwd_avx512, &p, ntask, 2 * D * BT + BT * BT + 2 * BT * p.Dp + 6 * BT,
-                         work);
-    return run_tasks(fwd_blas, &p, ntask, 2 * BTB * BTB + BTB * D + 4 * BTB, work);
+    return run_tasks(fast ? fwd_avx512 : fwd_blas, &p, ntask, fwd_floats(fast, &p), work,
+                     a->scratch, a->scratch_floats);
 }
 
-int conj_attention_backward(float *dqx, float *dkx, float *dqp, float *dkp, float *dv,
-                            const float *dout, const float *qx, const float *kx,
-                            const float *qp, const float *kp, const float *v, const float *out,
-                            const float *lse, int64_t B, int64_t T, int64_t H, int64_t D,
-                            float scale, int mode) {
+int conj_attention_backward(const MfConjAttentionParams *a) {
+    float *dqx = a->dqx, *dkx = a->dkx, *dqp = a->dqp, *dkp = a->dkp, *dv = a->dv;
+    const float *dout = a->dout, *qx = a->qx, *kx = a->kx, *qp = a->qp, *kp = a->kp;
+    const float *v = a->v, *out = a->o, *lse = a->lse_in;
+    const int64_t B = a->B, T = a->T, H = a->H, D = a->D;
+    const float scale = a->scale;
+    const int mode = a->mode;
     if (dqx == NULL || dkx == NULL || dqp == NULL || dkp == NULL || dv == NULL ||
         dout == NULL || qx == NULL || kx == NULL || qp == NULL || kp == NULL || v == NULL ||
         out == NULL || lse == NULL || !valid_mode(mode))
@@ -818,8 +843,6 @@ int conj_attention_backward(float *dqx, float *dkx, float *dqp, float *dkp, floa
     p.o = out;
     p.lse_in = lse;
     const double work = (double)B * H * T * T * D;
-    if (fast)
-        return run_tasks(bwd_avx512, &p, B * H,
-                         3 * D * BT + 8 * BT * p.Dp + 3 * BT * BT + 3 * T, work);
-    return run_tasks(bwd_blas, &p, B * H, 4 * BTB * BTB + 3 * BTB * D + 3 * T, work);
+    return run_tasks(fast ? bwd_avx512 : bwd_blas, &p, B * H, bwd_floats(fast, &p), work,
+                     a->scratch, a->scratch_floats);
 }

@@ -29,7 +29,7 @@
  * 0 .. i1-1 (L = i1). Positions never exceed i1 (each gate is at most 1), so only
  * z[0 .. nz) with nz = min(n_pos, i1 + 1) is needed. Per block, sgemm gives the scores
  * S = scale Q K^T (BR x L) and Z = Q E^T (BR x nz), then each row becomes logits in passes
- * over whole vectors: gates; positions, a reverse prefix sum in double inside blocks of 8
+ * over whole vectors: gates; positions, a reverse prefix sum in double inside blocks of VDL
  * lanes carried from the top; the interpolation (a gather from z); the softmax. O = P V is
  * one more sgemm. The backward recomputes S, Z and P from lse, takes dP = dout V^T by
  * sgemm, turns each row into dA, dz (a scatter), dp and ds (a forward prefix sum in double)
@@ -44,105 +44,63 @@
  * schedule, so which thread handles which head depends only on the thread count. de is
  * accumulated race-free: each thread adds into its own (H, nzmax, D) buffer, then the
  * buffers are summed in thread order into de (deterministic for a given thread count).
- * Scratch is allocated per thread before the parallel region; MF_ENOMEM when any allocation
- * fails, and everything is freed on every path.
+ * Scratch is the caller's (cope_forward_scratch_floats, cope_backward_scratch_floats): e
+ * transposed, shared, then one region per thread for as many threads as it serves.
  *
- * Exponentials (gates and softmax) use a branch-free exp2 polynomial (Cephes exp2f, about
- * 2 ulp, plus the rounding of x log2 e), on GCC vector types. */
+ * Exponentials (gates and softmax) are simd.h's vexp (the core's one exponential: Cephes
+ * exp2f, about 2 ulp, plus the rounding of x log2 e), on simd.h's vectors. */
 #include <limits.h>
 #include <math.h>
 #include <stdint.h>
-#include <stdlib.h>
 #include <string.h>
 
 #include "mapformer/blas.h"
 #include "mapformer/clones.h"
 #include "mapformer/mapformer.h"
+#include "mapformer/scratch.h"
+#define MF_VW MF_CLONES_VW /* the width of the target_clones copies (clones.h) */
+#include "mapformer/simd.h"
 #include "mapformer/threads.h"
 
 
 #define BR 64 /* query rows per block */
-#define LOG2E 1.4426950408889634f
 
 static inline int64_t min64(int64_t a, int64_t b) { return a < b ? a : b; }
 
 /* ---- vector helpers ----------------------------------------------------------------------- */
+/* simd.h's vectors of MF_VW floats (vf), or VDL = MF_VW / 2 doubles (vd) widened from VDL
+ * floats (vfh); every exponential (gates and softmax) is simd.h's vexp. */
 
-/* GCC vector extensions, lowered to whatever the target has: VL floats (vf), or 8 doubles (vd)
- * widened from 8 floats (vh). Memory is read and written through the *u types, which allow
- * any address. Helpers take pointers: a function passing 64-byte vectors by value draws
- * -Wpsabi notes. */
-#define VL 16
-typedef float vf __attribute__((vector_size(4 * VL)));
-typedef int32_t vi __attribute__((vector_size(4 * VL)));
-typedef float vfu __attribute__((vector_size(4 * VL), __may_alias__, aligned(4)));
-typedef double vd __attribute__((vector_size(64)));
-typedef int64_t vl __attribute__((vector_size(64)));
-typedef double vdu __attribute__((vector_size(64), __may_alias__, aligned(8)));
-typedef float vh __attribute__((vector_size(32)));
-typedef float vhu __attribute__((vector_size(32), __may_alias__, aligned(4)));
-typedef int32_t vhi __attribute__((vector_size(32)));
-typedef int32_t vhiu __attribute__((vector_size(32), __may_alias__, aligned(4)));
-#define VSPLAT(x) ((float)(x) - (vf){0})
-#define VLOADU(p) (*(const vfu *)(p))
-#define VSTOREU(p, x) (*(vfu *)(p) = (x))
-#define VSELECT(mask, a, b) ((vf)(((mask) & (vi)(a)) | (~(mask) & (vi)(b))))
-#define DSELECT(mask, a, b) ((vd)(((mask) & (vl)(a)) | (~(mask) & (vl)(b))))
-
-/* *x = exp(*x) for finite or -inf lanes (0 below -87.5, NaN kept): n = round(x log2 e),
- * 2^f on [-1/2, 1/2] by a degree-6 polynomial (Cephes exp2f, about 2 ulp), 2^n put into
- * the exponent bits. */
-static inline void vexp(vf *x) {
-    const vf x0 = *x;
-    vf y = x0 * LOG2E;
-    y = VSELECT(y < VSPLAT(-126.0f), VSPLAT(-126.0f), y);
-    y = VSELECT(y > VSPLAT(127.0f), VSPLAT(127.0f), y);
-    const vf t = y + 12582912.0f; /* 1.5 * 2^23: the low mantissa bits of t hold round(y) */
-    const vf f = y - (t - 12582912.0f);
-    vf p = VSPLAT(1.535336188319500e-4f);
-    p = p * f + 1.339887440266574e-3f;
-    p = p * f + 9.618437357674640e-3f;
-    p = p * f + 5.550332471162809e-2f;
-    p = p * f + 2.402264791363012e-1f;
-    p = p * f + 6.931472028550421e-1f;
-    p = p * f + 1.0f;
-    const vi e = ((vi)t - 0x4B400000 + 127) << 23; /* 2^round(y) */
-    const vf r = p * (vf)e;
-    *x = VSELECT(x0 < VSPLAT(-87.5f), VSPLAT(0.0f), r); /* y clamped to -126: 2^-126, not 0 */
-}
-
-/* The array helpers work on whole vectors where they can (n a multiple of VL: rows of
+/* The array helpers work on whole vectors where they can (n a multiple of MF_VW: rows of
  * scratch are padded); each is compiled per ISA (MF_CLONES, mapformer/clones.h). */
 
-/* g[j] = sigmoid(s[j]) for j < n (n a multiple of VL). */
+/* g[j] = sigmoid(s[j]) for j < n (n a multiple of MF_VW). */
 MF_CLONES static void sigmoid_array(float *g, const float *s, int64_t n) {
-    for (int64_t j = 0; j < n; j += VL) {
-        vf x = -VLOADU(s + j);
-        vexp(&x);
-        VSTOREU(g + j, 1.0f / (1.0f + x));
+    for (int64_t j = 0; j < n; j += MF_VW) {
+        vf x = VLOADU(s + j);
+        vsigmoid(&x);
+        VSTOREU(g + j, x);
     }
 }
 
 /* Positions of row i: p_j = min(sum_{t=j..i} g[t], pmax) for j <= i, summed in double
  * (a NaN sum gives pmax), stored as their floor F[j] and fractional part W[j]; g[i+1 ..] is
- * zeroed up to the next multiple of 8. Blocks of 8 from the top: a reverse prefix sum inside
- * the block in three shift-and-add steps, plus the sum of everything above it. */
+ * zeroed up to the next multiple of VDL. Blocks of VDL from the top: a suffix sum inside
+ * the block (simd.h's vd_suffix_sum), plus the sum of everything above it. */
 MF_CLONES static void positions_array(int32_t *F, float *W, float *g, int64_t i, double pmax) {
-    const int64_t n8 = (i + 8) / 8 * 8;
-    for (int64_t j = i + 1; j < n8; j++) g[j] = 0.0f;
-    const vd zero = {0}, top = zero + pmax;
+    const int64_t nd = (i + VDL) / VDL * VDL;
+    for (int64_t j = i + 1; j < nd; j++) g[j] = 0.0f;
+    const vd top = (vd){0} + pmax;
     double carry = 0.0;
-    for (int64_t j0 = n8 - 8; j0 >= 0; j0 -= 8) {
-        vd r = __builtin_convertvector(*(const vhu *)(g + j0), vd);
-        r += __builtin_shuffle(r, zero, (vl){1, 2, 3, 4, 5, 6, 7, 8});
-        r += __builtin_shuffle(r, zero, (vl){2, 3, 4, 5, 6, 7, 8, 9});
-        r += __builtin_shuffle(r, zero, (vl){4, 5, 6, 7, 8, 9, 10, 11});
+    for (int64_t j0 = nd - VDL; j0 >= 0; j0 -= VDL) {
+        vd r = __builtin_convertvector(*(const vfhu *)(g + j0), vd);
+        vd_suffix_sum(&r);
         r += carry;
         carry = r[0];
         r = DSELECT(r < top, r, top);
-        const vhi f = __builtin_convertvector(r, vhi); /* r >= 0: truncation is floor */
-        *(vhiu *)(F + j0) = f;
-        *(vhu *)(W + j0) = __builtin_convertvector(r - __builtin_convertvector(f, vd), vh);
+        const vih f = __builtin_convertvector(r, vih); /* r >= 0: truncation is floor */
+        *(vihu *)(F + j0) = f;
+        *(vfhu *)(W + j0) = __builtin_convertvector(r - __builtin_convertvector(f, vd), vfh);
     }
 }
 
@@ -158,36 +116,36 @@ MF_CLONES static void interp_array(float *restrict s, const int32_t *restrict F,
     }
 }
 
-/* max of x[0..n) (n a multiple of VL). */
+/* max of x[0..n) (n a multiple of MF_VW). */
 MF_CLONES static float max_array(const float *x, int64_t n) {
     vf m = VSPLAT(-INFINITY);
-    for (int64_t j = 0; j < n; j += VL) {
+    for (int64_t j = 0; j < n; j += MF_VW) {
         const vf y = VLOADU(x + j);
         m = VSELECT(y > m, y, m);
     }
     float r = m[0];
-    for (int l = 1; l < VL; l++) r = m[l] > r ? m[l] : r;
+    for (int l = 1; l < MF_VW; l++) r = m[l] > r ? m[l] : r;
     return r;
 }
 
-/* x[j] = exp(x[j] - m) for j < n (n a multiple of VL); returns their sum (fixed order:
+/* x[j] = exp(x[j] - m) for j < n (n a multiple of MF_VW); returns their sum (fixed order:
  * lanes, then across). */
 MF_CLONES static float exp_sum_array(float *x, int64_t n, float m) {
     vf acc = VSPLAT(0.0f);
-    for (int64_t j = 0; j < n; j += VL) {
+    for (int64_t j = 0; j < n; j += MF_VW) {
         vf y = VLOADU(x + j) - m;
         vexp(&y);
         VSTOREU(x + j, y);
         acc += y;
     }
     float sum = 0.0f;
-    for (int l = 0; l < VL; l++) sum += acc[l];
+    for (int l = 0; l < MF_VW; l++) sum += acc[l];
     return sum;
 }
 
-/* Backward: a -> P = exp(a - lse), dP -> dA = P (dP - Dv), for j < n (a multiple of VL). */
+/* Backward: a -> P = exp(a - lse), dP -> dA = P (dP - Dv), for j < n (a multiple of MF_VW). */
 MF_CLONES static void prob_da_array(float *a, float *dp, int64_t n, float lse, float dv) {
-    for (int64_t j = 0; j < n; j += VL) {
+    for (int64_t j = 0; j < n; j += MF_VW) {
         vf pr = VLOADU(a + j) - lse;
         vexp(&pr);
         VSTOREU(a + j, pr);
@@ -196,7 +154,7 @@ MF_CLONES static void prob_da_array(float *a, float *dp, int64_t n, float lse, f
 }
 
 /* Backward: x[j] = dA[j] (z[c] - z[f]), the position gradient, for j < n; x[n ..] is zeroed
- * up to the next multiple of 8. */
+ * up to the next multiple of VDL. */
 MF_CLONES static void dpos_array(float *restrict x, const float *restrict da,
                                  const int32_t *restrict F, const float *restrict W,
                                  const float *restrict z, int64_t n) {
@@ -204,23 +162,20 @@ MF_CLONES static void dpos_array(float *restrict x, const float *restrict da,
         const int32_t f = F[j], c = f + (int32_t)(W[j] > 0.0f);
         x[j] = da[j] * (z[c] - z[f]);
     }
-    for (int64_t j = n; j < (n + 7) / 8 * 8; j++) x[j] = 0.0f;
+    for (int64_t j = n; j < (n + VDL - 1) / VDL * VDL; j++) x[j] = 0.0f;
 }
 
 /* Backward: ds[j] = dA[j] + dg[j] g[j] (1 - g[j]) with dg[j] = sum_{t <= j} x[t] (double),
- * in place over the dA row, for j < n rounded up to 8 (lanes past n get garbage). */
+ * in place over the dA row, for j < n rounded up to VDL (lanes past n get garbage). */
 MF_CLONES static void ds_array(float *da, const float *x, const float *g, int64_t n) {
-    const vd zero = {0};
     double carry = 0.0;
-    for (int64_t j0 = 0; j0 < n; j0 += 8) {
-        vd r = __builtin_convertvector(*(const vhu *)(x + j0), vd);
-        r += __builtin_shuffle(zero, r, (vl){7, 8, 9, 10, 11, 12, 13, 14});
-        r += __builtin_shuffle(zero, r, (vl){6, 7, 8, 9, 10, 11, 12, 13});
-        r += __builtin_shuffle(zero, r, (vl){4, 5, 6, 7, 8, 9, 10, 11});
+    for (int64_t j0 = 0; j0 < n; j0 += VDL) {
+        vd r = __builtin_convertvector(*(const vfhu *)(x + j0), vd);
+        vd_prefix_sum(&r);
         r += carry;
-        carry = r[7];
-        const vh dg = __builtin_convertvector(r, vh), gj = *(const vhu *)(g + j0);
-        *(vhu *)(da + j0) = *(const vhu *)(da + j0) + dg * gj * (1.0f - gj);
+        carry = r[VDL - 1];
+        const vfh dg = __builtin_convertvector(r, vfh), gj = *(const vfhu *)(g + j0);
+        *(vfhu *)(da + j0) = *(const vfhu *)(da + j0) + dg * gj * (1.0f - gj);
     }
 }
 
@@ -247,7 +202,7 @@ static void scatter_dz(float *restrict dz, float *restrict part, const float *re
     }
 }
 
-static inline int64_t round_up(int64_t n) { return (n + VL - 1) / VL * VL; }
+static inline int64_t round_up(int64_t n) { return (n + MF_VW - 1) / MF_VW * MF_VW; }
 
 /* ---- BLAS --------------------------------------------------------------------------------- */
 
@@ -294,7 +249,7 @@ typedef struct {
     int64_t Tp, nzmax;              /* round_up(T); min(n_pos, T + 1): logits ever read */
     float *ET;                      /* (H, D, nzmax): e[:, :nzmax] transposed, shared */
     float scale;
-} CopeParams;
+} Cope;
 
 /* Scratch of one thread. Rows of S and dP have stride ldS = round_up(L) <= Tp, so the vector
  * passes run over whole vectors. */
@@ -332,7 +287,7 @@ static float logits_row(CopeScratch *sc, float *srow, const float *z, int64_t i,
 }
 
 /* Forward of query blocks ib0 .. ib1-1 of head (b, h). */
-static int fwd_task(const CopeParams *p, CopeScratch *sc, int64_t b, int64_t h, int64_t ib0,
+static int fwd_task(const Cope *p, CopeScratch *sc, int64_t b, int64_t h, int64_t ib0,
                     int64_t ib1) {
     const int64_t T = p->T, D = p->D, ld = p->ld, Tp = p->Tp, nzmax = p->nzmax;
     const int64_t off = b * T * ld + h * D; /* element (b, 0, h, 0) */
@@ -367,7 +322,7 @@ static int fwd_task(const CopeParams *p, CopeScratch *sc, int64_t b, int64_t h, 
 
 /* Backward of query block ib of head (b, h); sc->KT, VT hold the head's k, v transposed
  * (bwd_task). Adds into dk, dv and sc->de; writes the block's dq rows. */
-static int bwd_block(const CopeParams *p, CopeScratch *sc, int64_t b, int64_t h, int64_t ib) {
+static int bwd_block(const Cope *p, CopeScratch *sc, int64_t b, int64_t h, int64_t ib) {
     const int64_t T = p->T, D = p->D, ld = p->ld, Tp = p->Tp;
     const int64_t i0 = ib * BR, nr = min64(BR, T - i0), L = i0 + nr, ldS = round_up(L);
     const int64_t nz = min64(p->n_pos, L + 1);
@@ -411,7 +366,7 @@ static int bwd_block(const CopeParams *p, CopeScratch *sc, int64_t b, int64_t h,
 }
 
 /* Backward of head (b, h). */
-static int bwd_task(const CopeParams *p, CopeScratch *sc, int64_t b, int64_t h) {
+static int bwd_task(const Cope *p, CopeScratch *sc, int64_t b, int64_t h) {
     const int64_t T = p->T, D = p->D, ld = p->ld, off = b * T * ld + h * D;
     transpose(sc->KT, p->Tp, p->k + off, ld, T, D);
     transpose(sc->VT, p->Tp, p->v + off, ld, T, D);
@@ -428,144 +383,155 @@ static int bwd_task(const CopeParams *p, CopeScratch *sc, int64_t b, int64_t h) 
 
 /* ---- driver ------------------------------------------------------------------------------- */
 
-static void free_scratch(CopeScratch *sc, int nt) {
-    if (sc == NULL) return;
-    for (int t = 0; t < nt; t++) {
-        void *all[] = {sc[t].S,  sc[t].Z,  sc[t].G,  sc[t].F,  sc[t].W, sc[t].KT,
-                       sc[t].dP, sc[t].dZ, sc[t].X, sc[t].part, sc[t].VT, sc[t].de};
-        for (size_t a = 0; a < sizeof all / sizeof all[0]; a++) free(all[a]);
-    }
-    free(sc);
-}
-
-/* One scratch per thread; NULL on allocation failure (nothing left allocated). S and dP are
- * zeroed once so that lanes past a row's end, which the vector passes read, hold numbers;
- * part and de must start at zero. */
-static CopeScratch *alloc_scratch(const CopeParams *p, int nt, int backward) {
-    CopeScratch *sc = calloc((size_t)nt, sizeof *sc);
-    if (sc == NULL) return NULL;
-    const size_t rows = (size_t)min64(BR, p->T), Tp = (size_t)p->Tp, nz = (size_t)p->nzmax;
-    const size_t D = (size_t)p->D, H = (size_t)p->H;
-    int ok = 1;
-    for (int t = 0; t < nt && ok; t++) {
-        CopeScratch *s = &sc[t];
-        s->S = calloc(rows * Tp, sizeof(float));
-        s->Z = malloc(rows * nz * sizeof(float));
-        s->G = malloc(Tp * sizeof(float));
-        s->F = malloc(Tp * sizeof(int32_t));
-        s->W = malloc(Tp * sizeof(float));
-        s->KT = malloc(D * Tp * sizeof(float));
-        ok = s->S && s->Z && s->G && s->F && s->W && s->KT;
-        if (backward && ok) {
-            s->dP = calloc(rows * Tp, sizeof(float));
-            s->dZ = malloc(rows * nz * sizeof(float));
-            s->X = malloc(Tp * sizeof(float));
-            s->part = calloc(4 * nz, sizeof(float));
-            s->VT = malloc(D * Tp * sizeof(float));
-            s->de = calloc(H * nz * D, sizeof(float));
-            ok = s->dP && s->dZ && s->X && s->part && s->VT && s->de;
-        }
-    }
-    if (!ok) {
-        free_scratch(sc, nt);
-        return NULL;
-    }
-    return sc;
-}
-
 /* Sizes every sgemm call sees must fit BLAS's int: checked once here. */
 static int check_sizes(int64_t B, int64_t T, int64_t H, int64_t D, int64_t n_pos, float scale) {
     if (B < 1 || T < 1 || H < 1 || D < 1 || n_pos < 1 || !isfinite(scale)) return MF_EINVAL;
-    if (T >= INT_MAX - VL || H > INT_MAX / D) return MF_EINVAL;
+    if (T >= INT_MAX - MF_VW || H > INT_MAX / D) return MF_EINVAL;
     return MF_OK;
 }
 
-/* p->ET = e[:, :nzmax] transposed per head (H, D, nzmax); MF_ENOMEM when malloc fails. */
-static int make_et(CopeParams *p) {
-    p->ET = malloc((size_t)(p->H * p->D * p->nzmax) * sizeof(float));
-    if (p->ET == NULL) return MF_ENOMEM;
-    for (int64_t h = 0; h < p->H; h++)
-        transpose(p->ET + h * p->D * p->nzmax, p->nzmax, p->e + h * p->n_pos * p->D, p->D,
-                  p->nzmax, p->D);
-    return MF_OK;
+/* The op's state from the public params (pointers, sizes) */
+static Cope cope_of(const MfCopeParams *a) {
+    Cope c = {.out = a->out, .lse = a->lse, .dq = a->dq, .dk = a->dk, .dv = a->dv, .q = a->q,
+              .k = a->k, .v = a->v, .e = a->e, .dout = a->dout, .o = a->o,
+              .lse_in = a->lse_in, .B = a->B, .T = a->T, .H = a->H, .D = a->D,
+              .n_pos = a->n_pos, .ld = a->H * a->D, .Tp = round_up(a->T),
+              .nzmax = min64(a->n_pos, a->T + 1), .scale = a->scale};
+    return c;
 }
 
-int cope_forward(float *out, float *lse, const float *q, const float *k, const float *v,
-                 const float *e, int64_t B, int64_t T, int64_t H, int64_t D, int64_t n_pos,
-                 float scale) {
-    int status = check_sizes(B, T, H, D, n_pos, scale);
+/* Floats of e transposed (shared), and of one thread's scratch (each region rounded to 64
+ * bytes): S, Z, G, F, W, KT, and for the backward dP, dZ, X, part, VT, de. */
+static int64_t et_floats(const Cope *c) { return mf_scratch_size(c->H * c->D * c->nzmax); }
+static int64_t thread_floats(const Cope *c, int backward) {
+    const int64_t rows = min64(BR, c->T), Tp = c->Tp, nz = c->nzmax;
+    int64_t n = mf_scratch_size(rows * Tp) + mf_scratch_size(rows * nz) +
+                3 * mf_scratch_size(Tp) + mf_scratch_size(c->D * Tp);
+    if (backward)
+        n += mf_scratch_size(rows * Tp) + mf_scratch_size(rows * nz) + mf_scratch_size(Tp) +
+             mf_scratch_size(4 * nz) + mf_scratch_size(c->D * Tp) +
+             mf_scratch_size(c->H * nz * c->D);
+    return n;
+}
+
+/* Thread scratch at `at` (thread_floats floats); zero: S and dP are zeroed so that lanes past a
+ * row's end, which the vector passes read, hold numbers, part and de because they accumulate
+ * (done by the thread that uses them). */
+static CopeScratch carve(const Cope *c, float *at, int backward, int zero) {
+    const int64_t rows = min64(BR, c->T), Tp = c->Tp, nz = c->nzmax;
+    CopeScratch s = {0};
+    s.S = mf_scratch_take(&at, rows * Tp);
+    s.Z = mf_scratch_take(&at, rows * nz);
+    s.G = mf_scratch_take(&at, Tp);
+    s.F = (int32_t *)mf_scratch_take(&at, Tp);
+    s.W = mf_scratch_take(&at, Tp);
+    s.KT = mf_scratch_take(&at, c->D * Tp);
+    if (zero) memset(s.S, 0, (size_t)(rows * Tp) * sizeof(float));
+    if (!backward) return s;
+    s.dP = mf_scratch_take(&at, rows * Tp);
+    s.dZ = mf_scratch_take(&at, rows * nz);
+    s.X = mf_scratch_take(&at, Tp);
+    s.part = mf_scratch_take(&at, 4 * nz);
+    s.VT = mf_scratch_take(&at, c->D * Tp);
+    s.de = mf_scratch_take(&at, c->H * nz * c->D);
+    if (zero) {
+        memset(s.dP, 0, (size_t)(rows * Tp) * sizeof(float));
+        memset(s.part, 0, (size_t)(4 * nz) * sizeof(float));
+        memset(s.de, 0, (size_t)(c->H * nz * c->D) * sizeof(float));
+    }
+    return s;
+}
+
+/* c->ET = e[:, :nzmax] transposed per head (H, D, nzmax), at the scratch's start */
+static void make_et(Cope *c, float *scratch) {
+    c->ET = scratch;
+    for (int64_t h = 0; h < c->H; h++)
+        transpose(c->ET + h * c->D * c->nzmax, c->nzmax, c->e + h * c->n_pos * c->D, c->D,
+                  c->nzmax, c->D);
+}
+
+/* Forward tasks: whole heads when there are enough to keep every thread busy (K is then
+ * transposed once per head); else one query block per task, the longest first. */
+static int whole_heads(const Cope *c) { return c->B * c->H >= 4 * (int64_t)mf_max_threads(); }
+static int64_t fwd_tasks(const Cope *c) {
+    return whole_heads(c) ? c->B * c->H : c->B * c->H * ((c->T + BR - 1) / BR);
+}
+
+int64_t cope_forward_scratch_floats(const MfCopeParams *a) {
+    if (check_sizes(a->B, a->T, a->H, a->D, a->n_pos, 0.0f) != MF_OK) return 0;
+    const Cope c = cope_of(a);
+    return et_floats(&c) + min64(mf_max_threads(), fwd_tasks(&c)) * thread_floats(&c, 0);
+}
+
+int64_t cope_backward_scratch_floats(const MfCopeParams *a) {
+    if (check_sizes(a->B, a->T, a->H, a->D, a->n_pos, 0.0f) != MF_OK) return 0;
+    const Cope c = cope_of(a);
+    return et_floats(&c) + min64(mf_max_threads(), c.B * c.H) * thread_floats(&c, 1);
+}
+
+int cope_forward(const MfCopeParams *a) {
+    int status = check_sizes(a->B, a->T, a->H, a->D, a->n_pos, a->scale);
     if (status != MF_OK) return status;
-    CopeParams p = {.out = out, .lse = lse, .q = q, .k = k, .v = v, .e = e, .B = B, .T = T,
-                    .H = H, .D = D, .n_pos = n_pos, .ld = H * D, .Tp = round_up(T),
-                    .nzmax = min64(n_pos, T + 1), .scale = scale};
-    /* Whole heads per task when there are enough to keep every thread busy (K is then
-     * transposed once per head); else one query block per task, the longest first. */
-    const int64_t nb = (T + BR - 1) / BR;
-    const int whole_heads = B * H >= 4 * (int64_t)mf_max_threads();
-    const int64_t ntask = whole_heads ? B * H : B * H * nb;
-    const int nt = (int)min64(mf_max_threads(), ntask);
-    CopeScratch *sc = alloc_scratch(&p, nt, 0);
-    if (sc == NULL) return MF_ENOMEM;
-    status = make_et(&p);
-    if (status == MF_OK) {
-#pragma omp parallel for num_threads(nt) schedule(dynamic, 1)
+    Cope p = cope_of(a);
+    const int64_t per = thread_floats(&p, 0), B = p.B, H = p.H;
+    const int64_t nb = (p.T + BR - 1) / BR, ntask = fwd_tasks(&p);
+    const int heads = whole_heads(&p);
+    const int nt = (int)min64(mf_scratch_threads(a->scratch_floats - et_floats(&p), per), ntask);
+    if (nt < 1) return MF_EINVAL;
+    make_et(&p, a->scratch);
+    float *base = a->scratch + et_floats(&p);
+#pragma omp parallel num_threads(nt)
+    {
+        CopeScratch sc = carve(&p, base + mf_thread_id() * per, 0, 1);
+#pragma omp for schedule(dynamic, 1)
         for (int64_t task = 0; task < ntask; task++) {
             const int64_t bh = task % (B * H);
-            const int64_t ib0 = whole_heads ? 0 : nb - 1 - task / (B * H);
-            const int64_t ib1 = whole_heads ? nb : ib0 + 1;
-            const int st = fwd_task(&p, &sc[mf_thread_id()], bh / H, bh % H, ib0, ib1);
+            const int64_t ib0 = heads ? 0 : nb - 1 - task / (B * H);
+            const int64_t ib1 = heads ? nb : ib0 + 1;
+            const int st = fwd_task(&p, &sc, bh / H, bh % H, ib0, ib1);
             if (st != MF_OK) {
 #pragma omp atomic write
                 status = st;
             }
         }
     }
-    free(p.ET);
-    free_scratch(sc, nt);
     return status;
 }
 
-int cope_backward(float *dq, float *dk, float *dv, float *de, const float *dout, const float *q,
-                  const float *k, const float *v, const float *e, const float *out,
-                  const float *lse, int64_t B, int64_t T, int64_t H, int64_t D, int64_t n_pos,
-                  float scale) {
-    int status = check_sizes(B, T, H, D, n_pos, scale);
+int cope_backward(const MfCopeParams *a) {
+    int status = check_sizes(a->B, a->T, a->H, a->D, a->n_pos, a->scale);
     if (status != MF_OK) return status;
-    CopeParams p = {.dq = dq, .dk = dk, .dv = dv, .q = q, .k = k, .v = v, .e = e,
-                    .dout = dout, .o = out, .lse_in = lse, .B = B, .T = T, .H = H, .D = D,
-                    .n_pos = n_pos, .ld = H * D, .Tp = round_up(T),
-                    .nzmax = min64(n_pos, T + 1), .scale = scale};
-    const int64_t ntask = B * H;
-    const int nt = (int)min64(mf_max_threads(), ntask);
-    CopeScratch *sc = alloc_scratch(&p, nt, 1);
-    if (sc == NULL) return MF_ENOMEM;
-    status = make_et(&p);
-    const int64_t nde = H * p.nzmax * D; /* rows n >= nzmax of de get nothing */
-    if (status == MF_OK) {
+    Cope p = cope_of(a);
+    const int64_t per = thread_floats(&p, 1), ntask = p.B * p.H, D = p.D, n_pos = p.n_pos;
+    const int nt = (int)min64(mf_scratch_threads(a->scratch_floats - et_floats(&p), per), ntask);
+    if (nt < 1) return MF_EINVAL;
+    make_et(&p, a->scratch);
+    float *base = a->scratch + et_floats(&p), *de = a->de;
+    const int64_t nde = p.H * p.nzmax * D; /* rows n >= nzmax of de get nothing */
+    const int64_t de_at = carve(&p, base, 1, 0).de - base; /* de in a thread's region */
 #pragma omp parallel num_threads(nt)
-        {
+    {
+        CopeScratch sc = carve(&p, base + mf_thread_id() * per, 1, 1);
 #pragma omp for schedule(static)
-            for (int64_t task = 0; task < ntask; task++) {
-                const int st = bwd_task(&p, &sc[mf_thread_id()], task / H, task % H);
-                if (st != MF_OK) {
+        for (int64_t task = 0; task < ntask; task++) {
+            const int st = bwd_task(&p, &sc, task / p.H, task % p.H);
+            if (st != MF_OK) {
 #pragma omp atomic write
-                    status = st;
-                }
+                status = st;
             }
-            /* After the implicit barrier every partial is complete (and status the same in
-             * every thread): sum them in thread order. de is left untouched on failure. */
-            if (status == MF_OK) {
+        }
+        /* After the implicit barrier every partial is complete (and status the same in
+         * every thread): sum them in thread order. de is left untouched on failure. */
+        const int team = mf_num_threads();
+        if (status == MF_OK) {
 #pragma omp for schedule(static)
-                for (int64_t x = 0; x < nde; x++) {
-                    const int64_t hh = x / (p.nzmax * D), rest = x % (p.nzmax * D);
-                    float s = 0.0f;
-                    for (int t = 0; t < nt; t++) s += sc[t].de[x];
-                    de[hh * n_pos * D + rest] += s;
-                }
+            for (int64_t x = 0; x < nde; x++) {
+                const int64_t hh = x / (p.nzmax * D), rest = x % (p.nzmax * D);
+                float s = 0.0f;
+                for (int t = 0; t < team; t++) s += base[t * per + de_at + x];
+                de[hh * n_pos * D + rest] += s;
             }
         }
     }
-    free(p.ET);
-    free_scratch(sc, nt);
     return status;
 }

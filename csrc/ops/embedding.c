@@ -1,7 +1,11 @@
 /* Token embedding lookup.
  * Forward saves nothing (backward needs only the tokens).
  * Gradient rule: dweight is a parameter gradient, accumulated (+=).
- * Ids are trusted here; the binding checks them against V before calling. */
+ * Ids are checked where they are read: each is loaded once (a volatile read, so the compiler
+ * cannot load it again for the indexing) and used only if it is in [0, V). A bad id gives
+ * MF_EINDEX: the forward leaves that row of out unwritten, the backward skips that row of dout
+ * (what was added for the good ids stays). The binding checks the ids before the call too, for
+ * its message; this check is what keeps a kernel that races a writer of tokens in bounds. */
 #include <string.h>
 
 #include "mapformer/mapformer.h"
@@ -11,29 +15,47 @@
  * a shared 2-vCPU machine a tiny parallel region can wait a whole time slice for its sibling. */
 #define EMB_MIN_PARALLEL 32768
 
-int embedding_forward(float *out, const int32_t *tokens, const float *weight, int64_t N,
-                      int64_t V, int64_t C) {
-    if (N < 1 || V < 1 || C < 1) return MF_EINVAL;
-#pragma omp parallel for schedule(static) if (N * C >= EMB_MIN_PARALLEL)
-    for (int64_t n = 0; n < N; n++)
-        memcpy(out + n * C, weight + (int64_t)tokens[n] * C, (size_t)C * sizeof(float));
-    return MF_OK;
+/* tokens[n], read once */
+static inline int64_t token_at(const int32_t *tokens, int64_t n) {
+    return ((const volatile int32_t *)tokens)[n];
 }
 
-int embedding_backward(float *dweight, const float *dout, const int32_t *tokens, int64_t N,
-                       int64_t V, int64_t C) {
+int embedding_forward(const MfEmbeddingParams *p) {
+    const int64_t N = p->N, V = p->V, C = p->C;
     if (N < 1 || V < 1 || C < 1) return MF_EINVAL;
+    int bad = 0;
+#pragma omp parallel for schedule(static) reduction(| : bad) if (N * C >= EMB_MIN_PARALLEL)
+    for (int64_t n = 0; n < N; n++) {
+        const int64_t id = token_at(p->tokens, n);
+        if (id < 0 || id >= V) {
+            bad = 1;
+            continue;
+        }
+        memcpy(p->out + n * C, p->weight + id * C, (size_t)C * sizeof(float));
+    }
+    return bad ? MF_EINDEX : MF_OK;
+}
+
+int embedding_backward(const MfEmbeddingParams *p) {
+    const int64_t N = p->N, V = p->V, C = p->C;
+    if (N < 1 || V < 1 || C < 1) return MF_EINVAL;
+    int bad = 0;
     /* Parallel over columns: every thread walks all tokens but owns its slice of C, so no two
      * threads touch the same dweight entry. */
-#pragma omp parallel if (N * C >= EMB_MIN_PARALLEL)
+#pragma omp parallel reduction(| : bad) if (N * C >= EMB_MIN_PARALLEL)
     {
         const int64_t nt = mf_num_threads(), id = mf_thread_id();
         int64_t c0 = C * id / nt, c1 = C * (id + 1) / nt;
         for (int64_t n = 0; n < N; n++) {
-            float *dst = dweight + (int64_t)tokens[n] * C;
-            const float *src = dout + n * C;
+            const int64_t t = token_at(p->tokens, n);
+            if (t < 0 || t >= V) {
+                bad = 1;
+                continue;
+            }
+            float *dst = p->dweight + t * C;
+            const float *src = p->dout + n * C;
             for (int64_t c = c0; c < c1; c++) dst[c] += src[c];
         }
     }
-    return MF_OK;
+    return bad ? MF_EINDEX : MF_OK;
 }

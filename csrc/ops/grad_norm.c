@@ -37,7 +37,8 @@ static double sum_squares(const float *restrict x, int64_t n) {
     return s;
 }
 
-int global_norm(double *norm, const float *x, int64_t n) {
+/* *norm = ||x (n,)|| */
+static int norm_of(double *norm, const float *x, int64_t n) {
     if (n < 1) return MF_EINVAL;
     int64_t nb = (n + MF_NORM_MIN_BLOCK - 1) / MF_NORM_MIN_BLOCK;
     if (nb > MF_NORM_BLOCKS) nb = MF_NORM_BLOCKS;
@@ -53,9 +54,15 @@ int global_norm(double *norm, const float *x, int64_t n) {
     return MF_OK;
 }
 
-int clip_grad_norm(double *norm, float *grads, int64_t n, float max_norm) {
+int global_norm(const MfGradNormParams *p) { return norm_of(p->norm, p->x, p->n); }
+
+int clip_grad_norm(const MfGradNormParams *p) {
+    double *norm = p->norm;
+    float *grads = p->grads;
+    const int64_t n = p->n;
+    const float max_norm = p->max_norm;
     if (n < 1 || !(max_norm > 0.0f)) return MF_EINVAL; /* NaN fails too; +inf is allowed */
-    int status = global_norm(norm, grads, n);
+    int status = norm_of(norm, grads, n);
     if (status != MF_OK) return status;
     if (!isfinite(*norm) || !(*norm > (double)max_norm)) return MF_OK;
     const float scale = (float)((double)max_norm / (*norm + 1e-6));

@@ -12,16 +12,17 @@
  * per-row sum is taken from there. Rows are split into at most MF_LN_BLOCKS fixed blocks (a
  * function of N only); in the backward pass each block sums its dweight/dbias contribution
  * into its own double scratch row and the blocks are combined in block order afterwards, so
- * the result is race-free and bit-identical for any thread count. Row sums use 16 float lanes
+ * the result is race-free and bit-identical for any thread count (the scratch rows come from
+ * the caller: layernorm_backward_scratch_floats). Row sums use 16 float lanes
  * (explicit vectors: no -ffast-math needed, and the same summation order, hence the same bits,
  * in every target clone) combined in double.
  */
 #include <math.h>
-#include <stdlib.h>
 #include <string.h>
 
 #include "mapformer/clones.h"
 #include "mapformer/mapformer.h"
+#include "mapformer/scratch.h"
 
 #define MF_LN_BLOCKS 64
 
@@ -83,8 +84,11 @@ static void ln_forward_rows(float *restrict y, float *restrict mean, float *rest
     }
 }
 
-int layernorm_forward(float *y, float *mean, float *rstd, const float *x, const float *weight,
-                      const float *bias, int64_t N, int64_t C, float eps) {
+int layernorm_forward(const MfLayernormParams *p) {
+    float *y = p->y, *mean = p->mean, *rstd = p->rstd;
+    const float *x = p->x, *weight = p->weight, *bias = p->bias;
+    const int64_t N = p->N, C = p->C;
+    const float eps = p->eps;
     if (N < 1 || C < 1 || !(eps > 0.0f) || !isfinite(eps)) return MF_EINVAL;
     const int64_t nb = N < MF_LN_BLOCKS ? N : MF_LN_BLOCKS;
 #pragma omp parallel for schedule(dynamic, 1) if (N * C >= (1 << 15))
@@ -137,14 +141,21 @@ static void ln_backward_rows(float *restrict dx, double *restrict pw, double *re
     }
 }
 
-int layernorm_backward(float *dx, float *dweight, float *dbias, const float *dy, const float *x,
-                       const float *mean, const float *rstd, const float *weight, int64_t N,
-                       int64_t C, int accumulate_dx) {
-    if (N < 1 || C < 1) return MF_EINVAL;
+/* per block, dweight then dbias partial sums: 2 C doubles */
+int64_t layernorm_backward_scratch_floats(const MfLayernormParams *p) {
+    const int64_t nb = p->N < MF_LN_BLOCKS ? p->N : MF_LN_BLOCKS;
+    return mf_scratch_size(nb * 4 * p->C);
+}
+
+int layernorm_backward(const MfLayernormParams *p) {
+    float *dx = p->dx, *dweight = p->dweight, *dbias = p->dbias;
+    const float *dy = p->dy, *x = p->x, *mean = p->mean_in, *rstd = p->rstd_in, *weight = p->weight;
+    const int64_t N = p->N, C = p->C;
+    const int accumulate_dx = p->accumulate_dx;
+    if (N < 1 || C < 1 || p->scratch_floats < layernorm_backward_scratch_floats(p))
+        return MF_EINVAL;
     const int64_t nb = N < MF_LN_BLOCKS ? N : MF_LN_BLOCKS;
-    /* scratch: per block, dweight then dbias partial sums (2 C doubles) */
-    double *part = malloc((size_t)nb * 2 * (size_t)C * sizeof(double));
-    if (part == NULL) return MF_ENOMEM;
+    double *part = (double *)p->scratch;
 #pragma omp parallel for schedule(dynamic, 1) if (N * C >= (1 << 15))
     for (int64_t b = 0; b < nb; b++) {
         double *pw = part + b * 2 * C;
@@ -160,6 +171,5 @@ int layernorm_backward(float *dx, float *dweight, float *dbias, const float *dy,
         dweight[c] = (float)((double)dweight[c] + sw);
         dbias[c] = (float)((double)dbias[c] + sb);
     }
-    free(part);
     return MF_OK;
 }

@@ -22,7 +22,6 @@
  * The blocks and chunks depend on the sizes only, so every output has the same bits for any
  * thread count.
  */
-#include <stdlib.h>
 #include <string.h>
 
 #include "mapformer/blas.h"
@@ -30,6 +29,7 @@
 #include "mapformer/gemm.h"
 #include "mapformer/mapformer.h"
 #include "mapformer/rows.h"
+#include "mapformer/scratch.h"
 #include "mapformer/threads.h"
 
 /* rows per block: at Cout = 128 a block of y or dy is 128 KB */
@@ -47,9 +47,17 @@ static int64_t block_size(int64_t N, int64_t b) {
     return N - r0 < MF_LINEAR_ROWS ? N - r0 : MF_LINEAR_ROWS;
 }
 
-int linear_forward(float *y, const float *x, const float *weight, const float *bias, int64_t N,
-                   int64_t Cin, int64_t Cout) {
-    if (N < 1 || Cin < 1 || Cout < 1) return MF_EINVAL;
+/* the weight laid out for mf_gemm_nn, unless it is multiplied by OpenBLAS */
+int64_t linear_forward_scratch_floats(const MfLinearParams *p) {
+    return p->Cin * p->Cout > MF_LINEAR_BLOCK_WEIGHT ? 0 : mf_gemm_b_floats(p->Cin, p->Cout);
+}
+
+int linear_forward(const MfLinearParams *p) {
+    float *y = p->y;
+    const float *x = p->x, *weight = p->weight, *bias = p->bias;
+    const int64_t N = p->N, Cin = p->Cin, Cout = p->Cout;
+    if (N < 1 || Cin < 1 || Cout < 1 || p->scratch_floats < linear_forward_scratch_floats(p))
+        return MF_EINVAL;
     if (Cin * Cout > MF_LINEAR_BLOCK_WEIGHT) { /* bias fill, then one split sgemm */
         if (bias != NULL) {
 #pragma omp parallel for schedule(dynamic, 256) if (N * Cout >= (1 << 16))
@@ -60,8 +68,7 @@ int linear_forward(float *y, const float *x, const float *weight, const float *b
                              bias != NULL ? 1.0f : 0.0f, y, Cout);
     }
     const int fast = mf_use_avx512();
-    float *wt = malloc((size_t)mf_gemm_b_floats(Cin, Cout) * sizeof(float));
-    if (wt == NULL) return MF_ENOMEM;
+    float *wt = p->scratch;
     mf_gemm_prepare_b(fast, wt, weight, Cin, Cout, 1); /* weight^T (Cin, Cout) */
     const int64_t blocks = row_blocks(N);
     const MfGemmOptions with_bias = {.bias = bias};
@@ -73,33 +80,52 @@ int linear_forward(float *y, const float *x, const float *weight, const float *b
         mf_record_status(&status, mf_gemm_nn(fast, block_size(N, b), Cout, Cin, x + r0 * Cin, Cin,
                                   wt, y + r0 * Cout, Cout, &with_bias));
     }
-    free(wt);
     return status;
 }
 
-int linear_backward(float *dx, float *dweight, float *dbias, const float *dy, const float *x,
-                    const float *weight, int64_t N, int64_t Cin, int64_t Cout, int accumulate_dx) {
+/* The scratch of linear_backward, carved in this order: dbias's block sums (blocks * Cout
+ * doubles, with dbias), and when blocked the weight laid out for mf_gemm_nn, the chunks'
+ * weight gradients and one pack of mf_gemm_tn per thread; *pack_floats is that pack. */
+static int64_t backward_floats(const MfLinearParams *p, int64_t *pack_floats, int threads) {
+    const int64_t blocks = row_blocks(p->N), W = p->Cin * p->Cout;
+    *pack_floats = mf_scratch_size(mf_gemm_tn_pack_floats(p->Cout, p->Cin));
+    int64_t n = p->dbias != NULL ? mf_scratch_size(2 * blocks * p->Cout) : 0;
+    if (W <= MF_LINEAR_BLOCK_WEIGHT)
+        n += mf_scratch_size(mf_gemm_b_floats(p->Cout, p->Cin)) +
+             mf_scratch_size(mf_grad_chunks(blocks, W) * W) + threads * *pack_floats;
+    return n;
+}
+
+int64_t linear_backward_scratch_floats(const MfLinearParams *p) {
+    int64_t pack_floats;
+    return backward_floats(p, &pack_floats, mf_max_threads());
+}
+
+int linear_backward(const MfLinearParams *p) {
+    float *dx = p->dx, *dweight = p->dweight, *dbias = p->dbias;
+    const float *dy = p->dy, *x = p->x, *weight = p->weight;
+    const int64_t N = p->N, Cin = p->Cin, Cout = p->Cout;
+    const int accumulate_dx = p->accumulate_dx;
     if (N < 1 || Cin < 1 || Cout < 1) return MF_EINVAL;
     const int64_t blocks = row_blocks(N), W = Cin * Cout;
     const int blocked = W <= MF_LINEAR_BLOCK_WEIGHT;
     /* unblocked, the loop only sums dbias: a chunk per block */
     const int64_t chunks = blocked ? mf_grad_chunks(blocks, W) : blocks;
     const int fast = mf_use_avx512();
-    const int64_t pack_floats = mf_gemm_tn_pack_floats(Cout, Cin);
-    /* scratch first, so that running out of memory leaves every output untouched */
-    double *part = dbias != NULL ? malloc((size_t)(blocks * Cout) * sizeof(double)) : NULL;
-    float *wb = blocked ? malloc((size_t)mf_gemm_b_floats(Cout, Cin) * sizeof(float)) : NULL;
-    float *dw_chunks = blocked ? calloc((size_t)(chunks * W), sizeof(float)) : NULL;
-    float *pack = blocked ? malloc((size_t)(mf_max_threads() * pack_floats) * sizeof(float))
-                          : NULL;
+    int64_t pack_floats;
+    const int64_t shared = backward_floats(p, &pack_floats, 0);
+    const int nt = blocked ? mf_scratch_threads(p->scratch_floats - shared, pack_floats)
+                           : mf_max_threads();
+    if (nt < 1 || p->scratch_floats < shared) return MF_EINVAL;
+    float *at = p->scratch;
+    double *part = dbias != NULL ? (double *)mf_scratch_take(&at, 2 * blocks * Cout) : NULL;
+    float *wb = blocked ? mf_scratch_take(&at, mf_gemm_b_floats(Cout, Cin)) : NULL;
+    float *dw_chunks = blocked ? mf_scratch_take(&at, chunks * W) : NULL;
+    float *pack = at;
     int status = MF_OK;
-    if ((dbias != NULL && part == NULL) ||
-        (blocked && (wb == NULL || dw_chunks == NULL || pack == NULL))) {
-        status = MF_ENOMEM;
-        goto done;
-    }
+    if (blocked) memset(dw_chunks, 0, (size_t)(chunks * W) * sizeof(float));
     if (blocked) mf_gemm_prepare_b(fast, wb, weight, Cout, Cin, 0);
-#pragma omp parallel for schedule(dynamic, 1) if (parallel(N, Cin, Cout))
+#pragma omp parallel for schedule(dynamic, 1) num_threads(nt) if (parallel(N, Cin, Cout))
     for (int64_t c = 0; c < chunks; c++) {
         for (int64_t b = c * blocks / chunks; b < (c + 1) * blocks / chunks; b++) {
             const int64_t r0 = b * MF_LINEAR_ROWS, rows = block_size(N, b);
@@ -120,7 +146,7 @@ int linear_backward(float *dx, float *dweight, float *dbias, const float *dy, co
             if (part != NULL) mf_column_sums(part + b * Cout, dyb, rows, Cout);
         }
     }
-    if (status != MF_OK) goto done;
+    if (status != MF_OK) return status;
     if (blocked) {
         mf_add_chunks(dweight, dw_chunks, chunks, W, W);
     } else {
@@ -130,13 +156,8 @@ int linear_backward(float *dx, float *dweight, float *dbias, const float *dy, co
         if (status == MF_OK)
             status = mf_sgemm_rows(1, 0, Cout, Cin, N, 1.0f, dy, Cout, x, Cin, 1.0f, dweight,
                                    Cin);
-        if (status != MF_OK) goto done;
+        if (status != MF_OK) return status;
     }
     if (dbias != NULL) mf_add_block_sums(dbias, part, blocks, Cout, Cout);
-done:
-    free(part);
-    free(wb);
-    free(dw_chunks);
-    free(pack);
     return status;
 }

@@ -29,12 +29,13 @@
  * thread count. Each number is the one linear_forward/backward and gelu_forward/backward
  * compute, up to float32 rounding in the products' order.
  */
-#include <stdlib.h>
+#include <string.h>
 
 #include "mapformer/clones.h"
 #include "mapformer/gemm.h"
 #include "mapformer/mapformer.h"
 #include "mapformer/rows.h"
+#include "mapformer/scratch.h"
 #include "mapformer/threads.h"
 
 /* rows per block: a block's g and dh are 512 KB each at F = 512, in the 2 MB L2 beside the
@@ -42,29 +43,40 @@
 #define MF_MLP_ROWS 256
 
 
-int mlp_forward(float *y, float *h, const float *x, const float *w_fc, const float *b_fc,
-                const float *w_proj, const float *b_proj, int64_t N, int64_t C, int64_t F) {
+/* w_fc^T (C, F), then w_proj^T (F, C), laid out for mf_gemm_nn; then a block of g per thread */
+static int64_t forward_shared(const MfMlpParams *p) {
+    return mf_scratch_size(mf_gemm_b_floats(p->C, p->F) + mf_gemm_b_floats(p->F, p->C));
+}
+static int64_t forward_per_thread(const MfMlpParams *p) {
+    return mf_scratch_size(MF_MLP_ROWS * p->F);
+}
+
+int64_t mlp_forward_scratch_floats(const MfMlpParams *p) {
+    return forward_shared(p) + mf_max_threads() * forward_per_thread(p);
+}
+
+int mlp_forward(const MfMlpParams *p) {
+    float *y = p->y, *h = p->h;
+    const float *x = p->x, *w_fc = p->w_fc, *b_fc = p->b_fc, *w_proj = p->w_proj;
+    const float *b_proj = p->b_proj;
+    const int64_t N = p->N, C = p->C, F = p->F;
     if (N < 1 || C < 1 || F < 1) return MF_EINVAL;
     const int64_t R = MF_MLP_ROWS, blocks = (N + R - 1) / R;
     const int fast = mf_use_avx512();
-    /* w_fc^T (C, F), then w_proj^T (F, C), laid out for mf_gemm_nn; a block of g per thread */
-    const int64_t fc_floats = mf_gemm_b_floats(C, F), proj_floats = mf_gemm_b_floats(F, C);
-    float *wt = malloc((size_t)(fc_floats + proj_floats) * sizeof(float));
-    float *g = malloc((size_t)(mf_max_threads() * R * F) * sizeof(float));
+    const int64_t fc_floats = mf_gemm_b_floats(C, F), per = forward_per_thread(p);
+    const int nt = mf_scratch_threads(p->scratch_floats - forward_shared(p), per);
+    if (nt < 1) return MF_EINVAL;
+    float *wt = p->scratch, *g = p->scratch + forward_shared(p);
     int status = MF_OK;
-    if (wt == NULL || g == NULL) {
-        status = MF_ENOMEM;
-        goto done;
-    }
     const float *w_fc_t = wt, *w_proj_t = wt + fc_floats;
     mf_gemm_prepare_b(fast, wt, w_fc, C, F, 1);
     mf_gemm_prepare_b(fast, wt + fc_floats, w_proj, F, C, 1);
     const MfGemmOptions proj = {.bias = b_proj};
-#pragma omp parallel for schedule(dynamic, 1) if (blocks > 1)
+#pragma omp parallel for schedule(dynamic, 1) num_threads(nt) if (blocks > 1)
     for (int64_t b = 0; b < blocks; b++) {
         const int64_t r0 = b * R;
         const int64_t rows = N - r0 < R ? N - r0 : R;
-        float *gb = g + mf_thread_id() * R * F;
+        float *gb = g + mf_thread_id() * per;
         /* h (rows, F) = b_fc + x (rows, C) . w_fc^T (C, F), and g = gelu(h) from the same
          * registers; h is next read by the backward, so it streams past the cache */
         const MfGemmOptions fc = {.bias = b_fc, .gelu = gb, .stream = 1};
@@ -74,38 +86,54 @@ int mlp_forward(float *y, float *h, const float *x, const float *w_fc, const flo
         mf_record_status(&status, mf_gemm_nn(fast, rows, C, F, gb, F, w_proj_t, y + r0 * C, C,
                                   &proj));
     }
-done:
-    free(wt);
-    free(g);
     return status;
 }
 
-int mlp_backward(float *dx, float *dw_fc, float *db_fc, float *dw_proj, float *db_proj,
-                 const float *dy, const float *h, const float *x, const float *w_fc,
-                 const float *w_proj, int64_t N, int64_t C, int64_t F) {
+/* The scratch of mlp_backward, carved in this order: per block, F sums of dh then C sums of
+ * dy (doubles); w_proj (C, F) then w_fc (F, C) laid out for mf_gemm_nn; per chunk, dw_proj's
+ * sums then dw_fc's; then per thread a block of g, a block of dh and the weight-gradient
+ * product's pack (*per_thread floats). */
+static int64_t backward_shared(const MfMlpParams *p, int64_t *per_thread) {
+    const int64_t R = MF_MLP_ROWS, blocks = (p->N + R - 1) / R, W = p->C * p->F;
+    const int64_t wide = p->F > p->C ? p->F : p->C;
+    *per_thread = mf_scratch_size(2 * R * p->F + mf_gemm_tn_pack_floats(wide, wide));
+    return mf_scratch_size(2 * blocks * (p->F + p->C)) +
+           mf_scratch_size(mf_gemm_b_floats(p->C, p->F) + mf_gemm_b_floats(p->F, p->C)) +
+           mf_scratch_size(mf_grad_chunks(blocks, 2 * W) * 2 * W);
+}
+
+int64_t mlp_backward_scratch_floats(const MfMlpParams *p) {
+    int64_t per_thread;
+    const int64_t shared = backward_shared(p, &per_thread);
+    return shared + mf_max_threads() * per_thread;
+}
+
+int mlp_backward(const MfMlpParams *p) {
+    float *dx = p->dx, *dw_fc = p->dw_fc, *db_fc = p->db_fc, *dw_proj = p->dw_proj;
+    float *db_proj = p->db_proj;
+    const float *dy = p->dy, *h = p->h_in, *x = p->x, *w_fc = p->w_fc, *w_proj = p->w_proj;
+    const int64_t N = p->N, C = p->C, F = p->F;
     if (N < 1 || C < 1 || F < 1) return MF_EINVAL;
     const int64_t R = MF_MLP_ROWS, blocks = (N + R - 1) / R, W = C * F;
     const int64_t chunks = mf_grad_chunks(blocks, 2 * W);
     const int fast = mf_use_avx512();
-    const int64_t wide = F > C ? F : C, proj_floats = mf_gemm_b_floats(C, F);
-    /* per thread: a block of g, a block of dh, the weight-gradient product's pack */
-    const int64_t thread_floats = 2 * R * F + mf_gemm_tn_pack_floats(wide, wide);
-    /* scratch first, so that running out of memory leaves every output untouched:
-     * per block, F sums of dh then C sums of dy; per chunk, dw_proj's sums then dw_fc's */
-    double *part = malloc((size_t)(blocks * (F + C)) * sizeof(double));
-    float *wb = malloc((size_t)(proj_floats + mf_gemm_b_floats(F, C)) * sizeof(float));
-    float *dw_chunks = calloc((size_t)(chunks * 2 * W), sizeof(float));
-    float *scratch = malloc((size_t)(mf_max_threads() * thread_floats) * sizeof(float));
+    const int64_t proj_floats = mf_gemm_b_floats(C, F);
+    int64_t thread_floats;
+    const int64_t shared = backward_shared(p, &thread_floats);
+    const int nt = mf_scratch_threads(p->scratch_floats - shared, thread_floats);
+    if (nt < 1) return MF_EINVAL;
+    float *at = p->scratch;
+    double *part = (double *)mf_scratch_take(&at, 2 * blocks * (F + C));
+    float *wb = mf_scratch_take(&at, proj_floats + mf_gemm_b_floats(F, C));
+    float *dw_chunks = mf_scratch_take(&at, chunks * 2 * W);
+    float *scratch = p->scratch + shared;
     int status = MF_OK;
-    if (part == NULL || wb == NULL || dw_chunks == NULL || scratch == NULL) {
-        status = MF_ENOMEM;
-        goto done;
-    }
+    memset(dw_chunks, 0, (size_t)(chunks * 2 * W) * sizeof(float));
     /* w_proj (C, F), then w_fc (F, C), laid out for mf_gemm_nn */
     const float *w_proj_b = wb, *w_fc_b = wb + proj_floats;
     mf_gemm_prepare_b(fast, wb, w_proj, C, F, 0);
     mf_gemm_prepare_b(fast, wb + proj_floats, w_fc, F, C, 0);
-#pragma omp parallel for schedule(dynamic, 1) if (chunks > 1)
+#pragma omp parallel for schedule(dynamic, 1) num_threads(nt) if (chunks > 1)
     for (int64_t c = 0; c < chunks; c++) {
         float *dw_proj_c = dw_chunks + c * 2 * W, *dw_fc_c = dw_proj_c + W;
         float *gb = scratch + mf_thread_id() * thread_floats, *dhb = gb + R * F;
@@ -133,15 +161,10 @@ int mlp_backward(float *dx, float *dw_fc, float *db_fc, float *dw_proj, float *d
             mf_column_sums(part + b * (F + C) + F, dyb, rows, C);
         }
     }
-    if (status != MF_OK) goto done;
+    if (status != MF_OK) return status;
     mf_add_chunks(dw_proj, dw_chunks, chunks, 2 * W, W);
     mf_add_chunks(dw_fc, dw_chunks + W, chunks, 2 * W, W);
     mf_add_block_sums(db_fc, part, blocks, F + C, F);
     mf_add_block_sums(db_proj, part + F, blocks, F + C, C);
-done:
-    free(part);
-    free(wb);
-    free(dw_chunks);
-    free(scratch);
     return status;
 }

@@ -20,17 +20,17 @@
  * Parallel layout: (B, T, H, NB) is scanned along t with stride M = H*NB. A work item is one
  * batch row b and one block of at most PI_BLOCK contiguous columns; it walks t carrying one
  * double accumulator per column (on the stack), so the inner loop runs over contiguous
- * columns and vectorises. domega partials go to a (B, M) double scratch (malloc'd by the
- * backward; MF_ENOMEM if that fails), one slot per work item, summed over b in a fixed order
- * afterwards: race-free and independent of the number
- * of threads. Items are handed out dynamically: on a shared 2-vCPU machine a static split
- * waits for whichever thread the OS has parked.
+ * columns and vectorises. domega partials go to a (B, M) double scratch (the caller's:
+ * path_integration_backward_scratch_floats), one slot per work item, summed over b in a fixed
+ * order afterwards: race-free and independent of the number of threads. Items are handed out
+ * dynamically: on a shared 2-vCPU machine a static split waits for whichever thread the OS has
+ * parked.
  */
 #include <math.h>
-#include <stdlib.h>
 
 #include "mapformer/clones.h"
 #include "mapformer/mapformer.h"
+#include "mapformer/scratch.h"
 #include "mapformer/threads.h"
 
 #define PI_BLOCK 256          /* columns per work item: at most 3 double arrays of 2 KiB each */
@@ -103,8 +103,10 @@ static int64_t block_width(int64_t B, int64_t M) {
     return w;
 }
 
-int path_integration_forward(float *theta, const float *delta, const float *omega, int64_t B,
-                             int64_t T, int64_t H, int64_t NB) {
+int path_integration_forward(const MfPathIntegrationParams *p) {
+    float *theta = p->theta;
+    const float *delta = p->delta, *omega = p->omega;
+    const int64_t B = p->B, T = p->T, H = p->H, NB = p->NB;
     if (B < 1 || T < 1 || H < 1 || NB < 1) return MF_EINVAL;
     const int64_t M = H * NB, w = block_width(B, M), nblk = (M + w - 1) / w;
     const int64_t items = B * nblk;
@@ -117,14 +119,21 @@ int path_integration_forward(float *theta, const float *delta, const float *omeg
     return MF_OK;
 }
 
-int path_integration_backward(float *ddelta, float *domega, const float *dtheta,
-                              const float *delta, const float *omega, int64_t B, int64_t T,
-                              int64_t H, int64_t NB) {
-    if (B < 1 || T < 1 || H < 1 || NB < 1) return MF_EINVAL;
+/* the domega partials (B, M) in double */
+int64_t path_integration_backward_scratch_floats(const MfPathIntegrationParams *p) {
+    return mf_scratch_size(2 * p->B * p->H * p->NB);
+}
+
+int path_integration_backward(const MfPathIntegrationParams *p) {
+    float *ddelta = p->ddelta, *domega = p->domega;
+    const float *dtheta = p->dtheta, *delta = p->delta, *omega = p->omega;
+    const int64_t B = p->B, T = p->T, H = p->H, NB = p->NB;
+    if (B < 1 || T < 1 || H < 1 || NB < 1 ||
+        p->scratch_floats < path_integration_backward_scratch_floats(p))
+        return MF_EINVAL;
     const int64_t M = H * NB, w = block_width(B, M), nblk = (M + w - 1) / w;
     const int64_t items = B * nblk;
-    double *partial = malloc((size_t)(B * M) * sizeof(double)); /* (B, M) */
-    if (partial == NULL) return MF_ENOMEM;
+    double *partial = (double *)p->scratch; /* (B, M) */
 #pragma omp parallel if (B * T * M >= PI_MIN_PARALLEL)
     {
 #pragma omp for schedule(dynamic, 1)
@@ -143,6 +152,5 @@ int path_integration_backward(float *ddelta, float *domega, const float *dtheta,
             domega[m] = (float)((double)domega[m] + s);
         }
     }
-    free(partial);
     return MF_OK;
 }

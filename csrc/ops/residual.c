@@ -21,26 +21,28 @@ static void accumulate_kernel(float *restrict dx, const float *restrict dout, in
     for (int64_t i = 0; i < n; i++) dx[i] += dout[i];
 }
 
-int residual_forward(float *out, const float *a, const float *b, int64_t n) {
+int residual_forward(const MfResidualParams *p) {
+    const int64_t n = p->n;
     if (n < 1) return MF_EINVAL;
     const int64_t chunks = (n + MF_RESIDUAL_CHUNK - 1) / MF_RESIDUAL_CHUNK;
 #pragma omp parallel for schedule(dynamic, 1) if (chunks > 1)
     for (int64_t c = 0; c < chunks; c++) {
         int64_t i0 = c * MF_RESIDUAL_CHUNK;
         int64_t len = n - i0 < MF_RESIDUAL_CHUNK ? n - i0 : MF_RESIDUAL_CHUNK;
-        add_kernel(out + i0, a + i0, b + i0, len);
+        add_kernel(p->out + i0, p->a + i0, p->b + i0, len);
     }
     return MF_OK;
 }
 
-int residual_backward(float *dx, const float *dout, int64_t n) {
+int residual_backward(const MfResidualParams *p) {
+    const int64_t n = p->n;
     if (n < 1) return MF_EINVAL;
     const int64_t chunks = (n + MF_RESIDUAL_CHUNK - 1) / MF_RESIDUAL_CHUNK;
 #pragma omp parallel for schedule(dynamic, 1) if (chunks > 1)
     for (int64_t c = 0; c < chunks; c++) {
         int64_t i0 = c * MF_RESIDUAL_CHUNK;
         int64_t len = n - i0 < MF_RESIDUAL_CHUNK ? n - i0 : MF_RESIDUAL_CHUNK;
-        accumulate_kernel(dx + i0, dout + i0, len);
+        accumulate_kernel(p->dx + i0, p->dout + i0, len);
     }
     return MF_OK;
 }

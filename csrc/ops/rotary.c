@@ -193,8 +193,10 @@ static int64_t chunk_items(int64_t items, int64_t pairs_per_item) {
     return per;
 }
 
-int rotary_forward(float *q_out, float *k_out, const float *q, const float *k,
-                   const float *theta, int64_t B, int64_t T, int64_t H, int64_t D, int64_t TB) {
+int rotary_forward(const MfRotaryParams *p) {
+    float *q_out = p->q_out, *k_out = p->k_out;
+    const float *q = p->q, *k = p->k, *theta = p->theta;
+    const int64_t B = p->B, T = p->T, H = p->H, D = p->D, TB = p->TB;
     if (B < 1 || T < 1 || H < 1 || D < 2 || D % 2 != 0 || (TB != 1 && TB != B))
         return MF_EINVAL;
     const int64_t TP = T * H * (D / 2), nseg = (TP + ROT_SEG - 1) / ROT_SEG;
@@ -213,9 +215,11 @@ int rotary_forward(float *q_out, float *k_out, const float *q, const float *k,
     return MF_OK;
 }
 
-int rotary_backward(float *dq, float *dk, float *dtheta, const float *dq_out,
-                    const float *dk_out, const float *q, const float *k, const float *theta,
-                    int64_t B, int64_t T, int64_t H, int64_t D, int64_t TB) {
+int rotary_backward(const MfRotaryParams *p) {
+    float *dq = p->dq, *dk = p->dk, *dtheta = p->dtheta;
+    const float *dq_out = p->dq_out, *dk_out = p->dk_out, *q = p->q, *k = p->k;
+    const float *theta = p->theta;
+    const int64_t B = p->B, T = p->T, H = p->H, D = p->D, TB = p->TB;
     if (B < 1 || T < 1 || H < 1 || D < 2 || D % 2 != 0 || (TB != 1 && TB != B))
         return MF_EINVAL;
     const int64_t TP = T * H * (D / 2), nseg = (TP + ROT_SEG - 1) / ROT_SEG;

@@ -40,34 +40,27 @@
  * whichever thread the OS has parked). Inner loops run over D: the complex products as plain
  * loops over pairs (GCC vectorises the interleaved even/odd lanes with permutes; explicit
  * shuffles measured no faster: the op is memory-bound), the head mix over D-chunks of a stack
- * buffer (forward) or in place in the output row (backward), the dot products P with 16 float
- * lanes (explicit vectors: GCC does not vectorise a float sum without -ffast-math) summed in
- * double. In the mix backward each row block sums its dw contribution into its own double
- * scratch (malloc'd; MF_ENOMEM if that fails) and the blocks are added in block order
- * afterwards: race-free and bit-identical for any number of threads.
+ * buffer (forward) or in place in the output row (backward), the dot products P with 16
+ * float lanes (simd.h's vectors: GCC does not vectorise a float sum without -ffast-math)
+ * summed in double, the gates with simd.h's vexp. In the mix backward each row block sums its
+ * dw contribution into its own double scratch (the caller's: tape_mix_backward_scratch_floats)
+ * and the blocks are added in block order afterwards: race-free and bit-identical for any
+ * number of threads.
  */
 #include <math.h>
 #include <stdint.h>
-#include <stdlib.h>
 #include <string.h>
 
 #include "mapformer/clones.h"
 #include "mapformer/mapformer.h"
+#include "mapformer/scratch.h"
+#define MF_VW MF_CLONES_VW /* the width of the target_clones copies (clones.h) */
+#include "mapformer/simd.h"
 
 #define TAPE_MIN_PARALLEL 32768   /* B*T*H*D below this runs on one thread */
 #define TAPE_BLOCK_FLOATS 16384   /* floats of one tensor per rotate / mix-forward work item */
 #define TAPE_MIX_BLOCKS 256       /* row blocks of the mix backward (a function of B*T only) */
 #define TAPE_DCHUNK 256           /* D-chunk of the head-mix stack buffer (1 KiB) */
-
-/* 16 float lanes as a GCC/Clang vector: one zmm under AVX-512, two ymm under AVX2, four xmm
- * at baseline. */
-typedef float tape_v16 __attribute__((vector_size(64)));
-#define TAPE_LANES 16
-#define TAPE_LOAD(v, p) memcpy(&(v), (p), sizeof(tape_v16))
-/* halves of it, and 8 and 4 doubles, for the tree sums of the lanes */
-typedef float tape_v8 __attribute__((vector_size(32)));
-typedef double tape_v8d __attribute__((vector_size(64)));
-typedef double tape_v4d __attribute__((vector_size(32)));
 
 /* ---- complex_rotary ------------------------------------------------------------------------ */
 
@@ -130,37 +123,44 @@ static int bad_sizes(int64_t B, int64_t T, int64_t H, int64_t D) {
     return B < 1 || T < 1 || H < 1 || D < 2 || D % 2 != 0;
 }
 
-int tape_rotate_forward(float *q_out, float *k_out, const float *q, const float *k,
-                        const float *e, int64_t B, int64_t T, int64_t H, int64_t D) {
+int tape_rotate_forward(const MfTapeRotateParams *p) {
+    const int64_t B = p->B, T = p->T, H = p->H, D = p->D;
     if (bad_sizes(B, T, H, D)) return MF_EINVAL;
     const int64_t N = B * T, L = H * D, per = rows_per_item(L);
 #pragma omp parallel for schedule(dynamic, 1) if (N * L >= TAPE_MIN_PARALLEL)
     for (int64_t r0 = 0; r0 < N; r0 += per)
-        rotate_rows(q_out, k_out, q, k, e, L, r0, r0 + per < N ? r0 + per : N);
+        rotate_rows(p->q_out, p->k_out, p->q, p->k, p->e, L, r0, r0 + per < N ? r0 + per : N);
     return MF_OK;
 }
 
-int tape_rotate_backward(float *dq, float *dk, float *de, const float *dq_out,
-                         const float *dk_out, const float *q, const float *k, const float *e,
-                         int64_t B, int64_t T, int64_t H, int64_t D) {
+int tape_rotate_backward(const MfTapeRotateParams *p) {
+    const int64_t B = p->B, T = p->T, H = p->H, D = p->D;
     if (bad_sizes(B, T, H, D)) return MF_EINVAL;
     const int64_t N = B * T, L = H * D, per = rows_per_item(L);
 #pragma omp parallel for schedule(dynamic, 1) if (N * L >= TAPE_MIN_PARALLEL)
     for (int64_t r0 = 0; r0 < N; r0 += per)
-        rotate_back_rows(dq, dk, de, dq_out, dk_out, q, k, e, L, r0,
+        rotate_back_rows(p->dq, p->dk, p->de, p->dq_out, p->dk_out, p->q, p->k, p->e, L, r0,
                          r0 + per < N ? r0 + per : N);
     return MF_OK;
 }
 
 /* ---- tape_mix ------------------------------------------------------------------------------ */
 
-/* *g = sigmoid(x), *h = 1 - sigmoid(x) = sigmoid(-x), both to float relative accuracy:
- * t = exp(-|x|) in (0, 1] never overflows. */
-static inline void sigmoid_pair(float x, float *g, float *h) {
-    float t = expf(-fabsf(x));
-    float big = 1.0f / (1.0f + t), small = t / (1.0f + t);
-    *g = x >= 0.0f ? big : small; /* NaN x: NaN either way */
-    *h = x >= 0.0f ? small : big;
+/* g[j] = sigmoid(x[j]) and omg[j] = 1 - sigmoid(x[j]) = sigmoid(-x[j]) for j < n <= MF_VW, both
+ * to float relative accuracy: t = exp(-|x|) in (0, 1] (simd.h's vexp) never overflows. A NaN
+ * x gives NaN in both. */
+MF_INLINE void gate_pairs(float g[MF_VW], float omg[MF_VW], const float *x, int64_t n) {
+    vf v;
+    if (n < MF_VW)
+        vload_part(&v, x, n);
+    else
+        v = VLOADU(x);
+    vf t = (vf)((vi)v | ISPLAT(INT32_MIN)); /* -|x| */
+    vexp(&t);
+    const vf big = 1.0f / (1.0f + t), small = t / (1.0f + t);
+    const vi pos = v >= VSPLAT(0.0f);
+    VSTOREU(g, VSELECT(pos, big, small));
+    VSTOREU(omg, VSELECT(pos, small, big));
 }
 
 /* Rows [r0, r1): e_new (H, D) of row r = e_att + g * W e_att, D in chunks of TAPE_DCHUNK. */
@@ -168,14 +168,13 @@ MF_CLONES
 static void mix_rows(float *restrict e_new, const float *restrict e_att,
                      const float *restrict gate_logits, const float *restrict w, int64_t H,
                      int64_t D, int64_t r0, int64_t r1) {
-    float m[TAPE_DCHUNK];
+    float m[TAPE_DCHUNK], g[MF_VW], omg[MF_VW];
     for (int64_t r = r0; r < r1; r++) {
         const float *er = e_att + r * H * D;
         float *yr = e_new + r * H * D;
         for (int64_t h = 0; h < H; h++) {
-            float g, omg;
-            sigmoid_pair(gate_logits[r * H + h], &g, &omg);
-            const float *wh = w + h * H;
+            if (h % MF_VW == 0) gate_pairs(g, omg, gate_logits + r * H + h, H - h);
+            const float gh = g[h % MF_VW], *wh = w + h * H;
             for (int64_t d0 = 0; d0 < D; d0 += TAPE_DCHUNK) {
                 const int64_t n = D - d0 < TAPE_DCHUNK ? D - d0 : TAPE_DCHUNK;
                 for (int64_t j = 0; j < n; j++) m[j] = wh[0] * er[d0 + j];
@@ -185,34 +184,30 @@ static void mix_rows(float *restrict e_new, const float *restrict e_att,
                 }
                 const float *src = er + h * D + d0;
                 float *dst = yr + h * D + d0;
-                for (int64_t j = 0; j < n; j++) dst[j] = src[j] + g * m[j];
+                for (int64_t j = 0; j < n; j++) dst[j] = src[j] + gh * m[j];
             }
         }
     }
 }
 
-/* a . b over n floats: 16 float lanes, summed in double as a fixed tree (vector adds: with
- * H = 2 and D = 64 a lane-order sum was a quarter of the backward's time), then the tail. */
-static inline __attribute__((always_inline)) double dot_f32(const float *restrict a,
-                                                            const float *restrict b,
-                                                            int64_t n) {
+/* a . b over n floats: 16 float lanes (16 / MF_VW vectors), summed in double as a fixed tree
+ * (lane l + 8 onto lane l, then halving: with H = 2 and D = 64 a lane-order sum was a quarter
+ * of the backward's time), then the tail. The same bits for any MF_VW. */
+#define TAPE_LANES 16
+MF_INLINE double dot_f32(const float *restrict a, const float *restrict b, int64_t n) {
     const int64_t nv = n - n % TAPE_LANES;
-    tape_v16 acc = {0};
-    for (int64_t j = 0; j < nv; j += TAPE_LANES) {
-        tape_v16 av, bv;
-        TAPE_LOAD(av, a + j);
-        TAPE_LOAD(bv, b + j);
-        acc += av * bv;
-    }
-    tape_v8 lo, hi;
-    memcpy(&lo, &acc, sizeof lo);
-    memcpy(&hi, (const char *)&acc + sizeof lo, sizeof hi);
-    tape_v8d s8 = __builtin_convertvector(lo, tape_v8d) + __builtin_convertvector(hi, tape_v8d);
-    tape_v4d s4a, s4b;
-    memcpy(&s4a, &s8, sizeof s4a);
-    memcpy(&s4b, (const char *)&s8 + sizeof s4a, sizeof s4b);
-    s4a += s4b;
-    double s = (s4a[0] + s4a[2]) + (s4a[1] + s4a[3]);
+    vf acc[TAPE_LANES / MF_VW];
+    for (int v = 0; v < TAPE_LANES / MF_VW; v++) acc[v] = VZERO;
+    for (int64_t j = 0; j < nv; j += TAPE_LANES)
+        for (int v = 0; v < TAPE_LANES / MF_VW; v++)
+            acc[v] += VLOADU(a + j + v * MF_VW) * VLOADU(b + j + v * MF_VW);
+    float lane[TAPE_LANES];
+    memcpy(lane, acc, sizeof lane);
+    double t[TAPE_LANES / 2];
+    for (int l = 0; l < TAPE_LANES / 2; l++) t[l] = (double)lane[l] + (double)lane[l + 8];
+    for (int w = TAPE_LANES / 4; w >= 1; w /= 2)
+        for (int l = 0; l < w; l++) t[l] += t[l + w];
+    double s = t[0];
     for (int64_t j = nv; j < n; j++) s += (double)(a[j] * b[j]);
     return s;
 }
@@ -229,11 +224,13 @@ static void mix_back_rows(float *restrict de_att, float *restrict dgate_logits,
     for (int64_t r = r0; r < r1; r++) {
         const float *yr = de_new + r * H * D, *er = e_att + r * H * D;
         float *dr = de_att + r * H * D;
-        for (int64_t h = 0; h < H; h++) {
-            float g, omg;
-            sigmoid_pair(gate_logits[r * H + h], &g, &omg);
-            gs[h] = g;
-            gs[H + h] = (double)g * (double)omg;
+        for (int64_t h0 = 0; h0 < H; h0 += MF_VW) {
+            float g[MF_VW], omg[MF_VW];
+            gate_pairs(g, omg, gate_logits + r * H + h0, H - h0);
+            for (int64_t h = h0; h < H && h < h0 + MF_VW; h++) {
+                gs[h] = g[h - h0];
+                gs[H + h] = (double)g[h - h0] * (double)omg[h - h0];
+            }
         }
         /* P[h, h'] = Y[h] . E_att[h'];  dG[h] = g (1 - g) sum_h' W[h,h'] P[h,h'];
          * dw[h, h'] += g[h] P[h, h'] */
@@ -261,36 +258,43 @@ static void mix_back_rows(float *restrict de_att, float *restrict dgate_logits,
     }
 }
 
-int tape_mix_forward(float *e_new, const float *e_att, const float *gate_logits,
-                     const float *w, int64_t B, int64_t T, int64_t H, int64_t D) {
+int tape_mix_forward(const MfTapeMixParams *p) {
+    const int64_t B = p->B, T = p->T, H = p->H, D = p->D;
     if (bad_sizes(B, T, H, D)) return MF_EINVAL;
     const int64_t N = B * T, per = rows_per_item(H * D);
 #pragma omp parallel for schedule(dynamic, 1) if (N * H * D >= TAPE_MIN_PARALLEL)
     for (int64_t r0 = 0; r0 < N; r0 += per)
-        mix_rows(e_new, e_att, gate_logits, w, H, D, r0, r0 + per < N ? r0 + per : N);
+        mix_rows(p->e_new, p->e_att, p->gate_logits, p->w, H, D, r0, r0 + per < N ? r0 + per : N);
     return MF_OK;
 }
 
-int tape_mix_backward(float *de_att, float *dgate_logits, float *dw, const float *de_new,
-                      const float *e_att, const float *gate_logits, const float *w, int64_t B,
-                      int64_t T, int64_t H, int64_t D) {
-    if (bad_sizes(B, T, H, D)) return MF_EINVAL;
-    const int64_t N = B * T, nb = N < TAPE_MIX_BLOCKS ? N : TAPE_MIX_BLOCKS;
-    /* scratch per block: dw partials (H*H), then g and g (1 - g) (2H) */
-    const int64_t stride = H * H + 2 * H;
-    double *part = malloc((size_t)(nb * stride) * sizeof(double));
-    if (part == NULL) return MF_ENOMEM;
+/* per row block of the backward, in double: dw partials (H*H), then g and g (1 - g) (2H) */
+static int64_t mix_blocks(const MfTapeMixParams *p) {
+    const int64_t N = p->B * p->T;
+    return N < TAPE_MIX_BLOCKS ? N : TAPE_MIX_BLOCKS;
+}
+
+int64_t tape_mix_backward_scratch_floats(const MfTapeMixParams *p) {
+    return mf_scratch_size(2 * mix_blocks(p) * (p->H * p->H + 2 * p->H));
+}
+
+int tape_mix_backward(const MfTapeMixParams *p) {
+    float *dw = p->dw;
+    const int64_t B = p->B, T = p->T, H = p->H, D = p->D;
+    if (bad_sizes(B, T, H, D) || p->scratch_floats < tape_mix_backward_scratch_floats(p))
+        return MF_EINVAL;
+    const int64_t N = B * T, nb = mix_blocks(p), stride = H * H + 2 * H;
+    double *part = (double *)p->scratch;
 #pragma omp parallel for schedule(dynamic, 1) if (N * H * D >= TAPE_MIN_PARALLEL)
     for (int64_t b = 0; b < nb; b++) {
         double *s = part + b * stride;
-        mix_back_rows(de_att, dgate_logits, s, s + H * H, de_new, e_att,
-                      gate_logits, w, H, D, N * b / nb, N * (b + 1) / nb);
+        mix_back_rows(p->de_att, p->dgate_logits, s, s + H * H, p->de_new, p->e_att,
+                      p->gate_logits, p->w, H, D, N * b / nb, N * (b + 1) / nb);
     }
     for (int64_t i = 0; i < H * H; i++) {
         double sum = 0.0;
         for (int64_t b = 0; b < nb; b++) sum += part[b * stride + i];
         dw[i] = (float)((double)dw[i] + sum);
     }
-    free(part);
     return MF_OK;
 }

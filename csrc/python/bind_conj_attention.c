@@ -1,144 +1,72 @@
 /* Binding of csrc/ops/conj_attention.c: MapEM's conjunctive attention, forward and backward. */
-#include "common.h" /* Python.h first */
+#include "bind.h"
 
-#include <math.h>
-#include <string.h>
+#define P(f) offsetof(MfConjAttentionParams, f)
+static const MfSize sizes[] = {{"B", P(B)}, {"T", P(T)}, {"H", P(H)}, {"D", P(D)}, {NULL, 0}};
+static const char *const modes[] = {"score_product", "softmax_product", "sum", NULL};
 
-#define QKV_SHAPE "(B, T, H, D)"
-
-static const char *const mode_names[] = {"score_product", "softmax_product", "sum"};
-
-/* mode (a str; absent -> score_product) to an MfConjMode; -1 with TypeError (not a str) or
- * ValueError (unknown name), both naming the argument. */
-static int parse_mode(PyObject *mode_obj) {
-    if (mode_obj == NULL) return MF_CONJ_SCORE_PRODUCT;
-    if (!PyUnicode_Check(mode_obj)) {
-        PyErr_Format(PyExc_TypeError,
-                     "mode must be a str, one of 'score_product', 'softmax_product', 'sum'; "
-                     "got %s",
-                     Py_TYPE(mode_obj)->tp_name);
-        return -1;
-    }
-    const char *name = PyUnicode_AsUTF8(mode_obj);
-    if (name == NULL) return -1;
-    for (int i = 0; i < 3; i++)
-        if (strcmp(name, mode_names[i]) == 0) return i;
-    PyErr_Format(PyExc_ValueError,
-                 "mode must be one of 'score_product', 'softmax_product', 'sum', got %R",
-                 mode_obj);
-    return -1;
+/* lse holds M = 2 log-sum-exps per row for softmax_product, else 1 */
+static int prepare(MfCall *c, void *params) {
+    const MfConjAttentionParams *p = params;
+    return mf_pin(c, "M", p->mode == MF_CONJ_SOFTMAX_PRODUCT ? 2 : 1, "mode");
 }
 
-/* Check qx first (it fixes B, T, H, D into dims), then each of the other arrays against it. */
-static int check_qkv(PyObject *const objs[], const char *const names[], int n,
-                     PyArrayObject *arrays[], int64_t dims[4]) {
-    for (int i = 0; i < n; i++) {
-        int64_t d[4] = {dims[0], dims[1], dims[2], dims[3]};
-        arrays[i] = mf_array(objs[i], names[i], MF_F32, 4, d, QKV_SHAPE);
-        if (arrays[i] == NULL) return -1;
-        for (int j = 0; j < 4; j++) dims[j] = d[j];
-    }
-    return 0;
+static int check(MfCall *c, void *params) {
+    MfConjAttentionParams *p = params;
+    (void)c;
+    return mf_head_dim_and_scale(p->D, "qx, kx, qp, kp, v", &p->scale);
 }
 
-#define F(a) ((float *)PyArray_DATA(a))
-#define CF(a) ((const float *)PyArray_DATA(a))
+#define MODE(pos) {"mode", pos, MF_CHOICE, MF_OPTIONAL, .field = P(mode), .choices = modes}
+#define SCALE(pos) {"scale", pos, MF_FLOAT, MF_OPTIONAL | MF_NONE, .field = P(scale), MF_FINITE}
 
-static PyObject *py_conj_attention_forward(PyObject *self, PyObject *args, PyObject *kwargs) {
-    (void)self;
-    static char *kwlist[] = {"qx", "kx", "qp", "kp", "v", "mode", "scale", NULL};
-    PyObject *obj[5], *mode_obj = NULL, *scale_obj = Py_None;
-    PyArrayObject *out = NULL, *lse = NULL;
-    PyObject *result = NULL;
-    if (!PyArg_ParseTupleAndKeywords(args, kwargs, "OOOOO|OO:conj_attention_forward", kwlist,
-                                     &obj[0], &obj[1], &obj[2], &obj[3], &obj[4], &mode_obj,
-                                     &scale_obj))
-        return NULL;
-    static const char *const names[] = {"qx", "kx", "qp", "kp", "v"};
-    PyArrayObject *a[5];
-    int64_t dims[4] = {-1, -1, -1, -1};
-    if (check_qkv(obj, names, 5, a, dims) < 0) goto fail;
-    const int64_t B = dims[0], T = dims[1], H = dims[2], D = dims[3];
-    const int mode = parse_mode(mode_obj);
-    if (mode < 0) goto fail;
-    float scale;
-    if (mf_head_dim_and_scale(D, "qx, kx, qp, kp, v", scale_obj, &scale) < 0) goto fail;
+static const MfArg forward_args[] = {
+    {"qx", 1, MF_IN, 0, "B T H D", .field = P(qx)},
+    {"kx", 2, MF_IN, 0, "B T H D", .field = P(kx)},
+    {"qp", 3, MF_IN, 0, "B T H D", .field = P(qp)},
+    {"kp", 4, MF_IN, 0, "B T H D", .field = P(kp)},
+    {"v", 5, MF_IN, 0, "B T H D", .field = P(v)},
+    MODE(6),
+    SCALE(7),
+    {"out", 0, MF_OUT, 0, "B T H D", .field = P(out)},
+    {"lse", 0, MF_OUT, 0, "M B H T", .field = P(lse)},
+    {0}};
+static const MfOp forward = {"conj_attention_forward", forward_args, sizes,
+                             sizeof(MfConjAttentionParams), .run = MF_OP(conj_attention_forward),
+                             .scratch = MF_SCRATCH(conj_attention_forward_scratch_floats),
+                             MF_SCRATCH_FIELDS(MfConjAttentionParams), .prepare = prepare,
+                             .check = check};
 
-    const int64_t ldims[4] = {mode == MF_CONJ_SOFTMAX_PRODUCT ? 2 : 1, B, H, T};
-    out = mf_empty_f32(4, dims);
-    if (out == NULL) goto fail;
-    lse = mf_empty_f32(4, ldims);
-    if (lse == NULL) goto fail;
-    int status;
-    Py_BEGIN_ALLOW_THREADS;
-    status = conj_attention_forward(F(out), F(lse), CF(a[0]), CF(a[1]), CF(a[2]), CF(a[3]),
-                                    CF(a[4]), B, T, H, D, scale, mode);
-    Py_END_ALLOW_THREADS;
-    if (status != MF_OK) {
-        mf_raise_status(status, "conj_attention_forward");
-        goto fail;
-    }
-    result = PyTuple_Pack(2, (PyObject *)out, (PyObject *)lse);
-fail:
-    Py_XDECREF(out);
-    Py_XDECREF(lse);
-    return result;
-}
+/* qx (which fixes B, T, H, D) is checked first */
+static const MfArg backward_args[] = {
+    {"qx", 2, MF_IN, 0, "B T H D", .field = P(qx)},
+    {"dout", 1, MF_IN, 0, "B T H D", .field = P(dout)},
+    {"kx", 3, MF_IN, 0, "B T H D", .field = P(kx)},
+    {"qp", 4, MF_IN, 0, "B T H D", .field = P(qp)},
+    {"kp", 5, MF_IN, 0, "B T H D", .field = P(kp)},
+    {"v", 6, MF_IN, 0, "B T H D", .field = P(v)},
+    {"out", 7, MF_IN, 0, "B T H D", .field = P(o)},
+    {"lse", 8, MF_IN, 0, "M B H T", .field = P(lse_in)},
+    MODE(9),
+    SCALE(10),
+    {"dqx", 0, MF_OUT, 0, "B T H D", .field = P(dqx)},
+    {"dkx", 0, MF_OUT, 0, "B T H D", .field = P(dkx)},
+    {"dqp", 0, MF_OUT, 0, "B T H D", .field = P(dqp)},
+    {"dkp", 0, MF_OUT, 0, "B T H D", .field = P(dkp)},
+    {"dv", 0, MF_OUT, 0, "B T H D", .field = P(dv)},
+    {0}};
+static const MfOp backward = {"conj_attention_backward", backward_args, sizes,
+                              sizeof(MfConjAttentionParams),
+                              .run = MF_OP(conj_attention_backward),
+                              .scratch = MF_SCRATCH(conj_attention_backward_scratch_floats),
+                              MF_SCRATCH_FIELDS(MfConjAttentionParams), .prepare = prepare,
+                              .check = check};
 
-static PyObject *py_conj_attention_backward(PyObject *self, PyObject *args, PyObject *kwargs) {
-    (void)self;
-    static char *kwlist[] = {"dout", "qx", "kx", "qp", "kp", "v", "out", "lse",
-                             "mode", "scale", NULL};
-    PyObject *dout_obj, *qx_obj, *kx_obj, *qp_obj, *kp_obj, *v_obj, *out_obj, *lse_obj;
-    PyObject *mode_obj = NULL, *scale_obj = Py_None;
-    PyArrayObject *g[5] = {NULL, NULL, NULL, NULL, NULL}; /* dqx, dkx, dqp, dkp, dv */
-    PyObject *result = NULL;
-    if (!PyArg_ParseTupleAndKeywords(args, kwargs, "OOOOOOOO|OO:conj_attention_backward",
-                                     kwlist, &dout_obj, &qx_obj, &kx_obj, &qp_obj, &kp_obj,
-                                     &v_obj, &out_obj, &lse_obj, &mode_obj, &scale_obj))
-        return NULL;
-    /* qx first: it fixes the shape the other arrays must match */
-    PyObject *const obj[7] = {qx_obj, dout_obj, kx_obj, qp_obj, kp_obj, v_obj, out_obj};
-    static const char *const names[] = {"qx", "dout", "kx", "qp", "kp", "v", "out"};
-    PyArrayObject *a[7]; /* qx, dout, kx, qp, kp, v, out */
-    int64_t dims[4] = {-1, -1, -1, -1};
-    if (check_qkv(obj, names, 7, a, dims) < 0) goto fail;
-    const int64_t B = dims[0], T = dims[1], H = dims[2], D = dims[3];
-    const int mode = parse_mode(mode_obj);
-    if (mode < 0) goto fail;
-    const int M = mode == MF_CONJ_SOFTMAX_PRODUCT ? 2 : 1;
-    int64_t ldims[4] = {M, B, H, T};
-    PyArrayObject *lse = mf_array(lse_obj, "lse", MF_F32, 4, ldims,
-                                  M == 2 ? "(2, B, H, T) for mode 'softmax_product'"
-                                         : "(1, B, H, T) for this mode");
-    if (lse == NULL) goto fail;
-    float scale;
-    if (mf_head_dim_and_scale(D, "qx, kx, qp, kp, v", scale_obj, &scale) < 0) goto fail;
-
-    for (int i = 0; i < 5; i++) {
-        g[i] = mf_empty_f32(4, dims);
-        if (g[i] == NULL) goto fail;
-    }
-    int status;
-    Py_BEGIN_ALLOW_THREADS;
-    status = conj_attention_backward(F(g[0]), F(g[1]), F(g[2]), F(g[3]), F(g[4]), CF(a[1]),
-                                     CF(a[0]), CF(a[2]), CF(a[3]), CF(a[4]), CF(a[5]),
-                                     CF(a[6]), CF(lse), B, T, H, D, scale, mode);
-    Py_END_ALLOW_THREADS;
-    if (status != MF_OK) {
-        mf_raise_status(status, "conj_attention_backward");
-        goto fail;
-    }
-    result = PyTuple_Pack(5, (PyObject *)g[0], (PyObject *)g[1], (PyObject *)g[2],
-                          (PyObject *)g[3], (PyObject *)g[4]);
-fail:
-    for (int i = 0; i < 5; i++) Py_XDECREF(g[i]);
-    return result;
-}
+MF_DEFINE(conj_attention_forward, forward)
+MF_DEFINE(conj_attention_backward, backward)
 
 PyMethodDef mf_conj_attention_methods[] = {
-    {"conj_attention_forward", (PyCFunction)(void (*)(void))py_conj_attention_forward,
-     METH_VARARGS | METH_KEYWORDS,
+    MF_METHOD(conj_attention_forward,
      "conj_attention_forward(qx, kx, qp, kp, v, mode='score_product', scale=None) -> (out, lse)\n"
      "\n"
      "MapEM's conjunctive attention, causal. With content scores sX = qx kx^T and positional\n"
@@ -151,9 +79,8 @@ PyMethodDef mf_conj_attention_methods[] = {
      "scale: float, default 1/sqrt(D).\n"
      "Returns out float32 (B, T, H, D) and lse float32 (M, B, H, T): the log-sum-exp of each\n"
      "query's scaled scores (M = 1), or for 'softmax_product' those of sX then sP (M = 2);\n"
-     "the only thing conj_attention_backward needs besides out."},
-    {"conj_attention_backward", (PyCFunction)(void (*)(void))py_conj_attention_backward,
-     METH_VARARGS | METH_KEYWORDS,
+     "the only thing conj_attention_backward needs besides out."),
+    MF_METHOD(conj_attention_backward,
      "conj_attention_backward(dout, qx, kx, qp, kp, v, out, lse, mode='score_product',\n"
      "                        scale=None) -> (dqx, dkx, dqp, dkp, dv)\n"
      "\n"
@@ -161,5 +88,5 @@ PyMethodDef mf_conj_attention_methods[] = {
      "dout, qx, kx, qp, kp, v, out: float32 C-contiguous (B, T, H, D); lse: float32\n"
      "(M, B, H, T) from conj_attention_forward with the same mode and scale (M = 2 for\n"
      "'softmax_product', else 1).\n"
-     "Returns new float32 arrays dqx, dkx, dqp, dkp, dv (B, T, H, D)."},
+     "Returns new float32 arrays dqx, dkx, dqp, dkp, dv (B, T, H, D)."),
     {NULL, NULL, 0, NULL}};

@@ -1,123 +1,56 @@
 /* Binding of csrc/ops/cope.c: CoPE attention (contextual position encoding), forward and
  * backward. */
-#include "common.h" /* Python.h first */
+#include "bind.h"
 
-#include <math.h>
+#define P(f) offsetof(MfCopeParams, f)
+static const MfSize sizes[] = {{"B", P(B)}, {"T", P(T)},         {"H", P(H)},
+                               {"D", P(D)}, {"n_pos", P(n_pos)}, {NULL, 0}};
 
-#define QKV_SHAPE "(B, T, H, D)"
-#define LSE_SHAPE "(B, H, T)"
-#define E_SHAPE "(H, n_pos, D)"
-
-static PyObject *py_cope_forward(PyObject *self, PyObject *args, PyObject *kwargs) {
-    (void)self;
-    static char *kwlist[] = {"q", "k", "v", "e", "scale", NULL};
-    PyObject *q_obj, *k_obj, *v_obj, *e_obj, *scale_obj = Py_None;
-    PyArrayObject *out = NULL, *lse = NULL;
-    PyObject *result = NULL;
-    if (!PyArg_ParseTupleAndKeywords(args, kwargs, "OOOO|O:cope_forward", kwlist, &q_obj,
-                                     &k_obj, &v_obj, &e_obj, &scale_obj))
-        return NULL;
-    int64_t qd[4] = {-1, -1, -1, -1};
-    PyArrayObject *q = mf_array(q_obj, "q", MF_F32, 4, qd, QKV_SHAPE);
-    if (q == NULL) goto fail;
-    int64_t kd[4] = {qd[0], qd[1], qd[2], qd[3]}, vd[4] = {qd[0], qd[1], qd[2], qd[3]};
-    PyArrayObject *k = mf_array(k_obj, "k", MF_F32, 4, kd, QKV_SHAPE);
-    if (k == NULL) goto fail;
-    PyArrayObject *v = mf_array(v_obj, "v", MF_F32, 4, vd, QKV_SHAPE);
-    if (v == NULL) goto fail;
-    const int64_t B = qd[0], T = qd[1], H = qd[2], D = qd[3];
-    int64_t ed[3] = {H, -1, D};
-    PyArrayObject *e = mf_array(e_obj, "e", MF_F32, 3, ed, E_SHAPE);
-    if (e == NULL) goto fail;
-    const int64_t n_pos = ed[1];
-    float scale;
-    if (mf_head_dim_and_scale(D, "q, k, v, e", scale_obj, &scale) < 0) goto fail;
-
-    int64_t ld[3] = {B, H, T};
-    if ((out = mf_empty_f32(4, qd)) == NULL || (lse = mf_empty_f32(3, ld)) == NULL) goto fail;
-    int status;
-    Py_BEGIN_ALLOW_THREADS;
-    status = cope_forward((float *)PyArray_DATA(out), (float *)PyArray_DATA(lse),
-                          (const float *)PyArray_DATA(q), (const float *)PyArray_DATA(k),
-                          (const float *)PyArray_DATA(v), (const float *)PyArray_DATA(e), B, T,
-                          H, D, n_pos, scale);
-    Py_END_ALLOW_THREADS;
-    if (status != MF_OK) {
-        mf_raise_status(status, "cope_forward");
-        goto fail;
-    }
-    result = PyTuple_Pack(2, (PyObject *)out, (PyObject *)lse);
-fail:
-    Py_XDECREF(out);
-    Py_XDECREF(lse);
-    return result;
+static int check(MfCall *c, void *params) {
+    MfCopeParams *p = params;
+    (void)c;
+    return mf_head_dim_and_scale(p->D, "q, k, v, e", &p->scale);
 }
 
-static PyObject *py_cope_backward(PyObject *self, PyObject *args, PyObject *kwargs) {
-    (void)self;
-    static char *kwlist[] = {"dout", "q", "k", "v", "e", "out", "lse", "de", "scale", NULL};
-    PyObject *dout_obj, *q_obj, *k_obj, *v_obj, *e_obj, *out_obj, *lse_obj, *de_obj;
-    PyObject *scale_obj = Py_None;
-    PyArrayObject *dq = NULL, *dk = NULL, *dv = NULL;
-    PyObject *result = NULL;
-    if (!PyArg_ParseTupleAndKeywords(args, kwargs, "OOOOOOOO|O:cope_backward", kwlist,
-                                     &dout_obj, &q_obj, &k_obj, &v_obj, &e_obj, &out_obj,
-                                     &lse_obj, &de_obj, &scale_obj))
-        return NULL;
-    int64_t qd[4] = {-1, -1, -1, -1};
-    PyArrayObject *q = mf_array(q_obj, "q", MF_F32, 4, qd, QKV_SHAPE);
-    if (q == NULL) goto fail;
-    int64_t dd[4], kd[4], vd[4], od[4];
-    for (int i = 0; i < 4; i++) dd[i] = kd[i] = vd[i] = od[i] = qd[i];
-    PyArrayObject *dout = mf_array(dout_obj, "dout", MF_F32, 4, dd, QKV_SHAPE);
-    if (dout == NULL) goto fail;
-    PyArrayObject *k = mf_array(k_obj, "k", MF_F32, 4, kd, QKV_SHAPE);
-    if (k == NULL) goto fail;
-    PyArrayObject *v = mf_array(v_obj, "v", MF_F32, 4, vd, QKV_SHAPE);
-    if (v == NULL) goto fail;
-    const int64_t B = qd[0], T = qd[1], H = qd[2], D = qd[3];
-    int64_t ed[3] = {H, -1, D};
-    PyArrayObject *e = mf_array(e_obj, "e", MF_F32, 3, ed, E_SHAPE);
-    if (e == NULL) goto fail;
-    const int64_t n_pos = ed[1];
-    PyArrayObject *out = mf_array(out_obj, "out", MF_F32, 4, od, QKV_SHAPE);
-    if (out == NULL) goto fail;
-    int64_t ld[3] = {B, H, T};
-    PyArrayObject *lse = mf_array(lse_obj, "lse", MF_F32, 3, ld, LSE_SHAPE);
-    if (lse == NULL) goto fail;
-    int64_t ded[3] = {H, n_pos, D};
-    PyArrayObject *de = mf_output_array(de_obj, "de", MF_F32, 3, ded, E_SHAPE);
-    if (de == NULL) goto fail;
-    float scale;
-    if (mf_head_dim_and_scale(D, "q, k, v, e", scale_obj, &scale) < 0) goto fail;
+static const MfArg forward_args[] = {
+    {"q", 1, MF_IN, 0, "B T H D", .field = P(q)},
+    {"k", 2, MF_IN, 0, "B T H D", .field = P(k)},
+    {"v", 3, MF_IN, 0, "B T H D", .field = P(v)},
+    {"e", 4, MF_IN, 0, "H n_pos D", .field = P(e)},
+    {"scale", 5, MF_FLOAT, MF_OPTIONAL | MF_NONE, .field = P(scale), MF_FINITE},
+    {"out", 0, MF_OUT, 0, "B T H D", .field = P(out)},
+    {"lse", 0, MF_OUT, 0, "B H T", .field = P(lse)},
+    {0}};
+static const MfOp forward = {"cope_forward", forward_args, sizes, sizeof(MfCopeParams),
+                             .run = MF_OP(cope_forward),
+                             .scratch = MF_SCRATCH(cope_forward_scratch_floats),
+                             MF_SCRATCH_FIELDS(MfCopeParams), .check = check};
 
-    if ((dq = mf_empty_f32(4, qd)) == NULL || (dk = mf_empty_f32(4, qd)) == NULL ||
-        (dv = mf_empty_f32(4, qd)) == NULL)
-        goto fail;
-    int status;
-    Py_BEGIN_ALLOW_THREADS;
-    status = cope_backward(
-        (float *)PyArray_DATA(dq), (float *)PyArray_DATA(dk), (float *)PyArray_DATA(dv),
-        (float *)PyArray_DATA(de), (const float *)PyArray_DATA(dout),
-        (const float *)PyArray_DATA(q), (const float *)PyArray_DATA(k),
-        (const float *)PyArray_DATA(v), (const float *)PyArray_DATA(e),
-        (const float *)PyArray_DATA(out), (const float *)PyArray_DATA(lse), B, T, H, D, n_pos,
-        scale);
-    Py_END_ALLOW_THREADS;
-    if (status != MF_OK) {
-        mf_raise_status(status, "cope_backward");
-        goto fail;
-    }
-    result = PyTuple_Pack(3, (PyObject *)dq, (PyObject *)dk, (PyObject *)dv);
-fail:
-    Py_XDECREF(dq);
-    Py_XDECREF(dk);
-    Py_XDECREF(dv);
-    return result;
-}
+/* q (which fixes B, T, H, D) is checked first */
+static const MfArg backward_args[] = {
+    {"q", 2, MF_IN, 0, "B T H D", .field = P(q)},
+    {"dout", 1, MF_IN, 0, "B T H D", .field = P(dout)},
+    {"k", 3, MF_IN, 0, "B T H D", .field = P(k)},
+    {"v", 4, MF_IN, 0, "B T H D", .field = P(v)},
+    {"e", 5, MF_IN, 0, "H n_pos D", .field = P(e)},
+    {"out", 6, MF_IN, 0, "B T H D", .field = P(o)},
+    {"lse", 7, MF_IN, 0, "B H T", .field = P(lse_in)},
+    {"de", 8, MF_INOUT, 0, "H n_pos D", .field = P(de)},
+    {"scale", 9, MF_FLOAT, MF_OPTIONAL | MF_NONE, .field = P(scale), MF_FINITE},
+    {"dq", 0, MF_OUT, 0, "B T H D", .field = P(dq)},
+    {"dk", 0, MF_OUT, 0, "B T H D", .field = P(dk)},
+    {"dv", 0, MF_OUT, 0, "B T H D", .field = P(dv)},
+    {0}};
+static const MfOp backward = {"cope_backward", backward_args, sizes, sizeof(MfCopeParams),
+                              .run = MF_OP(cope_backward),
+                              .scratch = MF_SCRATCH(cope_backward_scratch_floats),
+                              MF_SCRATCH_FIELDS(MfCopeParams), .check = check};
+
+MF_DEFINE(cope_forward, forward)
+MF_DEFINE(cope_backward, backward)
 
 PyMethodDef mf_cope_methods[] = {
-    {"cope_forward", (PyCFunction)(void (*)(void))py_cope_forward, METH_VARARGS | METH_KEYWORDS,
+    MF_METHOD(cope_forward,
      "cope_forward(q, k, v, e, scale=None) -> (out, lse)\n\n"
      "Causal CoPE attention (contextual position encoding, Golovneva et al. 2024):\n"
      "s_ij = scale q_i . k_j, gates g_ij = sigmoid(s_ij), positions\n"
@@ -127,13 +60,12 @@ PyMethodDef mf_cope_methods[] = {
      "e: float32 (H, n_pos, D), the integer position embeddings of each head.\n"
      "scale: float, default 1/sqrt(D).\n"
      "Returns out float32 (B, T, H, D) and lse float32 (B, H, T), the log-sum-exp of each\n"
-     "query's attention logits: what cope_backward needs besides out."},
-    {"cope_backward", (PyCFunction)(void (*)(void))py_cope_backward,
-     METH_VARARGS | METH_KEYWORDS,
+     "query's attention logits: what cope_backward needs besides out."),
+    MF_METHOD(cope_backward,
      "cope_backward(dout, q, k, v, e, out, lse, de, scale=None) -> (dq, dk, dv)\n\n"
      "Gradients of CoPE attention given dout, the gradient of out.\n"
      "dout, q, k, v, out: float32 C-contiguous (B, T, H, D); e: float32 (H, n_pos, D);\n"
      "lse: float32 (B, H, T) from cope_forward with the same e and scale (default 1/sqrt(D)).\n"
      "de: float32 (H, n_pos, D), writeable: the gradient of e is accumulated into it (+=).\n"
-     "Returns new float32 arrays dq, dk, dv (B, T, H, D)."},
+     "Returns new float32 arrays dq, dk, dv (B, T, H, D)."),
     {NULL, NULL, 0, NULL}};

@@ -1,14 +1,13 @@
-/* The extension module mapformer._C: merges the method table of every op family. */
-#define PY_SSIZE_T_CLEAN
-#include <Python.h>
-#define PY_ARRAY_UNIQUE_SYMBOL MAPFORMER_ARRAY_API
-#include <numpy/arrayobject.h>
+/* The extension module mapformer._C: registers every op family's method table (bind.h's one
+ * list), and is itself the "kernels" family: the kernel-set functions and info(). */
+#define MF_IMPORT_ARRAY
+#include "bind.h" /* Python.h first */
 
 #include <stdlib.h>
 
-#include "common.h"
 #include "mapformer/blas.h"
 #include "mapformer/cpu.h"
+#include "mapformer/threads.h"
 
 static PyObject *kernel_set_list(int supported_only) {
     PyObject *list = PyList_New(0);
@@ -65,7 +64,41 @@ static PyObject *py_set_kernels(PyObject *self, PyObject *args, PyObject *kwargs
     Py_RETURN_NONE;
 }
 
-static PyMethodDef kernel_methods[] = {
+/* floats per vector of each kernel set's SIMD layer (mapformer/simd.h's MF_VW); the OpenBLAS
+ * set's own loops are the portable build's */
+static const int simd_width[MF_KERNELS_COUNT] = {4, 8, 16, 4};
+
+static PyObject *py_info(PyObject *self, PyObject *args) {
+    (void)self;
+    (void)args;
+#if defined(__clang__)
+    const char *compiler = "clang";
+#elif defined(__GNUC__)
+    const char *compiler = "gcc";
+#else
+    const char *compiler = "other";
+#endif
+    PyObject *widths = PyDict_New(), *sets = kernel_set_list(1), *result = NULL;
+    for (int k = 0; widths != NULL && k < MF_KERNELS_COUNT; k++) {
+        if (!mf_kernels_supported(k)) continue;
+        PyObject *w = PyLong_FromLong(simd_width[k]);
+        if (w == NULL || PyDict_SetItemString(widths, mf_kernels_name(k), w) < 0)
+            Py_CLEAR(widths);
+        Py_XDECREF(w);
+    }
+    if (widths != NULL && sets != NULL)
+        result = Py_BuildValue(
+            "{s:s,s:s,s:O,s:{s:s,s:s},s:i,s:{s:s,s:s},s:O}", "kernels",
+            mf_kernels_name(mf_kernels()), "cpu_level", mf_kernels_name(mf_cpu_level()),
+            "kernel_sets", sets, "blas", "library", MF_BLAS_LIBRARY, "config",
+            MF_BLAS(openblas_get_config)(), "threads", mf_max_threads(), "compiler", "name",
+            compiler, "version", __VERSION__, "simd_width", widths);
+    Py_XDECREF(widths);
+    Py_XDECREF(sets);
+    return result;
+}
+
+PyMethodDef mf_kernels_methods[] = {
     {"kernels", py_kernels, METH_NOARGS,
      "kernels() -> str\n\nThe active kernel set of the ops with hand-written kernels (linear,\n"
      "MLP, attention, conjunctive attention): 'avx512', 'avx2', 'portable' or 'blas'."},
@@ -78,6 +111,13 @@ static PyMethodDef kernel_methods[] = {
     {"set_kernels", (PyCFunction)(void (*)(void))py_set_kernels, METH_VARARGS | METH_KEYWORDS,
      "set_kernels(kernels)\n\nMake the kernel set named `kernels` active for every later op\n"
      "call (process-wide). MAPFORMER_KERNELS in the environment sets it when the module loads."},
+    {"info", py_info, METH_NOARGS,
+     "info() -> dict\n\nThe build and the machine as the C core sees them: 'kernels' (the active\n"
+     "kernel set), 'cpu_level' (the best one this CPU runs), 'kernel_sets' (those it runs),\n"
+     "'blas' ({'library': 'scipy-openblas32' or 'system', 'config': OpenBLAS's build\n"
+     "description}), 'threads' (OpenMP's thread count for the next op), 'compiler' ({'name':\n"
+     "'gcc' or 'clang', 'version'}) and 'simd_width' (floats per vector of each kernel set\n"
+     "this CPU runs)."},
     {NULL, NULL, 0, NULL}};
 
 static struct PyModuleDef mapformer_module = {
@@ -86,6 +126,9 @@ static struct PyModuleDef mapformer_module = {
     "Every function checks its arguments and raises TypeError/ValueError naming the bad one;\n"
     "the GIL is released while a kernel runs. See mapformer/reference.py for the math.",
     -1, NULL, NULL, NULL, NULL, NULL};
+
+#define MF_FAMILY_TABLE(family) mf_##family##_methods,
+static PyMethodDef *const families[] = {MF_FAMILIES(MF_FAMILY_TABLE)};
 
 PyMODINIT_FUNC PyInit__C(void) {
     import_array();
@@ -104,14 +147,8 @@ PyMODINIT_FUNC PyInit__C(void) {
     }
     PyObject *m = PyModule_Create(&mapformer_module);
     if (m == NULL) return NULL;
-    PyMethodDef *tables[] = {kernel_methods,          mf_embedding_methods,    mf_linear_methods,
-                             mf_layernorm_methods,    mf_elementwise_methods,
-                             mf_mlp_methods,          mf_attention_methods,
-                             mf_rotary_methods,       mf_softmax_xent_methods,
-                             mf_optim_methods,        mf_cope_methods,
-                             mf_tape_methods,         mf_conj_attention_methods};
-    for (size_t i = 0; i < sizeof tables / sizeof tables[0]; i++) {
-        if (PyModule_AddFunctions(m, tables[i]) < 0) {
+    for (size_t i = 0; i < sizeof families / sizeof families[0]; i++) {
+        if (PyModule_AddFunctions(m, families[i]) < 0) {
             Py_DECREF(m);
             return NULL;
         }

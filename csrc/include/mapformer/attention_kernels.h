@@ -11,18 +11,18 @@
  *  - portable-path helpers: exp2_scalar, sum8 and the online softmax step of a score row,
  *    plain loops the compiler vectorises.
  *  - dispatch (mf_use_avx512, in mapformer/clones.h, picks the path), check_sizes,
- *    per-thread scratch and the OpenMP task loop. */
+ *    per-thread scratch (carved from the caller's) and the OpenMP task loop. */
 #ifndef MAPFORMER_ATTENTION_KERNELS_H
 #define MAPFORMER_ATTENTION_KERNELS_H
 
 #include <math.h>
 #include <stdint.h>
-#include <stdlib.h>
 #include <string.h>
 
 #include "mapformer/blas.h"
 #include "mapformer/clones.h"
 #include "mapformer/mapformer.h"
+#include "mapformer/scratch.h"
 
 #define BT 64          /* rows of a query block = rows of a key block; a multiple of 16, <= 64 */
 #define NVB (BT / 16)  /* vectors of 16 floats across a block */
@@ -356,26 +356,32 @@ static inline int check_sizes(int64_t B, int64_t T, int64_t H, int64_t D, float 
     return MF_OK;
 }
 
-static inline void *scratch_alloc(int64_t nfloat) {
-    size_t bytes = ((size_t)nfloat * sizeof(float) + 63) / 64 * 64;
-    return aligned_alloc(64, bytes);
+/* Scratch for tasks that need fast_floats (AVX-512 path) or blas_floats (the sgemm path) per
+ * thread: the larger, for mf_max_threads() threads, so that it serves whichever path runs. */
+static inline int64_t task_scratch_floats(int64_t fast_floats, int64_t blas_floats) {
+    const int64_t per = fast_floats > blas_floats ? fast_floats : blas_floats;
+    return mf_max_threads() * mf_scratch_size(per);
 }
 
 /* A task: fn(params, scratch, t) for t in [0, ntask). */
 typedef int (*TaskFn)(const void *, float *, int64_t);
 
-/* Run fn over tasks [0, ntask) on the OpenMP threads, each with its own scratch of nfloat
- * floats. Tasks cost about the same and consecutive ones share data: a static schedule.
+/* Run fn over tasks [0, ntask) on the OpenMP threads, each with its own nfloat floats of the
+ * caller's scratch (scratch_floats in all: as many threads as that serves). Tasks cost about
+ * the same and consecutive ones share data: a static schedule.
  * Problems under about a million multiply-adds (work = B H T^2 D < 2e6) run on the calling
  * thread: waking the team would cost more than the work. */
 static inline int run_tasks(TaskFn fn, const void *p, int64_t ntask, int64_t nfloat,
-                            double work) {
+                            double work, float *scratch, int64_t scratch_floats) {
     int status = MF_OK;
+    const int64_t per = mf_scratch_size(nfloat);
+    const int nt = mf_scratch_threads(scratch_floats, per);
+    if (nt < 1) return MF_EINVAL;
     const int parallel = ntask > 1 && work > 2e6;
-#pragma omp parallel if (parallel)
+#pragma omp parallel num_threads(nt) if (parallel)
     {
-        float *scr = scratch_alloc(nfloat);
-        int mine = scr == NULL ? MF_ENOMEM : MF_OK;
+        float *scr = scratch + mf_thread_id() * per;
+        int mine = MF_OK;
 #pragma omp for schedule(static)
         for (int64_t t = 0; t < ntask; t++)
             if (mine == MF_OK) mine = fn(p, scr, t);
@@ -383,7 +389,6 @@ static inline int run_tasks(TaskFn fn, const void *p, int64_t ntask, int64_t nfl
 #pragma omp atomic write
             status = mine;
         }
-        free(scr);
     }
     return status;
 }

@@ -6,8 +6,11 @@
 
 #include <stdint.h>
 
-#ifndef MF_BLAS_PREFIX
+#ifdef MF_BLAS_PREFIX
+#define MF_BLAS_LIBRARY "scipy-openblas32" /* the wheel: the only build with a prefix */
+#else
 #define MF_BLAS_PREFIX
+#define MF_BLAS_LIBRARY "system"
 #endif
 #define MF_BLAS_CAT2(a, b) a##b
 #define MF_BLAS_CAT(a, b) MF_BLAS_CAT2(a, b)
@@ -23,6 +26,9 @@ void MF_BLAS(cblas_sgemm)(enum MF_CBLAS_ORDER order, enum MF_CBLAS_TRANSPOSE tra
                           int ldc);
 
 void MF_BLAS(openblas_set_num_threads)(int num_threads);
+
+/* OpenBLAS's build description ("OpenBLAS 0.3.27 DYNAMIC_ARCH NO_AFFINITY Zen MAX_THREADS=64") */
+char *MF_BLAS(openblas_get_config)(void);
 
 /* Make OpenBLAS single-threaded: the core parallelises with OpenMP only (see core.c). */
 void mf_blas_single_thread(void);

@@ -11,9 +11,17 @@
 
 #if defined(__GNUC__) && !defined(__clang__) && defined(__x86_64__) && defined(__linux__)
 #define MF_CLONES __attribute__((target_clones("avx512f", "avx2", "default")))
+#define MF_CLONES_VW 8
 #else
 #define MF_CLONES
+#define MF_CLONES_VW 4
 #endif
+/* MF_CLONES_VW: the vector width (mapformer/simd.h's MF_VW) of the files whose loops are
+ * compiled with MF_CLONES. GCC 12 lowers the comparisons of a vector wider than the clone's
+ * own registers lane by lane (measured: vgelu over 16-float vectors in the AVX2 clone, 2.7x
+ * slower than over 8-float ones), so the width is the AVX2 clone's: 8 floats (the AVX-512 clone
+ * runs them in ymm registers, the baseline clone as pairs of xmm). Without clones, the
+ * baseline's: 4 floats (SSE2, NEON). */
 
 #include "mapformer/cpu.h"
 /* transitional: the AVX-512 kernels run when they are the active set (mapformer/cpu.h) */

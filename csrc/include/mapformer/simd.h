@@ -3,8 +3,10 @@
  * A file that includes this header first defines MF_VW, the vector width in floats: 16 in the
  * AVX-512 kernel files (csrc/ops/x86/<family>_avx512.c, compiled with -mavx512f ...), 8 in the
  * AVX2 ones (x86/<family>_avx2.c, -mavx2 -mfma), 4 in the portable ones (csrc/ops/portable/,
- * baseline flags: SSE2 on x86-64, NEON on aarch64). It defaults to 16 for the elementwise ops,
- * whose loops the compiler lowers to whatever their target (or target_clones copy) has.
+ * baseline flags: SSE2 on x86-64, NEON on aarch64). The elementwise ops, compiled as
+ * target_clones copies (mapformer/clones.h), use MF_CLONES_VW: 8 on x86-64 (GCC lowers the
+ * comparisons of vectors wider than a clone's registers lane by lane), 4 elsewhere. It
+ * defaults to 16.
  * Kernels are written once over this header, with the width and their tile shapes as
  * parameters, and compiled once per width.
  *
@@ -183,6 +185,59 @@ MF_INLINE void vgelu_grad(vf *g, vf *dy, const vf *x) {
     const vf du = 0.7978845608028654f * (1.0f + 3.0f * 0.044715f * x2);
     *g = v * s;
     *dy = *dy * (s + 2.0f * v * (e * s) * s * du);
+}
+
+/* ---- doubles: VDL = MF_VW / 2 lanes, the same bytes as a vf ----------------------------------
+ * vd holds VDL doubles, vdi their lane masks; vfh and vih are VDL floats and int32s (half a vf),
+ * the lanes a vd converts from and to with __builtin_convertvector. The *u types are the same
+ * at any float (int32) address. For sums that must run in double (cumulative sums of many
+ * floats). */
+#define VDL (MF_VW / 2)
+typedef double vd __attribute__((vector_size(4 * MF_VW)));
+typedef int64_t vdi __attribute__((vector_size(4 * MF_VW)));
+typedef float vfh __attribute__((vector_size(2 * MF_VW)));
+typedef float vfhu __attribute__((vector_size(2 * MF_VW), __may_alias__, aligned(4)));
+typedef int32_t vih __attribute__((vector_size(2 * MF_VW)));
+typedef int32_t vihu __attribute__((vector_size(2 * MF_VW), __may_alias__, aligned(4)));
+#define DSELECT(mask, a, b) ((vd)(((mask) & (vdi)(a)) | (~(mask) & (vdi)(b))))
+
+/* __builtin_shufflevector of two vd with lane l taken from F(s, l) (0 .. VDL-1: a's lanes,
+ * VDL .. 2 VDL-1: b's) */
+#if MF_VW == 16
+#define MF_DSHUF(a, b, F, s)                                                                 \
+    __builtin_shufflevector(a, b, F(s, 0), F(s, 1), F(s, 2), F(s, 3), F(s, 4), F(s, 5),     \
+                            F(s, 6), F(s, 7))
+#elif MF_VW == 8
+#define MF_DSHUF(a, b, F, s) __builtin_shufflevector(a, b, F(s, 0), F(s, 1), F(s, 2), F(s, 3))
+#else
+#define MF_DSHUF(a, b, F, s) __builtin_shufflevector(a, b, F(s, 0), F(s, 1))
+#endif
+#define MF_UP(s, l) ((l) + (s))         /* lane l + s of (x, 0): 0 past the end */
+#define MF_DOWN(s, l) (VDL + (l) - (s)) /* lane l - s of (0, x): 0 before the start */
+
+/* *x[l] = sum_{m >= l} x[m] (a suffix sum within the vector), in log2(VDL) shift-and-add
+ * steps: shifts of 1, 2, 4 lanes, each add one rounding, in that order */
+MF_INLINE void vd_suffix_sum(vd *x) {
+    const vd z = {0};
+    *x += MF_DSHUF(*x, z, MF_UP, 1);
+#if VDL > 2
+    *x += MF_DSHUF(*x, z, MF_UP, 2);
+#endif
+#if VDL > 4
+    *x += MF_DSHUF(*x, z, MF_UP, 4);
+#endif
+}
+
+/* *x[l] = sum_{m <= l} x[m] (a prefix sum within the vector), as vd_suffix_sum */
+MF_INLINE void vd_prefix_sum(vd *x) {
+    const vd z = {0};
+    *x += MF_DSHUF(z, *x, MF_DOWN, 1);
+#if VDL > 2
+    *x += MF_DSHUF(z, *x, MF_DOWN, 2);
+#endif
+#if VDL > 4
+    *x += MF_DSHUF(z, *x, MF_DOWN, 4);
+#endif
 }
 
 /* Transpose in registers: dst[c * ldd + r] = src[r * lds + c] for r, c < MF_VW; butterfly

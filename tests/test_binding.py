@@ -1,0 +1,235 @@
+"""The binding's shared checker and module functions: every array an op writes in place is
+refused when it shares memory with any other argument; token and target ids are checked by the
+kernel where it reads them (a racing writer gives a ValueError naming the argument, never a
+read out of bounds); info() and set_kernels."""
+import re
+import subprocess
+import sys
+import threading
+
+import numpy as np
+import pytest
+
+from conftest import randn, raises_naming, subprocess_env
+from mapformer import _C
+
+
+def _args(rng):
+    """Good keyword arguments of every op that writes an array given to it, small sizes."""
+    B, T, H, D, V, N, C, F, P = 2, 5, 2, 16, 7, 10, 6, 12, 9
+    f = lambda *s: randn(rng, *s)  # noqa: E731
+    x = f(N, C)
+    _, mean, rstd = _C.layernorm_forward(x, f(C), f(C))
+    _, h = _C.mlp_forward(x, f(F, C), f(F), f(C, F), f(C))
+    q, k, v, e = f(B, T, H, D), f(B, T, H, D), f(B, T, H, D), f(H, 3, D)
+    out, lse = _C.cope_forward(q, k, v, e)
+    return {
+        "embedding_backward": dict(dweight=f(V, C), dout=f(N, C),
+                                   tokens=rng.integers(0, V, N).astype(np.int32)),
+        "linear_backward": dict(dy=f(N, C + 1), x=x, weight=f(C + 1, C), dweight=f(C + 1, C),
+                                dbias=f(C + 1), dx=f(N, C)),
+        "layernorm_backward": dict(dy=f(N, C), x=x, mean=mean, rstd=rstd, weight=f(C),
+                                   dweight=f(C), dbias=f(C), dx=f(N, C)),
+        "residual_backward": dict(dx=f(N, C), dout=f(N, C)),
+        "mlp_backward": dict(dy=f(N, C), x=x, h=h, w_fc=f(F, C), w_proj=f(C, F),
+                             dw_fc=f(F, C), db_fc=f(F), dw_proj=f(C, F), db_proj=f(C)),
+        "path_integration_backward": dict(dtheta=f(B, T, H, D // 2), delta=f(B, T, H, D // 2),
+                                          omega=f(H, D // 2), domega=f(H, D // 2)),
+        "adamw_step": dict(params=f(P), grads=f(P), m=f(P), v=np.abs(f(P)),
+                           decay_mask=rng.random(P) < 0.5, lr=1e-3, step=1),
+        "cope_backward": dict(dout=f(B, T, H, D), q=q, k=k, v=v, e=e, out=out, lse=lse,
+                              de=f(H, 3, D)),
+        "tape_mix_backward": dict(de_new=f(B, T, H, D), e_att=f(B, T, H, D),
+                                  gate_logits=f(B, T, H), w=f(H, H), dw=f(H, H)),
+    }
+
+
+# (op, the array it writes in place): every one of them
+IN_PLACE = [("embedding_backward", "dweight"),
+            ("linear_backward", "dweight"), ("linear_backward", "dbias"),
+            ("linear_backward", "dx"),
+            ("layernorm_backward", "dweight"), ("layernorm_backward", "dbias"),
+            ("layernorm_backward", "dx"),
+            ("residual_backward", "dx"),
+            ("mlp_backward", "dw_fc"), ("mlp_backward", "db_fc"), ("mlp_backward", "dw_proj"),
+            ("mlp_backward", "db_proj"),
+            ("path_integration_backward", "domega"),
+            ("adamw_step", "params"), ("adamw_step", "m"), ("adamw_step", "v"),
+            ("cope_backward", "de"),
+            ("tape_mix_backward", "dw")]
+
+
+def overlapping(a, b):
+    """Views of one buffer: a copy of ``a``, and an array of ``b``'s dtype, shape and values
+    that starts on ``a``'s last 4 bytes, so that the two share memory (``a`` wins there)."""
+    start = (a.nbytes - 1) // 4 * 4
+    raw = np.zeros(start + b.nbytes + 64, np.uint8)
+    base = (-raw.ctypes.data) % 64
+    bv = raw[base + start:base + start + b.nbytes].view(b.dtype).reshape(b.shape)
+    bv[...] = b
+    av = raw[base:base + a.nbytes].view(a.dtype).reshape(a.shape)
+    av[...] = a
+    return av, bv
+
+
+@pytest.mark.parametrize("op,written", IN_PLACE, ids=[f"{o}-{w}" for o, w in IN_PLACE])
+def test_written_array_sharing_memory_is_refused(rng, op, written):
+    """The array an op writes in place, made to share its first bytes with the last bytes of
+    any other array argument (inputs of every dtype, and the other arrays it writes), is
+    refused before anything is written; disjoint arguments work."""
+    args = _args(rng)[op]
+    fn = getattr(_C, op)
+    arrays = [n for n, a in args.items() if isinstance(a, np.ndarray) and n != written]
+    assert arrays
+    for other in arrays:
+        kw = dict(args)
+        kw[other], kw[written] = overlapping(args[other], args[written])
+        snapshot = {n: a.copy() for n, a in kw.items() if isinstance(a, np.ndarray)}
+        with pytest.raises(ValueError, match="must not share memory with") as info:
+            fn(**kw)
+        names = set(re.match(r"^(\w+) must not share memory with (\w+)$",
+                             str(info.value)).groups())
+        assert names == {written, other}, (other, str(info.value))
+        for n, a in snapshot.items():
+            assert np.array_equal(kw[n], a), f"{n} was written before the refusal"
+    fn(**args)
+
+
+def test_overlap_names_the_written_array(rng):
+    """Against an input, the array the op writes is the one named."""
+    args = _args(rng)["embedding_backward"]
+    dout, dweight = overlapping(args["dout"], args["dweight"])
+    with raises_naming(ValueError, "dweight"):
+        _C.embedding_backward(dweight, dout, args["tokens"])
+
+
+# ---- ids: checked by the kernel where it reads them ---------------------------------------
+
+def _id_ops(rng, N=64, V=9, C=8):
+    tokens = rng.integers(0, V, N).astype(np.int32)
+    weight, dout, logits = randn(rng, V, C), randn(rng, N, C), randn(rng, N, V)
+    mask = np.ones(N, np.float32)
+    return tokens, [
+        ("tokens", lambda t: _C.embedding_forward(t, weight)),
+        ("tokens", lambda t: _C.embedding_backward(np.zeros((V, C), np.float32), dout, t)),
+        ("targets", lambda t: _C.softmax_xent_forward(logits, t, mask)),
+        ("targets", lambda t: _C.softmax_xent_backward(logits, t, mask, 1.0)),
+    ]
+
+
+@pytest.mark.parametrize("bad", [-1, 9, 2**31 - 1, -(2**31)])
+def test_bad_id_is_refused_naming_the_argument(rng, bad):
+    tokens, ops = _id_ops(rng)
+    for name, call in ops:
+        t = tokens.copy()
+        t[40] = bad
+        with pytest.raises(ValueError, match=rf"^{name}\[40\] = {bad} is out of range"):
+            call(t)
+
+
+@pytest.mark.parametrize("op", ["embedding_forward", "softmax_xent_backward"])
+def test_id_changed_while_the_op_runs(rng, op):
+    """Another thread flips one id between in and out of range in a tight loop while the op
+    runs 200 times (the GIL is released while the kernel runs, so the flips land there): each
+    call either succeeds or raises ValueError naming the argument, and at least one refusal
+    comes from the kernel's own check (the binding's check had passed)."""
+    V = 50
+    if op == "embedding_forward":
+        N, name, weight = 20_000, "tokens", randn(rng, V, 32)
+        call = lambda: _C.embedding_forward(ids, weight)  # noqa: E731
+    else:
+        N, name, logits = 5_000, "targets", randn(rng, 5_000, V)
+        mask = np.ones(N, np.float32)
+        call = lambda: _C.softmax_xent_backward(logits, ids, mask, 1.0)  # noqa: E731
+    ids = rng.integers(0, V, N).astype(np.int32)
+    stop = threading.Event()
+
+    def flip():
+        while not stop.is_set():
+            ids[N - 1] = V + 7
+            ids[N - 1] = 3
+
+    interval = sys.getswitchinterval()
+    sys.setswitchinterval(1e-4)  # the GIL comes back to the caller soon after each kernel
+    flipper = threading.Thread(target=flip)
+    flipper.start()
+    outcomes = {"ok": 0, "binding": 0, "kernel": 0}
+    try:
+        for _ in range(200):
+            try:
+                call()
+                outcomes["ok"] += 1
+            except ValueError as err:
+                msg = str(err)
+                assert msg.startswith(name), msg
+                outcomes["kernel" if " where " in msg else "binding"] += 1
+    finally:
+        stop.set()
+        flipper.join()
+        sys.setswitchinterval(interval)
+    assert sum(outcomes.values()) == 200
+    assert outcomes["kernel"] > 0, outcomes
+
+
+# ---- module functions ---------------------------------------------------------------------
+
+def test_info_fields():
+    info = _C.info()
+    assert set(info) == {"kernels", "cpu_level", "kernel_sets", "blas", "threads", "compiler",
+                         "simd_width"}
+    assert info["kernels"] == _C.kernels() and info["cpu_level"] == _C.cpu_level()
+    assert info["kernel_sets"] == _C.kernel_sets()
+    assert info["cpu_level"] in info["kernel_sets"] and "blas" in info["kernel_sets"]
+    assert info["blas"]["library"] in ("scipy-openblas32", "system")
+    assert "OpenBLAS" in info["blas"]["config"]
+    assert isinstance(info["threads"], int) and info["threads"] >= 1
+    assert info["compiler"]["name"] in ("gcc", "clang") and info["compiler"]["version"]
+    widths = {"portable": 4, "avx2": 8, "avx512": 16, "blas": 4}
+    assert info["simd_width"] == {k: widths[k] for k in info["kernel_sets"]}
+
+
+def test_info_follows_the_active_set_and_threads():
+    before = _C.kernels()
+    try:
+        _C.set_kernels("portable")
+        assert _C.info()["kernels"] == "portable"
+    finally:
+        _C.set_kernels(before)
+    code = "from mapformer import _C; print(_C.info()['threads'])"
+    for n in (1, 3):
+        run = subprocess.run([sys.executable, "-c", code], env=subprocess_env(n), check=True,
+                             capture_output=True, text=True)
+        assert int(run.stdout) == n
+
+
+def test_set_kernels_errors():
+    before = _C.kernels()
+    for bad in ("avx", "AVX2", "", "blas "):
+        with raises_naming(ValueError, "kernels"):
+            _C.set_kernels(bad)
+        assert _C.kernels() == before
+    for bad in (None, 1, b"blas"):
+        with pytest.raises(TypeError):
+            _C.set_kernels(bad)
+    with pytest.raises(TypeError):
+        _C.set_kernels()
+    unsupported = [k for k in ("avx512", "avx2") if k not in _C.kernel_sets()]
+    for name in unsupported:  # names a real set this CPU cannot run
+        with pytest.raises(ValueError, match=rf"^kernels must name a kernel set .*'{name}'"):
+            _C.set_kernels(name)
+    for name in _C.kernel_sets():
+        _C.set_kernels(kernels=name)
+        assert _C.kernels() == name
+    _C.set_kernels(before)
+
+
+def test_unknown_kernel_set_in_the_environment_fails_the_import():
+    env = {**subprocess_env(1), "MAPFORMER_KERNELS": "fastest"}
+    run = subprocess.run([sys.executable, "-c", "from mapformer import _C"], env=env,
+                         capture_output=True, text=True)
+    assert run.returncode != 0
+    assert "ImportError" in run.stderr and "MAPFORMER_KERNELS" in run.stderr
+    env["MAPFORMER_KERNELS"] = "blas"
+    run = subprocess.run([sys.executable, "-c", "from mapformer import _C; print(_C.kernels())"],
+                         env=env, capture_output=True, text=True, check=True)
+    assert run.stdout.strip() == "blas"
