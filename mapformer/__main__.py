@@ -1,4 +1,4 @@
-"""Command line: ``python -m mapformer train ...`` and ``python -m mapformer eval ...``.
+"""Command line: ``python -m mapformer train | eval | plot | info``.
 
 ``--model`` picks one of the paper's models (a preset of mixer, positional scheme and options:
 mapformer.models.MODELS); ``--mixer`` and ``--positional`` replace the preset's parts. Every
@@ -15,6 +15,9 @@ import importlib
 import json
 import sys
 from dataclasses import MISSING, fields
+from pathlib import Path
+
+import numpy as np
 
 from . import registry
 from .bottlenecks import BOTTLENECKS
@@ -22,15 +25,17 @@ from .mixers import MIXERS
 from .plots import learning_curves
 from .models import MODELS, ModelConfig, components, options_of, preset_parts
 from .schemes import SCHEMES
-from .train import TrainConfig, eval_seed, evaluate, format_eval, load_checkpoint, train
+from .tasks import navigation
+from .train import (EVAL_SETS, SCHEDULES, TASKS, TrainConfig, eval_seed, evaluate, format_eval,
+                    load_checkpoint, train)
 
 MODEL_FIELDS = [f for f in fields(ModelConfig)
                 if f.name not in ("vocab_size", "options", "mixer", "positional", "bottleneck")]
 TRAIN_FIELDS = list(fields(TrainConfig))
 PARTS = {"mixer": MIXERS, "positional": SCHEMES, "bottleneck": BOTTLENECKS}
 FIELD_HELP = {
-    "task": "navigation or selective_copy",
-    "preset": "task preset: iid, ood_dense or ood_sparse",
+    "task": "the task",
+    "preset": "the task's preset",
     "steps": "override the preset's walk length T (tokens = 2T)",
     "grid_size": "override the preset's grid side",
     "p_empty": "override the preset's fraction of empty cells",
@@ -41,12 +46,13 @@ FIELD_HELP = {
                   "by the paper's ratios (4x the steps, 2x the grid, p_empty 0.8; selective "
                   "copy: twice the blanks), e.g. 'steps=256'",
     "loss_positions": "where the training loss is taken: revisits (the scored positions, as "
-                      "the paper), observations (every observation, navigation only) or all",
+                      "the paper does), observations (every observation, navigation only) or "
+                      "all",
     "decay": "parameters AdamW decays: comma-separated 'matrices' (linear and embedding "
              "weights, CoPE position embeddings, TAPE's head mix), 'all', 'none' and "
              "parameter-name globs, e.g. 'matrices,*.omega' to also decay MapWM's omega",
     "sequences": "training sequences in all",
-    "schedule": "linear (paper) or cosine (with --warmup-steps)",
+    "schedule": "linear (the paper's) or cosine (with --warmup-steps)",
     "eval_every": "optimizer steps between evaluations (0: at the end only)",
     "checkpoint_every": "optimizer steps between checkpoints (0: at the end only)",
 }
@@ -64,15 +70,19 @@ def flag(name):
     return "--" + name.replace("_", "-")
 
 
+FIELD_CHOICES = {"task": sorted(TASKS), "preset": list(EVAL_SETS), "schedule": list(SCHEDULES),
+                 "loss_positions": list(navigation.LOSS_POSITIONS)}
+
+
 def add_field_flags(parser, config_fields):
     for f in config_fields:
         default = None if f.default is MISSING else f.default
         kind = type(default) if default is not None else (float if f.name == "p_empty" else int)
-        if f.name in ("preset", "schedule", "task", "ood_dense", "ood_sparse", "loss_positions",
-                      "decay"):
+        if f.name in ("ood_dense", "ood_sparse", "decay", *FIELD_CHOICES):
             kind = str
         help_text = FIELD_HELP.get(f.name, f.name.replace("_", " "))
         parser.add_argument(flag(f.name), type=kind, default=None,
+                            choices=FIELD_CHOICES.get(f.name),
                             help=f"{help_text} (default: {default})")
 
 
@@ -128,6 +138,8 @@ def build_parser():
                     help="sequences per preset (default: the run's eval_sequences)")
     ev.add_argument("--seed", type=int, default=None, help="evaluation seed")
     ev.add_argument("--json", action="store_true", help="print the results as JSON")
+    sub.add_parser("info", help="the version, the kernel set in use, the BLAS, the thread "
+                   "count and the output pool: the first thing a bug report needs")
     pl = sub.add_parser("plot", help="learning curves of training runs side by side, as a PNG")
     pl.add_argument("runs", nargs="+", metavar="RUN_DIR",
                     help="directories written by train --out (each holds metrics.jsonl)")
@@ -137,6 +149,28 @@ def build_parser():
                     help="comma-separated legend labels, one per run (default: the "
                          "directory names)")
     return parser
+
+
+def format_info():
+    """What ``python -m mapformer info`` prints: mapformer's version and what its C core sees
+    (:func:`mapformer._C.info`)."""
+    from . import __version__, _C
+
+    info = _C.info()
+    pool = info["pool"]
+    others = [k for k in info["kernel_sets"] if k != info["kernels"]]
+    return "\n".join([
+        f"mapformer {__version__} ({Path(__file__).resolve().parent})",
+        f"kernels      {info['kernels']} (this CPU's best: {info['cpu_level']}; also runs "
+        f"{', '.join(others)}; MAPFORMER_KERNELS or mapformer._C.set_kernels picks one)",
+        "simd width   " + ", ".join(f"{k} {w} floats" for k, w in info["simd_width"].items()),
+        f"threads      {info['threads']} (OpenMP; OMP_NUM_THREADS sets it)",
+        f"blas         {info['blas']['library']}: {info['blas']['config']} (its own threads: "
+        f"{info['blas']['threads']}; the core splits products over OpenMP's)",
+        f"compiler     {info['compiler']['name']} {info['compiler']['version']}",
+        f"output pool  holds {pool['held_bytes'] / 2**20:.1f} MB in {pool['held_blocks']} "
+        f"blocks, at most {pool['limit_bytes'] / 2**20:.0f} MB (MAPFORMER_POOL_MB)",
+        f"python       {sys.version.split()[0]}, numpy {np.__version__}"])
 
 
 def import_modules(argv):
@@ -177,6 +211,8 @@ def main(argv=None):
                        progress=not args.no_progress)
         if args.json:
             print(json.dumps({k: v for k, v in result.items() if k != "model"}))
+    elif args.command == "info":
+        print(format_info())
     elif args.command == "plot":
         import matplotlib
         matplotlib.use("Agg")  # a file, no window

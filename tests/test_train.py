@@ -314,3 +314,29 @@ def test_decay_rule_selects_parameters():
                for rule in ("matrices", "matrices,*.omega")}
     values = [m.params.params["blocks.0.mixer.scheme.omega"].value for m in trained.values()]
     assert not np.allclose(values[0], values[1])
+
+
+def test_readme_command_line_block_is_the_cli_usage(monkeypatch):
+    """README's 'Command line' section shows the usage of the program and of every command
+    exactly as -h prints it (at 100 columns)."""
+    from pathlib import Path
+
+    monkeypatch.setenv("COLUMNS", "100")
+    parser = build_parser()
+    commands = parser._subparsers._group_actions[0].choices
+    readme = (Path(__file__).resolve().parents[1] / "README.md").read_text()
+    section = readme[readme.index("## Command line"):readme.index("## Results")]
+    for usage in [parser.format_usage()] + [p.format_usage() for p in commands.values()]:
+        assert usage in section, f"README's Command line section lacks:\n{usage}"
+    assert set(commands) == {"train", "eval", "plot", "info"}
+
+
+def test_cli_info_names_the_kernels_and_threads():
+    done = subprocess.run([sys.executable, "-m", "mapformer", "info"], capture_output=True,
+                          text=True, check=True,
+                          env={**subprocess_env(1), "MAPFORMER_KERNELS": "blas"})
+    lines = dict(line.split(None, 1) for line in done.stdout.splitlines())
+    assert lines["kernels"].startswith("blas (this CPU's best: ")
+    assert lines["threads"].startswith("1 (OpenMP")
+    assert "own threads: 1" in lines["blas"] and lines["mapformer"].startswith("0.")
+    assert "MAPFORMER_POOL_MB" in lines["output"]

@@ -256,12 +256,23 @@ static size_t pool_limit = (size_t)-1; /* read from the environment on first use
 
 static size_t block_size(void *block) { return *(size_t *)block; }
 
-/* a block of `size` bytes (a multiple of MF_BLOCK_HEADER) after its header, or NULL */
-static void *pool_take(size_t size) {
+static void pool_read_limit(void) {
     if (pool_limit == (size_t)-1) {
         const char *env = getenv("MAPFORMER_POOL_MB");
         pool_limit = (size_t)(env ? strtoull(env, NULL, 10) : 1024) << 20;
     }
+}
+
+void mf_pool_stats(size_t *limit, size_t *held, int *blocks) {
+    pool_read_limit();
+    *limit = pool_limit;
+    *held = pool_bytes;
+    *blocks = pool_count;
+}
+
+/* a block of `size` bytes (a multiple of MF_BLOCK_HEADER) after its header, or NULL */
+static void *pool_take(size_t size) {
+    pool_read_limit();
     for (int i = pool_count - 1; i >= 0; i--) {
         if (block_size(pool_blocks[i]) == size) {
             void *block = pool_blocks[i];

@@ -86,13 +86,18 @@ static PyObject *py_info(PyObject *self, PyObject *args) {
             Py_CLEAR(widths);
         Py_XDECREF(w);
     }
+    size_t pool_limit, pool_held;
+    int pool_blocks;
+    mf_pool_stats(&pool_limit, &pool_held, &pool_blocks);
     if (widths != NULL && sets != NULL)
         result = Py_BuildValue(
-            "{s:s,s:s,s:O,s:{s:s,s:s},s:i,s:{s:s,s:s},s:O}", "kernels",
+            "{s:s,s:s,s:O,s:{s:s,s:s,s:i},s:i,s:{s:s,s:s},s:O,s:{s:n,s:n,s:i}}", "kernels",
             mf_kernels_name(mf_kernels()), "cpu_level", mf_kernels_name(mf_cpu_level()),
             "kernel_sets", sets, "blas", "library", MF_BLAS_LIBRARY, "config",
-            MF_BLAS(openblas_get_config)(), "threads", mf_max_threads(), "compiler", "name",
-            compiler, "version", __VERSION__, "simd_width", widths);
+            MF_BLAS(openblas_get_config)(), "threads", MF_BLAS(openblas_get_num_threads)(),
+            "threads", mf_max_threads(), "compiler", "name", compiler, "version", __VERSION__,
+            "simd_width", widths, "pool", "limit_bytes", (Py_ssize_t)pool_limit, "held_bytes",
+            (Py_ssize_t)pool_held, "held_blocks", pool_blocks);
     Py_XDECREF(widths);
     Py_XDECREF(sets);
     return result;
@@ -115,9 +120,11 @@ PyMethodDef mf_kernels_methods[] = {
      "info() -> dict\n\nThe build and the machine as the C core sees them: 'kernels' (the active\n"
      "kernel set), 'cpu_level' (the best one this CPU runs), 'kernel_sets' (those it runs),\n"
      "'blas' ({'library': 'scipy-openblas32' or 'system', 'config': OpenBLAS's build\n"
-     "description}), 'threads' (OpenMP's thread count for the next op), 'compiler' ({'name':\n"
-     "'gcc' or 'clang', 'version'}) and 'simd_width' (floats per vector of each kernel set\n"
-     "this CPU runs)."},
+     "description, 'threads': its own thread count, 1: the core threads with OpenMP only}),\n"
+     "'threads' (OpenMP's thread count for the next op), 'compiler' ({'name': 'gcc' or\n"
+     "'clang', 'version'}), 'simd_width' (floats per vector of each kernel set this CPU runs)\n"
+     "and 'pool' ({'limit_bytes': the output pool's cap, MAPFORMER_POOL_MB, 'held_bytes' and\n"
+     "'held_blocks': the free blocks it holds now})."},
     {NULL, NULL, 0, NULL}};
 
 static struct PyModuleDef mapformer_module = {

@@ -29,6 +29,7 @@ void MF_BLAS(openblas_set_num_threads)(int num_threads);
 
 /* OpenBLAS's build description ("OpenBLAS 0.3.27 DYNAMIC_ARCH NO_AFFINITY Zen MAX_THREADS=64") */
 char *MF_BLAS(openblas_get_config)(void);
+int MF_BLAS(openblas_get_num_threads)(void);
 
 /* Make OpenBLAS single-threaded: the core parallelises with OpenMP only (see core.c). */
 void mf_blas_single_thread(void);
