@@ -9,6 +9,7 @@
 
 #include "mapformer/blas.h"
 #include "mapformer/clones.h"
+#include "mapformer/cpu.h"
 #include "mapformer/mapformer.h"
 #include "mapformer/rows.h"
 #include "mapformer/threads.h"
@@ -63,6 +64,15 @@ int mf_sgemm_rows(int ta, int tb, int64_t m, int64_t n, int64_t k, float alpha, 
     return status;
 }
 
+int64_t mf_row_block(int kernels) {
+    switch (kernels) {
+#ifdef MF_ROW_BLOCK_TEST
+        case MF_KERNELS_AVX2: return MF_ROW_BLOCK_TEST;
+#endif
+        default: return 256;
+    }
+}
+
 MF_CLONES
 void mf_column_sums(double *restrict sum, const float *restrict a, int64_t rows, int64_t n) {
     for (int64_t c = 0; c < n; c++) sum[c] = 0.0;
@@ -86,12 +96,27 @@ void mf_add_block_sums(float *dst, const double *sums, int64_t blocks, int64_t s
     }
 }
 
+/* in pieces of MF_ADD_PIECE elements, each summed over the chunks in a double buffer: the
+ * loops over elements vectorise (an element's sum still runs over the chunks in order) */
+#define MF_ADD_PIECE 512
+
+MF_CLONES
+static void add_chunks_piece(float *restrict dst, const float *restrict parts, int64_t chunks,
+                             int64_t stride, int64_t n) {
+    double sum[MF_ADD_PIECE];
+    for (int64_t i = 0; i < n; i++) sum[i] = 0.0;
+    for (int64_t c = 0; c < chunks; c++)
+        for (int64_t i = 0; i < n; i++) sum[i] += (double)parts[c * stride + i];
+    for (int64_t i = 0; i < n; i++) dst[i] = (float)((double)dst[i] + sum[i]);
+}
+
 void mf_add_chunks(float *dst, const float *parts, int64_t chunks, int64_t stride,
                    int64_t size) {
+    const int64_t pieces = (size + MF_ADD_PIECE - 1) / MF_ADD_PIECE;
 #pragma omp parallel for schedule(static) if (chunks * size >= ((int64_t)1 << 18))
-    for (int64_t i = 0; i < size; i++) {
-        double s = 0.0;
-        for (int64_t c = 0; c < chunks; c++) s += (double)parts[c * stride + i];
-        dst[i] = (float)((double)dst[i] + s);
+    for (int64_t q = 0; q < pieces; q++) {
+        const int64_t i0 = q * MF_ADD_PIECE;
+        add_chunks_piece(dst + i0, parts + i0, chunks, stride,
+                         size - i0 < MF_ADD_PIECE ? size - i0 : MF_ADD_PIECE);
     }
 }

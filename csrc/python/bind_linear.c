@@ -1,6 +1,22 @@
 /* Binding of csrc/ops/linear.c: linear_forward, linear_backward. */
 #include "common.h"
 
+/* The op's scratch: a temporary float32 array from the output pool (the caller releases it;
+ * NULL with an exception set on failure, or with *scratch NULL for no scratch), its data
+ * aligned up to 64 bytes in *scratch, *floats of it. */
+static PyArrayObject *scratch_array(int64_t want, float **scratch, int64_t *floats) {
+    *scratch = NULL;
+    *floats = 0;
+    if (want <= 0) return NULL;
+    const int64_t dims[1] = {want + 16};
+    PyArrayObject *a = mf_empty_f32(1, dims);
+    if (a == NULL) return NULL;
+    const uintptr_t data = (uintptr_t)PyArray_DATA(a);
+    *scratch = (float *)((data + 63) / 64 * 64);
+    *floats = want + 16 - (int64_t)(((data + 63) / 64 * 64 - data) / sizeof(float));
+    return a;
+}
+
 static PyObject *py_linear_forward(PyObject *self, PyObject *args, PyObject *kwargs) {
     (void)self;
     static char *kwlist[] = {"x", "weight", "bias", NULL};
@@ -21,13 +37,22 @@ static PyObject *py_linear_forward(PyObject *self, PyObject *args, PyObject *kwa
     int64_t yd[2] = {N, Cout};
     PyArrayObject *y = mf_empty_f32(2, yd);
     if (y == NULL) return NULL;
+    MfLinearParams p = {.y = (float *)PyArray_DATA(y),
+                        .x = (const float *)PyArray_DATA(x),
+                        .weight = (const float *)PyArray_DATA(weight),
+                        .bias = bias != NULL ? (const float *)PyArray_DATA(bias) : NULL,
+                        .N = N, .Cin = Cin, .Cout = Cout};
+    PyArrayObject *scratch = scratch_array(linear_forward_scratch_floats(&p), &p.scratch,
+                                           &p.scratch_floats);
+    if (scratch == NULL && PyErr_Occurred()) {
+        Py_DECREF(y);
+        return NULL;
+    }
     int status;
     Py_BEGIN_ALLOW_THREADS;
-    status = linear_forward((float *)PyArray_DATA(y), (const float *)PyArray_DATA(x),
-                            (const float *)PyArray_DATA(weight),
-                            bias != NULL ? (const float *)PyArray_DATA(bias) : NULL, N, Cin,
-                            Cout);
+    status = linear_forward(&p);
     Py_END_ALLOW_THREADS;
+    Py_XDECREF(scratch);
     if (status != MF_OK) {
         Py_DECREF(y);
         return mf_raise_status(status, "linear_forward");
@@ -87,13 +112,21 @@ static PyObject *py_linear_backward(PyObject *self, PyObject *args, PyObject *kw
         mf_check_disjoint(dbias, "dbias", dweight, "dweight") < 0 ||
         mf_check_disjoint(dbias, "dbias", dy, "dy") < 0)
         goto fail;
+    MfLinearParams p = {.dx = (float *)PyArray_DATA(dx),
+                        .dweight = (float *)PyArray_DATA(dweight),
+                        .dbias = dbias != NULL ? (float *)PyArray_DATA(dbias) : NULL,
+                        .dy = (const float *)PyArray_DATA(dy),
+                        .x = (const float *)PyArray_DATA(x),
+                        .weight = (const float *)PyArray_DATA(weight),
+                        .N = N, .Cin = Cin, .Cout = Cout, .accumulate_dx = accumulate};
+    PyArrayObject *scratch = scratch_array(linear_backward_scratch_floats(&p), &p.scratch,
+                                           &p.scratch_floats);
+    if (scratch == NULL && PyErr_Occurred()) goto fail;
     int status;
     Py_BEGIN_ALLOW_THREADS;
-    status = linear_backward((float *)PyArray_DATA(dx), (float *)PyArray_DATA(dweight),
-                             dbias != NULL ? (float *)PyArray_DATA(dbias) : NULL,
-                             (const float *)PyArray_DATA(dy), (const float *)PyArray_DATA(x),
-                             (const float *)PyArray_DATA(weight), N, Cin, Cout, accumulate);
+    status = linear_backward(&p);
     Py_END_ALLOW_THREADS;
+    Py_XDECREF(scratch);
     if (status != MF_OK) {
         mf_raise_status(status, "linear_backward");
         goto fail;

@@ -1,6 +1,22 @@
 /* Binding of csrc/ops/mlp.c: mlp_forward, mlp_backward. */
 #include "common.h"
 
+/* The op's scratch: a temporary float32 array from the output pool (the caller releases it;
+ * NULL with an exception set on failure, or with *scratch NULL for no scratch), its data
+ * aligned up to 64 bytes in *scratch, *floats of it. */
+static PyArrayObject *scratch_array(int64_t want, float **scratch, int64_t *floats) {
+    *scratch = NULL;
+    *floats = 0;
+    if (want <= 0) return NULL;
+    const int64_t dims[1] = {want + 16};
+    PyArrayObject *a = mf_empty_f32(1, dims);
+    if (a == NULL) return NULL;
+    const uintptr_t data = (uintptr_t)PyArray_DATA(a);
+    *scratch = (float *)((data + 63) / 64 * 64);
+    *floats = want + 16 - (int64_t)(((data + 63) / 64 * 64 - data) / sizeof(float));
+    return a;
+}
+
 static PyObject *py_mlp_forward(PyObject *self, PyObject *args, PyObject *kwargs) {
     (void)self;
     static char *kwlist[] = {"x", "w_fc", "b_fc", "w_proj", "b_proj", NULL};
@@ -29,13 +45,20 @@ static PyObject *py_mlp_forward(PyObject *self, PyObject *args, PyObject *kwargs
     PyArrayObject *y = NULL, *h = NULL;
     int64_t yd[2] = {N, C}, hd[2] = {N, F};
     if ((y = mf_empty_f32(2, yd)) == NULL || (h = mf_empty_f32(2, hd)) == NULL) goto fail;
+    MfMlpParams p = {.y = (float *)PyArray_DATA(y), .h = (float *)PyArray_DATA(h),
+                     .x = (const float *)PyArray_DATA(x),
+                     .w_fc = (const float *)PyArray_DATA(w_fc),
+                     .b_fc = (const float *)PyArray_DATA(b_fc),
+                     .w_proj = (const float *)PyArray_DATA(w_proj),
+                     .b_proj = (const float *)PyArray_DATA(b_proj), .N = N, .C = C, .F = F};
+    PyArrayObject *scratch = scratch_array(mlp_forward_scratch_floats(&p), &p.scratch,
+                                           &p.scratch_floats);
+    if (scratch == NULL && PyErr_Occurred()) goto fail;
     int status;
     Py_BEGIN_ALLOW_THREADS;
-    status = mlp_forward((float *)PyArray_DATA(y), (float *)PyArray_DATA(h),
-                         (const float *)PyArray_DATA(x), (const float *)PyArray_DATA(w_fc),
-                         (const float *)PyArray_DATA(b_fc), (const float *)PyArray_DATA(w_proj),
-                         (const float *)PyArray_DATA(b_proj), N, C, F);
+    status = mlp_forward(&p);
     Py_END_ALLOW_THREADS;
+    Py_XDECREF(scratch);
     if (status != MF_OK) {
         mf_raise_status(status, "mlp_forward");
         goto fail;
@@ -98,15 +121,25 @@ static PyObject *py_mlp_backward(PyObject *self, PyObject *args, PyObject *kwarg
     int64_t dxd[2] = {N, C};
     PyArrayObject *dx = mf_empty_f32(2, dxd);
     if (dx == NULL) return NULL;
+    MfMlpParams p = {.dx = (float *)PyArray_DATA(dx), .dw_fc = (float *)PyArray_DATA(dw_fc),
+                     .db_fc = (float *)PyArray_DATA(db_fc),
+                     .dw_proj = (float *)PyArray_DATA(dw_proj),
+                     .db_proj = (float *)PyArray_DATA(db_proj),
+                     .dy = (const float *)PyArray_DATA(dy), .h_in = (const float *)PyArray_DATA(h),
+                     .x = (const float *)PyArray_DATA(x),
+                     .w_fc = (const float *)PyArray_DATA(w_fc),
+                     .w_proj = (const float *)PyArray_DATA(w_proj), .N = N, .C = C, .F = F};
+    PyArrayObject *scratch = scratch_array(mlp_backward_scratch_floats(&p), &p.scratch,
+                                           &p.scratch_floats);
+    if (scratch == NULL && PyErr_Occurred()) {
+        Py_DECREF(dx);
+        return NULL;
+    }
     int status;
     Py_BEGIN_ALLOW_THREADS;
-    status = mlp_backward((float *)PyArray_DATA(dx), (float *)PyArray_DATA(dw_fc),
-                          (float *)PyArray_DATA(db_fc), (float *)PyArray_DATA(dw_proj),
-                          (float *)PyArray_DATA(db_proj), (const float *)PyArray_DATA(dy),
-                          (const float *)PyArray_DATA(h), (const float *)PyArray_DATA(x),
-                          (const float *)PyArray_DATA(w_fc), (const float *)PyArray_DATA(w_proj),
-                          N, C, F);
+    status = mlp_backward(&p);
     Py_END_ALLOW_THREADS;
+    Py_XDECREF(scratch);
     if (status != MF_OK) {
         mf_raise_status(status, "mlp_backward");
         Py_DECREF(dx);

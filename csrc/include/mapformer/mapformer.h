@@ -14,6 +14,8 @@
 
 #include <stdint.h>
 
+#include "mapformer/params.h"
+
 typedef enum {
     MF_OK = 0,
     MF_EINVAL = 1,  /* a size or scalar argument out of range */
@@ -31,14 +33,16 @@ int embedding_forward(float *out, const int32_t *tokens, const float *weight, in
 int embedding_backward(float *dweight, const float *dout, const int32_t *tokens, int64_t N,
                        int64_t V, int64_t C);
 
-/* ---- linear.c: y = x weight^T + bias ------------------------------------------------------ */
-/* y (N, Cout), x (N, Cin), weight (Cout, Cin), bias (Cout,) or NULL */
-int linear_forward(float *y, const float *x, const float *weight, const float *bias, int64_t N,
-                   int64_t Cin, int64_t Cout);
-/* dx (N, Cin) (= or += when accumulate_dx), dweight (Cout, Cin) +=, dbias (Cout,) += or NULL,
- * dy (N, Cout), x (N, Cin), weight (Cout, Cin) */
-int linear_backward(float *dx, float *dweight, float *dbias, const float *dy, const float *x,
-                    const float *weight, int64_t N, int64_t Cin, int64_t Cout, int accumulate_dx);
+/* ---- linear.c: y = x weight^T + bias (MfLinearParams) --------------------------------- */
+/* forward: y (N, Cout) = x (N, Cin) weight^T + bias; weight (Cout, Cin), bias (Cout,) or NULL.
+ * Scratch: linear_forward_scratch_floats(p) floats (0 for sizes out of range). */
+int64_t linear_forward_scratch_floats(const MfLinearParams *p);
+int linear_forward(const MfLinearParams *p);
+/* backward: dx (N, Cin) = dy weight (+= with accumulate_dx), dweight (Cout, Cin) += dy^T x,
+ * dbias (Cout,) += column sums of dy (NULL: none); dy (N, Cout), x (N, Cin), weight.
+ * Scratch: linear_backward_scratch_floats(p) floats (it depends on whether dbias is NULL). */
+int64_t linear_backward_scratch_floats(const MfLinearParams *p);
+int linear_backward(const MfLinearParams *p);
 
 /* ---- layernorm.c: y = (x - mean) * rstd * weight + bias over the last axis ---------------- */
 /* y (N, C), mean (N,), rstd (N,) saved for backward; x (N, C), weight (C,), bias (C,) */
@@ -57,16 +61,17 @@ int gelu_backward(float *dx, const float *dy, const float *x, int64_t n);
 void mf_gelu_kernel(float *y, const float *x, int64_t n);
 void mf_gelu_grad_kernel(float *y, float *d, const float *x, int64_t n);
 
-/* ---- mlp.c: y = gelu(x w_fc^T + b_fc) w_proj^T + b_proj, in row blocks ------------------- */
-/* y (N, C); h (N, F) = x w_fc^T + b_fc saved for backward;
- * x (N, C), w_fc (F, C), b_fc (F,), w_proj (C, F), b_proj (C,) */
-int mlp_forward(float *y, float *h, const float *x, const float *w_fc, const float *b_fc,
-                const float *w_proj, const float *b_proj, int64_t N, int64_t C, int64_t F);
-/* dx (N, C) (=), dw_fc (F, C) +=, db_fc (F,) +=, dw_proj (C, F) +=, db_proj (C,) +=;
- * dy (N, C), h (N, F) from forward, x (N, C), w_fc (F, C), w_proj (C, F) */
-int mlp_backward(float *dx, float *dw_fc, float *db_fc, float *dw_proj, float *db_proj,
-                 const float *dy, const float *h, const float *x, const float *w_fc,
-                 const float *w_proj, int64_t N, int64_t C, int64_t F);
+/* ---- mlp.c: y = gelu(x w_fc^T + b_fc) w_proj^T + b_proj, in row blocks (MfMlpParams) --- */
+/* forward: y (N, C); h (N, F) = x w_fc^T + b_fc saved for backward;
+ * x (N, C), w_fc (F, C), b_fc (F,), w_proj (C, F), b_proj (C,).
+ * Scratch: mlp_forward_scratch_floats(p) floats. */
+int64_t mlp_forward_scratch_floats(const MfMlpParams *p);
+int mlp_forward(const MfMlpParams *p);
+/* backward: dx (N, C) (=), dw_fc (F, C) +=, db_fc (F,) +=, dw_proj (C, F) +=, db_proj (C,) +=;
+ * dy (N, C), h_in (N, F) from forward, x (N, C), w_fc (F, C), w_proj (C, F).
+ * Scratch: mlp_backward_scratch_floats(p) floats. */
+int64_t mlp_backward_scratch_floats(const MfMlpParams *p);
+int mlp_backward(const MfMlpParams *p);
 
 /* ---- residual.c ---------------------------------------------------------------------------- */
 /* out = a + b, all (n,) */
