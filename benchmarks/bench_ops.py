@@ -645,6 +645,9 @@ def main():
                    help="comma-separated subset of: " + ", ".join(FAMILIES))
     p.add_argument("--repeats", type=int, default=20)
     p.add_argument("--warmup", type=int, default=3)
+    p.add_argument("--settle", type=float, default=0.3,
+                   help="seconds of sleep before each timed side (the other side's threads "
+                        "stop spinning)")
     p.add_argument("--threads", type=int, default=None,
                    help="OMP_NUM_THREADS for the C core (default: the environment's)")
     p.add_argument("--batch", type=int, default=128, help="attention, conj_attention: batch B")
@@ -676,7 +679,12 @@ def main():
     for family in args.families.split(","):
         for b in FAMILIES[family](_C, **family_args.get(family, {})):
             b.check()
+            # each side starts after the other's thread pool has gone to sleep: NumPy's
+            # OpenBLAS threads spin for about 0.1 s after a call, the C core's OpenMP threads
+            # briefly, and either steals a core from the other side's timing meanwhile
+            time.sleep(args.settle)
             c_ms, c_min = timeit(b.c, args.warmup, args.repeats)
+            time.sleep(args.settle)
             np_ms, np_min = timeit(b.numpy, args.warmup, args.repeats)
             # a NumPy side timed on a smaller problem is scaled up to the benchmark's size
             np_scale = b.extra.get("numpy_scale", 1.0)

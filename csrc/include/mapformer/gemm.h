@@ -34,18 +34,18 @@ typedef struct {
 
 /* c (m, n; row stride ldc) = init + a (m, k; lda) . b (k, n; prepared by mf_gemm_prepare_b),
  * with init and the extras as `opt` says (NULL: none). Each c element is its init plus the
- * sum over k in order, one rounding per fused multiply-add on the tiled sets, so the result
- * depends on the sizes only. gelu has the bits of mf_gelu_kernel on c (simd.h's vgelu);
+ * sum of the products (over k in order, one rounding per fused multiply-add, on the tiled
+ * sets), so the result depends on the sizes only. gelu has the bits of mf_gelu_kernel on c
+ * (simd.h's vgelu);
  * stream and prefetch are hints that change no result.
  * Returns MF_OK, or MF_EINVAL when a size does not fit BLAS's int (OpenBLAS path). */
 int mf_gemm_nn(int kernels, int64_t m, int64_t n, int64_t k, const float *a, int64_t lda,
                const float *b, float *c, int64_t ldc, const MfGemmOptions *opt);
 
 /* c (m, n; ldc) = [c +] a^T . b (c's old value added when `accumulate`), with a (k, m; lda)
- * and b (k, n; ldb) read in place: a weight gradient over a block of k rows. Each c element
- * is summed over k in order (as mf_gemm_nn does) on the tiled sets, so that the sum over a
- * block's rows in one call or in consecutive calls on row ranges has the same bits there.
- * pack is scratch of mf_gemm_tn_pack_floats(kernels, m, n) floats, 64-byte aligned. */
+ * and b (k, n; ldb) read in place: a weight gradient over a block of k rows, its sums as
+ * mf_gemm_nn's. pack is scratch of mf_gemm_tn_pack_floats(kernels, m, n) floats, 64-byte
+ * aligned. */
 int mf_gemm_tn(int kernels, int64_t m, int64_t n, int64_t k, const float *a, int64_t lda,
                const float *b, int64_t ldb, float *c, int64_t ldc, int accumulate,
                float *pack);

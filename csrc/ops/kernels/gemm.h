@@ -14,19 +14,19 @@
  *   c tile (MR rows x NR columns, MR * MF_GEMM_VECS vector accumulators)
  *       = init + sum_k a(r, k) b(k, 0:NR)
  * broadcasts a(r, k) from the block's rows where they lie and loads b from column panels
- * (k x NR, contiguous) that the op lays out once per call from the weight; the accumulators
- * start from zero, the bias row or c, so no fill pass runs before the product, and the GELU
- * of the result can be taken from the registers (vgelu: the bits of gelu.c's kernel). Column
+ * (k x NR, contiguous) that the op lays out once per call from the weight; the bias row or c
+ * is added to the accumulators at the end, so no fill pass runs before the product, and the
+ * GELU of the result can be taken from the registers (vgelu: the bits of gelu.c's kernel). Column
  * tails run tiles of fewer vectors, the last one loaded and stored in part (simd.h's
  * vload_part / vstore_part); row tails run tiles of fewer rows. k is cut into passes of
- * MF_GEMM_KC, so that a pass's panel stays in L1: a later pass starts from the c the earlier
- * one stored, which changes no bit of the sums.
+ * MF_GEMM_KC, so that a pass's panel stays in L1: a later pass adds its sum to the c the
+ * earlier one stored.
  * The weight-gradient product a^T b reads a's columns and b's rows, which are both
  * activations: per MF_GEMM_TN_ROWS rows, a is copied into panels of MR columns (k-major) and
  * b into the panels above, so that the tile reads both in order.
- * Each c element is its init plus the products over k in order, one rounding per fused
- * multiply-add (VFMA), so a result depends on the sizes only, never on the thread count or on
- * how the caller cuts k into calls.
+ * Each c element is its init plus the sums of the products over k in order (one rounding per
+ * fused multiply-add, VFMA), a sum per pass, so a result depends on the sizes only, never on
+ * the thread count.
  */
 #include <stdint.h>
 #include <string.h>
@@ -128,33 +128,37 @@ enum { INIT_ZERO, INIT_BIAS, INIT_C };
 
 /* One tile of R rows (R <= MR) and V vectors (V <= NV), the last of which holds only `last`
  * columns when PART is set (a column tail):
- *   c[r, :] = init[r, :] + sum_k a[r * ars + k * aks] b[k * NR + :]
- * with init zero, the bias row or c itself; and g[r, :] = gelu(c[r, :]) where g != NULL.
+ *   c[r, :] = init[r, :] + (sum_k a[r * ars + k * aks] b[k * NR + :])
+ * with init zero, the bias row or c itself, added once to the sum of the products (which
+ * starts from zero: a start much larger than the products would cost every product's
+ * rounding its precision); and g[r, :] = gelu(c[r, :]) where g != NULL.
  * stream: c's stores are non-temporal (full tiles only; the caller checks the alignment).
  * R, V and PART are constants after inlining, so the accumulators stay in registers. */
 MF_INLINE void tile(const int R, const int V, const int PART, int64_t K, const float *a,
                     int64_t ars, int64_t aks, const float *b, float *c, int64_t ldc,
                     const float *bias, int init, float *g, int stream, int64_t last) {
     vf acc[MR][NV];
-    for (int r = 0; r < R; r++) {
-        for (int v = 0; v < V; v++) {
-            if (init == INIT_ZERO) {
-                acc[r][v] = VZERO;
-                continue;
-            }
-            const float *src = init == INIT_C ? c + r * ldc + v * MF_VW : bias + v * MF_VW;
-            if (PART && v == V - 1)
-                vload_part(&acc[r][v], src, last);
-            else
-                acc[r][v] = VLOADU(src);
-        }
-    }
+    for (int r = 0; r < R; r++)
+        for (int v = 0; v < V; v++) acc[r][v] = VZERO;
     for (int64_t k = 0; k < K; k++) {
         vf bk[NV];
         for (int v = 0; v < V; v++) bk[v] = VLOADU(b + k * NR + v * MF_VW);
         for (int r = 0; r < R; r++) {
             const vf ar = VSPLAT(a[r * ars + k * aks]);
             for (int v = 0; v < V; v++) acc[r][v] = VFMA(ar, bk[v], acc[r][v]);
+        }
+    }
+    if (init != INIT_ZERO) {
+        for (int r = 0; r < R; r++) {
+            for (int v = 0; v < V; v++) {
+                const float *src = init == INIT_C ? c + r * ldc + v * MF_VW : bias + v * MF_VW;
+                vf start;
+                if (PART && v == V - 1)
+                    vload_part(&start, src, last);
+                else
+                    start = VLOADU(src);
+                acc[r][v] = start + acc[r][v];
+            }
         }
     }
     for (int r = 0; r < R; r++) {
@@ -308,7 +312,7 @@ int GEMM_FN(mf_gemm_nn)(int64_t m, int64_t n, int64_t k, const float *a, int64_t
 int GEMM_FN(mf_gemm_tn)(int64_t m, int64_t n, int64_t k, const float *a, int64_t lda,
                         const float *b, int64_t ldb, float *c, int64_t ldc, int accumulate,
                         float *pack) {
-    /* MF_GEMM_TN_ROWS rows of a and b at a time (the sums still run over k in order). Of a's
+    /* MF_GEMM_TN_ROWS rows of a and b at a time (a sum each, added to c in order). Of a's
      * columns in panels of MR (pack_columns) and b's in panels of NR (pack_panels), the
      * smaller side is packed whole and stays in L2, the other one panel at a time, which
      * stays in L1 while the tiles sweep the whole side. pb (and in the second case pa)
