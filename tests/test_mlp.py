@@ -45,7 +45,7 @@ def f32_gelu_grad(h):
     du = np.float32(GELU_K) * (np.float32(1) + np.float32(3 * 0.044715) * h * h)
     return np.float32(0.5) * (1 + t) + np.float32(0.5) * h * (1 - t * t) * du
 
-# 513 and 1000 rows span several 256-row blocks with a ragged last one
+# 257 and 513 rows span several row blocks (128 or 256 rows, by kernel set) with a ragged last one
 NS = [1, 7, 97, 257, 513]
 # (C, F): F not a multiple of any vector width (column tails, GELU in the tail's registers),
 # C odd, F over 256 (the products' passes over k)
@@ -164,7 +164,7 @@ def test_backward(rng, kernel, N, C, F):
     check_backward(dx2, out, g0, dy, x, h, w_fc, w_proj, calls=2)
 
 
-# (N, C, F): one block; several 256-row blocks with a ragged last one; row and column tails of
+# (N, C, F): one block; several row blocks with a ragged last one; row and column tails of
 # the kernel's tiles; weights of 2 x 2^17 floats, in fewer chunks than blocks, with h large
 # enough for the pool's aligned buffers (non-temporal stores)
 @pytest.mark.parametrize("N, C, F", [(7, 24, 96), (1000, 24, 96), (513, 33, 20),

@@ -48,6 +48,9 @@
 #ifndef MF_GEMM_PREFETCH_A
 #define MF_GEMM_PREFETCH_A 1
 #endif
+#ifndef MF_GEMM_PREFETCH_C
+#define MF_GEMM_PREFETCH_C 1
+#endif
 #ifndef MF_GEMM_TN_ROWS
 #define MF_GEMM_TN_ROWS 256
 #endif
@@ -282,6 +285,14 @@ static void kernel(int64_t m, int64_t n, int64_t K, const float *a, int64_t tile
                         for (int64_t l = 0; l < kc; l += 16)
                             __builtin_prefetch(next + r * ars + l, 0, 3);
                 }
+#endif
+#if MF_GEMM_PREFETCH_C
+                /* the next tile's lines of c, about to be written (and read, when
+                 * accumulating): their fetch overlaps this tile's products */
+                if (i + MR < m)
+                    for (int64_t r = 0; r < min64(m - i - MR, MR); r++)
+                        for (int64_t l = 0; l < cols; l += 16)
+                            __builtin_prefetch(ci + (MR + r) * ldc + l, 1, 3);
 #endif
                 if (rows == MR && cols == NR) /* the bulk of the work */
                     tile(MR, NV, 0, kc, ai, ars, aks, bj, ci, ldc, biasj, init, gi, st, NR);
