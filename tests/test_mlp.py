@@ -45,7 +45,8 @@ def f32_gelu_grad(h):
     du = np.float32(GELU_K) * (np.float32(1) + np.float32(3 * 0.044715) * h * h)
     return np.float32(0.5) * (1 + t) + np.float32(0.5) * h * (1 - t * t) * du
 
-# 257 and 513 rows span several row blocks (128 or 256 rows, by kernel set) with a ragged last one
+
+# 257 and 513 rows span several row blocks (128 or 256 rows, by kernel set), the last ragged
 NS = [1, 7, 97, 257, 513]
 # (C, F): F not a multiple of any vector width (column tails, GELU in the tail's registers),
 # C odd, F over 256 (the products' passes over k)

@@ -10,10 +10,11 @@
  * The rows are cut into blocks of mf_row_block(kernels) rows (rows.h: the same blocks as
  * linear.c's on each kernel set), each block on one OpenMP thread. A block's g and dh
  * (R x F floats) live in that thread's own scratch, in its core's cache, from the product
- * that writes them to the products that read them: of the (N, F) arrays only h goes to memory (written forward, read backward), where
- * separate linear and gelu ops would also write and read g, dg and dh. The products are
- * gemm.c's row-block kernels of the active kernel set (mf_kernels(), read once per call), the
- * weights laid out for them once per call:
+ * that writes them to the products that read them: of the (N, F) arrays only h goes to
+ * memory (written forward, read backward), where separate linear and gelu ops would also
+ * write and read g, dg and dh. The products are gemm.c's row-block kernels of the active
+ * kernel set (mf_kernels(), read once per call), the weights laid out for them once per
+ * call:
  *   forward, per block:  h = b_fc + x w_fc^T, and g = gelu(h) from the same registers
  *                        (h's stores non-temporal: the backward reads it next)
  *                        y = b_proj + g w_proj^T
