@@ -16,9 +16,13 @@
  * broadcasts a(r, k) from the block's rows where they lie and loads b from column panels
  * (k x NR, contiguous) that the op lays out once per call from the weight; the bias row or c
  * is added to the accumulators at the end, so no fill pass runs before the product, and the
- * GELU of the result can be taken from the registers (vgelu: the bits of gelu.c's kernel). Column
- * tails run tiles of fewer vectors, the last one loaded and stored in part (simd.h's
- * vload_part / vstore_part); row tails run tiles of fewer rows. k is cut into passes of
+ * GELU of the result can be taken from the registers (vgelu: the bits of gelu.c's kernel).
+ * Column tails run tiles of fewer vectors, and where the last vector is in part past the
+ * columns, on a copy of the tile's rows padded to whole vectors: at the vocabulary's widths
+ * (AVX2, 4096 rows of 128, one thread) 36 columns took 4-6% more than 40 (0.57 against 0.54
+ * ms), where simd.h's lane-by-lane partial loads and stores took 6% more (masked AVX loads
+ * and stores halve those, and cost twice this copy's scalar moves on Zen 3); row tails run
+ * tiles of fewer rows. k is cut into passes of
  * MF_GEMM_KC, so that a pass's panel stays in L1: a later pass adds its sum to the c the
  * earlier one stored.
  * The weight-gradient product a^T b reads a's columns and b's rows, which are both
@@ -129,17 +133,16 @@ static void pack_columns(float *pa, const float *a, int64_t lda, int64_t m, int6
 
 enum { INIT_ZERO, INIT_BIAS, INIT_C };
 
-/* One tile of R rows (R <= MR) and V vectors (V <= NV), the last of which holds only `last`
- * columns when PART is set (a column tail):
+/* One tile of R rows (R <= MR) and V vectors (V <= NV):
  *   c[r, :] = init[r, :] + (sum_k a[r * ars + k * aks] b[k * NR + :])
  * with init zero, the bias row or c itself, added once to the sum of the products (which
  * starts from zero: a start much larger than the products would cost every product's
- * rounding its precision); and g[r, :] = gelu(c[r, :]) where g != NULL.
- * stream: c's stores are non-temporal (full tiles only; the caller checks the alignment).
- * R, V and PART are constants after inlining, so the accumulators stay in registers. */
-MF_INLINE void tile(const int R, const int V, const int PART, int64_t K, const float *a,
-                    int64_t ars, int64_t aks, const float *b, float *c, int64_t ldc,
-                    const float *bias, int init, float *g, int stream, int64_t last) {
+ * rounding its precision); and g[r, :] = gelu(c[r, :]) where g != NULL (row stride ldg).
+ * stream: c's stores are non-temporal (the caller checks the alignment).
+ * R and V are constants after inlining, so the accumulators stay in registers. */
+MF_INLINE void tile(const int R, const int V, int64_t K, const float *a, int64_t ars,
+                    int64_t aks, const float *b, float *c, int64_t ldc, const float *bias,
+                    int init, float *g, int64_t ldg, int stream) {
     vf acc[MR][NV];
     for (int r = 0; r < R; r++)
         for (int v = 0; v < V; v++) acc[r][v] = VZERO;
@@ -151,49 +154,32 @@ MF_INLINE void tile(const int R, const int V, const int PART, int64_t K, const f
             for (int v = 0; v < V; v++) acc[r][v] = VFMA(ar, bk[v], acc[r][v]);
         }
     }
-    if (init != INIT_ZERO) {
-        for (int r = 0; r < R; r++) {
-            for (int v = 0; v < V; v++) {
-                const float *src = init == INIT_C ? c + r * ldc + v * MF_VW : bias + v * MF_VW;
-                vf start;
-                if (PART && v == V - 1)
-                    vload_part(&start, src, last);
-                else
-                    start = VLOADU(src);
-                acc[r][v] = start + acc[r][v];
-            }
-        }
-    }
+    if (init != INIT_ZERO)
+        for (int r = 0; r < R; r++)
+            for (int v = 0; v < V; v++)
+                acc[r][v] = VLOADU(init == INIT_C ? c + r * ldc + v * MF_VW : bias + v * MF_VW) +
+                            acc[r][v];
     for (int r = 0; r < R; r++) {
         for (int v = 0; v < V; v++) {
             float *dst = c + r * ldc + v * MF_VW;
-            if (PART && v == V - 1)
-                vstore_part(dst, &acc[r][v], last);
-            else if (stream)
+            if (stream)
                 vstream(dst, &acc[r][v]);
             else
                 VSTOREU(dst, acc[r][v]);
         }
         if (g != NULL) {
             for (int v = 0; v < V; v++) {
-                float *dst = g + r * ldc + v * MF_VW;
                 vgelu(&acc[r][v]);
-                if (PART && v == V - 1)
-                    vstore_part(dst, &acc[r][v], last);
-                else
-                    VSTOREU(dst, acc[r][v]);
+                VSTOREU(g + r * ldg + v * MF_VW, acc[r][v]);
             }
         }
     }
 }
 
-#define TILE_ARGS K, a, ars, aks, b, c, ldc, bias, init, g, 0, last
-#define EDGE_V(R, V)                         \
-    case (R) * 16 + (V) * 2:                 \
-        tile(R, V, 0, TILE_ARGS);            \
-        break;                               \
-    case (R) * 16 + (V) * 2 + 1:             \
-        tile(R, V, 1, TILE_ARGS);            \
+#define TILE_ARGS K, a, ars, aks, b, c, ldc, bias, init, g, ldg, 0
+#define EDGE_V(R, V)             \
+    case (R) * 8 + (V):          \
+        tile(R, V, TILE_ARGS);   \
         break;
 #if NV == 1
 #define EDGE_R(R) EDGE_V(R, 1)
@@ -205,12 +191,12 @@ MF_INLINE void tile(const int R, const int V, const int PART, int64_t K, const f
 #define EDGE_R(R) EDGE_V(R, 1) EDGE_V(R, 2) EDGE_V(R, 3) EDGE_V(R, 4)
 #endif
 
-/* A tile at a row or column edge: `rows` rows, `vecs` vectors, the last one partial (`last`
- * columns) where `part`; plain stores. */
-static void edge_tile(int64_t rows, int64_t vecs, int part, int64_t K, const float *a,
-                      int64_t ars, int64_t aks, const float *b, float *c, int64_t ldc,
-                      const float *bias, int init, float *g, int64_t last) {
-    switch (rows * 16 + vecs * 2 + part) {
+/* A tile at a row edge, or a column tail's tile of whole vectors: `rows` rows, `vecs`
+ * vectors; plain stores. */
+static void edge_tile(int64_t rows, int64_t vecs, int64_t K, const float *a, int64_t ars,
+                      int64_t aks, const float *b, float *c, int64_t ldc, const float *bias,
+                      int init, float *g, int64_t ldg) {
+    switch (rows * 8 + vecs) {
         EDGE_R(1)
 #if MR >= 2
         EDGE_R(2)
@@ -240,6 +226,24 @@ static void edge_tile(int64_t rows, int64_t vecs, int part, int64_t K, const flo
 #undef EDGE_V
 #undef TILE_ARGS
 
+/* A column tail's tile whose last vector is in part past c's columns (`cols` of them): the
+ * tile runs on a copy of its rows padded to whole vectors (the init copied in, the results
+ * copied out), so that nothing past the columns is read or written. */
+static void padded_tile(int64_t rows, int64_t cols, int64_t K, const float *a, int64_t ars,
+                        int64_t aks, const float *b, float *c, int64_t ldc, const float *bias,
+                        int init, float *g) {
+    float pc[MR * NR] __attribute__((aligned(64))) = {0};
+    float pg[MR * NR] __attribute__((aligned(64)));
+    for (int64_t r = 0; r < rows && init != INIT_ZERO; r++)
+        memcpy(pc + r * NR, init == INIT_C ? c + r * ldc : bias, (size_t)cols * sizeof(float));
+    edge_tile(rows, (cols + MF_VW - 1) / MF_VW, K, a, ars, aks, b, pc, NR, NULL,
+              init == INIT_ZERO ? INIT_ZERO : INIT_C, g != NULL ? pg : NULL, NR);
+    for (int64_t r = 0; r < rows; r++) {
+        memcpy(c + r * ldc, pc + r * NR, (size_t)cols * sizeof(float));
+        if (g != NULL) memcpy(g + r * ldc, pg + r * NR, (size_t)cols * sizeof(float));
+    }
+}
+
 /* c (m, n) = init + a b, with b in column panels (b + j * K is the panel of columns j ..),
  * in passes of MF_GEMM_KC over k; in a pass, panels outer (a panel, kc x NR, stays in L1 for
  * every row tile), row tiles inner. Row tile t starts at a + t * tile_stride, and its element
@@ -265,7 +269,6 @@ static void kernel(int64_t m, int64_t n, int64_t K, const float *a, int64_t tile
         const int st = final && stream;
         for (int64_t j = 0; j < n; j += NR) {
             const int64_t cols = min64(n - j, NR), vecs = (cols + MF_VW - 1) / MF_VW;
-            const int64_t last = cols - (vecs - 1) * MF_VW;
             const float *bj = b + j * K + k0 * NR;
             const float *biasj = o->bias != NULL ? o->bias + j : NULL;
             for (int64_t i = 0; i < m; i += MR) {
@@ -295,10 +298,11 @@ static void kernel(int64_t m, int64_t n, int64_t K, const float *a, int64_t tile
                             __builtin_prefetch(ci + (MR + r) * ldc + l, 1, 3);
 #endif
                 if (rows == MR && cols == NR) /* the bulk of the work */
-                    tile(MR, NV, 0, kc, ai, ars, aks, bj, ci, ldc, biasj, init, gi, st, NR);
+                    tile(MR, NV, kc, ai, ars, aks, bj, ci, ldc, biasj, init, gi, ldc, st);
+                else if (cols % MF_VW == 0)
+                    edge_tile(rows, vecs, kc, ai, ars, aks, bj, ci, ldc, biasj, init, gi, ldc);
                 else
-                    edge_tile(rows, vecs, last < MF_VW, kc, ai, ars, aks, bj, ci, ldc, biasj,
-                              init, gi, last);
+                    padded_tile(rows, cols, kc, ai, ars, aks, bj, ci, ldc, biasj, init, gi);
             }
         }
     }
