@@ -20,9 +20,8 @@
  * Column tails run tiles of fewer vectors, and where the last vector is in part past the
  * columns, on a copy of the tile's rows padded to whole vectors: at the vocabulary's widths
  * (AVX2, 4096 rows of 128, one thread) 36 columns took 4-6% more than 40 (0.57 against 0.54
- * ms), where simd.h's lane-by-lane partial loads and stores took 6% more (masked AVX loads
- * and stores halve those, and cost twice this copy's scalar moves on Zen 3); row tails run
- * tiles of fewer rows. k is cut into passes of
+ * ms), where simd.h's lane-by-lane partial loads and stores in the tile took 6-8% more);
+ * row tails run tiles of fewer rows. k is cut into passes of
  * MF_GEMM_KC, so that a pass's panel stays in L1: a later pass adds its sum to the c the
  * earlier one stored.
  * The weight-gradient product a^T b reads a's columns and b's rows, which are both
