@@ -91,15 +91,6 @@ int64_t mf_grad_chunks(int64_t blocks, int64_t weight_floats) {
     return chunks > 1 ? chunks : 1;
 }
 
-void mf_add_block_sums(float *dst, const double *sums, int64_t blocks, int64_t stride,
-                       int64_t n) {
-    for (int64_t c = 0; c < n; c++) {
-        double s = 0.0;
-        for (int64_t b = 0; b < blocks; b++) s += sums[b * stride + c];
-        dst[c] = (float)((double)dst[c] + s);
-    }
-}
-
 /* in pieces of MF_ADD_PIECE elements, each summed over the chunks in a double buffer: the
  * loops over elements vectorise (an element's sum still runs over the chunks in order) */
 #define MF_ADD_PIECE 512
@@ -112,6 +103,24 @@ static void add_chunks_piece(float *restrict dst, const float *restrict parts, i
     for (int64_t c = 0; c < chunks; c++)
         for (int64_t i = 0; i < n; i++) sum[i] += (double)parts[c * stride + i];
     for (int64_t i = 0; i < n; i++) dst[i] = (float)((double)dst[i] + sum[i]);
+}
+
+/* dst (n,) += the sum over b < blocks of sums[b * stride : ...], as add_chunks_piece */
+MF_CLONES
+static void add_sums_piece(float *restrict dst, const double *restrict sums, int64_t blocks,
+                           int64_t stride, int64_t n) {
+    double sum[MF_ADD_PIECE];
+    for (int64_t i = 0; i < n; i++) sum[i] = 0.0;
+    for (int64_t b = 0; b < blocks; b++)
+        for (int64_t i = 0; i < n; i++) sum[i] += sums[b * stride + i];
+    for (int64_t i = 0; i < n; i++) dst[i] = (float)((double)dst[i] + sum[i]);
+}
+
+void mf_add_block_sums(float *dst, const double *sums, int64_t blocks, int64_t stride,
+                       int64_t n) {
+    for (int64_t i0 = 0; i0 < n; i0 += MF_ADD_PIECE)
+        add_sums_piece(dst + i0, sums + i0, blocks, stride,
+                       n - i0 < MF_ADD_PIECE ? n - i0 : MF_ADD_PIECE);
 }
 
 void mf_add_chunks(float *dst, const float *parts, int64_t chunks, int64_t stride,
