@@ -70,7 +70,8 @@ int linear_forward(const MfLinearParams *p) {
     if (!valid(p)) return MF_EINVAL;
     const int64_t N = p->N, Cin = p->Cin, Cout = p->Cout;
     const int kernels = mf_kernels();
-    if (p->scratch_floats < forward_floats(kernels, p)) return MF_EINVAL;
+    const int64_t need = forward_floats(kernels, p);
+    if (p->scratch_floats < need || (need > 0 && p->scratch == NULL)) return MF_EINVAL;
     if (!blocked(p)) { /* bias fill, then one split sgemm */
         if (p->bias != NULL) {
 #pragma omp parallel for schedule(dynamic, 256) if (N * Cout >= (1 << 16))
@@ -140,7 +141,9 @@ int linear_backward(const MfLinearParams *p) {
         const int64_t served = (p->scratch_floats - s.fixed) / s.per_thread;
         if (served < threads) threads = (int)served;
     }
-    if (p->scratch_floats < s.fixed + s.per_thread || threads < 1) return MF_EINVAL;
+    if (p->scratch_floats < s.fixed + s.per_thread || threads < 1 ||
+        (s.fixed + s.per_thread > 0 && p->scratch == NULL))
+        return MF_EINVAL;
     const int64_t R = s.R, blocks = s.blocks, chunks = s.chunks, W = s.W;
     double *part = p->dbias != NULL ? (double *)(p->scratch + s.part) : NULL;
     float *wb = p->scratch + s.wb, *dw_chunks = p->scratch + s.dw;

@@ -39,6 +39,7 @@
  *              prepared; the chunks' weight-gradient sums (chunks x 2 F C); per thread, a
  *              block of g, a block of dh and the weight-gradient product's pack
  */
+#include <stddef.h>
 
 #include "mapformer/cpu.h"
 #include "mapformer/gemm.h"
@@ -52,9 +53,10 @@ static int64_t aligned(int64_t floats) { return (floats + 15) / 16 * 16; }
 static int64_t row_blocks(int64_t N, int64_t R) { return (N + R - 1) / R; }
 
 /* How many threads a scratch of `have` floats serves (at most mf_max_threads()), given its
- * fixed part and the floats per thread; 0 when it serves none. */
-static int threads_served(int64_t have, int64_t fixed, int64_t per_thread) {
-    if (have < fixed + per_thread) return 0;
+ * fixed part and the floats per thread; 0 when it serves none (or is missing). */
+static int threads_served(const float *scratch, int64_t have, int64_t fixed,
+                          int64_t per_thread) {
+    if (have < fixed + per_thread || (fixed + per_thread > 0 && scratch == NULL)) return 0;
     const int64_t served = per_thread > 0 ? (have - fixed) / per_thread : mf_max_threads();
     return served < mf_max_threads() ? (int)served : mf_max_threads();
 }
@@ -86,7 +88,7 @@ int mlp_forward(const MfMlpParams *p) {
     const int kernels = mf_kernels();
     const ForwardScratch s = forward_scratch(kernels, p);
     const int64_t R = s.R, blocks = row_blocks(N, R);
-    const int threads = threads_served(p->scratch_floats, s.fixed, s.per_thread);
+    const int threads = threads_served(p->scratch, p->scratch_floats, s.fixed, s.per_thread);
     if (threads < 1) return MF_EINVAL;
     /* w_fc^T (C, F), then w_proj^T (F, C), laid out for mf_gemm_nn */
     float *w_fc_t = p->scratch + s.fc, *w_proj_t = p->scratch + s.proj;
@@ -151,7 +153,7 @@ int mlp_backward(const MfMlpParams *p) {
     const int64_t N = p->N, C = p->C, F = p->F;
     const int kernels = mf_kernels();
     const BackwardScratch s = backward_scratch(kernels, p);
-    const int threads = threads_served(p->scratch_floats, s.fixed, s.per_thread);
+    const int threads = threads_served(p->scratch, p->scratch_floats, s.fixed, s.per_thread);
     if (threads < 1) return MF_EINVAL;
     const int64_t R = s.R, blocks = s.blocks, chunks = s.chunks, W = s.W;
     /* per block, F sums of dh then C sums of dy; per chunk, dw_proj's sums then dw_fc's */
