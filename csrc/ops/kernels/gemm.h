@@ -73,9 +73,14 @@ static inline int64_t min64(int64_t a, int64_t b) { return a < b ? a : b; }
 
 int64_t GEMM_FN(mf_gemm_b_floats)(int64_t k, int64_t n) { return k * round_up(n, NR); }
 
+/* a's columns packed at a time by mf_gemm_tn when b's side is packed whole: a few row tiles,
+ * so that each line of a's rows is read once for all of them */
+#define TN_COLS (8 * MR)
+
 int64_t GEMM_FN(mf_gemm_tn_pack_floats)(int64_t m, int64_t n) {
-    /* mf_gemm_tn: the smaller side whole, one panel of the other */
-    return (m <= n ? round_up(m, MR) / MR * MRP + NR : round_up(n, NR) + MRP) * MF_GEMM_TN_ROWS;
+    /* mf_gemm_tn: the smaller side whole, a panel (b) or TN_COLS columns (a) of the other */
+    return (m <= n ? round_up(m, MR) / MR * MRP + NR : round_up(n, NR) + TN_COLS / MR * MRP) *
+           MF_GEMM_TN_ROWS;
 }
 
 /* out = b (k, n) in column panels: out[j * k + kk * NR + c] = b[kk, j + c] for the panel of
@@ -323,8 +328,8 @@ int GEMM_FN(mf_gemm_tn)(int64_t m, int64_t n, int64_t k, const float *a, int64_t
                         float *pack) {
     /* MF_GEMM_TN_ROWS rows of a and b at a time (a sum each, added to c in order). Of a's
      * columns in panels of MR (pack_columns) and b's in panels of NR (pack_panels), the
-     * smaller side is packed whole and stays in L2, the other one panel at a time, which
-     * stays in L1 while the tiles sweep the whole side. pb (and in the second case pa)
+     * smaller side is packed whole and stays in L2, the other one panel (or TN_COLS of a's
+     * columns) at a time, which stays in L1 (L2) while the tiles sweep the whole side. pb (and in the second case pa)
      * starts at a multiple of MF_VW floats, 64-byte aligned when pack is. */
     for (int64_t k0 = 0; k0 < k; k0 += MF_GEMM_TN_ROWS) {
         const int64_t kn = min64(k - k0, MF_GEMM_TN_ROWS);
@@ -341,10 +346,10 @@ int GEMM_FN(mf_gemm_tn)(int64_t m, int64_t n, int64_t k, const float *a, int64_t
         } else {
             float *pb = pack, *pa = pack + round_up(n, NR) * MF_GEMM_TN_ROWS;
             pack_panels(pb, bk, kn, n, ldb, 1);
-            for (int64_t i = 0; i < m; i += MR) {
-                const int64_t rows = min64(m - i, MR);
-                pack_columns(pa, ak + i, lda, rows, m - i, kn);
-                kernel(rows, n, kn, pa, MRP * kn, 1, MRP, pb, c + i * ldc, ldc, &o);
+            for (int64_t i = 0; i < m; i += TN_COLS) {
+                const int64_t cols = min64(m - i, TN_COLS);
+                pack_columns(pa, ak + i, lda, cols, m - i, kn);
+                kernel(cols, n, kn, pa, MRP * kn, 1, MRP, pb, c + i * ldc, ldc, &o);
             }
         }
     }
