@@ -19,10 +19,10 @@ Families: rotary (path integration + rotary), attention (causal attention forwar
 the NumPy side runs on a smaller batch and is scaled, see attention_benches), conj_attention
 (MapEM's conjunctive attention in its three modes, sized and scaled as attention; the JSON
 summary compares each mode with the attention op), linear (linear forward and backward at the
-training step's shapes, on gemm.c's kernel and on the OpenBLAS path), mlp (the fused MLP op
-against the
-separate linear and gelu ops it replaces, and NumPy), sgemm (one large sgemm: the machine's
-matmul rate, which the JSON summary compares attention against).
+training step's shapes, on every kernel set, the OpenBLAS path included), mlp (the fused MLP
+op on every kernel set, against the separate linear and gelu ops it replaces, and NumPy),
+sgemm (one large sgemm: the machine's matmul rate, which the JSON summary compares attention,
+the linears and the MLP against).
 
 `--threads N` sets OMP_NUM_THREADS before the C core is loaded. Prints one JSON line at the end.
 """
@@ -447,30 +447,32 @@ def conj_attention_benches(C, B=128, T=256, H=2, D=64, numpy_batch=16, seed=0):
 
 
 # ---- linear at the training step's shapes ---------------------------------------------------
-def on_blas_path(fn):
-    """fn run on the ops' portable OpenBLAS path (MAPFORMER_KERNELS=blas, which the C core
-    reads on every call) instead of their AVX-512 kernels."""
+def on_kernels(C, kernels, fn):
+    """fn run with the C core's kernel set `kernels` active ('avx512', 'avx2', 'portable',
+    'blas': _C.kernel_sets()), the set active before restored after."""
     def run():
-        old = os.environ.get("MAPFORMER_KERNELS")
-        os.environ["MAPFORMER_KERNELS"] = "blas"
+        before = C.kernels()
+        C.set_kernels(kernels)
         try:
             return fn()
         finally:
-            if old is None:
-                del os.environ["MAPFORMER_KERNELS"]
-            else:
-                os.environ["MAPFORMER_KERNELS"] = old
+            C.set_kernels(before)
     return run
+
+
+def kernel_label(kernels):
+    return " (OpenBLAS path)" if kernels == "blas" else f" [{kernels}]"
 
 
 def linear_benches(C, N=32768, width=128, ratio=4, seed=0):
     """y = x W^T + b and its backward (dx = dy W, dW += dy^T x, db += column sums of dy) at the
     shapes of a training step's linears (N = B*T rows): the projections (width -> width), the
     MLP's fc (width -> ratio*width) and proj (back). Their rates, against the square sgemm's,
-    are what bounds the step (bench_train_step). Each runs twice: on gemm.c's kernel (the
-    default on AVX-512 CPUs) and on the portable OpenBLAS path; the JSON summary gives their
-    time ratio. flops 2 N Cin Cout forward, twice that backward; bytes: forward x, W, b read,
-    y written; backward dy, x, W read, dx, dW, db written."""
+    are what bounds the step (bench_train_step). Each runs on every kernel set this CPU has
+    (_C.kernel_sets(): the tiled kernels at each vector width, and the OpenBLAS path 'blas');
+    the JSON summary gives each set's time against the OpenBLAS path's and its fraction of
+    the square sgemm's rate. flops 2 N Cin Cout forward, twice that backward; bytes: forward
+    x, W, b read, y written; backward dy, x, W read, dx, dW, db written."""
     rng = np.random.default_rng(seed)
     benches = []
     for c_in, c_out in ((width, width), (width, ratio * width), (ratio * width, width)):
@@ -498,15 +500,19 @@ def linear_benches(C, N=32768, width=128, ratio=4, seed=0):
         flops = 2.0 * N * c_in * c_out
         fwd_bytes = 4.0 * (N * c_in + c_in * c_out + c_out + N * c_out)
         bwd_bytes = 4.0 * (2 * N * c_out + 2 * N * c_in + 2 * c_in * c_out + c_out)
-        for path, wrap in (("", lambda fn: fn), (" (OpenBLAS path)", on_blas_path)):
+        for kernels in C.kernel_sets():
+            label = kernel_label(kernels)
             benches.append(OpBench(
-                f"linear_forward {c_in}->{c_out}{path}", sizes, lambda f=flops: f,
-                lambda v=fwd_bytes: v, wrap(forward), lambda x=x, w=w, b=b: x @ w.T + b,
-                check))
+                f"linear_forward {c_in}->{c_out}{label}", sizes, lambda f=flops: f,
+                lambda v=fwd_bytes: v, on_kernels(C, kernels, forward),
+                lambda x=x, w=w, b=b: x @ w.T + b, on_kernels(C, kernels, check),
+                extra=dict(kernels=kernels, op=f"linear_forward {c_in}->{c_out}")))
             benches.append(OpBench(
-                f"linear_backward {c_in}->{c_out}{path}", sizes, lambda f=flops: 2 * f,
-                lambda v=bwd_bytes: v, wrap(backward),
-                lambda x=x, w=w, dy=dy: (dy @ w, dy.T @ x, dy.sum(0)), check))
+                f"linear_backward {c_in}->{c_out}{label}", sizes, lambda f=flops: 2 * f,
+                lambda v=bwd_bytes: v, on_kernels(C, kernels, backward),
+                lambda x=x, w=w, dy=dy: (dy @ w, dy.T @ x, dy.sum(0)),
+                on_kernels(C, kernels, check),
+                extra=dict(kernels=kernels, op=f"linear_backward {c_in}->{c_out}")))
     return benches
 
 
@@ -582,17 +588,24 @@ def mlp_benches(C, N=32768, width=128, ratio=4, seed=0):
     def bwd_bytes():  # dy, x, h, weights in; dx, weight and bias gradients out
         return 4.0 * (3 * N * width + N * F + 4 * width * F + 2 * (F + width))
     sizes = dict(N=N, C=width, F=F)
-    return [
-        OpBench("mlp_forward", sizes, flops(2), fwd_bytes,
-                lambda: C.mlp_forward(x, w_fc, b_fc, w_proj, b_proj), numpy_forward,
-                check_forward),
+    benches = []
+    for kernels in C.kernel_sets():
+        label = "" if kernels == C.kernels() else kernel_label(kernels)
+        benches += [
+            OpBench(f"mlp_forward{label}", sizes, flops(2), fwd_bytes,
+                    on_kernels(C, kernels, lambda: C.mlp_forward(x, w_fc, b_fc, w_proj, b_proj)),
+                    numpy_forward, on_kernels(C, kernels, check_forward),
+                    extra=dict(kernels=kernels, op="mlp_forward")),
+            OpBench(f"mlp_backward{label}", sizes, flops(4), bwd_bytes,
+                    on_kernels(C, kernels,
+                               lambda: C.mlp_backward(dy, x, h, w_fc, w_proj, *grads)),
+                    numpy_backward, on_kernels(C, kernels, check_backward),
+                    extra=dict(kernels=kernels, op="mlp_backward"))]
+    return benches + [
         OpBench("mlp_forward separate ops", sizes, flops(2), fwd_bytes, separate_forward,
-                numpy_forward, check_forward),
-        OpBench("mlp_backward", sizes, flops(4), bwd_bytes,
-                lambda: C.mlp_backward(dy, x, h, w_fc, w_proj, *grads), numpy_backward,
-                check_backward),
+                numpy_forward, check_forward, extra=dict(kernels=C.kernels())),
         OpBench("mlp_backward separate ops", sizes, flops(4), bwd_bytes, separate_backward,
-                numpy_backward, check_backward),
+                numpy_backward, check_backward, extra=dict(kernels=C.kernels())),
     ]
 
 
@@ -632,6 +645,9 @@ def main():
                    help="comma-separated subset of: " + ", ".join(FAMILIES))
     p.add_argument("--repeats", type=int, default=20)
     p.add_argument("--warmup", type=int, default=3)
+    p.add_argument("--settle", type=float, default=0.3,
+                   help="seconds of sleep before each timed side (the other side's threads "
+                        "stop spinning)")
     p.add_argument("--threads", type=int, default=None,
                    help="OMP_NUM_THREADS for the C core (default: the environment's)")
     p.add_argument("--batch", type=int, default=128, help="attention, conj_attention: batch B")
@@ -663,7 +679,12 @@ def main():
     for family in args.families.split(","):
         for b in FAMILIES[family](_C, **family_args.get(family, {})):
             b.check()
+            # each side starts after the other's thread pool has gone to sleep: NumPy's
+            # OpenBLAS threads spin for about 0.1 s after a call, the C core's OpenMP threads
+            # briefly, and either steals a core from the other side's timing meanwhile
+            time.sleep(args.settle)
             c_ms, c_min = timeit(b.c, args.warmup, args.repeats)
+            time.sleep(args.settle)
             np_ms, np_min = timeit(b.numpy, args.warmup, args.repeats)
             # a NumPy side timed on a smaller problem is scaled up to the benchmark's size
             np_scale = b.extra.get("numpy_scale", 1.0)
@@ -718,9 +739,11 @@ def main():
         fused, separate = by_name.get(f"mlp_{step}"), by_name.get(f"mlp_{step} separate ops")
         if fused is not None and separate is not None:
             summary[f"mlp_{step}_fused_vs_separate"] = round(fused["c_ms"] / separate["c_ms"], 3)
+    # each kernel set's run of an op against the OpenBLAS path's run of it
+    blas_runs = {row["op"]: row for row in results if row.get("kernels") == "blas" and "op" in row}
     for row in results:
-        blas = by_name.get(row["name"] + " (OpenBLAS path)")
-        if blas is not None:
+        blas = blas_runs.get(row.get("op"))
+        if blas is not None and row is not blas:
             entry = {"kernel_vs_openblas_time": round(row["c_ms"] / blas["c_ms"], 3)}
             if sgemm is not None:
                 entry["fraction_of_sgemm"] = round(row["c_gflops"] / sgemm["c_gflops"], 3)

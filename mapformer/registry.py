@@ -123,14 +123,17 @@ def import_package_modules(package, path):
 
 def declarations(option_name):
     """[(registry, component class)] of every registered component declaring the option."""
-    return [(registry, cls) for registry in REGISTRIES for cls in registry.entries.values()
-            if option_name in registry.options_of(cls)]
+    return [(registry, registry.entries[name]) for registry in REGISTRIES
+            for name in sorted(registry.entries)
+            if option_name in registry.options_of(registry.entries[name])]
 
 
 def registered_options():
-    """{option name: Option} of every registered component."""
+    """{option name: Option} of every registered component, in a fixed order (registries in
+    turn, their components by name, each one's options as it declares them), whatever order
+    the modules were imported in."""
     return {option.name: option for registry in REGISTRIES
-            for cls in registry.entries.values() for option in cls.options}
+            for name in sorted(registry.entries) for option in registry.entries[name].options}
 
 
 def reserve(names):
@@ -144,7 +147,7 @@ def reserve(names):
 
 
 def declared_by(option_name):
-    """Who declares an option, e.g. "positional scheme 'mapwm' (and 'mapem')" ('' for no
+    """Who declares an option, e.g. "positional scheme 'mapem' (and 'mapwm')" ('' for no
     one)."""
     owners = {}
     for registry, cls in declarations(option_name):

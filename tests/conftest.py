@@ -202,3 +202,46 @@ def assert_same_bits_for_thread_counts(tmp_path, script, threads=(1, 2)):
     for other in others:
         for name in first.files:
             assert np.array_equal(first[name], other[name]), name
+
+
+# ---- float32 matrix products against the float64 reference --------------------------------
+U32 = 2.0**-24  # float32's unit roundoff
+
+
+def gamma(n):
+    """Higham's gamma_n = n u / (1 - n u): a float32 sum of n terms (each a rounded or fused
+    product), in any order, is within gamma_n * (the sum of the terms' magnitudes) of the
+    exact sum."""
+    return n * U32 / (1 - n * U32)
+
+
+def assert_within(got, expected, bound, name):
+    """|got - expected| <= bound elementwise (float64), naming the worst element."""
+    got = np.asarray(got, np.float64)
+    expected = np.asarray(expected, np.float64)
+    assert got.shape == expected.shape, f"{name}: shape {got.shape} != {expected.shape}"
+    err = np.abs(got - expected)
+    bound = np.broadcast_to(np.asarray(bound, np.float64), err.shape)
+    if not np.all(err <= bound):
+        i = np.unravel_index(np.argmax(err - bound), err.shape)
+        raise AssertionError(f"{name}: worst at {i}: got {got[i]!r}, expected {expected[i]!r}, "
+                             f"|err| {err[i]:.3g} > bound {bound[i]:.3g}")
+
+
+def assert_product_close(got, expected, magnitude, length, np32, name):
+    """A float32 result of sums of `length` products (plus a start value) against the float64
+    reference `expected`, with the bounds that follow from the problem:
+      - elementwise, the rounding-error bound of such sums: |err| <= gamma(length + 2) *
+        magnitude, `magnitude` the sum of the terms' magnitudes (|a| @ |b| + |start|, in
+        float64); it holds for any summation order, fused or not, and a wrong term, index or
+        tail breaks it;
+      - over arrays of at least 1024 elements, whose largest error is a stable statistic:
+        the largest error at most twice that of the same math in float32 NumPy (`np32`, its
+        own OpenBLAS) plus 4 ulps of the largest |expected|."""
+    assert_within(got, expected, gamma(length + 2) * magnitude, name)
+    err = np.abs(np.asarray(got, np.float64) - expected).max()
+    if np.size(expected) >= 1024:
+        np_err = np.abs(np.asarray(np32, np.float64) - expected).max()
+        limit = 2 * np_err + 4 * U32 * np.abs(expected).max()
+        assert err <= limit, (f"{name}: max |err| {err:.3g} > 2 x float32 NumPy's "
+                              f"{np_err:.3g} + 4 ulps")

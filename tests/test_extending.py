@@ -151,8 +151,8 @@ def test_a_scheme_the_mixer_cannot_use_names_both(mixer, positional, message):
 
 
 @pytest.mark.parametrize("model, option, message", [
-    ("rope", "delta_rank", "delta_rank is an option of positional scheme 'mapwm' (and "
-     "'mapem'), not of positional scheme 'rope'"),
+    ("rope", "delta_rank", "delta_rank is an option of positional scheme 'mapem' (and "
+     "'mapwm'), not of positional scheme 'rope'"),
     ("mapwm", "mapem_mode", "mapem_mode is an option of mixer 'conjunctive', not of mixer "
      "'attention'"),
     ("mapem_o", "cope_positions", "cope_positions is an option of positional scheme 'cope', "
@@ -185,7 +185,7 @@ def rate_scheme(name, option):
     ("rope", Option("toy_rate", float, 0.5, "a rate"), "positional scheme 'rope' is already "
      "registered"),
     ("toy2", Option("delta_rank", int, 3, "another rank"), "option 'delta_rank' is declared "
-     "differently by positional scheme 'mapwm'"),
+     "differently by positional scheme 'mapem'"),
     ("toy2", Option("d_model", int, 3, "a width"), "option 'd_model' is named like a "
      "ModelConfig field"),
 ])

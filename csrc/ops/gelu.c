@@ -7,19 +7,20 @@
  *   y  = x / (1 + e)
  *   dx = dy * (s + 2 x s (1 - s) du/dx),  s = 1 / (1 + e),  1 - s = e s,
  *        du/dx = sqrt(2/pi) (1 + 3 * 0.044715 x^2)
- * which never forms 1 - tanh (no cancellation for negative x). Both are simd.h's vgelu and
- * vgelu_grad (the core's one exponential, separate multiplies and adds), applied to whole
- * vectors of MF_VW floats: every lane has the bits a kernel computing vgelu in registers
- * gives, whatever the width or ISA. The loops are compiled for AVX-512, AVX2 and baseline
- * x86-64 (target_clones) and picked at load time.
- * mf_gelu_kernel and mf_gelu_grad_kernel are single-threaded loops shared with mlp.c; the
- * latter also gives gelu(x) from the same exponential, for mlp_backward, which recomputes
- * it rather than keep it from the forward.
+ * which never forms 1 - tanh (no cancellation for negative x). The math is simd.h's vgelu and
+ * vgelu_grad (the core's one exponential), whose bits are the same at every vector width:
+ * the matrix-product kernels that apply GELU in their registers (csrc/ops/kernels/gemm.h)
+ * give these bits too. The hot loops are compiled for AVX-512, AVX2 and baseline x86-64
+ * (target_clones) and picked at load time.
+ * mf_gelu_kernel and mf_gelu_grad_kernel are single-threaded loops shared with mlp.c and the
+ * OpenBLAS matrix products; the latter also gives gelu(x) from the same exponential, for
+ * mlp_backward, which recomputes it rather than keep it from the forward.
  */
 #include <stdint.h>
 
 #include "mapformer/clones.h"
 #include "mapformer/mapformer.h"
+
 #define MF_VW MF_CLONES_VW /* the width of the target_clones copies (clones.h) */
 #include "mapformer/simd.h"
 
@@ -28,58 +29,50 @@
 
 MF_CLONES
 void mf_gelu_kernel(float *restrict y, const float *restrict x, int64_t n) {
-    const int64_t nv = n - n % MF_VW;
-    for (int64_t i = 0; i < nv; i += MF_VW) {
+    int64_t i = 0;
+    for (; i + MF_VW <= n; i += MF_VW) {
         vf v = VLOADU(x + i);
         vgelu(&v);
         VSTOREU(y + i, v);
     }
-    if (nv < n) {
+    if (i < n) {
         vf v;
-        vload_part(&v, x + nv, n - nv);
+        vload_part(&v, x + i, n - i);
         vgelu(&v);
-        vstore_part(y + nv, &v, n - nv);
+        vstore_part(y + i, &v, n - i);
     }
+}
+
+/* out (n,) = d * gelu'(x) (out may be d), and y (n,) = gelu(x) unless y is NULL */
+MF_INLINE void gelu_grad_loop(float *y, float *out, const float *d, const float *x,
+                              int64_t n) {
+    int64_t i = 0;
+    for (; i + MF_VW <= n; i += MF_VW) {
+        vf g, dv = VLOADU(d + i);
+        const vf v = VLOADU(x + i);
+        vgelu_grad(&g, &dv, &v);
+        VSTOREU(out + i, dv);
+        if (y != NULL) VSTOREU(y + i, g);
+    }
+    if (i < n) {
+        vf g, dv, v;
+        vload_part(&dv, d + i, n - i);
+        vload_part(&v, x + i, n - i);
+        vgelu_grad(&g, &dv, &v);
+        vstore_part(out + i, &dv, n - i);
+        if (y != NULL) vstore_part(y + i, &g, n - i);
+    }
+}
+
+MF_CLONES
+void mf_gelu_grad_kernel(float *restrict y, float *d, const float *restrict x, int64_t n) {
+    gelu_grad_loop(y, d, d, x, n);
 }
 
 MF_CLONES
 static void gelu_backward_kernel(float *restrict dx, const float *restrict dy,
                                  const float *restrict x, int64_t n) {
-    const int64_t nv = n - n % MF_VW;
-    vf g, d, v;
-    for (int64_t i = 0; i < nv; i += MF_VW) {
-        d = VLOADU(dy + i);
-        v = VLOADU(x + i);
-        vgelu_grad(&g, &d, &v);
-        VSTOREU(dx + i, d);
-    }
-    if (nv < n) {
-        vload_part(&d, dy + nv, n - nv);
-        vload_part(&v, x + nv, n - nv);
-        vgelu_grad(&g, &d, &v);
-        vstore_part(dx + nv, &d, n - nv);
-    }
-}
-
-MF_CLONES
-void mf_gelu_grad_kernel(float *restrict y, float *restrict d, const float *restrict x,
-                         int64_t n) {
-    const int64_t nv = n - n % MF_VW;
-    vf g, dv, v;
-    for (int64_t i = 0; i < nv; i += MF_VW) {
-        dv = VLOADU(d + i);
-        v = VLOADU(x + i);
-        vgelu_grad(&g, &dv, &v);
-        VSTOREU(d + i, dv);
-        VSTOREU(y + i, g);
-    }
-    if (nv < n) {
-        vload_part(&dv, d + nv, n - nv);
-        vload_part(&v, x + nv, n - nv);
-        vgelu_grad(&g, &dv, &v);
-        vstore_part(d + nv, &dv, n - nv);
-        vstore_part(y + nv, &g, n - nv);
-    }
+    gelu_grad_loop(NULL, dx, dy, x, n);
 }
 
 int gelu_forward(const MfGeluParams *p) {

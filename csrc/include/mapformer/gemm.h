@@ -1,22 +1,26 @@
-/* Row-block matrix products of the sgemm-based ops (linear.c, mlp.c), in gemm.c.
+/* Row-block matrix products of linear.c and mlp.c (csrc/ops/gemm.c dispatches them).
  *
  * Each call is single-threaded: the ops split their rows into blocks over the OpenMP threads
- * and call these on one block. `fast` picks the path, and an op reads it once per call
- * (fast = mf_use_avx512(), mapformer/clones.h) and passes the same value to every call:
- * 1 is gemm.c's AVX-512 kernel, 0 OpenBLAS's sgemm. */
+ * and call these on one block. `kernels` is the kernel set (mapformer/cpu.h: MF_KERNELS_*):
+ * an op reads mf_kernels() once per call and passes the same value to every call, including
+ * the one that prepared the weight (the sets lay weights out differently). The AVX-512, AVX2
+ * and portable sets run the same register-tiled kernel (csrc/ops/kernels/gemm.h) at their
+ * vector width; MF_KERNELS_BLAS runs OpenBLAS's sgemm (csrc/ops/portable/gemm_blas.c). */
 #ifndef MAPFORMER_GEMM_H
 #define MAPFORMER_GEMM_H
 
 #include <stdint.h>
 
 /* Floats of a prepared b (k, n), the weight operand of mf_gemm_nn. */
-int64_t mf_gemm_b_floats(int64_t k, int64_t n);
+int64_t mf_gemm_b_floats(int kernels, int64_t k, int64_t n);
 
-/* out = b (k, n), prepared for mf_gemm_nn on the `fast` path, from the weight w: b = w
- * (w is (k, n)) or, when transposed, b = w^T (w is (n, k)). The kernel's layout is column
- * panels of 32, each k x 32 contiguous (the last one zero-padded); OpenBLAS's, row-major. */
-void mf_gemm_prepare_b(int fast, float *out, const float *w, int64_t k, int64_t n,
-                       int transposed);
+/* out (mf_gemm_b_floats(kernels, k, n) floats, 64-byte aligned) = b (k, n), prepared for
+ * mf_gemm_nn on that kernel set, from the weight w: b = w (w is (k, n)) or, when transposed,
+ * b = w^T (w is (n, k)). The tiled kernels' layout is column panels as wide as their register
+ * tile, each k x width contiguous (the last one zero-padded); OpenBLAS's, row-major.
+ * Returns MF_OK. */
+int mf_gemm_prepare_b(int kernels, float *out, const float *w, int64_t k, int64_t n,
+                      int transposed);
 
 /* What mf_gemm_nn does besides the product; {0} is a plain c = a b. */
 typedef struct {
@@ -29,16 +33,22 @@ typedef struct {
 } MfGemmOptions;
 
 /* c (m, n; row stride ldc) = init + a (m, k; lda) . b (k, n; prepared by mf_gemm_prepare_b),
- * with init and the extras as `opt` says (NULL: none). gelu is the same bits as
- * mf_gelu_kernel on c; stream and prefetch are hints that change no result.
+ * with init and the extras as `opt` says (NULL: none). Each c element is its init plus the
+ * sum of the products (over k in order, one rounding per fused multiply-add, on the tiled
+ * sets), so the result depends on the sizes only. gelu has the bits of mf_gelu_kernel on c
+ * (simd.h's vgelu);
+ * stream and prefetch are hints that change no result.
  * Returns MF_OK, or MF_EINVAL when a size does not fit BLAS's int (OpenBLAS path). */
-int mf_gemm_nn(int fast, int64_t m, int64_t n, int64_t k, const float *a, int64_t lda,
+int mf_gemm_nn(int kernels, int64_t m, int64_t n, int64_t k, const float *a, int64_t lda,
                const float *b, float *c, int64_t ldc, const MfGemmOptions *opt);
 
-/* c (m, n; ldc) += a^T . b, with a (k, m; lda) and b (k, n; ldb) read in place: a weight
- * gradient over a block of k rows. pack is scratch of mf_gemm_tn_pack_floats(m, n) floats. */
-int mf_gemm_tn(int fast, int64_t m, int64_t n, int64_t k, const float *a, int64_t lda,
-               const float *b, int64_t ldb, float *c, int64_t ldc, float *pack);
-int64_t mf_gemm_tn_pack_floats(int64_t m, int64_t n);
+/* c (m, n; ldc) = [c +] a^T . b (c's old value added when `accumulate`), with a (k, m; lda)
+ * and b (k, n; ldb) read in place: a weight gradient over a block of k rows, its sums as
+ * mf_gemm_nn's. pack is scratch of mf_gemm_tn_pack_floats(kernels, m, n) floats, 64-byte
+ * aligned. */
+int mf_gemm_tn(int kernels, int64_t m, int64_t n, int64_t k, const float *a, int64_t lda,
+               const float *b, int64_t ldb, float *c, int64_t ldc, int accumulate,
+               float *pack);
+int64_t mf_gemm_tn_pack_floats(int kernels, int64_t m, int64_t n);
 
 #endif

@@ -38,14 +38,16 @@ int embedding_forward(const MfEmbeddingParams *p);
 /* dweight (V, C) += dout (N, C) rows by tokens (N,); a bad id's row is skipped (MF_EINDEX) */
 int embedding_backward(const MfEmbeddingParams *p);
 
-/* ---- linear.c: y = x weight^T + bias ------------------------------------------------------ */
-/* y (N, Cout); x (N, Cin), weight (Cout, Cin), bias (Cout,) or NULL */
-int linear_forward(const MfLinearParams *p);
+/* ---- linear.c: y = x weight^T + bias (MfLinearParams) --------------------------------- */
+/* forward: y (N, Cout) = x (N, Cin) weight^T + bias; weight (Cout, Cin), bias (Cout,) or NULL.
+ * Scratch: linear_forward_scratch_floats(p) floats (0 for sizes out of range). */
 int64_t linear_forward_scratch_floats(const MfLinearParams *p);
-/* dx (N, Cin) (= or += with accumulate_dx), dweight (Cout, Cin) +=, dbias (Cout,) += or NULL;
- * dy (N, Cout), x (N, Cin), weight (Cout, Cin) */
-int linear_backward(const MfLinearParams *p);
+int linear_forward(const MfLinearParams *p);
+/* backward: dx (N, Cin) = dy weight (+= with accumulate_dx), dweight (Cout, Cin) += dy^T x,
+ * dbias (Cout,) += column sums of dy (NULL: none); dy (N, Cout), x (N, Cin), weight.
+ * Scratch: linear_backward_scratch_floats(p) floats (it depends on whether dbias is NULL). */
 int64_t linear_backward_scratch_floats(const MfLinearParams *p);
+int linear_backward(const MfLinearParams *p);
 
 /* ---- layernorm.c: y = (x - mean) * rstd * weight + bias over the last axis ---------------- */
 /* y (N, C), mean (N,), rstd (N,) saved for backward; x (N, C), weight (C,), bias (C,); eps > 0 */
@@ -65,15 +67,17 @@ int gelu_backward(const MfGeluParams *p);
 void mf_gelu_kernel(float *y, const float *x, int64_t n);
 void mf_gelu_grad_kernel(float *y, float *d, const float *x, int64_t n);
 
-/* ---- mlp.c: y = gelu(x w_fc^T + b_fc) w_proj^T + b_proj, in row blocks ------------------- */
-/* y (N, C); h (N, F) = x w_fc^T + b_fc saved for backward;
- * x (N, C), w_fc (F, C), b_fc (F,), w_proj (C, F), b_proj (C,) */
-int mlp_forward(const MfMlpParams *p);
+/* ---- mlp.c: y = gelu(x w_fc^T + b_fc) w_proj^T + b_proj, in row blocks (MfMlpParams) --- */
+/* forward: y (N, C); h (N, F) = x w_fc^T + b_fc saved for backward;
+ * x (N, C), w_fc (F, C), b_fc (F,), w_proj (C, F), b_proj (C,).
+ * Scratch: mlp_forward_scratch_floats(p) floats. */
 int64_t mlp_forward_scratch_floats(const MfMlpParams *p);
-/* dx (N, C) (=), dw_fc (F, C) +=, db_fc (F,) +=, dw_proj (C, F) +=, db_proj (C,) +=;
- * dy (N, C), h_in (N, F) from forward, x (N, C), w_fc (F, C), w_proj (C, F) */
-int mlp_backward(const MfMlpParams *p);
+int mlp_forward(const MfMlpParams *p);
+/* backward: dx (N, C) (=), dw_fc (F, C) +=, db_fc (F,) +=, dw_proj (C, F) +=, db_proj (C,) +=;
+ * dy (N, C), h_in (N, F) from forward, x (N, C), w_fc (F, C), w_proj (C, F).
+ * Scratch: mlp_backward_scratch_floats(p) floats. */
 int64_t mlp_backward_scratch_floats(const MfMlpParams *p);
+int mlp_backward(const MfMlpParams *p);
 
 /* ---- residual.c ---------------------------------------------------------------------------- */
 /* out = a + b, all (n,) */

@@ -6,6 +6,13 @@
 
 #include "mapformer/mapformer.h"
 
+/* Rows per block of linear.c and mlp.c on a kernel set. The blocks are the unit of the weight
+ * gradients' chunks (below) and of the bias sums, so of their bits: the two ops cut rows
+ * alike on each set (the fused MLP gives the bits of linear, gelu, linear), whatever the
+ * thread count. A block's activations, and the MLP's hidden rows g and dh (R x F floats),
+ * stay in the core's L2 cache between the products of a block. */
+int64_t mf_row_block(int kernels);
+
 /* sum (n,) = the sum over rows [0, rows) of a (rows, n), in double, in row order */
 void mf_column_sums(double *sum, const float *a, int64_t rows, int64_t n);
 
