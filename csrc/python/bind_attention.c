@@ -6,11 +6,24 @@
 #define QKV_SHAPE "(B, T, H, D)"
 #define LSE_SHAPE "(B, H, T)"
 
+/* p->scratch: `floats` floats, 64-byte aligned, in a temporary float32 array (the output
+ * pool's) returned as *owner; -1 with MemoryError. */
+static int attach_scratch(float **scratch, int64_t *scratch_floats, int64_t floats,
+                          PyArrayObject **owner) {
+    const int64_t dims[1] = {floats + 16};
+    *owner = mf_empty_f32(1, dims);
+    if (*owner == NULL) return -1;
+    const uintptr_t at = (uintptr_t)PyArray_DATA(*owner);
+    *scratch = (float *)((at + 63) / 64 * 64);
+    *scratch_floats = floats;
+    return 0;
+}
+
 static PyObject *py_attention_forward(PyObject *self, PyObject *args, PyObject *kwargs) {
     (void)self;
     static char *kwlist[] = {"q", "k", "v", "scale", NULL};
     PyObject *q_obj, *k_obj, *v_obj, *scale_obj = Py_None;
-    PyArrayObject *out = NULL, *lse = NULL;
+    PyArrayObject *out = NULL, *lse = NULL, *scratch = NULL;
     PyObject *result = NULL;
     if (!PyArg_ParseTupleAndKeywords(args, kwargs, "OOO|O:attention_forward", kwlist, &q_obj,
                                      &k_obj, &v_obj, &scale_obj))
@@ -29,11 +42,17 @@ static PyObject *py_attention_forward(PyObject *self, PyObject *args, PyObject *
 
     int64_t ld[3] = {B, H, T};
     if ((out = mf_empty_f32(4, qd)) == NULL || (lse = mf_empty_f32(3, ld)) == NULL) goto fail;
+    MfAttentionParams p = {.out = (float *)PyArray_DATA(out), .lse = (float *)PyArray_DATA(lse),
+                           .q = (const float *)PyArray_DATA(q),
+                           .k = (const float *)PyArray_DATA(k),
+                           .v = (const float *)PyArray_DATA(v),
+                           .B = B, .T = T, .H = H, .D = D, .scale = scale};
+    if (attach_scratch(&p.scratch, &p.scratch_floats, attention_forward_scratch_floats(&p),
+                       &scratch) < 0)
+        goto fail;
     int status;
     Py_BEGIN_ALLOW_THREADS;
-    status = attention_forward((float *)PyArray_DATA(out), (float *)PyArray_DATA(lse),
-                               (const float *)PyArray_DATA(q), (const float *)PyArray_DATA(k),
-                               (const float *)PyArray_DATA(v), B, T, H, D, scale);
+    status = attention_forward(&p);
     Py_END_ALLOW_THREADS;
     if (status != MF_OK) {
         mf_raise_status(status, "attention_forward");
@@ -41,6 +60,7 @@ static PyObject *py_attention_forward(PyObject *self, PyObject *args, PyObject *
     }
     result = PyTuple_Pack(2, (PyObject *)out, (PyObject *)lse);
 fail:
+    Py_XDECREF(scratch);
     Py_XDECREF(out);
     Py_XDECREF(lse);
     return result;
@@ -50,7 +70,7 @@ static PyObject *py_attention_backward(PyObject *self, PyObject *args, PyObject 
     (void)self;
     static char *kwlist[] = {"dout", "q", "k", "v", "out", "lse", "scale", NULL};
     PyObject *dout_obj, *q_obj, *k_obj, *v_obj, *out_obj, *lse_obj, *scale_obj = Py_None;
-    PyArrayObject *dq = NULL, *dk = NULL, *dv = NULL;
+    PyArrayObject *dq = NULL, *dk = NULL, *dv = NULL, *scratch = NULL;
     PyObject *result = NULL;
     if (!PyArg_ParseTupleAndKeywords(args, kwargs, "OOOOOO|O:attention_backward", kwlist,
                                      &dout_obj, &q_obj, &k_obj, &v_obj, &out_obj, &lse_obj,
@@ -79,13 +99,21 @@ static PyObject *py_attention_backward(PyObject *self, PyObject *args, PyObject 
     if ((dq = mf_empty_f32(4, qd)) == NULL || (dk = mf_empty_f32(4, qd)) == NULL ||
         (dv = mf_empty_f32(4, qd)) == NULL)
         goto fail;
+    MfAttentionParams p = {.dq = (float *)PyArray_DATA(dq), .dk = (float *)PyArray_DATA(dk),
+                           .dv = (float *)PyArray_DATA(dv),
+                           .dout = (const float *)PyArray_DATA(dout),
+                           .q = (const float *)PyArray_DATA(q),
+                           .k = (const float *)PyArray_DATA(k),
+                           .v = (const float *)PyArray_DATA(v),
+                           .o = (const float *)PyArray_DATA(out),
+                           .lse_in = (const float *)PyArray_DATA(lse),
+                           .B = B, .T = T, .H = H, .D = D, .scale = scale};
+    if (attach_scratch(&p.scratch, &p.scratch_floats, attention_backward_scratch_floats(&p),
+                       &scratch) < 0)
+        goto fail;
     int status;
     Py_BEGIN_ALLOW_THREADS;
-    status = attention_backward(
-        (float *)PyArray_DATA(dq), (float *)PyArray_DATA(dk), (float *)PyArray_DATA(dv),
-        (const float *)PyArray_DATA(dout), (const float *)PyArray_DATA(q),
-        (const float *)PyArray_DATA(k), (const float *)PyArray_DATA(v),
-        (const float *)PyArray_DATA(out), (const float *)PyArray_DATA(lse), B, T, H, D, scale);
+    status = attention_backward(&p);
     Py_END_ALLOW_THREADS;
     if (status != MF_OK) {
         mf_raise_status(status, "attention_backward");
@@ -93,6 +121,7 @@ static PyObject *py_attention_backward(PyObject *self, PyObject *args, PyObject 
     }
     result = PyTuple_Pack(3, (PyObject *)dq, (PyObject *)dk, (PyObject *)dv);
 fail:
+    Py_XDECREF(scratch);
     Py_XDECREF(dq);
     Py_XDECREF(dk);
     Py_XDECREF(dv);

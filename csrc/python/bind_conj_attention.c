@@ -41,6 +41,19 @@ static int check_qkv(PyObject *const objs[], const char *const names[], int n,
     return 0;
 }
 
+/* p->scratch: `floats` floats, 64-byte aligned, in a temporary float32 array (the output
+ * pool's) returned as *owner; -1 with MemoryError. */
+static int attach_scratch(float **scratch, int64_t *scratch_floats, int64_t floats,
+                          PyArrayObject **owner) {
+    const int64_t dims[1] = {floats + 16};
+    *owner = mf_empty_f32(1, dims);
+    if (*owner == NULL) return -1;
+    const uintptr_t at = (uintptr_t)PyArray_DATA(*owner);
+    *scratch = (float *)((at + 63) / 64 * 64);
+    *scratch_floats = floats;
+    return 0;
+}
+
 #define F(a) ((float *)PyArray_DATA(a))
 #define CF(a) ((const float *)PyArray_DATA(a))
 
@@ -48,7 +61,7 @@ static PyObject *py_conj_attention_forward(PyObject *self, PyObject *args, PyObj
     (void)self;
     static char *kwlist[] = {"qx", "kx", "qp", "kp", "v", "mode", "scale", NULL};
     PyObject *obj[5], *mode_obj = NULL, *scale_obj = Py_None;
-    PyArrayObject *out = NULL, *lse = NULL;
+    PyArrayObject *out = NULL, *lse = NULL, *scratch = NULL;
     PyObject *result = NULL;
     if (!PyArg_ParseTupleAndKeywords(args, kwargs, "OOOOO|OO:conj_attention_forward", kwlist,
                                      &obj[0], &obj[1], &obj[2], &obj[3], &obj[4], &mode_obj,
@@ -69,10 +82,15 @@ static PyObject *py_conj_attention_forward(PyObject *self, PyObject *args, PyObj
     if (out == NULL) goto fail;
     lse = mf_empty_f32(4, ldims);
     if (lse == NULL) goto fail;
+    MfConjAttentionParams p = {.out = F(out), .lse = F(lse), .qx = CF(a[0]), .kx = CF(a[1]),
+                               .qp = CF(a[2]), .kp = CF(a[3]), .v = CF(a[4]), .B = B, .T = T,
+                               .H = H, .D = D, .scale = scale, .mode = mode};
+    if (attach_scratch(&p.scratch, &p.scratch_floats, conj_attention_forward_scratch_floats(&p),
+                       &scratch) < 0)
+        goto fail;
     int status;
     Py_BEGIN_ALLOW_THREADS;
-    status = conj_attention_forward(F(out), F(lse), CF(a[0]), CF(a[1]), CF(a[2]), CF(a[3]),
-                                    CF(a[4]), B, T, H, D, scale, mode);
+    status = conj_attention_forward(&p);
     Py_END_ALLOW_THREADS;
     if (status != MF_OK) {
         mf_raise_status(status, "conj_attention_forward");
@@ -80,6 +98,7 @@ static PyObject *py_conj_attention_forward(PyObject *self, PyObject *args, PyObj
     }
     result = PyTuple_Pack(2, (PyObject *)out, (PyObject *)lse);
 fail:
+    Py_XDECREF(scratch);
     Py_XDECREF(out);
     Py_XDECREF(lse);
     return result;
@@ -92,6 +111,7 @@ static PyObject *py_conj_attention_backward(PyObject *self, PyObject *args, PyOb
     PyObject *dout_obj, *qx_obj, *kx_obj, *qp_obj, *kp_obj, *v_obj, *out_obj, *lse_obj;
     PyObject *mode_obj = NULL, *scale_obj = Py_None;
     PyArrayObject *g[5] = {NULL, NULL, NULL, NULL, NULL}; /* dqx, dkx, dqp, dkp, dv */
+    PyArrayObject *scratch = NULL;
     PyObject *result = NULL;
     if (!PyArg_ParseTupleAndKeywords(args, kwargs, "OOOOOOOO|OO:conj_attention_backward",
                                      kwlist, &dout_obj, &qx_obj, &kx_obj, &qp_obj, &kp_obj,
@@ -119,11 +139,17 @@ static PyObject *py_conj_attention_backward(PyObject *self, PyObject *args, PyOb
         g[i] = mf_empty_f32(4, dims);
         if (g[i] == NULL) goto fail;
     }
+    MfConjAttentionParams p = {.dqx = F(g[0]), .dkx = F(g[1]), .dqp = F(g[2]), .dkp = F(g[3]),
+                               .dv = F(g[4]), .dout = CF(a[1]), .qx = CF(a[0]), .kx = CF(a[2]),
+                               .qp = CF(a[3]), .kp = CF(a[4]), .v = CF(a[5]), .o = CF(a[6]),
+                               .lse_in = CF(lse), .B = B, .T = T, .H = H, .D = D,
+                               .scale = scale, .mode = mode};
+    if (attach_scratch(&p.scratch, &p.scratch_floats, conj_attention_backward_scratch_floats(&p),
+                       &scratch) < 0)
+        goto fail;
     int status;
     Py_BEGIN_ALLOW_THREADS;
-    status = conj_attention_backward(F(g[0]), F(g[1]), F(g[2]), F(g[3]), F(g[4]), CF(a[1]),
-                                     CF(a[0]), CF(a[2]), CF(a[3]), CF(a[4]), CF(a[5]),
-                                     CF(a[6]), CF(lse), B, T, H, D, scale, mode);
+    status = conj_attention_backward(&p);
     Py_END_ALLOW_THREADS;
     if (status != MF_OK) {
         mf_raise_status(status, "conj_attention_backward");
@@ -132,6 +158,7 @@ static PyObject *py_conj_attention_backward(PyObject *self, PyObject *args, PyOb
     result = PyTuple_Pack(5, (PyObject *)g[0], (PyObject *)g[1], (PyObject *)g[2],
                           (PyObject *)g[3], (PyObject *)g[4]);
 fail:
+    Py_XDECREF(scratch);
     for (int i = 0; i < 5; i++) Py_XDECREF(g[i]);
     return result;
 }
