@@ -17,9 +17,11 @@
  *    O[query] += P^T[key][query] V[key]. Score tiles: MR keys x NV query vectors, a k-loop over
  *    D of broadcast key elements times Q^T vectors.
  *  - backward: a task is a head (it owns the head's dq rows, no atomics). Per key block it
- *    packs K^T, V^T and K; per query block i >= j it packs q and dout, builds P and the score
- *    gradients in (query, key) layout (MR queries x NV key vectors), accumulates dK and dV of
- *    the key block in scratch (MR keys x NV vectors of D) and adds dS K into dq in place.
+ *    packs K^T and V^T; per query block i >= j it builds P and the score gradients in (query,
+ *    key) layout (MR queries x NV key vectors), accumulates dK and dV of the key block in
+ *    scratch (MR keys x NV vectors of D) and adds dS K into dq in place.
+ *  - the products' broadcast operands are read in place, and so are their vector operands (V,
+ *    K, q, dout rows) when D is whole vectors; otherwise those are packed, zero-padded.
  *  - on a diagonal block only the vectors and k-ranges under the causal mask are computed;
  *    register tiles that run past the block's last row use clamped rows and are stored in
  *    scratch but never read.
@@ -87,6 +89,19 @@ MF_INLINE void pack_rows(float *dst, int64_t Dp, const float *src, int64_t ld, i
     }
 }
 
+/* Rows (n, D) of stride ld at src as the vector operand of the products: src itself (stride
+ * ld) when D is whole vectors, else packed to pack (n, Dp), 0 past D (stride Dp). */
+MF_INLINE const float *vector_rows(float *pack, const float *src, int64_t ld, int64_t n,
+                                   int64_t D, int64_t *stride) {
+    if (D % VW == 0) {
+        *stride = ld;
+        return src;
+    }
+    *stride = padded(D);
+    pack_rows(pack, *stride, src, ld, n, D);
+    return pack;
+}
+
 /* rows (n, D) of stride ld of dst = src (n, Dp) times f[r] (1 when f is NULL) */
 MF_INLINE void unpack_rows(float *dst, int64_t ld, const float *src, int64_t Dp, int64_t n,
                            int64_t D, const float *f) {
@@ -104,14 +119,18 @@ MF_INLINE void unpack_rows(float *dst, int64_t ld, const float *src, int64_t Dp,
 }
 
 /* The microkernel: acc[m][v] += sum_{k0 <= k < k1} a[m][k * aks] b[k * ldb + VW v] for m < MR
- * and v < nv (nv a compile-time constant at every call, so acc stays in registers); b aligned
- * with ldb a multiple of VW. */
+ * and v < nv (nv a compile-time constant at every call, so acc stays in registers): a's
+ * elements broadcast, b's rows loaded as vectors (any float address; the callers' are aligned
+ * where the arrays are). Inlined into its callers: with 12 accumulators in 16 registers
+ * (AVX2 4 x 3, 6 x 2) the compiler keeps an epilogue constant live across the loop and spills
+ * an accumulator on every iteration, and the loop as a function of its own costs more than
+ * the spill (benchmarks/attention_tiles.py); the shapes chosen for 16 registers use 8. */
 MF_INLINE void mk(vf acc[MR][NV], int nv, const float *const a[MR], int64_t aks,
                   const float *b, int64_t ldb, int64_t k0, int64_t k1) {
     for (int64_t k = k0; k < k1; k++) {
         const float *bk = b + k * ldb;
         vf bv[NV];
-        for (int v = 0; v < nv; v++) bv[v] = VLOAD(bk + VW * v);
+        for (int v = 0; v < nv; v++) bv[v] = VLOADU(bk + VW * v);
         for (int m = 0; m < MR; m++) {
             const vf am = VSPLAT(a[m][k * aks]);
             for (int v = 0; v < nv; v++) acc[m][v] = VFMA(am, bv[v], acc[m][v]);
@@ -200,9 +219,10 @@ MF_INLINE void fwd_scores(int kind, int nv, int64_t g0, float *ST, float *mrun,
     vf acc[MR][NV];
     zero_acc(acc);
     mk(acc, nv, ka, 1, QaT + VW * g0, BT, 0, D);
-    if (kind == SC_PROD || kind == SC_EXP) {
+    if (kind != SC_ONE) {
         /* s_a parked in the tile's own rows of ST (c0 + m < BT: scratch even past nc), so the
-         * second product has all the registers */
+         * second product has all the registers (and, in SC_SUM, a sum of its own: one chain
+         * through both would round s_b's terms at the size of s_a) */
         for (int m = 0; m < MR; m++)
             for (int v = 0; v < nv; v++) VSTORE(ST + (c0 + m) * BT + VW * (g0 + v), acc[m][v]);
         zero_acc(acc);
@@ -217,6 +237,8 @@ MF_INLINE void fwd_scores(int kind, int nv, int64_t g0, float *ST, float *mrun,
             vf x;
             if (kind == SC_PROD)
                 x = acc[m][v] * VLOAD(st) * c2;
+            else if (kind == SC_SUM)
+                x = (VLOAD(st) + acc[m][v]) * c2;
             else if (kind == SC_EXP)
                 x = (VLOAD(st) * c2 - mx) + (acc[m][v] * c2 - mb);
             else
@@ -284,9 +306,9 @@ MF_INLINE void fwd_softmax_cols(float *ST, float *mx, float *l, float *alpha,
 }
 
 /* O[r][d0 + VW v] = alpha[r] O[r][d0 + VW v] + sum_{c < kn} P^T[c][r] V[c][d0 + VW v] for the
- * queries r0 .. r0+MR and v < nv */
-MF_INLINE void fwd_pv(int nv, float *O, const float *ST, const float *Vs, const float *alpha,
-                      int64_t Dp, int64_t d0, int64_t r0, int64_t kn) {
+ * queries r0 .. r0+MR and v < nv; V rows of stride ldv */
+MF_INLINE void fwd_pv(int nv, float *O, const float *ST, const float *V, int64_t ldv,
+                      const float *alpha, int64_t Dp, int64_t d0, int64_t r0, int64_t kn) {
     const float *pr[MR];
     vf acc[MR][NV];
     for (int m = 0; m < MR; m++) {
@@ -294,22 +316,24 @@ MF_INLINE void fwd_pv(int nv, float *O, const float *ST, const float *Vs, const 
         for (int v = 0; v < nv; v++)
             acc[m][v] = VLOAD(O + (r0 + m) * Dp + d0 + VW * v) * alpha[r0 + m];
     }
-    mk(acc, nv, pr, BT, Vs + d0, Dp, 0, kn);
+    mk(acc, nv, pr, BT, V + d0, ldv, 0, kn);
     for (int m = 0; m < MR; m++)
         for (int v = 0; v < nv; v++) VSTORE(O + (r0 + m) * Dp + d0 + VW * v, acc[m][v]);
 }
 
 /* O = alpha O + P V for the query rows < nr (keys c <= r on a diagonal block); V's rows (nc,
- * stride ld) packed to Vs first. pf_step once per MR queries. */
+ * stride ld) read in place, or packed to Vs when D is not whole vectors. pf_step once per MR
+ * queries. */
 MF_INLINE void fwd_pv_block(float *O, const float *ST, float *Vs, const float *alpha,
                             const float *v, int64_t ld, int64_t D, int64_t Dp, int64_t nr,
                             int64_t nc, int diag, Prefetch *pf) {
-    pack_rows(Vs, Dp, v, ld, nc, D);
+    int64_t ldv;
+    const float *V = vector_rows(Vs, v, ld, nc, D, &ldv);
     for (int64_t r0 = 0; r0 < nr; r0 += MR) {
         pf_step(pf);
         const int64_t kn = diag ? min64(nc, r0 + MR) : nc;
         for (int64_t d0 = 0; d0 < Dp; d0 += VW * NV) {
-#define MF_PV(n) fwd_pv(n, O, ST, Vs, alpha, Dp, d0, r0, kn)
+#define MF_PV(n) fwd_pv(n, O, ST, V, ldv, alpha, Dp, d0, r0, kn)
             NV_SWITCH(min64(NV, (Dp - d0) / VW), MF_PV)
 #undef MF_PV
         }
@@ -342,7 +366,7 @@ static int64_t fwd_layout(const MfAttnJob *p, float *base, FwdScratch *s) {
     MF_TAKE(s->QpT, D * BT, two); /* (D, BT): positional queries likewise */
     MF_TAKE(s->ST, BT * BT, 1);   /* (BT, BT): scores, then probabilities, [key][query] */
     MF_TAKE(s->O, BT * Dp, 1);    /* (BT, Dp): unnormalised output */
-    MF_TAKE(s->Vs, BT * Dp, 1);   /* (BT, Dp): the key block's values, 0 past D */
+    MF_TAKE(s->Vs, BT * Dp, D % VW); /* (BT, Dp): the key block's values, 0 past D */
     MF_TAKE(s->mx, BT, 1);        /* (BT,) each: running max of the base-2 scores (X branch), */
     MF_TAKE(s->l, BT, 1);         /* running sum, */
     MF_TAKE(s->alpha, BT, 1);     /* this key block's rescale factor, */
@@ -390,12 +414,12 @@ MF_INLINE void fwd_block(int kind, const MfAttnJob *p, const FwdScratch *s, Pref
             const int64_t j0 = jb * BT, nc = min64(BT, T - j0);
             const int diag = jb == ib;
             memcpy(mrun, mx, BT * sizeof(float));
-            fwd_score_block(SC_ONE, ST, mrun, kx + j0 * ld, s->QxT, kx + j0 * ld, s->QxT, ld, D, nc, diag,
-                            c2, pf);
+            fwd_score_block(SC_ONE, ST, mrun, kx + j0 * ld, s->QxT, kx + j0 * ld, s->QxT,
+                            ld, D, nc, diag, c2, pf);
             fwd_softmax_cols(ST, mx, l, alpha, mrun, nc, diag);
             memcpy(mrun, mxP, BT * sizeof(float));
-            fwd_score_block(SC_ONE, ST, mrun, kp + j0 * ld, s->QpT, kp + j0 * ld, s->QpT, ld, D, nc, diag,
-                            c2, pf);
+            fwd_score_block(SC_ONE, ST, mrun, kp + j0 * ld, s->QpT, kp + j0 * ld, s->QpT,
+                            ld, D, nc, diag, c2, pf);
             fwd_softmax_cols(ST, mxP, lP, alpha, mrun, nc, diag);
         }
         /* pass 2: O += A' V with A' = 2^((c2 sX - mx) + (c2 sP - mxP)) = A lX lP, no
@@ -492,9 +516,10 @@ static int fwd_entry(const MfAttnJob *p, float *scr, int64_t t) {
 
 /* For query rows r0 .. r0+MR of block i against the key vectors g0 .. g0+nv of block j, in
  * `kind`: P[r][c] = A_rc (0 above the diagonal), GX[r][c] = dsX_rc, GP[r][c] = dsP_rc (GP is
- * GX in sum mode; unused in plain attention, whose dS is GX). la, lb: the rows' base-2 lse
- * (lb: softmax_product's P branch); dvr: Dv of the rows. Rows past nr are computed on clamped
- * pointers and stored (scratch rows < BT) but never read. */
+ * GX in sum mode; unused in plain attention, whose dS is GX). la, lb: the rows' base-2 lse as
+ * float pairs, la[m] + la[MR + m] (lb: softmax_product's P branch; see split_lse); dvr: Dv of
+ * the rows. Rows past nr are computed on clamped pointers and stored (scratch rows < BT) but
+ * never read. */
 MF_INLINE void bwd_scores(int kind, int nv, int64_t g0, float *P, float *GX, float *GP,
                           const float *const qxr[MR], const float *const qpr[MR],
                           const float *const dor[MR], const float *KxT, const float *KpT,
@@ -504,15 +529,13 @@ MF_INLINE void bwd_scores(int kind, int nv, int64_t g0, float *P, float *GX, flo
     vf acc[MR][NV];
     zero_acc(acc);
     mk(acc, nv, qxr, 1, KxT + c, BT, 0, D);
-    if (kind == MF_CONJ_SUM) {
-        mk(acc, nv, qpr, 1, KpT + c, BT, 0, D);
-    } else if (kind != MF_ATTN_PLAIN) {
-        /* GX = sX (score_product) or AX (softmax_product); then acc = sP */
+    if (kind != MF_ATTN_PLAIN) {
+        /* GX = sX (score_product, sum) or AX (softmax_product); then acc = sP */
         for (int m = 0; m < MR; m++) {
             for (int v = 0; v < nv; v++) {
                 vf x = acc[m][v];
                 if (kind == MF_CONJ_SOFTMAX_PRODUCT) {
-                    x = x * c2 - la[m];
+                    x = (x * c2 - la[m]) - la[MR + m];
                     vexp2(&x);
                     if (diag) x = VAND(~ABOVE(g0 + v, r0 + m), x); /* key c > query r */
                 }
@@ -529,7 +552,7 @@ MF_INLINE void bwd_scores(int kind, int nv, int64_t g0, float *P, float *GX, flo
             const vi masked = ABOVE(g0 + v, r0 + m); /* key c > query r */
             vf a = acc[m][v];
             if (kind == MF_CONJ_SOFTMAX_PRODUCT) {
-                a = a * c2 - lb[m];
+                a = (a * c2 - lb[m]) - lb[MR + m];
                 vexp2(&a);
                 if (diag) a = VAND(~masked, a);
                 VSTORE(GP + e, a);
@@ -537,9 +560,11 @@ MF_INLINE void bwd_scores(int kind, int nv, int64_t g0, float *P, float *GX, flo
             } else {
                 if (kind == MF_CONJ_SCORE_PRODUCT) {
                     VSTORE(GP + e, a);
-                    a = VLOAD(GX + e) * a * c2 - la[m];
+                    a = (VLOAD(GX + e) * a * c2 - la[m]) - la[MR + m];
+                } else if (kind == MF_CONJ_SUM) {
+                    a = ((VLOAD(GX + e) + a) * c2 - la[m]) - la[MR + m];
                 } else {
-                    a = a * c2 - la[m];
+                    a = (a * c2 - la[m]) - la[MR + m];
                 }
                 vexp2(&a);
                 if (diag) a = VAND(~masked, a);
@@ -571,26 +596,26 @@ MF_INLINE void bwd_scores(int kind, int nv, int64_t g0, float *P, float *GX, flo
 
 /* G[c][d0 + VW v] += sum_{k0 <= r < nr} Y[r][c] X[r][d0 + VW v] for keys c0 .. c0+MR and
  * v < nv: dV += P^T dout (Y = P, X = dout) or dK += dS^T q (Y = dS, X = q); G (BT, Dp),
- * X (BT, Dp) packed, Y (BT, BT) */
-MF_INLINE void bwd_dkv(int nv, float *G, const float *Y, const float *X, int64_t Dp,
-                       int64_t d0, int64_t c0, int64_t k0, int64_t nr) {
+ * X rows of stride ldx, Y (BT, BT) */
+MF_INLINE void bwd_dkv(int nv, float *G, const float *Y, const float *X, int64_t ldx,
+                       int64_t Dp, int64_t d0, int64_t c0, int64_t k0, int64_t nr) {
     const float *yc[MR];
     vf acc[MR][NV];
     for (int m = 0; m < MR; m++) {
         yc[m] = Y + c0 + m;
         for (int v = 0; v < nv; v++) acc[m][v] = VLOAD(G + (c0 + m) * Dp + d0 + VW * v);
     }
-    mk(acc, nv, yc, BT, X + d0, Dp, k0, nr);
+    mk(acc, nv, yc, BT, X + d0, ldx, k0, nr);
     for (int m = 0; m < MR; m++)
         for (int v = 0; v < nv; v++) VSTORE(G + (c0 + m) * Dp + d0 + VW * v, acc[m][v]);
 }
 
 /* G[c] += sum_r Y[r][c] X[r] over the block's queries r (r >= c on a diagonal block) for the
  * keys c0 .. c0+MR, every vector of Dp */
-MF_INLINE void bwd_dkv_rows(float *G, const float *Y, const float *X, int64_t Dp, int64_t c0,
-                            int64_t k0, int64_t nr) {
+MF_INLINE void bwd_dkv_rows(float *G, const float *Y, const float *X, int64_t ldx, int64_t Dp,
+                            int64_t c0, int64_t k0, int64_t nr) {
     for (int64_t d0 = 0; d0 < Dp; d0 += VW * NV) {
-#define MF_DKV(n) bwd_dkv(n, G, Y, X, Dp, d0, c0, k0, nr)
+#define MF_DKV(n) bwd_dkv(n, G, Y, X, ldx, Dp, d0, c0, k0, nr)
         NV_SWITCH(min64(NV, (Dp - d0) / VW), MF_DKV)
 #undef MF_DKV
     }
@@ -599,11 +624,11 @@ MF_INLINE void bwd_dkv_rows(float *G, const float *Y, const float *X, int64_t Dp
 /* dq[r][d0 + VW v] += sum_{c < kn} dS[r][c] K[c][d0 + VW v] for v < nv, rows r0 .. r0+MR
  * (< nr) of the block whose first dq row is dqr; the vector past D is added lane by lane */
 MF_INLINE void bwd_dq(int nv, float *dqr, int64_t ld, const float *const dsr[MR],
-                      const float *Ks, int64_t Dp, int64_t D, int64_t d0, int64_t kn,
+                      const float *K, int64_t ldk, int64_t D, int64_t d0, int64_t kn,
                       int64_t r0, int64_t nr) {
     vf acc[MR][NV];
     zero_acc(acc);
-    mk(acc, nv, dsr, 1, Ks + d0, Dp, 0, kn);
+    mk(acc, nv, dsr, 1, K + d0, ldk, 0, kn);
     for (int m = 0; m < MR && r0 + m < nr; m++) {
         float *row = dqr + (r0 + m) * ld + d0;
         for (int v = 0; v < nv; v++) {
@@ -619,13 +644,14 @@ MF_INLINE void bwd_dq(int nv, float *dqr, int64_t ld, const float *const dsr[MR]
     }
 }
 
-/* dq rows r0 .. r0+MR (< nr) of the block += G[r][c < kn] K[c], every vector of Dp */
-MF_INLINE void bwd_dq_rows(float *dqi, int64_t ld, const float *G, const float *Ks, int64_t Dp,
-                           int64_t D, int64_t kn, int64_t r0, int64_t nr) {
+/* dq rows r0 .. r0+MR (< nr) of the block += G[r][c < kn] K[c] (K rows of stride ldk), every
+ * vector of Dp */
+MF_INLINE void bwd_dq_rows(float *dqi, int64_t ld, const float *G, const float *K, int64_t ldk,
+                           int64_t Dp, int64_t D, int64_t kn, int64_t r0, int64_t nr) {
     const float *gr[MR];
     for (int m = 0; m < MR; m++) gr[m] = G + min64(r0 + m, nr - 1) * BT;
     for (int64_t d0 = 0; d0 < Dp; d0 += VW * NV) {
-#define MF_DQ(n) bwd_dq(n, dqi, ld, gr, Ks, Dp, D, d0, kn, r0, nr)
+#define MF_DQ(n) bwd_dq(n, dqi, ld, gr, K, ldk, D, d0, kn, r0, nr)
         NV_SWITCH(min64(NV, (Dp - d0) / VW), MF_DQ)
 #undef MF_DQ
     }
@@ -645,20 +671,21 @@ static int64_t bwd_layout(const MfAttnJob *p, float *base, BwdScratch *s) {
     MF_TAKE(s->KxT, D * BT, 1);  /* (D, BT): content keys of the block transposed, 0 past nc */
     MF_TAKE(s->KpT, D * BT, two); /* (D, BT): positional keys likewise */
     MF_TAKE(s->VT, D * BT, 1);   /* (D, BT): values likewise */
-    MF_TAKE(s->Kxs, BT * Dp, 1); /* (BT, Dp): content keys, 0 past D */
-    MF_TAKE(s->Kps, BT * Dp, two); /* (BT, Dp): positional keys */
+    const int pack = D % VW != 0; /* rows packed for vector loads (else read in place) */
+    MF_TAKE(s->Kxs, BT * Dp, pack); /* (BT, Dp): content keys, 0 past D */
+    MF_TAKE(s->Kps, BT * Dp, pack && two); /* (BT, Dp): positional keys */
     MF_TAKE(s->dKx, BT * Dp, 1); /* (BT, Dp) each: dkx, dkp, dv of the key block */
     MF_TAKE(s->dKp, BT * Dp, two);
     MF_TAKE(s->dV, BT * Dp, 1);
-    MF_TAKE(s->Qxs, BT * Dp, 1); /* (BT, Dp) each: qx, qp, dout of the query block */
-    MF_TAKE(s->Qps, BT * Dp, two);
-    MF_TAKE(s->dOs, BT * Dp, 1);
+    MF_TAKE(s->Qxs, BT * Dp, pack); /* (BT, Dp) each: qx, qp, dout of the query block */
+    MF_TAKE(s->Qps, BT * Dp, pack && two);
+    MF_TAKE(s->dOs, BT * Dp, pack);
     MF_TAKE(s->P, BT * BT, 1);   /* (BT, BT) each, [query][key]: A, dsX, dsP */
     MF_TAKE(s->GX, BT * BT, 1);
     MF_TAKE(s->GP, BT * BT, gp);
     MF_TAKE(s->Dv, T, 1);        /* (T,): dout_t . out_t */
-    MF_TAKE(s->la, T, 1);        /* (T,): base-2 lse (lse_X for softmax_product) */
-    MF_TAKE(s->lb, T, p->kind == MF_CONJ_SOFTMAX_PRODUCT); /* (T,): base-2 lse_P */
+    MF_TAKE(s->la, 2 * T, 1);    /* (2, T): base-2 lse, split_lse (lse_X for softmax_product) */
+    MF_TAKE(s->lb, 2 * T, p->kind == MF_CONJ_SOFTMAX_PRODUCT); /* (2, T): base-2 lse_P */
 #undef MF_TAKE
     if (two && !gp) s->GP = s->GX; /* sum: dsP = dsX */
     return n;
@@ -692,8 +719,9 @@ MF_INLINE void bwd_task(int kind, const MfAttnJob *p, const BwdScratch *s, Prefe
         float sum = vhsum(&acc);
         for (int64_t d = Dv8; d < D; d++) sum += a[d] * c[d];
         Dv[t] = sum;
-        la[t] = (float)(lse[t] * to2);
-        if (kind == MF_CONJ_SOFTMAX_PRODUCT) lb[t] = (float)(lse[p->B * p->H * T + t] * to2);
+        split_lse(lse[t], to2, la + t, la + T + t);
+        if (kind == MF_CONJ_SOFTMAX_PRODUCT)
+            split_lse(lse[p->B * p->H * T + t], to2, lb + t, lb + T + t);
         memset(dqx + t * ld, 0, (size_t)D * sizeof(float));
         if (two) memset(dqp + t * ld, 0, (size_t)D * sizeof(float));
     }
@@ -703,8 +731,9 @@ MF_INLINE void bwd_task(int kind, const MfAttnJob *p, const BwdScratch *s, Prefe
         pack_transposed(s->KxT, kx + j0 * ld, ld, nc, D);
         if (two) pack_transposed(s->KpT, kp + j0 * ld, ld, nc, D);
         pack_transposed(s->VT, v + j0 * ld, ld, nc, D);
-        pack_rows(s->Kxs, Dp, kx + j0 * ld, ld, nc, D);
-        if (two) pack_rows(s->Kps, Dp, kp + j0 * ld, ld, nc, D);
+        int64_t ldkx, ldkp = 0, ldqx, ldqp = 0, lddo;
+        const float *Kx = vector_rows(s->Kxs, kx + j0 * ld, ld, nc, D, &ldkx);
+        const float *Kp = two ? vector_rows(s->Kps, kp + j0 * ld, ld, nc, D, &ldkp) : NULL;
         memset(s->dKx, 0, (size_t)(BT * Dp) * sizeof(float));
         if (two) memset(s->dKp, 0, (size_t)(BT * Dp) * sizeof(float));
         memset(s->dV, 0, (size_t)(BT * Dp) * sizeof(float));
@@ -712,21 +741,23 @@ MF_INLINE void bwd_task(int kind, const MfAttnJob *p, const BwdScratch *s, Prefe
         for (int64_t ib = jb; ib < nb; ib++) {
             const int64_t i0 = ib * BT, nr = min64(BT, T - i0);
             const int diag = ib == jb;
-            pack_rows(s->Qxs, Dp, qx + i0 * ld, ld, nr, D);
-            if (two) pack_rows(s->Qps, Dp, qp + i0 * ld, ld, nr, D);
-            pack_rows(s->dOs, Dp, dout + i0 * ld, ld, nr, D);
+            const float *Qx = vector_rows(s->Qxs, qx + i0 * ld, ld, nr, D, &ldqx);
+            const float *Qp = two ? vector_rows(s->Qps, qp + i0 * ld, ld, nr, D, &ldqp) : NULL;
+            const float *dO = vector_rows(s->dOs, dout + i0 * ld, ld, nr, D, &lddo);
 
             for (int64_t r0 = 0; r0 < nr; r0 += MR) {
                 pf_step(pf);
                 const float *qxr[MR], *qpr[MR], *dor[MR];
-                float l2a[MR], l2b[MR], dvr[MR];
+                float l2a[2 * MR], l2b[2 * MR], dvr[MR];
                 for (int m = 0; m < MR; m++) {
                     const int64_t r = min64(r0 + m, nr - 1);
-                    qxr[m] = s->Qxs + r * Dp;
-                    qpr[m] = two ? s->Qps + r * Dp : NULL;
-                    dor[m] = s->dOs + r * Dp;
+                    qxr[m] = qx + (i0 + r) * ld; /* broadcast operands: in place */
+                    qpr[m] = two ? qp + (i0 + r) * ld : NULL;
+                    dor[m] = dout + (i0 + r) * ld;
                     l2a[m] = la[i0 + r];
+                    l2a[MR + m] = la[T + i0 + r];
                     l2b[m] = kind == MF_CONJ_SOFTMAX_PRODUCT ? lb[i0 + r] : 0.0f;
+                    l2b[MR + m] = kind == MF_CONJ_SOFTMAX_PRODUCT ? lb[T + i0 + r] : 0.0f;
                     dvr[m] = Dv[i0 + r];
                 }
                 /* key vectors wholly above the diagonal skipped */
@@ -745,17 +776,17 @@ MF_INLINE void bwd_task(int kind, const MfAttnJob *p, const BwdScratch *s, Prefe
             for (int64_t c0 = 0; c0 < nc; c0 += MR) {
                 pf_step(pf);
                 const int64_t k0 = diag ? c0 : 0;
-                bwd_dkv_rows(s->dV, s->P, s->dOs, Dp, c0, k0, nr);
-                bwd_dkv_rows(s->dKx, s->GX, s->Qxs, Dp, c0, k0, nr);
-                if (two) bwd_dkv_rows(s->dKp, s->GP, s->Qps, Dp, c0, k0, nr);
+                bwd_dkv_rows(s->dV, s->P, dO, lddo, Dp, c0, k0, nr);
+                bwd_dkv_rows(s->dKx, s->GX, Qx, ldqx, Dp, c0, k0, nr);
+                if (two) bwd_dkv_rows(s->dKp, s->GP, Qp, ldqp, Dp, c0, k0, nr);
             }
 
             /* dqx_i += dsX Kx_j, dqp_i += dsP Kp_j: keys c <= r only on the diagonal */
             for (int64_t r0 = 0; r0 < nr; r0 += MR) {
                 pf_step(pf);
                 const int64_t kn = diag ? min64(nc, r0 + MR) : nc;
-                bwd_dq_rows(dqx + i0 * ld, ld, s->GX, s->Kxs, Dp, D, kn, r0, nr);
-                if (two) bwd_dq_rows(dqp + i0 * ld, ld, s->GP, s->Kps, Dp, D, kn, r0, nr);
+                bwd_dq_rows(dqx + i0 * ld, ld, s->GX, Kx, ldkx, Dp, D, kn, r0, nr);
+                if (two) bwd_dq_rows(dqp + i0 * ld, ld, s->GP, Kp, ldkp, Dp, D, kn, r0, nr);
             }
         }
 

@@ -96,6 +96,16 @@ static inline void mf_attn_job_init(MfAttnJob *j, int64_t B, int64_t T, int64_t 
     j->to_lse = scale != 0.0f ? (double)scale / (double)j->c2 : 0.6931471805599453;
 }
 
+/* The backward's base-2 lse of a row, lse * to2 (to2 = c2 / scale), as two floats: hi the
+ * nearest float and lo the rest, so that (c2 s - hi) - lo, exact in its first step near the
+ * row's largest scores, loses nothing to the conversion: the probabilities rebuilt from lse
+ * carry only lse's own float32 rounding, as exp(scale s - lse) does. */
+static inline void split_lse(float lse, double to2, float *hi, float *lo) {
+    const double x = (double)lse * to2;
+    *hi = (float)x;
+    *lo = (float)(x - (double)*hi);
+}
+
 /* One thread's scratch, rounded up to 16 floats so every slice stays 64-byte aligned. */
 static inline int64_t mf_attn_slice(int64_t floats) { return (floats + 15) / 16 * 16; }
 

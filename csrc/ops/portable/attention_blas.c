@@ -94,7 +94,7 @@ static int64_t fwd_tasks(const MfAttnJob *p) { return p->B * p->H * fwd_npair(p)
 static int64_t fwd_floats(const MfAttnJob *p) { return 2 * BTB * BTB + BTB * p->D + 4 * BTB; }
 
 static int64_t bwd_floats(const MfAttnJob *p) {
-    return 4 * BTB * BTB + 3 * BTB * p->D + 3 * p->T;
+    return 4 * BTB * BTB + 3 * BTB * p->D + 5 * p->T;
 }
 
 /* forward task t: head t / npair, query blocks nb-1-pr and pr (pr = t % npair) */
@@ -207,14 +207,16 @@ static int bwd(const MfAttnJob *p, float *scr, int64_t bh) {
     float *GX = dA + BTB * BTB;
     float *GP = GX + BTB * BTB;
     float *dKx = GP + BTB * BTB, *dKp = dKx + BTB * D, *dV = dKp + BTB * D; /* (BTB, D) each */
-    float *Dv = dV + BTB * D, *la = Dv + T, *lb = la + T;                  /* (T,) each */
+    float *Dv = dV + BTB * D;                 /* (T,): dout_t . out_t */
+    float *la = Dv + T, *lb = la + 2 * T;     /* (2, T) each: base-2 lse, split_lse */
     for (int64_t t = 0; t < T; t++) {
         const float *a = dout + t * ld, *c = o + t * ld;
         float s = 0.0f;
         for (int64_t d = 0; d < D; d++) s += a[d] * c[d];
         Dv[t] = s;
-        la[t] = (float)(lse[t] * to2);
-        if (kind == MF_CONJ_SOFTMAX_PRODUCT) lb[t] = (float)(lse[p->B * p->H * T + t] * to2);
+        split_lse(lse[t], to2, la + t, la + T + t);
+        if (kind == MF_CONJ_SOFTMAX_PRODUCT)
+            split_lse(lse[p->B * p->H * T + t], to2, lb + t, lb + T + t);
         memset(dqx + t * ld, 0, (size_t)D * sizeof(float));
         if (two) memset(dqp + t * ld, 0, (size_t)D * sizeof(float));
     }
@@ -230,8 +232,9 @@ static int bwd(const MfAttnJob *p, float *scr, int64_t bh) {
             if (st != MF_OK) return st;
             for (int64_t r = 0; r < nr; r++) {
                 float *pr = P + r * BTB, *x = GX + r * BTB, *y = GP + r * BTB;
-                const float l2 = la[i0 + r];
+                const float l2 = la[i0 + r], l2lo = la[T + i0 + r];
                 const float l2p = kind == MF_CONJ_SOFTMAX_PRODUCT ? lb[i0 + r] : 0.0f;
+                const float l2plo = kind == MF_CONJ_SOFTMAX_PRODUCT ? lb[T + i0 + r] : 0.0f;
                 const int64_t cend = ib == jb ? r + 1 : nc;
                 for (int64_t c = 0; c < cend; c += MF_VW) {
                     const int64_t n = min64(MF_VW, cend - c);
@@ -240,15 +243,16 @@ static int bwd(const MfAttnJob *p, float *scr, int64_t bh) {
                     if (kind == MF_CONJ_SCORE_PRODUCT || kind == MF_CONJ_SOFTMAX_PRODUCT)
                         vld(&ys, y + c, n);
                     if (kind == MF_CONJ_SOFTMAX_PRODUCT) {
-                        xs = xs - l2;
-                        ys = ys - l2p;
+                        xs = (xs - l2) - l2lo;
+                        ys = (ys - l2p) - l2plo;
                         vexp2(&xs);
                         vexp2(&ys);
                         vst(x + c, &xs, n);
                         vst(y + c, &ys, n);
                         a = xs * ys;
                     } else {
-                        a = kind == MF_CONJ_SCORE_PRODUCT ? xs * ys * c2 - l2 : xs - l2;
+                        a = kind == MF_CONJ_SCORE_PRODUCT ? (xs * ys * c2 - l2) - l2lo
+                                                          : (xs - l2) - l2lo;
                         vexp2(&a);
                     }
                     vst(pr + c, &a, n);

@@ -4,9 +4,9 @@
  * set them; benchmarks/attention_tiles.py repeats it). */
 #if defined(__x86_64__)
 #define MF_VW 8
-#define MF_ATTN_BT 48
+#define MF_ATTN_BT 32
 #define MF_ATTN_MR 4
-#define MF_ATTN_NV 3
+#define MF_ATTN_NV 2
 #define MF_ATTN_TABLE mf_attn_avx2
 #include "../kernels/attention.h"
 #endif
