@@ -5,6 +5,7 @@ result must be as accurate as float32 arithmetic allows: its error against the f
 reference at most twice that of the same math in float32 NumPy (FlashAttention's criterion,
 conftest.assert_float32_accurate), a bound that follows the problem (long sums, large
 logits) instead of one CPU."""
+import subprocess
 import sys
 import threading
 
@@ -13,7 +14,7 @@ import pytest
 
 from conftest import (assert_array_argument_checked, assert_float32_accurate,
                       assert_same_bits_for_thread_counts, assert_scale_checked, expect_error,
-                      kernel_fuses_multiply_add, matmul32, randn)
+                      kernel_fuses_multiply_add, matmul32, randn, subprocess_env)
 from mapformer import _C
 from mapformer import reference as ref
 
@@ -172,6 +173,81 @@ def test_threads_agree(rng, kernel):
         assert np.array_equal(out, want_out) and np.array_equal(lse, want_lse)
         for a, b in zip(g, want_g):
             assert np.array_equal(a, b)
+
+
+def test_scratch_contract(tmp_path):
+    """The C op's scratch (mapformer.h, params.h), called through ctypes on 2 OpenMP threads,
+    on every kernel set: with <op>_scratch_floats floats, or with half of them (one thread's
+    share: the op runs on as many threads as its scratch serves), the same bits as the
+    binding's; less than a share, a misaligned or missing scratch, or an output that overlaps
+    an input is MF_EINVAL, and nothing is written."""
+    script = tmp_path / "scratch.py"
+    script.write_text("""
+import ctypes
+import numpy as np
+from mapformer import _C
+
+F = ctypes.POINTER(ctypes.c_float)
+
+
+class Params(ctypes.Structure):  # MfAttentionParams
+    _fields_ = [(name, F) for name in ("out", "lse", "dq", "dk", "dv", "q", "k", "v", "dout",
+                                        "o", "lse_in")] + \\
+               [(name, ctypes.c_int64) for name in "BTHD"] + \\
+               [("scale", ctypes.c_float), ("scratch", F), ("scratch_floats", ctypes.c_int64)]
+
+
+lib = ctypes.CDLL(_C.__file__)
+for name in ("attention_forward", "attention_backward"):
+    getattr(lib, name).argtypes = [ctypes.POINTER(Params)]
+    getattr(lib, name + "_scratch_floats").argtypes = [ctypes.POINTER(Params)]
+    getattr(lib, name + "_scratch_floats").restype = ctypes.c_int64
+ptr = lambda a: a.ctypes.data_as(F)  # noqa: E731
+rng = np.random.default_rng(3)
+B, T, H, D = 2, 130, 3, 40  # past the one-thread threshold
+q, k, v, dout = (rng.standard_normal((B, T, H, D)).astype(np.float32) for _ in range(4))
+for kset in _C.kernel_sets():
+    _C.set_kernels(kset)
+    want_out, want_lse = _C.attention_forward(q, k, v)
+    want = _C.attention_backward(dout, q, k, v, want_out, want_lse)
+    for backward in (0, 1):
+        name = "attention_backward" if backward else "attention_forward"
+        op, floats = getattr(lib, name), getattr(lib, name + "_scratch_floats")
+        res = [np.full((B, T, H, D), 7.0, np.float32) for _ in range(3)]
+        lse = np.full((B, H, T), 7.0, np.float32)
+        p = Params(B=B, T=T, H=H, D=D, scale=1 / np.sqrt(D), q=ptr(q), k=ptr(k), v=ptr(v))
+        if backward:
+            p.dq, p.dk, p.dv = (ptr(x) for x in res)
+            p.dout, p.o, p.lse_in = ptr(dout), ptr(want_out), ptr(want_lse)
+        else:
+            p.out, p.lse = ptr(res[0]), ptr(lse)
+        n = floats(ctypes.byref(p))
+        assert n > 0 and n % 2 == 0, n  # two threads' shares
+        buf = np.empty(n + 32, np.float32)
+        start = (-buf.ctypes.data // 4) % 16  # the first 64-byte aligned float
+        for count, shift, status in ((16, 0, 1), (n, 1, 1), (n, 0, 0), (n // 2, 0, 0)):
+            p.scratch, p.scratch_floats = ptr(buf[start + shift:]), count
+            assert op(ctypes.byref(p)) == status, (kset, name, count, shift)
+            got = (res if backward else [res[0], lse])
+            if status == 0:
+                for a, b in zip(got, want if backward else (want_out, want_lse)):
+                    assert np.array_equal(a, b), (kset, name, count)
+            else:
+                assert all(np.all(a == 7.0) for a in got), (kset, name, count, shift)
+        p.scratch_floats = n
+        p.scratch = None
+        assert op(ctypes.byref(p)) == 1
+        p.scratch = ptr(buf[start:])
+        if backward:
+            p.dq = p.dout  # an output over an input
+        else:
+            p.out = p.q
+        assert op(ctypes.byref(p)) == 1
+print("ok")
+""")
+    out = subprocess.run([sys.executable, str(script)], env=subprocess_env(2), check=True,
+                         capture_output=True, text=True).stdout
+    assert out.strip() == "ok"
 
 
 # ---- bad input ---------------------------------------------------------------------------
