@@ -7,7 +7,9 @@ FAMILIES; add an op by appending a function that returns its list of OpBench.
 
 Conventions:
   ms       median wall time of `--repeats` calls after `--warmup` calls (min also reported);
-           outputs are allocated by each call, as the library API does.
+           outputs are allocated by each call, as the library API does. With `--clock cpu`,
+           the process's CPU time instead (all threads'; it leaves out the time a thread
+           waited for a core, so on a shared machine one-thread figures stay comparable).
   GB/s     bytes() / median time, bytes() = compulsory traffic: every input read once and every
            output written once, 4 B per float32 (write-allocate traffic not counted).
   GFLOP/s  flops() / median time, flops() = adds and multiplies of the op's defining formulas
@@ -54,14 +56,14 @@ class OpBench:
     extra: dict = field(default_factory=dict)
 
 
-def timeit(fn, warmup, repeats):
+def timeit(fn, warmup, repeats, clock=time.perf_counter):
     for _ in range(warmup):
         fn()
     times = []
     for _ in range(repeats):
-        t0 = time.perf_counter()
+        t0 = clock()
         fn()
-        times.append(time.perf_counter() - t0)
+        times.append(clock() - t0)
     return float(np.median(times)), float(np.min(times))
 
 
@@ -687,6 +689,8 @@ def main():
     p.add_argument("--kernel-sets", default=None,
                    help="attention, conj_attention: comma-separated kernel sets to run "
                         "(default: every set this CPU runs, mapformer._C.kernel_sets())")
+    p.add_argument("--clock", choices=["wall", "cpu"], default="wall",
+                   help="wall time, or the process's CPU time (see Conventions)")
     p.add_argument("--no-numpy", action="store_true",
                    help="attention, conj_attention: skip the (slow) NumPy float32 side")
     args = p.parse_args()
@@ -708,7 +712,8 @@ def main():
     for family in args.families.split(","):
         for b in FAMILIES[family](_C, **family_args.get(family, {})):
             b.check()
-            c_ms, c_min = timeit(b.c, args.warmup, args.repeats)
+            clock = time.process_time if args.clock == "cpu" else time.perf_counter
+            c_ms, c_min = timeit(b.c, args.warmup, args.repeats, clock)
             row = {
                 "family": family, "name": b.name, "sizes": b.sizes,
                 "c_ms": round(c_ms * 1e3, 3), "c_min_ms": round(c_min * 1e3, 3),
@@ -718,7 +723,7 @@ def main():
             line = (f"{b.name:<48} C {row['c_ms']:8.2f} ms ({row['c_gbps']:6.1f} GB/s, "
                     f"{row['c_gflops']:5.1f} GFLOP/s)")
             if b.numpy is not None:
-                np_ms, np_min = timeit(b.numpy, args.warmup, args.repeats)
+                np_ms, np_min = timeit(b.numpy, args.warmup, args.repeats, clock)
                 # a NumPy side timed on a smaller problem is scaled up to the benchmark's size
                 np_scale = b.extra.get("numpy_scale", 1.0)
                 np_ms, np_min = np_ms * np_scale, np_min * np_scale
@@ -795,7 +800,8 @@ def main():
                 entry["fraction_of_sgemm"] = round(row["c_gflops"] / sgemm["c_gflops"], 3)
             summary[row["name"]] = entry
     print(json.dumps({"bench": "ops", "omp_num_threads": os.environ.get("OMP_NUM_THREADS"),
-                      "repeats": args.repeats, "results": results, "summary": summary}))
+                      "clock": args.clock, "repeats": args.repeats, "results": results,
+                      "summary": summary}))
 
 
 if __name__ == "__main__":

@@ -21,7 +21,9 @@
 
 static inline int64_t min64(int64_t a, int64_t b) { return a < b ? a : b; }
 
-/* *x = the n <= MF_VW floats at p (0 past n); and the store of its first n lanes */
+/* *x = the n <= MF_VW floats at p (0 past n); and the store of its first n lanes. The row
+ * loops call their chunk functions with n = MF_VW, a constant, on whole vectors (plain loads
+ * and stores), then once on the rest of the row. */
 MF_INLINE void vld(vf *x, const float *p, int64_t n) {
     if (n == MF_VW)
         *x = VLOADU(p);
@@ -46,25 +48,92 @@ static float exp2_one(float x) {
  * s[c] = 2^(s[c] - m) for the causal keys c < cend and 0 for cend <= c < nc,
  * *l = *l a + sum_c s[c], *mx = m; returns a = 2^(*mx before - m) (0 when it was -inf), the
  * factor of the row's earlier sums. */
+MF_INLINE void exp_chunk(float *s, int64_t n, float m, vf *sum) {
+    vf x;
+    vld(&x, s, n);
+    x = x - m;
+    vexp2(&x);
+    if (n < MF_VW) x = VAND(VFIRST(n), x);
+    vst(s, &x, n);
+    *sum += x;
+}
+
 static float row_softmax_step(float *s, int64_t cend, int64_t nc, float *mx, float *l) {
-    float m = *mx;
-    for (int64_t c = 0; c < cend; c++) m = s[c] > m ? s[c] : m;
+    vf mv = VSPLAT(*mx);
+    int64_t c = 0;
+    for (; c + MF_VW <= cend; c += MF_VW) mv = VMAX(VLOADU(s + c), mv);
+    float m = vhmax(&mv);
+    for (; c < cend; c++) m = s[c] > m ? s[c] : m;
     const float a = exp2_one(*mx - m);
     vf sum = VZERO;
-    for (int64_t c = 0; c < cend; c += MF_VW) {
-        const int64_t n = min64(MF_VW, cend - c);
-        vf x;
-        vld(&x, s + c, n);
-        x = x - m;
-        vexp2(&x);
-        x = VAND(VFIRST(n), x);
-        vst(s + c, &x, n);
-        sum += x;
-    }
-    for (int64_t c = cend; c < nc; c++) s[c] = 0.0f;
+    c = 0;
+    for (; c + MF_VW <= cend; c += MF_VW) exp_chunk(s + c, MF_VW, m, &sum);
+    if (c < cend) exp_chunk(s + c, cend - c, m, &sum);
+    for (c = cend; c < nc; c++) s[c] = 0.0f;
     *l = *l * a + vhsum(&sum);
     *mx = m;
     return a;
+}
+
+/* s[c] = 2^((s[c] - m) + (s2[c] - mP)) for c < n (softmax_product's second pass) */
+MF_INLINE void exp_pair_chunk(float *s, const float *s2, int64_t n, float m, float mP) {
+    vf x, y;
+    vld(&x, s, n);
+    vld(&y, s2, n);
+    x = (x - m) + (y - mP);
+    vexp2(&x);
+    vst(s, &x, n);
+}
+
+/* The backward's probabilities of n keys of a row in `kind`, from the scores x (and y) and
+ * the row's base-2 lse l2 + l2lo (and l2p + l2plo): P = A; softmax_product also rewrites x, y
+ * as AX, AP. */
+MF_INLINE void p_chunk(int kind, float *pr, float *x, float *y, int64_t n, float l2, float l2lo,
+                       float l2p, float l2plo, float c2) {
+    vf a, xs, ys = VZERO;
+    vld(&xs, x, n);
+    if (kind == MF_CONJ_SCORE_PRODUCT || kind == MF_CONJ_SOFTMAX_PRODUCT) vld(&ys, y, n);
+    if (kind == MF_CONJ_SOFTMAX_PRODUCT) {
+        xs = (xs - l2) - l2lo;
+        ys = (ys - l2p) - l2plo;
+        vexp2(&xs);
+        vexp2(&ys);
+        vst(x, &xs, n);
+        vst(y, &ys, n);
+        a = xs * ys;
+    } else {
+        a = kind == MF_CONJ_SCORE_PRODUCT ? (xs * ys * c2 - l2) - l2lo : (xs - l2) - l2lo;
+        vexp2(&a);
+    }
+    vst(pr, &a, n);
+}
+
+/* The score gradients of n keys of a row in `kind` from P, dA = dout V^T and the row's Dv:
+ * x = dsX and y = dsP (x only for plain and sum); x, y held sX, sP or AX, AP. */
+MF_INLINE void ds_chunk(int kind, const float *pr, const float *da, float *x, float *y,
+                        int64_t n, float dvr, float scale) {
+    vf a, g, xs, ys;
+    vld(&a, pr, n);
+    vld(&g, da, n);
+    if (kind == MF_ATTN_PLAIN || kind == MF_CONJ_SUM) {
+        xs = a * (g - dvr) * scale;
+        vst(x, &xs, n);
+    } else if (kind == MF_CONJ_SCORE_PRODUCT) {
+        const vf ds = a * (g - dvr) * scale;
+        vld(&xs, x, n);
+        vld(&ys, y, n);
+        const vf gx = ds * ys, gy = ds * xs;
+        vst(x, &gx, n);
+        vst(y, &gy, n);
+    } else {
+        const vf ad = a * g;
+        vld(&xs, x, n);
+        vld(&ys, y, n);
+        xs = (ad - xs * dvr) * scale;
+        ys = (ad - ys * dvr) * scale;
+        vst(x, &xs, n);
+        vst(y, &ys, n);
+    }
 }
 
 /* lse from the base-2 running max m and sum l (as kernels/attention.h) */
@@ -143,16 +212,11 @@ static int fwd(const MfAttnJob *p, float *scr, int64_t t) {
                     float *s = S + r * BTB;
                     const float *s2 = S2 + r * BTB;
                     const int64_t cend = jb == ib ? r + 1 : nc;
-                    for (int64_t c = 0; c < cend; c += MF_VW) {
-                        const int64_t n = min64(MF_VW, cend - c);
-                        vf x, y;
-                        vld(&x, s + c, n);
-                        vld(&y, s2 + c, n);
-                        x = (x - mx[r]) + (y - mxP[r]);
-                        vexp2(&x);
-                        vst(s + c, &x, n);
-                    }
-                    for (int64_t c = cend; c < nc; c++) s[c] = 0.0f;
+                    int64_t c = 0;
+                    for (; c + MF_VW <= cend; c += MF_VW)
+                        exp_pair_chunk(s + c, s2 + c, MF_VW, mx[r], mxP[r]);
+                    if (c < cend) exp_pair_chunk(s + c, s2 + c, cend - c, mx[r], mxP[r]);
+                    for (c = cend; c < nc; c++) s[c] = 0.0f;
                 }
                 st = mf_sgemm(0, 0, nr, D, nc, 1.0f, S, BTB, p->v + off + j0 * ld, ld, 1.0f, O,
                               D);
@@ -236,30 +300,14 @@ static int bwd(const MfAttnJob *p, float *scr, int64_t bh) {
                 const float l2p = kind == MF_CONJ_SOFTMAX_PRODUCT ? lb[i0 + r] : 0.0f;
                 const float l2plo = kind == MF_CONJ_SOFTMAX_PRODUCT ? lb[T + i0 + r] : 0.0f;
                 const int64_t cend = ib == jb ? r + 1 : nc;
-                for (int64_t c = 0; c < cend; c += MF_VW) {
-                    const int64_t n = min64(MF_VW, cend - c);
-                    vf a, xs, ys = VZERO;
-                    vld(&xs, x + c, n);
-                    if (kind == MF_CONJ_SCORE_PRODUCT || kind == MF_CONJ_SOFTMAX_PRODUCT)
-                        vld(&ys, y + c, n);
-                    if (kind == MF_CONJ_SOFTMAX_PRODUCT) {
-                        xs = (xs - l2) - l2lo;
-                        ys = (ys - l2p) - l2plo;
-                        vexp2(&xs);
-                        vexp2(&ys);
-                        vst(x + c, &xs, n);
-                        vst(y + c, &ys, n);
-                        a = xs * ys;
-                    } else {
-                        a = kind == MF_CONJ_SCORE_PRODUCT ? (xs * ys * c2 - l2) - l2lo
-                                                          : (xs - l2) - l2lo;
-                        vexp2(&a);
-                    }
-                    vst(pr + c, &a, n);
-                }
-                for (int64_t c = cend; c < nc; c++) pr[c] = 0.0f;
+                int64_t c = 0;
+                for (; c + MF_VW <= cend; c += MF_VW)
+                    p_chunk(kind, pr + c, x + c, y + c, MF_VW, l2, l2lo, l2p, l2plo, c2);
+                if (c < cend)
+                    p_chunk(kind, pr + c, x + c, y + c, cend - c, l2, l2lo, l2p, l2plo, c2);
+                for (c = cend; c < nc; c++) pr[c] = 0.0f;
                 if (kind == MF_CONJ_SOFTMAX_PRODUCT)
-                    for (int64_t c = cend; c < nc; c++) x[c] = y[c] = 0.0f;
+                    for (c = cend; c < nc; c++) x[c] = y[c] = 0.0f;
             }
             st = mf_sgemm(1, 0, nc, D, nr, 1.0f, P, BTB, dout + i0 * ld, ld, 1.0f, dV, D);
             if (st == MF_OK)
@@ -270,31 +318,10 @@ static int bwd(const MfAttnJob *p, float *scr, int64_t bh) {
                 const float dvr = Dv[i0 + r];
                 const float *pr = P + r * BTB, *da = dA + r * BTB;
                 float *x = GX + r * BTB, *y = GP + r * BTB;
-                for (int64_t c = 0; c < nc; c += MF_VW) {
-                    const int64_t n = min64(MF_VW, nc - c);
-                    vf a, g, xs, ys;
-                    vld(&a, pr + c, n);
-                    vld(&g, da + c, n);
-                    if (kind == MF_ATTN_PLAIN || kind == MF_CONJ_SUM) {
-                        xs = a * (g - dvr) * scale;
-                        vst(x + c, &xs, n);
-                    } else if (kind == MF_CONJ_SCORE_PRODUCT) {
-                        const vf ds = a * (g - dvr) * scale;
-                        vld(&xs, x + c, n);
-                        vld(&ys, y + c, n);
-                        const vf gx = ds * ys, gy = ds * xs;
-                        vst(x + c, &gx, n);
-                        vst(y + c, &gy, n);
-                    } else {
-                        const vf ad = a * g;
-                        vld(&xs, x + c, n);
-                        vld(&ys, y + c, n);
-                        xs = (ad - xs * dvr) * scale;
-                        ys = (ad - ys * dvr) * scale;
-                        vst(x + c, &xs, n);
-                        vst(y + c, &ys, n);
-                    }
-                }
+                int64_t c = 0;
+                for (; c + MF_VW <= nc; c += MF_VW)
+                    ds_chunk(kind, pr + c, da + c, x + c, y + c, MF_VW, dvr, scale);
+                if (c < nc) ds_chunk(kind, pr + c, da + c, x + c, y + c, nc - c, dvr, scale);
             }
             st = mf_sgemm(1, 0, nc, D, nr, 1.0f, GX, BTB, qx + i0 * ld, ld, 1.0f, dKx, D);
             if (st == MF_OK)
