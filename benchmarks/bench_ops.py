@@ -7,7 +7,9 @@ FAMILIES; add an op by appending a function that returns its list of OpBench.
 
 Conventions:
   ms       median wall time of `--repeats` calls after `--warmup` calls (min also reported);
-           outputs are allocated by each call, as the library API does.
+           outputs are allocated by each call, as the library API does. With `--clock cpu`,
+           the process's CPU time instead (all threads'; it leaves out the time a thread
+           waited for a core, so on a shared machine one-thread figures stay comparable).
   GB/s     bytes() / median time, bytes() = compulsory traffic: every input read once and every
            output written once, 4 B per float32 (write-allocate traffic not counted).
   GFLOP/s  flops() / median time, flops() = adds and multiplies of the op's defining formulas
@@ -15,12 +17,15 @@ Conventions:
 The NumPy side is the float64 reference's formulas (mapformer/reference.py) transcribed to
 float32 arrays, computing each cos/sin once: what an eager-NumPy layer would run.
 
-Families: rotary (path integration + rotary), attention (causal attention forward/backward;
-the NumPy side runs on a smaller batch and is scaled, see attention_benches), conj_attention
-(MapEM's conjunctive attention in its three modes, sized and scaled as attention; the JSON
-summary compares each mode with the attention op), linear (linear forward and backward at the
-training step's shapes, on every kernel set, the OpenBLAS path included), mlp (the fused MLP
-op on every kernel set, against the separate linear and gelu ops it replaces, and NumPy),
+Families: rotary (path integration + rotary), attention (causal attention forward/backward
+on every kernel set the CPU runs, or those --kernel-sets names; flops are the products the
+training step needs; the NumPy side runs on a smaller batch and is scaled, see
+attention_benches, and --no-numpy skips it), conj_attention (MapEM's conjunctive attention in
+its three modes, sized, counted and scaled as attention; the summary gives each kernel set's
+forward, backward and total fraction of the sgemm rate, its time against the OpenBLAS tiles'
+(set 'blas') and each mode's against the attention op's), linear (linear forward and backward
+at the training step's shapes, on every kernel set, the OpenBLAS path included), mlp (the fused
+MLP op on every kernel set, against the separate linear and gelu ops it replaces, and NumPy),
 sgemm (one large sgemm: the machine's matmul rate, which the JSON summary compares attention,
 the linears and the MLP against).
 
@@ -51,14 +56,14 @@ class OpBench:
     extra: dict = field(default_factory=dict)
 
 
-def timeit(fn, warmup, repeats):
+def timeit(fn, warmup, repeats, clock=time.perf_counter):
     for _ in range(warmup):
         fn()
     times = []
     for _ in range(repeats):
-        t0 = time.perf_counter()
+        t0 = clock()
         fn()
-        times.append(time.perf_counter() - t0)
+        times.append(clock() - t0)
     return float(np.median(times)), float(np.min(times))
 
 
@@ -234,17 +239,35 @@ def _np_attention_backward(dout, q, k, v, out, lse, scale):
     return back(ds @ kh), back(ds.transpose(0, 1, 3, 2) @ qh), back(dv)
 
 
-def attention_benches(C, B=128, T=256, H=2, D=64, numpy_batch=16, seed=0):
-    """Causal softmax attention, forward (out, lse) and backward (dq, dk, dv), at the
-    MapFormer paper's scale by default (batch 128, 256 tokens, 2 heads of 64).
+def on_kernel_set(C, name, fn):
+    """fn run with the C core's kernel set `name` active (mapformer._C.set_kernels), the set
+    active before restored after each call."""
+    def run():
+        before = C.kernels()
+        C.set_kernels(name)
+        try:
+            return fn()
+        finally:
+            C.set_kernels(before)
+    return run
 
-    flops count the useful causal half of each T x T product, 2 * T * T * D / 2 per (b, h)
-    per matmul: forward 2 matmuls (S = Q K^T, O = P V), backward 5 (recompute S, dV = P^T dO,
-    dP = dO V^T, dQ = dS K, dK = dS^T Q). Softmax, exponentials and the rescaling are not
-    counted. bytes: forward reads q, k, v and writes out, lse; backward reads dout, q, k, v,
-    out, lse and writes dq, dk, dv (4 B per float32).
-    The NumPy float32 side materialises the B x H x T x T scores; it runs on a batch of
-    `numpy_batch` and its time is scaled by B / numpy_batch (extra["numpy_scale"])."""
+
+def attention_benches(C, B=128, T=256, H=2, D=64, numpy_batch=16, seed=0, kernel_sets=None,
+                      numpy=True):
+    """Causal softmax attention, forward (out, lse) and backward (dq, dk, dv), at the
+    MapFormer paper's scale by default (batch 128, 256 tokens, 2 heads of 64), on every kernel
+    set in `kernel_sets` (default: every set this CPU runs, mapformer._C.kernel_sets()); each
+    set's results are checked before it is timed.
+
+    flops are the products the training step needs (bench_train_step counts the same), over
+    the useful causal half of each T x T product, 2 * T * T * D / 2 per (b, h) per product:
+    forward 2 (S = Q K^T, O = P V), backward 4 (dV = P^T dO, dP = dO V^T, dQ = dS K,
+    dK = dS^T Q). The backward's recomputation of S, the softmax, the exponentials and the
+    rescaling are the kernels' overhead, not counted. bytes: forward reads q, k, v and writes
+    out, lse; backward reads dout, q, k, v, out, lse and writes dq, dk, dv (4 B per float32).
+    The NumPy float32 side (timed once, with the first set, unless numpy is False)
+    materialises the B x H x T x T scores; it runs on a batch of `numpy_batch` and its time is
+    scaled by B / numpy_batch (extra["numpy_scale"])."""
     from mapformer import reference as ref
 
     rng = np.random.default_rng(seed)
@@ -254,7 +277,6 @@ def attention_benches(C, B=128, T=256, H=2, D=64, numpy_batch=16, seed=0):
     out, lse = C.attention_forward(q, k, v)
     nb = min(B, numpy_batch)
     qn, kn, vn, don, on, lsen = q[:nb], k[:nb], v[:nb], dout[:nb], out[:nb], lse[:nb]
-    sizes = dict(B=B, T=T, H=H, D=D)
     half_matmul = 2.0 * T * T * D / 2 * B * H
     nelem = B * T * H * D
 
@@ -269,9 +291,10 @@ def attention_benches(C, B=128, T=256, H=2, D=64, numpy_batch=16, seed=0):
         ro, rl = ref.attention_forward(q[:2], k[:2], v[:2])
         close(o2, ro, "out vs reference", 1e-5)
         close(l2, rl, "lse vs reference", 1e-5)
+        o3, l3 = C.attention_forward(qn, kn, vn)
         no, nl = _np_attention_forward(qn, kn, vn, scale)
-        close(out[:nb], no, "out vs NumPy float32", 1e-4)
-        close(lse[:nb], nl, "lse vs NumPy float32", 1e-4)
+        close(o3, no, "out vs NumPy float32", 1e-4)
+        close(l3, nl, "lse vs NumPy float32", 1e-4)
 
     def check_bwd():
         o2, l2 = C.attention_forward(q[:2], k[:2], v[:2])
@@ -284,19 +307,27 @@ def attention_benches(C, B=128, T=256, H=2, D=64, numpy_batch=16, seed=0):
                            ("dq", "dk", "dv")):
             close(a, b, n + " vs NumPy float32", 1e-3)
 
-    extra = dict(numpy_scale=B / nb, numpy_batch=nb)
-    return [
-        OpBench("attention_forward", sizes, lambda: 2 * half_matmul,
-                lambda: 4 * (4 * nelem + B * H * T),
-                lambda: C.attention_forward(q, k, v),
-                lambda: _np_attention_forward(qn, kn, vn, scale), check_fwd,
-                notes="causal; flops = 2 matmuls of the causal half", extra=extra),
-        OpBench("attention_backward", sizes, lambda: 5 * half_matmul,
-                lambda: 4 * (8 * nelem + B * H * T),
-                lambda: C.attention_backward(dout, q, k, v, out, lse),
-                lambda: _np_attention_backward(don, qn, kn, vn, on, lsen, scale), check_bwd,
-                notes="causal; flops = 5 matmuls of the causal half", extra=extra),
-    ]
+    benches = []
+    for i, kset in enumerate(kernel_sets or C.kernel_sets()):
+        sizes = dict(B=B, T=T, H=H, D=D, kernels=kset)
+        with_numpy = numpy and i == 0
+        extra = dict(numpy_scale=B / nb, numpy_batch=nb) if with_numpy else {}
+        benches += [
+            OpBench(f"attention_forward [{kset}]", sizes, lambda: 2 * half_matmul,
+                    lambda: 4 * (4 * nelem + B * H * T),
+                    on_kernel_set(C, kset, lambda: C.attention_forward(q, k, v)),
+                    (lambda: _np_attention_forward(qn, kn, vn, scale)) if with_numpy else None,
+                    on_kernel_set(C, kset, check_fwd),
+                    notes="causal; flops = 2 products of the causal half", extra=extra),
+            OpBench(f"attention_backward [{kset}]", sizes, lambda: 4 * half_matmul,
+                    lambda: 4 * (8 * nelem + B * H * T),
+                    on_kernel_set(C, kset, lambda: C.attention_backward(dout, q, k, v, out, lse)),
+                    (lambda: _np_attention_backward(don, qn, kn, vn, on, lsen, scale))
+                    if with_numpy else None,
+                    on_kernel_set(C, kset, check_bwd),
+                    notes="causal; flops = 4 products of the causal half", extra=extra),
+        ]
+    return benches
 
 
 # ---- conjunctive attention (MapEM) --------------------------------------------------------
@@ -365,21 +396,25 @@ def _np_conj_attention_backward(dout, qx, kx, qp, kp, v, out, lse, mode, scale):
             _np_back(t(dsp) @ qp), _np_back(t(a) @ dout))
 
 
-def conj_attention_benches(C, B=128, T=256, H=2, D=64, numpy_batch=16, seed=0):
+def conj_attention_benches(C, B=128, T=256, H=2, D=64, numpy_batch=16, seed=0,
+                           kernel_sets=None, numpy=True):
     """MapEM's conjunctive attention in each mode (score_product, softmax_product, sum),
     forward (out, lse) and backward (dqx, dkx, dqp, dkp, dv), at the MapFormer paper's scale
-    by default (batch 128, 256 tokens, 2 heads of 64), as the attention family.
+    by default (batch 128, 256 tokens, 2 heads of 64), on every kernel set in `kernel_sets`
+    (default: every set this CPU runs), as the attention family.
 
-    flops count the useful causal half of each T x T product, 2 * T * T * D / 2 per (b, h)
-    per matmul: forward 3 (sX, sP, O = A V), or 5 for softmax_product (its second pass
-    recomputes sX and sP); backward 8 (recompute sX and sP, dA = dO V^T, dV = A^T dO,
-    dqx = dsX kx, dkx = dsX^T qx, dqp = dsP kp, dkp = dsP^T qp). Softmax, exponentials and
-    the elementwise combination of the score tiles are not counted. bytes: forward reads
-    qx, kx, qp, kp, v and writes out, lse (M B H T floats, M = 2 for softmax_product, else
-    1); backward reads dout, qx, kx, qp, kp, v, out, lse and writes the five gradients.
-    The NumPy float32 side materialises the B x H x T x T matrices; it runs on a batch of
-    `numpy_batch` and its time is scaled by B / numpy_batch (extra["numpy_scale"]). The JSON
-    summary compares each mode's forward + backward with the attention family's."""
+    flops are the products the training step needs (bench_train_step counts the same), over
+    the useful causal half of each T x T product, 2 * T * T * D / 2 per (b, h) per product:
+    forward 3 (sX, sP, O = A V), backward 6 (dA = dO V^T, dV = A^T dO, dqx = dsX kx,
+    dkx = dsX^T qx, dqp = dsP kp, dkp = dsP^T qp). Not counted (the kernels' overhead): the
+    backward's recomputation of sX and sP, softmax_product's second forward pass over them,
+    softmax, exponentials and the elementwise combination of the score tiles. bytes: forward
+    reads qx, kx, qp, kp, v and writes out, lse (M B H T floats, M = 2 for softmax_product,
+    else 1); backward reads dout, qx, kx, qp, kp, v, out, lse and writes the five gradients.
+    The NumPy float32 side (timed once, with the first set, unless numpy is False)
+    materialises the B x H x T x T matrices; it runs on a batch of `numpy_batch` and its time
+    is scaled by B / numpy_batch (extra["numpy_scale"]). The JSON summary compares each mode's
+    forward + backward with the attention family's on the same set."""
     from mapformer import reference as ref
 
     rng = np.random.default_rng(seed)
@@ -389,10 +424,8 @@ def conj_attention_benches(C, B=128, T=256, H=2, D=64, numpy_batch=16, seed=0):
     nb = min(B, numpy_batch)
     ins, ins_np, ins_2 = (qx, kx, qp, kp, v), tuple(x[:nb] for x in (qx, kx, qp, kp, v)), \
         tuple(x[:2] for x in (qx, kx, qp, kp, v))
-    sizes = dict(B=B, T=T, H=H, D=D)
     half_matmul = 2.0 * T * T * D / 2 * B * H
     nelem, nrow = B * T * H * D, B * H * T
-    extra = dict(numpy_scale=B / nb, numpy_batch=nb)
     names = ("dqx", "dkx", "dqp", "dkp", "dv")
 
     def close(a, b, name, tol):
@@ -401,48 +434,56 @@ def conj_attention_benches(C, B=128, T=256, H=2, D=64, numpy_batch=16, seed=0):
         assert err < tol, f"{name}: differs by {err:.3g} (relative to max(1, max|ref|))"
 
     benches = []
-    for mode in CONJ_MODES:
-        M = 2 if mode == "softmax_product" else 1
-        out, lse = C.conj_attention_forward(*ins, mode)
-        on, lsen, don = out[:nb], np.ascontiguousarray(lse[:, :nb]), dout[:nb]
+    for i, kset in enumerate(kernel_sets or C.kernel_sets()):
+        with_numpy = numpy and i == 0
+        extra = dict(numpy_scale=B / nb, numpy_batch=nb) if with_numpy else {}
+        for mode in CONJ_MODES:
+            M = 2 if mode == "softmax_product" else 1
+            out, lse = on_kernel_set(C, kset, lambda mode=mode: C.conj_attention_forward(
+                *ins, mode))()
+            on, lsen, don = out[:nb], np.ascontiguousarray(lse[:, :nb]), dout[:nb]
 
-        def check_fwd(mode=mode, out=out, lse=lse):
-            # C against the float64 reference on a slice, and against NumPy float32
-            o2, l2 = C.conj_attention_forward(*ins_2, mode)
-            ro, rl = ref.conj_attention_forward(*ins_2, mode)
-            close(o2, ro, "out vs reference", 1e-4)
-            close(l2, rl, "lse vs reference", 1e-5)
-            no, nl = _np_conj_attention_forward(*ins_np, mode, scale)
-            close(out[:nb], no, "out vs NumPy float32", 1e-3)
-            close(lse[:, :nb], nl, "lse vs NumPy float32", 1e-4)
+            def check_fwd(mode=mode):
+                # C against the float64 reference on a slice, and against NumPy float32
+                o2, l2 = C.conj_attention_forward(*ins_2, mode)
+                ro, rl = ref.conj_attention_forward(*ins_2, mode)
+                close(o2, ro, "out vs reference", 1e-4)
+                close(l2, rl, "lse vs reference", 1e-5)
+                o3, l3 = C.conj_attention_forward(*ins_np, mode)
+                no, nl = _np_conj_attention_forward(*ins_np, mode, scale)
+                close(o3, no, "out vs NumPy float32", 1e-3)
+                close(l3, nl, "lse vs NumPy float32", 1e-4)
 
-        def check_bwd(mode=mode, on=on, lsen=lsen):
-            o2, l2 = C.conj_attention_forward(*ins_2, mode)
-            got = C.conj_attention_backward(dout[:2], *ins_2, o2, l2, mode)
-            for a, b, n in zip(got, ref.conj_attention_backward(dout[:2], *ins_2, mode), names):
-                close(a, b, n + " vs reference", 1e-3)
-            got = C.conj_attention_backward(don, *ins_np, on, lsen, mode)
-            want = _np_conj_attention_backward(don, *ins_np, on, lsen, mode, scale)
-            for a, b, n in zip(got, want, names):
-                close(a, b, n + " vs NumPy float32", 1e-3)
+            def check_bwd(mode=mode, on=on, lsen=lsen):
+                o2, l2 = C.conj_attention_forward(*ins_2, mode)
+                got = C.conj_attention_backward(dout[:2], *ins_2, o2, l2, mode)
+                for a, b, n in zip(got, ref.conj_attention_backward(dout[:2], *ins_2, mode),
+                                   names):
+                    close(a, b, n + " vs reference", 1e-3)
+                got = C.conj_attention_backward(don, *ins_np, on, lsen, mode)
+                want = _np_conj_attention_backward(don, *ins_np, on, lsen, mode, scale)
+                for a, b, n in zip(got, want, names):
+                    close(a, b, n + " vs NumPy float32", 1e-3)
 
-        nfwd = 5 if mode == "softmax_product" else 3
-        benches += [
-            OpBench(f"conj_attention_forward {mode}", dict(sizes, mode=mode),
-                    lambda n=nfwd: n * half_matmul, lambda M=M: 4 * (6 * nelem + M * nrow),
-                    lambda mode=mode: C.conj_attention_forward(*ins, mode),
-                    lambda mode=mode: _np_conj_attention_forward(*ins_np, mode, scale),
-                    check_fwd, notes=f"causal; flops = {nfwd} matmuls of the causal half",
-                    extra=extra),
-            OpBench(f"conj_attention_backward {mode}", dict(sizes, mode=mode),
-                    lambda: 8 * half_matmul, lambda M=M: 4 * (12 * nelem + M * nrow),
-                    lambda mode=mode, out=out, lse=lse: C.conj_attention_backward(
-                        dout, *ins, out, lse, mode),
-                    lambda mode=mode, on=on, lsen=lsen: _np_conj_attention_backward(
-                        don, *ins_np, on, lsen, mode, scale),
-                    check_bwd, notes="causal; flops = 8 matmuls of the causal half",
-                    extra=extra),
-        ]
+            sizes = dict(B=B, T=T, H=H, D=D, mode=mode, kernels=kset)
+            benches += [
+                OpBench(f"conj_attention_forward {mode} [{kset}]", sizes,
+                        lambda: 3 * half_matmul, lambda M=M: 4 * (6 * nelem + M * nrow),
+                        on_kernel_set(C, kset, lambda mode=mode: C.conj_attention_forward(
+                            *ins, mode)),
+                        (lambda mode=mode: _np_conj_attention_forward(*ins_np, mode, scale))
+                        if with_numpy else None,
+                        on_kernel_set(C, kset, check_fwd),
+                        notes="causal; flops = 3 products of the causal half", extra=extra),
+                OpBench(f"conj_attention_backward {mode} [{kset}]", sizes,
+                        lambda: 6 * half_matmul, lambda M=M: 4 * (12 * nelem + M * nrow),
+                        on_kernel_set(C, kset, lambda mode=mode, out=out, lse=lse:
+                                      C.conj_attention_backward(dout, *ins, out, lse, mode)),
+                        (lambda mode=mode, on=on, lsen=lsen: _np_conj_attention_backward(
+                            don, *ins_np, on, lsen, mode, scale)) if with_numpy else None,
+                        on_kernel_set(C, kset, check_bwd),
+                        notes="causal; flops = 6 products of the causal half", extra=extra),
+            ]
     return benches
 
 
@@ -661,13 +702,21 @@ def main():
     p.add_argument("--mlp-width", type=int, default=128,
                    help="linear, mlp: width C (F = 4C)")
     p.add_argument("--sgemm-n", type=int, default=2048, help="sgemm: N of the N^3 product")
+    p.add_argument("--kernel-sets", default=None,
+                   help="attention, conj_attention: comma-separated kernel sets to run "
+                        "(default: every set this CPU runs, mapformer._C.kernel_sets())")
+    p.add_argument("--clock", choices=["wall", "cpu"], default="wall",
+                   help="wall time, or the process's CPU time (see Conventions)")
+    p.add_argument("--no-numpy", action="store_true",
+                   help="attention, conj_attention: skip the (slow) NumPy float32 side")
     args = p.parse_args()
     if args.threads is not None:
         os.environ["OMP_NUM_THREADS"] = str(args.threads)
     from mapformer import _C  # after OMP_NUM_THREADS is set: libgomp reads it once
 
     attn_args = dict(B=args.batch, T=args.seq, H=args.heads, D=args.head_dim,
-                     numpy_batch=args.numpy_batch)
+                     numpy_batch=args.numpy_batch, numpy=not args.no_numpy,
+                     kernel_sets=args.kernel_sets.split(",") if args.kernel_sets else None)
     family_args = {
         "attention": attn_args,
         "conj_attention": attn_args,
@@ -679,62 +728,87 @@ def main():
     for family in args.families.split(","):
         for b in FAMILIES[family](_C, **family_args.get(family, {})):
             b.check()
+            clock = time.process_time if args.clock == "cpu" else time.perf_counter
             # each side starts after the other's thread pool has gone to sleep: NumPy's
             # OpenBLAS threads spin for about 0.1 s after a call, the C core's OpenMP threads
             # briefly, and either steals a core from the other side's timing meanwhile
             time.sleep(args.settle)
-            c_ms, c_min = timeit(b.c, args.warmup, args.repeats)
-            time.sleep(args.settle)
-            np_ms, np_min = timeit(b.numpy, args.warmup, args.repeats)
-            # a NumPy side timed on a smaller problem is scaled up to the benchmark's size
-            np_scale = b.extra.get("numpy_scale", 1.0)
-            np_ms, np_min = np_ms * np_scale, np_min * np_scale
+            c_ms, c_min = timeit(b.c, args.warmup, args.repeats, clock)
             row = {
                 "family": family, "name": b.name, "sizes": b.sizes,
                 "c_ms": round(c_ms * 1e3, 3), "c_min_ms": round(c_min * 1e3, 3),
-                "numpy_ms": round(np_ms * 1e3, 3), "numpy_min_ms": round(np_min * 1e3, 3),
-                "speedup": round(np_ms / c_ms, 2),
                 "c_gbps": round(b.bytes() / c_ms / 1e9, 2),
-                "numpy_gbps": round(b.bytes() / np_ms / 1e9, 2),
                 "c_gflops": round(b.flops() / c_ms / 1e9, 2),
-                "numpy_gflops": round(b.flops() / np_ms / 1e9, 2),
             }
+            line = (f"{b.name:<48} C {row['c_ms']:8.2f} ms ({row['c_gbps']:6.1f} GB/s, "
+                    f"{row['c_gflops']:5.1f} GFLOP/s)")
+            if b.numpy is not None:
+                time.sleep(args.settle)
+                np_ms, np_min = timeit(b.numpy, args.warmup, args.repeats, clock)
+                # a NumPy side timed on a smaller problem is scaled up to the benchmark's size
+                np_scale = b.extra.get("numpy_scale", 1.0)
+                np_ms, np_min = np_ms * np_scale, np_min * np_scale
+                row.update({
+                    "numpy_ms": round(np_ms * 1e3, 3), "numpy_min_ms": round(np_min * 1e3, 3),
+                    "speedup": round(np_ms / c_ms, 2),
+                    "numpy_gbps": round(b.bytes() / np_ms / 1e9, 2),
+                    "numpy_gflops": round(b.flops() / np_ms / 1e9, 2)})
+                if np_scale != 1.0:
+                    row["numpy_scaled_by"] = np_scale
+                line += (f"   NumPy f32 {row['numpy_ms']:8.2f} ms ({row['numpy_gbps']:5.1f} "
+                         f"GB/s)   x{row['speedup']:.1f}")
             row.update({key: val for key, val in b.extra.items() if key != "numpy_scale"})
-            if np_scale != 1.0:
-                row["numpy_scaled_by"] = np_scale
             results.append(row)
-            print(f"{b.name:<40} C {row['c_ms']:8.2f} ms ({row['c_gbps']:6.1f} GB/s, "
-                  f"{row['c_gflops']:5.1f} GFLOP/s)   NumPy f32 {row['numpy_ms']:8.2f} ms "
-                  f"({row['numpy_gbps']:5.1f} GB/s)   x{row['speedup']:.1f}")
+            print(line)
     summary = {}
     by_name = {row["name"]: row for row in results}
     sgemm = next((row for row in results if row["family"] == "sgemm"), None)
-    if "attention_forward" in by_name and "attention_backward" in by_name:
-        fwd, bwd = by_name["attention_forward"], by_name["attention_backward"]
-        ms = fwd["c_ms"] + bwd["c_ms"]
-        gflops = (fwd["c_gflops"] * fwd["c_ms"] + bwd["c_gflops"] * bwd["c_ms"]) / ms
-        summary["attention_fwd_bwd"] = {
-            "c_ms": round(ms, 3), "c_gflops": round(gflops, 2),
-            "speedup_vs_numpy": round((fwd["numpy_ms"] + bwd["numpy_ms"]) / ms, 2)}
-        if sgemm is not None:
-            summary["attention_fwd_bwd"]["fraction_of_sgemm"] = round(
-                gflops / sgemm["c_gflops"], 3)
-    for mode in CONJ_MODES:
-        fwd = by_name.get(f"conj_attention_forward {mode}")
-        bwd = by_name.get(f"conj_attention_backward {mode}")
+
+    def fwd_bwd(fwd_name, bwd_name):
+        """forward + backward of one op on one kernel set: time, rate, fractions of the
+        sgemm rate (each direction's and the sum's)"""
+        fwd, bwd = by_name.get(fwd_name), by_name.get(bwd_name)
         if fwd is None or bwd is None:
-            continue
+            return None
         ms = fwd["c_ms"] + bwd["c_ms"]
         gflops = (fwd["c_gflops"] * fwd["c_ms"] + bwd["c_gflops"] * bwd["c_ms"]) / ms
-        entry = {"c_ms": round(ms, 3), "c_gflops": round(gflops, 2),
-                 "speedup_vs_numpy": round((fwd["numpy_ms"] + bwd["numpy_ms"]) / ms, 2)}
-        if "attention_fwd_bwd" in summary:  # the plain attention op at the same size
-            attn = summary["attention_fwd_bwd"]
-            entry["time_vs_attention"] = round(ms / attn["c_ms"], 2)
-            entry["gflops_vs_attention"] = round(gflops / attn["c_gflops"], 2)
+        entry = {"c_ms": round(ms, 3), "c_gflops": round(gflops, 2)}
+        if "numpy_ms" in fwd and "numpy_ms" in bwd:
+            entry["speedup_vs_numpy"] = round((fwd["numpy_ms"] + bwd["numpy_ms"]) / ms, 2)
         if sgemm is not None:
-            entry["fraction_of_sgemm"] = round(gflops / sgemm["c_gflops"], 3)
-        summary[f"conj_attention_{mode}_fwd_bwd"] = entry
+            rate = sgemm["c_gflops"]
+            entry["fraction_of_sgemm"] = round(gflops / rate, 3)
+            entry["forward_fraction_of_sgemm"] = round(fwd["c_gflops"] / rate, 3)
+            entry["backward_fraction_of_sgemm"] = round(bwd["c_gflops"] / rate, 3)
+        return entry
+
+    kernel_sets = list(dict.fromkeys(row["sizes"]["kernels"] for row in results
+                                     if "kernels" in row["sizes"]))
+    for kset in kernel_sets:
+        attn = fwd_bwd(f"attention_forward [{kset}]", f"attention_backward [{kset}]")
+        if attn is not None:
+            summary[f"attention_fwd_bwd [{kset}]"] = attn
+        for mode in CONJ_MODES:
+            entry = fwd_bwd(f"conj_attention_forward {mode} [{kset}]",
+                            f"conj_attention_backward {mode} [{kset}]")
+            if entry is None:
+                continue
+            if attn is not None:  # the plain attention op at the same size, on the same set
+                entry["time_vs_attention"] = round(entry["c_ms"] / attn["c_ms"], 2)
+                entry["gflops_vs_attention"] = round(entry["c_gflops"] / attn["c_gflops"], 2)
+            summary[f"conj_attention_{mode}_fwd_bwd [{kset}]"] = entry
+    for key, entry in list(summary.items()):  # each set's time against the OpenBLAS tiles'
+        blas = summary.get(key[:key.rfind("[")] + "[blas]")
+        if key.endswith("]") and blas is not None and blas is not entry:
+            entry["time_vs_blas"] = round(entry["c_ms"] / blas["c_ms"], 3)
+    for key, entry in summary.items():
+        if "fraction_of_sgemm" in entry:
+            print(f"{key:<48} {entry['c_ms']:8.2f} ms fwd+bwd, of the sgemm rate: forward "
+                  f"{entry['forward_fraction_of_sgemm']:.2f}, backward "
+                  f"{entry['backward_fraction_of_sgemm']:.2f}, both "
+                  f"{entry['fraction_of_sgemm']:.2f}"
+                  + (f"; time vs blas {entry['time_vs_blas']:.2f}" if "time_vs_blas" in entry
+                     else ""))
     for step in ("forward", "backward"):
         fused, separate = by_name.get(f"mlp_{step}"), by_name.get(f"mlp_{step} separate ops")
         if fused is not None and separate is not None:
@@ -749,7 +823,8 @@ def main():
                 entry["fraction_of_sgemm"] = round(row["c_gflops"] / sgemm["c_gflops"], 3)
             summary[row["name"]] = entry
     print(json.dumps({"bench": "ops", "omp_num_threads": os.environ.get("OMP_NUM_THREADS"),
-                      "repeats": args.repeats, "results": results, "summary": summary}))
+                      "clock": args.clock, "repeats": args.repeats, "results": results,
+                      "summary": summary}))
 
 
 if __name__ == "__main__":

@@ -14,7 +14,7 @@ import numbers
 import pkgutil
 from dataclasses import dataclass
 
-REGISTRIES = []  # every Registry, in creation order
+REGISTRIES = []  # every Registry, kept sorted by kind (whatever order they were created in)
 RESERVED = set()  # names options may not take (ModelConfig's fields; see reserve())
 
 TYPE_NAMES = {int: "an integer", float: "a finite number", bool: "true or false", str: "a string"}
@@ -73,6 +73,7 @@ class Registry:
         self.kind, self.field = kind, field
         self.entries = {}
         REGISTRIES.append(self)
+        REGISTRIES.sort(key=lambda registry: registry.kind)
 
     def describe(self, name):
         return f"{self.kind} {name!r}"
@@ -129,8 +130,8 @@ def declarations(option_name):
 
 
 def registered_options():
-    """{option name: Option} of every registered component, in a fixed order (registries in
-    turn, their components by name, each one's options as it declares them), whatever order
+    """{option name: Option} of every registered component, in a fixed order (registries by
+    kind, their components by name, each one's options as it declares them), whatever order
     the modules were imported in."""
     return {option.name: option for registry in REGISTRIES
             for name in sorted(registry.entries) for option in registry.entries[name].options}
@@ -163,7 +164,7 @@ def foreign_option_message(name, chosen, spelled=None):
     spelled = spelled or name
     owners = declared_by(name)
     if not owners:
-        kinds = sorted(registry.kind for registry in REGISTRIES)
+        kinds = [registry.kind for registry in REGISTRIES]
         return (f"unknown option {spelled}: no registered {', '.join(kinds[:-1])} or "
                 f"{kinds[-1]} declares it")
     not_of = " or ".join(registry.describe(cls.name) for registry, cls in chosen.items()

@@ -1,6 +1,7 @@
 """Shared test helpers: tolerances as data, comparison, finite differences, random inputs,
 the bad arguments every binding must refuse, leak checks, child processes."""
 import os
+import platform
 import re
 import subprocess
 import sys
@@ -42,6 +43,57 @@ def assert_close(actual, expected, kind="default", name="value"):
             f"expected {expected[i]!r}, |err| {err[i]:.3g} > bound {bound[i]:.3g}; "
             f"max |err| {err.max():.3g}"
         )
+
+
+def assert_float32_accurate(actual, reference, baseline, name="value", magnitude=None,
+                            factor=2.0):
+    """FlashAttention's criterion, a tolerance that comes from the problem, not from one CPU:
+    the largest error of ``actual`` (a float32 result of the C core) against ``reference``
+    (float64) is at most ``factor`` times the largest error of ``baseline`` (the same math
+    done in float32 NumPy, e.g. with :func:`matmul32`) against it, plus a floor of 8 float32
+    ulps of the largest |reference| or, when given, of the largest ``magnitude``: the size of
+    the terms rounded on the way to each result (a result that cancels to about zero, such as
+    the query gradient of a query with one key, keeps the rounding of its terms, which float32
+    NumPy may happen to cancel exactly). The error of float32 arithmetic grows with the
+    magnitudes involved (long sums, large logits), and the bound grows with it."""
+    actual = np.asarray(actual, dtype=np.float64)
+    reference = np.asarray(reference, dtype=np.float64)
+    baseline = np.asarray(baseline, dtype=np.float64)
+    assert actual.shape == reference.shape == baseline.shape, \
+        f"{name}: shapes {actual.shape}, {reference.shape}, {baseline.shape}"
+    err = np.abs(actual - reference)
+    base = np.abs(baseline - reference).max()
+    size = np.abs(reference).max()
+    if magnitude is not None:
+        size = max(size, np.abs(np.asarray(magnitude, dtype=np.float64)).max())
+    floor = 8 * np.finfo(np.float32).eps * size
+    bound = factor * base + floor
+    if not err.max() <= bound:
+        i = np.unravel_index(np.argmax(err), err.shape)
+        raise AssertionError(
+            f"{name}: max |err| {err.max():.3g} at {i} (got {actual[i]!r}, expected "
+            f"{reference[i]!r}) > {factor} x float32 NumPy's {base:.3g} + floor {floor:.3g}")
+
+
+def kernel_fuses_multiply_add(kernel):
+    """Whether kernel set ``kernel`` rounds a * b + c once (mapformer/simd.h's VFMA): every set
+    but 'portable' on x86-64, compiled for the SSE2 baseline, which has no fused multiply-add
+    ('blas' is OpenBLAS's sgemm, which fuses where the CPU can, as NumPy's does)."""
+    return not (kernel == "portable" and platform.machine().lower() in ("x86_64", "amd64"))
+
+
+def matmul32(a, b, fused=True):
+    """a @ b of float32 arrays (matrices on the last two axes) in float32: NumPy's (BLAS,
+    fused multiply-adds where the CPU has them) or, with fused=False, every product rounded
+    before it is added, in order over the inner axis, as a kernel without fused multiply-adds
+    computes it."""
+    if fused:
+        return a @ b
+    out = np.zeros(np.broadcast_shapes(a.shape[:-2], b.shape[:-2]) + (a.shape[-2], b.shape[-1]),
+                   np.float32)
+    for i in range(a.shape[-1]):
+        out += a[..., :, i:i + 1] * b[..., i:i + 1, :]
+    return out
 
 
 def numerical_grad(f, x, eps=1e-6):

@@ -23,8 +23,4 @@
  * runs them in ymm registers, the baseline clone as pairs of xmm). Without clones, the
  * baseline's: 4 floats (SSE2, NEON). */
 
-#include "mapformer/cpu.h"
-/* transitional: the AVX-512 kernels run when they are the active set (mapformer/cpu.h) */
-static inline int mf_use_avx512(void) { return mf_kernels() == MF_KERNELS_AVX512; }
-
 #endif

@@ -86,13 +86,15 @@ int residual_forward(const MfResidualParams *p);
 int residual_backward(const MfResidualParams *p);
 
 /* ---- attention.c: causal softmax attention, tiled (FlashAttention-2); only lse is saved --- */
-/* out (B, T, H, D), lse (B, H, T); q, k, v (B, T, H, D); D even in [16, 128];
- * scale usually 1/sqrt(D) */
-int attention_forward(const MfAttentionParams *p);
+/* out[b,i,h] = sum_{j <= i} softmax_j(scale q_i . k_j) v_j, lse[b,h,i] = log sum_j exp(..).
+ * Forward reads q, k, v, scale and writes out, lse; backward reads dout, q, k, v, o (forward's
+ * out), lse_in (forward's lse) and writes dq, dk, dv (=). Both take p->scratch of at least
+ * <op>_scratch_floats(p) floats (64-byte aligned; 0 when p's sizes are invalid): MfAttentionParams,
+ * mapformer/params.h. */
 int64_t attention_forward_scratch_floats(const MfAttentionParams *p);
-/* dq, dk, dv (B, T, H, D) (=); dout, q, k, v, o (B, T, H, D); lse_in (B, H, T) */
-int attention_backward(const MfAttentionParams *p);
+int attention_forward(const MfAttentionParams *p);
 int64_t attention_backward_scratch_floats(const MfAttentionParams *p);
+int attention_backward(const MfAttentionParams *p);
 
 /* ---- path_integration.c: theta = wrap(omega * cumsum_t(delta)), cumsum in double -------- */
 /* theta, delta (B, T, H, NB); omega (H, NB).
@@ -164,13 +166,14 @@ typedef enum {
     MF_CONJ_SOFTMAX_PRODUCT = 1,
     MF_CONJ_SUM = 2,
 } MfConjMode;
-/* out (B, T, H, D), lse (M, B, H, T); qx, kx, qp, kp, v (B, T, H, D); D even in [16, 128];
- * scale usually 1/sqrt(D); mode an MfConjMode */
-int conj_attention_forward(const MfConjAttentionParams *p);
+/* Forward reads qx, kx, qp, kp, v, scale, mode and writes out (B, T, H, D), lse (M, B, H, T);
+ * backward reads dout, qx, kx, qp, kp, v, o (forward's out), lse_in (forward's lse, same scale
+ * and mode) and writes dqx, dkx, dqp, dkp, dv (=). Both take p->scratch of at least
+ * <op>_scratch_floats(p) floats (64-byte aligned; 0 when p's sizes or mode are invalid):
+ * MfConjAttentionParams, mapformer/params.h. */
 int64_t conj_attention_forward_scratch_floats(const MfConjAttentionParams *p);
-/* dqx, dkx, dqp, dkp, dv (B, T, H, D) (=); dout, qx, kx, qp, kp, v, o (B, T, H, D);
- * lse_in (M, B, H, T) from conj_attention_forward with the same scale and mode */
-int conj_attention_backward(const MfConjAttentionParams *p);
+int conj_attention_forward(const MfConjAttentionParams *p);
 int64_t conj_attention_backward_scratch_floats(const MfConjAttentionParams *p);
+int conj_attention_backward(const MfConjAttentionParams *p);
 
 #endif
