@@ -165,7 +165,11 @@ def main():
     p.add_argument("--warmup", type=int, default=3, help="untimed rounds (torch.compile "
                    "compiles in its first)")
     p.add_argument("--no-compile", action="store_true", help="skip torch.compile")
+    p.add_argument("--clock", choices=("wall", "cpu"), default="wall",
+                   help="wall time, or the process's CPU time (all threads'; for one-thread "
+                        "figures on a shared machine)")
     args = p.parse_args()
+    clock = time.process_time if args.clock == "cpu" else time.perf_counter
     threads = int(os.environ.get("OMP_NUM_THREADS", os.cpu_count()))
     torch.set_num_threads(threads)
     task = navigation.NavigationConfig(dims=2, steps=args.tokens // 2, grid_size=64)
@@ -173,7 +177,7 @@ def main():
     print(f"batch {args.batch}, {args.tokens} tokens, d_model {args.d_model}, {args.heads} "
           f"heads, {args.layers} layer(s), {threads} thread(s); mapformer kernels "
           f"{_C.kernels()}, torch {torch.__version__}")
-    figures = {"batch": args.batch, "tokens": args.tokens, "d_model": args.d_model,
+    figures = {"clock": args.clock, "batch": args.batch, "tokens": args.tokens, "d_model": args.d_model,
                "heads": args.heads, "layers": args.layers, "threads": threads,
                "kernels": _C.kernels(), "torch": torch.__version__}
     for kind in args.models.split(","):
@@ -184,10 +188,10 @@ def main():
         times = {name: [] for name in variants}
         for round_ in range(args.warmup + args.repeats):
             for name, step in variants.items():
-                t0 = time.perf_counter()
+                t0 = clock()
                 step()
                 if round_ >= args.warmup:
-                    times[name].append(time.perf_counter() - t0)
+                    times[name].append(clock() - t0)
         medians = {name: float(np.median(t)) * 1e3 for name, t in times.items()}
         ours = medians["mapformer"]
         line = "   ".join(f"{name} {ms:.1f} ms" + ("" if name == "mapformer" else
