@@ -127,7 +127,8 @@ def array_ops(float_dtype):
     zeros(shape, dtype=None), ones(shape), zeros_like(a): new arrays (dtype: the backend's).
     asarray(a): a C-contiguous array of the backend's dtype (a copy only when needed);
     as_indices(a): the same in int32 (tokens, targets). to_numpy(a): a NumPy array.
-    add_(dst, src): dst += src in place. sum_leading(a, n): a summed over its first n axes.
+    add_(dst, src): dst += src in place. exp(a): e^a elementwise (a new array; parameters'
+    transforms, e.g. Mamba's A = -exp(A_log)). sum_leading(a, n): a summed over its first n axes.
     broadcast_rows(row, shape, out=None): ``row`` (shape[k:]) copied to every index of the
     leading axes of ``shape``, into ``out`` when it has that shape (a buffer kept across
     steps), else into a new array.
@@ -157,6 +158,7 @@ def array_ops(float_dtype):
         as_indices=lambda a: np.ascontiguousarray(a, dtype=np.int32),
         to_numpy=np.asarray,
         add_=add_,
+        exp=np.exp,
         sum_leading=lambda a, n: a.sum(tuple(range(n))),
         broadcast_rows=broadcast_rows,
         dropout=dropout,
