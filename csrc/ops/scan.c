@@ -24,10 +24,14 @@
  *   ddelta_t = x_t dr_t + sum_k Re(dz) A,  ddelta_angle_t = sum_k Im(dz) omega,
  *   dA += sum_t Re(dz) delta_t,  domega += sum_t Im(dz) delta_angle_t,  dD += sum_t gy x.
  * Memory: O(B E S (T / chunk)) saved + O(threads * chunk * S) scratch, never O(B T E S).
+ * Per step and channel the K states run as whole vectors of simd.h (the rows padded with
+ * zero states): the decays through vexp, the rotations through a branch-free polynomial
+ * sincos the compiler vectorises, the readout and the backward's sums over k in vector
+ * accumulators.
  *
  * Parallel layout: a work item is one batch row b and a block of SCAN_EB channels (a fixed
  * size, so the bits do not depend on the thread count); within it each channel walks t with
- * its K states in arrays the compiler vectorises (the decays through simd.h's vexp). dB and
+ * its K states in vectors. dB and
  * dC are sums over channels: each item sums its block's channels into its own (T, S) slice
  * of scratch, and the blocks are summed in a fixed order; dA, domega, dD are summed in double
  * per (b, e) and then over b in a fixed order.
@@ -47,11 +51,16 @@
 #define SCAN_EB 16              /* channels per work item */
 #define SCAN_MIN_PARALLEL 65536 /* B*T*E*S below this runs on one thread */
 
-/* one step's coefficients for the K states of a channel */
+/* K rounded up to whole vectors: the kernels' local arrays are padded with states that stay
+ * zero (A = 0, omega = 0, B = C = 0) so that every loop runs on whole, aligned vectors */
+#define KP(K) (((K) + MF_VW - 1) / MF_VW * MF_VW)
+#define ALIGNED __attribute__((aligned(64)))
+
+/* one step's coefficients for the states of a channel (planar, padded) */
 typedef struct {
-    float ar[SCAN_MAXS], ai[SCAN_MAXS]; /* a = e^z */
-    float pr[SCAN_MAXS], pi[SCAN_MAXS]; /* phi(z) */
-    float qr[SCAN_MAXS], qi[SCAN_MAXS]; /* phi'(z) */
+    float ar[SCAN_MAXS] ALIGNED, ai[SCAN_MAXS] ALIGNED; /* a = e^z */
+    float pr[SCAN_MAXS] ALIGNED, pi[SCAN_MAXS] ALIGNED; /* phi(z) */
+    float qr[SCAN_MAXS] ALIGNED, qi[SCAN_MAXS] ALIGNED; /* phi'(z) */
 } Coefs;
 
 /* phi(z) = (e^z - 1) / z and phi'(z) = (e^z - phi) / z in double, from float z; series
@@ -83,33 +92,48 @@ static void zoh_phi(double zr, double zi, float *pr, float *pi, float *qr, float
     *pr = (float)Pr, *pi = (float)Pi, *qr = (float)Qr, *qi = (float)Qi;
 }
 
-MF_CLONES
-static void coefs(Coefs *c, float dt, float da, const float *A, const float *W, int64_t K,
-                  int zoh) {
-    for (int64_t k = 0; k < K; k += MF_VW) {
-        const int64_t m = K - k < MF_VW ? K - k : MF_VW;
-        vf v;
-        vload_part(&v, A + k, m);
-        v = v * dt;
+/* sin and cos of one float angle, branch-free so that a loop of them vectorises: Cody-Waite
+ * reduction by pi/2 (three-part constant, exact products for |x| < 2^15 pi/2; the per-step
+ * angles are far smaller), Cephes' sinf/cosf polynomials on [-pi/4, pi/4] (about 1 ulp),
+ * the quadrant by selects */
+MF_INLINE void sincos_poly(float x, float *s_out, float *c_out) {
+    const float n = (x * 0.636619772367581343f + 12582912.0f) - 12582912.0f; /* round */
+    const float r = ((x - n * 1.5703125f) - n * 4.837512969970703125e-4f) -
+                    n * 7.54978995489188216e-8f;
+    const float z = r * r;
+    const float s = r + r * z * (-1.6666654611e-1f + z * (8.3321608736e-3f + z *
+                                                          -1.9515295891e-4f));
+    const float c = 1.0f - 0.5f * z + z * z * (4.166664568298827e-2f + z *
+                                                (-1.388731625493765e-3f + z *
+                                                 2.443315711809948e-5f));
+    const int q = (int)n;
+    const float sw_s = (q & 1) ? c : s, sw_c = (q & 1) ? s : c;
+    *s_out = (q & 2) ? -sw_s : sw_s;
+    *c_out = ((q + 1) & 2) ? -sw_c : sw_c;
+}
+
+/* the step's coefficients: a = e^(dt A) (and its rotation by da W), phi and phi' for ZOH
+ * (Euler's phi = 1, phi' = 0 are set once per channel by chan_init) */
+MF_INLINE void coefs(Coefs *restrict c, float dt, float da, const float *restrict A,
+                     const float *restrict W, int64_t K, int cx, int zoh) {
+    const int64_t Kp = KP(K);
+    for (int64_t k = 0; k < Kp; k += MF_VW) {
+        vf v = VLOAD(A + k) * dt;
         vexp(&v);
-        vstore_part(c->ar + k, &v, m);
+        VSTORE(c->ar + k, v);
     }
-    if (W != NULL) {
-        for (int64_t k = 0; k < K; k++) {
-            const float th = da * W[k], e = c->ar[k];
-            c->ar[k] = e * cosf(th);
-            c->ai[k] = e * sinf(th);
+    if (cx) {
+        for (int64_t k = 0; k < Kp; k++) {
+            float sn, cs;
+            sincos_poly(da * W[k], &sn, &cs);
+            c->ai[k] = c->ar[k] * sn;
+            c->ar[k] = c->ar[k] * cs;
         }
-    } else {
-        for (int64_t k = 0; k < K; k++) c->ai[k] = 0.0f;
     }
     if (zoh) {
         for (int64_t k = 0; k < K; k++)
-            zoh_phi((double)(dt * A[k]), W != NULL ? (double)(da * W[k]) : 0.0, &c->pr[k],
-                    &c->pi[k], &c->qr[k], &c->qi[k]);
-    } else {
-        for (int64_t k = 0; k < K; k++) c->pr[k] = 1.0f, c->pi[k] = 0.0f, c->qr[k] = 0.0f,
-                                        c->qi[k] = 0.0f;
+            zoh_phi((double)(dt * A[k]), cx ? (double)(da * W[k]) : 0.0, &c->pr[k], &c->pi[k],
+                    &c->qr[k], &c->qi[k]);
     }
 }
 
@@ -123,29 +147,61 @@ typedef struct {
     int zoh;
 } Chan;
 
-/* h_t from h_{t-1} (planar hr, hi) at step t, and the readout <c_t, h_t> */
-MF_CLONES
-static float step(const Chan *ch, const Coefs *c, float r, const float *Bt, const float *Ct,
-                  float *restrict hr, float *restrict hi) {
-    float y = 0.0f;
-    const int64_t K = ch->K;
-    if (ch->W != NULL) {
+/* a channel's padded rows: A, W (zero beyond K), and its Euler coefficients */
+typedef struct {
+    float A[SCAN_MAXS] ALIGNED, W[SCAN_MAXS] ALIGNED;
+    float br[SCAN_MAXS] ALIGNED, bi[SCAN_MAXS] ALIGNED; /* B_t, planar */
+    float cr[SCAN_MAXS] ALIGNED, ci[SCAN_MAXS] ALIGNED; /* C_t, planar */
+    Coefs c;
+} Work;
+
+MF_INLINE void chan_init(Work *w, const Chan *ch) {
+    const int64_t K = ch->K, Kp = KP(K);
+    for (int64_t k = 0; k < Kp; k++) {
+        w->A[k] = k < K ? ch->A[k] : 0.0f;
+        w->W[k] = k < K && ch->W != NULL ? ch->W[k] : 0.0f;
+        w->br[k] = w->bi[k] = w->cr[k] = w->ci[k] = 0.0f;
+        w->c.ai[k] = 0.0f;
+        w->c.pr[k] = 1.0f, w->c.pi[k] = 0.0f, w->c.qr[k] = 0.0f, w->c.qi[k] = 0.0f;
+    }
+}
+
+/* B_t, C_t of step t into the padded planar rows */
+MF_INLINE void load_bc(Work *w, const float *Bt, const float *Ct, int64_t K, int cx) {
+    if (cx) {
         for (int64_t k = 0; k < K; k++) {
-            const float br = Bt[2 * k], bi = Bt[2 * k + 1];
-            const float sr = r * c->pr[k], si = r * c->pi[k];
-            const float nr = c->ar[k] * hr[k] - c->ai[k] * hi[k] + (sr * br - si * bi);
-            const float ni = c->ar[k] * hi[k] + c->ai[k] * hr[k] + (sr * bi + si * br);
-            hr[k] = nr;
-            hi[k] = ni;
-            y += Ct[2 * k] * nr + Ct[2 * k + 1] * ni;
+            w->br[k] = Bt[2 * k], w->bi[k] = Bt[2 * k + 1];
+            w->cr[k] = Ct[2 * k], w->ci[k] = Ct[2 * k + 1];
         }
     } else {
-        for (int64_t k = 0; k < K; k++) {
-            hr[k] = c->ar[k] * hr[k] + r * c->pr[k] * Bt[k];
-            y += Ct[k] * hr[k];
+        for (int64_t k = 0; k < K; k++) w->br[k] = Bt[k], w->cr[k] = Ct[k];
+    }
+}
+
+/* h_t from h_{t-1} (planar hr, hi, padded) and the readout <c_t, h_t> */
+MF_INLINE float step(const Work *w, float r, float *restrict hr, float *restrict hi,
+                     int64_t Kp, int cx) {
+    const Coefs *c = &w->c;
+    vf y = VZERO;
+    const vf rv = VSPLAT(r);
+    for (int64_t k = 0; k < Kp; k += MF_VW) {
+        const vf ar = VLOAD(c->ar + k), sr = rv * VLOAD(c->pr + k), br = VLOAD(w->br + k);
+        const vf h0 = VLOAD(hr + k);
+        if (cx) {
+            const vf ai = VLOAD(c->ai + k), si = rv * VLOAD(c->pi + k), bi = VLOAD(w->bi + k);
+            const vf h1 = VLOAD(hi + k);
+            const vf nr = ar * h0 - ai * h1 + (sr * br - si * bi);
+            const vf ni = ar * h1 + ai * h0 + (sr * bi + si * br);
+            VSTORE(hr + k, nr);
+            VSTORE(hi + k, ni);
+            y += VLOAD(w->cr + k) * nr + VLOAD(w->ci + k) * ni;
+        } else {
+            const vf nr = ar * h0 + sr * br;
+            VSTORE(hr + k, nr);
+            y += VLOAD(w->cr + k) * nr;
         }
     }
-    return y;
+    return vhsum(&y);
 }
 
 static void store_state(float *dst, const float *hr, const float *hi, int64_t K, int cx) {
@@ -160,24 +216,28 @@ static void store_state(float *dst, const float *hr, const float *hi, int64_t K,
 }
 
 static void load_state(float *hr, float *hi, const float *src, int64_t K, int cx) {
-    for (int64_t k = 0; k < K; k++) {
-        hr[k] = cx ? src[2 * k] : src[k];
-        hi[k] = cx ? src[2 * k + 1] : 0.0f;
+    for (int64_t k = 0; k < KP(K); k++) {
+        hr[k] = k >= K ? 0.0f : cx ? src[2 * k] : src[k];
+        hi[k] = k < K && cx ? src[2 * k + 1] : 0.0f;
     }
 }
 
 /* forward of one channel: y (stride E), states (stride E * S per chunk) */
+MF_CLONES
 static void forward_channel(const Chan *ch, float *y, float *states) {
-    float hr[SCAN_MAXS], hi[SCAN_MAXS];
-    Coefs c;
-    const int64_t E = ch->E, K = ch->K, S = ch->S;
-    for (int64_t k = 0; k < K; k++) hr[k] = hi[k] = 0.0f;
+    float hr[SCAN_MAXS] ALIGNED, hi[SCAN_MAXS] ALIGNED;
+    Work w;
+    const int64_t E = ch->E, K = ch->K, S = ch->S, Kp = KP(K);
+    const int cx = ch->W != NULL;
+    chan_init(&w, ch);
+    for (int64_t k = 0; k < Kp; k++) hr[k] = hi[k] = 0.0f;
     for (int64_t t = 0; t < ch->T; t++) {
         const float dt = ch->delta[t * E], xv = ch->x[t * E];
-        coefs(&c, dt, ch->dangle != NULL ? ch->dangle[t * E] : dt, ch->A, ch->W, K, ch->zoh);
-        y[t * E] = step(ch, &c, dt * xv, ch->Bm + t * S, ch->Cm + t * S, hr, hi) + ch->D * xv;
+        coefs(&w.c, dt, cx ? ch->dangle[t * E] : dt, w.A, w.W, K, cx, ch->zoh);
+        load_bc(&w, ch->Bm + t * S, ch->Cm + t * S, K, cx);
+        y[t * E] = step(&w, dt * xv, hr, hi, Kp, cx) + ch->D * xv;
         if ((t + 1) % ch->chunk == 0 || t == ch->T - 1)
-            store_state(states + (t / ch->chunk) * E * S, hr, hi, K, ch->W != NULL);
+            store_state(states + (t / ch->chunk) * E * S, hr, hi, K, cx);
     }
 }
 
@@ -186,75 +246,93 @@ typedef struct {
     float *dx, *ddelta, *ddangle; /* stride E; ddangle NULL for the real scan */
     float *dBm, *dCm;             /* (T, S) of this item, accumulated over its channels */
     double *dA, *dW, *dD;         /* (K,), (K,), (1,) of this (b, e) */
-    float *buf;                   /* scratch: chunk * 2 * K floats of h_{t-1} */
+    float *buf;                   /* scratch: chunk * 2 KP(K) floats of h_{t-1} */
 } ChanGrad;
 
 MF_CLONES
 static void backward_channel(const Chan *ch, const float *dy, const float *states,
                              const ChanGrad *o) {
-    float hr[SCAN_MAXS], hi[SCAN_MAXS], gr[SCAN_MAXS], gi[SCAN_MAXS];
+    float hr[SCAN_MAXS] ALIGNED, hi[SCAN_MAXS] ALIGNED, gr[SCAN_MAXS] ALIGNED,
+        gi[SCAN_MAXS] ALIGNED;
+    float db_r[SCAN_MAXS] ALIGNED, db_i[SCAN_MAXS] ALIGNED, dc_r[SCAN_MAXS] ALIGNED,
+        dc_i[SCAN_MAXS] ALIGNED, dz_r[SCAN_MAXS] ALIGNED, dz_i[SCAN_MAXS] ALIGNED;
     double dA[SCAN_MAXS], dW[SCAN_MAXS], dD = 0.0;
-    Coefs c;
-    const int64_t E = ch->E, K = ch->K, S = ch->S, T = ch->T, L = ch->chunk;
+    Work w;
+    const int64_t E = ch->E, K = ch->K, S = ch->S, T = ch->T, L = ch->chunk, Kp = KP(K);
     const int cx = ch->W != NULL;
-    const float *A = ch->A, *W = ch->W;
-    for (int64_t k = 0; k < K; k++) gr[k] = gi[k] = 0.0f, dA[k] = dW[k] = 0.0;
+    chan_init(&w, ch);
+    for (int64_t k = 0; k < Kp; k++) gr[k] = gi[k] = 0.0f, dA[k] = dW[k] = 0.0;
     const int64_t NC = (T + L - 1) / L;
     for (int64_t ci = NC - 1; ci >= 0; ci--) {
         const int64_t t0 = ci * L, t1 = t0 + L < T ? t0 + L : T;
         if (ci > 0)
             load_state(hr, hi, states + (ci - 1) * E * S, K, cx);
         else
-            for (int64_t k = 0; k < K; k++) hr[k] = hi[k] = 0.0f;
+            for (int64_t k = 0; k < Kp; k++) hr[k] = hi[k] = 0.0f;
         for (int64_t t = t0; t < t1; t++) { /* recompute, keeping h_{t-1} */
-            float *hb = o->buf + (t - t0) * 2 * K;
-            for (int64_t k = 0; k < K; k++) hb[k] = hr[k], hb[K + k] = hi[k];
+            float *hb = o->buf + (t - t0) * 2 * Kp;
+            for (int64_t k = 0; k < Kp; k++) hb[k] = hr[k], hb[Kp + k] = hi[k];
             if (t + 1 < t1) {
                 const float dt = ch->delta[t * E];
-                coefs(&c, dt, ch->dangle != NULL ? ch->dangle[t * E] : dt, A, W, K, ch->zoh);
-                step(ch, &c, dt * ch->x[t * E], ch->Bm + t * S, ch->Cm + t * S, hr, hi);
+                coefs(&w.c, dt, cx ? ch->dangle[t * E] : dt, w.A, w.W, K, cx, ch->zoh);
+                load_bc(&w, ch->Bm + t * S, ch->Cm + t * S, K, cx);
+                step(&w, dt * ch->x[t * E], hr, hi, Kp, cx);
             }
         }
         for (int64_t t = t1 - 1; t >= t0; t--) { /* the reverse sweep */
             const float dt = ch->delta[t * E], xv = ch->x[t * E], gy = dy[t * E];
-            const float da = ch->dangle != NULL ? ch->dangle[t * E] : dt, r = dt * xv;
-            const float *Bt = ch->Bm + t * S, *Ct = ch->Cm + t * S;
-            const float *hpr = o->buf + (t - t0) * 2 * K, *hpi = hpr + K;
-            float *dBt = o->dBm + t * S, *dCt = o->dCm + t * S;
-            coefs(&c, dt, da, A, W, K, ch->zoh);
-            float dr = 0.0f, dzA = 0.0f, dzW = 0.0f;
-            for (int64_t k = 0; k < K; k++) {
-                const float br = Bt[cx ? 2 * k : k], bi = cx ? Bt[2 * k + 1] : 0.0f;
-                const float cr = Ct[cx ? 2 * k : k], cim = cx ? Ct[2 * k + 1] : 0.0f;
-                const float g_r = gr[k] + gy * cr, g_i = gi[k] + gy * cim;
-                const float ur = c.ar[k] * hpr[k] - c.ai[k] * hpi[k];
-                const float ui = c.ar[k] * hpi[k] + c.ai[k] * hpr[k];
-                const float sr = r * c.pr[k], si = r * c.pi[k];
-                const float htr = ur + (sr * br - si * bi), hti = ui + (sr * bi + si * br);
-                const float gsr = g_r * br + g_i * bi, gsi = g_i * br - g_r * bi;
-                const float tr = r * gsr, ti = r * gsi;
-                const float dzr = g_r * ur + g_i * ui + (c.qr[k] * tr + c.qi[k] * ti);
-                const float dzi = g_i * ur - g_r * ui + (c.qr[k] * ti - c.qi[k] * tr);
-                dr += gsr * c.pr[k] + gsi * c.pi[k];
-                if (cx) {
-                    dBt[2 * k] += sr * g_r + si * g_i;
-                    dBt[2 * k + 1] += sr * g_i - si * g_r;
-                    dCt[2 * k] += gy * htr;
-                    dCt[2 * k + 1] += gy * hti;
-                    dW[k] += (double)dzi * da;
-                    dzW += dzi * W[k];
-                } else {
-                    dBt[k] += sr * g_r;
-                    dCt[k] += gy * htr;
-                }
-                dA[k] += (double)dzr * dt;
-                dzA += dzr * A[k];
-                gr[k] = c.ar[k] * g_r + c.ai[k] * g_i; /* conj(a_t) g_t, for step t - 1 */
-                gi[k] = c.ar[k] * g_i - c.ai[k] * g_r;
+            const float da = cx ? ch->dangle[t * E] : dt, r = dt * xv;
+            const float *hpr = o->buf + (t - t0) * 2 * Kp, *hpi = hpr + Kp;
+            coefs(&w.c, dt, da, w.A, w.W, K, cx, ch->zoh);
+            load_bc(&w, ch->Bm + t * S, ch->Cm + t * S, K, cx);
+            const Coefs *c = &w.c;
+            const vf rv = VSPLAT(r), gyv = VSPLAT(gy);
+            vf dr = VZERO, dzA = VZERO, dzW = VZERO;
+            for (int64_t k = 0; k < Kp; k += MF_VW) {
+                const vf ar = VLOAD(c->ar + k), ai = VLOAD(c->ai + k);
+                const vf pr = VLOAD(c->pr + k), pi = VLOAD(c->pi + k);
+                const vf br = VLOAD(w.br + k), bi = VLOAD(w.bi + k);
+                const vf hp0 = VLOAD(hpr + k), hp1 = VLOAD(hpi + k);
+                const vf g_r = VLOAD(gr + k) + gyv * VLOAD(w.cr + k);
+                const vf g_i = VLOAD(gi + k) + gyv * VLOAD(w.ci + k);
+                const vf ur = ar * hp0 - ai * hp1, ui = ar * hp1 + ai * hp0;
+                const vf sr = rv * pr, si = rv * pi;
+                const vf htr = ur + (sr * br - si * bi), hti = ui + (sr * bi + si * br);
+                const vf gsr = g_r * br + g_i * bi, gsi = g_i * br - g_r * bi;
+                const vf tr = rv * gsr, ti = rv * gsi;
+                const vf qr = VLOAD(c->qr + k), qi = VLOAD(c->qi + k);
+                const vf dzr = g_r * ur + g_i * ui + (qr * tr + qi * ti);
+                const vf dzi = g_i * ur - g_r * ui + (qr * ti - qi * tr);
+                dr += gsr * pr + gsi * pi;
+                VSTORE(db_r + k, sr * g_r + si * g_i);
+                VSTORE(db_i + k, sr * g_i - si * g_r);
+                VSTORE(dc_r + k, gyv * htr);
+                VSTORE(dc_i + k, gyv * hti);
+                VSTORE(dz_r + k, dzr);
+                VSTORE(dz_i + k, dzi);
+                dzA += dzr * VLOAD(w.A + k);
+                dzW += dzi * VLOAD(w.W + k);
+                VSTORE(gr + k, ar * g_r + ai * g_i); /* conj(a_t) g_t, for step t - 1 */
+                VSTORE(gi + k, ar * g_i - ai * g_r);
             }
-            o->dx[t * E] = dt * dr + ch->D * gy;
-            o->ddelta[t * E] = xv * dr + dzA;
-            if (o->ddangle != NULL) o->ddangle[t * E] = dzW;
+            float *dBt = o->dBm + t * S, *dCt = o->dCm + t * S;
+            if (cx) {
+                for (int64_t k = 0; k < K; k++) {
+                    dBt[2 * k] += db_r[k], dBt[2 * k + 1] += db_i[k];
+                    dCt[2 * k] += dc_r[k], dCt[2 * k + 1] += dc_i[k];
+                    dA[k] += (double)dz_r[k] * dt;
+                    dW[k] += (double)dz_i[k] * da;
+                }
+            } else {
+                for (int64_t k = 0; k < K; k++) {
+                    dBt[k] += db_r[k], dCt[k] += dc_r[k];
+                    dA[k] += (double)dz_r[k] * dt;
+                }
+            }
+            const float drs = vhsum(&dr);
+            o->dx[t * E] = dt * drs + ch->D * gy;
+            o->ddelta[t * E] = xv * drs + vhsum(&dzA);
+            if (o->ddangle != NULL) o->ddangle[t * E] = vhsum(&dzW);
             dD += (double)gy * xv;
         }
     }
@@ -299,7 +377,9 @@ static int scan_forward(const MfScanParams *p, int cx) {
 /* scratch of the backward: per thread chunk * 2K floats (h_{t-1}); dB, dC partials
  * (B, nblk, T, S) each; dA, domega partials (B, E, K) doubles each; dD partials (B, E)
  * doubles */
-static int64_t per_thread(const MfScanParams *p) { return mf_scratch_size(p->chunk * 2 * p->K); }
+static int64_t per_thread(const MfScanParams *p) {
+    return mf_scratch_size(p->chunk * 2 * KP(p->K));
+}
 
 static int64_t shared_floats(const MfScanParams *p, int cx) {
     const int64_t S = cx ? 2 * p->K : p->K, nblk = (p->E + SCAN_EB - 1) / SCAN_EB;
