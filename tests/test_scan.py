@@ -11,8 +11,8 @@ a forward and a reverse sweep); the elementwise ops use the "default" tolerance.
 import numpy as np
 import pytest
 
-from conftest import (assert_array_argument_checked, assert_close, assert_same_bits_for_thread_counts,
-                      assert_unchanged, assert_within, copies, gamma, numerical_grad, randn,
+from conftest import (assert_array_argument_checked, assert_close,
+                      assert_same_bits_for_thread_counts, assert_unchanged, assert_within, copies, gamma, numerical_grad, randn,
                       raises_naming)
 from mapformer import _C
 from mapformer import reference as ref

@@ -84,7 +84,9 @@ static void softplus_grad_kernel(float *restrict dx, const float *restrict dy,
         return MF_OK;                                                                      \
     } while (0)
 
-int silu_forward(const MfActivationParams *p) { RUN_CHUNKS(silu_kernel(p->y + i0, p->x + i0, len)); }
+int silu_forward(const MfActivationParams *p) {
+    RUN_CHUNKS(silu_kernel(p->y + i0, p->x + i0, len));
+}
 
 int silu_backward(const MfActivationParams *p) {
     RUN_CHUNKS(silu_grad_kernel(p->dx + i0, p->dy + i0, p->x + i0, len));

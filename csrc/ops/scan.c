@@ -383,7 +383,8 @@ static int64_t per_thread(const MfScanParams *p) {
 
 static int64_t shared_floats(const MfScanParams *p, int cx) {
     const int64_t S = cx ? 2 * p->K : p->K, nblk = (p->E + SCAN_EB - 1) / SCAN_EB;
-    return 2 * mf_scratch_size(p->B * nblk * p->T * S) + 2 * mf_scratch_size(2 * p->B * p->E * p->K) +
+    return 2 * mf_scratch_size(p->B * nblk * p->T * S) +
+           2 * mf_scratch_size(2 * p->B * p->E * p->K) +
            mf_scratch_size(2 * p->B * p->E);
 }
 
@@ -400,7 +401,8 @@ static int scan_backward(const MfScanParams *p, int cx) {
     const int threads = mf_scratch_threads(p->scratch_floats - shared, per_thread(p));
     if (p->scratch_floats < shared || threads < 1) return MF_EINVAL;
     float *at = p->scratch;
-    float *pB = mf_scratch_take(&at, B * nblk * T * S), *pC = mf_scratch_take(&at, B * nblk * T * S);
+    float *pB = mf_scratch_take(&at, B * nblk * T * S);
+    float *pC = mf_scratch_take(&at, B * nblk * T * S);
     double *pA = (double *)mf_scratch_take(&at, 2 * B * E * K);
     double *pW = (double *)mf_scratch_take(&at, 2 * B * E * K);
     double *pD = (double *)mf_scratch_take(&at, 2 * B * E);

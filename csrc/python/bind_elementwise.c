@@ -1,5 +1,6 @@
-/* Binding of csrc/ops/gelu.c, csrc/ops/activation.c (SiLU, softplus) and csrc/ops/residual.c: elementwise ops on arrays of any
- * ndim >= 1; every array of one call has the first array's shape ("..."). */
+/* Binding of csrc/ops/gelu.c, csrc/ops/activation.c (SiLU, softplus) and csrc/ops/residual.c:
+ * elementwise ops on arrays of any ndim >= 1; every array of one call has the first array's
+ * shape ("..."). */
 #include "bind.h"
 
 #define G(f) offsetof(MfGeluParams, f)
