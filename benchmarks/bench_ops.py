@@ -28,7 +28,8 @@ forward, backward and total fraction of the sgemm rate, its time against the Ope
 at the training step's shapes, on every kernel set, the OpenBLAS path included), mlp (the fused
 MLP op on every kernel set, against the separate linear and gelu ops it replaces, and NumPy),
 sgemm (one large sgemm: the machine's matmul rate, which the JSON summary compares attention,
-the linears and the MLP against).
+the linears and the MLP against), scan (Mamba's and MAMPa's selective scans forward and
+backward, against a large copy's bandwidth in the same run and the float32 NumPy reference).
 
 `--threads N` sets OMP_NUM_THREADS before the C core is loaded. Prints one JSON line at the end.
 """
@@ -515,6 +516,94 @@ def sgemm_benches(C, N=2048, seed=0):
                     lambda: C.linear_forward(x, w), lambda: x @ w.T, check)]
 
 
+# ---- selective scans (Mamba, MAMPa) --------------------------------------------------------
+def scan_benches(C, B=128, T=256, E=256, N=16, numpy_batch=2, copy_mb=512, seed=0):
+    """Mamba's real selective scan and MAMPa's complex scan (N state floats per channel: N
+    real states, or N/2 complex ones), forward and backward, at batch B, T tokens, E
+    channels, with their default chunk (256 steps); and a large copy (``copy_mb`` MB, NumPy's
+    copyto: memcpy) whose GB/s is the machine's memory bandwidth in this run, which the
+    summary compares the scans' GB/s against. The NumPy side is mapformer.reference's scan
+    with dtype float32 (its sequential loop over t on (B, E, K) complex arrays) on
+    ``numpy_batch`` rows, its time scaled to B.
+
+    With M = B*T*E, P = B*T*N, Q = B*NC*E*N (the saved chunk states):
+      bytes  forward   x, delta (, delta_angle) in; B, C in; y, states out   4 (3M + 2P + Q)
+                                                                    complex: 4 (4M + 2P + Q)
+             backward  dy, x, delta (, delta_angle), B, C, states in;
+                       dx, ddelta (, ddelta_angle), dB, dC out      4 (5M + 4P + Q), complex
+                                                                    4 (7M + 4P + Q)
+      flops  per (b, t, e, state float), as scan.c writes the formulas (exp, sin, cos not
+             counted): real forward 6, backward 22; complex forward 10, backward 32."""
+    from mapformer import reference as ref
+    rng = np.random.default_rng(seed)
+    f32 = lambda *s: rng.standard_normal(s).astype(np.float32)  # noqa: E731
+    K = N // 2
+    x, dy = f32(B, T, E), f32(B, T, E)
+    delta = np.log1p(np.exp(f32(B, T, E) - 3)).astype(np.float32)  # softplus, about 0.05
+    dangle = f32(B, T, E)
+    Bm, Cm, D = f32(B, T, N), f32(B, T, N), f32(E)
+    A_real = -np.tile(np.arange(1, N + 1, dtype=np.float32), (E, 1))
+    A_cx = -np.tile(np.arange(1, K + 1, dtype=np.float32), (E, 1))
+    omega = np.tile((2 * np.pi * np.geomspace(1, 1 / 64, K)).astype(np.float32), (E, 1))
+    nb = numpy_batch
+    real_in = (x, delta, A_real, Bm, Cm, D)
+    cx_in = (x, delta, dangle, A_cx, omega, Bm, Cm, D)
+    real_small = tuple(a[:nb] if a.ndim == 3 else a for a in real_in)
+    cx_small = tuple(a[:nb] if a.ndim == 3 else a for a in cx_in)
+    y_r, st_r = C.selective_scan_forward(*real_in)
+    y_c, st_c = C.complex_scan_forward(*cx_in)
+    M, P, Q = B * T * E, B * T * N, st_r.size
+    sizes = dict(B=B, T=T, E=E, N=N)
+    src = np.ones(copy_mb * (1 << 20) // 4, np.float32)
+    dst = np.empty_like(src)
+
+    def close(a, b, name, tol=1e-3):
+        a, b = np.asarray(a, np.float64), np.asarray(b, np.float64)
+        err = np.abs(a - b).max() / max(1.0, np.abs(b).max())
+        assert err < tol, f"{name}: C and the reference differ by {err:.3g} (relative)"
+
+    def check_real():
+        close(y_r[:nb], ref.selective_scan_forward(*real_small)[0], "scan y")
+        g = C.selective_scan_backward(dy, *real_in, st_r, np.zeros_like(A_real),
+                                      np.zeros_like(D))
+        r = ref.selective_scan_backward(dy[:nb], *real_small)
+        close(g[0][:nb], r[0], "scan dx")
+
+    def check_cx():
+        close(y_c[:nb], ref.complex_scan_forward(*cx_small)[0], "complex scan y")
+        g = C.complex_scan_backward(dy, *cx_in, st_c, np.zeros_like(A_cx),
+                                    np.zeros_like(omega), np.zeros_like(D))
+        r = ref.complex_scan_backward(dy[:nb], *cx_small)
+        close(g[0][:nb], r[0], "complex scan dx")
+
+    scale = {"numpy_scale": B / nb}
+    f32ref = dict(dtype=np.float32)
+    return [
+        OpBench(f"memcpy {copy_mb} MB", dict(MB=copy_mb), lambda: 0.0,
+                lambda: 2.0 * src.nbytes, lambda: np.copyto(dst, src), None, lambda: None,
+                notes="the machine's copy bandwidth in this run (read + write)"),
+        OpBench("selective_scan_forward", sizes, lambda: 6.0 * M * N,
+                lambda: 4.0 * (3 * M + 2 * P + Q), lambda: C.selective_scan_forward(*real_in),
+                lambda: ref.selective_scan_forward(*real_small, **f32ref), check_real,
+                extra=scale),
+        OpBench("selective_scan_backward", sizes, lambda: 22.0 * M * N,
+                lambda: 4.0 * (5 * M + 4 * P + Q),
+                lambda: C.selective_scan_backward(dy, *real_in, st_r, np.zeros_like(A_real),
+                                                  np.zeros_like(D)),
+                lambda: ref.selective_scan_backward(dy[:nb], *real_small, **f32ref),
+                check_real, extra=scale),
+        OpBench("complex_scan_forward", sizes, lambda: 10.0 * M * N,
+                lambda: 4.0 * (4 * M + 2 * P + Q), lambda: C.complex_scan_forward(*cx_in),
+                lambda: ref.complex_scan_forward(*cx_small, **f32ref), check_cx, extra=scale),
+        OpBench("complex_scan_backward", sizes, lambda: 32.0 * M * N,
+                lambda: 4.0 * (7 * M + 4 * P + Q),
+                lambda: C.complex_scan_backward(dy, *cx_in, st_c, np.zeros_like(A_cx),
+                                                np.zeros_like(omega), np.zeros_like(D)),
+                lambda: ref.complex_scan_backward(dy[:nb], *cx_small, **f32ref), check_cx,
+                extra=scale),
+    ]
+
+
 FAMILIES = {
     "rotary": rotary_benches,
     "attention": attention_benches,
@@ -522,6 +611,7 @@ FAMILIES = {
     "linear": linear_benches,
     "mlp": mlp_benches,
     "sgemm": sgemm_benches,
+    "scan": scan_benches,
 }
 
 
@@ -548,6 +638,12 @@ def main():
     p.add_argument("--mlp-width", type=int, default=128,
                    help="linear, mlp: width C (F = 4C)")
     p.add_argument("--sgemm-n", type=int, default=2048, help="sgemm: N of the N^3 product")
+    p.add_argument("--scan-batch", type=int, default=128, help="scan: batch B (T is --seq)")
+    p.add_argument("--scan-channels", type=int, default=256, help="scan: channels E")
+    p.add_argument("--scan-state", type=int, default=16, help="scan: state floats N")
+    p.add_argument("--scan-numpy-batch", type=int, default=2,
+                   help="scan: batch the NumPy reference runs on (time scaled to B)")
+    p.add_argument("--copy-mb", type=int, default=512, help="scan: MB of the bandwidth copy")
     p.add_argument("--kernel-sets", default=None,
                    help="attention, conj_attention: comma-separated kernel sets to run "
                         "(default: every set this CPU runs, mapformer._C.kernel_sets())")
@@ -569,6 +665,8 @@ def main():
         "linear": dict(N=args.mlp_rows, width=args.mlp_width),
         "mlp": dict(N=args.mlp_rows, width=args.mlp_width),
         "sgemm": dict(N=args.sgemm_n),
+        "scan": dict(B=args.scan_batch, T=args.seq, E=args.scan_channels, N=args.scan_state,
+                     numpy_batch=args.scan_numpy_batch, copy_mb=args.copy_mb),
     }
     results = []
     for family in args.families.split(","):
@@ -655,6 +753,15 @@ def main():
                   f"{entry['fraction_of_sgemm']:.2f}"
                   + (f"; time vs blas {entry['time_vs_blas']:.2f}" if "time_vs_blas" in entry
                      else ""))
+    copy = next((row for row in results if row["name"].startswith("memcpy")), None)
+    for name in ("selective_scan_forward", "selective_scan_backward", "complex_scan_forward",
+                 "complex_scan_backward"):
+        row = by_name.get(name)
+        if row is not None and copy is not None:
+            summary[f"{name}_fraction_of_copy_bandwidth"] = round(
+                row["c_gbps"] / copy["c_gbps"], 3)
+            print(f"{name:<48} {row['c_gbps']:6.1f} GB/s = "
+                  f"{row['c_gbps'] / copy['c_gbps']:.2f} of the copy's {copy['c_gbps']:.1f}")
     for step in ("forward", "backward"):
         fused, separate = by_name.get(f"mlp_{step}"), by_name.get(f"mlp_{step} separate ops")
         if fused is not None and separate is not None:

@@ -12,7 +12,10 @@ mapformer.models.forward_flops from what each registered component declares (N =
 C width, V vocab, r Delta rank, 4C the MLP width):
   mixer            attention: 2 N 4 C^2 (q, k, v, out) + over the causal half, B H T^2 D per
                    matmul, scores and PV; conjunctive (mapem_os, mapem_s): q, k and the content
-                   scores only with content scores (mapem_os), plus the positional scores
+                   scores only with content scores (mapem_os), plus the positional scores;
+                   mamba, mampa (E = 2C inner channels, R = ceil(C/16), S = d_state): 2 N (2 C E
+                   + E (R + 2S) + R E + E C) (in_x, in_z, x_dt, x_B, x_C, dt, out; mampa with
+                   signed_angle also dt_angle), the scan and the conv1d are not matmuls
   scheme           mapwm, mapem: 2 N r (C + C/2) (Delta); cope: 2 N C n_pos (its position
                    logits); tape: B H T^2 D (the state's PV) + 2 N C H (its gate); rope, none: 0
   MLP, head        2 N 2 * 4 C^2; 2 N C V

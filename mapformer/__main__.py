@@ -26,7 +26,7 @@ from .plots import learning_curves
 from .models import MODELS, ModelConfig, components, options_of, preset_parts
 from .schemes import SCHEMES
 from .tasks import navigation
-from .train import (EVAL_SETS, SCHEDULES, TASKS, TrainConfig, eval_seed, evaluate, format_eval,
+from .train import (PRESETS, SCHEDULES, TASKS, TrainConfig, eval_seed, evaluate, format_eval,
                     load_checkpoint, train)
 
 MODEL_FIELDS = [f for f in fields(ModelConfig)
@@ -70,7 +70,7 @@ def flag(name):
     return "--" + name.replace("_", "-")
 
 
-FIELD_CHOICES = {"task": sorted(TASKS), "preset": list(EVAL_SETS), "schedule": list(SCHEDULES),
+FIELD_CHOICES = {"task": sorted(TASKS), "preset": list(PRESETS), "schedule": list(SCHEDULES),
                  "loss_positions": list(navigation.LOSS_POSITIONS)}
 
 

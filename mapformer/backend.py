@@ -82,6 +82,32 @@ def _conj_attention_backward(dout, qx, kx, qp, kp, v, out, lse, mode="score_prod
     return ref.conj_attention_backward(dout, qx, kx, qp, kp, v, mode, scale)
 
 
+def _causal_conv1d_backward(dy, x, weight, dweight, dbias):
+    dx, gw, gb = ref.causal_conv1d_backward(dy, x, weight)
+    dweight += gw
+    dbias += gb
+    return dx
+
+
+def _selective_scan_backward(dy, x, delta, A, B, C, D, states, dA, dD, *, chunk=256,
+                             bbar="euler"):
+    dx, ddelta, gA, dB, dC, gD = ref.selective_scan_backward(dy, x, delta, A, B, C, D, chunk,
+                                                             bbar)
+    dA += gA
+    dD += gD
+    return dx, ddelta, dB, dC
+
+
+def _complex_scan_backward(dy, x, delta, delta_angle, A, omega, B, C, D, states, dA, domega,
+                           dD, *, chunk=256, bbar="euler"):
+    dx, ddelta, ddangle, gA, gomega, dB, dC, gD = ref.complex_scan_backward(
+        dy, x, delta, delta_angle, A, omega, B, C, D, chunk, bbar)
+    dA += gA
+    domega += gomega
+    dD += gD
+    return dx, ddelta, ddangle, dB, dC
+
+
 def _adamw_step(params, grads, m, v, decay_mask, *, lr, step, beta1=0.9, beta2=0.999, eps=1e-8,
                 weight_decay=0.0):
     params[:], m[:], v[:] = ref.adamw_step(params, grads, m, v, decay_mask, lr, beta1, beta2,
@@ -101,7 +127,8 @@ def array_ops(float_dtype):
     zeros(shape, dtype=None), ones(shape), zeros_like(a): new arrays (dtype: the backend's).
     asarray(a): a C-contiguous array of the backend's dtype (a copy only when needed);
     as_indices(a): the same in int32 (tokens, targets). to_numpy(a): a NumPy array.
-    add_(dst, src): dst += src in place. sum_leading(a, n): a summed over its first n axes.
+    add_(dst, src): dst += src in place. exp(a): e^a elementwise (a new array; parameters'
+    transforms, e.g. Mamba's A = -exp(A_log)). sum_leading(a, n): a summed over its first n axes.
     broadcast_rows(row, shape, out=None): ``row`` (shape[k:]) copied to every index of the
     leading axes of ``shape``, into ``out`` when it has that shape (a buffer kept across
     steps), else into a new array.
@@ -131,6 +158,7 @@ def array_ops(float_dtype):
         as_indices=lambda a: np.ascontiguousarray(a, dtype=np.int32),
         to_numpy=np.asarray,
         add_=add_,
+        exp=np.exp,
         sum_leading=lambda a, n: a.sum(tuple(range(n))),
         broadcast_rows=broadcast_rows,
         dropout=dropout,
@@ -175,6 +203,16 @@ NUMPY = SimpleNamespace(
     tape_mix_backward=_tape_mix_backward,
     softmax_xent_forward=ref.softmax_xent_forward,
     softmax_xent_backward=ref.softmax_xent_backward,
+    silu_forward=ref.silu_forward,
+    silu_backward=ref.silu_backward,
+    softplus_forward=ref.softplus_forward,
+    softplus_backward=ref.softplus_backward,
+    causal_conv1d_forward=ref.causal_conv1d_forward,
+    causal_conv1d_backward=_causal_conv1d_backward,
+    selective_scan_forward=ref.selective_scan_forward,
+    selective_scan_backward=_selective_scan_backward,
+    complex_scan_forward=ref.complex_scan_forward,
+    complex_scan_backward=_complex_scan_backward,
     adamw_step=_adamw_step,
     global_norm=ref.global_norm,
     clip_grad_norm=_clip_grad_norm,

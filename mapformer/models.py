@@ -31,6 +31,8 @@ MODELS = {
     "mapem_o": Preset("attention", "none", {}),
     "cope": Preset("attention", "cope", {}),
     "tape": Preset("attention", "tape", {}),
+    "mamba": Preset("mamba", "none", {}),
+    "mampa": Preset("mampa", "none", {}),
 }
 
 

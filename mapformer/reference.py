@@ -545,3 +545,192 @@ def conj_attention_backward(dout, qx, kx, qp, kp, v, mode="score_product", scale
     return (_einsum("bhij,bjhd->bihd", dsx, kx), _einsum("bhij,bihd->bjhd", dsx, qx),
             _einsum("bhij,bjhd->bihd", dsp, kp), _einsum("bhij,bihd->bjhd", dsp, qp),
             _einsum("bhij,bihd->bjhd", a, dout))
+
+
+# ---- Mamba / MAMPa pieces: SiLU, softplus, causal depthwise conv1d, selective scans -------
+SOFTPLUS_THRESHOLD = 20.0  # Mamba's (torch.nn.functional.softplus's default): x above it -> x
+
+
+def silu_forward(x, dtype=np.float64):
+    """x (...) -> y (...) = x sigmoid(x)."""
+    (x,) = _cast(dtype, x)
+    return x / (1.0 + np.exp(-x))
+
+
+def silu_backward(dy, x, dtype=np.float64):
+    """dy, x (...) -> dx (...) = dy s (1 + x (1 - s)), s = sigmoid(x)."""
+    dy, x = _cast(dtype, dy, x)
+    s = 1.0 / (1.0 + np.exp(-x))
+    return dy * s * (1.0 + x * (1.0 - s))
+
+
+def softplus_forward(x, dtype=np.float64):
+    """x (...) -> y (...) = log(1 + e^x), or x where x > 20 (Mamba's threshold)."""
+    (x,) = _cast(dtype, x)
+    return np.where(x > SOFTPLUS_THRESHOLD, x,
+                    np.log1p(np.exp(np.minimum(x, SOFTPLUS_THRESHOLD))))
+
+
+def softplus_backward(dy, x, dtype=np.float64):
+    """dy, x (...) -> dx (...) = dy sigmoid(x), or dy where x > 20."""
+    dy, x = _cast(dtype, dy, x)
+    return np.where(x > SOFTPLUS_THRESHOLD, dy, dy / (1.0 + np.exp(-x)))
+
+
+def causal_conv1d_forward(x, weight, bias, dtype=np.float64):
+    """x (B, T, E), weight (E, W), bias (E,) -> y (B, T, E), depthwise and causal:
+    y[b, t, e] = bias[e] + sum_{j < W} weight[e, j] x[b, t - W + 1 + j, e] (x = 0 before t = 0)."""
+    x, weight, bias = _cast(dtype, x, weight, bias)
+    T, W = x.shape[1], weight.shape[1]
+    y = np.broadcast_to(bias, x.shape).copy()
+    for j in range(W):
+        s = W - 1 - j  # the shift back in time
+        if s < T:
+            y[:, s:] += weight[:, j] * x[:, :T - s]
+    return y
+
+
+def causal_conv1d_backward(dy, x, weight, dtype=np.float64):
+    """dy, x (B, T, E), weight (E, W) -> dx (B, T, E), dweight (E, W), dbias (E,)."""
+    dy, x, weight = _cast(dtype, dy, x, weight)
+    T, W = x.shape[1], weight.shape[1]
+    dx = np.zeros_like(x)
+    dweight = np.zeros_like(weight)
+    for j in range(W):
+        s = W - 1 - j
+        if s < T:
+            dx[:, :T - s] += weight[:, j] * dy[:, s:]
+            dweight[:, j] = (dy[:, s:] * x[:, :T - s]).sum((0, 1))
+    return dx, dweight, dy.sum((0, 1))
+
+
+def _phi(z):
+    """phi(z) = (e^z - 1) / z (1 at z = 0) and phi'(z) = (e^z - phi) / z, elementwise on
+    complex z: the zero-order-hold factor of B_bar = Delta phi(Delta A) B (MapFormer eq. 8)."""
+    small = np.abs(z) < 1e-2
+    zs = np.where(small, 1.0, z)
+    phi = np.where(small, 1 + z / 2 + z**2 / 6 + z**3 / 24 + z**4 / 120, (np.exp(z) - 1) / zs)
+    dphi = np.where(small, 0.5 + z / 3 + z**2 / 8 + z**3 / 30 + z**4 / 144,
+                    (np.exp(z) - phi) / zs)
+    return phi, dphi
+
+
+def _scan_states(x, delta, dangle, A, omega, Bc, Cc, bbar):
+    """The diagonal complex scan of both selective scans (float64/complex128):
+    z = delta A + i dangle omega (B, T, E, K), h_t = e^z h_{t-1} + delta x phi(z) Bc_t with
+    phi = 1 (Euler) or (e^z - 1) / z (ZOH). Returns z, phi, dphi, hs (B, T, E, K)."""
+    if bbar not in ("euler", "zoh"):
+        raise ValueError(f"bbar must be 'euler' or 'zoh', got {bbar!r}")
+    z = delta[..., None] * A + 1j * (dangle[..., None] * omega)
+    if bbar == "zoh":
+        phi, dphi = _phi(z)
+    else:
+        phi, dphi = np.ones_like(z), np.zeros_like(z)
+    a = np.exp(z)
+    s = (delta * x)[..., None] * phi * Bc[:, :, None, :]
+    hs = np.empty_like(z)
+    h = np.zeros(z[:, 0].shape, complex)
+    for t in range(x.shape[1]):
+        h = a[:, t] * h + s[:, t]
+        hs[:, t] = h
+    return z, phi, dphi, hs
+
+
+def _scan_backward(dy, x, delta, dangle, A, omega, Bc, Cc, D, bbar):
+    """Gradients of _scan_states + the readout y = Re(conj(Cc) h) summed over K + D x."""
+    z, phi, dphi, hs = _scan_states(x, delta, dangle, A, omega, Bc, Cc, bbar)
+    a = np.exp(z)
+    T = x.shape[1]
+    r = delta * x
+    dz = np.zeros_like(z)
+    dr = np.zeros_like(x)
+    dBc = np.zeros_like(Bc)
+    g = np.zeros(z[:, 0].shape, complex)
+    for t in range(T - 1, -1, -1):
+        g = Cc[:, t, None, :] * dy[:, t, :, None] + (np.conj(a[:, t + 1]) * g if t + 1 < T else 0)
+        hprev = hs[:, t - 1] if t > 0 else 0
+        gs = g * np.conj(Bc[:, t, None, :])  # the gradient of s / phi_t... of (r phi)
+        dz[:, t] = g * np.conj(a[:, t] * hprev) + np.conj(dphi[:, t]) * r[:, t, :, None] * gs
+        dr[:, t] = np.real(np.conj(gs) * phi[:, t]).sum(-1)
+        dBc[:, t] = (np.conj(r[:, t, :, None] * phi[:, t]) * g).sum(1)
+    dCc = (dy[..., None] * hs).sum(2)  # (B, T, K): Re and Im parts are h's
+    dx = delta * dr + D * dy
+    ddelta = x * dr + (dz.real * A).sum(-1)
+    ddangle = (dz.imag * omega).sum(-1)
+    dA = (dz.real * delta[..., None]).sum((0, 1))
+    domega = (dz.imag * dangle[..., None]).sum((0, 1))
+    dD = (dy * x).sum((0, 1))
+    return dx, ddelta, ddangle, dA, domega, dBc, dCc, dD
+
+
+def _chunk_ends(hs, chunk):
+    """hs (B, T, E, K) -> the states at the ends of the chunks, (B, ceil(T / chunk), E, K)."""
+    T = hs.shape[1]
+    return hs[:, [min(c + chunk, T) - 1 for c in range(0, T, chunk)]]
+
+
+def selective_scan_forward(x, delta, A, B, C, D, chunk=256, bbar="euler", dtype=np.float64):
+    """Mamba-1's selective scan (selective_scan_ref of state-spaces/mamba, real A, variable B
+    and C, before the gate): x, delta (B, T, E), A (E, N) (Mamba: -exp(A_log)), B, C
+    (B, T, N), D (E,) -> y (B, T, E), states (B, ceil(T / chunk), E, N), the state h at each
+    chunk's last step, where
+      h_t[e, n] = exp(delta_t[e] A[e, n]) h_{t-1}[e, n] + delta_t[e] phi B_t[n] x_t[e],
+      y_t[e] = sum_n C_t[n] h_t[e, n] + D[e] x_t[e],
+    phi = 1 (bbar 'euler', Mamba's) or (exp(delta A) - 1) / (delta A) ('zoh', eq. 8)."""
+    x, delta, A, B, C, D = _cast(dtype, x, delta, A, B, C, D)
+    _, _, _, hs = _scan_states(x, delta, delta, A, np.zeros_like(A), B, C, bbar)
+    y = (C[:, :, None, :] * hs.real).sum(-1) + D * x
+    return y.astype(dtype), _chunk_ends(hs.real, chunk).astype(dtype)
+
+
+def selective_scan_backward(dy, x, delta, A, B, C, D, chunk=256, bbar="euler",
+                            dtype=np.float64):
+    """dy (B, T, E) and selective_scan_forward's inputs -> dx, ddelta (B, T, E), dA (E, N),
+    dB, dC (B, T, N), dD (E,)."""
+    dy, x, delta, A, B, C, D = _cast(dtype, dy, x, delta, A, B, C, D)
+    dx, ddelta, _, dA, _, dB, dC, dD = _scan_backward(dy, x, delta, delta, A, np.zeros_like(A),
+                                                      B + 0j, C + 0j, D, bbar)
+    return [np.asarray(v.real, dtype) for v in (dx, ddelta, dA, dB, dC, dD)]
+
+
+def _pairs_to_complex(v):
+    return v[..., 0::2] + 1j * v[..., 1::2]
+
+
+def _complex_to_pairs(z):
+    out = np.empty(z.shape[:-1] + (2 * z.shape[-1],))
+    out[..., 0::2], out[..., 1::2] = z.real, z.imag
+    return out
+
+
+def complex_scan_forward(x, delta, delta_angle, A, omega, B, C, D, chunk=256, bbar="euler",
+                         dtype=np.float64):
+    """MAMPa's scan: Mamba's with each pair of states a 2x2 block A + omega S (S the rotation
+    generator), i.e. one complex state per pair with eigenvalue A + i omega.
+    x, delta, delta_angle (B, T, E), A, omega (E, K), B, C (B, T, 2K) (pairs (re, im)),
+    D (E,) -> y (B, T, E), states (B, ceil(T / chunk), E, 2K) (pairs (re, im)):
+      z_t = delta_t A + i delta_angle_t omega, h_t = e^z_t h_{t-1} + delta_t x_t phi(z_t) B'_t,
+      y_t = sum_k 2 Re(C'_t h_t) + D x_t,
+    with B' = b_re + i b_im and C' = (c_re - i c_im) / 2 (selective_scan_ref's complex A);
+    delta_angle = delta is Mamba's step, a separate signed one the signed-angle reading;
+    phi = 1 (Euler) or (e^z - 1) / z (ZOH). The rotation angle of each step is formed from
+    delta_angle omega alone; nothing accumulates an angle."""
+    x, delta, delta_angle, A, omega, B, C, D = _cast(dtype, x, delta, delta_angle, A, omega,
+                                                     B, C, D)
+    Bc, Cc = _pairs_to_complex(B), _pairs_to_complex(C)
+    _, _, _, hs = _scan_states(x, delta, delta_angle, A, omega, Bc, Cc, bbar)
+    y = 2 * np.real(((Cc.conj() / 2)[:, :, None, :] * hs)).sum(-1) + D * x
+    return y.astype(dtype), _complex_to_pairs(_chunk_ends(hs, chunk)).astype(dtype)
+
+
+def complex_scan_backward(dy, x, delta, delta_angle, A, omega, B, C, D, chunk=256,
+                          bbar="euler", dtype=np.float64):
+    """dy (B, T, E) and complex_scan_forward's inputs -> dx, ddelta, ddelta_angle (B, T, E),
+    dA, domega (E, K), dB, dC (B, T, 2K), dD (E,)."""
+    dy, x, delta, delta_angle, A, omega, B, C, D = _cast(dtype, dy, x, delta, delta_angle, A,
+                                                         omega, B, C, D)
+    dx, ddelta, ddangle, dA, domega, dBc, dCc, dD = _scan_backward(
+        dy, x, delta, delta_angle, A, omega, _pairs_to_complex(B), _pairs_to_complex(C), D,
+        bbar)
+    return [np.asarray(v, dtype) for v in (dx, ddelta, ddangle, dA, domega,
+                                           _complex_to_pairs(dBc), _complex_to_pairs(dCc), dD)]

@@ -1,4 +1,4 @@
-"""Reproductions of the MapFormer paper's Tables 1, 2 and 4: every row trained over several
+"""Reproductions of the MapFormer paper's Tables 1, 2, 3 and 4: every row trained over several
 seeds at one of two scales, printed beside the paper's numbers with mean and spread, and
 recorded (configs, seeds, training sequences, per-seed accuracies) as JSON.
 
@@ -9,7 +9,9 @@ Scales:
   ``cpu`` entry states its reduction (shorter sequences, smaller grids and models, fewer
   training sequences). OOD sets keep the paper's ratios to the training set.
 
-The scripts benchmarks/reproduce_table{1,2,4}.py are thin wrappers around :func:`main`.
+The scripts benchmarks/reproduce_table{1,2,3,4}.py are thin wrappers around :func:`main`.
+With ``--out`` the JSON record is rewritten after every finished run (row x seed), and
+``--resume`` skips the runs an earlier record of the same scale and sequences holds.
 """
 import argparse
 import json
@@ -70,6 +72,16 @@ def paper_navigation_part(dims):
     return {"train": iid, "eval": evals,
             "train_fields": dict(task="navigation", dims=dims, steps=iid.steps,
                                  grid_size=iid.grid_size, p_empty=iid.p_empty)}
+
+
+def table3_part(dims, steps, grid):
+    """Table 3 (appendix 10.1): train on (steps, grid, p_empty 0.5); OOD-dense half the steps
+    and grid (p_empty 0.2), OOD-sparse 2x the steps and grid (p_empty 0.8):
+    :func:`mapformer.tasks.navigation.table3_ood_sets`."""
+    iid = navigation.NavigationConfig(dims=dims, steps=steps, grid_size=grid, p_empty=0.5)
+    return {"train": iid, "eval": {"iid": iid, **navigation.table3_ood_sets(iid)},
+            "train_fields": dict(task="navigation", preset="table3", dims=dims, steps=steps,
+                                 grid_size=grid, p_empty=0.5)}
 
 
 def copy_part(n_copy, blanks, dense, sparse):
@@ -144,6 +156,32 @@ TABLES = {
         },
         "ablation": [Row(f"MapEM-os ({mode})", "mapem_os", 1, {"mapem_mode": mode})
                      for mode in ("score_product", "softmax_product", "sum")],
+    },
+    "3": {
+        "title": "Table 3: 2D forced-navigation recall accuracy, SSMs against MapFormers",
+        "metrics": ("accuracy", "object_accuracy"),
+        "rows": [Row("Mamba", "mamba"), Row("MAMPa", "mampa"),
+                 Row("MAMPa (signed angle)", "mampa", 1, {"signed_angle": True}),
+                 Row("MAMPa (ZOH)", "mampa", 1, {"zoh": True}),
+                 Row("MAMPa (no decay)", "mampa", 1, {"mampa_alpha": False}),
+                 Row("MapWM", "mapwm"), Row("MapEM-os", "mapem_os"), Row("MapEM-s", "mapem_s")],
+        "paper": {"2D": {"Mamba": (0.42, 0.77, 0.40), "MAMPa": (0.74, 0.93, 0.60),
+                         "MapWM": (1.0, 1.0, 1.0), "MapEM-os": (1.0, 1.0, 1.0),
+                         "MapEM-s": (1.0, 1.0, 1.0)}},
+        "out": "results/table3_{scale}.json",
+        "scales": {
+            "paper": Scale(128, 2, 128, PAPER_SEQUENCES, {"2D": table3_part(2, 16, 64)},
+                           "train 16 steps, grid 64, p_empty 0.5; OOD-dense 8 steps/grid 32/"
+                           "p_empty 0.2, OOD-sparse 32 steps/grid 128/p_empty 0.8 (grids and "
+                           "p_empty: our reading of 'as section 5.2'); 1 layer, d_model 128 "
+                           "(MapFormers: 2 heads of 64; Mamba/MAMPa: d_state 16, expand 2, "
+                           "d_conv 4); 200K sequences of batch 128"),
+            "cpu": Scale(64, 2, 64, 64 * 600, {"2D": table3_part(2, 16, 64)},
+                         "the paper's task (16 steps, grid 64; OOD-dense 8/32/0.2, OOD-sparse "
+                         "32/128/0.8); 1 layer, d_model 64 (MapFormers: 2 heads of 32; "
+                         "Mamba/MAMPa: d_state 16, expand 2, d_conv 4); 600 steps of batch 64 "
+                         "(38,400 sequences)"),
+        },
     },
     "4": {
         "title": "Table 4: 3D and 5D forced-navigation recall accuracy",
@@ -232,7 +270,14 @@ def main(table_id, argv=None):
                         help="override the scale's training sequences (not a reproduction)")
     parser.add_argument("--eval-sequences", type=int, default=256,
                         help="sequences per evaluation set (default 256)")
-    parser.add_argument("--out", default=None, help="JSON file for configs and results")
+    default_out = table.get("out")
+    parser.add_argument("--out", default=None,
+                        help="JSON file for configs and results, rewritten after every run"
+                        + (f" (default {default_out.format(scale='SCALE')})" if default_out
+                           else ""))
+    parser.add_argument("--resume", action="store_true",
+                        help="skip the runs (part, row, seed) the --out file already holds "
+                        "(same scale and training sequences)")
     if "ablation" in table:
         parser.add_argument("--no-ablation", action="store_true",
                             help="skip the MapEM-os combination-mode ablation")
@@ -247,32 +292,65 @@ def main(table_id, argv=None):
             parser.error(f"no row among {[r.label for r in table['rows']]} matches {args.rows}")
     print(f"{table['title']}, scale {args.scale}: {scale.note}"
           + (f"; sequences overridden to {sequences}" if args.sequences else ""))
+    out = args.out or (default_out.format(scale=args.scale) if default_out else None)
+    done = previous_runs(out, args.scale, sequences) if args.resume else []
     measured, records = {}, []
     t0 = time.perf_counter()
+
+    def tables():
+        return "\n\n".join(format_table(
+            f"{table['title']}, {METRICS[metric]} (scale {args.scale}, {args.seeds} seeds, "
+            f"{sequences} training sequences per run; paper in parentheses)",
+            list(scale.parts), rows, measured, table["paper"], metric)
+            for metric in table["metrics"])
+
     for part_name, part in scale.parts.items():
         for row in rows:
             for seed in range(args.seeds):
-                accs, record = run_row(row, part, scale, seed, sequences, args.eval_sequences,
-                                       log=lambda *a: None)
+                held = [r for r in done
+                        if (r["part"], r["row"], r["seed"]) == (part_name, row.label, seed)]
+                if held:
+                    record = held[0]
+                    accs = {m: record[m] for m in METRICS}
+                else:
+                    accs, record = run_row(row, part, scale, seed, sequences,
+                                           args.eval_sequences, log=lambda *a: None)
+                    record = {"part": part_name, "row": row.label, "seed": seed, **accs,
+                              **record}
                 measured.setdefault(part_name, {}).setdefault(row.label, []).append(accs)
-                records.append({"part": part_name, "row": row.label, "seed": seed,
-                                **accs, **record})
+                records.append(record)
                 print(f"  {part_name} {row.label} seed {seed}: " + "   ".join(
                     f"{metric} " + " ".join(f"{c} {a:.3f}" for c, a in accs[metric].items())
-                    for metric in table["metrics"]) + f"  ({record['wall_s']:.0f}s)",
-                      flush=True)
-    text = "\n\n".join(format_table(
-        f"{table['title']}, {METRICS[metric]} (scale {args.scale}, {args.seeds} seeds, "
-        f"{sequences} training sequences per run; paper in parentheses)",
-        list(scale.parts), rows, measured, table["paper"], metric)
-        for metric in table["metrics"])
+                    for metric in table["metrics"]) + f"  ({record['wall_s']:.0f}s"
+                    + (", from the earlier record)" if held else ")"), flush=True)
+                if out:
+                    write_record(out, table_id, args, scale, sequences, records, tables())
+    text = tables()
     print()
     print(text)
     print(f"\ntotal {time.perf_counter() - t0:.0f}s")
-    if args.out:
-        Path(args.out).parent.mkdir(parents=True, exist_ok=True)
-        Path(args.out).write_text(json.dumps(
-            {"table": table_id, "scale": args.scale, "note": scale.note, "seeds": args.seeds,
-             "sequences": sequences, "eval_sequences": args.eval_sequences, "runs": records,
-             "markdown": text}, indent=1))
     return measured
+
+
+def previous_runs(path, scale, sequences):
+    """The runs of the record at ``path`` (none if it does not exist); ValueError if it is of
+    another scale or number of training sequences."""
+    if path is None or not Path(path).exists():
+        return []
+    record = json.loads(Path(path).read_text())
+    if (record["scale"], record["sequences"]) != (scale, sequences):
+        raise ValueError(f"{path} holds scale {record['scale']!r} with {record['sequences']} "
+                         f"sequences, not {scale!r} with {sequences}: use another --out")
+    return record["runs"]
+
+
+def write_record(path, table_id, args, scale, sequences, records, text):
+    """The JSON record of the runs so far (written to a temporary file, then renamed)."""
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_suffix(".tmp")
+    tmp.write_text(json.dumps(
+        {"table": table_id, "scale": args.scale, "note": scale.note, "seeds": args.seeds,
+         "sequences": sequences, "eval_sequences": args.eval_sequences, "runs": records,
+         "markdown": text}, indent=1))
+    tmp.replace(path)

@@ -22,6 +22,7 @@ from .tasks import navigation, selective_copy
 TASKS = {"navigation": navigation, "selective_copy": selective_copy}
 SCHEDULES = ("linear", "cosine")
 EVAL_SETS = ("iid", "ood_dense", "ood_sparse")
+PRESETS = EVAL_SETS + ("table3",)  # training presets: navigation's "table3" has its own OOD sets
 CHECKPOINT_VERSION = 2  # 2: ModelConfig names mixer, positional scheme, bottleneck, options
 
 
@@ -31,7 +32,8 @@ class TrainConfig:
     lr 3e-4, weight decay 0.05, batch 128, gradient clipping at 1.0, linear decay to 0 and
     no warmup, on the 2D ``iid`` preset (128 steps, p_empty 0.5, grid 64).
 
-    task: 'navigation' or 'selective_copy'; preset: 'iid', 'ood_dense' or 'ood_sparse'.
+    task: 'navigation' or 'selective_copy'; preset: 'iid', 'ood_dense', 'ood_sparse' or
+    (navigation) 'table3', the SSM comparison's 16-step training set.
     dims, steps, grid_size, p_empty, n_objects: navigation (see
     :func:`mapformer.tasks.navigation.preset`); n_copy, n_blanks, n_symbols: selective copy
     (see :func:`mapformer.tasks.selective_copy.preset`). None keeps the preset's value.
@@ -134,10 +136,13 @@ class TrainConfig:
         'ood_dense' and 'ood_sparse', derived from it by the paper's ratios (the task
         module's ``ood_sets``: navigation halves steps and grid with p_empty 0.2, and takes 4x
         the steps and 2x the grid with p_empty 0.8; selective copy halves and doubles the
-        blanks), then with the ``ood_dense`` / ``ood_sparse`` overrides. For the paper's
-        presets these are its OOD presets."""
+        blanks; navigation's "table3" preset: Table 3's ratios, see
+        navigation.table3_ood_sets), then with the ``ood_dense`` / ``ood_sparse`` overrides.
+        For the paper's presets these are its OOD presets."""
         task = self.task_config()
         sets = {"iid": task, **task_module(task).ood_sets(task)}
+        if self.task == "navigation" and self.preset == "table3":
+            sets.update(navigation.table3_ood_sets(task))
         for name in ("ood_dense", "ood_sparse"):
             if getattr(self, name):
                 sets[name] = dataclasses.replace(

@@ -22,6 +22,11 @@ PRESET_PARTS = {  # the preset names the reproduction tables and users know
     "mapem_o": ("attention", "none", {}),
     "cope": ("attention", "cope", {"cope_positions": 7}),
     "tape": ("attention", "tape", {"rope_base": 10000.0}),
+    "mamba": ("mamba", "none", {"d_state": 16, "expand": 2, "d_conv": 4, "dt_rank": 0,
+                                "zoh": False}),
+    "mampa": ("mampa", "none", {"d_state": 16, "expand": 2, "d_conv": 4, "dt_rank": 0,
+                                "zoh": False, "mampa_alpha": True, "signed_angle": False,
+                                "omega_max": math.pi, "omega_grid": 64.0}),
 }
 
 
@@ -86,7 +91,7 @@ def test_bad_option_values_name_the_option(model, options, message):
     ({"dropout": 1.0}, "dropout must be in"),
     ({"layernorm_eps": 0.0}, "layernorm_eps must be a finite positive number"),
     ({"mixer": "lstm"}, r"mixer must be one of the registered mixers \['attention', "
-     r"'conjunctive'\], got 'lstm'"),
+     r"'conjunctive', 'mamba', 'mampa'\], got 'lstm'"),
     ({"bottleneck": "vq"}, r"bottleneck must be one of the registered bottlenecks \['none'\]"),
     ({"options": [("delta_rank", 2)]}, "options must be a dict"),
 ])

@@ -266,7 +266,12 @@ def test_presets():
         "iid": dict(steps=128, p_empty=0.5, grid_size=64),
         "ood_dense": dict(steps=64, p_empty=0.2, grid_size=32),
         "ood_sparse": dict(steps=512, p_empty=0.8, grid_size=128),
+        "table3": dict(steps=16, p_empty=0.5, grid_size=64),
     }
+    table3 = nav.table3_ood_sets(nav.preset("table3"))
+    assert (table3["ood_dense"].steps, table3["ood_dense"].grid_size) == (8, 32)
+    assert (table3["ood_sparse"].steps, table3["ood_sparse"].grid_size,
+            table3["ood_sparse"].p_empty) == (32, 128, 0.8)
     expected = {
         # dims: (iid, ood_dense, ood_sparse) as (steps, grid_size, p_empty)
         1: ((128, 64, 0.5), (64, 32, 0.2), (512, 128, 0.8)),

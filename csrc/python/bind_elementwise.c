@@ -1,9 +1,33 @@
-/* Binding of csrc/ops/gelu.c and csrc/ops/residual.c: elementwise ops on arrays of any
- * ndim >= 1; every array of one call has the first array's shape ("..."). */
+/* Binding of csrc/ops/gelu.c, csrc/ops/activation.c (SiLU, softplus) and csrc/ops/residual.c:
+ * elementwise ops on arrays of any ndim >= 1; every array of one call has the first array's
+ * shape ("..."). */
 #include "bind.h"
 
 #define G(f) offsetof(MfGeluParams, f)
 #define R(f) offsetof(MfResidualParams, f)
+#define AC(f) offsetof(MfActivationParams, f)
+static const MfSize act_sizes[] = {{"...", AC(n)}, {NULL, 0}};
+
+/* silu and softplus: the same rows as gelu's */
+#define ACT_OPS(name)                                                                        \
+    static const MfArg name##_forward_args[] = {                                             \
+        {"x", 1, MF_IN, 0, "...", .field = AC(x)}, {"y", 0, MF_OUT, 0, "...", .field = AC(y)}, \
+        {0}};                                                                                \
+    static const MfOp name##_forward_op = {#name "_forward", name##_forward_args, act_sizes,  \
+                                           sizeof(MfActivationParams),                       \
+                                           .run = MF_OP(name##_forward)};                    \
+    static const MfArg name##_backward_args[] = {                                            \
+        {"dy", 1, MF_IN, 0, "...", .field = AC(dy)},                                         \
+        {"x", 2, MF_IN, 0, "...", .field = AC(x)},                                           \
+        {"dx", 0, MF_OUT, 0, "...", .field = AC(dx)},                                        \
+        {0}};                                                                                \
+    static const MfOp name##_backward_op = {#name "_backward", name##_backward_args,         \
+                                            act_sizes, sizeof(MfActivationParams),           \
+                                            .run = MF_OP(name##_backward)};                  \
+    MF_DEFINE(name##_forward, name##_forward_op)                                             \
+    MF_DEFINE(name##_backward, name##_backward_op)
+ACT_OPS(silu)
+ACT_OPS(softplus)
 static const MfSize gelu_sizes[] = {{"...", G(n)}, {NULL, 0}};
 static const MfSize residual_sizes[] = {{"...", R(n)}, {NULL, 0}};
 
@@ -59,4 +83,19 @@ PyMethodDef mf_elementwise_methods[] = {
      "residual_backward(dx, dout) -> None\n\n"
      "dx, dout float32 (...) of one shape: dx += dout in place (the residual stream's\n"
      "gradient reaching a branch input). dx must not share memory with dout."),
+    MF_METHOD(silu_forward,
+     "silu_forward(x) -> y\n\n"
+     "x float32 (...), any ndim >= 1 -> y float32 (...) = x sigmoid(x)."),
+    MF_METHOD(silu_backward,
+     "silu_backward(dy, x) -> dx\n\n"
+     "dy, x float32 (...) of one shape -> dx float32 (...) = dy s (1 + x (1 - s)),\n"
+     "s = sigmoid(x)."),
+    MF_METHOD(softplus_forward,
+     "softplus_forward(x) -> y\n\n"
+     "x float32 (...) -> y float32 (...) = log(1 + e^x), or x where x > 20 (Mamba's\n"
+     "threshold)."),
+    MF_METHOD(softplus_backward,
+     "softplus_backward(dy, x) -> dx\n\n"
+     "dy, x float32 (...) of one shape -> dx float32 (...) = dy sigmoid(x), or dy where\n"
+     "x > 20."),
     {NULL, NULL, 0, NULL}};

@@ -176,4 +176,39 @@ int conj_attention_forward(const MfConjAttentionParams *p);
 int64_t conj_attention_backward_scratch_floats(const MfConjAttentionParams *p);
 int conj_attention_backward(const MfConjAttentionParams *p);
 
+
+/* ---- activation.c: SiLU and softplus, elementwise (MfActivationParams) ------------------- */
+/* y (n,) = x sigmoid(x) */
+int silu_forward(const MfActivationParams *p);
+/* dx (n,) = dy sigmoid(x) (1 + x (1 - sigmoid(x))) */
+int silu_backward(const MfActivationParams *p);
+/* y (n,) = log(1 + e^x), or x where x > 20 (Mamba's threshold) */
+int softplus_forward(const MfActivationParams *p);
+/* dx (n,) = dy sigmoid(x), or dy where x > 20 */
+int softplus_backward(const MfActivationParams *p);
+
+/* ---- conv1d.c: causal depthwise conv1d along t, any width W (MfConv1dParams) ------------- */
+/* y (B, T, E) = bias + sum_j weight[:, j] x[t - W + 1 + j] */
+int causal_conv1d_forward(const MfConv1dParams *p);
+/* dx (B, T, E) (=), dweight (E, W) +=, dbias (E,) += */
+int64_t causal_conv1d_backward_scratch_floats(const MfConv1dParams *p);
+int causal_conv1d_backward(const MfConv1dParams *p);
+
+/* ---- scan.c: selective scans, sequential in t, parallel over (b, channel block) ---------- */
+/* Per channel e and state k, z_t = delta_t A[e,k] (+ i delta_angle_t omega[e,k], complex_scan):
+ *   h_t = e^z_t h_{t-1} + delta_t x_t phi(z_t) B_t[k],   y_t = sum_k <C_t[k], h_t[k]> + D x_t
+ * with phi = 1 (MF_BBAR_EULER, Mamba's) or (e^z - 1) / z (MF_BBAR_ZOH); complex states are
+ * (re, im) pairs of B, C, states (<c, h> = c_re h_re + c_im h_im = 2 Re(C' h) with
+ * C' = (c_re - i c_im) / 2: selective_scan_ref's complex convention). The forward keeps only
+ * the state at each chunk's end (states, (B, NC, E, S)); the backward recomputes each chunk
+ * from the previous chunk's end state, in reverse, so memory is O(B E S (T/chunk + chunk)).
+ * The backwards take p->scratch of at least <op>_scratch_floats(p) floats (0: invalid sizes).
+ * S (the state floats per channel) = K for selective_scan, 2K for complex_scan; S <= 256. */
+int selective_scan_forward(const MfScanParams *p);
+int64_t selective_scan_backward_scratch_floats(const MfScanParams *p);
+int selective_scan_backward(const MfScanParams *p);
+int complex_scan_forward(const MfScanParams *p);
+int64_t complex_scan_backward_scratch_floats(const MfScanParams *p);
+int complex_scan_backward(const MfScanParams *p);
+
 #endif

@@ -217,4 +217,53 @@ typedef struct {
     int64_t scratch_floats;
 } MfTapeMixParams;
 
+/* silu and softplus (Mamba's threshold 20), elementwise over n floats */
+typedef struct {
+    float *y;        /* forward (n,) */
+    float *dx;       /* backward (n,) (=) */
+    const float *dy; /* backward (n,) */
+    const float *x;  /* (n,) */
+    int64_t n;
+} MfActivationParams;
+
+/* causal_conv1d: depthwise causal convolution along t,
+ * y[b,t,e] = bias[e] + sum_{j<W} weight[e,j] x[b, t-W+1+j, e] */
+typedef struct {
+    float *y;                /* forward (B, T, E) */
+    float *dx;               /* backward (B, T, E) (=) */
+    float *dweight, *dbias;  /* backward (E, W) +=, (E,) += */
+    const float *dy;         /* backward (B, T, E) */
+    const float *x;          /* (B, T, E) */
+    const float *weight;     /* (E, W) */
+    const float *bias;       /* (E,) (forward) */
+    int64_t B, T, E, W;
+    float *scratch;
+    int64_t scratch_floats;
+} MfConv1dParams;
+
+/* selective_scan (Mamba, real diagonal A: K = N states per channel, S = N floats of state)
+ * and complex_scan (MAMPa, K complex states = 2x2 rotation-scaling blocks per channel,
+ * S = 2K floats of state as (re, im) pairs), both by mapformer/mapformer.h's scan section */
+typedef enum { MF_BBAR_EULER = 0, MF_BBAR_ZOH = 1 } MfBbar;
+typedef struct {
+    float *y;                 /* forward (B, T, E) */
+    float *states;            /* forward (B, NC, E, S): the state at each chunk's last step */
+    float *dx, *ddelta;       /* backward (B, T, E) (=) */
+    float *ddelta_angle;      /* complex_scan backward (B, T, E) (=) */
+    float *dBm, *dCm;         /* backward (B, T, S) (=) */
+    float *dA, *domega, *dD;  /* backward (E, K) +=, complex_scan (E, K) +=, (E,) += */
+    const float *dy;          /* backward (B, T, E) */
+    const float *states_in;   /* backward: forward's states (B, NC, E, S) */
+    const float *x, *delta;   /* (B, T, E); delta > 0 in Mamba's use (not checked) */
+    const float *delta_angle; /* complex_scan (B, T, E): the rotation's step (signed or delta) */
+    const float *A, *omega;   /* (E, K): decay rate (A <= 0 keeps the scan stable), and
+                               * complex_scan's angular rate */
+    const float *Bm, *Cm;     /* (B, T, S) */
+    const float *D;           /* (E,) */
+    int64_t B, T, E, K, chunk; /* NC = ceil(T / chunk) */
+    int bbar;                 /* MfBbar */
+    float *scratch;
+    int64_t scratch_floats;
+} MfScanParams;
+
 #endif

@@ -1,0 +1,118 @@
+/* Causal depthwise conv1d along t (the Mamba block's short convolution), any width W:
+ *   y[b, t, e] = bias[e] + sum_{j < W} weight[e, j] x[b, t - W + 1 + j, e]   (x = 0 for t < 0)
+ * Forward saves nothing. Backward:
+ *   dx[b, s, e]    = sum_{j: s + W - 1 - j < T} weight[e, j] dy[b, s + W - 1 - j, e]   (=)
+ *   dweight[e, j] += sum_{b, t} dy[b, t, e] x[b, t - W + 1 + j, e]
+ *   dbias[e]      += sum_{b, t} dy[b, t, e]
+ * Parallel layout: a work item is one batch row b and a block of CONV_TB time steps (a fixed
+ * size, not the thread count, so the bits do not depend on the number of threads); its loops
+ * run over the contiguous channels e, which the compiler vectorises. The weight and bias
+ * gradients are summed per item in double into the caller's scratch
+ * (causal_conv1d_backward_scratch_floats) and the items are summed in a fixed order.
+ */
+#include <stdint.h>
+
+#include "mapformer/clones.h"
+#include "mapformer/mapformer.h"
+#include "mapformer/scratch.h"
+
+#define CONV_TB 64                /* time steps per work item */
+#define CONV_MIN_PARALLEL 32768   /* B*T*E below this runs on one thread */
+
+/* y rows [t0, t1) of one batch row: x, y (T, E) */
+MF_CLONES
+static void forward_rows(float *restrict y, const float *restrict x, const float *restrict w,
+                         const float *restrict bias, int64_t t0, int64_t t1, int64_t E,
+                         int64_t W) {
+    for (int64_t t = t0; t < t1; t++) {
+        float *yr = y + t * E;
+        for (int64_t e = 0; e < E; e++) yr[e] = bias[e];
+        for (int64_t j = 0; j < W; j++) {
+            const int64_t s = t - W + 1 + j;
+            if (s < 0) continue;
+            const float *xr = x + s * E;
+            for (int64_t e = 0; e < E; e++) yr[e] += w[e * W + j] * xr[e];
+        }
+    }
+}
+
+/* dx rows [t0, t1) of one batch row, and this item's dweight (E, W), dbias (E,) partials */
+MF_CLONES
+static void backward_rows(float *restrict dx, double *restrict dw, double *restrict db,
+                          const float *restrict dy, const float *restrict x,
+                          const float *restrict w, int64_t t0, int64_t t1, int64_t T,
+                          int64_t E, int64_t W) {
+    for (int64_t i = 0; i < E * W; i++) dw[i] = 0.0;
+    for (int64_t e = 0; e < E; e++) db[e] = 0.0;
+    for (int64_t s = t0; s < t1; s++) {
+        float *dxr = dx + s * E;
+        const float *dyr = dy + s * E;
+        for (int64_t e = 0; e < E; e++) {
+            dxr[e] = 0.0f;
+            db[e] += (double)dyr[e];
+        }
+        for (int64_t j = 0; j < W; j++) {
+            const int64_t t = s + W - 1 - j; /* the output x[s] feeds through weight[:, j] */
+            if (t < T) {
+                const float *g = dy + t * E;
+                for (int64_t e = 0; e < E; e++) dxr[e] += w[e * W + j] * g[e];
+            }
+            const int64_t u = s - W + 1 + j; /* the input weight[:, j] meets at output s */
+            if (u >= 0) {
+                const float *xr = x + u * E;
+                for (int64_t e = 0; e < E; e++) dw[e * W + j] += (double)dyr[e] * xr[e];
+            }
+        }
+    }
+}
+
+static int bad_sizes(const MfConv1dParams *p) {
+    return p->B < 1 || p->T < 1 || p->E < 1 || p->W < 1;
+}
+
+int causal_conv1d_forward(const MfConv1dParams *p) {
+    if (bad_sizes(p)) return MF_EINVAL;
+    const int64_t T = p->T, E = p->E, W = p->W, nt = (T + CONV_TB - 1) / CONV_TB;
+#pragma omp parallel for schedule(dynamic, 1) if (p->B * T * E >= CONV_MIN_PARALLEL)
+    for (int64_t it = 0; it < p->B * nt; it++) {
+        const int64_t b = it / nt, t0 = (it % nt) * CONV_TB;
+        const int64_t t1 = t0 + CONV_TB < T ? t0 + CONV_TB : T;
+        forward_rows(p->y + b * T * E, p->x + b * T * E, p->weight, p->bias, t0, t1, E, W);
+    }
+    return MF_OK;
+}
+
+/* the per-item partials: (B * ceil(T / CONV_TB), E * W + E) doubles */
+int64_t causal_conv1d_backward_scratch_floats(const MfConv1dParams *p) {
+    if (bad_sizes(p)) return 0;
+    const int64_t items = p->B * ((p->T + CONV_TB - 1) / CONV_TB);
+    return mf_scratch_size(2 * items * (p->E * p->W + p->E));
+}
+
+int causal_conv1d_backward(const MfConv1dParams *p) {
+    if (bad_sizes(p) || p->scratch_floats < causal_conv1d_backward_scratch_floats(p))
+        return MF_EINVAL;
+    const int64_t T = p->T, E = p->E, W = p->W, nt = (T + CONV_TB - 1) / CONV_TB;
+    const int64_t items = p->B * nt, per = E * W + E;
+    double *part = (double *)p->scratch;
+#pragma omp parallel if (p->B * T * E >= CONV_MIN_PARALLEL)
+    {
+#pragma omp for schedule(dynamic, 1)
+        for (int64_t it = 0; it < items; it++) {
+            const int64_t b = it / nt, t0 = (it % nt) * CONV_TB;
+            const int64_t t1 = t0 + CONV_TB < T ? t0 + CONV_TB : T;
+            backward_rows(p->dx + b * T * E, part + it * per, part + it * per + E * W,
+                          p->dy + b * T * E, p->x + b * T * E, p->weight, t0, t1, T, E, W);
+        }
+#pragma omp for schedule(static)
+        for (int64_t i = 0; i < per; i++) {
+            double s = 0.0;
+            for (int64_t it = 0; it < items; it++) s += part[it * per + i];
+            if (i < E * W)
+                p->dweight[i] = (float)((double)p->dweight[i] + s);
+            else
+                p->dbias[i - E * W] = (float)((double)p->dbias[i - E * W] + s);
+        }
+    }
+    return MF_OK;
+}

@@ -1,0 +1,197 @@
+/* Binding of csrc/ops/conv1d.c and csrc/ops/scan.c: the Mamba / MAMPa block's causal
+ * depthwise conv1d and selective scans. */
+#include "bind.h"
+
+#define CV(f) offsetof(MfConv1dParams, f)
+#define P(f) offsetof(MfScanParams, f)
+static const MfSize conv_sizes[] = {{"B", CV(B)}, {"T", CV(T)}, {"E", CV(E)}, {"W", CV(W)},
+                                    {NULL, 0}};
+static const MfSize scan_sizes[] = {{"B", P(B)}, {"T", P(T)}, {"E", P(E)}, {"K", P(K)},
+                                    {NULL, 0}};
+/* the complex scans name the state floats S = 2K: their sizes give K the value of S, and the
+ * check hook halves it */
+static const MfSize complex_sizes[] = {{"B", P(B)}, {"T", P(T)}, {"E", P(E)}, {"S", P(K)},
+                                       {NULL, 0}};
+static const char *const bbars[] = {"euler", "zoh", NULL};
+
+static const MfArg conv_forward_args[] = {
+    {"x", 1, MF_IN, 0, "B T E", .field = CV(x)},
+    {"weight", 2, MF_IN, 0, "E W", .field = CV(weight)},
+    {"bias", 3, MF_IN, 0, "E", .field = CV(bias)},
+    {"y", 0, MF_OUT, 0, "B T E", .field = CV(y)},
+    {0}};
+static const MfOp conv_forward = {"causal_conv1d_forward", conv_forward_args, conv_sizes,
+                                  sizeof(MfConv1dParams), .run = MF_OP(causal_conv1d_forward)};
+
+static const MfArg conv_backward_args[] = {
+    {"dy", 1, MF_IN, 0, "B T E", .field = CV(dy)},
+    {"x", 2, MF_IN, 0, "B T E", .field = CV(x)},
+    {"weight", 3, MF_IN, 0, "E W", .field = CV(weight)},
+    {"dweight", 4, MF_INOUT, 0, "E W", .field = CV(dweight)},
+    {"dbias", 5, MF_INOUT, 0, "E", .field = CV(dbias)},
+    {"dx", 0, MF_OUT, 0, "B T E", .field = CV(dx)},
+    {0}};
+static const MfOp conv_backward = {"causal_conv1d_backward", conv_backward_args, conv_sizes,
+                                   sizeof(MfConv1dParams), .run = MF_OP(causal_conv1d_backward),
+                                   .scratch = MF_SCRATCH(causal_conv1d_backward_scratch_floats),
+                                   MF_SCRATCH_FIELDS(MfConv1dParams)};
+
+/* NC = ceil(T / chunk): pinned for the forward's new states, checked for the backward's;
+ * the state per channel S = K (real) or 2K (complex) floats at most 256 */
+static int scan_check(MfCall *c, void *params, int cx, const char *state_arg) {
+    const MfScanParams *p = params;
+    const int64_t S = cx ? 2 * p->K : p->K, NC = (p->T + p->chunk - 1) / p->chunk;
+    if (S > 256) {
+        PyErr_Format(PyExc_ValueError,
+                     "A has K = %lld states: at most %d%s", (long long)p->K, cx ? 128 : 256,
+                     cx ? " complex states (2K <= 256 floats)" : "");
+        return -1;
+    }
+    const int64_t have = mf_size(c, "NC");
+    if (have < 0) return mf_pin(c, "NC", NC, "chunk");
+    if (have != NC) {
+        PyErr_Format(PyExc_ValueError,
+                     "%s has %lld chunks on axis 1, but T = %lld and chunk = %lld give %lld",
+                     state_arg, (long long)have, (long long)p->T, (long long)p->chunk,
+                     (long long)NC);
+        return -1;
+    }
+    return 0;
+}
+static int real_check(MfCall *c, void *p) { return scan_check(c, p, 0, "states"); }
+static int complex_check(MfCall *c, void *p) {
+    ((MfScanParams *)p)->K /= 2; /* S = 2K, even: A (E, S/2) fixed it */
+    return scan_check(c, p, 1, "states");
+}
+
+#define CHUNK(pos) {"chunk", pos, MF_INT, MF_OPTIONAL | MF_KWONLY, .field = P(chunk), .lo = 1, \
+                     .dflt = 256}
+#define BBAR(pos) {"bbar", pos, MF_CHOICE, MF_OPTIONAL | MF_KWONLY, .field = P(bbar), \
+                   .choices = bbars}
+
+static const MfArg real_forward_args[] = {
+    {"x", 1, MF_IN, 0, "B T E", .field = P(x)},
+    {"delta", 2, MF_IN, 0, "B T E", .field = P(delta)},
+    {"A", 3, MF_IN, 0, "E K", .field = P(A)},
+    {"B", 4, MF_IN, 0, "B T K", .field = P(Bm)},
+    {"C", 5, MF_IN, 0, "B T K", .field = P(Cm)},
+    {"D", 6, MF_IN, 0, "E", .field = P(D)},
+    CHUNK(7),
+    BBAR(8),
+    {"y", 0, MF_OUT, 0, "B T E", .field = P(y)},
+    {"states", 0, MF_OUT, 0, "B NC E K", .field = P(states)},
+    {0}};
+static const MfOp real_forward = {"selective_scan_forward", real_forward_args, scan_sizes,
+                                  sizeof(MfScanParams), .run = MF_OP(selective_scan_forward),
+                                  .check = real_check};
+
+static const MfArg real_backward_args[] = {
+    {"dy", 1, MF_IN, 0, "B T E", .field = P(dy)},
+    {"x", 2, MF_IN, 0, "B T E", .field = P(x)},
+    {"delta", 3, MF_IN, 0, "B T E", .field = P(delta)},
+    {"A", 4, MF_IN, 0, "E K", .field = P(A)},
+    {"B", 5, MF_IN, 0, "B T K", .field = P(Bm)},
+    {"C", 6, MF_IN, 0, "B T K", .field = P(Cm)},
+    {"D", 7, MF_IN, 0, "E", .field = P(D)},
+    {"states", 8, MF_IN, 0, "B NC E K", .field = P(states_in)},
+    {"dA", 9, MF_INOUT, 0, "E K", .field = P(dA)},
+    {"dD", 10, MF_INOUT, 0, "E", .field = P(dD)},
+    CHUNK(11),
+    BBAR(12),
+    {"dx", 0, MF_OUT, 0, "B T E", .field = P(dx)},
+    {"ddelta", 0, MF_OUT, 0, "B T E", .field = P(ddelta)},
+    {"dB", 0, MF_OUT, 0, "B T K", .field = P(dBm)},
+    {"dC", 0, MF_OUT, 0, "B T K", .field = P(dCm)},
+    {0}};
+static const MfOp real_backward = {"selective_scan_backward", real_backward_args, scan_sizes,
+                                   sizeof(MfScanParams), .run = MF_OP(selective_scan_backward),
+                                   .scratch = MF_SCRATCH(selective_scan_backward_scratch_floats),
+                                   MF_SCRATCH_FIELDS(MfScanParams), .check = real_check};
+
+static const MfArg complex_forward_args[] = {
+    {"x", 1, MF_IN, 0, "B T E", .field = P(x)},
+    {"delta", 2, MF_IN, 0, "B T E", .field = P(delta)},
+    {"delta_angle", 3, MF_IN, 0, "B T E", .field = P(delta_angle)},
+    {"A", 4, MF_IN, 0, "E S/2", .field = P(A)},
+    {"omega", 5, MF_IN, 0, "E S/2", .field = P(omega)},
+    {"B", 6, MF_IN, 0, "B T S", .field = P(Bm)},
+    {"C", 7, MF_IN, 0, "B T S", .field = P(Cm)},
+    {"D", 8, MF_IN, 0, "E", .field = P(D)},
+    CHUNK(9),
+    BBAR(10),
+    {"y", 0, MF_OUT, 0, "B T E", .field = P(y)},
+    {"states", 0, MF_OUT, 0, "B NC E S", .field = P(states)},
+    {0}};
+static const MfOp complex_forward = {"complex_scan_forward", complex_forward_args, complex_sizes,
+                                     sizeof(MfScanParams), .run = MF_OP(complex_scan_forward),
+                                     .check = complex_check};
+
+static const MfArg complex_backward_args[] = {
+    {"dy", 1, MF_IN, 0, "B T E", .field = P(dy)},
+    {"x", 2, MF_IN, 0, "B T E", .field = P(x)},
+    {"delta", 3, MF_IN, 0, "B T E", .field = P(delta)},
+    {"delta_angle", 4, MF_IN, 0, "B T E", .field = P(delta_angle)},
+    {"A", 5, MF_IN, 0, "E S/2", .field = P(A)},
+    {"omega", 6, MF_IN, 0, "E S/2", .field = P(omega)},
+    {"B", 7, MF_IN, 0, "B T S", .field = P(Bm)},
+    {"C", 8, MF_IN, 0, "B T S", .field = P(Cm)},
+    {"D", 9, MF_IN, 0, "E", .field = P(D)},
+    {"states", 10, MF_IN, 0, "B NC E S", .field = P(states_in)},
+    {"dA", 11, MF_INOUT, 0, "E S/2", .field = P(dA)},
+    {"domega", 12, MF_INOUT, 0, "E S/2", .field = P(domega)},
+    {"dD", 13, MF_INOUT, 0, "E", .field = P(dD)},
+    CHUNK(14),
+    BBAR(15),
+    {"dx", 0, MF_OUT, 0, "B T E", .field = P(dx)},
+    {"ddelta", 0, MF_OUT, 0, "B T E", .field = P(ddelta)},
+    {"ddelta_angle", 0, MF_OUT, 0, "B T E", .field = P(ddelta_angle)},
+    {"dB", 0, MF_OUT, 0, "B T S", .field = P(dBm)},
+    {"dC", 0, MF_OUT, 0, "B T S", .field = P(dCm)},
+    {0}};
+static const MfOp complex_backward = {"complex_scan_backward", complex_backward_args,
+                                      complex_sizes, sizeof(MfScanParams),
+                                      .run = MF_OP(complex_scan_backward),
+                                      .scratch = MF_SCRATCH(complex_scan_backward_scratch_floats),
+                                      MF_SCRATCH_FIELDS(MfScanParams), .check = complex_check};
+
+MF_DEFINE(causal_conv1d_forward, conv_forward)
+MF_DEFINE(causal_conv1d_backward, conv_backward)
+MF_DEFINE(selective_scan_forward, real_forward)
+MF_DEFINE(selective_scan_backward, real_backward)
+MF_DEFINE(complex_scan_forward, complex_forward)
+MF_DEFINE(complex_scan_backward, complex_backward)
+
+PyMethodDef mf_scan_methods[] = {
+    MF_METHOD(causal_conv1d_forward,
+     "causal_conv1d_forward(x, weight, bias) -> y\n\n"
+     "x float32 (B, T, E), weight (E, W), bias (E,) -> y (B, T, E) = bias +\n"
+     "sum_{j < W} weight[:, j] x[:, t - W + 1 + j] (zero before t = 0): depthwise, causal."),
+    MF_METHOD(causal_conv1d_backward,
+     "causal_conv1d_backward(dy, x, weight, dweight, dbias) -> dx\n\n"
+     "dy, x float32 (B, T, E), weight (E, W) -> dx (B, T, E); dweight (E, W) and dbias (E,)\n"
+     "are accumulated in place."),
+    MF_METHOD(selective_scan_forward,
+     "selective_scan_forward(x, delta, A, B, C, D, *, chunk=256, bbar='euler') -> (y, states)\n\n"
+     "Mamba's selective scan (real diagonal A): x, delta float32 (B, T, E), A (E, K),\n"
+     "B, C (B, T, K), D (E,) -> y (B, T, E) = sum_k C_t[k] h_t[k] + D x_t with\n"
+     "h_t = exp(delta_t A) h_{t-1} + delta_t x_t phi B_t (phi = 1 for bbar 'euler', (e^z - 1)/z,\n"
+     "z = delta A, for 'zoh'), and states (B, ceil(T / chunk), E, K): h at each chunk's end."),
+    MF_METHOD(selective_scan_backward,
+     "selective_scan_backward(dy, x, delta, A, B, C, D, states, dA, dD, *, chunk=256,\n"
+     "bbar='euler') -> (dx, ddelta, dB, dC)\n\n"
+     "The forward's inputs and states (same chunk and bbar) -> dx, ddelta (B, T, E), dB, dC\n"
+     "(B, T, K); dA (E, K) and dD (E,) are accumulated in place. Each chunk is recomputed from\n"
+     "the previous chunk's state."),
+    MF_METHOD(complex_scan_forward,
+     "complex_scan_forward(x, delta, delta_angle, A, omega, B, C, D, *, chunk=256,\n"
+     "bbar='euler') -> (y, states)\n\n"
+     "MAMPa's scan, K complex states (2x2 rotation-scaling blocks) per channel: x, delta,\n"
+     "delta_angle float32 (B, T, E), A, omega (E, K), B, C (B, T, 2K) as (re, im) pairs,\n"
+     "D (E,) -> y (B, T, E) = sum_k Re(conj(c) h) + D x with z = delta A + i delta_angle omega,\n"
+     "h_t = e^z h_{t-1} + delta x phi(z) (b_re + i b_im), and states (B, NC, E, 2K)."),
+    MF_METHOD(complex_scan_backward,
+     "complex_scan_backward(dy, x, delta, delta_angle, A, omega, B, C, D, states, dA, domega,\n"
+     "dD, *, chunk=256, bbar='euler') -> (dx, ddelta, ddelta_angle, dB, dC)\n\n"
+     "The forward's inputs and states -> dx, ddelta, ddelta_angle (B, T, E), dB, dC\n"
+     "(B, T, 2K); dA, domega (E, K) and dD (E,) are accumulated in place."),
+    {NULL, NULL, 0, NULL}};

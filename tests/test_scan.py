@@ -1,0 +1,330 @@
+"""The Mamba / MAMPa block's C ops against the float64 reference: SiLU, softplus, the causal
+depthwise conv1d and the selective scans (real and complex), forward and backward; the
+reference against finite differences; the scan oracles (omega = 0 is Mamba's real scan, a pure
+rotation with Euler B_bar is linear MapWM attention, selective_scan_ref's complex convention);
+a T = 4096 run; thread-count independence; bad input.
+
+Tolerances of the scans are normwise, from the problem: a float32 recurrence of T steps over K
+states whose every step rounds a few products (and an exponential of a few ulps) is within
+gamma(4 (T + K)) of the largest |value| of each array (gamma(8 (T + K)) for the gradients,
+a forward and a reverse sweep); the elementwise ops use the "default" tolerance."""
+import numpy as np
+import pytest
+
+from conftest import (assert_array_argument_checked, assert_close,
+                      assert_same_bits_for_thread_counts, assert_unchanged, assert_within, copies, gamma, numerical_grad, randn,
+                      raises_naming)
+from mapformer import _C
+from mapformer import reference as ref
+
+
+def normwise(got, expected, n, name):
+    """|got - expected| <= gamma(n) * max |expected| (+ a float32 ulp of it) elementwise."""
+    scale = np.abs(np.asarray(expected, np.float64)).max()
+    assert_within(got, expected, gamma(n) * scale + 1e-30, name)
+
+
+# ---- SiLU, softplus ------------------------------------------------------------------------
+@pytest.mark.parametrize("shape", [(1,), (7,), (97, 33), (3, 5, 7), (20011,)])
+def test_silu_softplus(rng, shape):
+    x, dy = randn(rng, *shape, scale=6.0), randn(rng, *shape)
+    x0 = x.copy()
+    ops = {"silu": (_C.silu_forward, _C.silu_backward, ref.silu_forward, ref.silu_backward),
+           "softplus": (_C.softplus_forward, _C.softplus_backward, ref.softplus_forward,
+                        ref.softplus_backward)}
+    for name, (fwd, bwd, rfwd, rbwd) in ops.items():
+        y = fwd(x)
+        assert y.shape == shape and y.dtype == np.float32
+        assert_close(y, rfwd(x), "default", f"{name} y")
+        assert_close(bwd(dy, x), rbwd(dy, x), "default", f"{name} dx")
+    assert np.array_equal(x, x0)
+
+
+def test_softplus_threshold_and_tails():
+    x = np.array([-100.0, -20.0, 0.0, 19.99, 20.0, 20.01, 50.0], np.float32)
+    y = _C.softplus_forward(x)
+    assert y[0] >= 0 and y[0] < 1e-40 and y[2] == np.float32(np.log(2.0))
+    assert y[5] == x[5] and y[6] == x[6]  # above the threshold: x itself
+    assert_close(y, ref.softplus_forward(x), "default", "y")
+    dx = _C.softplus_backward(np.ones_like(x), x)
+    assert dx[5] == 1.0 and dx[6] == 1.0 and dx[2] == 0.5
+    assert_close(dx, ref.softplus_backward(np.ones_like(x), x), "default", "dx")
+    s = _C.silu_forward(np.array([0.0, -100.0, 100.0], np.float32))
+    assert s[0] == 0 and abs(s[1]) < 1e-30 and s[2] == 100.0
+
+
+def test_activation_reference_gradients():
+    rng = np.random.default_rng(3)
+    x = rng.standard_normal(9) * 5
+    x[0] = 25.0  # above softplus's threshold
+    for name in ("silu", "softplus"):
+        f = getattr(ref, f"{name}_forward")
+        assert_close(getattr(ref, f"{name}_backward")(np.ones(9), x),
+                     numerical_grad(lambda: f(x).sum(), x), "gradient", name)
+
+
+# ---- causal conv1d ----------------------------------------------------------------------
+CONV_SIZES = [(1, 1, 1, 1), (2, 7, 5, 4), (3, 13, 17, 3), (1, 5, 3, 8), (2, 131, 37, 4)]
+
+
+@pytest.mark.parametrize("B,T,E,W", CONV_SIZES)
+def test_causal_conv1d(rng, B, T, E, W):
+    x, w, b, dy = randn(rng, B, T, E), randn(rng, E, W), randn(rng, E), randn(rng, B, T, E)
+    before = copies(x, w, b, dy)
+    y = _C.causal_conv1d_forward(x, w, b)
+    assert_close(y, ref.causal_conv1d_forward(x, w, b), "reduction", "y")
+    dw0, db0 = randn(rng, E, W), randn(rng, E)
+    dw, db = dw0.copy(), db0.copy()
+    dx = _C.causal_conv1d_backward(dy, x, w, dw, db)
+    gx, gw, gb = ref.causal_conv1d_backward(dy, x, w)
+    assert_close(dx, gx, "reduction", "dx")
+    assert_close(dw, dw0 + gw, "gradient", "dweight")
+    assert_close(db, db0 + gb, "gradient", "dbias")
+    assert_unchanged(before, [x, w, b, dy])
+    if T >= W:  # y at t depends on x up to t only: a change at the last step moves y[T-1]
+        x2 = x.copy()
+        x2[:, -1] += 1
+        y2 = _C.causal_conv1d_forward(x2, w, b)
+        assert np.array_equal(y2[:, :-1], y[:, :-1])
+
+
+def test_causal_conv1d_reference_gradients():
+    rng = np.random.default_rng(4)
+    x, w, b, dy = (rng.standard_normal(s) for s in ((2, 6, 3), (3, 4), (3,), (2, 6, 3)))
+    gx, gw, gb = ref.causal_conv1d_backward(dy, x, w)
+    loss = lambda: (ref.causal_conv1d_forward(x, w, b) * dy).sum()
+    for name, got, arr in (("dx", gx, x), ("dweight", gw, w), ("dbias", gb, b)):
+        assert_close(got, numerical_grad(loss, arr), "gradient", name)
+
+
+def test_causal_conv1d_bad_input(rng):
+    x, w, b = randn(rng, 2, 5, 3), randn(rng, 3, 4), randn(rng, 3)
+    assert_array_argument_checked(lambda v: _C.causal_conv1d_forward(v, w, b), "x", x,
+                                  sizes=False)
+    assert_array_argument_checked(lambda v: _C.causal_conv1d_forward(x, v, b), "weight", w,
+                                  sizes=False)
+    with raises_naming(ValueError, "bias"):
+        _C.causal_conv1d_forward(x, w, randn(rng, 4))
+    dw = np.zeros((3, 4), np.float32)
+    with raises_naming(ValueError, "dweight"):
+        _C.causal_conv1d_backward(x, x, w, dw[:, :3].copy(), np.zeros(3, np.float32))
+    with raises_naming(ValueError, "dbias"):
+        _C.causal_conv1d_backward(x, x, w, dw, np.zeros(3, np.float32)[::-1])
+
+
+# ---- selective scans -------------------------------------------------------------------------
+def scan_inputs(rng, B, T, E, K, cx, signed=False):
+    """Inputs as the Mamba block makes them: delta = softplus(...) in about [0.005, 1.5],
+    A = -exp(A_log) with A_log = log(1..K) (and a spread), omega as MapWM's frequencies."""
+    S = 2 * K if cx else K
+    x = randn(rng, B, T, E)
+    delta = ref.softplus_forward(rng.standard_normal((B, T, E)) * 1.5 - 2).astype(np.float32)
+    A = (-np.arange(1, K + 1) * rng.uniform(0.05, 1.0, (E, 1))).astype(np.float32)
+    Bm, Cm, D = randn(rng, B, T, S), randn(rng, B, T, S), randn(rng, E)
+    if not cx:
+        return dict(x=x, delta=delta, A=A, B=Bm, C=Cm, D=D)
+    omega = (2 * np.pi * np.geomspace(1, 1 / 64, K) * rng.uniform(0.8, 1.2, (E, K))).astype(
+        np.float32)
+    dangle = randn(rng, B, T, E) if signed else delta
+    return dict(x=x, delta=delta, delta_angle=dangle, A=A, omega=omega, B=Bm, C=Cm, D=D)
+
+
+def run_c(inp, dy, chunk, bbar):
+    """The C forward and backward: y, states, and the gradients as a dict."""
+    cx = "omega" in inp
+    fwd, bwd = ((_C.complex_scan_forward, _C.complex_scan_backward) if cx else
+                (_C.selective_scan_forward, _C.selective_scan_backward))
+    y, states = fwd(*inp.values(), chunk=chunk, bbar=bbar)
+    params = {k: np.zeros_like(inp[k]) for k in (("A", "omega", "D") if cx else ("A", "D"))}
+    outs = bwd(dy, *inp.values(), states, *params.values(), chunk=chunk, bbar=bbar)
+    names = ("x", "delta", "delta_angle", "B", "C") if cx else ("x", "delta", "B", "C")
+    return y, states, {**dict(zip(names, outs)), **params}
+
+
+def run_ref(inp, dy, chunk, bbar):
+    cx = "omega" in inp
+    fwd, bwd = ((ref.complex_scan_forward, ref.complex_scan_backward) if cx else
+                (ref.selective_scan_forward, ref.selective_scan_backward))
+    y, states = fwd(*inp.values(), chunk, bbar)
+    grads = bwd(dy, *inp.values(), chunk, bbar)
+    names = (("x", "delta", "delta_angle", "A", "omega", "B", "C", "D") if cx else
+             ("x", "delta", "A", "B", "C", "D"))
+    return y, states, dict(zip(names, grads))
+
+
+def check_scan(inp, dy, chunk, bbar):
+    B, T, E = inp["x"].shape
+    K = inp["A"].shape[1]
+    before = copies(*inp.values(), dy)
+    y, states, grads = run_c(inp, dy, chunk, bbar)
+    ry, rstates, rgrads = run_ref(inp, dy, chunk, bbar)
+    assert states.shape == (B, -(-T // chunk), E, inp["B"].shape[2])
+    n = 4 * (T + K)
+    normwise(y, ry, n, "y")
+    normwise(states, rstates, n, "states")
+    for name, g in rgrads.items():
+        normwise(grads[name], g, 2 * n, f"d{name}")
+    assert_unchanged(before, [*inp.values(), dy])
+
+
+SCAN_SIZES = [(1, 1, 1, 1), (2, 13, 5, 3), (3, 37, 17, 4), (1, 20, 2, 16)]
+
+
+@pytest.mark.parametrize("B,T,E,K", SCAN_SIZES)
+@pytest.mark.parametrize("cx", [False, True], ids=["real", "complex"])
+@pytest.mark.parametrize("bbar", ["euler", "zoh"])
+def test_scan_against_reference(rng, B, T, E, K, cx, bbar):
+    inp = scan_inputs(rng, B, T, E, K, cx)
+    dy = randn(rng, B, T, E)
+    for chunk in (1, 5, 256):
+        check_scan(inp, dy, chunk, bbar)
+
+
+@pytest.mark.parametrize("bbar", ["euler", "zoh"])
+def test_complex_scan_signed_angle(rng, bbar):
+    inp = scan_inputs(rng, 2, 29, 6, 5, True, signed=True)
+    check_scan(inp, randn(rng, 2, 29, 6), 8, bbar)
+
+
+def test_scan_with_zero_decay_and_angle(rng):
+    """A = 0 (MAMPa's pure rotation) and steps near zero: the ZOH factor's series branch."""
+    inp = scan_inputs(rng, 2, 17, 3, 4, True)
+    inp["A"][:] = 0
+    inp["delta"][0, :5] = 1e-4
+    for bbar in ("euler", "zoh"):
+        check_scan(inp, randn(rng, 2, 17, 3), 4, bbar)
+
+
+@pytest.mark.parametrize("cx", [False, True], ids=["real", "complex"])
+@pytest.mark.parametrize("bbar", ["euler", "zoh"])
+def test_scan_reference_gradients(cx, bbar):
+    rng = np.random.default_rng(7)
+    inp = {k: v.astype(np.float64) for k, v in scan_inputs(rng, 2, 5, 3, 2, cx, True).items()}
+    dy = rng.standard_normal((2, 5, 3))
+    fwd = ref.complex_scan_forward if cx else ref.selective_scan_forward
+    _, _, grads = run_ref(inp, dy, 2, bbar)
+    loss = lambda: (fwd(*inp.values(), 2, bbar)[0] * dy).sum()
+    for name, g in grads.items():
+        assert_close(g, numerical_grad(loss, inp[name]), "gradient", f"d{name}")
+
+
+def test_complex_scan_with_zero_omega_is_the_real_scan(rng):
+    """Each complex state with omega = 0 is two real states (re, im) with the same decay."""
+    inp = scan_inputs(rng, 2, 23, 5, 3, True)
+    inp["omega"][:] = 0
+    dy = randn(rng, 2, 23, 5)
+    real = dict(x=inp["x"], delta=inp["delta"], A=np.repeat(inp["A"], 2, axis=1),
+                B=inp["B"], C=inp["C"], D=inp["D"])
+    for bbar in ("euler", "zoh"):
+        y, states, g = run_c(inp, dy, 7, bbar)
+        ry, rstates, rg = run_c(real, dy, 7, bbar)
+        normwise(y, ry, 4 * 26, "y")
+        assert np.array_equal(states, rstates)
+        for name in ("x", "delta", "B", "C", "D"):
+            normwise(g[name], rg[name], 8 * 26, f"d{name}")
+        normwise(g["A"], rg["A"][:, 0::2] + rg["A"][:, 1::2], 8 * 26, "dA")
+
+
+def test_pure_rotation_euler_is_linear_mapwm_attention(rng):
+    """alpha = 0 and Euler B_bar: y_t = sum_{s <= t} <R(-omega Phi_t) c_t, R(-omega Phi_s) b_s>
+    delta_s x_s + D x_t with Phi the cumulative (signed) angle step: MapFormer eq. 17, linear
+    (softmax-free) attention with q = C, k = B, v = delta x and cumulative rotations."""
+    B, T, E, K = 2, 19, 3, 4
+    inp = scan_inputs(rng, B, T, E, K, True, signed=True)
+    inp["A"][:] = 0
+    y, _ = _C.complex_scan_forward(*inp.values())
+    phi = np.cumsum(inp["delta_angle"].astype(np.float64), axis=1)  # (B, T, E)
+    rot = np.exp(-1j * phi[..., None] * inp["omega"])  # (B, T, E, K)
+    q = (inp["C"][..., 0::2] + 1j * inp["C"][..., 1::2])[:, :, None] * rot
+    k = (inp["B"][..., 0::2] + 1j * inp["B"][..., 1::2])[:, :, None] * rot
+    scores = np.einsum("btek,bsek->bets", q.conj(), k).real * np.tril(np.ones((T, T)))
+    v = (inp["delta"] * inp["x"]).astype(np.float64)
+    expected = np.einsum("bets,bse->bte", scores, v) + inp["D"] * inp["x"]
+    normwise(y, expected, 4 * (T + K), "y")
+
+
+def test_complex_scan_follows_selective_scan_ref(rng):
+    """state-spaces/mamba's selective_scan_ref loop with complex A = A + i omega, B' = b_re +
+    i b_im, C' = (c_re - i c_im) / 2 and y = 2 Re(sum_n h C') + D u (written here in NumPy)."""
+    B, T, E, K = 2, 11, 4, 3
+    inp = scan_inputs(rng, B, T, E, K, True)
+    u, delta = inp["x"].astype(np.float64), inp["delta"].astype(np.float64)
+    Ac = inp["A"] + 1j * inp["omega"].astype(np.float64)
+    Bc = inp["B"][..., 0::2] + 1j * inp["B"][..., 1::2]
+    Cc = (inp["C"][..., 0::2] - 1j * inp["C"][..., 1::2]) / 2
+    deltaA = np.exp(np.einsum("bld,dn->bldn", delta, Ac))
+    deltaB_u = np.einsum("bld,bln,bld->bldn", delta, Bc, u)
+    h = np.zeros((B, E, K), complex)
+    ys = []
+    for i in range(T):
+        h = deltaA[:, i] * h + deltaB_u[:, i]
+        ys.append(np.einsum("bdn,bn->bd", h, Cc[:, i]))
+    expected = 2 * np.stack(ys, 1).real + inp["D"] * u
+    y, _ = _C.complex_scan_forward(*inp.values())
+    normwise(y, expected, 4 * (T + K), "y")
+
+
+@pytest.mark.parametrize("cx", [False, True], ids=["real", "complex"])
+def test_scan_long_sequence(rng, cx):
+    """T = 4096 (16 chunks of 256): forward and every gradient against float64."""
+    inp = scan_inputs(rng, 1, 4096, 2, 4, cx, signed=cx)
+    check_scan(inp, randn(rng, 1, 4096, 2), 256, "euler")
+
+
+def test_scan_same_bits_for_thread_counts(tmp_path):
+    assert_same_bits_for_thread_counts(tmp_path, (
+        "import sys, numpy as np\n"
+        "from mapformer import _C\n"
+        "rng = np.random.default_rng(5)\n"
+        "B, T, E, K = 5, 40, 70, 8\n"
+        "f = lambda *s: rng.standard_normal(s).astype(np.float32)\n"
+        "x, dl, da, dy = f(B, T, E), np.abs(f(B, T, E)), f(B, T, E), f(B, T, E)\n"
+        "A, om, D = -np.abs(f(E, K)), f(E, K), f(E)\n"
+        "Bm, Cm = f(B, T, 2 * K), f(B, T, 2 * K)\n"
+        "y, st = _C.complex_scan_forward(x, dl, da, A, om, Bm, Cm, D, chunk=16)\n"
+        "g = [np.zeros_like(A), np.zeros_like(om), np.zeros_like(D)]\n"
+        "outs = _C.complex_scan_backward(dy, x, dl, da, A, om, Bm, Cm, D, st, *g, chunk=16)\n"
+        "Br, Cr = Bm[..., :K].copy(), Cm[..., :K].copy()\n"
+        "y2, st2 = _C.selective_scan_forward(x, dl, A, Br, Cr, D, bbar='zoh')\n"
+        "g2 = [np.zeros_like(A), np.zeros_like(D)]\n"
+        "outs2 = _C.selective_scan_backward(dy, x, dl, A, Br, Cr, D, st2, *g2, bbar='zoh')\n"
+        "w, b, dw, db = f(E, 4), f(E), np.zeros((E, 4), np.float32), np.zeros(E, np.float32)\n"
+        "cv = [_C.causal_conv1d_forward(x, w, b), _C.causal_conv1d_backward(dy, x, w, dw, db)]\n"
+        "np.savez(sys.argv[1], y, st, *outs, *g, y2, st2, *outs2, *g2, *cv, dw, db)\n"))
+
+
+def test_scan_bad_input(rng):
+    inp = scan_inputs(rng, 2, 9, 3, 4, True)
+    args = list(inp.values())
+    names = list(inp)
+    for i, name in enumerate(names[:-1]):  # D (one axis) below
+        def call(v, i=i):
+            a = list(args)
+            a[i] = v
+            return _C.complex_scan_forward(*a)
+        assert_array_argument_checked(call, name, args[i], sizes=(i > 0 and name != "A"))
+    with raises_naming(ValueError, "D"):
+        _C.complex_scan_forward(*args[:-1], randn(rng, 4))
+    with raises_naming(TypeError, "D"):
+        _C.complex_scan_forward(*args[:-1], inp["D"].astype(np.float64))
+    with raises_naming(ValueError, "chunk"):
+        _C.complex_scan_forward(*args, chunk=0)
+    with raises_naming(ValueError, "bbar"):
+        _C.complex_scan_forward(*args, bbar="exact")
+    big = {**inp, "A": np.zeros((3, 129), np.float32), "omega": np.zeros((3, 129), np.float32),
+           "B": randn(rng, 2, 9, 258), "C": randn(rng, 2, 9, 258)}
+    with raises_naming(ValueError, "A"):
+        _C.complex_scan_forward(*big.values())
+    y, states = _C.complex_scan_forward(*args, chunk=4)
+    dy = randn(rng, 2, 9, 3)
+    grads = [np.zeros((3, 4), np.float32), np.zeros((3, 4), np.float32), np.zeros(3, np.float32)]
+    with raises_naming(ValueError, "states"):  # 3 chunks of 4 saved, 2 of 5 asked for
+        _C.complex_scan_backward(dy, *args, states, *grads, chunk=5)
+    with raises_naming(ValueError, "dA"):
+        _C.complex_scan_backward(dy, *args, states, grads[0][:, :3].copy(), *grads[1:], chunk=4)
+    with raises_naming(ValueError, "dA"):  # written in place: must not alias an input
+        _C.complex_scan_backward(dy, *args[:3], grads[0], *args[4:], states, grads[0],
+                                 *grads[1:], chunk=4)
+    real = [inp["x"], inp["delta"], inp["A"], inp["B"], inp["C"], inp["D"]]
+    with raises_naming(ValueError, "B"):  # the real scan's B has K states, not 2K
+        _C.selective_scan_forward(*real)
