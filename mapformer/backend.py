@@ -82,6 +82,26 @@ def _conj_attention_backward(dout, qx, kx, qp, kp, v, out, lse, mode="score_prod
     return ref.conj_attention_backward(dout, qx, kx, qp, kp, v, mode, scale)
 
 
+def _ape_apply_backward(dy, x, maps, index, dmaps):
+    dx, gmaps = ref.ape_apply_backward(dy, x, maps, index)
+    dmaps += gmaps
+    return dx
+
+
+def _ape_powers(dtype):
+    """APE's generator-side arithmetic (parameters only: expm of H small skew matrices, their
+    powers and the way back), float64 NumPy on every backend, returned in ``dtype``:
+    ape_powers_forward(generator, steps) -> maps; ape_powers_backward(dmaps, generator,
+    dgenerator) accumulates (+=) into dgenerator."""
+    def forward(generator, steps):
+        return np.ascontiguousarray(ref.ape_powers_forward(generator, steps), dtype=dtype)
+
+    def backward(dmaps, generator, dgenerator):
+        dgenerator += ref.ape_powers_backward(dmaps, generator).astype(dtype)
+
+    return dict(ape_powers_forward=forward, ape_powers_backward=backward)
+
+
 def _adamw_step(params, grads, m, v, decay_mask, *, lr, step, beta1=0.9, beta2=0.999, eps=1e-8,
                 weight_decay=0.0):
     params[:], m[:], v[:] = ref.adamw_step(params, grads, m, v, decay_mask, lr, beta1, beta2,
@@ -140,7 +160,7 @@ def array_ops(float_dtype):
 
 C = SimpleNamespace(name="c", dtype=np.float32, **array_ops(np.float32), **{
     name: getattr(_C, name) for name in dir(_C) if name.endswith(("_forward", "_backward"))
-    or name in ("adamw_step", "global_norm", "clip_grad_norm")})
+    or name in ("adamw_step", "global_norm", "clip_grad_norm")}, **_ape_powers(np.float32))
 
 NUMPY = SimpleNamespace(
     name="numpy",
@@ -175,6 +195,9 @@ NUMPY = SimpleNamespace(
     tape_mix_backward=_tape_mix_backward,
     softmax_xent_forward=ref.softmax_xent_forward,
     softmax_xent_backward=ref.softmax_xent_backward,
+    ape_apply_forward=ref.ape_apply_forward,
+    ape_apply_backward=_ape_apply_backward,
+    **_ape_powers(np.float64),
     adamw_step=_adamw_step,
     global_norm=ref.global_norm,
     clip_grad_norm=_clip_grad_norm,
