@@ -609,6 +609,14 @@ def _swap(m):
     return np.swapaxes(m, -1, -2)
 
 
+def _times(table, m):
+    """table (G, n, H, E, E) times m (G, H, E, E) on the right, every entry: one product of
+    (n E, E) by (E, E) per (g, h) (a broadcast stack of small products would skip BLAS)."""
+    g, n, h, e, _ = table.shape
+    rows = np.moveaxis(table, 1, 2).reshape(g, h, n * e, e) @ m
+    return np.moveaxis(rows.reshape(g, h, n, e, e), 2, 1)
+
+
 def ape_powers_forward(generator, steps, dtype=np.float64):
     """generator (G, H, E, E) (any real matrices A) -> maps (G, steps, H, E, E) with
     maps[g, p, h] = W^p, W = expm(A - A^T) (orthogonal, det +1), p = 0..steps-1, by doubling:
@@ -619,7 +627,7 @@ def ape_powers_forward(generator, steps, dtype=np.float64):
     table = np.broadcast_to(np.eye(a.shape[-1], dtype=dtype), a.shape)[:, None].copy()
     power = w
     while table.shape[1] < steps:
-        table = np.concatenate([table, table @ power[:, None]], axis=1)
+        table = np.concatenate([table, _times(table, power)], axis=1)
         power = power @ power
     return table[:, :steps].copy()
 
@@ -639,7 +647,7 @@ def ape_powers_backward(dmaps, generator, dtype=np.float64):
     while table.shape[1] < steps:
         tables.append(table)
         powers.append(power)
-        table = np.concatenate([table, table @ power[:, None]], axis=1)
+        table = np.concatenate([table, _times(table, power)], axis=1)
         power = power @ power
     dtable = np.zeros_like(table)
     dtable[:, :steps] = dmaps
@@ -647,10 +655,11 @@ def ape_powers_backward(dmaps, generator, dtype=np.float64):
     for table, power in zip(reversed(tables), reversed(powers)):
         n = table.shape[1]
         dpower = dpower @ _swap(power) + _swap(power) @ dpower  # power @ power
-        dpower = dpower + np.einsum("gpij,gpik->gjk", *(np.moveaxis(t, 2, 1).reshape(
-            (t.shape[0] * t.shape[2], n) + t.shape[-2:]) for t in (table, dtable[:, n:])
-        )).reshape(w.shape)
-        dtable = dtable[:, :n] + dtable[:, n:] @ _swap(power)[:, None]
+        # sum_j table[j]^T dtable[n + j] = [table[0]; ...]^T [dtable[n]; ...]: one product
+        stacked = [np.moveaxis(t, 1, 2).reshape(w.shape[:2] + (-1, w.shape[-1]))
+                   for t in (table, dtable[:, n:])]
+        dpower = dpower + _swap(stacked[0]) @ stacked[1]
+        dtable = dtable[:, :n] + _times(dtable[:, n:], _swap(power))
     ds = expm_frechet(_swap(s), dpower, dtype=dtype)
     return ds - _swap(ds)
 
