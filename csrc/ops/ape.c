@@ -16,13 +16,18 @@
  * Parallel layout: forward and dx over (tb, t) items, each running its batch rows with one
  * map at a time (the map stays in L1 while the rows stream past); dmaps over (a, p, h) items,
  * each owning its map's gradient and adding its tokens in (tb, t, b) order, so every output has
- * the same bits for any thread count. Plain loops: the row-times-map products vectorise as
- * written (eight partial sums per dot product in a fixed order).
+ * the same bits for any thread count. Plain loops that vectorise as written (eight partial sums
+ * per dot product in a fixed order), compiled per ISA (MF_CLONES: AVX2 and AVX-512 beside the
+ * baseline). Measured at B=128, T=256, H=2, D=64, one thread: forward 26 ms, backward (dx and
+ * dmaps) 46 ms per tensor, against 38 and 78 ms for the baseline build alone; passing four batch
+ * rows per pass over the map (register blocking by hand) or running dx through a transposed
+ * copy of the map were slower (186 / 212 ms and 30 / 57 ms): GCC did not vectorise the former.
  */
 #include <stdint.h>
 
 #include "mapformer/mapformer.h"
 #include "mapformer/threads.h"
+#include "mapformer/clones.h"
 
 #define APE_MIN_PARALLEL 16384 /* B*T*H*D below this runs on one thread */
 
@@ -59,8 +64,9 @@ static inline void map_row_transposed(float *restrict dx, const float *restrict 
 }
 
 /* One (tb, t) item of the forward (transposed = 0) or of dx (transposed = 1). */
-static int apply_item(float *out, const float *in, const float *maps, const int32_t *index,
-                      const MfApeParams *p, int64_t tb, int64_t t, int transposed) {
+MF_CLONES static int apply_item(float *out, const float *in, const float *maps,
+                                const int32_t *index, const MfApeParams *p, int64_t tb,
+                                int64_t t, int transposed) {
     const int64_t B = p->B, T = p->T, H = p->H, D = p->D, A = p->A, P = p->P;
     const int64_t E = D / A;
     const int64_t b0 = p->TB == 1 ? 0 : tb, b1 = p->TB == 1 ? B : tb + 1;
@@ -101,7 +107,7 @@ int ape_apply_forward(const MfApeParams *p) {
 }
 
 /* dmaps[a, pos, h] += sum over tokens at pos of dy_chunk x_chunk^T, tokens in (tb, t, b) order */
-static void dmaps_item(const MfApeParams *p, int64_t a, int64_t pos, int64_t h) {
+MF_CLONES static void dmaps_item(const MfApeParams *p, int64_t a, int64_t pos, int64_t h) {
     const int64_t B = p->B, T = p->T, H = p->H, D = p->D, A = p->A, P = p->P, TB = p->TB;
     const int64_t E = D / A;
     float *restrict g = p->dmaps + ((a * P + pos) * H + h) * E * E;
