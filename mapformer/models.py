@@ -86,7 +86,8 @@ class ModelConfig:
     chosen component declares is refused, naming who declares it.
 
     :meth:`preset` builds a config from a paper model's name (MODELS), :meth:`for_task` also
-    takes the task's defaults (vocab_size, omega_grid, cope_positions).
+    takes the task's defaults (vocab_size, omega_grid, cope_positions, coord_dims,
+    ape_positions).
     """
 
     vocab_size: int
@@ -169,7 +170,8 @@ class ModelConfig:
     def for_task(cls, name, task, **values):
         """:meth:`preset` for a run on ``task`` (a task config): vocab_size is the task's, and
         every option of the chosen components with a task default (``Option.from_task``:
-        omega_grid, cope_positions) takes it unless given in ``values``."""
+        omega_grid, cope_positions, coord_dims, ape_positions) takes it unless given in
+        ``values``."""
         parts = preset_parts(name, *(values.get(part) for part in ("mixer", "positional",
                                                                    "bottleneck")))[:3]
         from_task = {option.name: option.from_task(task)
