@@ -91,15 +91,23 @@ def _ape_apply_backward(dy, x, maps, index, dmaps):
 def _ape_powers(dtype):
     """APE's generator-side arithmetic (parameters only: expm of H small skew matrices, their
     powers and the way back), float64 NumPy on every backend, returned in ``dtype``:
-    ape_powers_forward(generator, steps) -> maps; ape_powers_backward(dmaps, generator,
-    dgenerator) accumulates (+=) into dgenerator."""
+    ape_powers_forward(generator, steps) -> maps and ape_tree_forward(generator, depth) ->
+    maps; ape_powers_backward / ape_tree_backward(dmaps, generator, dgenerator) accumulate
+    (+=) into dgenerator."""
     def forward(generator, steps):
         return np.ascontiguousarray(ref.ape_powers_forward(generator, steps), dtype=dtype)
 
     def backward(dmaps, generator, dgenerator):
         dgenerator += ref.ape_powers_backward(dmaps, generator).astype(dtype)
 
-    return dict(ape_powers_forward=forward, ape_powers_backward=backward)
+    def tree_forward(generator, depth):
+        return np.ascontiguousarray(ref.ape_tree_forward(generator, depth), dtype=dtype)
+
+    def tree_backward(dmaps, generator, dgenerator):
+        dgenerator += ref.ape_tree_backward(dmaps, generator).astype(dtype)
+
+    return dict(ape_powers_forward=forward, ape_powers_backward=backward,
+                ape_tree_forward=tree_forward, ape_tree_backward=tree_backward)
 
 
 def _adamw_step(params, grads, m, v, decay_mask, *, lr, step, beta1=0.9, beta2=0.999, eps=1e-8,

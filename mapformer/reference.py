@@ -673,3 +673,47 @@ def rope_generator(frequencies, n_generators=1):
     i = np.arange(nb)
     a[:, :, 2 * i + 1, 2 * i] = frequencies
     return a
+
+
+def ape_tree_forward(generator, depth, dtype=np.float64):
+    """generator (2, H, E, E) (one per branch: 0 left, 1 right) -> maps (1, 2^(depth+1), H, E,
+    E): the operator of every node of a binary tree of ``depth`` levels below the root, by heap
+    number h (root 1, children 2h and 2h + 1; entry 0 unused, the identity):
+    maps[0, 1] = I, maps[0, h] = maps[0, h // 2] W_(h % 2), W_b = expm(A_b - A_b^T), the
+    ordered product of the branches' operators along the root-to-node path (non-commutative:
+    left-then-right differs from right-then-left). Built level by level (2 batched products
+    per level)."""
+    (a,) = _cast(dtype, generator)
+    w = expm(a - _swap(a), dtype=dtype)  # (2, H, E, E)
+    h, e = a.shape[1], a.shape[-1]
+    table = np.empty((1, 2 ** (depth + 1), h, e, e), dtype)
+    table[0, :2] = np.eye(e, dtype=dtype)
+    for level in range(1, depth + 1):
+        parents = table[:, 2 ** (level - 1):2 ** level]
+        for b in (0, 1):
+            table[:, 2 ** level + b:2 ** (level + 1):2] = _times(parents, w[b][None])
+    return table
+
+
+def ape_tree_backward(dmaps, generator, dtype=np.float64):
+    """dmaps (1, 2^(depth+1), H, E, E), generator (2, H, E, E) -> dgenerator (2, H, E, E): the
+    levels undone from the deepest (dW_b += sum over branch-b children of M_parent^T
+    dM_child; dM_parent += dM_child W_b^T), then each W_b through expm's Frechet derivative."""
+    dmaps, a = _cast(dtype, dmaps, generator)
+    depth = dmaps.shape[1].bit_length() - 2
+    s = a - _swap(a)
+    w = expm(s, dtype=dtype)
+    table = ape_tree_forward(a, depth, dtype=dtype)
+    d = dmaps.copy()
+    dw = np.zeros_like(w)
+    for level in range(depth, 0, -1):
+        lo, hi = 2 ** (level - 1), 2 ** level
+        parents = table[:, lo:hi]
+        for b in (0, 1):
+            children = d[:, 2 ** level + b:2 ** (level + 1):2]
+            stacked = [np.moveaxis(t, 1, 2).reshape((1,) + w.shape[1:2] + (-1, w.shape[-1]))
+                       for t in (parents, children)]
+            dw[b] += (_swap(stacked[0]) @ stacked[1])[0]
+            d[:, lo:hi] += _times(children, _swap(w[b])[None])
+    ds = expm_frechet(_swap(s), dw, dtype=dtype)
+    return ds - _swap(ds)

@@ -218,3 +218,24 @@ def test_results_do_not_depend_on_thread_count(tmp_path):
         "    outs += [_C.ape_apply_forward(x, maps, index),\n"
         "             _C.ape_apply_backward(dy, x, maps, index, dmaps), dmaps]\n"
         "np.savez(sys.argv[1], *outs)\n"))
+
+
+def test_tree_maps_are_ordered_products_along_the_path(rng):
+    a = rng.standard_normal((2, 2, 4, 4)) * 0.5
+    w = ref.expm(a - np.swapaxes(a, -1, -2))
+    maps = ref.ape_tree_forward(a, 3)[0]  # heap numbers 0..15
+    assert maps.shape == (16, 2, 4, 4)
+    eye = np.broadcast_to(np.eye(4), (2, 4, 4))
+    np.testing.assert_allclose(maps[1], eye, atol=0)  # the root (and 0, no node)
+    np.testing.assert_allclose(maps[0], eye, atol=0)
+    for h in range(2, 16):  # the bits after the leading 1 are the path, 0 left, 1 right
+        product = eye
+        for bit in bin(h)[3:]:
+            product = product @ w[int(bit)]
+        np.testing.assert_allclose(maps[h], product, atol=1e-12)
+    assert np.abs(maps[5] - maps[6]).max() > 1e-2  # left-right is not right-left
+    c = rng.standard_normal((1,) + maps.shape)
+    np.testing.assert_allclose(
+        ref.ape_tree_backward(c, a),
+        numerical_grad(lambda: (ref.ape_tree_forward(a, 3) * c).sum(), a),
+        rtol=1e-6, atol=1e-8)

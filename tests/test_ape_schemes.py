@@ -77,6 +77,36 @@ def test_2d_scores_depend_on_the_displacement_only(positional):
     assert abs(s[0, 0, 1] - s[0, 0, 7]) > 1e-3
 
 
+@pytest.mark.parametrize("random", [True, False])
+def test_tree_scores_depend_on_the_path_only(random):
+    """Every token equal: a score is a function of the two nodes, and it must be one of the
+    path between them: every (parent, left child) pair scores alike, every (parent, right
+    child) pair too; left-then-right and right-then-left differ once the generators do not
+    commute (random ones), and coincide at RoPE's initialisation (commuting rotations)."""
+    cfg = ModelConfig(vocab_size=9, d_model=32, n_heads=2, positional="ape_tree",
+                      options={"ape_tree_depth": 3})
+    model = Transformer(cfg, seed=4, backend="numpy")
+    if random:
+        gen = model.params.params[GENERATOR].value
+        gen[...] = np.random.default_rng(0).standard_normal(gen.shape) * 0.3
+    heap = np.array([1, 2, 3, 4, 5, 6, 7, 10, 13, 0])
+    model.forward(np.full((1, heap.size), 4), coordinates=heap[None, :, None])
+    s = scores(model)[0]
+    at = {int(h): i for i, h in enumerate(heap)}
+    for h in range(2):
+        left = [s[h, at[p], at[2 * p]] for p in (1, 2, 3, 5)]
+        right = [s[h, at[p], at[2 * p + 1]] for p in (1, 2, 3, 6)]
+        np.testing.assert_allclose(left, left[0], rtol=1e-10)
+        np.testing.assert_allclose(right, right[0], rtol=1e-10)
+        assert abs(left[0] - right[0]) > 1e-4
+        # up one level then down the other side: the same path from 4 to 5 as from 6 to 7
+        np.testing.assert_allclose(s[h, at[4], at[5]], s[h, at[6], at[7]], rtol=1e-10)
+        # 5 is left-then-right, 6 right-then-left; node 0 (no node) is at the root
+        np.testing.assert_allclose(s[h, at[0], at[3]], s[h, at[1], at[3]], rtol=1e-10)
+        differ = abs(s[h, at[1], at[5]] - s[h, at[1], at[6]])
+        assert differ > 1e-4 if random else differ < 1e-10
+
+
 def test_coordinates_are_required_and_checked():
     cfg = ModelConfig(vocab_size=9, d_model=48, n_heads=2, positional="gridpe",
                       options={"coord_dims": 2})
@@ -89,6 +119,12 @@ def test_coordinates_are_required_and_checked():
         model.forward(np.zeros((1, 4), np.int32), coordinates=np.zeros((1, 4, 3)))
     with pytest.raises(ValueError, match="finite"):
         model.forward(np.zeros((1, 4), np.int32), coordinates=np.full((1, 4, 2), np.nan))
+    tree = Transformer(ModelConfig(vocab_size=9, d_model=32, n_heads=2, positional="ape_tree",
+                                   options={"ape_tree_depth": 2}))
+    with pytest.raises(ValueError, match="'ape_tree' needs the tokens' heap numbers"):
+        tree.forward(np.zeros((1, 4), np.int32))
+    with pytest.raises(ValueError, match="index.* = 8 is out of range"):
+        tree.forward(np.zeros((1, 2), np.int32), coordinates=[[[1], [8]]])
     grid = Transformer(ModelConfig(vocab_size=9, d_model=48, n_heads=2, positional="ape_grid",
                                    options={"coord_dims": 2, "ape_positions": 4}))
     with pytest.raises(ValueError, match="index.* = 4 is out of range"):
@@ -115,17 +151,24 @@ def test_gridpe_frequencies():
         assert abs(r[np.argmin(r ** n / np.log(r))] - math.exp(1 / n)) < 1e-3
 
 
-@pytest.mark.parametrize("positional,dims", [("ape_seq", 1), ("ape_grid", 2)])
+@pytest.mark.parametrize("positional,dims", [("ape_seq", 1), ("ape_grid", 2),
+                                             ("ape_tree", 1)])
 def test_generator_gradient_matches_finite_differences(positional, dims):
-    """Through both layers' maps, the doubling and expm's Frechet derivative (float64)."""
+    """Through both layers' maps, the doubling (the tree's levels) and expm's Frechet
+    derivative (float64)."""
     task = navigation.NavigationConfig(dims=dims, steps=5, grid_size=3, n_objects=3)
     batch = navigation.generate(task, 2, np.random.default_rng(0))
     coords = navigation.token_coordinates(batch)
+    options = {}
+    if positional == "ape_tree":  # heap numbers 0 (no node) .. 7 of a depth-2 table
+        coords = np.random.default_rng(1).integers(0, 8, batch.tokens.shape + (1,))
+        options = {"ape_tree_depth": 2}
     cfg = ModelConfig.for_task("rope", task, d_model=32, n_heads=2, n_layers=2,
-                               positional=positional, ape_no_init=True)
+                               positional=positional, ape_no_init=True, **options)
     model = Transformer(cfg, seed=0, backend="numpy")
     gen = model.params.params[GENERATOR]
-    assert gen.shape == (dims, 2, 16 // dims, 16 // dims)
+    generators = 2 if positional == "ape_tree" else dims
+    assert gen.shape == (generators, 2, 16 // dims, 16 // dims)
 
     def loss():
         return model.loss(batch.tokens, batch.targets, np.ones_like(batch.mask), coords)

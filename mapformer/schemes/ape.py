@@ -1,6 +1,7 @@
-"""``ape_seq`` and ``ape_grid``: algebraic positional encodings (Kogkalidis et al., "Algebraic
-Positional Encodings", NeurIPS 2024): positions as orthogonal operators on queries and keys
-(kind ``attention``: the scheme applies them, then runs the causal attention).
+"""``ape_seq``, ``ape_grid`` and ``ape_tree``: algebraic positional encodings (Kogkalidis et
+al., "Algebraic Positional Encodings", NeurIPS 2024): positions as orthogonal operators on
+queries and keys (kind ``attention``: the scheme applies them, then runs the causal
+attention).
 
 ``ape_seq``: one orthogonal W = expm(A - A^T) per head (appendix 8.1: A any real D x D matrix,
 the trained parameter); the token at position p (its index) has q -> W^p q, k -> W^p k, so the
@@ -21,10 +22,13 @@ backend (``ops.ape_powers_*``); applying the maps to the activations is the C op
 Initialisation (option ``ape_no_init`` False): RoPE in closed form, A[2i+1, 2i] = omega_i =
 rope_base^(-i / NB) on each chunk (so expm(A - A^T) is the block-diagonal rotation RoPE applies:
 ape_seq starts as exactly the ``rope`` scheme, ape_grid as axial RoPE); with ``ape_no_init``:
-A ~ N(0, 0.01^2), W near the identity. Not done: the paper's multiplicative distance decay of
-the logits (0.98^distance; the attention kernels take no per-pair factor), and ape_tree.
+A ~ N(0, 0.01^2), W near the identity. ``ape_tree`` (below): binary-tree positions, one
+generator per branch. Not done: the paper's multiplicative distance decay of the logits
+(0.98^distance; the attention kernels take no per-pair factor).
 """
 import weakref
+
+import numpy as np
 
 from .. import reference
 from ..nn import normal_init
@@ -70,7 +74,19 @@ class APE(AttentionScheme):
 
     @classmethod
     def axes(cls, config):
+        """A: the chunks the head is cut into (one generator each, unless ``generators``
+        says otherwise)."""
         return 1
+
+    @classmethod
+    def generators(cls, config):
+        return cls.axes(config)
+
+    def rope_init(self, rng, shape):
+        """RoPE's rotation on every generator (closed form)."""
+        g, h, e, _ = shape
+        return reference.rope_generator(rope_frequencies(self.config.options["rope_base"], h,
+                                                         e // 2), g)
 
     def __init__(self, store, name, config, ops):
         super().__init__(store, name, config, ops)
@@ -82,12 +98,9 @@ class APE(AttentionScheme):
         shared = _SHARED.setdefault(store, {})
         self.owner = self.name not in shared
         if self.owner:
-            o = config.options
-            init = (normal_init(0.01) if o["ape_no_init"] else
-                    lambda rng, shape: reference.rope_generator(
-                        rope_frequencies(o["rope_base"], h, e // 2), a))
-            shared[self.name] = _Shared(store.declare(f"{name}.generator", (a, h, e, e), init,
-                                                      decay=False))
+            init = normal_init(0.01) if config.options["ape_no_init"] else self.rope_init
+            shared[self.name] = _Shared(store.declare(
+                f"{name}.generator", (self.generators(config), h, e, e), init, decay=False))
         self.shared = shared[self.name]
 
     @property
@@ -98,7 +111,7 @@ class APE(AttentionScheme):
         self.index, positions = self.positions(steps)
         shared, ops = self.shared, self.ops
         if self.owner:
-            shared.maps = ops.ape_powers_forward(shared.param.value, positions)
+            shared.maps = self.table_forward(shared.param.value, positions)
             shared.dmaps = ops.zeros_like(shared.maps)
         self.q, self.k, self.v = q, k, v
         self.q_att = ops.ape_apply_forward(q, shared.maps, self.index)
@@ -113,8 +126,15 @@ class APE(AttentionScheme):
         dq = ops.ape_apply_backward(dq_att, self.q, shared.maps, self.index, shared.dmaps)
         dk = ops.ape_apply_backward(dk_att, self.k, shared.maps, self.index, shared.dmaps)
         if self.owner:  # the first layer's backward runs last: every layer's dmaps are in
-            ops.ape_powers_backward(shared.dmaps, shared.param.value, shared.param.grad)
+            self.table_backward(shared.dmaps, shared.param.value, shared.param.grad)
         return dq, dk, dv, dstate
+
+    def table_forward(self, generator, positions):
+        """The maps (A, P, H, E, E) of ``positions`` positions per axis: powers W^p."""
+        return self.ops.ape_powers_forward(generator, positions)
+
+    def table_backward(self, dmaps, generator, dgenerator):
+        self.ops.ape_powers_backward(dmaps, generator, dgenerator)
 
     @classmethod
     def flops(cls, config, batch, steps):
@@ -154,3 +174,55 @@ class APEGrid(APE):
         extent = self.config.options["ape_positions"]
         return self.ops.as_indices(coordinates), (max(extent, steps)
                                                   if self.coordinates is None else extent)
+
+
+APE_TREE_DEPTH = Option("ape_tree_depth", int, 6, "levels below the root ape_tree tabulates "
+                        "(heap numbers 1 .. 2^(depth+1) - 1)", minimum=1)
+
+
+def tree_rope_generator(base, n_heads, dim):
+    """(2, H, D, D): branch 0 at RoPE's frequencies base^(-i / NB), branch 1 half a step
+    lower, base^(-(i + 1/2) / NB), NB = D / 2."""
+    nb = dim // 2
+    return np.concatenate([reference.rope_generator(np.tile(base ** (-(np.arange(nb) + shift)
+                                                                   / nb), (n_heads, 1)))
+                           for shift in (0.0, 0.5)])
+
+
+@register_scheme
+class APETree(APE):
+    """``ape_tree``: position = the token's node in a binary tree by heap number h (root 1,
+    children 2h and 2h + 1; 0: no node, the identity, for separators and padding), given as
+    the coordinates (B, T, 1) (there is no token-index fallback). Two generators per head,
+    W_0 (left) and W_1 (right); node h's operator is the ordered product along its path,
+    M_h = M_(h // 2) W_(h % 2), so the score between two nodes depends only on the path
+    between them (up to their common ancestor, then down), and paths with the same branch
+    counts in another order differ (not expressible as MapWM's cumulative sum). The heap
+    numbers index the table directly: the paper's public code looked 1-indexed heap numbers
+    up in a 0-indexed enumeration (its root got a child's path); this is the numbering the
+    algebra says. RoPE initialisation: W_0 at RoPE's frequencies base^(-i / NB), W_1 at
+    base^(-(i + 1/2) / NB) (both rotations: commutative until training moves them)."""
+
+    name = "ape_tree"
+    options = (ROPE_BASE, APE_NO_INIT, APE_TREE_DEPTH)
+
+    @classmethod
+    def generators(cls, config):
+        return 2
+
+    def rope_init(self, rng, shape):
+        return tree_rope_generator(self.config.options["rope_base"], shape[1], shape[2])
+
+    def positions(self, steps):
+        if self.coordinates is None or self.coordinates.shape[2] != 1:
+            raise ValueError("positional scheme 'ape_tree' needs the tokens' heap numbers as "
+                             "coordinates (B, T, 1): pass coordinates= to "
+                             "Transformer.forward / loss")
+        return (self.ops.as_indices(self.coordinates),
+                2 ** (self.config.options["ape_tree_depth"] + 1))
+
+    def table_forward(self, generator, positions):
+        return self.ops.ape_tree_forward(generator, positions.bit_length() - 2)
+
+    def table_backward(self, dmaps, generator, dgenerator):
+        self.ops.ape_tree_backward(dmaps, generator, dgenerator)
