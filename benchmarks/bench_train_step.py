@@ -80,23 +80,29 @@ class OpTimer:
 
 
 def bench(model_name, args):
+    """model_name: a preset, or 'preset/scheme' for the preset with another positional scheme
+    (e.g. rope/ape_seq); the tokens' coordinates (the agent's cells) go to the model, for the
+    schemes that read them (gridpe, ape_grid)."""
     task = navigation.NavigationConfig(dims=2, steps=args.tokens // 2, grid_size=64)
-    cfg = ModelConfig.for_task(model_name, task, d_model=args.d_model, n_heads=args.heads,
-                               n_layers=args.layers)
+    preset, _, positional = model_name.partition("/")
+    cfg = ModelConfig.for_task(preset, task, d_model=args.d_model, n_heads=args.heads,
+                               n_layers=args.layers,
+                               **({"positional": positional} if positional else {}))
     model = Transformer(cfg, seed=0)
     opt = AdamW(model, TrainConfig())
     batch = navigation.generate(task, args.batch, np.random.default_rng(0))
+    coordinates = navigation.token_coordinates(batch)
     times = []
     for i in range(args.warmup + args.repeats):
         t0 = time.perf_counter()
-        model.loss(batch.tokens, batch.targets, batch.mask)
+        model.loss(batch.tokens, batch.targets, batch.mask, coordinates)
         model.backward()
         opt.step(1e-4)
         if i >= args.warmup:
             times.append(time.perf_counter() - t0)
     timer = OpTimer()
     try:
-        model.loss(batch.tokens, batch.targets, batch.mask)
+        model.loss(batch.tokens, batch.targets, batch.mask, coordinates)
         model.backward()
         opt.step(1e-4)
     finally:
@@ -119,7 +125,9 @@ def main():
                         "slower)")
     p.add_argument("--sgemm-size", type=int, default=2048)
     p.add_argument("--models", default="mapwm,rope",
-                   help=f"comma-separated model presets, of {', '.join(MODELS)}")
+                   help=f"comma-separated model presets, of {', '.join(MODELS)}, each "
+                        "optionally with another positional scheme: preset/scheme (e.g. "
+                        "rope/ape_seq)")
     args = p.parse_args()
 
     rate = sgemm_rate(args.sgemm_size, 15)
