@@ -19,6 +19,10 @@ C width, V vocab, r Delta rank, 4C the MLP width):
 The attention backward's recomputation of the scores is not counted: it is an implementation
 choice, not work the step needs.
 
+`--models` takes presets and preset/scheme pairs (rope/ape_seq, rope/gridpe, rope/ape_grid).
+APE's generator side runs on NumPy's OpenBLAS: set OPENBLAS_NUM_THREADS=1 for it (its own
+threads fight the C core's OpenMP ones).
+
 Prints one JSON line at the end.
 """
 import argparse
