@@ -64,10 +64,13 @@ class _Shared:
 
 
 class APE(AttentionScheme):
-    """Shared machinery of the APE schemes. Subclasses set ``axes(config)`` and
-    ``index(batch, steps) -> ((TB, T, A) int32, P)``. Parameter ``generator`` (A, H, E, E)
-    (first layer only). Traces: ``q_att``, ``k_att`` (B, T, H, D) the mapped queries and
-    keys; ``maps`` (A, P, H, E, E) W^p per axis."""
+    """Shared machinery of the APE schemes. A subclass defines ``positions(steps) ->
+    (index (TB, T, A) int32, P)`` (each token's position per axis, and the positions the table
+    holds), and may change ``axes(config)`` (A), ``generators(config)`` (G),
+    ``rope_init`` and ``table_forward`` / ``table_backward`` (generators -> maps, default:
+    powers). Parameter ``generator`` (G, H, E, E), declared by the first layer only. Traces:
+    ``q_att``, ``k_att`` (B, T, H, D) the mapped queries and keys; ``maps`` (A, P, H, E, E)
+    the operator of every position (per axis)."""
 
     kind = "attention"
     traces = ("q_att", "k_att", "maps")
