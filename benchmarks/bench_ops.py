@@ -14,8 +14,9 @@ Conventions:
            output written once, 4 B per float32 (write-allocate traffic not counted).
   GFLOP/s  flops() / median time, flops() = adds and multiplies of the op's defining formulas
            (see each family's docstring for what is counted).
-The NumPy side is the float64 reference's formulas (mapformer/reference.py) transcribed to
-float32 arrays, computing each cos/sin once: what an eager-NumPy layer would run.
+The NumPy side is the op's float64 reference (mapformer/reference.py) run with dtype=float32:
+the same formulas, as an eager-NumPy layer would run them (attention's backward, like the
+reference, recomputes the forward from q, k, v).
 
 Families: rotary (path integration + rotary), attention (causal attention forward/backward
 on every kernel set the CPU runs, or those --kernel-sets names; flops are the products the
@@ -42,7 +43,7 @@ from typing import Callable
 
 import numpy as np
 
-TWO_PI32 = np.float32(2.0 * np.pi)
+F32 = np.float32  # the reference's dtype on the NumPy side
 
 
 @dataclass
@@ -70,48 +71,6 @@ def timeit(fn, warmup, repeats, clock=time.perf_counter):
 
 
 # ---- path integration + rotary (MapWM) ----------------------------------------------------
-def _np_path_integration_forward(delta, omega):
-    theta = omega * np.cumsum(delta, axis=1)
-    return theta - TWO_PI32 * np.floor(theta / TWO_PI32 + np.float32(0.5))
-
-
-def _np_rotate(x, c, s):
-    y = np.empty_like(x)
-    x0, x1 = x[..., 0::2], x[..., 1::2]
-    y[..., 0::2] = x0 * c - x1 * s
-    y[..., 1::2] = x0 * s + x1 * c
-    return y
-
-
-def _np_rotary_forward(q, k, theta):
-    c, s = np.cos(theta), np.sin(theta)
-    return _np_rotate(q, c, s), _np_rotate(k, c, s)
-
-
-def _np_rotary_backward(dq_out, dk_out, q, k, theta):
-    c, s = np.cos(theta), np.sin(theta)
-    dtheta = np.zeros(np.broadcast_shapes(q.shape[:-1] + (q.shape[-1] // 2,), theta.shape),
-                      np.float32)
-    grads = []
-    for dy, x in ((dq_out, q), (dk_out, k)):
-        dx = _np_rotate(dy, c, -s)  # R(theta)^T dy
-        grads.append(dx)
-        dtheta += x[..., 0::2] * dx[..., 1::2] - x[..., 1::2] * dx[..., 0::2]
-    if theta.shape[0] == 1:
-        dtheta = dtheta.sum(0, keepdims=True)
-    return grads[0], grads[1], dtheta
-
-
-def _np_path_integration_backward(dtheta, delta, omega, domega):
-    ddelta = np.ascontiguousarray(np.flip(np.cumsum(np.flip(dtheta * omega, 1), 1), 1))
-    domega += (dtheta * np.cumsum(delta, axis=1)).sum((0, 1))
-    return ddelta
-
-
-def _wrapped(a):
-    return a - 2 * np.pi * np.floor(a / (2 * np.pi) + 0.5)
-
-
 def rotary_benches(C, B=128, T=256, H=2, D=64, seed=0):
     """Path integration (theta = wrap(omega * cumsum_t delta)) and the rotary op on q and k,
     MapWM's per-batch angles (TB = B), at the MapFormer paper's scale by default.
@@ -128,6 +87,8 @@ def rotary_benches(C, B=128, T=256, H=2, D=64, seed=0):
              path_integration bwd  ddelta: mul + add; domega: cumsum add,
                                    mul, add                                    5N
     cos/sin, the angle wrap and float/double conversions are not counted."""
+    from mapformer import reference as ref
+
     NB = D // 2
     N = B * T * H * NB
     rng = np.random.default_rng(seed)
@@ -137,7 +98,7 @@ def rotary_benches(C, B=128, T=256, H=2, D=64, seed=0):
     q, k, dq_out, dk_out, dtheta = f32(B, T, H, D), f32(B, T, H, D), f32(B, T, H, D), \
         f32(B, T, H, D), f32(B, T, H, NB)
     theta = C.path_integration_forward(delta, omega)
-    domega_c, domega_np = np.zeros((H, NB), np.float32), np.zeros((H, NB), np.float32)
+    domega_c = np.zeros((H, NB), np.float32)
     sizes = dict(B=B, T=T, H=H, D=D, TB=B)
 
     def close(a, b, name, tol=2e-3):
@@ -146,41 +107,41 @@ def rotary_benches(C, B=128, T=256, H=2, D=64, seed=0):
         assert err < tol, f"{name}: C and NumPy float32 differ by {err:.3g} (relative)"
 
     def check_pi_fwd():
-        close(_wrapped(C.path_integration_forward(delta, omega)
-                       - _np_path_integration_forward(delta, omega)), 0.0, "theta")
+        close(ref.wrap_angle(C.path_integration_forward(delta, omega)
+                       - ref.path_integration_forward(delta, omega, dtype=F32)), 0.0, "theta")
 
     def check_rot_fwd():
-        for a, b, n in zip(C.rotary_forward(q, k, theta), _np_rotary_forward(q, k, theta),
+        for a, b, n in zip(C.rotary_forward(q, k, theta), ref.rotary_forward(q, k, theta, dtype=F32),
                            ("q_out", "k_out")):
             close(a, b, n)
 
     def check_rot_bwd():
         for a, b, n in zip(C.rotary_backward(dq_out, dk_out, q, k, theta),
-                           _np_rotary_backward(dq_out, dk_out, q, k, theta),
+                           ref.rotary_backward(dq_out, dk_out, q, k, theta, dtype=F32),
                            ("dq", "dk", "dtheta")):
             close(a, b, n)
 
     def check_pi_bwd():
-        dc, dn = np.zeros_like(domega_c), np.zeros_like(domega_np)
-        close(C.path_integration_backward(dtheta, delta, omega, dc),
-              _np_path_integration_backward(dtheta, delta, omega, dn), "ddelta")
-        close(dc, dn, "domega")
+        dc = np.zeros_like(domega_c)
+        ddelta, domega = ref.path_integration_backward(dtheta, delta, omega, dtype=F32)
+        close(C.path_integration_backward(dtheta, delta, omega, dc), ddelta, "ddelta")
+        close(dc, domega, "domega")
 
     def c_fwd():
         th = C.path_integration_forward(delta, omega)
         return C.rotary_forward(q, k, th)
 
     def np_fwd():
-        th = _np_path_integration_forward(delta, omega)
-        return _np_rotary_forward(q, k, th)
+        th = ref.path_integration_forward(delta, omega, dtype=F32)
+        return ref.rotary_forward(q, k, th, dtype=F32)
 
     def c_bwd():
         _, _, dth = C.rotary_backward(dq_out, dk_out, q, k, theta)
         return C.path_integration_backward(dth, delta, omega, domega_c)
 
     def np_bwd():
-        _, _, dth = _np_rotary_backward(dq_out, dk_out, q, k, theta)
-        return _np_path_integration_backward(dth, delta, omega, domega_np)
+        _, _, dth = ref.rotary_backward(dq_out, dk_out, q, k, theta, dtype=F32)
+        return ref.path_integration_backward(dth, delta, omega, dtype=F32)
 
     def both(*checks):
         def run():
@@ -191,16 +152,16 @@ def rotary_benches(C, B=128, T=256, H=2, D=64, seed=0):
     return [
         OpBench("path_integration_forward", sizes, lambda: 2 * N, lambda: 8 * N,
                 lambda: C.path_integration_forward(delta, omega),
-                lambda: _np_path_integration_forward(delta, omega), check_pi_fwd),
+                lambda: ref.path_integration_forward(delta, omega, dtype=F32), check_pi_fwd),
         OpBench("rotary_forward", sizes, lambda: 12 * N, lambda: 36 * N,
-                lambda: C.rotary_forward(q, k, theta), lambda: _np_rotary_forward(q, k, theta),
+                lambda: C.rotary_forward(q, k, theta), lambda: ref.rotary_forward(q, k, theta, dtype=F32),
                 check_rot_fwd),
         OpBench("rotary_backward", sizes, lambda: 20 * N, lambda: 56 * N,
                 lambda: C.rotary_backward(dq_out, dk_out, q, k, theta),
-                lambda: _np_rotary_backward(dq_out, dk_out, q, k, theta), check_rot_bwd),
+                lambda: ref.rotary_backward(dq_out, dk_out, q, k, theta, dtype=F32), check_rot_bwd),
         OpBench("path_integration_backward", sizes, lambda: 5 * N, lambda: 12 * N,
                 lambda: C.path_integration_backward(dtheta, delta, omega, domega_c),
-                lambda: _np_path_integration_backward(dtheta, delta, omega, domega_np),
+                lambda: ref.path_integration_backward(dtheta, delta, omega, dtype=F32),
                 check_pi_bwd),
         OpBench("path_integration+rotary forward", sizes, lambda: 14 * N, lambda: 44 * N,
                 c_fwd, np_fwd, both(check_pi_fwd, check_rot_fwd),
@@ -212,48 +173,6 @@ def rotary_benches(C, B=128, T=256, H=2, D=64, seed=0):
 
 
 # ---- causal attention -------------------------------------------------------------------
-def _np_attention_forward(q, k, v, scale):
-    """float32 NumPy transcription of reference.attention_forward (batched BLAS matmuls)."""
-    T = q.shape[1]
-    qh, kh, vh = (np.ascontiguousarray(x.transpose(0, 2, 1, 3)) for x in (q, k, v))
-    s = (qh @ kh.transpose(0, 1, 3, 2)) * np.float32(scale)
-    s = np.where(np.tril(np.ones((T, T), dtype=bool)), s, np.float32(-np.inf))
-    m = s.max(-1, keepdims=True)
-    p = np.exp(s - m)
-    total = p.sum(-1, keepdims=True)
-    out = ((p / total) @ vh).transpose(0, 2, 1, 3)
-    return np.ascontiguousarray(out), (m + np.log(total))[..., 0]
-
-
-def _np_attention_backward(dout, q, k, v, out, lse, scale):
-    """float32 NumPy transcription of reference.attention_backward, with the saved out/lse."""
-    T = q.shape[1]
-    qh, kh, vh, doh, oh = (np.ascontiguousarray(x.transpose(0, 2, 1, 3))
-                           for x in (q, k, v, dout, out))
-    s = (qh @ kh.transpose(0, 1, 3, 2)) * np.float32(scale)
-    p = np.where(np.tril(np.ones((T, T), dtype=bool)), np.exp(s - lse[..., None]),
-                 np.float32(0))
-    dv = p.transpose(0, 1, 3, 2) @ doh
-    dp = doh @ vh.transpose(0, 1, 3, 2)
-    delta = (doh * oh).sum(-1, keepdims=True)
-    ds = p * (dp - delta) * np.float32(scale)
-    back = lambda x: np.ascontiguousarray(x.transpose(0, 2, 1, 3))  # noqa: E731
-    return back(ds @ kh), back(ds.transpose(0, 1, 3, 2) @ qh), back(dv)
-
-
-def on_kernel_set(C, name, fn):
-    """fn run with the C core's kernel set `name` active (mapformer._C.set_kernels), the set
-    active before restored after each call."""
-    def run():
-        before = C.kernels()
-        C.set_kernels(name)
-        try:
-            return fn()
-        finally:
-            C.set_kernels(before)
-    return run
-
-
 def attention_benches(C, B=128, T=256, H=2, D=64, numpy_batch=16, seed=0, kernel_sets=None,
                       numpy=True):
     """Causal softmax attention, forward (out, lse) and backward (dq, dk, dv), at the
@@ -294,7 +213,7 @@ def attention_benches(C, B=128, T=256, H=2, D=64, numpy_batch=16, seed=0, kernel
         close(o2, ro, "out vs reference", 1e-5)
         close(l2, rl, "lse vs reference", 1e-5)
         o3, l3 = C.attention_forward(qn, kn, vn)
-        no, nl = _np_attention_forward(qn, kn, vn, scale)
+        no, nl = ref.attention_forward(qn, kn, vn, scale, dtype=F32)
         close(o3, no, "out vs NumPy float32", 1e-4)
         close(l3, nl, "lse vs NumPy float32", 1e-4)
 
@@ -305,7 +224,7 @@ def attention_benches(C, B=128, T=256, H=2, D=64, numpy_batch=16, seed=0, kernel
                            ("dq", "dk", "dv")):
             close(a, b, n + " vs reference", 1e-4)
         got = C.attention_backward(don, qn, kn, vn, on, lsen)
-        for a, b, n in zip(got, _np_attention_backward(don, qn, kn, vn, on, lsen, scale),
+        for a, b, n in zip(got, ref.attention_backward(don, qn, kn, vn, scale, dtype=F32),
                            ("dq", "dk", "dv")):
             close(a, b, n + " vs NumPy float32", 1e-3)
 
@@ -317,16 +236,16 @@ def attention_benches(C, B=128, T=256, H=2, D=64, numpy_batch=16, seed=0, kernel
         benches += [
             OpBench(f"attention_forward [{kset}]", sizes, lambda: 2 * half_matmul,
                     lambda: 4 * (4 * nelem + B * H * T),
-                    on_kernel_set(C, kset, lambda: C.attention_forward(q, k, v)),
-                    (lambda: _np_attention_forward(qn, kn, vn, scale)) if with_numpy else None,
-                    on_kernel_set(C, kset, check_fwd),
+                    on_kernels(C, kset, lambda: C.attention_forward(q, k, v)),
+                    (lambda: ref.attention_forward(qn, kn, vn, scale, dtype=F32)) if with_numpy else None,
+                    on_kernels(C, kset, check_fwd),
                     notes="causal; flops = 2 products of the causal half", extra=extra),
             OpBench(f"attention_backward [{kset}]", sizes, lambda: 4 * half_matmul,
                     lambda: 4 * (8 * nelem + B * H * T),
-                    on_kernel_set(C, kset, lambda: C.attention_backward(dout, q, k, v, out, lse)),
-                    (lambda: _np_attention_backward(don, qn, kn, vn, on, lsen, scale))
+                    on_kernels(C, kset, lambda: C.attention_backward(dout, q, k, v, out, lse)),
+                    (lambda: ref.attention_backward(don, qn, kn, vn, scale, dtype=F32))
                     if with_numpy else None,
-                    on_kernel_set(C, kset, check_bwd),
+                    on_kernels(C, kset, check_bwd),
                     notes="causal; flops = 4 products of the causal half", extra=extra),
         ]
     return benches
@@ -334,68 +253,6 @@ def attention_benches(C, B=128, T=256, H=2, D=64, numpy_batch=16, seed=0, kernel
 
 # ---- conjunctive attention (MapEM) --------------------------------------------------------
 CONJ_MODES = ("score_product", "softmax_product", "sum")
-
-
-def _np_heads(*arrays):
-    """(B, T, H, D) arrays -> contiguous (B, H, T, D) views for batched matmuls."""
-    return [np.ascontiguousarray(x.transpose(0, 2, 1, 3)) for x in arrays]
-
-
-def _np_back(x):
-    """(B, H, T, D) -> contiguous (B, T, H, D)."""
-    return np.ascontiguousarray(x.transpose(0, 2, 1, 3))
-
-
-def _np_conj_scores(qx, kx, qp, kp):
-    """sX, sP (B, H, T, T) float32 and the causal mask (T, T)."""
-    T = qx.shape[2]
-    return (qx @ kx.transpose(0, 1, 3, 2), qp @ kp.transpose(0, 1, 3, 2),
-            np.tril(np.ones((T, T), dtype=bool)))
-
-
-def _np_conj_attention_forward(qx, kx, qp, kp, v, mode, scale):
-    """float32 NumPy transcription of reference.conj_attention_forward (batched BLAS
-    matmuls, full T x T matrices): -> out (B, T, H, D), lse (M, B, H, T)."""
-    qx, kx, qp, kp, v = _np_heads(qx, kx, qp, kp, v)
-    sx, sp, causal = _np_conj_scores(qx, kx, qp, kp)
-    scale = np.float32(scale)
-
-    def softmax(z):
-        z = np.where(causal, z, np.float32(-np.inf))
-        m = z.max(-1, keepdims=True)
-        e = np.exp(z - m)
-        total = e.sum(-1, keepdims=True)
-        return e / total, (m + np.log(total))[..., 0]
-
-    if mode == "softmax_product":
-        (ax, lse_x), (ap, lse_p) = softmax(scale * sx), softmax(scale * sp)
-        a, lse = ax * ap, np.stack([lse_x, lse_p])
-    else:
-        a, lse = softmax(scale * sx * sp if mode == "score_product" else scale * (sx + sp))
-        lse = lse[None]
-    return _np_back(a @ v), lse
-
-
-def _np_conj_attention_backward(dout, qx, kx, qp, kp, v, out, lse, mode, scale):
-    """float32 NumPy transcription of reference.conj_attention_backward, with the saved out
-    and lse: -> dqx, dkx, dqp, dkp, dv (B, T, H, D)."""
-    qx, kx, qp, kp, v, dout, out = _np_heads(qx, kx, qp, kp, v, dout, out)
-    sx, sp, causal = _np_conj_scores(qx, kx, qp, kp)
-    scale = np.float32(scale)
-    prob = lambda z, l: np.where(causal, np.exp(z - l[..., None]), np.float32(0))  # noqa: E731
-    da = dout @ v.transpose(0, 1, 3, 2)
-    delta = (dout * out).sum(-1, keepdims=True)
-    if mode == "softmax_product":
-        ax, ap = prob(scale * sx, lse[0]), prob(scale * sp, lse[1])
-        a = ax * ap
-        dsx, dsp = scale * (a * da - ax * delta), scale * (a * da - ap * delta)
-    else:
-        a = prob(scale * sx * sp if mode == "score_product" else scale * (sx + sp), lse[0])
-        ds = a * (da - delta) * scale
-        dsx, dsp = (ds * sp, ds * sx) if mode == "score_product" else (ds, ds)
-    t = lambda x: x.transpose(0, 1, 3, 2)  # noqa: E731
-    return (_np_back(dsx @ kx), _np_back(t(dsx) @ qx), _np_back(dsp @ kp),
-            _np_back(t(dsp) @ qp), _np_back(t(a) @ dout))
 
 
 def conj_attention_benches(C, B=128, T=256, H=2, D=64, numpy_batch=16, seed=0,
@@ -441,7 +298,7 @@ def conj_attention_benches(C, B=128, T=256, H=2, D=64, numpy_batch=16, seed=0,
         extra = dict(numpy_scale=B / nb, numpy_batch=nb) if with_numpy else {}
         for mode in CONJ_MODES:
             M = 2 if mode == "softmax_product" else 1
-            out, lse = on_kernel_set(C, kset, lambda mode=mode: C.conj_attention_forward(
+            out, lse = on_kernels(C, kset, lambda mode=mode: C.conj_attention_forward(
                 *ins, mode))()
             on, lsen, don = out[:nb], np.ascontiguousarray(lse[:, :nb]), dout[:nb]
 
@@ -452,7 +309,7 @@ def conj_attention_benches(C, B=128, T=256, H=2, D=64, numpy_batch=16, seed=0,
                 close(o2, ro, "out vs reference", 1e-4)
                 close(l2, rl, "lse vs reference", 1e-5)
                 o3, l3 = C.conj_attention_forward(*ins_np, mode)
-                no, nl = _np_conj_attention_forward(*ins_np, mode, scale)
+                no, nl = ref.conj_attention_forward(*ins_np, mode, scale, dtype=F32)
                 close(o3, no, "out vs NumPy float32", 1e-3)
                 close(l3, nl, "lse vs NumPy float32", 1e-4)
 
@@ -463,7 +320,7 @@ def conj_attention_benches(C, B=128, T=256, H=2, D=64, numpy_batch=16, seed=0,
                                    names):
                     close(a, b, n + " vs reference", 1e-3)
                 got = C.conj_attention_backward(don, *ins_np, on, lsen, mode)
-                want = _np_conj_attention_backward(don, *ins_np, on, lsen, mode, scale)
+                want = ref.conj_attention_backward(don, *ins_np, mode, scale, dtype=F32)
                 for a, b, n in zip(got, want, names):
                     close(a, b, n + " vs NumPy float32", 1e-3)
 
@@ -471,19 +328,19 @@ def conj_attention_benches(C, B=128, T=256, H=2, D=64, numpy_batch=16, seed=0,
             benches += [
                 OpBench(f"conj_attention_forward {mode} [{kset}]", sizes,
                         lambda: 3 * half_matmul, lambda M=M: 4 * (6 * nelem + M * nrow),
-                        on_kernel_set(C, kset, lambda mode=mode: C.conj_attention_forward(
+                        on_kernels(C, kset, lambda mode=mode: C.conj_attention_forward(
                             *ins, mode)),
-                        (lambda mode=mode: _np_conj_attention_forward(*ins_np, mode, scale))
+                        (lambda mode=mode: ref.conj_attention_forward(*ins_np, mode, scale, dtype=F32))
                         if with_numpy else None,
-                        on_kernel_set(C, kset, check_fwd),
+                        on_kernels(C, kset, check_fwd),
                         notes="causal; flops = 3 products of the causal half", extra=extra),
                 OpBench(f"conj_attention_backward {mode} [{kset}]", sizes,
                         lambda: 6 * half_matmul, lambda M=M: 4 * (12 * nelem + M * nrow),
-                        on_kernel_set(C, kset, lambda mode=mode, out=out, lse=lse:
+                        on_kernels(C, kset, lambda mode=mode, out=out, lse=lse:
                                       C.conj_attention_backward(dout, *ins, out, lse, mode)),
-                        (lambda mode=mode, on=on, lsen=lsen: _np_conj_attention_backward(
-                            don, *ins_np, on, lsen, mode, scale)) if with_numpy else None,
-                        on_kernel_set(C, kset, check_bwd),
+                        (lambda mode=mode: ref.conj_attention_backward(
+                            don, *ins_np, mode, scale, dtype=F32)) if with_numpy else None,
+                        on_kernels(C, kset, check_bwd),
                         notes="causal; flops = 6 products of the causal half", extra=extra),
             ]
     return benches
@@ -516,6 +373,8 @@ def linear_benches(C, N=32768, width=128, ratio=4, seed=0):
     the JSON summary gives each set's time against the OpenBLAS path's and its fraction of
     the square sgemm's rate. flops 2 N Cin Cout forward, twice that backward; bytes: forward
     x, W, b read, y written; backward dy, x, W read, dx, dW, db written."""
+    from mapformer import reference as ref
+
     rng = np.random.default_rng(seed)
     benches = []
     for c_in, c_out in ((width, width), (width, ratio * width), (ratio * width, width)):
@@ -548,32 +407,19 @@ def linear_benches(C, N=32768, width=128, ratio=4, seed=0):
             benches.append(OpBench(
                 f"linear_forward {c_in}->{c_out}{label}", sizes, lambda f=flops: f,
                 lambda v=fwd_bytes: v, on_kernels(C, kernels, forward),
-                lambda x=x, w=w, b=b: x @ w.T + b, on_kernels(C, kernels, check),
+                lambda x=x, w=w, b=b: ref.linear_forward(x, w, b, dtype=F32),
+                on_kernels(C, kernels, check),
                 extra=dict(kernels=kernels, op=f"linear_forward {c_in}->{c_out}")))
             benches.append(OpBench(
                 f"linear_backward {c_in}->{c_out}{label}", sizes, lambda f=flops: 2 * f,
                 lambda v=bwd_bytes: v, on_kernels(C, kernels, backward),
-                lambda x=x, w=w, dy=dy: (dy @ w, dy.T @ x, dy.sum(0)),
+                lambda x=x, w=w, dy=dy: ref.linear_backward(dy, x, w, dtype=F32),
                 on_kernels(C, kernels, check),
                 extra=dict(kernels=kernels, op=f"linear_backward {c_in}->{c_out}")))
     return benches
 
 
 # ---- MLP: the fused op against the separate linear and gelu ops ----------------------------
-GELU_K32 = np.float32(np.sqrt(2.0 / np.pi))
-
-
-def _np_gelu(h):
-    return h / (np.float32(1.0) + np.exp(np.float32(-2.0) * GELU_K32
-                                         * (h + np.float32(0.044715) * h**3)))
-
-
-def _np_gelu_grad(h):
-    t = np.tanh(GELU_K32 * (h + np.float32(0.044715) * h**3))
-    du = GELU_K32 * (np.float32(1.0) + np.float32(3 * 0.044715) * h * h)
-    return np.float32(0.5) * (np.float32(1.0) + t) + np.float32(0.5) * h * (1 - t * t) * du
-
-
 def mlp_benches(C, N=32768, width=128, ratio=4, seed=0):
     """The transformer block's MLP, y = gelu(x w_fc^T + b_fc) w_proj^T + b_proj, at the
     training step's size (N = B*T rows, width C, F = ratio*C hidden units), run three ways:
@@ -582,6 +428,8 @@ def mlp_benches(C, N=32768, width=128, ratio=4, seed=0):
     flops: the four (forward: two) products, 2 N C F each; GELU is not counted. bytes: the
     fused op's inputs read and outputs written once. The JSON summary gives fused / separate
     time."""
+    from mapformer import reference as ref
+
     rng = np.random.default_rng(seed)
     F = ratio * width
     f = lambda *s: (rng.standard_normal(s) * 0.1).astype(np.float32)  # noqa: E731
@@ -600,12 +448,10 @@ def mlp_benches(C, N=32768, width=128, ratio=4, seed=0):
         return C.linear_backward(C.gelu_backward(dg, h), x, w_fc, grads[0], grads[1])
 
     def numpy_forward():
-        h1 = x @ w_fc.T + b_fc
-        return _np_gelu(h1) @ w_proj.T + b_proj, h1
+        return ref.mlp_forward(x, w_fc, b_fc, w_proj, b_proj, dtype=F32)
 
     def numpy_backward():
-        dh = (dy @ w_proj) * _np_gelu_grad(h)
-        return dh @ w_fc, dh.T @ x, dh.sum(0), dy.T @ g, dy.sum(0)
+        return ref.mlp_backward(dy, x, h, w_fc, w_proj, dtype=F32)
 
     def check_forward():
         for a, b, name in zip(C.mlp_forward(x, w_fc, b_fc, w_proj, b_proj),

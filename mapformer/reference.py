@@ -13,6 +13,12 @@ TWO_PI = 2.0 * np.pi
 GELU_K = float(np.sqrt(2.0 / np.pi))
 
 
+def _einsum(spec, *operands):
+    """np.einsum with its contraction planner, so products run as BLAS matmuls; the result
+    C-contiguous (the planner may return a transposed view)."""
+    return np.ascontiguousarray(np.einsum(spec, *operands, optimize=True))
+
+
 def _cast(dtype, *arrays):
     return [np.asarray(a, dtype=dtype) for a in arrays]
 
@@ -131,12 +137,12 @@ def attention_forward(q, k, v, scale=None, dtype=np.float64):
     q, k, v = _cast(dtype, q, k, v)
     T, D = q.shape[1], q.shape[3]
     scale = _default_scale(D, scale)
-    s = np.einsum("bihd,bjhd->bhij", q, k) * scale
+    s = _einsum("bihd,bjhd->bhij", q, k) * scale
     s = np.where(np.tril(np.ones((T, T), dtype=bool)), s, -np.inf)
     m = s.max(-1, keepdims=True)
     lse = m[..., 0] + np.log(np.exp(s - m).sum(-1))
     p = np.exp(s - lse[..., None])
-    return np.einsum("bhij,bjhd->bihd", p, v), lse
+    return _einsum("bhij,bjhd->bihd", p, v), lse
 
 
 def attention_backward(dout, q, k, v, scale=None, dtype=np.float64):
@@ -144,13 +150,13 @@ def attention_backward(dout, q, k, v, scale=None, dtype=np.float64):
     dout, q, k, v = _cast(dtype, dout, q, k, v)
     scale = _default_scale(q.shape[3], scale)
     out, lse = attention_forward(q, k, v, scale, dtype=dtype)
-    s = np.einsum("bihd,bjhd->bhij", q, k) * scale
+    s = _einsum("bihd,bjhd->bhij", q, k) * scale
     p = np.tril(np.exp(s - lse[..., None]))
-    dv = np.einsum("bhij,bihd->bjhd", p, dout)
-    dp = np.einsum("bihd,bjhd->bhij", dout, v)
-    delta = np.einsum("bihd,bihd->bhi", dout, out)
+    dv = _einsum("bhij,bihd->bjhd", p, dout)
+    dp = _einsum("bihd,bjhd->bhij", dout, v)
+    delta = _einsum("bihd,bihd->bhi", dout, out)
     ds = p * (dp - delta[..., None]) * scale
-    return np.einsum("bhij,bjhd->bihd", ds, k), np.einsum("bhij,bihd->bjhd", ds, q), dv
+    return _einsum("bhij,bjhd->bihd", ds, k), _einsum("bhij,bihd->bjhd", ds, q), dv
 
 
 # ---- path integration --------------------------------------------------------------------
@@ -281,14 +287,14 @@ def _cope_parts(q, k, e, scale):
     -inf above the diagonal), causal (T, T) mask."""
     T, n_pos = q.shape[1], e.shape[1]
     causal = np.tril(np.ones((T, T), dtype=bool))
-    s = np.einsum("bihd,bjhd->bhij", q, k) * scale
+    s = _einsum("bihd,bjhd->bhij", q, k) * scale
     g = np.where(causal, 1.0 / (1.0 + np.exp(-s)), 0.0)
     # p_raw[i, j] = sum_{t = j..i} g[i, t]: reverse cumulative sum along keys (g is 0 for t > i)
     p_raw = np.flip(np.cumsum(np.flip(g, -1), -1), -1)
     p = np.minimum(p_raw, n_pos - 1)
     floor = np.floor(p)
     f, c, w = floor.astype(np.int64), np.ceil(p).astype(np.int64), p - floor
-    z = np.einsum("bihd,hnd->bhin", q, e)  # unscaled, as in the CoPE reference code
+    z = _einsum("bihd,hnd->bhin", q, e)  # unscaled, as in the CoPE reference code
     zf, zc = np.take_along_axis(z, f, -1), np.take_along_axis(z, c, -1)
     a = np.where(causal, s + (1.0 - w) * zf + w * zc, -np.inf)
     return dict(s=s, g=g, p_raw=p_raw, f=f, c=c, w=w, z=z, zf=zf, zc=zc, a=a, causal=causal)
@@ -310,7 +316,7 @@ def cope_forward(q, k, v, e, scale=None, dtype=np.float64):
     m = a.max(-1, keepdims=True)
     lse = m[..., 0] + np.log(np.exp(a - m).sum(-1))
     prob = np.exp(a - lse[..., None])
-    return np.einsum("bhij,bjhd->bihd", prob, v), lse
+    return _einsum("bhij,bjhd->bihd", prob, v), lse
 
 
 def cope_backward(dout, q, k, v, e, scale=None, dtype=np.float64):
@@ -335,10 +341,10 @@ def cope_backward(dout, q, k, v, e, scale=None, dtype=np.float64):
     m = a.max(-1, keepdims=True)
     prob = np.exp(a - m)
     prob /= prob.sum(-1, keepdims=True)
-    out = np.einsum("bhij,bjhd->bihd", prob, v)
-    dv = np.einsum("bhij,bihd->bjhd", prob, dout)
-    dprob = np.einsum("bihd,bjhd->bhij", dout, v)
-    delta = np.einsum("bihd,bihd->bhi", dout, out)
+    out = _einsum("bhij,bjhd->bihd", prob, v)
+    dv = _einsum("bhij,bihd->bjhd", prob, dout)
+    dprob = _einsum("bihd,bjhd->bhij", dout, v)
+    delta = _einsum("bihd,bihd->bhi", dout, out)
     da = prob * (dprob - delta[..., None])  # 0 above the diagonal, where prob is 0
     dz = np.zeros((B, H, T, n_pos), dtype=da.dtype)
     bb, hh, ii, _ = np.indices(da.shape, sparse=True)
@@ -347,9 +353,9 @@ def cope_backward(dout, q, k, v, e, scale=None, dtype=np.float64):
     dp = da * (x["zc"] - x["zf"])
     dg = np.cumsum(dp, -1)
     ds = np.where(causal, da + dg * g * (1.0 - g), 0.0)
-    dq = scale * np.einsum("bhij,bjhd->bihd", ds, k) + np.einsum("bhin,hnd->bihd", dz, e)
-    dk = scale * np.einsum("bhij,bihd->bjhd", ds, q)
-    de = np.einsum("bhin,bihd->hnd", dz, q)
+    dq = scale * _einsum("bhij,bjhd->bihd", ds, k) + _einsum("bhin,hnd->bihd", dz, e)
+    dk = scale * _einsum("bhij,bihd->bjhd", ds, q)
+    de = _einsum("bhin,bihd->hnd", dz, q)
     return dq, dk, dv, de
 
 
@@ -431,7 +437,7 @@ def tape_mix_forward(e_att, gate_logits, w, dtype=np.float64):
     g = sigmoid(gate_logits)."""
     e_att, gate_logits, w = _cast(dtype, e_att, gate_logits, w)
     g, _ = _sigmoid_pair(gate_logits)
-    return e_att + g[..., None] * np.einsum("hk,btkd->bthd", w, e_att)
+    return e_att + g[..., None] * _einsum("hk,btkd->bthd", w, e_att)
 
 
 def tape_mix_backward(de_new, e_att, gate_logits, w, dtype=np.float64):
@@ -445,10 +451,10 @@ def tape_mix_backward(de_new, e_att, gate_logits, w, dtype=np.float64):
     de_new, e_att, gate_logits, w = _cast(dtype, de_new, e_att, gate_logits, w)
     g, one_minus_g = _sigmoid_pair(gate_logits)
     gy = g[..., None] * de_new
-    m = np.einsum("hk,btkd->bthd", w, e_att)
-    de_att = de_new + np.einsum("hk,bthd->btkd", w, gy)
-    dgate = g * one_minus_g * np.einsum("bthd,bthd->bth", de_new, m)
-    return de_att, dgate, np.einsum("bthd,btkd->hk", gy, e_att)
+    m = _einsum("hk,btkd->bthd", w, e_att)
+    de_att = de_new + _einsum("hk,bthd->btkd", w, gy)
+    dgate = g * one_minus_g * _einsum("bthd,bthd->bth", de_new, m)
+    return de_att, dgate, _einsum("bthd,btkd->hk", gy, e_att)
 
 
 # ---- conjunctive attention ---------------------------------------------------------------
@@ -465,8 +471,8 @@ def _conj_parts(qx, kx, qp, kp, mode, scale):
         raise ValueError(f"mode must be one of {CONJ_MODES}, got {mode!r}")
     T = qx.shape[1]
     causal = np.tril(np.ones((T, T), dtype=bool))
-    sx = np.einsum("bihd,bjhd->bhij", qx, kx)
-    sp = np.einsum("bihd,bjhd->bhij", qp, kp)
+    sx = _einsum("bihd,bjhd->bhij", qx, kx)
+    sp = _einsum("bihd,bjhd->bhij", qp, kp)
     z = {"score_product": scale * sx * sp, "sum": scale * (sx + sp)}.get(mode)
     zx, zp = np.where(causal, scale * sx, -np.inf), np.where(causal, scale * sp, -np.inf)
     return sx, sp, zx, zp, (None if z is None else np.where(causal, z, -np.inf)), causal
@@ -503,7 +509,7 @@ def conj_attention_forward(qx, kx, qp, kp, v, mode="score_product", scale=None,
     else:
         a, lse = _log_softmax_parts(z)
         lse = lse[None]
-    return np.einsum("bhij,bjhd->bihd", a, v), lse
+    return _einsum("bhij,bjhd->bihd", a, v), lse
 
 
 def conj_attention_backward(dout, qx, kx, qp, kp, v, mode="score_product", scale=None,
@@ -522,7 +528,7 @@ def conj_attention_backward(dout, qx, kx, qp, kp, v, mode="score_product", scale
     dout, qx, kx, qp, kp, v = _cast(dtype, dout, qx, kx, qp, kp, v)
     scale = _default_scale(qx.shape[3], scale)
     sx, sp, zx, zp, z, causal = _conj_parts(qx, kx, qp, kp, mode, scale)
-    da = np.einsum("bihd,bjhd->bhij", dout, v)
+    da = _einsum("bihd,bjhd->bhij", dout, v)
     if mode == "softmax_product":
         (ax, _), (ap, _) = _log_softmax_parts(zx), _log_softmax_parts(zp)
         a = ax * ap
@@ -536,9 +542,9 @@ def conj_attention_backward(dout, qx, kx, qp, kp, v, mode="score_product", scale
         else:
             dsx = dsp = scale * ds
     dsx, dsp = np.where(causal, dsx, 0.0), np.where(causal, dsp, 0.0)
-    return (np.einsum("bhij,bjhd->bihd", dsx, kx), np.einsum("bhij,bihd->bjhd", dsx, qx),
-            np.einsum("bhij,bjhd->bihd", dsp, kp), np.einsum("bhij,bihd->bjhd", dsp, qp),
-            np.einsum("bhij,bihd->bjhd", a, dout))
+    return (_einsum("bhij,bjhd->bihd", dsx, kx), _einsum("bhij,bihd->bjhd", dsx, qx),
+            _einsum("bhij,bjhd->bihd", dsp, kp), _einsum("bhij,bihd->bjhd", dsp, qp),
+            _einsum("bhij,bihd->bjhd", a, dout))
 
 
 # ---- APE: per-token orthogonal maps ------------------------------------------------------
