@@ -29,7 +29,9 @@ at the training step's shapes, on every kernel set, the OpenBLAS path included),
 MLP op on every kernel set, against the separate linear and gelu ops it replaces, and NumPy),
 sgemm (one large sgemm: the machine's matmul rate, which the JSON summary compares attention,
 the linears and the MLP against), scan (Mamba's and MAMPa's selective scans forward and
-backward, against a large copy's bandwidth in the same run and the float32 NumPy reference).
+backward, against a large copy's bandwidth in the same run and the float32 NumPy reference), ape (ape_seq's maps on q and k with its generator's
+powers, forward and backward, against RoPE's rotary op plus its angles; sized by --batch,
+--seq, --heads, --head-dim; the summary gives the ratio of their forward + backward times).
 
 `--threads N` sets OMP_NUM_THREADS before the C core is loaded. Prints one JSON line at the end.
 """
@@ -604,6 +606,92 @@ def scan_benches(C, B=128, T=256, E=256, N=16, numpy_batch=2, copy_mb=512, seed=
     ]
 
 
+# ---- APE: per-token orthogonal maps against RoPE's rotary op ------------------------------
+def ape_benches(C, B=128, T=256, H=2, D=64, seed=0):
+    """ape_seq's positional work in one attention layer (issue 12's budget: forward + backward
+    at most 1.5x RoPE's), against RoPE's: the rotary op on q and k plus its angles
+    (path_integration of Delta = 1, as the rope scheme builds them; TB = 1).
+
+    ape_seq forward   W^0..W^(T-1) from the generator (backend.C.ape_powers_forward: expm and
+                      doubling in float64 NumPy, parameters only), then ape_apply_forward on q
+                      and on k (index (1, T, 1))
+    ape_seq backward  ape_apply_backward of q and of k (dx and dmaps), then the generator's
+                      gradient (ape_powers_backward: the doubling undone, expm's Frechet
+                      derivative)
+    With N = B*T*H rows of D (E = D, one axis):
+      flops  ape_apply fwd (q and k)  2 x 2 N D^2; powers ~ 2 H T D^3
+             ape_apply bwd (q and k)  2 x 4 N D^2; powers bwd ~ 3 x 2 H T D^3 (+ a 2D expm)
+      bytes  fwd  q, k in, q', k' out, maps in: 16 N D + 4 T H D^2
+             bwd  dq', dk', q, k in, dq, dk out, maps in, dmaps in/out: 24 N D + 12 T H D^2
+    No NumPy side (the float64 reference's einsum of the map gradients is (B, T, H, D, D)).
+    Run with OMP_NUM_THREADS set in the environment as well as --threads: the generator side
+    runs on NumPy's BLAS, loaded before --threads applies (measured with --threads 1 alone
+    and --clock cpu: its idle threads' spinning made the backward 2.8 s instead of 0.24)."""
+    from mapformer import backend
+    from mapformer import reference as ref
+
+    NB = D // 2
+    rng = np.random.default_rng(seed)
+    f32 = lambda *s: rng.standard_normal(s).astype(np.float32)  # noqa: E731
+    q, k, dq_out, dk_out = f32(B, T, H, D), f32(B, T, H, D), f32(B, T, H, D), f32(B, T, H, D)
+    omega = (10000.0 ** (-np.arange(NB) / NB))[None].repeat(H, 0).astype(np.float32)
+    generator = ref.rope_generator(omega.astype(np.float64)).astype(np.float32)
+    generator += 0.01 * f32(*generator.shape)  # a trained generator is no longer block-diagonal
+    dgenerator = np.zeros_like(generator)
+    ones = np.ones((1, T, H, NB), np.float32)
+    domega = np.zeros_like(omega)
+    index = np.arange(T, dtype=np.int32).reshape(1, T, 1)
+    powers_forward = backend.C.ape_powers_forward
+    powers_backward = backend.C.ape_powers_backward
+    maps = powers_forward(generator, T)
+    theta = C.path_integration_forward(ones, omega)
+    n, sizes = B * T * H, dict(B=B, T=T, H=H, D=D)
+
+    def ape_fwd():
+        m = powers_forward(generator, T)
+        return C.ape_apply_forward(q, m, index), C.ape_apply_forward(k, m, index)
+
+    def ape_bwd():
+        dmaps = np.zeros_like(maps)
+        dq = C.ape_apply_backward(dq_out, q, maps, index, dmaps)
+        dk = C.ape_apply_backward(dk_out, k, maps, index, dmaps)
+        powers_backward(dmaps, generator, dgenerator)
+        return dq, dk
+
+    def rope_fwd():
+        th = C.path_integration_forward(ones, omega)
+        return C.rotary_forward(q, k, th)
+
+    def rope_bwd():
+        dq, dk, dth = C.rotary_backward(dq_out, dk_out, q, k, theta)
+        C.path_integration_backward(dth, ones, omega, domega)
+        return dq, dk
+
+    def check():
+        """ape_apply with the maps of the RoPE generator is the rotary op at angles t omega."""
+        rope_maps = powers_forward(ref.rope_generator(omega.astype(np.float64)), T)
+        th = (np.arange(T)[None, :, None, None] * omega).astype(np.float32)
+        a, b = C.ape_apply_forward(q, rope_maps, index), C.rotary_forward(q, k, th)[0]
+        err = np.abs(a - b).max() / np.abs(b).max()
+        assert err < 1e-4, f"ape_apply with RoPE's maps differs from rotary by {err:.3g}"
+
+    powers = 2 * H * T * D ** 3
+    return [
+        OpBench("ape_seq forward", sizes, lambda: 4 * n * D * D + powers,
+                lambda: 16 * n * D + 4 * T * H * D * D, ape_fwd, None, check,
+                notes="powers of the generator (float64 NumPy), ape_apply on q and k"),
+        OpBench("ape_seq backward", sizes, lambda: 8 * n * D * D + 3 * powers,
+                lambda: 24 * n * D + 12 * T * H * D * D, ape_bwd, None, check,
+                notes="ape_apply backward on q and k, then the generator's gradient"),
+        OpBench("rope angles+rotary forward", sizes, lambda: 12 * n * NB + 2 * T * H * NB,
+                lambda: 16 * n * D + 12 * T * H * NB, rope_fwd, None, check,
+                notes="theta = path_integration(1, omega) (TB = 1); rotary(q, k, theta)"),
+        OpBench("rope angles+rotary backward", sizes, lambda: 20 * n * NB + 5 * T * H * NB,
+                lambda: 24 * n * D + 20 * T * H * NB, rope_bwd, None, check,
+                notes="rotary backward, then path_integration backward (RoPE tuned)"),
+    ]
+
+
 FAMILIES = {
     "rotary": rotary_benches,
     "attention": attention_benches,
@@ -612,6 +700,7 @@ FAMILIES = {
     "mlp": mlp_benches,
     "sgemm": sgemm_benches,
     "scan": scan_benches,
+    "ape": ape_benches,
 }
 
 
@@ -667,6 +756,7 @@ def main():
         "sgemm": dict(N=args.sgemm_n),
         "scan": dict(B=args.scan_batch, T=args.seq, E=args.scan_channels, N=args.scan_state,
                      numpy_batch=args.scan_numpy_batch, copy_mb=args.copy_mb),
+        "ape": dict(B=args.batch, T=args.seq, H=args.heads, D=args.head_dim),
     }
     results = []
     for family in args.families.split(","):
@@ -762,6 +852,12 @@ def main():
                 row["c_gbps"] / copy["c_gbps"], 3)
             print(f"{name:<48} {row['c_gbps']:6.1f} GB/s = "
                   f"{row['c_gbps'] / copy['c_gbps']:.2f} of the copy's {copy['c_gbps']:.1f}")
+    ape = fwd_bwd("ape_seq forward", "ape_seq backward")
+    rope = fwd_bwd("rope angles+rotary forward", "rope angles+rotary backward")
+    if ape is not None and rope is not None:
+        summary["ape_seq_fwd_bwd_vs_rope"] = round(ape["c_ms"] / rope["c_ms"], 2)
+        print(f"ape_seq forward+backward {ape['c_ms']:.2f} ms against RoPE's rotary + angles "
+              f"{rope['c_ms']:.2f} ms: x{summary['ape_seq_fwd_bwd_vs_rope']:.2f}")
     for step in ("forward", "backward"):
         fused, separate = by_name.get(f"mlp_{step}"), by_name.get(f"mlp_{step} separate ops")
         if fused is not None and separate is not None:

@@ -22,6 +22,10 @@ C width, V vocab, r Delta rank, 4C the MLP width):
 The attention backward's recomputation of the scores is not counted: it is an implementation
 choice, not work the step needs.
 
+`--models` takes presets and preset/scheme pairs (rope/ape_seq, rope/gridpe, rope/ape_grid).
+APE's generator side runs on NumPy's OpenBLAS: set OPENBLAS_NUM_THREADS=1 for it (its own
+threads fight the C core's OpenMP ones).
+
 Prints one JSON line at the end.
 """
 import argparse
@@ -89,23 +93,29 @@ class OpTimer:
 
 
 def bench(model_name, args):
+    """model_name: a preset, or 'preset/scheme' for the preset with another positional scheme
+    (e.g. rope/ape_seq); the tokens' coordinates (the agent's cells) go to the model, for the
+    schemes that read them (gridpe, ape_grid)."""
     task = navigation.NavigationConfig(dims=2, steps=args.tokens // 2, grid_size=64)
-    cfg = ModelConfig.for_task(model_name, task, d_model=args.d_model, n_heads=args.heads,
-                               n_layers=args.layers)
+    preset, _, positional = model_name.partition("/")
+    cfg = ModelConfig.for_task(preset, task, d_model=args.d_model, n_heads=args.heads,
+                               n_layers=args.layers,
+                               **({"positional": positional} if positional else {}))
     model = Transformer(cfg, seed=0)
     opt = AdamW(model, TrainConfig())
     batch = navigation.generate(task, args.batch, np.random.default_rng(0))
+    coordinates = navigation.token_coordinates(batch)
     times = []
     for i in range(args.warmup + args.repeats):
         t0 = clock()
-        model.loss(batch.tokens, batch.targets, batch.mask)
+        model.loss(batch.tokens, batch.targets, batch.mask, coordinates)
         model.backward()
         opt.step(1e-4)
         if i >= args.warmup:
             times.append(clock() - t0)
     timer = OpTimer()
     try:
-        model.loss(batch.tokens, batch.targets, batch.mask)
+        model.loss(batch.tokens, batch.targets, batch.mask, coordinates)
         model.backward()
         opt.step(1e-4)
     finally:
@@ -131,7 +141,9 @@ def main():
                    help="wall time, or the process's CPU time (for one-thread figures on a "
                         "shared machine)")
     p.add_argument("--models", default="mapwm,rope",
-                   help=f"comma-separated model presets, of {', '.join(MODELS)}")
+                   help=f"comma-separated model presets, of {', '.join(MODELS)}, each "
+                        "optionally with another positional scheme: preset/scheme (e.g. "
+                        "rope/ape_seq)")
     args = p.parse_args()
     global clock
     clock = time.process_time if args.clock == "cpu" else time.perf_counter

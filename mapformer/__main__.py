@@ -6,8 +6,8 @@ other flag is a field of :class:`mapformer.models.ModelConfig` or
 :class:`mapformer.train.TrainConfig`, or an option of a registered positional scheme, mixer or
 bottleneck (same names, dashes for underscores); an option flag is accepted only when one of
 the chosen components declares it. Run with ``-h`` for the list. Defaults are the library's
-(the paper's recipe) unless stated; options with a task default (omega_grid, cope_positions)
-take it from the training task. ``--import MODULE`` (before the command) imports a module
+(the paper's recipe) unless stated; options with a task default (omega_grid, cope_positions,
+coord_dims, ape_positions) take it from the training task. ``--import MODULE`` (before the command) imports a module
 first, so that the schemes, mixers or bottlenecks it registers can be picked.
 """
 import argparse

@@ -108,6 +108,34 @@ def _complex_scan_backward(dy, x, delta, delta_angle, A, omega, B, C, D, states,
     return dx, ddelta, ddangle, dB, dC
 
 
+def _ape_apply_backward(dy, x, maps, index, dmaps):
+    dx, gmaps = ref.ape_apply_backward(dy, x, maps, index)
+    dmaps += gmaps
+    return dx
+
+
+def _ape_powers(dtype):
+    """APE's generator-side arithmetic (parameters only: expm of H small skew matrices, their
+    powers and the way back), float64 NumPy on every backend, returned in ``dtype``:
+    ape_powers_forward(generator, steps) -> maps and ape_tree_forward(generator, depth) ->
+    maps; ape_powers_backward / ape_tree_backward(dmaps, generator, dgenerator) accumulate
+    (+=) into dgenerator."""
+    def forward(generator, steps):
+        return np.ascontiguousarray(ref.ape_powers_forward(generator, steps), dtype=dtype)
+
+    def backward(dmaps, generator, dgenerator):
+        dgenerator += ref.ape_powers_backward(dmaps, generator).astype(dtype)
+
+    def tree_forward(generator, depth):
+        return np.ascontiguousarray(ref.ape_tree_forward(generator, depth), dtype=dtype)
+
+    def tree_backward(dmaps, generator, dgenerator):
+        dgenerator += ref.ape_tree_backward(dmaps, generator).astype(dtype)
+
+    return dict(ape_powers_forward=forward, ape_powers_backward=backward,
+                ape_tree_forward=tree_forward, ape_tree_backward=tree_backward)
+
+
 def _adamw_step(params, grads, m, v, decay_mask, *, lr, step, beta1=0.9, beta2=0.999, eps=1e-8,
                 weight_decay=0.0):
     params[:], m[:], v[:] = ref.adamw_step(params, grads, m, v, decay_mask, lr, beta1, beta2,
@@ -168,7 +196,7 @@ def array_ops(float_dtype):
 
 C = SimpleNamespace(name="c", dtype=np.float32, **array_ops(np.float32), **{
     name: getattr(_C, name) for name in dir(_C) if name.endswith(("_forward", "_backward"))
-    or name in ("adamw_step", "global_norm", "clip_grad_norm")})
+    or name in ("adamw_step", "global_norm", "clip_grad_norm")}, **_ape_powers(np.float32))
 
 NUMPY = SimpleNamespace(
     name="numpy",
@@ -213,6 +241,9 @@ NUMPY = SimpleNamespace(
     selective_scan_backward=_selective_scan_backward,
     complex_scan_forward=ref.complex_scan_forward,
     complex_scan_backward=_complex_scan_backward,
+    ape_apply_forward=ref.ape_apply_forward,
+    ape_apply_backward=_ape_apply_backward,
+    **_ape_powers(np.float64),
     adamw_step=_adamw_step,
     global_norm=ref.global_norm,
     clip_grad_norm=_clip_grad_norm,

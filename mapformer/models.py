@@ -46,7 +46,7 @@ def components(mixer, positional, bottleneck="none"):
     if kind not in accepts:
         kinds = [repr(k) for k in accepts]
         kinds = " or ".join([", ".join(kinds[:-1]), kinds[-1]] if kinds[1:] else kinds)
-        fitting = [name for name, cls in SCHEMES.entries.items() if cls.kind in accepts]
+        fitting = [name for name, cls in sorted(SCHEMES.entries.items()) if cls.kind in accepts]
         raise ValueError(f"mixer {mixer!r} takes positional schemes of kind {kinds} "
                          f"({', '.join(fitting)}), not {positional!r} (kind {kind!r})")
     return chosen
@@ -88,7 +88,8 @@ class ModelConfig:
     chosen component declares is refused, naming who declares it.
 
     :meth:`preset` builds a config from a paper model's name (MODELS), :meth:`for_task` also
-    takes the task's defaults (vocab_size, omega_grid, cope_positions).
+    takes the task's defaults (vocab_size, omega_grid, cope_positions, coord_dims,
+    ape_positions).
     """
 
     vocab_size: int
@@ -171,7 +172,8 @@ class ModelConfig:
     def for_task(cls, name, task, **values):
         """:meth:`preset` for a run on ``task`` (a task config): vocab_size is the task's, and
         every option of the chosen components with a task default (``Option.from_task``:
-        omega_grid, cope_positions) takes it unless given in ``values``."""
+        omega_grid, cope_positions, coord_dims, ape_positions) takes it unless given in
+        ``values``."""
         parts = preset_parts(name, *(values.get(part) for part in ("mixer", "positional",
                                                                    "bottleneck")))[:3]
         from_task = {option.name: option.from_task(task)
@@ -241,6 +243,20 @@ def check_tokens(tokens):
     return tokens
 
 
+def check_coordinates(coordinates, shape):
+    """Per-token coordinates (B, T, n) (or (B, T) for n = 1) of tokens of shape (B, T), any
+    finite real array-like, -> a NumPy array (B, T, n); the error names what is wrong."""
+    coordinates = np.asarray(coordinates)
+    if coordinates.shape == shape:
+        coordinates = coordinates[..., None]
+    if coordinates.ndim != 3 or coordinates.shape[:2] != shape or coordinates.shape[2] < 1:
+        raise ValueError(f"coordinates must have shape (B, T, n) = {shape} + (n,), got "
+                         f"{coordinates.shape}")
+    if not (np.issubdtype(coordinates.dtype, np.number) and np.isfinite(coordinates).all()):
+        raise ValueError(f"coordinates must be finite numbers, got dtype {coordinates.dtype}")
+    return coordinates
+
+
 def check_targets(targets, mask, shape):
     """targets and mask of the tokens' shape (B, T), or ValueError."""
     if np.shape(targets) != shape or np.shape(mask) != shape:
@@ -272,10 +288,17 @@ class Transformer:
         for block in self.blocks:
             block.drop1.training = block.drop2.training = mode
 
-    def forward(self, tokens):
-        """tokens int (B, T) -> logits (B, T, V). Keeps the activations for backward()."""
+    def forward(self, tokens, coordinates=None):
+        """tokens int (B, T) -> logits (B, T, V). Keeps the activations for backward().
+        coordinates (B, T, n): the tokens' positions as the task knows them (navigation: the
+        agent's cell), given to every positional scheme (``scheme.coordinates``); None: the
+        schemes that read them use the token index."""
         tokens = self.ops.as_indices(check_tokens(tokens))
         batch, steps = tokens.shape
+        if coordinates is not None:
+            coordinates = self.ops.asarray(check_coordinates(coordinates, (batch, steps)))
+        for block in self.blocks:
+            block.mixer.scheme.coordinates = coordinates
         x = self.embed.forward(tokens.reshape(-1))
         state = self.blocks[0].initial_state(batch, steps)
         for block in self.blocks:
@@ -284,11 +307,12 @@ class Transformer:
         self.logits = self.head.forward(self.ln_f.forward(x))
         return self.logits.reshape(batch, steps, -1)
 
-    def loss(self, tokens, targets, mask):
+    def loss(self, tokens, targets, mask, coordinates=None):
         """Masked next-token cross-entropy plus the bottlenecks' auxiliary losses (none
         without a bottleneck): tokens, targets int (B, T), mask bool (B, T) -> mean loss over
-        the masked positions (float). Keeps what backward() needs."""
-        logits = self.forward(tokens)
+        the masked positions (float); coordinates as for :meth:`forward`. Keeps what
+        backward() needs."""
+        logits = self.forward(tokens, coordinates)
         check_targets(targets, mask, logits.shape[:2])
         self.targets = self.ops.as_indices(targets).reshape(-1)
         self.mask = self.ops.asarray(mask).reshape(-1)

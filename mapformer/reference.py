@@ -734,3 +734,175 @@ def complex_scan_backward(dy, x, delta, delta_angle, A, omega, B, C, D, chunk=25
         bbar)
     return [np.asarray(v, dtype) for v in (dx, ddelta, ddangle, dA, domega,
                                            _complex_to_pairs(dBc), _complex_to_pairs(dCc), dD)]
+
+
+# ---- APE: per-token orthogonal maps ------------------------------------------------------
+def _ape_chunks(x, maps, index):
+    """x (B, T, H, D), maps (A, P, H, E, E), index (TB, T, A) -> x as (B, T, H, A, E) and the
+    token's maps (B, T, A, H, E, E)."""
+    A, _, _, E, _ = maps.shape
+    B, T, H, _ = x.shape
+    index = np.asarray(index)
+    m = maps[np.arange(A), index]  # (TB, T, A, H, E, E)
+    return x.reshape(B, T, H, A, E), np.broadcast_to(m, (B,) + m.shape[1:])
+
+
+def ape_apply_forward(x, maps, index, dtype=np.float64):
+    """x (B, T, H, D), maps (A, P, H, E, E) with D = A E, index int (TB, T, A) in [0, P),
+    TB in {1, B} -> y (B, T, H, D): chunk a of each head, y[..., aE:(a+1)E], is
+    maps[a, index[tb, t, a], h] times x's chunk a (APE: M(p) q, M(p) k)."""
+    x, maps = _cast(dtype, x, maps)
+    xs, m = _ape_chunks(x, maps, index)
+    return np.einsum("btahij,bthaj->bthai", m, xs).reshape(x.shape)
+
+
+def ape_apply_backward(dy, x, maps, index, dtype=np.float64):
+    """dy, x (B, T, H, D), maps (A, P, H, E, E), index (TB, T, A) -> dx (B, T, H, D) = M^T dy
+    per chunk, dmaps (A, P, H, E, E) = sum over the tokens at each position of dy x^T."""
+    dy, x, maps = _cast(dtype, dy, x, maps)
+    xs, m = _ape_chunks(x, maps, index)
+    dys = dy.reshape(xs.shape)
+    dx = np.einsum("btahij,bthai->bthaj", m, dys).reshape(x.shape)
+    grads = np.einsum("bthai,bthaj->btahij", dys, xs)  # (B, T, A, H, E, E)
+    A = maps.shape[0]
+    idx = np.broadcast_to(np.asarray(index), x.shape[:2] + (A,))
+    dmaps = np.zeros_like(maps)
+    np.add.at(dmaps, (np.broadcast_to(np.arange(A), idx.shape), idx), grads)
+    return dx, dmaps
+
+
+# ---- APE: generators, their exponentials and powers (parameter-side) ---------------------
+def expm(x, dtype=np.float64):
+    """Matrix exponential of a stack x (..., n, n): scaling and squaring, Taylor degree 18 on
+    x / 2^s with ||x / 2^s||_1 <= 1/2 (truncation below 1e-22 relative)."""
+    (x,) = _cast(dtype, x)
+    norm = np.abs(x).sum(-2).max() if x.size else 0.0
+    s = max(0, int(np.ceil(np.log2(norm))) + 1) if norm > 0 else 0
+    y = x / 2.0 ** s
+    eye = np.broadcast_to(np.eye(x.shape[-1], dtype=dtype), x.shape)
+    result, term = eye.copy(), eye.copy()
+    for k in range(1, 19):
+        term = term @ y / k
+        result = result + term
+    for _ in range(s):
+        result = result @ result
+    return result
+
+
+def expm_frechet(x, g, dtype=np.float64):
+    """The Frechet derivative of expm at x (..., n, n) in the direction g: the upper-right
+    block of expm([[x, g], [0, x]]) (the block-triangular identity)."""
+    x, g = _cast(dtype, x, g)
+    n = x.shape[-1]
+    big = np.zeros(x.shape[:-2] + (2 * n, 2 * n), dtype)
+    big[..., :n, :n] = big[..., n:, n:] = x
+    big[..., :n, n:] = g
+    return expm(big, dtype=dtype)[..., :n, n:]
+
+
+def _swap(m):
+    return np.swapaxes(m, -1, -2)
+
+
+def _times(table, m):
+    """table (G, n, H, E, E) times m (G, H, E, E) on the right, every entry: a stack of
+    E x E products (each below the size at which NumPy's BLAS starts threads: one large
+    product per (g, h) ran 5-30x slower with two threads on a busy 2-core machine)."""
+    return table @ m[:, None]
+
+
+def ape_powers_forward(generator, steps, dtype=np.float64):
+    """generator (G, H, E, E) (any real matrices A) -> maps (G, steps, H, E, E) with
+    maps[g, p, h] = W^p, W = expm(A - A^T) (orthogonal, det +1), p = 0..steps-1, by doubling:
+    table[0..2n) = [table[0..n), table[0..n) W^n], W^2n = W^n W^n (ceil(log2 steps) batched
+    products)."""
+    (a,) = _cast(dtype, generator)
+    w = expm(a - _swap(a), dtype=dtype)  # (G, H, E, E)
+    table = np.broadcast_to(np.eye(a.shape[-1], dtype=dtype), a.shape)[:, None].copy()
+    power = w
+    while table.shape[1] < steps:
+        table = np.concatenate([table, _times(table, power)], axis=1)
+        power = power @ power
+    return table[:, :steps].copy()
+
+
+def ape_powers_backward(dmaps, generator, dtype=np.float64):
+    """dmaps (G, P, H, E, E), generator (G, H, E, E) -> dgenerator (G, H, E, E): the doubling
+    undone level by level (d table[:n] += d table[n:] (W^n)^T, d W^n = sum_j table[j]^T
+    d table[n + j], d W^n += dW^2n (W^n)^T + (W^n)^T dW^2n), then through expm by its Frechet
+    derivative at S^T (dS = L(S^T, dW)) and dA = dS - dS^T."""
+    dmaps, a = _cast(dtype, dmaps, generator)
+    steps = dmaps.shape[1]
+    s = a - _swap(a)
+    w = expm(s, dtype=dtype)
+    tables, powers = [], []
+    table = np.broadcast_to(np.eye(a.shape[-1], dtype=dtype), a.shape)[:, None].copy()
+    power = w
+    while table.shape[1] < steps:
+        tables.append(table)
+        powers.append(power)
+        table = np.concatenate([table, _times(table, power)], axis=1)
+        power = power @ power
+    dtable = np.zeros_like(table)
+    dtable[:, :steps] = dmaps
+    dpower = np.zeros_like(w)  # the gradient of the last (unused) power
+    for table, power in zip(reversed(tables), reversed(powers)):
+        n = table.shape[1]
+        dpower = dpower @ _swap(power) + _swap(power) @ dpower  # power @ power
+        dpower = dpower + (_swap(table) @ dtable[:, n:]).sum(1)  # sum_j table[j]^T d[n + j]
+        dtable = dtable[:, :n] + _times(dtable[:, n:], _swap(power))
+    ds = expm_frechet(_swap(s), dpower, dtype=dtype)
+    return ds - _swap(ds)
+
+
+def rope_generator(frequencies, n_generators=1):
+    """frequencies (H, NB) -> generator (n_generators, H, 2 NB, 2 NB) whose W = expm(A - A^T)
+    is RoPE's block-diagonal rotation by omega_i on the pair (2i, 2i+1) (as rotate_pairs turns
+    it: A[2i+1, 2i] = omega_i, so W^p rotates the pair by p omega_i)."""
+    h, nb = frequencies.shape
+    a = np.zeros((n_generators, h, 2 * nb, 2 * nb))
+    i = np.arange(nb)
+    a[:, :, 2 * i + 1, 2 * i] = frequencies
+    return a
+
+
+def ape_tree_forward(generator, depth, dtype=np.float64):
+    """generator (2, H, E, E) (one per branch: 0 left, 1 right) -> maps (1, 2^(depth+1), H, E,
+    E): the operator of every node of a binary tree of ``depth`` levels below the root, by heap
+    number h (root 1, children 2h and 2h + 1; entry 0 unused, the identity):
+    maps[0, 1] = I, maps[0, h] = maps[0, h // 2] W_(h % 2), W_b = expm(A_b - A_b^T), the
+    ordered product of the branches' operators along the root-to-node path (non-commutative:
+    left-then-right differs from right-then-left). Built level by level (2 batched products
+    per level)."""
+    (a,) = _cast(dtype, generator)
+    w = expm(a - _swap(a), dtype=dtype)  # (2, H, E, E)
+    h, e = a.shape[1], a.shape[-1]
+    table = np.empty((1, 2 ** (depth + 1), h, e, e), dtype)
+    table[0, :2] = np.eye(e, dtype=dtype)
+    for level in range(1, depth + 1):
+        parents = table[:, 2 ** (level - 1):2 ** level]
+        for b in (0, 1):
+            table[:, 2 ** level + b:2 ** (level + 1):2] = _times(parents, w[b][None])
+    return table
+
+
+def ape_tree_backward(dmaps, generator, dtype=np.float64):
+    """dmaps (1, 2^(depth+1), H, E, E), generator (2, H, E, E) -> dgenerator (2, H, E, E): the
+    levels undone from the deepest (dW_b += sum over branch-b children of M_parent^T
+    dM_child; dM_parent += dM_child W_b^T), then each W_b through expm's Frechet derivative."""
+    dmaps, a = _cast(dtype, dmaps, generator)
+    depth = dmaps.shape[1].bit_length() - 2
+    s = a - _swap(a)
+    w = expm(s, dtype=dtype)
+    table = ape_tree_forward(a, depth, dtype=dtype)
+    d = dmaps.copy()
+    dw = np.zeros_like(w)
+    for level in range(depth, 0, -1):
+        lo, hi = 2 ** (level - 1), 2 ** level
+        parents = table[:, lo:hi]
+        for b in (0, 1):
+            children = d[:, 2 ** level + b:2 ** (level + 1):2]
+            dw[b] += (_swap(parents) @ children).sum(1)[0]
+            d[:, lo:hi] += _times(children, _swap(w[b])[None])
+    ds = expm_frechet(_swap(s), dw, dtype=dtype)
+    return ds - _swap(ds)

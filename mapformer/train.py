@@ -272,7 +272,8 @@ def evaluate(model, tasks, sequences=256, seed=0, batch_size=32):
             n = int(batch.mask.sum())
             if n == 0:
                 continue
-            loss_sum += model.loss(batch.tokens, batch.targets, batch.mask) * n
+            loss_sum += model.loss(batch.tokens, batch.targets, batch.mask,
+                                   task_module(task).token_coordinates(batch)) * n
             pred = model.ops.to_numpy(model.logits).reshape(batch.mask.shape + (-1,)).argmax(-1)
             correct = (pred == batch.targets) & batch.mask
             hits += int(correct.sum())
@@ -419,7 +420,8 @@ def train(model_config, train_config, out_dir=None, resume=None, progress=True, 
             batch = module.generate(task, train_config.batch_size,
                                     np.random.default_rng([train_config.seed, step]))
             loss = model.loss(batch.tokens, batch.targets,
-                              module.loss_mask(batch, train_config.loss_positions))
+                              module.loss_mask(batch, train_config.loss_positions),
+                              module.token_coordinates(batch))
             model.backward()
             lr = learning_rate(train_config, step)
             norm = optimizer.step(lr)

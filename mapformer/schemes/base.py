@@ -20,7 +20,11 @@ A scheme is a class registered with :func:`mapformer.schemes.register_scheme`:
   the initial values follow it);
 - ``initial_state(batch, steps)``: the positional state entering the first layer (None but
   for schemes that carry one across layers, TAPE);
-- ``flops(config, batch, steps)``: matmul flops of one forward of its own products.
+- ``flops(config, batch, steps)``: matmul flops of one forward of its own products;
+- ``coordinates``: set by the model before every forward: the tokens' coordinates (B, T, n)
+  as the task supplies them (navigation: the agent's cell after each step; see
+  ``Transformer.forward``), in the backend's float dtype, or None (the task gives none: the
+  token index is the position). Schemes that do not read it ignore it.
 
 Tensor arithmetic goes through ``ops`` (the backend), never NumPy directly: a scheme runs
 unchanged on every backend. Shapes: B batch, T tokens, H heads, D head dim, NB = D / 2
@@ -36,6 +40,7 @@ class Scheme:
     kind = "none"
     options = ()
     traces = ()
+    coordinates = None
 
     def __init__(self, store, name, config, ops):
         self.config, self.ops = config, ops

@@ -356,6 +356,12 @@ def eval_set(config: NavigationConfig, n_sequences: int, seed: int, batch_size: 
     return [generate(config, size, rng) for size in sizes]
 
 
+def token_coordinates(batch: Batch) -> np.ndarray:
+    """The cell of every token: int64 (B, 2T, dims); a_t and o_t both sit at p_t (the action
+    moves the agent there, the observation is what it sees there)."""
+    return np.repeat(batch.positions, 2, axis=1)
+
+
 def blank_floor(batch: Batch, blank_id: int) -> float:
     """Fraction of masked targets that are blank: the accuracy of always answering blank.
 

@@ -194,6 +194,11 @@ def generate(
     return SelectiveCopyBatch(tokens=tokens, targets=targets, mask=mask, positions=positions)
 
 
+def token_coordinates(batch: SelectiveCopyBatch) -> None:
+    """None: a token's position is its index (schemes that read coordinates use it)."""
+    return None
+
+
 def batches(
     config: SelectiveCopyConfig, batch_size: int, seed: int | None = None
 ) -> Iterator[SelectiveCopyBatch]:

@@ -111,6 +111,14 @@ int rotary_forward(const MfRotaryParams *p);
  * dq_out, dk_out, q, k (B, T, H, D); theta (TB, T, H, D/2) */
 int rotary_backward(const MfRotaryParams *p);
 
+/* ---- ape.c: APE's per-token orthogonal maps on q or k ------------------------------------ */
+/* y[b,t,h,aE+i] = sum_j maps[a, index[tb,t,a], h, i, j] x[b,t,h,aE+j]; y, x (B, T, H, D);
+ * maps (A, P, H, E, E), E = D / A; index (TB, T, A) with TB = 1 (broadcast) or B */
+int ape_apply_forward(const MfApeParams *p);
+/* dx (B, T, H, D) (=) = M^T dy per chunk; dmaps (A, P, H, E, E) += sum over the tokens at each
+ * position of dy_chunk x_chunk^T; dy, x (B, T, H, D); maps, index as above */
+int ape_apply_backward(const MfApeParams *p);
+
 /* ---- softmax_xent.c: masked softmax cross-entropy ----------------------------------------- */
 /* losses (N,) = -log softmax(logits)[target] (every row); *loss = sum(mask*losses)/sum(mask)
  * (0 when sum(mask) == 0), accumulated in double. logits (N, V), targets (N,), mask (N,) */

@@ -147,6 +147,19 @@ typedef struct {
     int64_t B, T, H, D, TB;         /* D even; TB = 1 (broadcast over b) or B */
 } MfRotaryParams;
 
+/* ape_apply: per-token orthogonal maps (APE), chunk a of the head (E = D / A) multiplied by
+ * maps[a, index[tb, t, a], h] */
+typedef struct {
+    float *y;               /* forward (B, T, H, D) */
+    float *dx;              /* backward (B, T, H, D) (=) */
+    float *dmaps;           /* backward (A, P, H, E, E) += */
+    const float *dy;        /* backward (B, T, H, D) */
+    const float *x;         /* (B, T, H, D) */
+    const float *maps;      /* (A, P, H, E, E), E = D / A */
+    const int32_t *index;   /* (TB, T, A), each in [0, P) (checked by the op) */
+    int64_t B, T, H, D, A, P, TB; /* TB = 1 (every sequence at the same positions) or B */
+} MfApeParams;
+
 /* softmax_xent: masked softmax cross-entropy over V classes */
 typedef struct {
     float *losses;           /* forward (N,): -log softmax(logits)[target], every row */

@@ -1,0 +1,66 @@
+/* Binding of csrc/ops/ape.c (APE's per-token orthogonal maps). */
+#include "bind.h"
+
+#define P(f) offsetof(MfApeParams, f)
+static const MfSize sizes[] = {{"B", P(B)}, {"T", P(T)}, {"H", P(H)}, {"D", P(D)},
+                               {"A", P(A)}, {"P", P(P)}, {"TB", P(TB)}, {NULL, 0}};
+
+/* D = A E (the maps' chunks tile the head), TB = 1 or B, every index entry in [0, P) (the
+ * kernel checks each again as it reads it: MF_EINDEX, raised naming index) */
+static int check(MfCall *c, void *params) {
+    const MfApeParams *p = params;
+    const int64_t E = mf_size(c, "E");
+    if (p->A * E != p->D) {
+        PyErr_Format(PyExc_ValueError,
+                     "maps must have shape (A, P, H, E, E) with A E = D (the head dim of %s, "
+                     "%lld), got A = %lld, E = %lld",
+                     mf_size_from(c, "D"), (long long)p->D, (long long)p->A, (long long)E);
+        return -1;
+    }
+    if (p->TB != 1 && p->TB != p->B) {
+        PyErr_Format(PyExc_ValueError,
+                     "index must have shape (TB, T, A) with TB = 1 or TB = B = %lld, got "
+                     "TB = %lld",
+                     (long long)p->B, (long long)p->TB);
+        return -1;
+    }
+    return mf_check_ids(p->index, p->TB * p->T * p->A, p->P, "index");
+}
+
+static const MfArg forward_args[] = {
+    {"x", 1, MF_IN, 0, "B T H D", .field = P(x)},
+    {"maps", 2, MF_IN, 0, "A P H E E", .field = P(maps)},
+    {"index", 3, MF_IN, 0, "TB T A", .field = P(index), .dtype = MF_I32},
+    {"y", 0, MF_OUT, 0, "B T H D", .field = P(y)},
+    {0}};
+static const MfOp forward = {"ape_apply_forward", forward_args, sizes, sizeof(MfApeParams),
+                             .run = MF_OP(ape_apply_forward), .check = check,
+                             .index_arg = "index"};
+
+static const MfArg backward_args[] = {
+    {"dy", 1, MF_IN, 0, "B T H D", .field = P(dy)},
+    {"x", 2, MF_IN, 0, "B T H D", .field = P(x)},
+    {"maps", 3, MF_IN, 0, "A P H E E", .field = P(maps)},
+    {"index", 4, MF_IN, 0, "TB T A", .field = P(index), .dtype = MF_I32},
+    {"dmaps", 5, MF_INOUT, 0, "A P H E E", .field = P(dmaps)},
+    {"dx", 0, MF_OUT, 0, "B T H D", .field = P(dx)},
+    {0}};
+static const MfOp backward = {"ape_apply_backward", backward_args, sizes, sizeof(MfApeParams),
+                              .run = MF_OP(ape_apply_backward), .check = check,
+                              .index_arg = "index"};
+
+MF_DEFINE(ape_apply_forward, forward)
+MF_DEFINE(ape_apply_backward, backward)
+
+PyMethodDef mf_ape_methods[] = {
+    MF_METHOD(ape_apply_forward,
+     "ape_apply_forward(x, maps, index) -> y\n\n"
+     "x float32 (B, T, H, D), maps float32 (A, P, H, E, E) with D = A E, index int32\n"
+     "(TB, T, A) in [0, P) with TB = 1 (broadcast over b) or B -> y float32 (B, T, H, D):\n"
+     "y[b, t, h, aE + i] = sum_j maps[a, index[tb, t, a], h, i, j] x[b, t, h, aE + j]."),
+    MF_METHOD(ape_apply_backward,
+     "ape_apply_backward(dy, x, maps, index, dmaps) -> dx\n\n"
+     "dy, x float32 (B, T, H, D), maps float32 (A, P, H, E, E), index int32 (TB, T, A) ->\n"
+     "dx float32 (B, T, H, D) = maps^T dy chunk by chunk. dmaps float32 (A, P, H, E, E) is\n"
+     "accumulated in place: dmaps[a, p, h] += sum over tokens at position p of dy x^T."),
+    {NULL, NULL, 0, NULL}};

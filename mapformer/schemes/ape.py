@@ -1,0 +1,231 @@
+"""``ape_seq``, ``ape_grid`` and ``ape_tree``: algebraic positional encodings (Kogkalidis et
+al., "Algebraic Positional Encodings", NeurIPS 2024): positions as orthogonal operators on
+queries and keys (kind ``attention``: the scheme applies them, then runs the causal
+attention).
+
+``ape_seq``: one orthogonal W = expm(A - A^T) per head (appendix 8.1: A any real D x D matrix,
+the trained parameter); the token at position p (its index) has q -> W^p q, k -> W^p k, so the
+score q_m^T W^(n - m) k_n depends on the relative position only. ``ape_grid``: one generator per
+axis and head, each on its own chunk of the head (E = D / n); the token at coordinates
+(x_1..x_n) (the task's, ``Scheme.coordinates``) has the direct sum W_1^x_1 + ... + W_n^x_n.
+Coordinates are integers in [0, ape_positions).
+
+The generators are shared by every layer (as in the paper): the first layer's scheme declares
+them, computes the maps W^0..W^(P-1) once per forward (expm, then powers by doubling: ceil(log2
+P) batched products) and, in its backward (the last to run), takes the gradient that every
+layer summed into the maps back into the generators (the doubling undone, then the Frechet
+derivative of expm by the block-triangular identity). That generator-side arithmetic is on
+parameters only (G H small matrices and their P powers) and runs in float64 NumPy on every
+backend (``ops.ape_powers_*``); applying the maps to the activations is the C op
+``ape_apply``.
+
+Initialisation (option ``ape_no_init`` False): RoPE in closed form, A[2i+1, 2i] = omega_i =
+rope_base^(-i / NB) on each chunk (so expm(A - A^T) is the block-diagonal rotation RoPE applies:
+ape_seq starts as exactly the ``rope`` scheme, ape_grid as axial RoPE); with ``ape_no_init``:
+A ~ N(0, 0.01^2), W near the identity. ``ape_tree`` (below): binary-tree positions, one
+generator per branch. Not done: the paper's multiplicative distance decay of the logits
+(0.98^distance; the attention kernels take no per-pair factor).
+"""
+import weakref
+
+import numpy as np
+
+from .. import reference
+from ..nn import normal_init
+from ..registry import Option
+from . import AttentionScheme, register_scheme
+from .coordinates import COORD_DIMS, coordinates_or_index, task_extent
+from .rope import ROPE_BASE, rope_frequencies
+
+APE_NO_INIT = Option("ape_no_init", bool, False, "APE generators start near the identity "
+                     "(N(0, 0.01^2)) instead of RoPE's rotations")
+
+
+def table_extent(task):
+    """Positions per axis ape_grid tabulates for a task: twice its extent (navigation's
+    ood_sparse evaluation set walks a grid twice the training one)."""
+    return 2 * task_extent(task)
+
+
+APE_POSITIONS = Option("ape_positions", int, 128, "positions per axis ape_grid tabulates "
+                       "(coordinates in [0, P); for a task: twice its grid side or sequence "
+                       "length)", minimum=1, from_task=table_extent)
+
+# ParameterStore -> {scheme name: its _Shared}: one generator per model, found by every layer
+_SHARED = weakref.WeakKeyDictionary()
+
+
+class _Shared:
+    """A generator parameter and its maps, shared by every layer's scheme: ``maps``
+    (G, P, H, E, E) from the last forward, ``dmaps`` their gradient summed by the layers."""
+
+    def __init__(self, param):
+        self.param, self.maps, self.dmaps = param, None, None
+
+
+class APE(AttentionScheme):
+    """Shared machinery of the APE schemes. A subclass defines ``positions(steps) ->
+    (index (TB, T, A) int32, P)`` (each token's position per axis, and the positions the table
+    holds), and may change ``axes(config)`` (A), ``generators(config)`` (G),
+    ``rope_init`` and ``table_forward`` / ``table_backward`` (generators -> maps, default:
+    powers). Parameter ``generator`` (G, H, E, E), declared by the first layer only. Traces:
+    ``q_att``, ``k_att`` (B, T, H, D) the mapped queries and keys; ``maps`` (A, P, H, E, E)
+    the operator of every position (per axis)."""
+
+    kind = "attention"
+    traces = ("q_att", "k_att", "maps")
+
+    @classmethod
+    def axes(cls, config):
+        """A: the chunks the head is cut into (one generator each, unless ``generators``
+        says otherwise)."""
+        return 1
+
+    @classmethod
+    def generators(cls, config):
+        return cls.axes(config)
+
+    def rope_init(self, rng, shape):
+        """RoPE's rotation on every generator (closed form)."""
+        g, h, e, _ = shape
+        return reference.rope_generator(rope_frequencies(self.config.options["rope_base"], h,
+                                                         e // 2), g)
+
+    def __init__(self, store, name, config, ops):
+        super().__init__(store, name, config, ops)
+        a, h, d = self.axes(config), config.n_heads, config.head_dim
+        if d % a or (d // a) % 2:
+            raise ValueError(f"{self.name} splits the head dim {d} into {a} chunks of an even "
+                             "size: D must be a multiple of 2 n")
+        e = d // a
+        shared = _SHARED.setdefault(store, {})
+        self.owner = self.name not in shared
+        if self.owner:
+            init = normal_init(0.01) if config.options["ape_no_init"] else self.rope_init
+            shared[self.name] = _Shared(store.declare(
+                f"{name}.generator", (self.generators(config), h, e, e), init, decay=False))
+        self.shared = shared[self.name]
+
+    @property
+    def maps(self):
+        return self.shared.maps
+
+    def attend(self, x, q, k, v, batch, steps, state):
+        self.index, positions = self.positions(steps)
+        shared, ops = self.shared, self.ops
+        if self.owner:
+            shared.maps = self.table_forward(shared.param.value, positions)
+            shared.dmaps = ops.zeros_like(shared.maps)
+        self.q, self.k, self.v = q, k, v
+        self.q_att = ops.ape_apply_forward(q, shared.maps, self.index)
+        self.k_att = ops.ape_apply_forward(k, shared.maps, self.index)
+        self.out, self.lse = ops.attention_forward(self.q_att, self.k_att, v)
+        return self.out, state
+
+    def attend_backward(self, dout, dstate):
+        shared, ops = self.shared, self.ops
+        dq_att, dk_att, dv = ops.attention_backward(dout, self.q_att, self.k_att, self.v,
+                                                    self.out, self.lse)
+        dq = ops.ape_apply_backward(dq_att, self.q, shared.maps, self.index, shared.dmaps)
+        dk = ops.ape_apply_backward(dk_att, self.k, shared.maps, self.index, shared.dmaps)
+        if self.owner:  # the first layer's backward runs last: every layer's dmaps are in
+            self.table_backward(shared.dmaps, shared.param.value, shared.param.grad)
+        return dq, dk, dv, dstate
+
+    def table_forward(self, generator, positions):
+        """The maps (A, P, H, E, E) of ``positions`` positions per axis: powers W^p."""
+        return self.ops.ape_powers_forward(generator, positions)
+
+    def table_backward(self, dmaps, generator, dgenerator):
+        self.ops.ape_powers_backward(dmaps, generator, dgenerator)
+
+    @classmethod
+    def flops(cls, config, batch, steps):
+        """The maps on q and k (2 x 2 N H D E), plus this layer's share of the powers computed
+        once per forward for every layer (G H P 2 E^3 with P = T, split over the layers)."""
+        a, h, d = cls.axes(config), config.n_heads, config.head_dim
+        e = d // a
+        return 4 * batch * steps * h * d * e + (2 * a * h * steps * e ** 3) // config.n_layers
+
+
+@register_scheme
+class APESequence(APE):
+    """``ape_seq``: position = token index t, maps W^t (P = T, every sequence alike)."""
+
+    name = "ape_seq"
+    options = (ROPE_BASE, APE_NO_INIT)
+
+    def positions(self, steps):
+        """(1, T, 1) token indices, and the T powers they need."""
+        return self.ops.as_indices(range(steps)).reshape(1, steps, 1), steps
+
+
+@register_scheme
+class APEGrid(APE):
+    """``ape_grid``: position = the task's coordinates (B, T, n) (the token index when it
+    gives none and n = 1), maps W_a^x_a per axis a on chunk a of the head."""
+
+    name = "ape_grid"
+    options = (ROPE_BASE, APE_NO_INIT, COORD_DIMS, APE_POSITIONS)
+
+    @classmethod
+    def axes(cls, config):
+        return config.options["coord_dims"]
+
+    def positions(self, steps):
+        coordinates = coordinates_or_index(self, steps)
+        extent = self.config.options["ape_positions"]
+        return self.ops.as_indices(coordinates), (max(extent, steps)
+                                                  if self.coordinates is None else extent)
+
+
+APE_TREE_DEPTH = Option("ape_tree_depth", int, 6, "levels below the root ape_tree tabulates "
+                        "(heap numbers 1 .. 2^(depth+1) - 1)", minimum=1)
+
+
+def tree_rope_generator(base, n_heads, dim):
+    """(2, H, D, D): branch 0 at RoPE's frequencies base^(-i / NB), branch 1 half a step
+    lower, base^(-(i + 1/2) / NB), NB = D / 2."""
+    nb = dim // 2
+    return np.concatenate([reference.rope_generator(np.tile(base ** (-(np.arange(nb) + shift)
+                                                                   / nb), (n_heads, 1)))
+                           for shift in (0.0, 0.5)])
+
+
+@register_scheme
+class APETree(APE):
+    """``ape_tree``: position = the token's node in a binary tree by heap number h (root 1,
+    children 2h and 2h + 1; 0: no node, the identity, for separators and padding), given as
+    the coordinates (B, T, 1) (there is no token-index fallback). Two generators per head,
+    W_0 (left) and W_1 (right); node h's operator is the ordered product along its path,
+    M_h = M_(h // 2) W_(h % 2), so the score between two nodes depends only on the path
+    between them (up to their common ancestor, then down), and paths with the same branch
+    counts in another order differ (not expressible as MapWM's cumulative sum). The heap
+    numbers index the table directly: the paper's public code looked 1-indexed heap numbers
+    up in a 0-indexed enumeration (its root got a child's path); this is the numbering the
+    algebra says. RoPE initialisation: W_0 at RoPE's frequencies base^(-i / NB), W_1 at
+    base^(-(i + 1/2) / NB) (both rotations: commutative until training moves them)."""
+
+    name = "ape_tree"
+    options = (ROPE_BASE, APE_NO_INIT, APE_TREE_DEPTH)
+
+    @classmethod
+    def generators(cls, config):
+        return 2
+
+    def rope_init(self, rng, shape):
+        return tree_rope_generator(self.config.options["rope_base"], shape[1], shape[2])
+
+    def positions(self, steps):
+        if self.coordinates is None or self.coordinates.shape[2] != 1:
+            raise ValueError("positional scheme 'ape_tree' needs the tokens' heap numbers as "
+                             "coordinates (B, T, 1): pass coordinates= to "
+                             "Transformer.forward / loss")
+        return (self.ops.as_indices(self.coordinates),
+                2 ** (self.config.options["ape_tree_depth"] + 1))
+
+    def table_forward(self, generator, positions):
+        return self.ops.ape_tree_forward(generator, positions.bit_length() - 2)
+
+    def table_backward(self, dmaps, generator, dgenerator):
+        self.ops.ape_tree_backward(dmaps, generator, dgenerator)

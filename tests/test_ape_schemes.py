@@ -1,0 +1,218 @@
+"""The APE and GridPE positional schemes in a model: the oracles (ape_seq initialised to RoPE
+is the ``rope`` model; scores depend on relative positions only, in 1D and on the task's 2D
+coordinates), the generator's gradient through expm and the powers against finite
+differences (generators shared by the layers), task coordinates reaching the schemes, and a
+few training steps through the Python API and the command line."""
+import json
+import math
+import subprocess
+import sys
+
+import numpy as np
+import pytest
+
+from conftest import numerical_grad, subprocess_env
+from mapformer.models import ModelConfig, Transformer
+from mapformer.schemes.gridpe import gridpe_frequencies, simplex_directions
+from mapformer.tasks import navigation
+from mapformer.train import TrainConfig, load_checkpoint, train
+
+GENERATOR = "blocks.0.mixer.scheme.generator"
+
+
+def config(positional, **options):
+    return ModelConfig(vocab_size=9, d_model=32, n_heads=2, n_layers=2, positional=positional,
+                       options=options)
+
+
+@pytest.mark.parametrize("backend,tol", [("numpy", 1e-10), ("c", 2e-4)])
+def test_ape_seq_initialised_to_rope_is_the_rope_model(backend, tol):
+    """Same seed, same draws (the RoPE-like generator draws nothing): the logits agree,
+    since W^t rotates pair i by t omega_i and RoPE's (t + 1) omega_i differs by a shift."""
+    tokens = np.random.default_rng(0).integers(0, 9, (2, 11))
+    rope = Transformer(config("rope"), seed=3, backend=backend).forward(tokens)
+    ape = Transformer(config("ape_seq"), seed=3, backend=backend)
+    np.testing.assert_allclose(ape.forward(tokens), rope, rtol=tol, atol=tol)
+    # one generator for both layers (APE shares it), per head the block rotation
+    assert [n for n in ape.params.params if "scheme" in n] == [GENERATOR]
+    assert ape.blocks[1].mixer.scheme.maps is ape.blocks[0].mixer.scheme.maps
+
+
+def scores(model):
+    s = model.blocks[0].mixer.scheme
+    mixer = model.blocks[0].mixer
+    q, k = (s.q_att, s.k_att) if hasattr(s, "q_att") else (mixer.q_att, mixer.k_att)
+    return np.einsum("bthd,bshd->bhts", q, k)
+
+
+@pytest.mark.parametrize("positional", ["ape_seq", "gridpe"])
+def test_scores_depend_on_relative_position_only(positional):
+    """Every token equal: q and k are the same at every position, so a score is a function
+    of the positions alone, and it must be one of their difference (Toeplitz)."""
+    model = Transformer(config(positional, **({"ape_no_init": True}
+                                              if positional == "ape_seq" else {})),
+                        seed=1, backend="numpy")
+    model.forward(np.full((1, 9), 4))
+    s = scores(model)[0, 0]
+    for offset in range(-8, 9):
+        diagonal = np.diagonal(s, offset)
+        np.testing.assert_allclose(diagonal, diagonal[0], rtol=1e-10, atol=1e-12)
+    assert np.ptp(np.diagonal(s, 0)) < 1e-10 and np.ptp(s) > 1e-3  # positions do matter
+
+
+@pytest.mark.parametrize("positional", ["ape_grid", "gridpe"])
+def test_2d_scores_depend_on_the_displacement_only(positional):
+    cfg = ModelConfig(vocab_size=9, d_model=48, n_heads=2, positional=positional,
+                      options={"coord_dims": 2, **({"ape_no_init": True, "ape_positions": 8}
+                                                 if positional == "ape_grid" else {})})
+    model = Transformer(cfg, seed=2, backend="numpy")
+    coords = np.array([[0, 0], [1, 0], [3, 2], [4, 2], [2, 5], [3, 5], [0, 0], [6, 7]])
+    model.forward(np.full((1, 8), 4), coordinates=coords[None])
+    s = scores(model)[0]
+    # token pairs (0, 1), (2, 3), (4, 5) have displacement (1, 0); 0 and 6 share a cell
+    for h in range(2):
+        np.testing.assert_allclose([s[h, 2, 3], s[h, 4, 5]], [s[h, 0, 1]] * 2, rtol=1e-10)
+        np.testing.assert_allclose([s[h, 1, 0], s[h, 3, 2]], [s[h, 5, 4]] * 2, rtol=1e-10)
+        np.testing.assert_allclose(s[h, 6], s[h, 0], rtol=1e-10)
+    assert abs(s[0, 0, 1] - s[0, 0, 7]) > 1e-3
+
+
+@pytest.mark.parametrize("random", [True, False])
+def test_tree_scores_depend_on_the_path_only(random):
+    """Every token equal: a score is a function of the two nodes, and it must be one of the
+    path between them: every (parent, left child) pair scores alike, every (parent, right
+    child) pair too; left-then-right and right-then-left differ once the generators do not
+    commute (random ones), and coincide at RoPE's initialisation (commuting rotations)."""
+    cfg = ModelConfig(vocab_size=9, d_model=32, n_heads=2, positional="ape_tree",
+                      options={"ape_tree_depth": 3})
+    model = Transformer(cfg, seed=4, backend="numpy")
+    if random:
+        gen = model.params.params[GENERATOR].value
+        gen[...] = np.random.default_rng(0).standard_normal(gen.shape) * 0.3
+    heap = np.array([1, 2, 3, 4, 5, 6, 7, 10, 13, 0])
+    model.forward(np.full((1, heap.size), 4), coordinates=heap[None, :, None])
+    s = scores(model)[0]
+    at = {int(h): i for i, h in enumerate(heap)}
+    for h in range(2):
+        left = [s[h, at[p], at[2 * p]] for p in (1, 2, 3, 5)]
+        right = [s[h, at[p], at[2 * p + 1]] for p in (1, 2, 3, 6)]
+        np.testing.assert_allclose(left, left[0], rtol=1e-10)
+        np.testing.assert_allclose(right, right[0], rtol=1e-10)
+        assert abs(left[0] - right[0]) > 1e-4
+        # up one level then down the other side: the same path from 4 to 5 as from 6 to 7
+        np.testing.assert_allclose(s[h, at[4], at[5]], s[h, at[6], at[7]], rtol=1e-10)
+        # 5 is left-then-right, 6 right-then-left; node 0 (no node) is at the root
+        np.testing.assert_allclose(s[h, at[0], at[3]], s[h, at[1], at[3]], rtol=1e-10)
+        differ = abs(s[h, at[1], at[5]] - s[h, at[1], at[6]])
+        assert differ > 1e-4 if random else differ < 1e-10
+
+
+def test_coordinates_are_required_and_checked():
+    cfg = ModelConfig(vocab_size=9, d_model=48, n_heads=2, positional="gridpe",
+                      options={"coord_dims": 2})
+    model = Transformer(cfg, seed=0)
+    with pytest.raises(ValueError, match="'gridpe' with coord_dims = 2 needs"):
+        model.forward(np.zeros((1, 4), np.int32))
+    with pytest.raises(ValueError, match=r"coordinates must have shape \(B, T, n\)"):
+        model.forward(np.zeros((1, 4), np.int32), coordinates=np.zeros((1, 5, 2)))
+    with pytest.raises(ValueError, match="coord_dims = 2 but the coordinates"):
+        model.forward(np.zeros((1, 4), np.int32), coordinates=np.zeros((1, 4, 3)))
+    with pytest.raises(ValueError, match="finite"):
+        model.forward(np.zeros((1, 4), np.int32), coordinates=np.full((1, 4, 2), np.nan))
+    tree = Transformer(ModelConfig(vocab_size=9, d_model=32, n_heads=2, positional="ape_tree",
+                                   options={"ape_tree_depth": 2}))
+    with pytest.raises(ValueError, match="'ape_tree' needs the tokens' heap numbers"):
+        tree.forward(np.zeros((1, 4), np.int32))
+    with pytest.raises(ValueError, match="index.* = 8 is out of range"):
+        tree.forward(np.zeros((1, 2), np.int32), coordinates=[[[1], [8]]])
+    grid = Transformer(ModelConfig(vocab_size=9, d_model=48, n_heads=2, positional="ape_grid",
+                                   options={"coord_dims": 2, "ape_positions": 4}))
+    with pytest.raises(ValueError, match="index.* = 4 is out of range"):
+        grid.forward(np.zeros((1, 2), np.int32), coordinates=[[[0, 1], [4, 0]]])
+    odd_chunks = ModelConfig(vocab_size=9, d_model=36, n_heads=2, positional="ape_grid",
+                             options={"coord_dims": 2})  # chunks of 9
+    with pytest.raises(ValueError, match="multiple of 2 n"):
+        Transformer(odd_chunks)
+
+
+def test_gridpe_frequencies():
+    u = simplex_directions(2)
+    np.testing.assert_allclose(u @ u.T, np.where(np.eye(3), 1.0, -0.5), atol=1e-12)
+    np.testing.assert_allclose(simplex_directions(1), [[1.0], [-1.0]], atol=1e-12)
+    f = gridpe_frequencies(2, 16, 2)  # S = 5 scales of 3 directions, one plane left at zero
+    norms = np.linalg.norm(f, axis=-1)
+    np.testing.assert_allclose(norms[0, :15], np.pi * np.exp(-np.arange(5) / 2).repeat(3))
+    assert np.all(f[:, 15] == 0)
+    # head 1 of 2 is turned by 120 / 2 degrees
+    np.testing.assert_allclose((f[1, :3] * f[0, :3]).sum(-1) / np.pi ** 2, 0.5, atol=1e-12)
+    # r = e^(1/n) minimises the neuron count N(r) = r^n / ln r of the paper
+    for n in (1, 2, 3):
+        r = np.linspace(1.05, 4, 20000)
+        assert abs(r[np.argmin(r ** n / np.log(r))] - math.exp(1 / n)) < 1e-3
+
+
+@pytest.mark.parametrize("positional,dims", [("ape_seq", 1), ("ape_grid", 2),
+                                             ("ape_tree", 1)])
+def test_generator_gradient_matches_finite_differences(positional, dims):
+    """Through both layers' maps, the doubling (the tree's levels) and expm's Frechet
+    derivative (float64)."""
+    task = navigation.NavigationConfig(dims=dims, steps=5, grid_size=3, n_objects=3)
+    batch = navigation.generate(task, 2, np.random.default_rng(0))
+    coords = navigation.token_coordinates(batch)
+    options = {}
+    if positional == "ape_tree":  # heap numbers 0 (no node) .. 7 of a depth-2 table
+        coords = np.random.default_rng(1).integers(0, 8, batch.tokens.shape + (1,))
+        options = {"ape_tree_depth": 2}
+    cfg = ModelConfig.for_task("rope", task, d_model=32, n_heads=2, n_layers=2,
+                               positional=positional, ape_no_init=True, **options)
+    model = Transformer(cfg, seed=0, backend="numpy")
+    gen = model.params.params[GENERATOR]
+    generators = 2 if positional == "ape_tree" else dims
+    assert gen.shape == (generators, 2, 16 // dims, 16 // dims)
+
+    def loss():
+        return model.loss(batch.tokens, batch.targets, np.ones_like(batch.mask), coords)
+
+    loss()
+    model.backward()
+    grad = gen.grad.copy()
+    numeric = numerical_grad(loss, gen.value)
+    np.testing.assert_allclose(grad, numeric, rtol=1e-5, atol=1e-9)
+    assert np.abs(grad).max() > 1e-6
+
+
+TASK = dict(dims=2, steps=6, grid_size=4, n_objects=3)
+
+
+@pytest.mark.parametrize("positional", ["gridpe", "ape_seq", "ape_grid"])
+def test_schemes_train_through_the_api(positional):
+    train_config = TrainConfig(**TASK, sequences=24, batch_size=8, eval_sequences=2, lr=1e-2)
+    task = train_config.task_config()
+    cfg = ModelConfig.for_task("rope", task, d_model=48, n_heads=2, positional=positional)
+    if positional != "ape_seq":
+        assert cfg.options["coord_dims"] == 2
+    result = train(cfg, train_config, progress=False, log=lambda *a: None)
+    assert result["steps"] == 3 and math.isfinite(result["loss"])
+    params = result["model"].params.params
+    if positional != "gridpe":  # the generator learned (no weight decay on it)
+        start = Transformer(cfg, seed=train_config.seed).params.params[GENERATOR].value
+        assert np.abs(params[GENERATOR].value - start).max() > 1e-4
+
+
+@pytest.mark.parametrize("positional,flags", [
+    ("gridpe", []), ("ape_seq", ["--ape-no-init", "true"]), ("ape_grid", [])])
+def test_schemes_train_through_the_cli(tmp_path, positional, flags):
+    args = [sys.executable, "-m", "mapformer", "train", "--positional", positional,
+            "--dims", "2", "--steps", "6", "--grid-size", "4", "--n-objects", "3",
+            "--sequences", "8", "--batch-size", "8", "--eval-sequences", "2", "--d-model",
+            "48", "--n-heads", "2", "--out", str(tmp_path), "--no-progress", "--json", *flags]
+    run = subprocess.run(args, env=subprocess_env(1), capture_output=True, text=True,
+                         check=True, cwd=tmp_path)
+    result = json.loads(run.stdout.strip().splitlines()[-1])
+    assert result["steps"] == 1 and math.isfinite(result["loss"])
+    model = load_checkpoint(tmp_path / "checkpoint.npz")[0]
+    assert model.config.positional == positional
+    if positional != "ape_seq":
+        assert model.config.options["coord_dims"] == 2
+    if positional == "ape_grid":
+        assert model.config.options["ape_positions"] == 8
