@@ -1,0 +1,92 @@
+"""TDB: the head inputs, the C model against the NumPy reference model, the heads' gradients
+against finite differences, and a short training run on an aliased room."""
+import numpy as np
+import pytest
+
+from conftest import numerical_grad
+from mapformer import cogmap
+from mapformer.tasks import rooms
+from mapformer.tdb import TDB, TDBConfig, head_inputs, vanilla_targets
+from mapformer.train import AdamW, TrainConfig
+
+ROOM = rooms.RoomsConfig(height=4, width=5, n_obs=3, patch=2, steps=12, seed=0)
+
+
+def tokens(n, seed=0):
+    return rooms.walks(ROOM, rooms.make_room(ROOM), n, seed).tokens(ROOM.n_obs)
+
+
+def small(**values):
+    base = dict(n_obs=3, d_model=32, n_heads=2, n_layers=1, steps=2, codebooks=2, codes=8,
+                head_hidden=16)
+    base.update(values)
+    return TDBConfig(**base)
+
+
+def test_head_inputs_and_vanilla_targets():
+    # x1 a1 x2 a2 x3 a3 with O = 3 (actions are ids 3..6)
+    t = np.array([[0, 3, 1, 5, 2, 6]])
+    ids, targets, masks = head_inputs(t, 3, 2)
+    assert ids.tolist() == [[3, 5, 6], [5, 6, 0]]
+    assert targets.tolist() == [[1, 2, 0], [2, 0, 0]]
+    assert masks.tolist() == [[1, 1, 0], [1, 0, 0]]
+    tg, mask = vanilla_targets(t, 3)
+    assert tg.tolist() == [[0, 1, 0, 2, 0, 0]]
+    assert mask.tolist() == [[False, True, False, True, False, False]]
+
+
+def test_c_model_matches_numpy_reference():
+    c_model, ref_model = TDB(small(), seed=2), TDB(small(), seed=2, backend="numpy")
+    ref_model.params.data[:] = c_model.params.data
+    t = tokens(3)
+    c_loss, ref_loss = c_model.loss(t), ref_model.loss(t)
+    assert c_loss == pytest.approx(ref_loss, rel=2e-5)
+    assert np.array_equal(np.asarray(c_model.vq.indices), ref_model.vq.indices)
+    c_model.backward()
+    ref_model.backward()
+    for name, p in ref_model.params.params.items():
+        got, want = c_model.params.params[name].grad, p.grad
+        scale = np.abs(want).max()
+        np.testing.assert_allclose(got, want, rtol=1e-3, atol=1e-3 * scale + 1e-7,
+                                   err_msg=f"gradient of {name}")
+
+
+def test_head_gradients_by_finite_differences():
+    """The heads sit after the bottleneck, where the loss is smooth in their parameters."""
+    model = TDB(small(), seed=1, backend="numpy")
+    t = tokens(2)
+    model.loss(t)
+    model.backward()
+    for name in ("heads.1.code.weight", "heads.1.action1.weight", "heads.0.out.bias"):
+        p = model.params.params[name]
+        want = p.grad.copy()
+        got = numerical_grad(lambda: model.loss(t), p.value)
+        np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-9, err_msg=name)
+
+
+def test_training_learns_the_room():
+    config = small(steps=1, codebooks=1, codes=32, n_layers=1)
+    model = TDB(config, seed=0)
+    opt = AdamW(model, TrainConfig(lr=3e-3, weight_decay=0.0))
+    t = tokens(64, seed=1)
+    rng = np.random.default_rng(0)
+    first = model.loss(t[:16])
+    for _ in range(60):
+        model.loss(t[rng.integers(0, 64, 16)])
+        model.backward()
+        opt.step(3e-3)
+    assert model.loss(t[:16]) < 0.8 * first
+    usage = model.vq.usage()
+    assert usage["used"][0] >= 2
+    # a map comes out of the codes
+    codes = np.asarray(model.encode(t)[1])
+    walks = rooms.walks(ROOM, rooms.make_room(ROOM), 64, 1)
+    cm = cogmap.extract_map(codes, walks.actions)
+    assert cm.node_of.shape == (len(cm.tuples),)
+
+
+def test_bad_config():
+    with pytest.raises(ValueError, match="steps"):
+        TDBConfig(n_obs=3, steps=0)
+    with pytest.raises(ValueError, match="d_model"):
+        TDBConfig(n_obs=3, d_model=30, n_heads=4)
