@@ -16,18 +16,21 @@
  * Gradient rule: dw_ih, dw_hh, db are parameter gradients (+=); dx, dh0, dc0 activation
  * gradients (=).
  * Products are OpenBLAS's, single-threaded on row blocks of a fixed size split over the
- * OpenMP threads; the elementwise step is a plain loop over (b, j); every output has the same
- * bits for any thread count.
+ * OpenMP threads; the elementwise step runs over (b, j) in simd.h vectors (sigmoid by vexp,
+ * tanh(x) = 2 sigmoid(2x) - 1), as target_clones copies; every output has the same bits for
+ * any thread count.
  * Scratch (backward): dpre (B T G), h_prev (B T H), the running dh and dc (B H each), db's
  * column sums (G doubles).
  */
-#include <math.h>
 #include <string.h>
 
 #include "mapformer/blas.h"
+#include "mapformer/clones.h"
 #include "mapformer/mapformer.h"
 #include "mapformer/rows.h"
 #include "mapformer/scratch.h"
+#define MF_VW MF_CLONES_VW /* the width of the target_clones copies (clones.h) */
+#include "mapformer/simd.h"
 
 /* the elementwise step runs on one thread below this many (b, j) */
 #define LSTM_MIN_PARALLEL (1 << 14)
@@ -59,7 +62,89 @@ static int valid(const MfLstmParams *p) {
     return p->B >= 1 && p->T >= 1 && p->C >= 1 && p->H >= 1;
 }
 
-static inline float sigmoid(float x) { return 1.0f / (1.0f + expf(-x)); }
+/* *x = tanh(*x) = 2 sigmoid(2x) - 1 (simd.h's one exponential) */
+MF_INLINE void vtanh(vf *x) {
+    *x = *x + *x;
+    vsigmoid(x);
+    *x = *x + *x - 1.0f;
+}
+
+/* *x = n < MF_VW lanes of p (zeros beyond), or a whole vector; and the store of n lanes */
+MF_INLINE void load(vf *x, const float *p, int64_t n) {
+    if (n == MF_VW)
+        *x = VLOADU(p);
+    else
+        vload_part(x, p, n);
+}
+MF_INLINE void store(float *p, const vf *x, int64_t n) {
+    if (n == MF_VW)
+        VSTOREU(p, *x);
+    else
+        vstore_part(p, x, n);
+}
+
+/* One step of one sequence: row (G) pre-activations in, activated gates out; c = f cp + i g
+ * (cp NULL: zeros), h = o tanh(c) */
+MF_CLONES
+static void cell_forward(float *row, const float *cp, float *c, float *h, int64_t H) {
+    for (int64_t j = 0; j < H; j += MF_VW) {
+        const int64_t n = H - j < MF_VW ? H - j : MF_VW;
+        vf i, f, g, o, cn = VZERO, tc;
+        load(&i, row + j, n);
+        load(&f, row + H + j, n);
+        load(&g, row + 2 * H + j, n);
+        load(&o, row + 3 * H + j, n);
+        vsigmoid(&i);
+        vsigmoid(&f);
+        vtanh(&g);
+        vsigmoid(&o);
+        if (cp != NULL) load(&cn, cp + j, n);
+        cn = f * cn + i * g;
+        tc = cn;
+        vtanh(&tc);
+        tc = o * tc;
+        store(row + j, &i, n);
+        store(row + H + j, &f, n);
+        store(row + 2 * H + j, &g, n);
+        store(row + 3 * H + j, &o, n);
+        store(c + j, &cn, n);
+        store(h + j, &tc, n);
+    }
+}
+
+/* The step's backward for one sequence: gates gt, cell c, previous cell cp (NULL: zeros),
+ * dh (the loss's), dhb (the recurrent part), dcb (dc_{t+1} f_{t+1}, becomes dc_t f_t); writes
+ * dp (G) */
+MF_CLONES
+static void cell_backward(float *dp, float *dcb, const float *gt, const float *c,
+                          const float *cp, const float *dh, const float *dhb, int64_t H) {
+    for (int64_t j = 0; j < H; j += MF_VW) {
+        const int64_t n = H - j < MF_VW ? H - j : MF_VW;
+        vf i, f, g, o, tc, dht, dhr, dct, cpj = VZERO, out;
+        load(&i, gt + j, n);
+        load(&f, gt + H + j, n);
+        load(&g, gt + 2 * H + j, n);
+        load(&o, gt + 3 * H + j, n);
+        load(&tc, c + j, n);
+        vtanh(&tc);
+        load(&dht, dh + j, n);
+        load(&dhr, dhb + j, n);
+        dht = dht + dhr;
+        load(&dct, dcb + j, n);
+        dct = dct + dht * o * (1.0f - tc * tc);
+        if (cp != NULL) load(&cpj, cp + j, n);
+        out = dct * g * i * (1.0f - i);
+        store(dp + j, &out, n);
+        out = dct * cpj * f * (1.0f - f);
+        store(dp + H + j, &out, n);
+        out = dct * i * (1.0f - g * g);
+        store(dp + 2 * H + j, &out, n);
+        out = dht * tc * o * (1.0f - o);
+        store(dp + 3 * H + j, &out, n);
+        out = dct * f;
+        store(dcb + j, &out, n);
+    }
+}
 
 int lstm_forward(const MfLstmParams *p) {
     if (!valid(p)) return MF_EINVAL;
@@ -80,17 +165,7 @@ int lstm_forward(const MfLstmParams *p) {
             float *row = gates + (b * T + t) * G;
             float *c = p->c + (b * T + t) * H, *h = p->h + (b * T + t) * H;
             const float *cp = t > 0 ? c - H : (p->c0 != NULL ? p->c0 + b * H : NULL);
-            for (int64_t j = 0; j < H; j++) {
-                const float i = sigmoid(row[j]), f = sigmoid(row[H + j]);
-                const float g = tanhf(row[2 * H + j]), o = sigmoid(row[3 * H + j]);
-                const float cn = (cp != NULL ? f * cp[j] : 0.0f) + i * g;
-                row[j] = i;
-                row[H + j] = f;
-                row[2 * H + j] = g;
-                row[3 * H + j] = o;
-                c[j] = cn;
-                h[j] = o * tanhf(cn);
-            }
+            cell_forward(row, cp, c, h, H);
         }
     }
     return MF_OK;
@@ -121,20 +196,10 @@ int lstm_backward(const MfLstmParams *p) {
 #pragma omp parallel for schedule(static) if (B * H >= LSTM_MIN_PARALLEL)
         for (int64_t b = 0; b < B; b++) {
             const int64_t r = b * T + t;
-            const float *gt = p->gates_in + r * G, *c = p->c_in + r * H, *dh = p->dh + r * H;
+            const float *c = p->c_in + r * H;
             const float *cp = t > 0 ? c - H : (p->c0 != NULL ? p->c0 + b * H : NULL);
-            float *dp = dpre + r * G, *dhb = dhn + b * H, *dcb = dcn + b * H;
-            for (int64_t j = 0; j < H; j++) {
-                const float i = gt[j], f = gt[H + j], g = gt[2 * H + j], o = gt[3 * H + j];
-                const float tc = tanhf(c[j]), dht = dh[j] + dhb[j];
-                const float dct = dcb[j] + dht * o * (1.0f - tc * tc);
-                const float cpj = cp != NULL ? cp[j] : 0.0f;
-                dp[j] = dct * g * i * (1.0f - i);
-                dp[H + j] = dct * cpj * f * (1.0f - f);
-                dp[2 * H + j] = dct * i * (1.0f - g * g);
-                dp[3 * H + j] = dht * tc * o * (1.0f - o);
-                dcb[j] = dct * f;
-            }
+            cell_backward(dpre + r * G, dcn + b * H, p->gates_in + r * G, c, cp, p->dh + r * H,
+                          dhn + b * H, H);
         }
         /* dh_{t-1}'s recurrent part (B, H) = dpre[:, t] (B, G) w_hh (G, H) */
         st = gemm_blocks(0, 0, B, H, G, dpre + t * G, T * G, p->w_hh, H, 0.0f, dhn, H);
