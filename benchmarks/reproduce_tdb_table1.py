@@ -4,9 +4,9 @@ per seed).
 
     python benchmarks/reproduce_tdb_table1.py --scale cpu     # or paper, tiny
 
-Each (row, seed) is written to ``--out``/<row>_seed<k>.json as it finishes; a rerun skips the
-ones already there, and the table (beside the paper's numbers) is printed from every file
-present.
+Each (row, seed) is written to ``--out``/<row>_seed<k>.json as it finishes (a TDB's weights
+to <row>_seed<k>.npz: ``python -m mapformer map`` draws its map); a rerun skips the ones
+already there, and the table (beside the paper's numbers) is printed from every file present.
 
 Scales (the paper: 15 x 20 room, O = 4, one 4 x 4 patch twice, walks of 400, 2048 training
 walks, 25k steps of batch 32, width 256, 4 layers, 8 heads, K = 1000 codes):
@@ -27,13 +27,12 @@ import time
 from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 
-import networkx as nx
 import numpy as np
 
 from mapformer import cogmap
 from mapformer.models import ModelConfig, Transformer
 from mapformer.tasks import rooms
-from mapformer.tdb import TDB, TDBConfig, vanilla_targets
+from mapformer.tdb import TDB, TDBConfig, save_checkpoint, vanilla_targets
 from mapformer.train import AdamW, TrainConfig
 
 # the paper's Table 1: TestAccu, ImpFallback, RatioSP, NormGED (None: not reported)
@@ -107,14 +106,7 @@ def test_accuracy(model, tokens, n_obs, batch):
     return 100.0 * right / total
 
 
-def codes_of(model, tokens, batch):
-    out = []
-    for i in range(0, len(tokens), batch):
-        out.append(np.asarray(model.encode(tokens[i:i + batch])[1]))
-    return np.concatenate(out)
-
-
-def run(row, scale, seed, log):
+def run(row, scale, seed, log, checkpoint=None):
     config = replace(scale.room, seed=seed)
     room = rooms.make_room(config)
     train_walks = rooms.walks(config, room, scale.train_walks, [seed, 1])
@@ -139,19 +131,15 @@ def run(row, scale, seed, log):
               time.perf_counter() - t0,
               "TestAccu": test_accuracy(model, test_walks.tokens(n_obs), n_obs, scale.batch)}
     C, N = scale.context, config.steps
-    starts, goals = test_walks.pos[:, C], test_walks.pos[:, N - C]
     if isinstance(model, TDB):
-        train_codes = codes_of(model, tokens, scale.batch)
-        cm = cogmap.extract_map(train_codes, train_walks.actions)
-        test_codes = codes_of(model, test_walks.tokens(n_obs), scale.batch)
-        plans = [cm.plan(test_codes[i, C], test_codes[i, N - C])
-                 for i in range(len(test_codes))]
-        result.update(cogmap.planning_metrics(plans, starts, goals, room, N - 2 * C))
-        nx.set_node_attributes(cm.graph, cogmap.node_positions(cm, train_codes,
-                                                               train_walks.pos), "pos")
-        result["NormGED"] = cogmap.norm_ged(cm.graph, rooms.ground_truth_graph(room))
-        result["map_nodes"] = cm.graph.number_of_nodes()
-    else:  # no map: only the fallback path, which never improves on itself
+        meta = {"room": asdict(config), "seed": seed, "train_walks": scale.train_walks,
+                "test_walks": scale.test_walks, "context": C}
+        if checkpoint is not None:
+            save_checkpoint(model, checkpoint, **meta)
+        _, _, metrics = cogmap.evaluate_map(model, meta, C)
+        result.update(metrics)
+    else:  # no map and no rollout planner: no plan, never better than the fallback
+        starts, goals = test_walks.pos[:, C], test_walks.pos[:, N - C]
         result.update(cogmap.planning_metrics([None] * len(starts), starts, goals, room,
                                               N - 2 * C))
     return result
@@ -194,7 +182,8 @@ def main(argv=None):
             if path.exists():
                 print(f"  {row} seed {seed}: done ({path})")
                 continue
-            result = run(row, scale, seed, log=print)
+            result = run(row, scale, seed, log=print,
+                         checkpoint=out / f"{row}_seed{seed}.npz")
             path.write_text(json.dumps(result, indent=1))
             print(f"  {row} seed {seed}: " + ", ".join(
                 f"{k} {result[k]:.3f}" for k in ("TestAccu", "ImpFallback", "RatioSP",

@@ -231,3 +231,78 @@ def norm_ged(learned, truth):
     empty = (g1.number_of_nodes() + g1.number_of_edges() + g2.number_of_nodes()
              + g2.number_of_edges())
     return cost / empty if empty else 0.0
+
+
+def walks_of(meta):
+    """(room config, room, training walks, test walks) of a TDB checkpoint's ``meta`` (as the
+    reproduction script writes it: room, train_walks, test_walks, seed)."""
+    config = rooms.RoomsConfig(**meta["room"])
+    room = rooms.make_room(config)
+    seed = meta["seed"]
+    return (config, room, rooms.walks(config, room, meta["train_walks"], [seed, 1]),
+            rooms.walks(config, room, meta["test_walks"], [seed, 2]))
+
+
+def encode_all(model, tokens, batch=32):
+    """The code tuples (W, N, M) of a TDB over walks' tokens (W, 2N), ``batch`` at a time."""
+    model.train(False)
+    return np.concatenate([np.asarray(model.encode(tokens[i:i + batch])[1])
+                           for i in range(0, len(tokens), batch)])
+
+
+def evaluate_map(model, meta, context):
+    """(map, metrics) of a trained TDB on its room: the map from the training walks' codes,
+    plans from position ``context`` to N - context of every test walk."""
+    config, room, train, test = walks_of(meta)
+    codes = encode_all(model, train.tokens(config.n_obs))
+    cm = extract_map(codes, train.actions)
+    nx.set_node_attributes(cm.graph, node_positions(cm, codes, train.pos), "pos")
+    test_codes = encode_all(model, test.tokens(config.n_obs))
+    N = config.steps
+    plans = [cm.plan(test_codes[i, context], test_codes[i, N - context])
+             for i in range(len(test_codes))]
+    metrics = planning_metrics(plans, test.pos[:, context], test.pos[:, N - context], room,
+                               N - 2 * context)
+    metrics["NormGED"] = norm_ged(cm.graph, rooms.ground_truth_graph(room))
+    metrics["nodes"] = cm.graph.number_of_nodes()
+    metrics["edges"] = cm.graph.number_of_edges()
+    return cm, room, metrics
+
+
+def write_graphml(graph, path):
+    """The map as GraphML (a node's pos as the string 'r,c')."""
+    g = nx.DiGraph()
+    for n, attrs in graph.nodes(data=True):
+        pos = attrs.get("pos")
+        g.add_node(n, pos="" if pos is None else f"{pos[0]},{pos[1]}")
+    for u, v, attrs in graph.edges(data=True):
+        g.add_edge(u, v, action=attrs.get("action", -1))
+    nx.write_graphml(g, path)
+
+
+def plot_maps(learned, room, path):
+    """PNG: the learned map (each node drawn at the true cell it is most often active in,
+    jittered so that nodes of one cell do not hide each other) beside the room's true graph,
+    cells coloured by their observation."""
+    import matplotlib
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    truth = nx.DiGraph(rooms.ground_truth_graph(room))
+    rng = np.random.default_rng(0)
+    fig, axes = plt.subplots(1, 2, figsize=(12, 5))
+    for ax, graph, title, jitter in ((axes[0], learned, "learned map", 0.25),
+                                     (axes[1], truth, "true room", 0.0)):
+        layout = {n: (graph.nodes[n]["pos"][1] + jitter * rng.uniform(-1, 1),
+                      -graph.nodes[n]["pos"][0] + jitter * rng.uniform(-1, 1))
+                  for n in graph if graph.nodes[n].get("pos") is not None}
+        sub = graph.subgraph(layout)
+        colours = [room.obs[graph.nodes[n]["pos"]] for n in sub]
+        nx.draw_networkx(sub, layout, ax=ax, node_size=60, node_color=colours,
+                         cmap="tab10", with_labels=False, arrows=False, width=0.5)
+        ax.set_title(f"{title}: {graph.number_of_nodes()} nodes, "
+                     f"{graph.number_of_edges()} edges")
+        ax.set_axis_off()
+    fig.tight_layout()
+    fig.savefig(path, dpi=100)
+    plt.close(fig)

@@ -17,7 +17,8 @@ The vanilla transformer and the LSTM of the paper's Table 1 need no class of the
 :class:`mapformer.models.Transformer` on the same tokens with targets x_{n+1} at the action
 positions (:func:`vanilla_targets`).
 """
-from dataclasses import dataclass
+import json
+from dataclasses import asdict, dataclass
 
 import numpy as np
 
@@ -212,3 +213,22 @@ class TDB:
         """The s = 0 head's argmax (B N,) of the last loss(), as NumPy."""
         return self.ops.to_numpy(self.logits[0]).argmax(-1)
 
+
+
+def save_checkpoint(model, path, **meta):
+    """Write the model's parameters, its config and ``meta`` (JSON-able: the room, the walks'
+    seeds, ...) to the .npz ``path``."""
+    np.savez(path, params=model.ops.to_numpy(model.params.data),
+             config=json.dumps(asdict(model.config)), meta=json.dumps(meta))
+
+
+def load_checkpoint(path, backend="c"):
+    """(model, meta) from a file written by :func:`save_checkpoint`."""
+    with np.load(path) as data:
+        config = TDBConfig(**json.loads(str(data["config"])))
+        model = TDB(config, backend=backend)
+        if data["params"].shape != (model.params.size,):
+            raise ValueError(f"{path}: {data['params'].shape[0]} parameters, the config "
+                             f"builds {model.params.size}")
+        model.params.data[:] = model.ops.asarray(data["params"])
+        return model, json.loads(str(data["meta"]))

@@ -1,5 +1,7 @@
 """TDB: the head inputs, the C model against the NumPy reference model, the heads' gradients
 against finite differences, and a short training run on an aliased room."""
+import json
+
 import numpy as np
 import pytest
 
@@ -90,3 +92,23 @@ def test_bad_config():
         TDBConfig(n_obs=3, steps=0)
     with pytest.raises(ValueError, match="d_model"):
         TDBConfig(n_obs=3, d_model=30, n_heads=4)
+
+
+def test_checkpoint_and_map_command(tmp_path, capsys):
+    from mapformer.__main__ import main
+    from mapformer.tdb import load_checkpoint, save_checkpoint
+    model = TDB(small(codebooks=1, steps=1), seed=4)
+    meta = {"room": {"height": 4, "width": 5, "n_obs": 3, "patch": 2, "steps": 12, "seed": 0},
+            "seed": 0, "train_walks": 16, "test_walks": 4, "context": 2}
+    path = tmp_path / "tdb.npz"
+    save_checkpoint(model, path, **meta)
+    loaded, got = load_checkpoint(path)
+    assert got == meta and np.array_equal(loaded.params.data, model.params.data)
+    assert main(["map", str(path), "--out", str(tmp_path / "map")]) == 0
+    metrics = json.loads(capsys.readouterr().out.splitlines()[0])
+    assert metrics["problems"] <= 4 and 0.0 <= metrics["NormGED"] <= 1.0
+    assert (tmp_path / "map" / "cogmap.graphml").stat().st_size > 0
+    assert (tmp_path / "map" / "cogmap.png").stat().st_size > 0
+    (tmp_path / "bad.npz").write_bytes(b"not a checkpoint")
+    with pytest.raises(SystemExit):
+        main(["map", str(tmp_path / "bad.npz")])
