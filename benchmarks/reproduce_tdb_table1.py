@@ -69,12 +69,13 @@ ROWS = {"transformer": None, "lstm": None, "tdb_s1_m1": (1, 1), "tdb_s3_m1": (3,
         "tdb_s3_m4": (3, 4)}
 
 
-def make_model(row, scale, n_obs, seed):
+def make_model(row, scale, n_obs, seed, restart_dead=0):
     if ROWS[row] is not None:
         steps, m = ROWS[row]
         return TDB(TDBConfig(n_obs=n_obs, d_model=scale.d_model, n_heads=scale.n_heads,
                              n_layers=scale.n_layers, steps=steps, codebooks=m,
-                             codes=scale.codes, head_hidden=scale.head_hidden), seed=seed)
+                             codes=scale.codes, head_hidden=scale.head_hidden,
+                             restart_dead=restart_dead), seed=seed)
     mixer, positional = ("lstm", "none") if row == "lstm" else ("attention", "rope")
     return Transformer(ModelConfig(vocab_size=n_obs + rooms.N_ACTIONS, d_model=scale.d_model,
                                    n_heads=scale.n_heads, n_layers=scale.n_layers,
@@ -106,14 +107,14 @@ def test_accuracy(model, tokens, n_obs, batch):
     return 100.0 * right / total
 
 
-def run(row, scale, seed, log, checkpoint=None):
+def run(row, scale, seed, log, checkpoint=None, restart_dead=0):
     config = replace(scale.room, seed=seed)
     room = rooms.make_room(config)
     train_walks = rooms.walks(config, room, scale.train_walks, [seed, 1])
     test_walks = rooms.walks(config, room, scale.test_walks, [seed, 2])
     n_obs = config.n_obs
     tokens = train_walks.tokens(n_obs)
-    model = make_model(row, scale, n_obs, seed)
+    model = make_model(row, scale, n_obs, seed, restart_dead)
     opt = AdamW(model, TrainConfig(lr=scale.lr, weight_decay=0.0, clip=1.0))
     rng = np.random.default_rng([seed, 3])
     t0 = time.perf_counter()
@@ -170,6 +171,9 @@ def main(argv=None):
     parser.add_argument("--rows", default=",".join(ROWS))
     parser.add_argument("--out", default=None, help="folder of per-run JSON (default "
                         "results/tdb_table1_<scale>)")
+    parser.add_argument("--restart-dead", type=int, default=0,
+                        help="TDB: restart codes unused for this many steps (0: never, as the "
+                        "paper; without it small runs collapse onto a few codes)")
     args = parser.parse_args(argv)
     scale = SCALES[args.scale]
     out = Path(args.out or f"results/tdb_table1_{args.scale}")
@@ -183,7 +187,9 @@ def main(argv=None):
                 print(f"  {row} seed {seed}: done ({path})")
                 continue
             result = run(row, scale, seed, log=print,
-                         checkpoint=out / f"{row}_seed{seed}.npz")
+                         checkpoint=out / f"{row}_seed{seed}.npz",
+                         restart_dead=args.restart_dead)
+            result["restart_dead"] = args.restart_dead
             path.write_text(json.dumps(result, indent=1))
             print(f"  {row} seed {seed}: " + ", ".join(
                 f"{k} {result[k]:.3f}" for k in ("TestAccu", "ImpFallback", "RatioSP",
