@@ -55,7 +55,7 @@ def test_c_model_matches_numpy_reference():
 
 def test_head_gradients_by_finite_differences():
     """The heads sit after the bottleneck, where the loss is smooth in their parameters."""
-    model = TDB(small(), seed=1, backend="numpy")
+    model = TDB(small(head_hidden=4), seed=1, backend="numpy")
     t = tokens(2)
     model.loss(t)
     model.backward()
