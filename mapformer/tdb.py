@@ -10,15 +10,21 @@ code of x_n and the embeddings of a_n, ..., a_{n+s} (the input embedding's actio
 a two-layer GELU MLP. Its first layer takes the concatenation (code, E(a_n), ..., E(a_{n+s}))
 without building it: one Linear per part, summed. Loss: the mean over the heads of their
 cross-entropies (each averaged over the positions whose target exists) plus the VQ loss.
-Not done here: the ``enc`` variant (an EMA teacher's normalised next code as a regression
-target).
+``enc`` (section 3.5, eq. 5; BYOL-style): a teacher of the same architecture, its weights
+the exponential moving average (``ema``, 0.99) of the student's after every step
+(:meth:`TDB.update_teacher`), started as a copy; a head g (the heads' form, output d_model)
+maps (code of x_n, E(a_n)) to a vector whose L2-normalised value regresses onto the teacher's
+normalised code of x_{n+1}: L_enc = ||g/|g| - sg(t/|t|)||^2, averaged over the positions
+with a next observation (the paper sums; averaging keeps it on the cross-entropy's scale),
+added to the loss. The teacher runs without dropout; its codebook is the EMA of the
+student's. The normalisation and the EMA are NumPy arithmetic here, not C ops.
 
 The vanilla transformer and the LSTM of the paper's Table 1 need no class of their own: a
 :class:`mapformer.models.Transformer` on the same tokens with targets x_{n+1} at the action
 positions (:func:`vanilla_targets`).
 """
 import json
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, replace
 
 import numpy as np
 
@@ -33,7 +39,7 @@ class TDBConfig:
     """n_obs (O), n_actions: the symbols; d_model, n_heads, n_layers, mlp_ratio, dropout,
     positional: the transformer; steps (S): the heads; codebooks (M), codes (K), beta,
     reduction, restart_dead: the VQ bottleneck's options; head_hidden: the heads' hidden
-    width."""
+    width; enc, ema: the next-encoding objective and its teacher's EMA rate."""
 
     n_obs: int
     n_actions: int = 4
@@ -50,12 +56,16 @@ class TDBConfig:
     reduction: str = "mean"
     restart_dead: int = 0
     head_hidden: int = 256
+    enc: bool = False
+    ema: float = 0.99
 
     def __post_init__(self):
         for name in ("n_obs", "n_actions", "steps", "head_hidden"):
             value = getattr(self, name)
             if not isinstance(value, int) or value < 1:
                 raise ValueError(f"{name} must be an integer >= 1, got {value!r}")
+        if not 0.0 <= self.ema < 1.0:
+            raise ValueError(f"ema must be in [0, 1), got {self.ema!r}")
         self.body_config()  # validates the rest
 
     @property
@@ -102,15 +112,16 @@ def vanilla_targets(tokens, n_obs):
 
 
 class Head:
-    """f^(s): logits = W2 gelu(Wc code + sum_j Wj E(a_{n+j}) + b) + b2, j = 0..s."""
+    """f^(s): logits = W2 gelu(Wc code + sum_j Wj E(a_{n+j}) + b) + b2, j = 0..s; n_out
+    outputs (default: the observations)."""
 
-    def __init__(self, store, name, config, ops, s):
+    def __init__(self, store, name, config, ops, s, n_out=None):
         c, hidden = config.d_model, config.head_hidden
         self.ops = ops
         self.code = Linear(store, f"{name}.code", c, hidden, ops)
         self.actions = [Linear(store, f"{name}.action{j}", c, hidden, ops, bias=False)
                         for j in range(s + 1)]
-        self.out = Linear(store, f"{name}.out", hidden, config.n_obs, ops)
+        self.out = Linear(store, f"{name}.out", hidden, n_out or config.n_obs, ops)
 
     def forward(self, code, action_embeddings):
         pre = self.code.forward(code)
@@ -144,7 +155,23 @@ class TDB:
         self.vq = VQ(self.params, "vq", config.body_config("vq"), self.ops)
         self.heads = [Head(self.params, f"heads.{s}", config, self.ops, s)
                       for s in range(config.steps)]
+        # declared last: the teacher's parameters are a prefix of the student's
+        self.enc = (Head(self.params, "enc", config, self.ops, 0, n_out=config.d_model)
+                    if config.enc else None)
         self.params.build(rng)
+        self.teacher = None
+        if config.enc:
+            self.teacher = TDB(replace(config, enc=False, dropout=0.0, restart_dead=0),
+                               seed=seed, backend=backend)
+            self.teacher.params.data[:] = self.params.data[:self.teacher.params.size]
+
+    def update_teacher(self):
+        """teacher = ema teacher + (1 - ema) student, after an optimizer step (enc only)."""
+        if self.teacher is None:
+            return
+        t = self.teacher.params.data
+        t *= self.config.ema
+        self.ops.add_(t, (1.0 - self.config.ema) * self.params.data[:t.shape[0]])
 
     def train(self, mode=True):
         for block in self.blocks:
@@ -180,7 +207,34 @@ class TDB:
             logits = head.forward(codes, self.embedded[:s + 1])
             self.logits.append(logits)
             total += ops.softmax_xent_forward(logits, self.targets[s], self.masks[s])[1]
-        return total / c.steps + self.vq.aux_loss()
+        total = total / c.steps + self.vq.aux_loss()
+        if self.enc is not None:
+            total += self.enc_loss(tokens, codes)
+        return total
+
+    def enc_loss(self, tokens, codes):
+        """L_enc (see the module) of the last encode; keeps what its backward needs."""
+        B, T = self.tokens.shape
+        N, C = T // 2, self.config.d_model
+        target, _ = self.teacher.encode(tokens)
+        target = target.reshape(B, N, C)
+        nxt = self.ops.zeros((B, N, C))
+        nxt[:, :-1] = target[:, 1:] / (((target[:, 1:] ** 2).sum(-1, keepdims=True) + 1e-12)
+                                       ** 0.5)
+        g = self.enc.forward(codes, self.embedded[:1])
+        self.enc_norm = ((g * g).sum(-1, keepdims=True) + 1e-12) ** 0.5
+        self.enc_y = g / self.enc_norm
+        mask = self.masks[0].reshape(-1, 1)
+        self.enc_count = max(float(mask.sum()), 1.0)
+        self.enc_diff = (self.enc_y - nxt.reshape(B * N, C)) * mask
+        return float((self.enc_diff * self.enc_diff).sum()) / self.enc_count
+
+    def enc_backward(self, dcode, dembedded):
+        """L_enc's gradient through g/|g| and g into dcode and dembedded[0]."""
+        dy = (2.0 / self.enc_count) * self.enc_diff
+        y = self.enc_y
+        dg = (dy - y * (y * dy).sum(-1, keepdims=True)) / self.enc_norm
+        self.ops.add_(dembedded[0], self.enc.backward(dg, dcode)[0])
 
     def backward(self):
         """Gradient of the last loss() into ``self.params.grad`` (zeroed first)."""
@@ -198,6 +252,8 @@ class TDB:
                     dembedded[j] = de
                 else:
                     ops.add_(dembedded[j], de)
+        if self.enc is not None:
+            self.enc_backward(dcode, dembedded)
         for j, de in enumerate(dembedded):
             ops.embedding_backward(self.embed.grad, de, self.ids[j])
         dz = self.vq.backward(dcode)

@@ -112,3 +112,37 @@ def test_checkpoint_and_map_command(tmp_path, capsys):
     (tmp_path / "bad.npz").write_bytes(b"not a checkpoint")
     with pytest.raises(SystemExit):
         main(["map", str(tmp_path / "bad.npz")])
+
+
+def test_enc_variant():
+    """The teacher starts as the student's prefix and follows it by EMA; the enc loss is the
+    normalised regression onto the teacher's next code; C matches NumPy; the enc head's
+    gradients match finite differences."""
+    cfg = small(steps=1, codebooks=1, enc=True, ema=0.9, head_hidden=4)
+    c_model, ref_model = TDB(cfg, seed=2), TDB(cfg, seed=2, backend="numpy")
+    ref_model.params.data[:] = c_model.params.data
+    ref_model.teacher.params.data[:] = c_model.teacher.params.data
+    n = c_model.teacher.params.size
+    assert np.array_equal(c_model.teacher.params.data, c_model.params.data[:n])
+    assert "enc.out.weight" in c_model.params.params
+    t = tokens(3)
+    assert c_model.loss(t) == pytest.approx(ref_model.loss(t), rel=2e-5)
+    c_model.backward()
+    ref_model.backward()
+    for name, p in ref_model.params.params.items():
+        got, want = c_model.params.params[name].grad, p.grad
+        np.testing.assert_allclose(got, want, rtol=1e-3, atol=1e-3 * np.abs(want).max() + 1e-7,
+                                   err_msg=f"gradient of {name}")
+    for name in ("enc.code.weight", "enc.out.bias"):
+        p = ref_model.params.params[name]
+        got = numerical_grad(lambda: ref_model.loss(t), p.value)
+        np.testing.assert_allclose(got, p.grad, rtol=1e-5, atol=1e-9, err_msg=name)
+    # the enc term: a mean over positions of squared distances of unit vectors, in (0, 4]
+    assert 0.0 < ref_model.enc_loss(t, ref_model.encode(t)[0]) <= 4.0
+    before_t = ref_model.teacher.params.data.copy()
+    ref_model.params.data[:] += 1.0
+    ref_model.update_teacher()
+    np.testing.assert_allclose(ref_model.teacher.params.data,
+                               0.9 * before_t + 0.1 * ref_model.params.data[:n], rtol=1e-12)
+    with pytest.raises(ValueError, match="ema"):
+        small(enc=True, ema=1.0)
