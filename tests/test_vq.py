@@ -147,15 +147,17 @@ def test_reference_gradients_by_finite_differences(rng):
 
 
 def test_same_bits_for_any_thread_count(tmp_path):
+    """Large enough that the forward's blocks and the backward's rows and codes are split
+    over threads."""
     script = (
         "import sys\nimport numpy as np\nfrom mapformer import _C\n"
         "r = np.random.default_rng(5)\n"
         "f = lambda *s: r.standard_normal(s).astype(np.float32)\n"
-        "z, cb = f(700, 2, 24), f(2, 150, 24)\n"
+        "z, cb = f(1400, 2, 24), f(2, 150, 24)\n"
         "codes, idx, dist, total = _C.vq_forward(z, cb)\n"
         "idx[:300, 1] = 7\n"
         "dcb = np.zeros_like(cb)\n"
-        "dz = _C.vq_backward(f(700, 2, 24), z, cb, idx, dcb, 0.5, 0.125)\n"
+        "dz = _C.vq_backward(f(1400, 2, 24), z, cb, idx, dcb, 0.5, 0.125)\n"
         "np.savez(sys.argv[1], codes=codes, idx=idx, dist=dist, total=total, dz=dz, dcb=dcb)\n")
     assert_same_bits_for_thread_counts(tmp_path, script, (1, 2))
 
