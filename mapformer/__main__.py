@@ -1,4 +1,4 @@
-"""Command line: ``python -m mapformer train | eval | plot | info``.
+"""Command line: ``python -m mapformer train | eval | plot | info | map``.
 
 ``--model`` picks one of the paper's models (a preset of mixer, positional scheme and options:
 mapformer.models.MODELS); ``--mixer`` and ``--positional`` replace the preset's parts. Every
@@ -148,7 +148,34 @@ def build_parser():
     pl.add_argument("--labels", default=None,
                     help="comma-separated legend labels, one per run (default: the "
                          "directory names)")
+    mp = sub.add_parser("map", help="the cognitive map of a TDB checkpoint (written by "
+                        "benchmarks/reproduce_tdb_table1.py): GraphML, a plot beside the true "
+                        "room, and the planning metrics")
+    mp.add_argument("checkpoint", help="a TDB checkpoint .npz")
+    mp.add_argument("--out", default=".", help="directory for cogmap.graphml and cogmap.png "
+                    "(default: the current one)")
+    mp.add_argument("--context", type=int, default=None,
+                    help="plans go from position C to N - C (default: the checkpoint's)")
     return parser
+
+
+def run_map(parser, args):
+    """The ``map`` command: prints the metrics as JSON, writes the graph and its plot."""
+    from . import cogmap, tdb
+    try:
+        model, meta = tdb.load_checkpoint(args.checkpoint)
+    except (OSError, KeyError, ValueError) as exc:
+        parser.error(f"{args.checkpoint} is not a TDB checkpoint: {exc}")
+    context = meta.get("context", 1) if args.context is None else args.context
+    if not 0 <= context < meta["room"]["steps"] - context:
+        parser.error(f"--context must leave positions between C and N - C, got {context}")
+    cm, room, metrics = cogmap.evaluate_map(model, meta, context)
+    out = Path(args.out)
+    out.mkdir(parents=True, exist_ok=True)
+    cogmap.write_graphml(cm.graph, out / "cogmap.graphml")
+    cogmap.plot_maps(cm.graph, room, out / "cogmap.png")
+    print(json.dumps(metrics))
+    print(f"wrote {out / 'cogmap.graphml'} and {out / 'cogmap.png'}")
 
 
 def format_info():
@@ -213,6 +240,8 @@ def main(argv=None):
             print(json.dumps({k: v for k, v in result.items() if k != "model"}))
     elif args.command == "info":
         print(format_info())
+    elif args.command == "map":
+        run_map(parser, args)
     elif args.command == "plot":
         import matplotlib
         matplotlib.use("Agg")  # a file, no window

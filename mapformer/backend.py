@@ -136,6 +136,21 @@ def _ape_powers(dtype):
                 ape_tree_forward=tree_forward, ape_tree_backward=tree_backward)
 
 
+def _vq_backward(dcodes, z, codebook, indices, dcodebook, codebook_weight, commitment_weight):
+    dz, gcodebook = ref.vq_backward(dcodes, z, codebook, indices, codebook_weight,
+                                    commitment_weight)
+    dcodebook += gcodebook
+    return dz
+
+
+def _lstm_backward(dh, x, w_ih, w_hh, h, c, gates, dw_ih, dw_hh, db, h0=None, c0=None):
+    dx, gw_ih, gw_hh, gb, dh0, dc0 = ref.lstm_backward(dh, x, w_ih, w_hh, h, c, gates, h0, c0)
+    dw_ih += gw_ih
+    dw_hh += gw_hh
+    db += gb
+    return dx, dh0, dc0
+
+
 def _adamw_step(params, grads, m, v, decay_mask, *, lr, step, beta1=0.9, beta2=0.999, eps=1e-8,
                 weight_decay=0.0):
     params[:], m[:], v[:] = ref.adamw_step(params, grads, m, v, decay_mask, lr, beta1, beta2,
@@ -229,6 +244,10 @@ NUMPY = SimpleNamespace(
     tape_rotate_backward=ref.tape_rotate_backward,
     tape_mix_forward=ref.tape_mix_forward,
     tape_mix_backward=_tape_mix_backward,
+    lstm_forward=ref.lstm_forward,
+    lstm_backward=_lstm_backward,
+    vq_forward=ref.vq_forward,
+    vq_backward=_vq_backward,
     softmax_xent_forward=ref.softmax_xent_forward,
     softmax_xent_backward=ref.softmax_xent_backward,
     silu_forward=ref.silu_forward,

@@ -185,7 +185,8 @@ def parse_overrides(text, config, name):
 
 def decay_mask(store, rule):
     """bool (P,): the entries of the parameter store that AdamW decays under ``rule`` (see
-    TrainConfig.decay). ValueError for a pattern that matches no parameter."""
+    TrainConfig.decay), never a VQ codebook's (``*.codebook``). ValueError for a pattern that
+    matches no parameter."""
     mask = store.ops.zeros(store.size, dtype=bool)
     for term in (t.strip() for t in rule.split(",")):
         if term == "matrices":
@@ -198,6 +199,9 @@ def decay_mask(store, rule):
                                  f"parameters are {list(store.params)}")
             for p in matched:
                 mask[p.offset:p.offset + p.size] = True
+    for p in store.params.values():  # VQ codebooks never decay, whatever the rule
+        if p.name.endswith(".codebook"):
+            mask[p.offset:p.offset + p.size] = False
     return mask
 
 
@@ -436,6 +440,10 @@ def train(model_config, train_config, out_dir=None, resume=None, progress=True, 
                                   batch.mask.shape + (-1,)), batch),
                           "lr": lr, "grad_norm": norm, "elapsed": elapsed,
                           "seq_per_s": (done - start) * train_config.batch_size / elapsed}
+                usage = [u for u in (getattr(b.bottleneck, "usage", lambda: None)()
+                                     for b in model.blocks) if u is not None]
+                if usage:  # VQ bottlenecks: perplexity and dead codes since the last record
+                    record["code_usage"] = usage
                 bar.set_postfix(loss=f"{loss:.4f}", acc=f"{record['accuracy']:.3f}",
                                 seq_per_s=f"{record['seq_per_s']:.0f}")
                 if metrics:

@@ -90,9 +90,11 @@ def test_bad_option_values_name_the_option(model, options, message):
     ({"d_model": 24, "n_heads": 2}, "head dim d_model / n_heads = 12 must be even and in"),
     ({"dropout": 1.0}, "dropout must be in"),
     ({"layernorm_eps": 0.0}, "layernorm_eps must be a finite positive number"),
-    ({"mixer": "lstm"}, r"mixer must be one of the registered mixers \['attention', "
-     r"'conjunctive', 'mamba', 'mampa'\], got 'lstm'"),
-    ({"bottleneck": "vq"}, r"bottleneck must be one of the registered bottlenecks \['none'\]"),
+    ({"mixer": "s4"}, r"mixer must be one of the registered mixers \['attention', "
+     r"'conjunctive', 'lstm', 'mamba', 'mampa'\], got 's4'"),
+    ({"mixer": "lstm"}, r"mixer 'lstm' takes positional schemes of kind 'none'"),
+    ({"bottleneck": "fsq"}, r"bottleneck must be one of the registered bottlenecks "
+     r"\['none', 'vq'\]"),
     ({"options": [("delta_rank", 2)]}, "options must be a dict"),
 ])
 def test_bad_fields_name_the_field(fields, message):

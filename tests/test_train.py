@@ -328,7 +328,7 @@ def test_readme_command_line_block_is_the_cli_usage(monkeypatch):
     section = readme[readme.index("## Command line"):readme.index("## Results")]
     for usage in [parser.format_usage()] + [p.format_usage() for p in commands.values()]:
         assert usage in section, f"README's Command line section lacks:\n{usage}"
-    assert set(commands) == {"train", "eval", "plot", "info"}
+    assert set(commands) == {"train", "eval", "plot", "info", "map"}
 
 
 def test_cli_info_names_the_kernels_and_threads():

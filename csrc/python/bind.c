@@ -304,13 +304,13 @@ static size_t block_bytes(size_t bytes) {
     return (bytes + MF_BLOCK_HEADER - 1) / MF_BLOCK_HEADER * MF_BLOCK_HEADER;
 }
 
-/* A new C-contiguous float32 array (uninitialised): from the pool when it is large, else
- * from NumPy. */
-static PyArrayObject *new_array(int ndim, const npy_intp *shape) {
-    size_t size = sizeof(float);
+/* A new C-contiguous array of dtype `type` (an NPY_ type of npy_types; uninitialised): from
+ * the pool when it is large, else from NumPy. */
+static PyArrayObject *new_array(int ndim, const npy_intp *shape, int type) {
+    size_t size = type == NPY_BOOL ? 1 : sizeof(float);
     for (int i = 0; i < ndim; i++) size *= (size_t)shape[i];
     if (size < MF_POOL_MIN_BYTES)
-        return (PyArrayObject *)PyArray_EMPTY(ndim, (npy_intp *)shape, NPY_FLOAT32, 0);
+        return (PyArrayObject *)PyArray_EMPTY(ndim, (npy_intp *)shape, type, 0);
     void *block = pool_take(block_bytes(size));
     if (block == NULL) return (PyArrayObject *)PyErr_NoMemory();
     PyObject *capsule = PyCapsule_New(block, "mapformer.buffer", pool_release);
@@ -318,7 +318,7 @@ static PyArrayObject *new_array(int ndim, const npy_intp *shape) {
         free(block);
         return NULL;
     }
-    PyObject *array = PyArray_NewFromDescr(&PyArray_Type, PyArray_DescrFromType(NPY_FLOAT32),
+    PyObject *array = PyArray_NewFromDescr(&PyArray_Type, PyArray_DescrFromType(type),
                                            ndim, (npy_intp *)shape, NULL,
                                            (char *)block + MF_BLOCK_HEADER, NPY_ARRAY_CARRAY,
                                            NULL);
@@ -350,7 +350,7 @@ static int new_output(MfCall *c, int row) {
             shape[nd++] = (npy_intp)(half ? l->value / 2 : l->value);
         }
     }
-    if ((c->arr[row] = new_array(nd, shape)) == NULL) return -1;
+    if ((c->arr[row] = new_array(nd, shape, npy_types[a->dtype])) == NULL) return -1;
     c->owned[row] = 1;
     void *data = PyArray_DATA(c->arr[row]);
     set_field(c, a->field, &data, sizeof data);

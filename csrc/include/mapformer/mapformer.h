@@ -219,4 +219,37 @@ int complex_scan_forward(const MfScanParams *p);
 int64_t complex_scan_backward_scratch_floats(const MfScanParams *p);
 int complex_scan_backward(const MfScanParams *p);
 
+/* ---- vq.c: vector quantisation, M parallel codebooks (TDB's bottleneck) ------------------ */
+/* For each row n and codebook m: indices[n, m] = argmin_k ||z[n, m] - codebook[m, k]||^2, the
+ * lowest k on ties, found from one product z codebook^T per codebook (the comparison is
+ * ||e_k||^2 - 2 z.e_k: ||z||^2, the same for every k, is left out); codes[n, m] =
+ * codebook[m, indices[n, m]]; dist[n, m] = ||z[n, m] - codes[n, m]||^2 recomputed exactly (in
+ * double) for the chosen code, *total = the sum of dist. Reads z, codebook.
+ * Scratch: vq_forward_scratch_floats(p) floats. */
+int64_t vq_forward_scratch_floats(const MfVqParams *p);
+int vq_forward(const MfVqParams *p);
+/* The gradients of L(codes(z)) + codebook_weight sum ||codebook[idx] - sg(z)||^2 +
+ * commitment_weight sum ||sg(codebook[idx]) - z||^2, codes taken straight through:
+ *   dz = dcodes + 2 commitment_weight (z - codebook[idx])                       (=)
+ *   dcodebook[m, k] += 2 codebook_weight sum_{n: idx[n, m] = k} (codebook[m, k] - z[n, m])
+ * the sum per code in double, in row order (the same bits for any thread count). Reads
+ * dcodes, z, codebook, indices_in (each checked: MF_EINDEX), the weights.
+ * Scratch: vq_backward_scratch_floats(p) floats. */
+int64_t vq_backward_scratch_floats(const MfVqParams *p);
+int vq_backward(const MfVqParams *p);
+
+/* ---- lstm.c: one LSTM layer, gates (i, f, g, o) fused in rows of G = 4H ---------------------- */
+/* pre = x w_ih^T + b (all steps at once), then for t in order
+ *   pre[:, t] += h_{t-1} w_hh^T;  i, f, o = sigmoid, g = tanh of pre's four H-column parts;
+ *   c_t = f c_{t-1} + i g;  h_t = o tanh(c_t)   (h_{-1} = h0, c_{-1} = c0; zeros when NULL)
+ * Reads x, w_ih, w_hh, b, h0, c0; writes h, c (B, T, H) and gates (B, T, G): the activated
+ * (i, f, g, o), saved for the backward. No scratch. */
+int lstm_forward(const MfLstmParams *p);
+/* Backpropagation through time from dh (B, T, H), the gradient reaching every h_t: reads dh,
+ * x, w_ih, w_hh, h0, c0 and forward's h_in, c_in, gates_in; writes dx (B, T, C) and, when not
+ * NULL, dh0, dc0 (B, H) (=); dw_ih (G, C), dw_hh (G, H), db (G,) +=.
+ * Scratch: lstm_backward_scratch_floats(p) floats. */
+int64_t lstm_backward_scratch_floats(const MfLstmParams *p);
+int lstm_backward(const MfLstmParams *p);
+
 #endif

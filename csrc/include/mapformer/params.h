@@ -279,4 +279,41 @@ typedef struct {
     int64_t scratch_floats;
 } MfScanParams;
 
+/* vq: M parallel codebooks of K codes of width D; row n's slice m is snapped to the nearest
+ * code of codebook m */
+typedef struct {
+    float *codes;              /* forward (N, M, D): codebook[m, indices[n, m]] */
+    int32_t *indices;          /* forward (N, M): the nearest code, lowest index on ties */
+    float *dist;               /* forward (N, M): ||z[n, m] - codes[n, m]||^2 (in double) */
+    double *total;             /* forward: the sum of dist */
+    float *dz;                 /* backward (N, M, D) (=) */
+    float *dcodebook;          /* backward (M, K, D) += */
+    const float *dcodes;       /* backward (N, M, D): the gradient reaching the codes */
+    const int32_t *indices_in; /* backward (N, M), each in [0, K) (checked by the op) */
+    const float *z;            /* (N, M, D) */
+    const float *codebook;     /* (M, K, D) */
+    int64_t N, M, K, D;
+    float codebook_weight;     /* backward: the weight of sum ||codebook[idx] - sg(z)||^2 */
+    float commitment_weight;   /* backward: the weight of sum ||sg(codebook[idx]) - z||^2 */
+    float *scratch;
+    int64_t scratch_floats;
+} MfVqParams;
+
+/* lstm: one layer, gates (i, f, g, o) fused in one (4H) row */
+typedef struct {
+    float *h, *c;              /* forward (B, T, H), (B, T, H): hidden and cell states */
+    float *gates;              /* forward (B, T, 4H): the activated gates, saved */
+    float *dx;                 /* backward (B, T, C) (=) */
+    float *dw_ih, *dw_hh, *db; /* backward (4H, C), (4H, H), (4H,) += */
+    float *dh0, *dc0;          /* backward (B, H), (B, H) (=) or NULL */
+    const float *dh;           /* backward (B, T, H): the gradient reaching h */
+    const float *x;            /* (B, T, C) */
+    const float *h_in, *c_in, *gates_in; /* backward: forward's h, c, gates */
+    const float *h0, *c0;      /* (B, H), (B, H) or NULL (zeros) */
+    const float *w_ih, *w_hh, *b; /* (4H, C), (4H, H), (4H,) */
+    int64_t B, T, C, H;
+    float *scratch;
+    int64_t scratch_floats;
+} MfLstmParams;
+
 #endif

@@ -1,0 +1,308 @@
+"""Cognitive maps from a discrete bottleneck's codes, planning on them, and TDB's metrics
+(Dedieu et al. 2024, section 3.6 and appendices C, D, H), with networkx.
+
+Extraction (appendix C), from the code tuples s_n (M indices, one per codebook) of the
+training walks and their actions:
+1. with M > 1, tuples within Hamming distance ``d_hamming`` (the fraction of differing
+   slots, 0.25) are clustered: greedily by frequency, the most frequent unassigned tuple
+   absorbing every unassigned tuple within the distance (the paper does not say whether its
+   merging is transitive; this one is not);
+2. counts C[i, a, k] of (cluster i, action a, next cluster k) over consecutive steps; edge
+   i -> k labelled with argmax_a C[i, a, k], kept iff that count >= ``threshold`` (0.1) x the
+   largest count;
+3. nodes with fewer than 2 distinct in- or out-neighbours (self excluded) are dropped (one
+   pass), then nodes with the same in- and out-neighbours are merged, until none are;
+4. every cluster left out is attached to the kept node whose transition distributions
+   p(k | i, a) (from the counts of step 2, unthresholded) are nearest in L1.
+Planning: networkx.shortest_path between the nodes of two tuples (a tuple never seen is
+replaced by the nearest seen one in Hamming distance); the plan is the edges' actions.
+
+Metrics: ImpFallback (% of problems with a valid plan, one that reaches the goal cell when run
+in the true room, shorter than the fallback path), RatioSP (mean plan length / shortest
+length over those problems) and NormGED (graph edit distance between the map and the true
+graph over the sum of their distances to the empty graph; learned nodes carry the true cell
+most often seen while they are active, appendix H, and are matched to it).
+"""
+from dataclasses import dataclass, field
+
+import networkx as nx
+import numpy as np
+
+from .tasks import rooms
+
+
+def cluster_tuples(tuples, counts, d_hamming=0.25):
+    """tuples int (U, M) unique code tuples, counts (U,) their frequencies -> cluster id
+    (U,) int: greedy by frequency (see the module). M = 1: every tuple its own cluster."""
+    tuples = np.asarray(tuples)
+    U, M = tuples.shape
+    cluster = np.full(U, -1, np.int64)
+    if M == 1:
+        return np.arange(U)
+    n = 0
+    for i in np.argsort(-np.asarray(counts), kind="stable"):
+        if cluster[i] >= 0:
+            continue
+        near = (tuples != tuples[i]).mean(-1) <= d_hamming + 1e-12
+        cluster[near & (cluster < 0)] = n
+        n += 1
+    return cluster
+
+
+def transition_counts(states, actions, n_states, n_actions=rooms.N_ACTIONS):
+    """states int (W, N) (-1: none), actions int (W, N) -> C (n_states, n_actions, n_states):
+    counts of (s_n, a_n, s_{n+1}) over consecutive steps of every walk."""
+    s, a, t = states[:, :-1].ravel(), actions[:, :-1].ravel(), states[:, 1:].ravel()
+    ok = (s >= 0) & (t >= 0)
+    counts = np.zeros((n_states, n_actions, n_states), np.int64)
+    np.add.at(counts, (s[ok], a[ok], t[ok]), 1)
+    return counts
+
+
+def graph_from_counts(counts, threshold=0.1):
+    """DiGraph over the states with an edge i -> k (attribute action = argmax_a, count) where
+    that count >= threshold x the largest count."""
+    best = counts.max(1)
+    graph = nx.DiGraph()
+    graph.add_nodes_from(range(counts.shape[0]))
+    cmax = counts.max() if counts.size else 0
+    if cmax == 0:
+        return graph
+    for i, k in zip(*np.nonzero(best >= threshold * cmax)):
+        graph.add_edge(int(i), int(k), action=int(counts[i, :, k].argmax()),
+                       count=int(best[i, k]))
+    return graph
+
+
+def prune_degree(graph, minimum=2):
+    """The subgraph of nodes with at least ``minimum`` distinct in- and out-neighbours (self
+    excluded), one pass."""
+    keep = [n for n in graph
+            if len(set(graph.successors(n)) - {n}) >= minimum
+            and len(set(graph.predecessors(n)) - {n}) >= minimum]
+    return graph.subgraph(keep).copy()
+
+
+def merge_same_neighbours(graph):
+    """Merge nodes with the same in- and out-neighbours until none are -> (graph, alias:
+    {merged node: the node it became})."""
+    alias = {}
+    while True:
+        groups = {}
+        for n in graph:
+            key = (frozenset(graph.successors(n)), frozenset(graph.predecessors(n)))
+            groups.setdefault(key, []).append(n)
+        merges = [sorted(g) for g in groups.values() if len(g) > 1]
+        if not merges:
+            return graph, alias
+        for group in merges:
+            keep = group[0]
+            for other in group[1:]:
+                graph = nx.contracted_nodes(graph, keep, other, self_loops=True, copy=True)
+                alias[other] = keep
+        for k, v in list(alias.items()):
+            while v in alias:
+                v = alias[v]
+            alias[k] = v
+
+
+@dataclass
+class CogMap:
+    """graph: DiGraph of map nodes (edge attribute action); tuples int (U, M): the code tuples
+    seen; node_of: (U,) the map node of each tuple (after attachment)."""
+
+    graph: nx.DiGraph
+    tuples: np.ndarray
+    node_of: np.ndarray
+    lookup: dict = field(default_factory=dict)
+
+    def node(self, code_tuple):
+        """The map node of a code tuple (M,): its own, or the nearest seen tuple's."""
+        key = tuple(int(x) for x in code_tuple)
+        if key in self.lookup:
+            return self.lookup[key]
+        dist = (self.tuples != np.asarray(code_tuple)).sum(-1)
+        return int(self.node_of[int(dist.argmin())])
+
+    def plan(self, start_tuple, goal_tuple):
+        """Actions of a shortest path from the node of start_tuple to that of goal_tuple, or
+        None when the map has no path."""
+        u, v = self.node(start_tuple), self.node(goal_tuple)
+        try:
+            path = nx.shortest_path(self.graph, u, v)
+        except (nx.NetworkXNoPath, nx.NodeNotFound):
+            return None
+        return [self.graph.edges[a, b]["action"] for a, b in zip(path, path[1:])]
+
+
+def extract_map(indices, actions, d_hamming=0.25, threshold=0.1, n_actions=rooms.N_ACTIONS):
+    """indices int (W, N, M): the code tuples of W walks, actions int (W, N) -> CogMap."""
+    indices = np.asarray(indices)
+    W, N, M = indices.shape
+    tuples, inverse, counts = np.unique(indices.reshape(-1, M), axis=0, return_inverse=True,
+                                        return_counts=True)
+    cluster = cluster_tuples(tuples, counts, d_hamming)
+    states = cluster[inverse.reshape(W, N)]
+    n_clusters = int(cluster.max()) + 1
+    c = transition_counts(states, np.asarray(actions), n_clusters, n_actions)
+    graph, alias = merge_same_neighbours(prune_degree(graph_from_counts(c, threshold)))
+    kept = sorted(graph)
+    node_of_cluster = np.array([alias.get(i, i) if alias.get(i, i) in graph else -1
+                                for i in range(n_clusters)])
+    if kept:
+        p = c / np.maximum(c.sum(-1, keepdims=True), 1)  # p(k | i, a), 0 for unseen (i, a)
+        for i in np.nonzero(node_of_cluster < 0)[0]:
+            dist = np.abs(p[kept] - p[i]).sum((1, 2))
+            node_of_cluster[i] = kept[int(dist.argmin())]
+    node_of = node_of_cluster[cluster]
+    lookup = {tuple(int(x) for x in t): int(n) for t, n in zip(tuples, node_of)}
+    return CogMap(graph, tuples, node_of, lookup)
+
+
+def execute(room_shape, start, plan):
+    """The cell (r, c) reached by running ``plan`` (actions) from ``start`` in a room of
+    ``room_shape`` (H, W)."""
+    pos = np.asarray(start)
+    for a in plan:
+        pos = rooms.step(pos, np.asarray(a), *room_shape)
+    return tuple(int(x) for x in pos)
+
+
+def planning_metrics(plans, starts, goals, room, fallback_length):
+    """plans: a list of action lists (None: no plan), starts, goals (P, 2) cells ->
+    {"ImpFallback": % of problems whose plan reaches the goal in ``room`` and is shorter than
+    fallback_length, "RatioSP": mean len(plan) / shortest length over those (nan if none),
+    "problems": P}. Problems whose start is their goal are left out (shortest length 0)."""
+    graph = nx.DiGraph(rooms.ground_truth_graph(room))
+    w = room.obs.shape[1]
+    good, ratios, counted = 0, [], 0
+    for plan, s, g in zip(plans, starts, goals):
+        s, g = tuple(int(x) for x in s), tuple(int(x) for x in g)
+        if s == g:
+            continue
+        counted += 1
+        if plan is None or len(plan) >= fallback_length:
+            continue
+        if execute(room.obs.shape, s, plan) != g:
+            continue
+        good += 1
+        ratios.append(len(plan) / nx.shortest_path_length(graph, s[0] * w + s[1],
+                                                         g[0] * w + g[1]))
+    return {"ImpFallback": 100.0 * good / max(counted, 1),
+            "RatioSP": float(np.mean(ratios)) if ratios else float("nan"),
+            "problems": counted}
+
+
+def node_positions(cogmap, indices, positions):
+    """{map node: the true cell (r, c) seen most often while it is active}: indices (W, N, M),
+    positions (W, N, 2) of the same walks."""
+    seen = {}
+    flat_i = np.asarray(indices).reshape(-1, np.asarray(indices).shape[-1])
+    flat_p = np.asarray(positions).reshape(-1, 2)
+    for t, p in zip(flat_i, flat_p):
+        n = cogmap.node(t)
+        key = (int(p[0]), int(p[1]))
+        counts = seen.setdefault(n, {})
+        counts[key] = counts.get(key, 0) + 1
+    return {n: max(c.items(), key=lambda kv: (kv[1], kv[0]))[0] for n, c in seen.items()}
+
+
+def norm_ged(learned, truth):
+    """GED(learned, truth) / (GED(learned, empty) + GED(truth, empty)) in [0, 1], unit costs,
+    with nodes matched by their ``pos`` attributes (appendix H's rule: a learned node is the
+    true cell seen most often while it is active): each true cell takes the learned node of
+    its position with the most edges (ties: the lowest id), every other node is deleted or
+    inserted, and an edge counts as kept when its image under that matching is an edge of
+    the other graph (multi-edges collapsed). Exact when the learned nodes' positions are
+    distinct; otherwise an upper bound of the GED over all matchings, as the paper's
+    timeout-limited search (networkx.optimize_graph_edit_distance, which needs SciPy) also
+    returns."""
+    g1, g2 = nx.DiGraph(learned), nx.DiGraph(truth)
+    cell = {g2.nodes[m].get("pos"): m for m in g2}
+    match = {}
+    for n in sorted(g1, key=lambda n: (-g1.degree(n), n)):
+        m = cell.get(g1.nodes[n].get("pos"))
+        if m is not None and m not in match.values():
+            match[n] = m
+    kept = sum(1 for u, v in g1.edges if u in match and v in match
+               and g2.has_edge(match[u], match[v]))
+    cost = (g1.number_of_nodes() + g2.number_of_nodes() - 2 * len(match)
+            + g1.number_of_edges() + g2.number_of_edges() - 2 * kept)
+    empty = (g1.number_of_nodes() + g1.number_of_edges() + g2.number_of_nodes()
+             + g2.number_of_edges())
+    return cost / empty if empty else 0.0
+
+
+def walks_of(meta):
+    """(room config, room, training walks, test walks) of a TDB checkpoint's ``meta`` (as the
+    reproduction script writes it: room, train_walks, test_walks, seed)."""
+    config = rooms.RoomsConfig(**meta["room"])
+    room = rooms.make_room(config)
+    seed = meta["seed"]
+    return (config, room, rooms.walks(config, room, meta["train_walks"], [seed, 1]),
+            rooms.walks(config, room, meta["test_walks"], [seed, 2]))
+
+
+def encode_all(model, tokens, batch=32):
+    """The code tuples (W, N, M) of a TDB over walks' tokens (W, 2N), ``batch`` at a time."""
+    model.train(False)
+    return np.concatenate([np.asarray(model.encode(tokens[i:i + batch])[1])
+                           for i in range(0, len(tokens), batch)])
+
+
+def evaluate_map(model, meta, context):
+    """(map, metrics) of a trained TDB on its room: the map from the training walks' codes,
+    plans from position ``context`` to N - context of every test walk."""
+    config, room, train, test = walks_of(meta)
+    codes = encode_all(model, train.tokens(config.n_obs))
+    cm = extract_map(codes, train.actions)
+    nx.set_node_attributes(cm.graph, node_positions(cm, codes, train.pos), "pos")
+    test_codes = encode_all(model, test.tokens(config.n_obs))
+    N = config.steps
+    plans = [cm.plan(test_codes[i, context], test_codes[i, N - context])
+             for i in range(len(test_codes))]
+    metrics = planning_metrics(plans, test.pos[:, context], test.pos[:, N - context], room,
+                               N - 2 * context)
+    metrics["NormGED"] = norm_ged(cm.graph, rooms.ground_truth_graph(room))
+    metrics["nodes"] = cm.graph.number_of_nodes()
+    metrics["edges"] = cm.graph.number_of_edges()
+    return cm, room, metrics
+
+
+def write_graphml(graph, path):
+    """The map as GraphML (a node's pos as the string 'r,c')."""
+    g = nx.DiGraph()
+    for n, attrs in graph.nodes(data=True):
+        pos = attrs.get("pos")
+        g.add_node(n, pos="" if pos is None else f"{pos[0]},{pos[1]}")
+    for u, v, attrs in graph.edges(data=True):
+        g.add_edge(u, v, action=attrs.get("action", -1))
+    nx.write_graphml(g, path)
+
+
+def plot_maps(learned, room, path):
+    """PNG: the learned map (each node drawn at the true cell it is most often active in,
+    jittered so that nodes of one cell do not hide each other) beside the room's true graph,
+    cells coloured by their observation."""
+    import matplotlib
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    truth = nx.DiGraph(rooms.ground_truth_graph(room))
+    rng = np.random.default_rng(0)
+    fig, axes = plt.subplots(1, 2, figsize=(12, 5))
+    for ax, graph, title, jitter in ((axes[0], learned, "learned map", 0.25),
+                                     (axes[1], truth, "true room", 0.0)):
+        layout = {n: (graph.nodes[n]["pos"][1] + jitter * rng.uniform(-1, 1),
+                      -graph.nodes[n]["pos"][0] + jitter * rng.uniform(-1, 1))
+                  for n in graph if graph.nodes[n].get("pos") is not None}
+        sub = graph.subgraph(layout)
+        colours = [room.obs[graph.nodes[n]["pos"]] for n in sub]
+        nx.draw_networkx(sub, layout, ax=ax, node_size=60, node_color=colours,
+                         cmap="tab10", with_labels=False, arrows=False, width=0.5)
+        ax.set_title(f"{title}: {graph.number_of_nodes()} nodes, "
+                     f"{graph.number_of_edges()} edges")
+        ax.set_axis_off()
+    fig.tight_layout()
+    fig.savefig(path, dpi=100)
+    plt.close(fig)

@@ -1,0 +1,290 @@
+"""TDB, the transformer with a discrete bottleneck (Dedieu et al. 2024, section 3).
+
+Input x_1, a_1, ..., x_N, a_N (observation first: :meth:`mapformer.tasks.rooms.Walks.tokens`),
+a causal transformer (the library's blocks; RoPE or any registered scheme in place of the
+paper's Transformer-XL relative positions), the final LayerNorm's output at every observation
+position snapped to codes by the VQ bottleneck (:mod:`mapformer.bottlenecks.vq`: M codebooks
+of K codes over d_model / M channels each, a product quantiser where the paper gives each
+codebook the whole width), then S heads: head s (0 <= s < S) predicts x_{n+s+1} from the
+code of x_n and the embeddings of a_n, ..., a_{n+s} (the input embedding's action rows),
+a two-layer GELU MLP. Its first layer takes the concatenation (code, E(a_n), ..., E(a_{n+s}))
+without building it: one Linear per part, summed. Loss: the mean over the heads of their
+cross-entropies (each averaged over the positions whose target exists) plus the VQ loss.
+``enc`` (section 3.5, eq. 5; BYOL-style): a teacher of the same architecture, its weights
+the exponential moving average (``ema``, 0.99) of the student's after every step
+(:meth:`TDB.update_teacher`), started as a copy; a head g (the heads' form, output d_model)
+maps (code of x_n, E(a_n)) to a vector whose L2-normalised value regresses onto the teacher's
+normalised code of x_{n+1}: L_enc = ||g/|g| - sg(t/|t|)||^2, averaged over the positions
+with a next observation (the paper sums; averaging keeps it on the cross-entropy's scale),
+added to the loss. The teacher runs without dropout; its codebook is the EMA of the
+student's. The normalisation and the EMA are NumPy arithmetic here, not C ops.
+
+The vanilla transformer and the LSTM of the paper's Table 1 need no class of their own: a
+:class:`mapformer.models.Transformer` on the same tokens with targets x_{n+1} at the action
+positions (:func:`vanilla_targets`).
+"""
+import json
+from dataclasses import asdict, dataclass, replace
+
+import numpy as np
+
+from . import backend as backends
+from .bottlenecks.vq import VQ
+from .models import Block, ModelConfig
+from .nn import LayerNorm, Linear, ParameterStore, normal_init
+
+
+@dataclass(frozen=True)
+class TDBConfig:
+    """n_obs (O), n_actions: the symbols; d_model, n_heads, n_layers, mlp_ratio, dropout,
+    positional: the transformer; steps (S): the heads; codebooks (M), codes (K), beta,
+    reduction, restart_dead: the VQ bottleneck's options; head_hidden: the heads' hidden
+    width; enc, ema: the next-encoding objective and its teacher's EMA rate."""
+
+    n_obs: int
+    n_actions: int = 4
+    d_model: int = 128
+    n_heads: int = 4
+    n_layers: int = 2
+    mlp_ratio: int = 2
+    dropout: float = 0.0
+    positional: str = "rope"
+    steps: int = 1
+    codebooks: int = 1
+    codes: int = 500
+    beta: float = 0.25
+    reduction: str = "mean"
+    restart_dead: int = 0
+    head_hidden: int = 256
+    enc: bool = False
+    ema: float = 0.99
+
+    def __post_init__(self):
+        for name in ("n_obs", "n_actions", "steps", "head_hidden"):
+            value = getattr(self, name)
+            if not isinstance(value, int) or value < 1:
+                raise ValueError(f"{name} must be an integer >= 1, got {value!r}")
+        if not 0.0 <= self.ema < 1.0:
+            raise ValueError(f"ema must be in [0, 1), got {self.ema!r}")
+        self.body_config()  # validates the rest
+
+    @property
+    def vocab_size(self):
+        return self.n_obs + self.n_actions
+
+    def body_config(self, bottleneck="none"):
+        """The ModelConfig of the transformer body (or, with bottleneck 'vq', of the VQ)."""
+        options = {} if bottleneck == "none" else dict(
+            vq_codes=self.codes, vq_codebooks=self.codebooks, vq_beta=self.beta,
+            vq_reduction=self.reduction, vq_restart_dead=self.restart_dead,
+            vq_every_block=True)
+        return ModelConfig(vocab_size=self.vocab_size, d_model=self.d_model,
+                           n_heads=self.n_heads, n_layers=self.n_layers,
+                           mlp_ratio=self.mlp_ratio, dropout=self.dropout, mixer="attention",
+                           positional=self.positional, bottleneck=bottleneck, options=options)
+
+
+def head_inputs(tokens, n_obs, steps):
+    """tokens int (B, 2N) -> (action ids (S, B N): row s the input-embedding id of
+    a_{n+s} (0 past the end), targets (S, B N): x_{n+s+1} (0 past the end), masks (S, B N):
+    1 where x_{n+s+1} exists)."""
+    tokens = np.asarray(tokens)
+    obs, act = tokens[:, 0::2], tokens[:, 1::2]
+    B, N = obs.shape
+    ids, targets = np.zeros((steps, B, N), np.int32), np.zeros((steps, B, N), np.int32)
+    masks = np.zeros((steps, B, N), np.float64)
+    for s in range(steps):
+        ids[s, :, :N - s] = act[:, s:]
+        targets[s, :, :N - s - 1] = obs[:, s + 1:]
+        masks[s, :, :N - s - 1] = 1.0
+    return ids.reshape(steps, -1), targets.reshape(steps, -1), masks.reshape(steps, -1)
+
+
+def vanilla_targets(tokens, n_obs):
+    """tokens int (B, 2N) -> (targets, mask) (B, 2N) for a plain transformer: at the action
+    a_n's position the target is x_{n+1}; every other position (and a_N's) is masked out."""
+    tokens = np.asarray(tokens)
+    targets = np.zeros_like(tokens)
+    mask = np.zeros(tokens.shape, bool)
+    targets[:, 1:-1:2] = tokens[:, 2::2]
+    mask[:, 1:-1:2] = True
+    return targets, mask
+
+
+class Head:
+    """f^(s): logits = W2 gelu(Wc code + sum_j Wj E(a_{n+j}) + b) + b2, j = 0..s; n_out
+    outputs (default: the observations)."""
+
+    def __init__(self, store, name, config, ops, s, n_out=None):
+        c, hidden = config.d_model, config.head_hidden
+        self.ops = ops
+        self.code = Linear(store, f"{name}.code", c, hidden, ops)
+        self.actions = [Linear(store, f"{name}.action{j}", c, hidden, ops, bias=False)
+                        for j in range(s + 1)]
+        self.out = Linear(store, f"{name}.out", hidden, n_out or config.n_obs, ops)
+
+    def forward(self, code, action_embeddings):
+        pre = self.code.forward(code)
+        for layer, e in zip(self.actions, action_embeddings):
+            self.ops.add_(pre, layer.forward(e))
+        self.pre = pre
+        return self.out.forward(self.ops.gelu_forward(pre))
+
+    def backward(self, dlogits, dcode):
+        """-> the action embeddings' gradients; the code's is accumulated into dcode."""
+        dpre = self.ops.gelu_backward(self.out.backward(dlogits), self.pre)
+        self.code.backward(dpre, dcode)
+        return [layer.backward(dpre) for layer in self.actions]
+
+
+class TDB:
+    """The model: ``params`` one flat store (ParameterStore); ``backend`` 'c' or 'numpy'."""
+
+    def __init__(self, config, seed=0, backend="c"):
+        self.config = config
+        self.ops = backends.get(backend)
+        rng = np.random.default_rng(seed)
+        self.params = ParameterStore(self.ops)
+        body = config.body_config()
+        self.embed = self.params.declare("embed.weight", (config.vocab_size, config.d_model),
+                                         normal_init(0.02), decay=True)
+        self.blocks = [Block(self.params, f"blocks.{i}", body, self.ops, rng)
+                       for i in range(config.n_layers)]
+        self.ln_f = LayerNorm(self.params, "ln_f", config.d_model, self.ops,
+                              body.layernorm_eps)
+        self.vq = VQ(self.params, "vq", config.body_config("vq"), self.ops)
+        self.heads = [Head(self.params, f"heads.{s}", config, self.ops, s)
+                      for s in range(config.steps)]
+        # declared last: the teacher's parameters are a prefix of the student's
+        self.enc = (Head(self.params, "enc", config, self.ops, 0, n_out=config.d_model)
+                    if config.enc else None)
+        self.params.build(rng)
+        self.teacher = None
+        if config.enc:
+            self.teacher = TDB(replace(config, enc=False, dropout=0.0, restart_dead=0),
+                               seed=seed, backend=backend)
+            self.teacher.params.data[:] = self.params.data[:self.teacher.params.size]
+
+    def update_teacher(self):
+        """teacher = ema teacher + (1 - ema) student, after an optimizer step (enc only)."""
+        if self.teacher is None:
+            return
+        t = self.teacher.params.data
+        t *= self.config.ema
+        self.ops.add_(t, (1.0 - self.config.ema) * self.params.data[:t.shape[0]])
+
+    def train(self, mode=True):
+        for block in self.blocks:
+            block.drop1.training = block.drop2.training = mode
+
+    def encode(self, tokens):
+        """tokens int (B, 2N) -> (codes (B N, C) at the observation positions, indices
+        (B, N, M) int)."""
+        ops = self.ops
+        self.tokens = ops.as_indices(tokens)
+        B, T = self.tokens.shape
+        x = ops.embedding_forward(self.tokens.reshape(-1), self.embed.value)
+        state = self.blocks[0].initial_state(B, T)
+        for block in self.blocks:
+            x, state = block.forward(x, B, T, state)
+        self.final_state = state
+        y = self.ln_f.forward(x).reshape(B, T, -1)
+        codes = self.vq.forward(ops.asarray(y[:, 0::2]).reshape(B * (T // 2), -1))
+        return codes, self.vq.indices.reshape(B, T // 2, -1)
+
+    def loss(self, tokens):
+        """Mean over the heads of the masked next-observation cross-entropy, plus the VQ
+        loss (float). Keeps what backward() needs; ``self.logits[s]`` (B N, O)."""
+        ops, c = self.ops, self.config
+        codes, _ = self.encode(tokens)
+        ids, targets, masks = head_inputs(ops.to_numpy(self.tokens), c.n_obs, c.steps)
+        self.ids = [ops.as_indices(i) for i in ids]
+        self.targets = [ops.as_indices(t) for t in targets]
+        self.masks = [ops.asarray(m) for m in masks]
+        self.embedded = [ops.embedding_forward(i, self.embed.value) for i in self.ids]
+        self.logits, total = [], 0.0
+        for s, head in enumerate(self.heads):
+            logits = head.forward(codes, self.embedded[:s + 1])
+            self.logits.append(logits)
+            total += ops.softmax_xent_forward(logits, self.targets[s], self.masks[s])[1]
+        total = total / c.steps + self.vq.aux_loss()
+        if self.enc is not None:
+            total += self.enc_loss(tokens, codes)
+        return total
+
+    def enc_loss(self, tokens, codes):
+        """L_enc (see the module) of the last encode; keeps what its backward needs."""
+        B, T = self.tokens.shape
+        N, C = T // 2, self.config.d_model
+        target, _ = self.teacher.encode(tokens)
+        target = target.reshape(B, N, C)
+        nxt = self.ops.zeros((B, N, C))
+        nxt[:, :-1] = target[:, 1:] / (((target[:, 1:] ** 2).sum(-1, keepdims=True) + 1e-12)
+                                       ** 0.5)
+        g = self.enc.forward(codes, self.embedded[:1])
+        self.enc_norm = ((g * g).sum(-1, keepdims=True) + 1e-12) ** 0.5
+        self.enc_y = g / self.enc_norm
+        mask = self.masks[0].reshape(-1, 1)
+        self.enc_count = max(float(mask.sum()), 1.0)
+        self.enc_diff = (self.enc_y - nxt.reshape(B * N, C)) * mask
+        return float((self.enc_diff * self.enc_diff).sum()) / self.enc_count
+
+    def enc_backward(self, dcode, dembedded):
+        """L_enc's gradient through g/|g| and g into dcode and dembedded[0]."""
+        dy = (2.0 / self.enc_count) * self.enc_diff
+        y = self.enc_y
+        dg = (dy - y * (y * dy).sum(-1, keepdims=True)) / self.enc_norm
+        self.ops.add_(dembedded[0], self.enc.backward(dg, dcode)[0])
+
+    def backward(self):
+        """Gradient of the last loss() into ``self.params.grad`` (zeroed first)."""
+        ops, c = self.ops, self.config
+        self.params.zero_grad()
+        B, T = self.tokens.shape
+        dcode = ops.zeros((B * (T // 2), c.d_model))
+        dembedded = [None] * c.steps
+        for s, head in enumerate(self.heads):
+            scale = 1.0 / (c.steps * max(float(self.masks[s].sum()), 1.0))
+            dlogits = ops.softmax_xent_backward(self.logits[s], self.targets[s],
+                                                self.masks[s], scale)
+            for j, de in enumerate(head.backward(dlogits, dcode)):
+                if dembedded[j] is None:
+                    dembedded[j] = de
+                else:
+                    ops.add_(dembedded[j], de)
+        if self.enc is not None:
+            self.enc_backward(dcode, dembedded)
+        for j, de in enumerate(dembedded):
+            ops.embedding_backward(self.embed.grad, de, self.ids[j])
+        dz = self.vq.backward(dcode)
+        dy = ops.zeros((B, T, c.d_model))
+        dy[:, 0::2] = dz.reshape(B, T // 2, -1)
+        dx = self.ln_f.backward(dy.reshape(B * T, -1))
+        dstate = None if self.final_state is None else ops.zeros_like(self.final_state)
+        for block in reversed(self.blocks):
+            dx, dstate = block.backward(dx, dstate)
+        ops.embedding_backward(self.embed.grad, dx, self.tokens.reshape(-1))
+
+    def predictions(self):
+        """The s = 0 head's argmax (B N,) of the last loss(), as NumPy."""
+        return self.ops.to_numpy(self.logits[0]).argmax(-1)
+
+
+
+def save_checkpoint(model, path, **meta):
+    """Write the model's parameters, its config and ``meta`` (JSON-able: the room, the walks'
+    seeds, ...) to the .npz ``path``."""
+    np.savez(path, params=model.ops.to_numpy(model.params.data),
+             config=json.dumps(asdict(model.config)), meta=json.dumps(meta))
+
+
+def load_checkpoint(path, backend="c"):
+    """(model, meta) from a file written by :func:`save_checkpoint`."""
+    with np.load(path) as data:
+        config = TDBConfig(**json.loads(str(data["config"])))
+        model = TDB(config, backend=backend)
+        if data["params"].shape != (model.params.size,):
+            raise ValueError(f"{path}: {data['params'].shape[0]} parameters, the config "
+                             f"builds {model.params.size}")
+        model.params.data[:] = model.ops.asarray(data["params"])
+        return model, json.loads(str(data["meta"]))

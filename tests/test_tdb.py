@@ -1,0 +1,148 @@
+"""TDB: the head inputs, the C model against the NumPy reference model, the heads' gradients
+against finite differences, and a short training run on an aliased room."""
+import json
+
+import numpy as np
+import pytest
+
+from conftest import numerical_grad
+from mapformer import cogmap
+from mapformer.tasks import rooms
+from mapformer.tdb import TDB, TDBConfig, head_inputs, vanilla_targets
+from mapformer.train import AdamW, TrainConfig
+
+ROOM = rooms.RoomsConfig(height=4, width=5, n_obs=3, patch=2, steps=12, seed=0)
+
+
+def tokens(n, seed=0):
+    return rooms.walks(ROOM, rooms.make_room(ROOM), n, seed).tokens(ROOM.n_obs)
+
+
+def small(**values):
+    base = dict(n_obs=3, d_model=32, n_heads=2, n_layers=1, steps=2, codebooks=2, codes=8,
+                head_hidden=16)
+    base.update(values)
+    return TDBConfig(**base)
+
+
+def test_head_inputs_and_vanilla_targets():
+    # x1 a1 x2 a2 x3 a3 with O = 3 (actions are ids 3..6)
+    t = np.array([[0, 3, 1, 5, 2, 6]])
+    ids, targets, masks = head_inputs(t, 3, 2)
+    assert ids.tolist() == [[3, 5, 6], [5, 6, 0]]
+    assert targets.tolist() == [[1, 2, 0], [2, 0, 0]]
+    assert masks.tolist() == [[1, 1, 0], [1, 0, 0]]
+    tg, mask = vanilla_targets(t, 3)
+    assert tg.tolist() == [[0, 1, 0, 2, 0, 0]]
+    assert mask.tolist() == [[False, True, False, True, False, False]]
+
+
+def test_c_model_matches_numpy_reference():
+    c_model, ref_model = TDB(small(), seed=2), TDB(small(), seed=2, backend="numpy")
+    ref_model.params.data[:] = c_model.params.data
+    t = tokens(3)
+    c_loss, ref_loss = c_model.loss(t), ref_model.loss(t)
+    assert c_loss == pytest.approx(ref_loss, rel=2e-5)
+    assert np.array_equal(np.asarray(c_model.vq.indices), ref_model.vq.indices)
+    c_model.backward()
+    ref_model.backward()
+    for name, p in ref_model.params.params.items():
+        got, want = c_model.params.params[name].grad, p.grad
+        scale = np.abs(want).max()
+        np.testing.assert_allclose(got, want, rtol=1e-3, atol=1e-3 * scale + 1e-7,
+                                   err_msg=f"gradient of {name}")
+
+
+def test_head_gradients_by_finite_differences():
+    """The heads sit after the bottleneck, where the loss is smooth in their parameters."""
+    model = TDB(small(head_hidden=4), seed=1, backend="numpy")
+    t = tokens(2)
+    model.loss(t)
+    model.backward()
+    for name in ("heads.1.code.weight", "heads.1.action1.weight", "heads.0.out.bias"):
+        p = model.params.params[name]
+        want = p.grad.copy()
+        got = numerical_grad(lambda: model.loss(t), p.value)
+        np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-9, err_msg=name)
+
+
+def test_training_learns_the_room():
+    config = small(steps=1, codebooks=1, codes=32, n_layers=1)
+    model = TDB(config, seed=0)
+    opt = AdamW(model, TrainConfig(lr=3e-3, weight_decay=0.0))
+    t = tokens(64, seed=1)
+    rng = np.random.default_rng(0)
+    first = model.loss(t[:16])
+    for _ in range(60):
+        model.loss(t[rng.integers(0, 64, 16)])
+        model.backward()
+        opt.step(3e-3)
+    assert model.loss(t[:16]) < 0.8 * first
+    usage = model.vq.usage()
+    assert usage["used"][0] >= 2
+    # a map comes out of the codes
+    codes = np.asarray(model.encode(t)[1])
+    walks = rooms.walks(ROOM, rooms.make_room(ROOM), 64, 1)
+    cm = cogmap.extract_map(codes, walks.actions)
+    assert cm.node_of.shape == (len(cm.tuples),)
+
+
+def test_bad_config():
+    with pytest.raises(ValueError, match="steps"):
+        TDBConfig(n_obs=3, steps=0)
+    with pytest.raises(ValueError, match="d_model"):
+        TDBConfig(n_obs=3, d_model=30, n_heads=4)
+
+
+def test_checkpoint_and_map_command(tmp_path, capsys):
+    from mapformer.__main__ import main
+    from mapformer.tdb import load_checkpoint, save_checkpoint
+    model = TDB(small(codebooks=1, steps=1), seed=4)
+    meta = {"room": {"height": 4, "width": 5, "n_obs": 3, "patch": 2, "steps": 12, "seed": 0},
+            "seed": 0, "train_walks": 16, "test_walks": 4, "context": 2}
+    path = tmp_path / "tdb.npz"
+    save_checkpoint(model, path, **meta)
+    loaded, got = load_checkpoint(path)
+    assert got == meta and np.array_equal(loaded.params.data, model.params.data)
+    assert main(["map", str(path), "--out", str(tmp_path / "map")]) == 0
+    metrics = json.loads(capsys.readouterr().out.splitlines()[0])
+    assert metrics["problems"] <= 4 and 0.0 <= metrics["NormGED"] <= 1.0
+    assert (tmp_path / "map" / "cogmap.graphml").stat().st_size > 0
+    assert (tmp_path / "map" / "cogmap.png").stat().st_size > 0
+    (tmp_path / "bad.npz").write_bytes(b"not a checkpoint")
+    with pytest.raises(SystemExit):
+        main(["map", str(tmp_path / "bad.npz")])
+
+
+def test_enc_variant():
+    """The teacher starts as the student's prefix and follows it by EMA; the enc loss is the
+    normalised regression onto the teacher's next code; C matches NumPy; the enc head's
+    gradients match finite differences."""
+    cfg = small(steps=1, codebooks=1, enc=True, ema=0.9, head_hidden=4)
+    c_model, ref_model = TDB(cfg, seed=2), TDB(cfg, seed=2, backend="numpy")
+    ref_model.params.data[:] = c_model.params.data
+    ref_model.teacher.params.data[:] = c_model.teacher.params.data
+    n = c_model.teacher.params.size
+    assert np.array_equal(c_model.teacher.params.data, c_model.params.data[:n])
+    assert "enc.out.weight" in c_model.params.params
+    t = tokens(3)
+    assert c_model.loss(t) == pytest.approx(ref_model.loss(t), rel=2e-5)
+    c_model.backward()
+    ref_model.backward()
+    for name, p in ref_model.params.params.items():
+        got, want = c_model.params.params[name].grad, p.grad
+        np.testing.assert_allclose(got, want, rtol=1e-3, atol=1e-3 * np.abs(want).max() + 1e-7,
+                                   err_msg=f"gradient of {name}")
+    for name in ("enc.code.weight", "enc.out.bias"):
+        p = ref_model.params.params[name]
+        got = numerical_grad(lambda: ref_model.loss(t), p.value)
+        np.testing.assert_allclose(got, p.grad, rtol=1e-5, atol=1e-9, err_msg=name)
+    # the enc term: a mean over positions of squared distances of unit vectors, in (0, 4]
+    assert 0.0 < ref_model.enc_loss(t, ref_model.encode(t)[0]) <= 4.0
+    before_t = ref_model.teacher.params.data.copy()
+    ref_model.params.data[:] += 1.0
+    ref_model.update_teacher()
+    np.testing.assert_allclose(ref_model.teacher.params.data,
+                               0.9 * before_t + 0.1 * ref_model.params.data[:n], rtol=1e-12)
+    with pytest.raises(ValueError, match="ema"):
+        small(enc=True, ema=1.0)
