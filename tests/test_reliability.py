@@ -69,3 +69,15 @@ def test_pool_keeps_only_reused_sizes():
     pool = _C.info()["pool"]
     assert pool["held_bytes"] >= ((1 << 18) + 99 * 16) * 4
     assert pool["held_bytes"] <= pool["limit_bytes"]
+
+
+@pytest.mark.parametrize("bad", [-1e-3, np.nan, np.inf])
+def test_adamw_refuses_a_second_moment_that_is_not_finite_and_non_negative(bad):
+    """Found by tests/fuzz_ops.py: a negative v made its parameter NaN, silently."""
+    p = np.ones(5, np.float32)
+    v = np.full(5, 0.5, np.float32)
+    v[3] = bad
+    params = p.copy()
+    with pytest.raises(ValueError, match=r"^v\[3\] = .* must be finite and >= 0"):
+        _C.adamw_step(params, p.copy(), p.copy(), v, np.ones(5, bool), lr=1e-3, step=1)
+    assert (params == 1).all()  # nothing written

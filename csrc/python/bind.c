@@ -754,9 +754,11 @@ PyObject *mf_call(const MfOp *op, PyObject *args, PyObject *kwargs) {
     }
     if (parse_args(&c, args, kwargs) < 0 || parse_numbers(&c) < 0) goto done;
     if (op->prepare != NULL && op->prepare(&c, p) < 0) goto done;
-    if (check_arrays(&c) < 0 || set_sizes(&c) < 0) goto done;
+    /* overlaps first (new outputs cannot overlap what was given): the value checks of a hook
+     * would otherwise read one argument's values through another's name */
+    if (check_arrays(&c) < 0 || set_sizes(&c) < 0 || check_overlaps(&c) < 0) goto done;
     if (op->check != NULL && op->check(&c, p) < 0) goto done;
-    if (make_outputs(&c) < 0 || check_overlaps(&c) < 0 || make_scratch(&c) < 0) goto done;
+    if (make_outputs(&c) < 0 || make_scratch(&c) < 0) goto done;
     Py_BEGIN_ALLOW_THREADS;
     status = op->run(p);
     Py_END_ALLOW_THREADS;
