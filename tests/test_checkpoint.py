@@ -253,3 +253,33 @@ def test_cli_errors_are_one_line_without_traceback(saved, tmp_path):
         last = done.stderr.strip().splitlines()[-1]
         assert last.startswith("python -m mapformer: error: ") and words in last, done.stderr
     load_checkpoint(tmp_path / "run" / "checkpoint.npz")  # the diverged run's last good one
+
+
+KEEP_WRITING = """
+import sys
+from mapformer.train import load_checkpoint, save_checkpoint
+model, optimizer, config, step = load_checkpoint(sys.argv[1])
+print("writing", flush=True)
+while True:
+    save_checkpoint(sys.argv[2], model, optimizer, config, step)
+"""
+
+
+def test_kill_during_writes_leaves_a_loadable_checkpoint(saved, tmp_path):
+    """A child rewrites the checkpoint in a loop and is killed (SIGKILL) at three moments:
+    each time the checkpoint loads (the kill lands before, during or after a write; a stale
+    temporary file may stay, and the next run removes it)."""
+    path = tmp_path / "checkpoint.npz"
+    path.write_bytes(saved[0].read_bytes())
+    for delay in (0.05, 0.2, 0.45):
+        child = subprocess.Popen([sys.executable, "-c", KEEP_WRITING, str(saved[0]), str(path)],
+                                 env=subprocess_env(1), stdout=subprocess.PIPE, text=True)
+        assert child.stdout.readline().strip() == "writing"
+        try:
+            child.wait(timeout=delay)
+        except subprocess.TimeoutExpired:
+            child.kill()
+        child.wait()
+        child.stdout.close()
+        assert child.returncode == -9
+        load_checkpoint(path)
