@@ -223,11 +223,30 @@ def model_config(parser, args, task):
                                 **pick(args, [f.name for f in MODEL_FIELDS]), **given)
 
 
+def fail(message, status):
+    """One line on stderr, ``python -m mapformer: error: ...``, and exit with ``status`` (2: a
+    bad argument, as argparse's own errors; 1: a run that failed)."""
+    print(f"python -m mapformer: error: {message}".replace("\n", " "), file=sys.stderr)
+    sys.exit(status)
+
+
 def main(argv=None):
+    """Run a command. Expected failures end in one line on stderr, never a traceback: a bad
+    argument or an unreadable file exits 2, a diverged run or non-finite results exit 1."""
     argv = sys.argv[1:] if argv is None else argv
     import_modules(argv)
     parser = build_parser()
     args = parser.parse_args(argv)
+    try:
+        return run(parser, args)
+    except FloatingPointError as exc:
+        fail(str(exc), 1)
+    except (ValueError, OSError) as exc:  # CheckpointError is a ValueError
+        fail(str(exc), 2)
+
+
+def run(parser, args):
+    """The command of parsed ``args``."""
     if args.command == "train":
         try:
             train_config = TrainConfig(**pick(args, [f.name for f in TRAIN_FIELDS]))
@@ -262,6 +281,10 @@ def main(argv=None):
         print(json.dumps(results) if args.json else
               f"{args.checkpoint} (step {step}, {model.config.label}):\n"
               f"{format_eval(results)}")
+        bad = [name for name, r in results.items() if not np.isfinite(r["loss"])]
+        if bad:
+            raise FloatingPointError(f"{args.checkpoint}: the loss on {', '.join(bad)} is not "
+                                     "finite")
     return 0
 
 

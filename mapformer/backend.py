@@ -163,13 +163,28 @@ def _clip_grad_norm(grads, max_norm):
     return norm
 
 
+def as_indices(a, name="ids"):
+    """Integer ids -> C-contiguous int32; ValueError naming ``name`` and the first id outside
+    int32's range (a cast would wrap it: 2**40 would become 0)."""
+    a = np.asarray(a)
+    if a.dtype != np.int32 and np.issubdtype(a.dtype, np.integer) and a.size:
+        info = np.iinfo(np.int32)
+        bad = np.flatnonzero((a < info.min) | (a > info.max))
+        if bad.size:
+            index = np.unravel_index(bad[0], a.shape)
+            raise ValueError(f"{name}[{', '.join(map(str, index))}] = {a[index]} does not fit "
+                             "int32 (ids must be in [0, vocab_size))")
+    return np.ascontiguousarray(a, dtype=np.int32)
+
+
 def array_ops(float_dtype):
     """{name: function}: allocation and the arithmetic between ops, on NumPy arrays of
     ``float_dtype``; every backend has these names and signatures.
 
     zeros(shape, dtype=None), ones(shape), zeros_like(a): new arrays (dtype: the backend's).
     asarray(a): a C-contiguous array of the backend's dtype (a copy only when needed);
-    as_indices(a): the same in int32 (tokens, targets). to_numpy(a): a NumPy array.
+    as_indices(a, name="ids"): the same in int32 (tokens, targets); ValueError naming ``name``
+    for a value outside int32's range (never wrapped). to_numpy(a): a NumPy array.
     add_(dst, src): dst += src in place. exp(a): e^a elementwise (a new array; parameters'
     transforms, e.g. Mamba's A = -exp(A_log)). sum_leading(a, n): a summed over its first n axes.
     broadcast_rows(row, shape, out=None): ``row`` (shape[k:]) copied to every index of the
@@ -198,7 +213,7 @@ def array_ops(float_dtype):
         ones=lambda shape: np.ones(shape, float_dtype),
         zeros_like=np.zeros_like,
         asarray=lambda a: np.ascontiguousarray(a, dtype=float_dtype),
-        as_indices=lambda a: np.ascontiguousarray(a, dtype=np.int32),
+        as_indices=as_indices,
         to_numpy=np.asarray,
         add_=add_,
         exp=np.exp,

@@ -258,10 +258,18 @@ def check_coordinates(coordinates, shape):
 
 
 def check_targets(targets, mask, shape):
-    """targets and mask of the tokens' shape (B, T), or ValueError."""
+    """targets and mask of the tokens' shape (B, T), the mask bool or finite weights >= 0, or
+    ValueError naming what is wrong."""
     if np.shape(targets) != shape or np.shape(mask) != shape:
         raise ValueError(f"targets and mask must have the tokens' shape {shape}, got "
                          f"{np.shape(targets)} and {np.shape(mask)}")
+    mask = np.asarray(mask)
+    if mask.dtype != bool:
+        bad = np.flatnonzero(~(np.isfinite(mask) & (mask >= 0)))
+        if bad.size:
+            index = np.unravel_index(bad[0], mask.shape)
+            raise ValueError(f"mask[{', '.join(map(str, index))}] = {mask[index]} must be a "
+                             "finite weight >= 0")
 
 
 class Transformer:
@@ -282,6 +290,7 @@ class Transformer:
         self.ln_f = LayerNorm(self.params, "ln_f", c, self.ops, config.layernorm_eps)
         self.head = Linear(self.params, "head", c, config.vocab_size, self.ops)
         self.params.build(rng)
+        self.rng = rng  # draws the dropout masks from here on (a checkpoint saves its state)
 
     def train(self, mode=True):
         """Switch dropout on (training) or off (evaluation)."""
@@ -293,7 +302,7 @@ class Transformer:
         coordinates (B, T, n): the tokens' positions as the task knows them (navigation: the
         agent's cell), given to every positional scheme (``scheme.coordinates``); None: the
         schemes that read them use the token index."""
-        tokens = self.ops.as_indices(check_tokens(tokens))
+        tokens = self.ops.as_indices(check_tokens(tokens), "tokens")
         batch, steps = tokens.shape
         if coordinates is not None:
             coordinates = self.ops.asarray(check_coordinates(coordinates, (batch, steps)))
@@ -314,7 +323,7 @@ class Transformer:
         backward() needs."""
         logits = self.forward(tokens, coordinates)
         check_targets(targets, mask, logits.shape[:2])
-        self.targets = self.ops.as_indices(targets).reshape(-1)
+        self.targets = self.ops.as_indices(targets, "targets").reshape(-1)
         self.mask = self.ops.asarray(mask).reshape(-1)
         _, loss = self.ops.softmax_xent_forward(self.logits, self.targets, self.mask)
         return loss + sum(block.bottleneck.aux_loss() for block in self.blocks)

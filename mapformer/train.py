@@ -9,7 +9,9 @@ import dataclasses
 import fnmatch
 import json
 import math
+import os
 import time
+import zipfile
 from dataclasses import asdict, dataclass, fields
 from pathlib import Path
 
@@ -23,7 +25,10 @@ TASKS = {"navigation": navigation, "selective_copy": selective_copy}
 SCHEDULES = ("linear", "cosine")
 EVAL_SETS = ("iid", "ood_dense", "ood_sparse")
 PRESETS = EVAL_SETS + ("table3",)  # training presets: navigation's "table3" has its own OOD sets
-CHECKPOINT_VERSION = 2  # 2: ModelConfig names mixer, positional scheme, bottleneck, options
+# 2: ModelConfig names mixer, positional scheme, bottleneck, options; 3: + the dropout
+# generator's state (a version 2 checkpoint resumes exactly only without dropout)
+CHECKPOINT_VERSION = 3
+READABLE_VERSIONS = (2, 3)
 
 
 @dataclass(frozen=True)
@@ -306,55 +311,168 @@ def format_eval(results):
                      "positions)" for name, r in results.items())
 
 
+class CheckpointError(ValueError):
+    """A checkpoint that cannot be read or does not hold a consistent training state (the
+    message names the file and the field)."""
+
+
+CHECKPOINT_ARRAYS = ("params", "m", "v")  # float32 (P,) each: parameters, AdamW moments
+
+
+def temp_path(path):
+    """Where a checkpoint is written before it is renamed over ``path``."""
+    return Path(path).with_suffix(".tmp.npz")
+
+
+def nonfinite_tensor(store, flat):
+    """The name of the first parameter whose entries in ``flat`` (a NumPy array of the
+    parameter store's layout, (P,)) are not all finite, or None."""
+    for p in store.params.values():
+        if not np.isfinite(flat[p.offset:p.offset + p.size]).all():
+            return p.name
+    return None
+
+
+def check_finite_state(model, optimizer, step):
+    """FloatingPointError naming the step and the tensor (parameter, and whether its value or
+    an AdamW moment) when the training state is not finite."""
+    to_numpy = model.ops.to_numpy
+    for label, flat in (("parameter", model.params.data), ("AdamW first moment (m) of",
+                                                            optimizer.m),
+                        ("AdamW second moment (v) of", optimizer.v)):
+        name = nonfinite_tensor(model.params, to_numpy(flat))
+        if name is not None:
+            raise FloatingPointError(f"training diverged at step {step}: the {label} {name!r} "
+                                     "holds non-finite values")
+
+
 def save_checkpoint(path, model, optimizer, train_config, step):
-    """Write config, flat parameters, AdamW moments and the step to ``path`` (.npz)."""
+    """Write config, flat parameters, AdamW moments, the dropout generator's state and the step
+    to ``path`` (.npz), atomically: to a temporary file, synced, then renamed over ``path``,
+    so that ``path`` always holds the last complete checkpoint. A non-finite parameter or
+    moment is never written (FloatingPointError naming the step and the tensor)."""
+    check_finite_state(model, optimizer, step)
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
     meta = {"version": CHECKPOINT_VERSION, "model": model.config.to_dict(),
             "train": train_config.to_dict(), "step": step,
-            "param_names": list(model.params.params)}
-    tmp = path.with_suffix(".tmp.npz")
+            "param_names": list(model.params.params),
+            "dropout_rng": model.rng.bit_generator.state}
+    tmp = temp_path(path)
     to_numpy = model.ops.to_numpy
-    np.savez(tmp, meta=json.dumps(meta), params=to_numpy(model.params.data),
-             m=to_numpy(optimizer.m), v=to_numpy(optimizer.v))
-    tmp.replace(path)
+    try:
+        with open(tmp, "wb") as f:
+            np.savez(f, meta=json.dumps(meta), params=to_numpy(model.params.data),
+                     m=to_numpy(optimizer.m), v=to_numpy(optimizer.v))
+            f.flush()
+            os.fsync(f.fileno())
+        tmp.replace(path)
+    except BaseException:
+        tmp.unlink(missing_ok=True)
+        raise
 
 
-def checkpoint_meta(path):
-    """The metadata of a checkpoint (configs, step, parameter names), or ValueError if another
-    version of mapformer wrote it."""
-    with np.load(path) as f:
-        meta = json.loads(str(f["meta"]))
+def read_checkpoint(path):
+    """(meta, {name: array}) of a checkpoint file, every member read (so that a truncated file
+    or a bad CRC shows here); CheckpointError with one line for anything unreadable."""
+    path = Path(path)
+    if not path.is_file():
+        raise CheckpointError(f"{path}: no such checkpoint file")
+    try:
+        with np.load(path, allow_pickle=False) as f:
+            if not hasattr(f, "files"):
+                raise CheckpointError(f"{path} is not a checkpoint: a bare array, not an .npz")
+            missing = [k for k in ("meta", *CHECKPOINT_ARRAYS) if k not in f.files]
+            if missing:
+                raise CheckpointError(f"{path} is not a mapformer checkpoint: it lacks "
+                                      f"{', '.join(missing)}")
+            arrays = {k: f[k] for k in ("meta", *CHECKPOINT_ARRAYS)}
+        meta = json.loads(str(arrays.pop("meta")))
+    except CheckpointError:
+        raise
+    except (OSError, ValueError, EOFError, KeyError, zipfile.BadZipFile,
+            UnicodeDecodeError) as exc:
+        raise CheckpointError(f"{path} is not a readable checkpoint (corrupt or truncated: "
+                              f"{type(exc).__name__}: {exc})") from None
+    if not isinstance(meta, dict):
+        raise CheckpointError(f"{path}: meta must be a JSON object, got {type(meta).__name__}")
+    return meta, arrays
+
+
+def check_version(path, meta):
+    """ValueError unless ``meta`` is of a version this mapformer reads."""
     version = meta.get("version")
-    if version != CHECKPOINT_VERSION:
-        raise ValueError(
+    if version not in READABLE_VERSIONS:
+        raise CheckpointError(
             f"{path} is a version {version} checkpoint, written by "
             + ("an older mapformer (before ModelConfig named a mixer, a positional scheme and "
                "a bottleneck with one options dict): retrain it, or read it with that version"
-               if isinstance(version, int) and version < CHECKPOINT_VERSION
+               if isinstance(version, int) and version < min(READABLE_VERSIONS)
                else "another mapformer")
-            + f"; this one reads version {CHECKPOINT_VERSION}")
+            + f"; this one reads versions {', '.join(map(str, READABLE_VERSIONS))}")
+
+
+def checkpoint_meta(path):
+    """The metadata of a checkpoint (configs, step, parameter names), or ValueError if it is
+    unreadable or another version of mapformer wrote it."""
+    meta, _ = read_checkpoint(path)
+    check_version(path, meta)
     return meta
 
 
 def load_checkpoint(path, backend="c"):
-    """Load a checkpoint: returns (model, optimizer, train_config, step)."""
-    meta = checkpoint_meta(path)
-    with np.load(path) as f:
-        params, m, v = f["params"], f["m"], f["v"]
-    model = Transformer(ModelConfig.from_dict(meta["model"]), backend=backend)
+    """Load a checkpoint: returns (model, optimizer, train_config, step). Every field is
+    checked (CheckpointError naming it): the configs, the step (an int in [0, total steps]),
+    the parameter names, the arrays' dtype (float32) and shape (P,), finite parameters and
+    moments, v >= 0, and the dropout generator's state."""
+    meta, arrays = read_checkpoint(path)
+    check_version(path, meta)
+
+    def field(name, kind):
+        if not isinstance(meta.get(name), kind):
+            raise CheckpointError(f"{path}: meta field {name!r} must be a "
+                                  f"{getattr(kind, '__name__', 'dict')}, got "
+                                  f"{meta.get(name)!r:.80}")
+        return meta[name]
+
+    try:
+        model_config = ModelConfig.from_dict(field("model", dict))
+        train_config = TrainConfig.from_dict(field("train", dict))
+    except (TypeError, ValueError, KeyError) as exc:
+        raise CheckpointError(f"{path}: the saved configuration is invalid: {exc}") from None
+    step = field("step", int)
+    if isinstance(step, bool) or not 0 <= step <= train_config.total_steps:
+        raise CheckpointError(f"{path}: step must be an int in [0, {train_config.total_steps}] "
+                              f"(the run's total steps), got {step!r}")
+    model = Transformer(model_config, backend=backend)
     names = list(model.params.params)
-    if names != meta["param_names"] or params.shape != model.params.data.shape:
-        raise ValueError(f"{path}: parameters {meta['param_names'][:3]}... "
-                         f"({params.size} values) do not match the model's "
-                         f"{names[:3]}... ({model.params.size} values)")
-    train_config = TrainConfig.from_dict(meta["train"])
+    if field("param_names", list) != names:
+        raise CheckpointError(f"{path}: parameters {meta['param_names'][:3]}... do not match "
+                              f"the model's {names[:3]}... ({model.params.size} values)")
+    for name in CHECKPOINT_ARRAYS:
+        a = arrays[name]
+        if a.dtype != np.float32 or a.shape != (model.params.size,):
+            raise CheckpointError(f"{path}: {name} must be float32 of shape "
+                                  f"({model.params.size},) (the model's parameters), got "
+                                  f"{a.dtype} of shape {a.shape}; parameters "
+                                  f"{names[:3]}... do not match")
+        tensor = nonfinite_tensor(model.params, a)
+        if tensor is not None:
+            raise CheckpointError(f"{path}: {name} holds non-finite values (in {tensor!r})")
+    if (arrays["v"] < 0).any():
+        raise CheckpointError(f"{path}: v (AdamW's second moment) must be >= 0")
+    if "dropout_rng" in meta:  # version 2 did not save it
+        try:
+            model.rng.bit_generator.state = field("dropout_rng", dict)
+        except (TypeError, ValueError, KeyError) as exc:
+            raise CheckpointError(f"{path}: dropout_rng is not a state of "
+                                  f"{type(model.rng.bit_generator).__name__}: {exc}") from None
     asarray = model.ops.asarray
-    model.params.data[:] = asarray(params)
+    model.params.data[:] = asarray(arrays["params"])
     optimizer = AdamW(model, train_config)
-    optimizer.m[:], optimizer.v[:] = asarray(m), asarray(v)
-    optimizer.step_count = meta["step"]
-    return model, optimizer, train_config, meta["step"]
+    optimizer.m[:], optimizer.v[:] = asarray(arrays["m"]), asarray(arrays["v"])
+    optimizer.step_count = step
+    return model, optimizer, train_config, step
 
 
 def check_resume(path, model_config, train_config):
@@ -375,6 +493,22 @@ def check_resume(path, model_config, train_config):
                     and meta["train"].get(k) != v]
     if differences:
         raise ValueError(f"{path} does not match this run:\n  " + "\n  ".join(differences))
+
+
+def check_scored_positions(train_config, task, module, start):
+    """ValueError when the training loss has no position to score: the batches of the first
+    (up to 4) steps from ``start`` all have empty loss masks (e.g. a walk of one step has no
+    revisit)."""
+    for step in range(start, min(start + 4, train_config.total_steps)):
+        batch = module.generate(task, train_config.batch_size,
+                                np.random.default_rng([train_config.seed, step]))
+        if module.loss_mask(batch, train_config.loss_positions).any():
+            return
+    if start < train_config.total_steps:
+        raise ValueError(f"the training task {task} has no position to score with "
+                         f"loss_positions={train_config.loss_positions!r} (its first batches "
+                         "are all unscored): lengthen the walk (steps) or choose other "
+                         "loss_positions")
 
 
 def train(model_config, train_config, out_dir=None, resume=None, progress=True, log=print,
@@ -400,15 +534,23 @@ def train(model_config, train_config, out_dir=None, resume=None, progress=True, 
     if resume:
         check_resume(resume, model_config, train_config)
         model, optimizer, _, start = load_checkpoint(resume)
+        if model_config.dropout > 0 and checkpoint_meta(resume).get("dropout_rng") is None:
+            log(f"warning: {resume} (version 2) does not hold the dropout generator's state: "
+                "the resumed run's dropout masks differ from the uninterrupted run's")
     else:
         model = Transformer(model_config, seed=train_config.seed)
         optimizer, start = AdamW(model, train_config), 0
+    total = train_config.total_steps
+    check_scored_positions(train_config, task, module, start)
     out_dir = Path(out_dir) if out_dir else None
     metrics = None
     if out_dir:
         out_dir.mkdir(parents=True, exist_ok=True)
+        stale = temp_path(out_dir / "checkpoint.npz")
+        if stale.exists():  # left by a run killed while writing its checkpoint
+            stale.unlink()
+            log(f"removed {stale}, an incomplete checkpoint of an interrupted run")
         metrics = open(out_dir / "metrics.jsonl", "a" if resume else "w")
-    total = train_config.total_steps
     log(f"training {model_config.label} ({model.params.size} parameters) on {task}: "
         f"{total} steps of {train_config.batch_size} sequences, "
         f"{task.seq_len} tokens each" + (f", resuming at step {start}" if start else ""))
@@ -429,9 +571,13 @@ def train(model_config, train_config, out_dir=None, resume=None, progress=True, 
             model.backward()
             lr = learning_rate(train_config, step)
             norm = optimizer.step(lr)
-            if not math.isfinite(loss):
-                raise FloatingPointError(f"loss became {loss} at step {step}")
             done = step + 1
+            if not (math.isfinite(loss) and math.isfinite(norm)):
+                raise FloatingPointError(
+                    f"training diverged at step {done}: the loss is {loss} and the gradient "
+                    f"norm {norm}" + (f"; {out_dir / 'checkpoint.npz'} keeps the last good "
+                                      "state" if out_dir and train_config.checkpoint_every
+                                      else ""))
             if done % train_config.log_every == 0 or done == total:
                 elapsed = time.perf_counter() - t0
                 record = {"step": done, "sequences": done * train_config.batch_size,

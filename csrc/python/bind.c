@@ -217,6 +217,13 @@ static int check_array(MfCall *c, int row, PyObject *obj) {
                      dtype_names[a->dtype], (PyObject *)PyArray_DESCR(arr));
         return -1;
     }
+    if (!PyArray_ISNOTSWAPPED(arr)) { /* read as native, it would be silently wrong */
+        PyErr_Format(PyExc_ValueError,
+                     "%s must be in native byte order (dtype %s), got %S: convert it with "
+                     "a.astype(a.dtype.newbyteorder('='))",
+                     a->name, dtype_names[a->dtype], (PyObject *)PyArray_DESCR(arr));
+        return -1;
+    }
     if (check_shape(c, a, arr) < 0) return -1;
     if (!PyArray_IS_C_CONTIGUOUS(arr) || !PyArray_ISALIGNED(arr)) {
         want_text(c, a, want, sizeof want);
@@ -240,19 +247,30 @@ static int check_array(MfCall *c, int row, PyObject *obj) {
  * Large op outputs are recycled (and lent as scratch: make_scratch). Each lives in a
  * 64-byte-aligned block whose header records its size; the array's base object is a capsule
  * that, when the last view of the array dies, puts the block back on a free list instead of
- * freeing it. A
- * training loop allocates the same shapes every step, so after the first step no output pays
- * the kernel's page faulting and zeroing (measured: ~4 ms per 16 MB). The pool holds at most
- * MAPFORMER_POOL_MB (environment, default 1024) of free blocks; it is only touched with the
+ * freeing it. A training loop allocates the same shapes every step, so after the first step no
+ * output pays the kernel's page faulting and zeroing (measured: ~4 ms per 16 MB).
+ * What the pool holds is bounded by what is reused: a freed block is kept only when its size
+ * has been asked for at least twice among the recent sizes (a size asked for once, as in a run
+ * of outputs of varied sizes, is freed at once), and a held block whose size has not been
+ * asked for in the last MF_POOL_AGE requests is freed. On top of that it holds at most
+ * MAPFORMER_POOL_MB (environment, default 1024) of free blocks. It is only touched with the
  * GIL held. */
 #define MF_POOL_SLOTS 128
 #define MF_POOL_MIN_BYTES ((size_t)1 << 20) /* smaller outputs use NumPy's allocator */
 #define MF_BLOCK_HEADER 64
+#define MF_POOL_SIZES 256 /* the recent sizes asked for, and how often */
+#define MF_POOL_AGE 4096  /* requests after which an unasked size's blocks are freed */
 
 static void *pool_blocks[MF_POOL_SLOTS];
 static int pool_count = 0;
 static size_t pool_bytes = 0;
 static size_t pool_limit = (size_t)-1; /* read from the environment on first use */
+static uint64_t pool_clock = 0;        /* requests so far */
+static struct {
+    size_t size;
+    uint64_t last; /* pool_clock at its last request */
+    uint64_t count;
+} pool_sizes[MF_POOL_SIZES];
 
 static size_t block_size(void *block) { return *(size_t *)block; }
 
@@ -270,9 +288,51 @@ void mf_pool_stats(size_t *limit, size_t *held, int *blocks) {
     *blocks = pool_count;
 }
 
+/* the entry of `size` among the recent sizes, or NULL; with `add`, made (replacing the least
+ * recently asked one) when missing */
+static int pool_size_entry(size_t size, int add) {
+    int oldest = 0;
+    for (int i = 0; i < MF_POOL_SIZES; i++) {
+        if (pool_sizes[i].size == size && pool_sizes[i].count > 0) return i;
+        if (pool_sizes[i].last < pool_sizes[oldest].last) oldest = i;
+    }
+    if (!add) return -1;
+    pool_sizes[oldest].size = size;
+    pool_sizes[oldest].count = 0;
+    return oldest;
+}
+
+/* a request for a block of `size` bytes, counted */
+static void pool_note(size_t size) {
+    const int e = pool_size_entry(size, 1);
+    pool_sizes[e].last = ++pool_clock;
+    pool_sizes[e].count++;
+}
+
+/* whether blocks of `size` are reused: asked for twice, the last time recently */
+static int pool_reused(size_t size) {
+    const int e = pool_size_entry(size, 0);
+    return e >= 0 && pool_sizes[e].count >= 2 && pool_clock - pool_sizes[e].last <= MF_POOL_AGE;
+}
+
+/* free the held blocks whose size is no longer reused (looked at every 64 requests) */
+static void pool_trim(void) {
+    static uint64_t trimmed = 0;
+    if (pool_clock - trimmed < 64) return;
+    trimmed = pool_clock;
+    for (int i = pool_count - 1; i >= 0; i--) {
+        if (pool_reused(block_size(pool_blocks[i]))) continue;
+        void *block = pool_blocks[i];
+        pool_blocks[i] = pool_blocks[--pool_count];
+        pool_bytes -= block_size(block);
+        free(block);
+    }
+}
+
 /* a block of `size` bytes (a multiple of MF_BLOCK_HEADER) after its header, or NULL */
 static void *pool_take(size_t size) {
     pool_read_limit();
+    pool_note(size);
     for (int i = pool_count - 1; i >= 0; i--) {
         if (block_size(pool_blocks[i]) == size) {
             void *block = pool_blocks[i];
@@ -288,7 +348,8 @@ static void *pool_take(size_t size) {
 
 static void pool_give(void *block) {
     const size_t size = block_size(block);
-    if (pool_count < MF_POOL_SLOTS && pool_bytes + size <= pool_limit) {
+    pool_trim();
+    if (pool_reused(size) && pool_count < MF_POOL_SLOTS && pool_bytes + size <= pool_limit) {
         pool_blocks[pool_count++] = block;
         pool_bytes += size;
     } else {
@@ -391,7 +452,11 @@ static int parse_float(MfCall *c, const MfArg *a, PyObject *obj) {
     }
     double x = PyFloat_AsDouble(obj); /* anything with __float__, as the "d" format */
     if (x == -1.0 && PyErr_Occurred()) {
-        if (PyErr_ExceptionMatches(PyExc_TypeError)) { /* say which argument */
+        if (PyErr_ExceptionMatches(PyExc_OverflowError)) { /* an int beyond any double */
+            PyErr_Clear();
+            PyErr_Format(PyExc_ValueError, "%s must be a finite number, got an int too large "
+                         "for a float", a->name);
+        } else if (PyErr_ExceptionMatches(PyExc_TypeError)) { /* say which argument */
             PyErr_Clear();
             PyErr_Format(PyExc_TypeError, "%s must be a real number%s, got %s", a->name,
                          a->flags & MF_NONE ? " or None" : "", Py_TYPE(obj)->tp_name);
@@ -415,9 +480,15 @@ static int parse_int(MfCall *c, const MfArg *a, PyObject *obj) {
         }
         PyObject *i = PyNumber_Index(obj);
         if (i == NULL) return -1;
-        const long long x = PyLong_AsLongLong(i);
+        int overflow = 0;
+        const long long x = PyLong_AsLongLongAndOverflow(i, &overflow);
         Py_DECREF(i);
         if (x == -1 && PyErr_Occurred()) return -1;
+        if (overflow != 0) {
+            PyErr_Format(PyExc_ValueError, "%s must be an int >= %lld and < 2**63, got %R",
+                         a->name, (long long)a->lo, obj);
+            return -1;
+        }
         if ((double)x < a->lo) {
             PyErr_Format(PyExc_ValueError, "%s must be an int >= %lld, got %lld", a->name,
                          (long long)a->lo, x);
@@ -432,10 +503,13 @@ static int parse_int(MfCall *c, const MfArg *a, PyObject *obj) {
 static int parse_choice(MfCall *c, const MfArg *a, PyObject *obj) {
     int index = (int)a->dflt;
     const char *s = obj == NULL ? a->choices[index] : NULL;
-    if (obj != NULL && PyUnicode_Check(obj) && (s = PyUnicode_AsUTF8(obj)) == NULL) return -1;
-    if (s != NULL)
+    Py_ssize_t len = s != NULL ? (Py_ssize_t)strlen(s) : 0;
+    if (obj != NULL && PyUnicode_Check(obj) && (s = PyUnicode_AsUTF8AndSize(obj, &len)) == NULL)
+        return -1;
+    if (s != NULL) /* the whole string: one with an embedded NUL matches no name */
         for (index = 0; a->choices[index] != NULL; index++)
-            if (strcmp(s, a->choices[index]) == 0) break;
+            if ((size_t)len == strlen(a->choices[index]) && strcmp(s, a->choices[index]) == 0)
+                break;
     if (s == NULL || a->choices[index] == NULL) {
         char names[160];
         size_t used = 0;
@@ -680,9 +754,11 @@ PyObject *mf_call(const MfOp *op, PyObject *args, PyObject *kwargs) {
     }
     if (parse_args(&c, args, kwargs) < 0 || parse_numbers(&c) < 0) goto done;
     if (op->prepare != NULL && op->prepare(&c, p) < 0) goto done;
-    if (check_arrays(&c) < 0 || set_sizes(&c) < 0) goto done;
+    /* overlaps first (new outputs cannot overlap what was given): the value checks of a hook
+     * would otherwise read one argument's values through another's name */
+    if (check_arrays(&c) < 0 || set_sizes(&c) < 0 || check_overlaps(&c) < 0) goto done;
     if (op->check != NULL && op->check(&c, p) < 0) goto done;
-    if (make_outputs(&c) < 0 || check_overlaps(&c) < 0 || make_scratch(&c) < 0) goto done;
+    if (make_outputs(&c) < 0 || make_scratch(&c) < 0) goto done;
     Py_BEGIN_ALLOW_THREADS;
     status = op->run(p);
     Py_END_ALLOW_THREADS;

@@ -23,8 +23,27 @@ static const MfArg adamw_args[] = {
      .hi = INFINITY, .open = MF_HI_OPEN, .dflt = 0.0},
     {0}};
 static const MfSize adamw_sizes[] = {{"P", A(n)}, {NULL, 0}};
+
+/* v, the second moment, finite and >= 0 (a negative entry would make its parameter NaN:
+ * found by tests/fuzz_ops.py) */
+static int adamw_check(MfCall *c, void *params) {
+    const MfAdamwParams *p = params;
+    (void)c;
+    for (int64_t i = 0; i < p->n; i++) {
+        if (!(p->v[i] >= 0.0f && isfinite(p->v[i]))) {
+            char value[32];
+            snprintf(value, sizeof value, "%g", (double)p->v[i]);
+            PyErr_Format(PyExc_ValueError,
+                         "v[%lld] = %s must be finite and >= 0 (AdamW's second moment)",
+                         (long long)i, value);
+            return -1;
+        }
+    }
+    return 0;
+}
+
 static const MfOp adamw = {"adamw_step", adamw_args, adamw_sizes, sizeof(MfAdamwParams),
-                           .run = MF_OP(adamw_step)};
+                           .run = MF_OP(adamw_step), .check = adamw_check};
 
 static const MfSize norm_sizes[] = {{"P", G(n)}, {NULL, 0}};
 static const MfArg global_norm_args[] = {

@@ -5,10 +5,20 @@
 static const MfSize sizes[] = {{"N", P(N)}, {"V", P(V)}, {NULL, 0}};
 
 /* every target in [0, V), checked here for the message; the kernel checks each again as it
- * reads it (MF_EINDEX, raised naming targets) */
+ * reads it (MF_EINDEX, raised naming targets); every mask weight finite and >= 0 (a negative
+ * weight would make the loss reward wrong predictions) */
 static int check(MfCall *c, void *params) {
     const MfSoftmaxXentParams *p = params;
     (void)c;
+    for (int64_t n = 0; n < p->N; n++) {
+        if (!(p->mask[n] >= 0.0f && isfinite(p->mask[n]))) {
+            char value[32];
+            snprintf(value, sizeof value, "%g", (double)p->mask[n]);
+            PyErr_Format(PyExc_ValueError, "mask[%lld] = %s must be a finite weight >= 0",
+                         (long long)n, value);
+            return -1;
+        }
+    }
     return mf_check_ids(p->targets, p->N, p->V, "targets");
 }
 

@@ -1,0 +1,460 @@
+"""Seeded fuzzing of every function of mapformer._C (issue 13), run as a script by
+tests/test_fuzz.py in a child process, so that a crash fails the test with its reproducer.
+
+Call i of seed S draws from ``default_rng([S, i])``: a good call of one op (small random sizes),
+then one or two defects: a wrong dtype, non-native byte order, one axis too many or too few, a
+changed or zero-sized axis, a strided or Fortran-ordered view, a read-only written array, a
+non-array, two arguments sharing memory, out-of-range ids, NaN, infinite, overflowing or
+ill-typed scalars, unknown or missing arguments. Each call must either raise TypeError or
+ValueError whose message names an argument of the op, or return exactly (bit for bit, every
+array it wrote included) what the same call on fresh copies of its arguments returns; a call
+whose scalars are ordinary must return finite values.
+
+    python tests/fuzz_ops.py --seed 0 --calls 10000 --log calls.txt   # the test's run
+    python tests/fuzz_ops.py --seed 0 --only 1234                      # one call, verbosely
+
+Before each call its description is written to --log (flushed), so that the last line of the
+log names the call that crashed. Exit status 0: every call behaved; 1: some did (printed).
+"""
+import argparse
+import re
+import sys
+import warnings
+
+import numpy as np
+
+from mapformer import _C
+
+# the arrays each op writes in place (everything else it is given, it only reads)
+WRITTEN = {
+    "embedding_backward": {"dweight"},
+    "linear_backward": {"dweight", "dbias", "dx"},
+    "layernorm_backward": {"dweight", "dbias", "dx"},
+    "residual_backward": {"dx"},
+    "mlp_backward": {"dw_fc", "db_fc", "dw_proj", "db_proj"},
+    "path_integration_backward": {"domega"},
+    "adamw_step": {"params", "m", "v"},
+    "clip_grad_norm": {"grads"},
+    "cope_backward": {"de"},
+    "tape_mix_backward": {"dw"},
+    "causal_conv1d_backward": {"dweight", "dbias"},
+    "selective_scan_backward": {"dA", "dD"},
+    "complex_scan_backward": {"dA", "domega", "dD"},
+    "ape_apply_backward": {"dmaps"},
+    "vq_backward": {"dcodebook"},
+    "lstm_backward": {"dw_ih", "dw_hh", "db"},
+}
+IDS = {"embedding_forward": ("tokens", "V"), "embedding_backward": ("tokens", "V"),
+       "softmax_xent_forward": ("targets", "V"), "softmax_xent_backward": ("targets", "V")}
+MODULE_FUNCTIONS = ("cpu_level", "info", "kernel_sets", "kernels", "set_kernels")
+
+
+def f32(rng, *shape):
+    return rng.standard_normal(shape).astype(np.float32)
+
+
+def good_call(op, rng):
+    """Keyword arguments of a valid call of ``op`` at small random sizes, and the sizes."""
+    B, T, H = int(rng.integers(1, 3)), int(rng.integers(1, 6)), int(rng.integers(1, 3))
+    D = int(rng.choice([16, 18, 32]))
+    N, C, F, V = (int(rng.integers(1, 8)), int(rng.integers(1, 9)), int(rng.integers(1, 12)),
+                  int(rng.integers(2, 9)))
+    P = int(rng.integers(1, 40))
+    s = dict(B=B, T=T, H=H, D=D, N=N, C=C, F=F, V=V, P=P)
+
+    def bthd():
+        return f32(rng, B, T, H, D)
+
+    if op == "embedding_forward":
+        return dict(tokens=rng.integers(0, V, N).astype(np.int32), weight=f32(rng, V, C)), s
+    if op == "embedding_backward":
+        return dict(dweight=f32(rng, V, C), dout=f32(rng, N, C),
+                    tokens=rng.integers(0, V, N).astype(np.int32)), s
+    if op == "linear_forward":
+        return dict(x=f32(rng, N, C), weight=f32(rng, F, C), bias=f32(rng, F)), s
+    if op == "linear_backward":
+        return dict(dy=f32(rng, N, F), x=f32(rng, N, C), weight=f32(rng, F, C),
+                    dweight=f32(rng, F, C), dbias=f32(rng, F), dx=f32(rng, N, C)), s
+    if op == "layernorm_forward":
+        return dict(x=f32(rng, N, C), weight=f32(rng, C), bias=f32(rng, C), eps=1e-5), s
+    if op == "layernorm_backward":
+        x, w = f32(rng, N, C), f32(rng, C)
+        _, mean, rstd = _C.layernorm_forward(x, w, f32(rng, C))
+        return dict(dy=f32(rng, N, C), x=x, mean=mean, rstd=rstd, weight=w,
+                    dweight=f32(rng, C), dbias=f32(rng, C), dx=f32(rng, N, C)), s
+    if op == "gelu_forward":
+        return dict(x=f32(rng, N, C)), s
+    if op == "gelu_backward":
+        return dict(dy=f32(rng, N, C), x=f32(rng, N, C)), s
+    if op == "residual_forward":
+        return dict(a=f32(rng, N, C), b=f32(rng, N, C)), s
+    if op == "residual_backward":
+        return dict(dx=f32(rng, N, C), dout=f32(rng, N, C)), s
+    if op == "mlp_forward":
+        return dict(x=f32(rng, N, C), w_fc=f32(rng, F, C), b_fc=f32(rng, F),
+                    w_proj=f32(rng, C, F), b_proj=f32(rng, C)), s
+    if op == "mlp_backward":
+        x, w_fc, w_proj = f32(rng, N, C), f32(rng, F, C), f32(rng, C, F)
+        _, h = _C.mlp_forward(x, w_fc, f32(rng, F), w_proj, f32(rng, C))
+        return dict(dy=f32(rng, N, C), x=x, h=h, w_fc=w_fc, w_proj=w_proj,
+                    dw_fc=f32(rng, F, C), db_fc=f32(rng, F), dw_proj=f32(rng, C, F),
+                    db_proj=f32(rng, C)), s
+    if op == "attention_forward":
+        return dict(q=bthd(), k=bthd(), v=bthd(), scale=None), s
+    if op == "attention_backward":
+        q, k, v = bthd(), bthd(), bthd()
+        out, lse = _C.attention_forward(q, k, v)
+        return dict(dout=bthd(), q=q, k=k, v=v, out=out, lse=lse, scale=None), s
+    if op == "rotary_forward":
+        return dict(q=bthd(), k=bthd(), theta=f32(rng, 1, T, H, D // 2)), s
+    if op == "rotary_backward":
+        return dict(dq_out=bthd(), dk_out=bthd(), q=bthd(), k=bthd(),
+                    theta=f32(rng, B, T, H, D // 2)), s
+    if op == "path_integration_forward":
+        return dict(delta=f32(rng, B, T, H, D // 2), omega=f32(rng, H, D // 2)), s
+    if op == "path_integration_backward":
+        return dict(dtheta=f32(rng, B, T, H, D // 2), delta=f32(rng, B, T, H, D // 2),
+                    omega=f32(rng, H, D // 2), domega=f32(rng, H, D // 2)), s
+    if op == "softmax_xent_forward":
+        return dict(logits=f32(rng, N, V), targets=rng.integers(0, V, N).astype(np.int32),
+                    mask=rng.random(N).astype(np.float32)), s
+    if op == "softmax_xent_backward":
+        return dict(logits=f32(rng, N, V), targets=rng.integers(0, V, N).astype(np.int32),
+                    mask=rng.random(N).astype(np.float32), scale=0.5), s
+    if op == "adamw_step":
+        return dict(params=f32(rng, P), grads=f32(rng, P), m=f32(rng, P),
+                    v=np.abs(f32(rng, P)), decay_mask=rng.random(P) < 0.5, lr=1e-3,
+                    step=int(rng.integers(1, 100)), weight_decay=0.01), s
+    if op == "clip_grad_norm":
+        return dict(grads=f32(rng, P), max_norm=1.0), s
+    if op == "global_norm":
+        return dict(x=f32(rng, P)), s
+    if op == "cope_forward":
+        return dict(q=bthd(), k=bthd(), v=bthd(), e=f32(rng, H, T + 1, D), scale=None), s
+    if op == "cope_backward":
+        q, k, v, e = bthd(), bthd(), bthd(), f32(rng, H, T + 1, D)
+        out, lse = _C.cope_forward(q, k, v, e)
+        return dict(dout=bthd(), q=q, k=k, v=v, e=e, out=out, lse=lse,
+                    de=f32(rng, H, T + 1, D), scale=None), s
+    if op == "tape_mix_forward":
+        return dict(e_att=bthd(), gate_logits=f32(rng, B, T, H), w=f32(rng, H, H)), s
+    if op == "tape_mix_backward":
+        return dict(de_new=bthd(), e_att=bthd(), gate_logits=f32(rng, B, T, H),
+                    w=f32(rng, H, H), dw=f32(rng, H, H)), s
+    if op == "tape_rotate_forward":
+        return dict(q=bthd(), k=bthd(), e=bthd()), s
+    if op == "tape_rotate_backward":
+        return dict(dq_out=bthd(), dk_out=bthd(), q=bthd(), k=bthd(), e=bthd()), s
+    if op in ("silu_forward", "softplus_forward"):
+        return dict(x=f32(rng, N, C)), s
+    if op in ("silu_backward", "softplus_backward"):
+        return dict(dy=f32(rng, N, C), x=f32(rng, N, C)), s
+    W = int(rng.integers(1, 5))
+    if op == "causal_conv1d_forward":
+        return dict(x=f32(rng, B, T, C), weight=f32(rng, C, W), bias=f32(rng, C)), s
+    if op == "causal_conv1d_backward":
+        return dict(dy=f32(rng, B, T, C), x=f32(rng, B, T, C), weight=f32(rng, C, W),
+                    dweight=f32(rng, C, W), dbias=f32(rng, C)), s
+    K = int(rng.integers(1, 5))
+    delta = np.abs(f32(rng, B, T, C)) * np.float32(0.1)
+    real_scan = dict(x=f32(rng, B, T, C), delta=delta, A=-np.abs(f32(rng, C, K)),
+                     B=f32(rng, B, T, K), C=f32(rng, B, T, K), D=f32(rng, C))
+    if op == "selective_scan_forward":
+        return real_scan, s
+    if op == "selective_scan_backward":
+        _, states = _C.selective_scan_forward(**real_scan)
+        return dict(dy=f32(rng, B, T, C), **real_scan, states=states, dA=f32(rng, C, K),
+                    dD=f32(rng, C)), s
+    complex_scan = dict(x=f32(rng, B, T, C), delta=delta, delta_angle=f32(rng, B, T, C),
+                        A=-np.abs(f32(rng, C, K)), omega=f32(rng, C, K),
+                        B=f32(rng, B, T, 2 * K), C=f32(rng, B, T, 2 * K), D=f32(rng, C))
+    if op == "complex_scan_forward":
+        return complex_scan, s
+    if op == "complex_scan_backward":
+        _, states = _C.complex_scan_forward(**complex_scan)
+        return dict(dy=f32(rng, B, T, C), **complex_scan, states=states, dA=f32(rng, C, K),
+                    domega=f32(rng, C, K), dD=f32(rng, C)), s
+    if op in ("ape_apply_forward", "ape_apply_backward"):
+        A = int(rng.choice([1, 2]))
+        E = D // A
+        args = dict(x=bthd(), maps=f32(rng, A, P, H, E, E),
+                    index=rng.integers(0, P, (int(rng.choice([1, B])), T, A)).astype(np.int32))
+        if op == "ape_apply_forward":
+            return args, s
+        return dict(dy=bthd(), **args, dmaps=f32(rng, A, P, H, E, E)), s
+    M = int(rng.integers(1, 3))
+    z, codebook = f32(rng, N, M, C), f32(rng, M, V, C)
+    if op == "vq_forward":
+        return dict(z=z, codebook=codebook), s
+    if op == "vq_backward":
+        _, indices, _, _ = _C.vq_forward(z, codebook)
+        return dict(dcodes=f32(rng, N, M, C), z=z, codebook=codebook, indices=indices,
+                    dcodebook=f32(rng, M, V, C), codebook_weight=1.0,
+                    commitment_weight=0.25), s
+    lstm = dict(x=f32(rng, B, T, C), w_ih=f32(rng, 4 * F, C), w_hh=f32(rng, 4 * F, F),
+                b=f32(rng, 4 * F))
+    if op == "lstm_forward":
+        return dict(**lstm, h0=f32(rng, B, F), c0=f32(rng, B, F)), s
+    if op == "lstm_backward":
+        h, c, gates = _C.lstm_forward(**lstm)
+        return dict(dh=f32(rng, B, T, F), **lstm, h=h, c=c, gates=gates,
+                    dw_ih=f32(rng, 4 * F, C), dw_hh=f32(rng, 4 * F, F), db=f32(rng, 4 * F)), s
+    mode = str(rng.choice(["score_product", "softmax_product", "sum"]))
+    if op == "conj_attention_forward":
+        return dict(qx=bthd(), kx=bthd(), qp=bthd(), kp=bthd(), v=bthd(), mode=mode,
+                    scale=None), s
+    if op == "conj_attention_backward":
+        qx, kx, qp, kp, v = bthd(), bthd(), bthd(), bthd(), bthd()
+        out, lse = _C.conj_attention_forward(qx, kx, qp, kp, v, mode=mode)
+        return dict(dout=bthd(), qx=qx, kx=kx, qp=qp, kp=kp, v=v, out=out, lse=lse,
+                    mode=mode, scale=None), s
+    raise KeyError(op)
+
+
+OPS = sorted(n for n in dir(_C) if not n.startswith("_") and n not in MODULE_FUNCTIONS)
+
+
+# ---- defects ------------------------------------------------------------------------------
+
+BAD_SCALARS = [float("nan"), float("inf"), -float("inf"), 2**2000, -(2**2000), 1e300, -1e300,
+               2**63, -(2**63) - 1, -1, 0, "1", b"x", [1.0], None, True, np.float64("nan"),
+               np.int64(-5), 3.5e38, -3.5e38]
+SCALAR_NAMES = {"scale", "eps", "lr", "step", "beta1", "beta2", "weight_decay", "max_norm",
+                "mode"}
+BAD_MODES = ["score_product\0junk", "", "sum\0", "SUM", "score_product ", 3, None, b"sum"]
+
+
+def arrays_of(kwargs):
+    return [k for k, v in kwargs.items() if isinstance(v, np.ndarray)]
+
+
+def sharing(a, b, rng):
+    """Views (a2, b2) of one buffer with a's and b's values, b's start inside a's bytes."""
+    start = int(rng.integers(0, max(a.nbytes, 1))) // 4 * 4
+    raw = np.zeros(start + b.nbytes + a.nbytes + 64, np.uint8)
+    base = (-raw.ctypes.data) % 64
+    bv = raw[base + start:base + start + b.nbytes].view(b.dtype).reshape(b.shape)
+    av = raw[base:base + a.nbytes].view(a.dtype).reshape(a.shape)
+    av[...] = a
+    bv[...] = b
+    return av, bv
+
+
+def mutate(op, kwargs, sizes, rng):
+    """Apply one random defect to ``kwargs`` in place; returns (description, ordinary) where
+    ordinary is False when a scalar was made extreme (a finite result is then not required)."""
+    names = arrays_of(kwargs)
+    if not names:  # an earlier defect took the arrays away
+        kwargs["bogus"] = 1
+        return "unknown keyword bogus", True
+    name = str(rng.choice(names))
+    a = kwargs[name]
+    kind = int(rng.integers(0, 16))
+    ordinary = True
+    if kind == 0:
+        dtype = rng.choice([np.float64, np.float16, np.int32, np.int64, np.bool_, np.uint8,
+                            np.complex64, np.float32])
+        kwargs[name] = a.astype(dtype)
+        what = f"{name} as {np.dtype(dtype)}"
+    elif kind == 1:
+        kwargs[name] = a.astype(a.dtype.newbyteorder(">" if sys.byteorder == "little" else "<"))
+        what = f"{name} byte-swapped"
+    elif kind == 2:
+        kwargs[name] = a[..., None] if rng.random() < 0.5 else np.zeros((), a.dtype)
+        what = f"{name} ndim {kwargs[name].ndim}"
+    elif kind == 3:
+        axis = int(rng.integers(0, max(a.ndim, 1)))
+        shape = list(a.shape) or [1]
+        shape[axis] = int(rng.choice([0, max(shape[axis] - 1, 0), shape[axis] + 1,
+                                      shape[axis] * 2]))
+        kwargs[name] = np.resize(a, shape).astype(a.dtype) if 0 not in shape else \
+            np.zeros(shape, a.dtype)
+        what = f"{name} shape {tuple(shape)}"
+    elif kind == 4:  # every array empty along one shared size
+        letter = str(rng.choice(["N", "B", "T", "P"]))
+        for n in names:
+            arr = kwargs[n]
+            shape = [0 if d == sizes[letter] and i == 0 else d for i, d in enumerate(arr.shape)]
+            kwargs[n] = np.zeros(shape, arr.dtype)
+        what = f"axis 0 of size {sizes[letter]} zeroed"
+    elif kind == 5:
+        wide = np.repeat(a[..., None], 2, axis=-1) if a.ndim else a
+        kwargs[name] = wide[..., 0] if a.ndim else a
+        what = f"{name} strided view"
+    elif kind == 6:
+        kwargs[name] = np.asfortranarray(a) if a.ndim > 1 and a.shape[0] > 1 else \
+            np.lib.stride_tricks.as_strided(a, a.shape, [0] * a.ndim)
+        what = f"{name} Fortran-ordered or zero-stride"
+    elif kind == 7:
+        a = a.copy()
+        a.flags.writeable = False
+        kwargs[name] = a
+        what = f"{name} read-only"
+    elif kind == 8:
+        kwargs[name] = rng.choice([None, 1.0, "x"]) if rng.random() < 0.5 else a.tolist()
+        what = f"{name} not an array ({type(kwargs[name]).__name__})"
+    elif kind in (9, 10):  # two arguments sharing memory
+        others = [n for n in names if n != name]
+        if not others:
+            return mutate(op, kwargs, sizes, rng)
+        other = str(rng.choice(others))
+        if kind == 10:  # the very same array twice (when shapes allow)
+            if kwargs[other].shape == a.shape and kwargs[other].dtype == a.dtype:
+                kwargs[other] = a
+                return f"{other} is {name}", ordinary
+        kwargs[name], kwargs[other] = sharing(a, kwargs[other], rng)
+        what = f"{name} and {other} share memory"
+    elif kind == 11 and op in IDS and isinstance(kwargs.get(IDS[op][0]), np.ndarray) \
+            and kwargs[IDS[op][0]].ndim == 1 and kwargs[IDS[op][0]].size:
+        ids, letter = IDS[op]
+        t = kwargs[ids].astype(np.int32)
+        t[int(rng.integers(0, t.size))] = int(rng.choice(
+            [-1, sizes[letter], sizes[letter] + 1, 2**31 - 1, -(2**31)]))
+        kwargs[ids] = t
+        what = f"{ids} out of range"
+    elif kind == 12:
+        scalars = [k for k in kwargs if k in SCALAR_NAMES] or ["scale"]
+        s = str(rng.choice(scalars))
+        if s == "mode":
+            kwargs[s] = BAD_MODES[int(rng.integers(0, len(BAD_MODES)))]
+        else:
+            kwargs[s] = BAD_SCALARS[int(rng.integers(0, len(BAD_SCALARS)))]
+        ordinary = False
+        what = f"{s}={kwargs[s]!r}"
+    elif kind == 13:
+        if rng.random() < 0.5:
+            kwargs["bogus"] = 1
+            what = "unknown keyword bogus"
+        else:
+            del kwargs[name]
+            what = f"{name} missing"
+    elif kind == 14:  # values: extreme but finite floats (no defect: a result must be exact)
+        if a.dtype == np.float32:
+            kwargs[name] = (a * np.float32(rng.choice([0, 1e-30, 1e4]))).astype(np.float32)
+        what = f"{name} scaled"
+        ordinary = False
+    else:
+        kwargs[name] = np.ascontiguousarray(a[::-1]) if a.ndim else a
+        what = f"{name} reversed (no defect)"
+    return what, ordinary
+
+
+# ---- one call -----------------------------------------------------------------------------
+
+def copy_args(kwargs):
+    return {k: v.copy() if isinstance(v, np.ndarray) else v for k, v in kwargs.items()}
+
+
+def as_tuple(result):
+    return result if isinstance(result, tuple) else (result,)
+
+
+def same(a, b):
+    if isinstance(a, np.ndarray) or isinstance(b, np.ndarray):
+        return (isinstance(a, np.ndarray) and isinstance(b, np.ndarray) and a.shape == b.shape
+                and a.dtype == b.dtype and np.array_equal(a, b, equal_nan=True))
+    if isinstance(a, float) and isinstance(b, float):
+        return a == b or (np.isnan(a) and np.isnan(b))
+    return a == b
+
+
+def finite(values):
+    return all(np.isfinite(v).all() for v in values
+               if isinstance(v, (np.ndarray, float)) and np.asarray(v).dtype.kind == "f")
+
+
+def check_call(op, kwargs, ordinary):
+    """None if the call behaved, else what went wrong."""
+    call = getattr(_C, op)
+    fresh = copy_args(kwargs)
+    try:
+        result = call(**kwargs)
+    except (TypeError, ValueError) as exc:
+        message = str(exc)
+        names = list(kwargs) + [op]
+        if not any(re.search(rf"\b{re.escape(n)}\b", message) for n in names):
+            return f"{type(exc).__name__} names no argument: {message!r}"
+        return None
+    except Exception as exc:  # MemoryError, SystemError, OverflowError ...
+        return f"raised {type(exc).__name__}: {exc}"
+    got = list(as_tuple(result)) + [kwargs[n] for n in WRITTEN.get(op, ()) if n in kwargs]
+    try:
+        again = call(**fresh)
+    except Exception as exc:
+        return f"succeeded, but on fresh copies raised {type(exc).__name__}: {exc}"
+    want = list(as_tuple(again)) + [fresh[n] for n in WRITTEN.get(op, ()) if n in fresh]
+    if len(got) != len(want) or not all(same(g, w) for g, w in zip(got, want)):
+        return "returned other values than the same call on fresh copies"
+    if ordinary and not finite(got):
+        return "returned non-finite values for finite inputs"
+    return None
+
+
+def module_call(name, rng):
+    """A malformed call of a module function; set_kernels is restored after."""
+    bad = [(), ("avx2\0",), ("no such set",), (3,), (None,), ("",), ("portable", "x")]
+    args = bad[int(rng.integers(0, len(bad)))] if name == "set_kernels" else \
+        [(), (1,), ("x",)][int(rng.integers(0, 3))]
+    return args, f"{name}{args!r}"
+
+
+def run_call(seed, index, log=None):
+    rng = np.random.default_rng([seed, index])
+    pick = int(rng.integers(0, len(OPS) + len(MODULE_FUNCTIONS)))
+    if pick >= len(OPS):
+        name = MODULE_FUNCTIONS[pick - len(OPS)]
+        args, what = module_call(name, rng)
+        if log:
+            log.write(f"{index} {what}\n")
+            log.flush()
+        active = _C.kernels()
+        try:
+            getattr(_C, name)(*args)
+        except (TypeError, ValueError):
+            pass
+        except Exception as exc:
+            return what, f"raised {type(exc).__name__}: {exc}"
+        finally:
+            _C.set_kernels(active)
+        return what, None
+    op = OPS[pick]
+    kwargs, sizes = good_call(op, rng)
+    whats, ordinary = [], True
+    for _ in range(1 + int(rng.random() < 0.25)):
+        what, ok = mutate(op, kwargs, sizes, rng)
+        whats.append(what)
+        ordinary &= ok
+    what = f"{op}: " + "; ".join(whats)
+    if log:
+        log.write(f"{index} {what}\n")
+        log.flush()
+    return what, check_call(op, kwargs, ordinary)
+
+
+def main(argv=None):
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--calls", type=int, default=10_000)
+    parser.add_argument("--only", type=int, default=None, help="run call INDEX only")
+    parser.add_argument("--log", default=None)
+    args = parser.parse_args(argv)
+    warnings.simplefilter("ignore")  # the defects' own casts (complex to real, overflow)
+    indices = [args.only] if args.only is not None else range(args.calls)
+    log = open(args.log, "w") if args.log else None
+    failures, ops = [], set()
+    for i in indices:
+        what, problem = run_call(args.seed, i, log)
+        ops.add(what.split(":")[0].split("(")[0])
+        if args.only is not None:
+            print(what, "->", problem or "ok")
+        if problem:
+            failures.append(f"call {i} ({what}): {problem}  [reproduce: python "
+                            f"tests/fuzz_ops.py --seed {args.seed} --only {i}]")
+    print(f"{len(indices)} calls over {len(ops)} functions, {len(failures)} misbehaved")
+    for line in failures[:50]:
+        print(line)
+    return 1 if failures else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
