@@ -16,10 +16,12 @@ walks, 25k steps of batch 32, width 256, 4 layers, 8 heads, K = 1000 codes):
 - ``tiny``: a 6 x 8 room and walks of 60, for a smoke test (numbers mean nothing).
 
 Deviations (all said in mapformer/tdb.py): RoPE in place of Transformer-XL positions; the M
-codebooks quantise d_model / M channels each; the transformer and the LSTM have no planner
-here (the paper's 100 random rollouts with tail evaluation are not implemented): they return
-no plan, so their ImpFallback is 0 and RatioSP undefined, where the paper reports about 30%
-and 16.8. The enc loss is averaged over positions (the paper sums it).
+codebooks quantise d_model / M channels each; the enc loss is averaged over positions (the
+paper sums it). The transformer and the LSTM plan by appendix D's random rollouts with tail
+evaluation (``--rollouts``, 100 as the paper; mapformer/rollouts.py), without a KV cache:
+each generated observation is one batched forward over the rollouts' whole prefixes, so their
+planning costs about (N - 2C) / 2 times what incremental decoding would, and the tail holds
+C - 1 observations (the walk ends at x_{N-1}, counting from 0).
 """
 import argparse
 import json
@@ -29,7 +31,7 @@ from pathlib import Path
 
 import numpy as np
 
-from mapformer import cogmap
+from mapformer import cogmap, rollouts as rollout_planner
 from mapformer.models import ModelConfig, Transformer
 from mapformer.tasks import rooms
 from mapformer.tdb import TDB, TDBConfig, save_checkpoint, vanilla_targets
@@ -108,7 +110,7 @@ def test_accuracy(model, tokens, n_obs, batch):
     return 100.0 * right / total
 
 
-def run(row, scale, seed, log, checkpoint=None, restart_dead=0):
+def run(row, scale, seed, log, checkpoint=None, restart_dead=0, rollouts=100):
     config = replace(scale.room, seed=seed)
     room = rooms.make_room(config)
     train_walks = rooms.walks(config, room, scale.train_walks, [seed, 1])
@@ -134,7 +136,7 @@ def run(row, scale, seed, log, checkpoint=None, restart_dead=0):
     result = {"row": row, "seed": seed, "scale": asdict(scale), "train_s":
               time.perf_counter() - t0,
               "TestAccu": test_accuracy(model, test_walks.tokens(n_obs), n_obs, scale.batch)}
-    C, N = scale.context, config.steps
+    C = scale.context
     if isinstance(model, TDB):
         meta = {"room": asdict(config), "seed": seed, "train_walks": scale.train_walks,
                 "test_walks": scale.test_walks, "context": C}
@@ -142,10 +144,12 @@ def run(row, scale, seed, log, checkpoint=None, restart_dead=0):
             save_checkpoint(model, checkpoint, **meta)
         _, _, metrics = cogmap.evaluate_map(model, meta, C)
         result.update(metrics)
-    else:  # no map and no rollout planner: no plan, never better than the fallback
-        starts, goals = test_walks.pos[:, C], test_walks.pos[:, N - C]
-        result.update(cogmap.planning_metrics([None] * len(starts), starts, goals, room,
-                                              N - 2 * C))
+    else:  # no map: random rollouts with tail evaluation (appendix D)
+        t0 = time.perf_counter()
+        result.update(rollout_planner.evaluate_rollouts(
+            rollout_planner.greedy_predictor(model, n_obs), test_walks, room, n_obs, C,
+            rollouts, seed=[seed, 4]))
+        result["plan_s"] = time.perf_counter() - t0
     return result
 
 
@@ -177,6 +181,9 @@ def main(argv=None):
     parser.add_argument("--restart-dead", type=int, default=0,
                         help="TDB: restart codes unused for this many steps (0: never, as the "
                         "paper; without it small runs collapse onto a few codes)")
+    parser.add_argument("--rollouts", type=int, default=100,
+                        help="transformer and LSTM: random rollouts per planning problem "
+                        "(appendix D: 100)")
     args = parser.parse_args(argv)
     scale = SCALES[args.scale]
     out = Path(args.out or f"results/tdb_table1_{args.scale}")
@@ -191,7 +198,7 @@ def main(argv=None):
                 continue
             result = run(row, scale, seed, log=print,
                          checkpoint=out / f"{row}_seed{seed}.npz",
-                         restart_dead=args.restart_dead)
+                         restart_dead=args.restart_dead, rollouts=args.rollouts)
             result["restart_dead"] = args.restart_dead
             path.write_text(json.dumps(result, indent=1))
             print(f"  {row} seed {seed}: " + ", ".join(
