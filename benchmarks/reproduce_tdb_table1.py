@@ -1,6 +1,8 @@
 """Reproduce TDB's Table 1 (Dedieu et al. 2024, 2D aliased rooms): TestAccu, ImpFallback,
 RatioSP and NormGED of a vanilla transformer, an LSTM, TDB(S, M) and TDB(1, enc, 1), several
-seeds (a new room per seed).
+seeds (a new room per seed). Beyond the paper, the row ``mapwm_angles``: a MapWM transformer
+trained as the vanilla one, its map extracted from its path-integrated angles
+(:func:`mapformer.cogmap.evaluate_angle_map`, tolerance ``--angle-tolerance``).
 
     python benchmarks/reproduce_tdb_table1.py --scale cpu     # or paper, tiny
 
@@ -69,7 +71,8 @@ SCALES = {
 
 # TDB rows: (S, M, enc)
 ROWS = {"transformer": None, "lstm": None, "tdb_s1_m1": (1, 1, False),
-        "tdb_s1_enc_m1": (1, 1, True), "tdb_s3_m1": (3, 1, False), "tdb_s3_m4": (3, 4, False)}
+        "tdb_s1_enc_m1": (1, 1, True), "tdb_s3_m1": (3, 1, False), "tdb_s3_m4": (3, 4, False),
+        "mapwm_angles": None}
 
 
 def make_model(row, scale, n_obs, seed, restart_dead=0):
@@ -79,6 +82,11 @@ def make_model(row, scale, n_obs, seed, restart_dead=0):
                              n_layers=scale.n_layers, steps=steps, codebooks=m,
                              codes=scale.codes, head_hidden=scale.head_hidden,
                              restart_dead=restart_dead, enc=enc), seed=seed)
+    if row == "mapwm_angles":  # omega spans the room's side, as omega_grid does a torus's
+        return Transformer(ModelConfig.preset(
+            "mapwm", n_obs + rooms.N_ACTIONS, d_model=scale.d_model, n_heads=scale.n_heads,
+            n_layers=scale.n_layers, mlp_ratio=2,
+            omega_grid=float(max(scale.room.height, scale.room.width))), seed=seed)
     mixer, positional = ("lstm", "none") if row == "lstm" else ("attention", "rope")
     return Transformer(ModelConfig(vocab_size=n_obs + rooms.N_ACTIONS, d_model=scale.d_model,
                                    n_heads=scale.n_heads, n_layers=scale.n_layers,
@@ -110,7 +118,8 @@ def test_accuracy(model, tokens, n_obs, batch):
     return 100.0 * right / total
 
 
-def run(row, scale, seed, log, checkpoint=None, restart_dead=0, rollouts=100):
+def run(row, scale, seed, log, checkpoint=None, restart_dead=0, rollouts=100,
+        angle_tolerance=0.3):
     config = replace(scale.room, seed=seed)
     room = rooms.make_room(config)
     train_walks = rooms.walks(config, room, scale.train_walks, [seed, 1])
@@ -144,6 +153,10 @@ def run(row, scale, seed, log, checkpoint=None, restart_dead=0, rollouts=100):
             save_checkpoint(model, checkpoint, **meta)
         _, _, metrics = cogmap.evaluate_map(model, meta, C)
         result.update(metrics)
+    elif row == "mapwm_angles":
+        _, metrics = cogmap.evaluate_angle_map(model, config, room, train_walks, test_walks, C,
+                                               angle_tolerance)
+        result.update(metrics, angle_tolerance=angle_tolerance)
     else:  # no map: random rollouts with tail evaluation (appendix D)
         t0 = time.perf_counter()
         result.update(rollout_planner.evaluate_rollouts(
@@ -184,6 +197,8 @@ def main(argv=None):
     parser.add_argument("--rollouts", type=int, default=100,
                         help="transformer and LSTM: random rollouts per planning problem "
                         "(appendix D: 100)")
+    parser.add_argument("--angle-tolerance", type=float, default=0.3,
+                        help="mapwm_angles: the angle clustering's tolerance (radians, RMS)")
     args = parser.parse_args(argv)
     scale = SCALES[args.scale]
     out = Path(args.out or f"results/tdb_table1_{args.scale}")
@@ -198,7 +213,8 @@ def main(argv=None):
                 continue
             result = run(row, scale, seed, log=print,
                          checkpoint=out / f"{row}_seed{seed}.npz",
-                         restart_dead=args.restart_dead, rollouts=args.rollouts)
+                         restart_dead=args.restart_dead, rollouts=args.rollouts,
+                         angle_tolerance=args.angle_tolerance)
             result["restart_dead"] = args.restart_dead
             path.write_text(json.dumps(result, indent=1))
             print(f"  {row} seed {seed}: " + ", ".join(

@@ -22,7 +22,7 @@ def test_rows_run_save_and_are_skipped(tmp_path, monkeypatch, capsys):
     monkeypatch.setitem(r.SCALES, "tiny", replace(
         tiny, room=replace(tiny.room, steps=24), train_walks=16, test_walks=4, iterations=3,
         context=4))
-    rows = "lstm,tdb_s1_enc_m1,tdb_s3_m4"
+    rows = "lstm,tdb_s1_enc_m1,tdb_s3_m4,mapwm_angles"
     results = r.main(["--scale", "tiny", "--seeds", "1", "--rows", rows, "--out",
                       str(tmp_path), "--rollouts", "5"])
     assert sorted(x["row"] for x in results) == sorted(rows.split(","))
@@ -42,3 +42,5 @@ def test_rows_run_save_and_are_skipped(tmp_path, monkeypatch, capsys):
     lstm = next(x for x in results if x["row"] == "lstm")  # planned by rollouts
     assert lstm["rollouts"] == 5 and 0 <= lstm["returned_valid"] <= lstm["returned"]
     assert 0.0 <= lstm["ImpFallback"] <= 100.0
+    mapwm = next(x for x in results if x["row"] == "mapwm_angles")  # map from its angles
+    assert mapwm["clusters"] >= 1 and 0.0 <= mapwm["NormGED"] <= 1.0
