@@ -6,9 +6,10 @@ trained as the vanilla one, its map extracted from its path-integrated angles
 
     python benchmarks/reproduce_tdb_table1.py --scale cpu     # or paper, tiny
 
-Each (row, seed) is written to ``--out``/<row>_seed<k>.json as it finishes (a TDB's weights
-to <row>_seed<k>.npz: ``python -m mapformer map`` draws its map); a rerun skips the ones
-already there, and the table (beside the paper's numbers) is printed from every file present.
+Each (row, seed) is written to ``--out``/<row>_seed<k>.json as it finishes (a TDB's or
+mapwm_angles' weights to <row>_seed<k>.npz: ``python -m mapformer map`` draws its map); a
+rerun skips the ones already there, and the table (beside the paper's numbers) is printed
+from every file present.
 
 Scales (the paper: 15 x 20 room, O = 4, one 4 x 4 patch twice, walks of 400, 2048 training
 walks, 25k steps of batch 32, width 256, 4 layers, 8 heads, K = 1000 codes):
@@ -146,11 +147,11 @@ def run(row, scale, seed, log, checkpoint=None, restart_dead=0, rollouts=100,
               time.perf_counter() - t0,
               "TestAccu": test_accuracy(model, test_walks.tokens(n_obs), n_obs, scale.batch)}
     C = scale.context
+    meta = {"room": asdict(config), "seed": seed, "train_walks": scale.train_walks,
+            "test_walks": scale.test_walks, "context": C}
+    if checkpoint is not None and (isinstance(model, TDB) or row == "mapwm_angles"):
+        save_checkpoint(model, checkpoint, **meta)
     if isinstance(model, TDB):
-        meta = {"room": asdict(config), "seed": seed, "train_walks": scale.train_walks,
-                "test_walks": scale.test_walks, "context": C}
-        if checkpoint is not None:
-            save_checkpoint(model, checkpoint, **meta)
         _, _, metrics = cogmap.evaluate_map(model, meta, C)
         result.update(metrics)
     elif row == "mapwm_angles":

@@ -44,3 +44,4 @@ def test_rows_run_save_and_are_skipped(tmp_path, monkeypatch, capsys):
     assert 0.0 <= lstm["ImpFallback"] <= 100.0
     mapwm = next(x for x in results if x["row"] == "mapwm_angles")  # map from its angles
     assert mapwm["clusters"] >= 1 and 0.0 <= mapwm["NormGED"] <= 1.0
+    assert (tmp_path / "mapwm_angles_seed0.npz").exists()
