@@ -67,10 +67,11 @@ def rollout_plans(predict, tokens, context, n_obs, rollouts=100, seed=0,
     tail = tokens[2 * (N - C) + 1:2 * N - 1]           # a_{N-C}, x_{N-C+1}, ..., x_{N-1}
     plans, seen = [], set()
     for k in range(L - 1):  # candidates x^_{C+k+1}: paths of k + 1 actions
-        rows = [i for i in np.nonzero(predicted[:, k] == goal)[0]
-                if tuple(actions[i, :k + 1]) not in seen]
-        for i in rows:
-            seen.add(tuple(actions[i, :k + 1]))
+        rows = []
+        for i in np.nonzero(predicted[:, k] == goal)[0]:
+            if tuple(actions[i, :k + 1]) not in seen:
+                seen.add(tuple(actions[i, :k + 1]))
+                rows.append(i)
         if not rows:
             continue
         history = seq[rows, :2 * C + 1 + 2 * (k + 1)]

@@ -98,3 +98,11 @@ def test_transformer_end_to_end():
                                    CONFIG.n_obs, 4, rollouts=10)
     assert 0.0 <= m["ImpFallback"] <= 100.0 and m["problems"] <= 2
     assert m["returned_valid"] <= m["returned"]
+
+
+def test_each_plan_once():
+    """Rollouts sharing a prefix give the same candidate: it is returned once."""
+    room, w = problem(n=1)
+    plans = rollouts.rollout_plans(Oracle(room, w.pos[0, 0]), w.tokens(CONFIG.n_obs)[0], 4,
+                                   CONFIG.n_obs, rollouts=200, seed=1)
+    assert len(plans) == len({tuple(p) for p in plans}) > 0
