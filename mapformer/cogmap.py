@@ -337,8 +337,8 @@ def cluster_angles(angles, tolerance=0.3):
 
 def extract_angle_map(angles, actions, tolerance=0.3, threshold=0.1):
     """angles (W, N, A) at the observations of W walks, actions (W, N) -> (CogMap over the
-    clusters' ids as 1-tuples, AngleClusters, the walks' cluster ids (W, N, 1)): the clusters are the places, then appendix C's
-    steps 2-4 as for codes (:func:`extract_map` with M = 1)."""
+    clusters' ids as 1-tuples, AngleClusters, the walks' cluster ids (W, N, 1)): the clusters
+    are the places, then appendix C's steps 2-4 as for codes (:func:`extract_map`, M = 1)."""
     angles = np.asarray(angles)
     ids, clusters = cluster_angles(angles.reshape(-1, angles.shape[-1]), tolerance)
     W, N = angles.shape[:2]
