@@ -1,12 +1,15 @@
 """Reproduce TDB's Table 1 (Dedieu et al. 2024, 2D aliased rooms): TestAccu, ImpFallback,
 RatioSP and NormGED of a vanilla transformer, an LSTM, TDB(S, M) and TDB(1, enc, 1), several
-seeds (a new room per seed).
+seeds (a new room per seed). Beyond the paper, the row ``mapwm_angles``: a MapWM transformer
+trained as the vanilla one, its map extracted from its path-integrated angles
+(:func:`mapformer.cogmap.evaluate_angle_map`, tolerance ``--angle-tolerance``).
 
     python benchmarks/reproduce_tdb_table1.py --scale cpu     # or paper, tiny
 
-Each (row, seed) is written to ``--out``/<row>_seed<k>.json as it finishes (a TDB's weights
-to <row>_seed<k>.npz: ``python -m mapformer map`` draws its map); a rerun skips the ones
-already there, and the table (beside the paper's numbers) is printed from every file present.
+Each (row, seed) is written to ``--out``/<row>_seed<k>.json as it finishes (a TDB's or
+mapwm_angles' weights to <row>_seed<k>.npz: ``python -m mapformer map`` draws its map); a
+rerun skips the ones already there, and the table (beside the paper's numbers) is printed
+from every file present.
 
 Scales (the paper: 15 x 20 room, O = 4, one 4 x 4 patch twice, walks of 400, 2048 training
 walks, 25k steps of batch 32, width 256, 4 layers, 8 heads, K = 1000 codes):
@@ -16,10 +19,15 @@ walks, 25k steps of batch 32, width 256, 4 layers, 8 heads, K = 1000 codes):
 - ``tiny``: a 6 x 8 room and walks of 60, for a smoke test (numbers mean nothing).
 
 Deviations (all said in mapformer/tdb.py): RoPE in place of Transformer-XL positions; the M
-codebooks quantise d_model / M channels each; the transformer and the LSTM have no planner
-here (the paper's 100 random rollouts with tail evaluation are not implemented): they return
-no plan, so their ImpFallback is 0 and RatioSP undefined, where the paper reports about 30%
-and 16.8. The enc loss is averaged over positions (the paper sums it).
+codebooks quantise d_model / M channels each; the enc loss is averaged over positions (the
+paper sums it). The transformer and the LSTM plan by appendix D's random rollouts with tail
+evaluation (``--rollouts``, 100 as the paper; mapformer/rollouts.py), without a KV cache:
+each generated observation is one batched forward over the rollouts' whole prefixes, so their
+planning costs about (N - 2C) / 2 times what incremental decoding would, and the tail holds
+C - 1 observations (the walk ends at x_{N-1}, counting from 0). Measured on this machine
+(one thread, untrained models, 10 rollouts of one cpu-scale problem): 5.5 s transformer,
+9.0 s LSTM CPU time, so 100 rollouts over 256 problems take hours: ``--plan-problems K``
+plans the first K test walks only.
 """
 import argparse
 import json
@@ -29,7 +37,7 @@ from pathlib import Path
 
 import numpy as np
 
-from mapformer import cogmap
+from mapformer import cogmap, rollouts as rollout_planner
 from mapformer.models import ModelConfig, Transformer
 from mapformer.tasks import rooms
 from mapformer.tdb import TDB, TDBConfig, save_checkpoint, vanilla_targets
@@ -67,7 +75,8 @@ SCALES = {
 
 # TDB rows: (S, M, enc)
 ROWS = {"transformer": None, "lstm": None, "tdb_s1_m1": (1, 1, False),
-        "tdb_s1_enc_m1": (1, 1, True), "tdb_s3_m1": (3, 1, False), "tdb_s3_m4": (3, 4, False)}
+        "tdb_s1_enc_m1": (1, 1, True), "tdb_s3_m1": (3, 1, False), "tdb_s3_m4": (3, 4, False),
+        "mapwm_angles": None}
 
 
 def make_model(row, scale, n_obs, seed, restart_dead=0):
@@ -77,6 +86,11 @@ def make_model(row, scale, n_obs, seed, restart_dead=0):
                              n_layers=scale.n_layers, steps=steps, codebooks=m,
                              codes=scale.codes, head_hidden=scale.head_hidden,
                              restart_dead=restart_dead, enc=enc), seed=seed)
+    if row == "mapwm_angles":  # omega spans the room's side, as omega_grid does a torus's
+        return Transformer(ModelConfig.preset(
+            "mapwm", n_obs + rooms.N_ACTIONS, d_model=scale.d_model, n_heads=scale.n_heads,
+            n_layers=scale.n_layers, mlp_ratio=2,
+            omega_grid=float(max(scale.room.height, scale.room.width))), seed=seed)
     mixer, positional = ("lstm", "none") if row == "lstm" else ("attention", "rope")
     return Transformer(ModelConfig(vocab_size=n_obs + rooms.N_ACTIONS, d_model=scale.d_model,
                                    n_heads=scale.n_heads, n_layers=scale.n_layers,
@@ -108,7 +122,8 @@ def test_accuracy(model, tokens, n_obs, batch):
     return 100.0 * right / total
 
 
-def run(row, scale, seed, log, checkpoint=None, restart_dead=0):
+def run(row, scale, seed, log, checkpoint=None, restart_dead=0, rollouts=100,
+        angle_tolerance=0.3, plan_problems=0):
     config = replace(scale.room, seed=seed)
     room = rooms.make_room(config)
     train_walks = rooms.walks(config, room, scale.train_walks, [seed, 1])
@@ -134,18 +149,26 @@ def run(row, scale, seed, log, checkpoint=None, restart_dead=0):
     result = {"row": row, "seed": seed, "scale": asdict(scale), "train_s":
               time.perf_counter() - t0,
               "TestAccu": test_accuracy(model, test_walks.tokens(n_obs), n_obs, scale.batch)}
-    C, N = scale.context, config.steps
+    C = scale.context
+    meta = {"room": asdict(config), "seed": seed, "train_walks": scale.train_walks,
+            "test_walks": scale.test_walks, "context": C}
+    if checkpoint is not None and (isinstance(model, TDB) or row == "mapwm_angles"):
+        save_checkpoint(model, checkpoint, **meta)
     if isinstance(model, TDB):
-        meta = {"room": asdict(config), "seed": seed, "train_walks": scale.train_walks,
-                "test_walks": scale.test_walks, "context": C}
-        if checkpoint is not None:
-            save_checkpoint(model, checkpoint, **meta)
         _, _, metrics = cogmap.evaluate_map(model, meta, C)
         result.update(metrics)
-    else:  # no map and no rollout planner: no plan, never better than the fallback
-        starts, goals = test_walks.pos[:, C], test_walks.pos[:, N - C]
-        result.update(cogmap.planning_metrics([None] * len(starts), starts, goals, room,
-                                              N - 2 * C))
+    elif row == "mapwm_angles":
+        _, metrics = cogmap.evaluate_angle_map(model, config, room, train_walks, test_walks, C,
+                                               angle_tolerance)
+        result.update(metrics, angle_tolerance=angle_tolerance)
+    else:  # no map: random rollouts with tail evaluation (appendix D)
+        t0 = time.perf_counter()
+        k = plan_problems or len(test_walks.obs)
+        problems = rooms.Walks(test_walks.obs[:k], test_walks.actions[:k], test_walks.pos[:k])
+        result.update(rollout_planner.evaluate_rollouts(
+            rollout_planner.greedy_predictor(model, n_obs), problems, room, n_obs, C,
+            rollouts, seed=[seed, 4]))
+        result["plan_s"] = time.perf_counter() - t0
     return result
 
 
@@ -177,6 +200,14 @@ def main(argv=None):
     parser.add_argument("--restart-dead", type=int, default=0,
                         help="TDB: restart codes unused for this many steps (0: never, as the "
                         "paper; without it small runs collapse onto a few codes)")
+    parser.add_argument("--rollouts", type=int, default=100,
+                        help="transformer and LSTM: random rollouts per planning problem "
+                        "(appendix D: 100)")
+    parser.add_argument("--plan-problems", type=int, default=0,
+                        help="transformer and LSTM: plan only the first K test walks (0: "
+                        "all; at the cpu scale a problem costs about a CPU minute)")
+    parser.add_argument("--angle-tolerance", type=float, default=0.3,
+                        help="mapwm_angles: the angle clustering's tolerance (radians, RMS)")
     args = parser.parse_args(argv)
     scale = SCALES[args.scale]
     out = Path(args.out or f"results/tdb_table1_{args.scale}")
@@ -191,7 +222,9 @@ def main(argv=None):
                 continue
             result = run(row, scale, seed, log=print,
                          checkpoint=out / f"{row}_seed{seed}.npz",
-                         restart_dead=args.restart_dead)
+                         restart_dead=args.restart_dead, rollouts=args.rollouts,
+                         angle_tolerance=args.angle_tolerance,
+                         plan_problems=args.plan_problems)
             result["restart_dead"] = args.restart_dead
             path.write_text(json.dumps(result, indent=1))
             print(f"  {row} seed {seed}: " + ", ".join(

@@ -148,14 +148,17 @@ def build_parser():
     pl.add_argument("--labels", default=None,
                     help="comma-separated legend labels, one per run (default: the "
                          "directory names)")
-    mp = sub.add_parser("map", help="the cognitive map of a TDB checkpoint (written by "
+    mp = sub.add_parser("map", help="the cognitive map of a TDB checkpoint, or of a MapWM / "
+                        "MapEM one from its path-integrated angles (written by "
                         "benchmarks/reproduce_tdb_table1.py): GraphML, a plot beside the true "
                         "room, and the planning metrics")
-    mp.add_argument("checkpoint", help="a TDB checkpoint .npz")
+    mp.add_argument("checkpoint", help="a TDB (or MapWM / MapEM transformer) checkpoint .npz")
     mp.add_argument("--out", default=".", help="directory for cogmap.graphml and cogmap.png "
                     "(default: the current one)")
     mp.add_argument("--context", type=int, default=None,
                     help="plans go from position C to N - C (default: the checkpoint's)")
+    mp.add_argument("--angle-tolerance", type=float, default=0.3,
+                    help="MapWM / MapEM: the angle clustering's tolerance (radians, RMS)")
     return parser
 
 
@@ -165,11 +168,19 @@ def run_map(parser, args):
     try:
         model, meta = tdb.load_checkpoint(args.checkpoint)
     except (OSError, KeyError, ValueError) as exc:
-        parser.error(f"{args.checkpoint} is not a TDB checkpoint: {exc}")
+        parser.error(f"{args.checkpoint} is not a TDB or transformer checkpoint: {exc}")
     context = meta.get("context", 1) if args.context is None else args.context
     if not 0 <= context < meta["room"]["steps"] - context:
         parser.error(f"--context must leave positions between C and N - C, got {context}")
-    cm, room, metrics = cogmap.evaluate_map(model, meta, context)
+    if isinstance(model, tdb.TDB):
+        cm, room, metrics = cogmap.evaluate_map(model, meta, context)
+    elif model.config.positional in ("mapwm", "mapem"):
+        config, room, train, test = cogmap.walks_of(meta)
+        cm, metrics = cogmap.evaluate_angle_map(model, config, room, train, test, context,
+                                                args.angle_tolerance)
+    else:
+        parser.error(f"{args.checkpoint}: a {model.config.positional} transformer has no map "
+                     "(TDB, mapwm or mapem only)")
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
     cogmap.write_graphml(cm.graph, out / "cogmap.graphml")

@@ -17,6 +17,11 @@ training walks and their actions:
 Planning: networkx.shortest_path between the nodes of two tuples (a tuple never seen is
 replaced by the nearest seen one in Hamming distance); the plan is the edges' actions.
 
+A second extractor, beyond the paper: from a MapWM / MapEM model's path-integrated angles
+theta at the observation positions (:func:`extract_angle_map`): the angle vectors are
+clustered (leader clustering on the unit circles, a tolerance in radians), each cluster a
+place, and the places go through steps 2-4 above as 1-tuples.
+
 Metrics: ImpFallback (% of problems with a valid plan, one that reaches the goal cell when run
 in the true room, shorter than the fallback path), RatioSP (mean plan length / shortest
 length over those problems) and NormGED (graph edit distance between the map and the true
@@ -250,23 +255,108 @@ def encode_all(model, tokens, batch=32):
                            for i in range(0, len(tokens), batch)])
 
 
-def evaluate_map(model, meta, context):
-    """(map, metrics) of a trained TDB on its room: the map from the training walks' codes,
-    plans from position ``context`` to N - context of every test walk."""
-    config, room, train, test = walks_of(meta)
-    codes = encode_all(model, train.tokens(config.n_obs))
-    cm = extract_map(codes, train.actions)
-    nx.set_node_attributes(cm.graph, node_positions(cm, codes, train.pos), "pos")
-    test_codes = encode_all(model, test.tokens(config.n_obs))
-    N = config.steps
-    plans = [cm.plan(test_codes[i, context], test_codes[i, N - context])
-             for i in range(len(test_codes))]
+def map_metrics(cm, train_states, train, test_states, test, room, context):
+    """Planning metrics and NormGED of a map ``cm`` built from the training walks' states
+    (W, N, M) (code tuples, or cluster ids with M = 1): node positions from ``train``'s cells,
+    plans from position ``context`` to N - context of every test walk (its states
+    ``test_states``). Sets the map's node attribute pos."""
+    nx.set_node_attributes(cm.graph, node_positions(cm, train_states, train.pos), "pos")
+    N = test_states.shape[1]
+    plans = [cm.plan(test_states[i, context], test_states[i, N - context])
+             for i in range(len(test_states))]
     metrics = planning_metrics(plans, test.pos[:, context], test.pos[:, N - context], room,
                                N - 2 * context)
     metrics["NormGED"] = norm_ged(cm.graph, rooms.ground_truth_graph(room))
     metrics["nodes"] = cm.graph.number_of_nodes()
     metrics["edges"] = cm.graph.number_of_edges()
-    return cm, room, metrics
+    return metrics
+
+
+def evaluate_map(model, meta, context):
+    """(map, room, metrics) of a trained TDB on its room: the map from the training walks'
+    codes, plans from position ``context`` to N - context of every test walk."""
+    config, room, train, test = walks_of(meta)
+    codes = encode_all(model, train.tokens(config.n_obs))
+    cm = extract_map(codes, train.actions)
+    test_codes = encode_all(model, test.tokens(config.n_obs))
+    return cm, room, map_metrics(cm, codes, train, test_codes, test, room, context)
+
+
+# Beyond the paper: a map from a MapFormer's path-integrated positions instead of codes.
+
+def observation_angles(model, tokens, batch=32):
+    """theta (W, N, H NB) of a MapWM / MapEM :class:`mapformer.models.Transformer` (its first
+    block's scheme, the path integrator: ``blocks[0].mixer.scheme.theta``) at the observation
+    positions of walks' tokens (W, 2N), ``batch`` walks at a time."""
+    model.train(False)
+    out = []
+    for i in range(0, len(tokens), batch):
+        t = np.asarray(tokens[i:i + batch])
+        model.forward(t)
+        theta = model.ops.to_numpy(model.blocks[0].mixer.scheme.theta)
+        out.append(theta.reshape(t.shape[0], t.shape[1], -1)[:, 0::2])
+    return np.concatenate(out)
+
+
+def _circle(angles):
+    """angles (..., A) -> their points on the unit circles (..., 2A) over sqrt(A): the RMS
+    chord distance between two angle vectors is the Euclidean distance of their images."""
+    a = np.asarray(angles, np.float64)
+    return np.concatenate([np.cos(a), np.sin(a)], -1) / np.sqrt(a.shape[-1])
+
+
+@dataclass
+class AngleClusters:
+    """centres (K, 2A): the clusters' first members on the unit circles (:func:`_circle`)."""
+
+    centres: np.ndarray
+
+    def assign(self, angles):
+        """angles (..., A) -> (...) the nearest centre's id."""
+        e = _circle(angles)
+        flat = e.reshape(-1, e.shape[-1])
+        d = ((flat ** 2).sum(1)[:, None] - 2 * flat @ self.centres.T
+             + (self.centres ** 2).sum(1)[None])
+        return d.argmin(1).reshape(e.shape[:-1])
+
+
+def cluster_angles(angles, tolerance=0.3):
+    """angles (P, A) -> (ids (P,), AngleClusters): leader clustering: the first point not yet
+    assigned opens a cluster that takes every unassigned point within RMS chord distance
+    ``tolerance`` (radians, for small differences) of it; repeated until all are assigned."""
+    e = _circle(np.asarray(angles).reshape(-1, np.shape(angles)[-1]))
+    ids = np.full(len(e), -1, np.int64)
+    centres = []
+    while (ids < 0).any():
+        first = int(np.argmax(ids < 0))
+        near = ((e - e[first]) ** 2).sum(1) <= tolerance ** 2
+        ids[near & (ids < 0)] = len(centres)
+        centres.append(e[first])
+    return ids, AngleClusters(np.array(centres).reshape(-1, e.shape[1]))
+
+
+def extract_angle_map(angles, actions, tolerance=0.3, threshold=0.1):
+    """angles (W, N, A) at the observations of W walks, actions (W, N) -> (CogMap over the
+    clusters' ids as 1-tuples, AngleClusters, the walks' cluster ids (W, N, 1)): the clusters
+    are the places, then appendix C's steps 2-4 as for codes (:func:`extract_map`, M = 1)."""
+    angles = np.asarray(angles)
+    ids, clusters = cluster_angles(angles.reshape(-1, angles.shape[-1]), tolerance)
+    W, N = angles.shape[:2]
+    ids = ids.reshape(W, N, 1)
+    return extract_map(ids, actions, threshold=threshold), clusters, ids
+
+
+def evaluate_angle_map(model, config, room, train, test, context, tolerance=0.3):
+    """(map, metrics) of a trained MapWM / MapEM transformer (trained on the rooms' tokens) on
+    walks of ``room`` (rooms config ``config``): the map from the training walks' angles,
+    plans between the clusters nearest the test walks' angles at ``context`` and
+    N - context; metrics as :func:`map_metrics` plus ``clusters``."""
+    angles = observation_angles(model, train.tokens(config.n_obs))
+    cm, clusters, states = extract_angle_map(angles, train.actions, tolerance)
+    test_states = clusters.assign(observation_angles(model, test.tokens(config.n_obs)))
+    metrics = map_metrics(cm, states, train, test_states[..., None], test, room, context)
+    metrics["clusters"] = len(clusters.centres)
+    return cm, metrics
 
 
 def write_graphml(graph, path):

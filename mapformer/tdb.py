@@ -30,7 +30,7 @@ import numpy as np
 
 from . import backend as backends
 from .bottlenecks.vq import VQ
-from .models import Block, ModelConfig
+from .models import Block, ModelConfig, Transformer
 from .nn import LayerNorm, Linear, ParameterStore, normal_init
 
 
@@ -273,16 +273,23 @@ class TDB:
 
 def save_checkpoint(model, path, **meta):
     """Write the model's parameters, its config and ``meta`` (JSON-able: the room, the walks'
-    seeds, ...) to the .npz ``path``."""
-    np.savez(path, params=model.ops.to_numpy(model.params.data),
-             config=json.dumps(asdict(model.config)), meta=json.dumps(meta))
+    seeds, ...) to the .npz ``path``. The model is a TDB, or a
+    :class:`mapformer.models.Transformer` (kind 'transformer': a MapWM / MapEM one's map comes
+    from its angles, :func:`mapformer.cogmap.evaluate_angle_map`)."""
+    kind, config = (("tdb", asdict(model.config)) if isinstance(model, TDB)
+                    else ("transformer", model.config.to_dict()))
+    np.savez(path, params=model.ops.to_numpy(model.params.data), config=json.dumps(config),
+             meta=json.dumps(meta), kind=kind)
 
 
 def load_checkpoint(path, backend="c"):
-    """(model, meta) from a file written by :func:`save_checkpoint`."""
+    """(model, meta) from a file written by :func:`save_checkpoint`: a TDB or a Transformer."""
     with np.load(path) as data:
-        config = TDBConfig(**json.loads(str(data["config"])))
-        model = TDB(config, backend=backend)
+        values = json.loads(str(data["config"]))
+        if "kind" in data and str(data["kind"]) == "transformer":
+            model = Transformer(ModelConfig.from_dict(values), backend=backend)
+        else:
+            model = TDB(TDBConfig(**values), backend=backend)
         if data["params"].shape != (model.params.size,):
             raise ValueError(f"{path}: {data['params'].shape[0]} parameters, the config "
                              f"builds {model.params.size}")

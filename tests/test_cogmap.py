@@ -87,3 +87,49 @@ def test_unseen_tuples_take_the_nearest_seen_tuple():
     cm = cogmap.extract_map(codes2, w.actions)
     assert cm.graph.number_of_nodes() == 12
     assert cm.node([3, 999]) == cm.node([3, 3])
+
+
+def exact_angles(pos):
+    """Angles that encode the cell exactly: (r, c) times frequencies 1 and 0.5, (..., 4)."""
+    r, c = pos[..., 0].astype(float), pos[..., 1].astype(float)
+    return np.stack([r, c, 0.5 * r, 0.5 * c], -1)
+
+
+def test_angle_clusters_and_assignment():
+    angles = np.array([[0.0, 0.0], [0.05, 0.0], [3.0, 3.0], [0.0, 2 * np.pi]])
+    ids, clusters = cogmap.cluster_angles(angles, tolerance=0.1)
+    assert list(ids) == [0, 0, 1, 0]  # 2 pi wraps onto 0
+    assert clusters.centres.shape == (2, 4)
+    assert list(clusters.assign(np.array([[2.9, 3.1], [-0.02, 0.01]]))) == [1, 0]
+
+
+def test_angle_map_of_exact_positions_is_the_room():
+    room, w, _ = perfect_codes()
+    cm, clusters, ids = cogmap.extract_angle_map(exact_angles(w.pos), w.actions)
+    assert len(clusters.centres) == 12 and cm.graph.number_of_nodes() == 12
+    test = rooms.walks(CONFIG, room, 10, 7)
+    test_ids = clusters.assign(exact_angles(test.pos))[..., None]
+    m = cogmap.map_metrics(cm, ids, w, test_ids, test, room, 10)
+    assert m["NormGED"] == 0.0 and m["nodes"] == 12 and m["edges"] == 34 + 10  # moves, wall loops
+    assert m["ImpFallback"] == 100.0 and m["RatioSP"] == 1.0
+
+
+def test_angle_map_of_a_trained_mapwm_end_to_end():
+    from mapformer.models import ModelConfig, Transformer
+    from mapformer.tdb import vanilla_targets
+    from mapformer.train import AdamW, TrainConfig
+    room, w, _ = perfect_codes(n_walks=16)
+    model = Transformer(ModelConfig.preset("mapwm", CONFIG.vocab_size, d_model=32, n_heads=2,
+                                           n_layers=1))
+    opt = AdamW(model, TrainConfig(lr=3e-3, weight_decay=0.0, clip=1.0))
+    tokens = w.tokens(CONFIG.n_obs)
+    targets, mask = vanilla_targets(tokens, CONFIG.n_obs)
+    for _ in range(10):
+        model.loss(tokens, targets, mask)
+        model.backward()
+        opt.step(3e-3)
+    test = rooms.walks(CONFIG, room, 4, 9)
+    cm, m = cogmap.evaluate_angle_map(model, CONFIG, room, w, test, 10)
+    assert m["clusters"] >= 1 and 0 <= m["nodes"] <= m["clusters"]
+    assert 0.0 <= m["NormGED"] <= 1.0 and 0.0 <= m["ImpFallback"] <= 100.0
+    assert m["problems"] <= 4

@@ -1,5 +1,6 @@
-"""Both notebooks run end to end (MAPFORMER_NOTEBOOK_SMALL=1, matplotlib Agg): their last cells
-print the accuracy lines, and their analysis cells print their summaries.
+"""Every notebook runs end to end (MAPFORMER_NOTEBOOK_SMALL=1, matplotlib Agg): the MapFormer
+notebooks' last cells print the accuracy lines, tdb_maps.ipynb's its map metrics, and their
+analysis cells print their summaries.
 
 The kernel is this interpreter (a throwaway kernelspec whose argv is sys.executable -m
 ipykernel_launcher), importing the same mapformer as this test process. nbclient, nbformat,
@@ -25,7 +26,30 @@ SUMMARIES = {
     "mapformer_navigation.ipynb": ("mean |Delta|: actions", "mean |v|: actions"),
     "quickstart.ipynb": ("mean |Delta|: actions", "cosine of opposite actions",
                          "mapwm closure error", "rope closure error"),
+    "tdb_maps.ipynb": ("aliased patches", "step 30: loss", "walk 0: "),
 }
+
+
+def check_accuracy_lines(text):
+    for model in ("mapwm", "rope"):
+        match = re.search(rf"{model} accuracy: iid ([0-9.]+), ood_dense ([0-9.]+), "
+                          rf"ood_sparse ([0-9.]+)", text)
+        assert match, f"no {model} accuracy line in the last cell's output: {text!r}"
+        values = [float(v) for v in match.groups()]
+        assert all(0.0 <= v <= 1.0 for v in values), values
+
+
+def check_map_lines(text):
+    match = re.search(r"TDB map: NormGED ([0-9.]+), ImpFallback ([0-9.]+)", text)
+    assert match, f"no map metrics in the last cell's output: {text!r}"
+    norm_ged, imp_fallback = (float(v) for v in match.groups())
+    assert 0.0 <= norm_ged <= 1.0 and 0.0 <= imp_fallback <= 100.0
+    assert re.search(r"true room: 30, 116\)", text), text  # the 5 x 6 room's graph
+
+
+# notebook: the check of its last cell's printed output
+LAST_CELL = {"mapformer_navigation.ipynb": check_accuracy_lines,
+             "quickstart.ipynb": check_accuracy_lines, "tdb_maps.ipynb": check_map_lines}
 
 
 def kernel_manager(tmp_path):
@@ -44,7 +68,8 @@ def kernel_manager(tmp_path):
 
 
 def test_every_notebook_is_tested():
-    assert sorted(p.name for p in NOTEBOOKS.glob("*.ipynb")) == sorted(SUMMARIES)
+    assert sorted(p.name for p in NOTEBOOKS.glob("*.ipynb")) == sorted(SUMMARIES) == sorted(
+        LAST_CELL)
 
 
 @pytest.mark.parametrize("name", sorted(SUMMARIES))
@@ -59,12 +84,7 @@ def test_notebook_runs_small(tmp_path, name):
     client.execute()  # raises CellExecutionError on any failing cell
     last = [c for c in nb.cells if c.cell_type == "code"][-1]
     text = "".join(o.get("text", "") for o in last.outputs if o.output_type == "stream")
-    for model in ("mapwm", "rope"):
-        match = re.search(rf"{model} accuracy: iid ([0-9.]+), ood_dense ([0-9.]+), "
-                          rf"ood_sparse ([0-9.]+)", text)
-        assert match, f"no {model} accuracy line in the last cell's output: {text!r}"
-        values = [float(v) for v in match.groups()]
-        assert all(0.0 <= v <= 1.0 for v in values), values
+    LAST_CELL[name](text)
     # the small run actually executed the analysis cells (their printed summaries)
     printed = "".join(o.get("text", "") for c in nb.cells if c.cell_type == "code"
                       for o in c.outputs if o.output_type == "stream")

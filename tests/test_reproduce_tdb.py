@@ -5,7 +5,6 @@ import json
 from dataclasses import replace
 from pathlib import Path
 
-import numpy as np
 
 SCRIPT = Path(__file__).resolve().parents[1] / "benchmarks" / "reproduce_tdb_table1.py"
 
@@ -23,9 +22,9 @@ def test_rows_run_save_and_are_skipped(tmp_path, monkeypatch, capsys):
     monkeypatch.setitem(r.SCALES, "tiny", replace(
         tiny, room=replace(tiny.room, steps=24), train_walks=16, test_walks=4, iterations=3,
         context=4))
-    rows = "lstm,tdb_s1_enc_m1,tdb_s3_m4"
+    rows = "lstm,tdb_s1_enc_m1,tdb_s3_m4,mapwm_angles"
     results = r.main(["--scale", "tiny", "--seeds", "1", "--rows", rows, "--out",
-                      str(tmp_path)])
+                      str(tmp_path), "--rollouts", "5", "--plan-problems", "2"])
     assert sorted(x["row"] for x in results) == sorted(rows.split(","))
     for x in results:
         assert 0.0 <= x["TestAccu"] <= 100.0 and x["problems"] <= 4
@@ -40,4 +39,10 @@ def test_rows_run_save_and_are_skipped(tmp_path, monkeypatch, capsys):
     assert "done" in capsys.readouterr().out
     assert json.dumps(sorted(again, key=lambda x: x["row"]), sort_keys=True) == json.dumps(
         sorted(results, key=lambda x: x["row"]), sort_keys=True)
-    assert np.isnan(next(x for x in results if x["row"] == "lstm")["RatioSP"])
+    lstm = next(x for x in results if x["row"] == "lstm")  # planned by rollouts
+    assert lstm["rollouts"] == 5 and lstm["problems"] <= 2
+    assert 0 <= lstm["returned_valid"] <= lstm["returned"]
+    assert 0.0 <= lstm["ImpFallback"] <= 100.0
+    mapwm = next(x for x in results if x["row"] == "mapwm_angles")  # map from its angles
+    assert mapwm["clusters"] >= 1 and 0.0 <= mapwm["NormGED"] <= 1.0
+    assert (tmp_path / "mapwm_angles_seed0.npz").exists()

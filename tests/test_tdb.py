@@ -146,3 +146,26 @@ def test_enc_variant():
                                0.9 * before_t + 0.1 * ref_model.params.data[:n], rtol=1e-12)
     with pytest.raises(ValueError, match="ema"):
         small(enc=True, ema=1.0)
+
+
+def test_map_command_on_a_mapwm_checkpoint(tmp_path, capsys):
+    """A MapWM transformer's checkpoint: the map comes from its angles; a RoPE one has none."""
+    from mapformer.__main__ import main
+    from mapformer.models import ModelConfig, Transformer
+    from mapformer.tdb import load_checkpoint, save_checkpoint
+    meta = {"room": {"height": 4, "width": 5, "n_obs": 3, "patch": 2, "steps": 12, "seed": 0},
+            "seed": 0, "train_walks": 8, "test_walks": 4, "context": 2}
+    model = Transformer(ModelConfig.preset("mapwm", 7, d_model=32, n_heads=2, n_layers=1))
+    save_checkpoint(model, tmp_path / "mapwm.npz", **meta)
+    loaded, got = load_checkpoint(tmp_path / "mapwm.npz")
+    assert isinstance(loaded, Transformer) and loaded.config == model.config and got == meta
+    assert np.array_equal(loaded.params.data, model.params.data)
+    assert main(["map", str(tmp_path / "mapwm.npz"), "--out", str(tmp_path / "map"),
+                 "--angle-tolerance", "0.2"]) == 0
+    metrics = json.loads(capsys.readouterr().out.splitlines()[0])
+    assert metrics["clusters"] >= 1 and 0.0 <= metrics["NormGED"] <= 1.0
+    assert (tmp_path / "map" / "cogmap.png").stat().st_size > 0
+    rope = Transformer(ModelConfig.preset("rope", 7, d_model=32, n_heads=2, n_layers=1))
+    save_checkpoint(rope, tmp_path / "rope.npz", **meta)
+    with pytest.raises(SystemExit):
+        main(["map", str(tmp_path / "rope.npz")])

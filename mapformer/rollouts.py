@@ -1,0 +1,112 @@
+"""Planning without a map: the random rollouts with tail evaluation of TDB's map-free
+baselines (Dedieu et al. 2024, appendix D), for any sequence model over the rooms' tokens.
+
+For a test walk x_0, a_0, ..., x_{N-1}, a_{N-1} (indices from 0, as
+:func:`mapformer.cogmap.evaluate_map` counts them, so that every row of the table plans the
+same problems) and a context C (0 < 2C < N), the problem is a path from the cell of x_C to
+that of x_{N-C}; a_C .. a_{N-C-1} is the fallback (length N - 2C).
+1. ``rollouts`` random action sequences a^(i) of length N - 2C (a NumPy Generator of ``seed``);
+2. each is rolled out greedily from the true context (x_0, a_0, ..., x_C): x^_{n+1} = the
+   argmax observation after a_n^(i), appended, for n = C .. N - C - 1;
+3. candidates: (i, n), n > C, with x^_n = x_{N-C} (n = C, the empty path, is left out: a
+   problem whose start is its goal is not counted), and only those shorter than the
+   fallback (n < N - C): the others cannot improve on it;
+4. tail evaluation: the candidate's history is followed by the true tail a_{N-C}, x_{N-C+1},
+   ..., a_{N-2}, x_{N-1} (teacher-forced); the candidate is accepted iff the greedy
+   prediction after each tail action is the true next observation, for all C - 1 of them
+   (the paper, counting from 1, has C: the walk has no observation after x_{N-1} here);
+5. the accepted action prefixes a_C^(i) .. a_{n-1}^(i) are returned (duplicates once); the
+   evaluation (:func:`shortest_valid`) keeps the shortest that reaches the goal in the true
+   room, as the paper does.
+
+No incremental decoding: the library's ``attention`` op attends a block of queries to keys
+of the same length and the ``lstm`` op starts from a zero state, so neither can extend a
+cached prefix by one token. Instead the rollouts are batched: step 2 is one forward of the
+``rollouts`` sequences (prefix + rollout so far) per generated observation (N - 2C forwards
+whose length grows from 2C to 2(N - C)), step 4 one forward per candidate length over every
+candidate of that length. Cost: about (N - 2C)^2 / 2 x rollouts tokens' forward work per
+problem, where a KV cache would do (N - 2C) x rollouts.
+
+A model enters as a ``predict`` function: tokens int (B, T) -> (B, T) the argmax observation
+after each position (:func:`greedy_predictor` wraps a :class:`mapformer.models.Transformer`
+trained with :func:`mapformer.tdb.vanilla_targets`).
+"""
+import numpy as np
+
+from .tasks import rooms
+
+
+def greedy_predictor(model, n_obs):
+    """predict(tokens (B, T)) -> (B, T) argmax over the observation ids of ``model``'s logits
+    (evaluation mode: no dropout)."""
+    model.train(False)
+
+    def predict(tokens):
+        logits = model.ops.to_numpy(model.forward(np.asarray(tokens, np.int32)))
+        return logits[..., :n_obs].argmax(-1)
+    return predict
+
+
+def rollout_plans(predict, tokens, context, n_obs, rollouts=100, seed=0,
+                  n_actions=rooms.N_ACTIONS):
+    """The accepted plans (see the module) of one walk's tokens (2N,): a list of action lists,
+    shortest first (ties: by rollout), each at most once."""
+    tokens = np.asarray(tokens)
+    N, C = len(tokens) // 2, context
+    L = N - 2 * C
+    if C < 1 or L < 1:
+        raise ValueError(f"context must satisfy 0 < 2 context < N = {N}, got {context}")
+    actions = np.random.default_rng(seed).integers(0, n_actions, (rollouts, L))
+    seq = np.tile(tokens[:2 * C + 1], (rollouts, 1))  # x_0, a_0, ..., x_C
+    predicted = np.empty((rollouts, L), np.int64)      # x^_{C+1} .. x^_{N-C-1}
+    for k in range(L - 1):  # x^_{N-C} (k = L - 1) would close a path as long as the fallback
+        seq = np.concatenate([seq, (actions[:, k] + n_obs)[:, None]], 1)
+        predicted[:, k] = predict(seq)[:, -1]
+        seq = np.concatenate([seq, predicted[:, k, None]], 1)
+    goal = tokens[2 * (N - C)]
+    tail = tokens[2 * (N - C) + 1:2 * N - 1]           # a_{N-C}, x_{N-C+1}, ..., x_{N-1}
+    plans, seen = [], set()
+    for k in range(L - 1):  # candidates x^_{C+k+1}: paths of k + 1 actions
+        rows = []
+        for i in np.nonzero(predicted[:, k] == goal)[0]:
+            if tuple(actions[i, :k + 1]) not in seen:
+                seen.add(tuple(actions[i, :k + 1]))
+                rows.append(i)
+        if not rows:
+            continue
+        history = seq[rows, :2 * C + 1 + 2 * (k + 1)]
+        pred = predict(np.concatenate([history, np.tile(tail, (len(rows), 1))], 1))
+        at = history.shape[1] + 2 * np.arange(C - 1)   # after each tail action
+        ok = (pred[:, at] == tail[1::2]).all(1)
+        plans += [[int(a) for a in actions[i, :k + 1]] for i, good in zip(rows, ok) if good]
+    return plans
+
+
+def shortest_valid(plans, room_shape, start, goal):
+    """The shortest of ``plans`` that leads from cell ``start`` to ``goal`` in a room of
+    ``room_shape``, or None."""
+    from .cogmap import execute
+    goal = tuple(int(x) for x in goal)
+    valid = [p for p in plans if execute(room_shape, start, p) == goal]
+    return min(valid, key=len) if valid else None
+
+
+def evaluate_rollouts(predict, walks, room, n_obs, context, rollouts=100, seed=0):
+    """ImpFallback and RatioSP (:func:`mapformer.cogmap.planning_metrics`) of the rollout
+    planner over every walk of ``walks`` (problem w uses the Generator seed [seed, w]), plus
+    ``returned`` (plans accepted by tail evaluation, summed) and ``returned_valid`` (those
+    that reach the goal)."""
+    from .cogmap import planning_metrics
+    tokens = walks.tokens(n_obs)
+    N, C = tokens.shape[1] // 2, context
+    starts, goals = walks.pos[:, C], walks.pos[:, N - C]
+    best, returned, returned_valid = [], 0, 0
+    for w in range(len(tokens)):
+        plans = rollout_plans(predict, tokens[w], C, n_obs, rollouts, [seed, w])
+        returned += len(plans)
+        returned_valid += sum(shortest_valid([p], room.obs.shape, starts[w], goals[w])
+                              is not None for p in plans)
+        best.append(shortest_valid(plans, room.obs.shape, starts[w], goals[w]))
+    metrics = planning_metrics(best, starts, goals, room, N - 2 * C)
+    metrics.update(returned=returned, returned_valid=returned_valid, rollouts=rollouts)
+    return metrics
