@@ -51,6 +51,7 @@
 #define SCAN_EB 64              /* channels per work item (a multiple of MF_VW) */
 #define SCAN_MIN_PARALLEL 65536 /* B*T*E*S below this runs on one thread */
 #define SCAN_RUN 16             /* steps summed in float before dA, domega, dD take them */
+#define SCAN_AHEAD 16           /* steps ahead that the (b, t, e) rows are prefetched */
 #define ALIGNED __attribute__((aligned(64)))
 
 /* phi(z) = (e^z - 1) / z and phi'(z) = (e^z - phi) / z in double, from float z; series
@@ -121,6 +122,13 @@ MF_INLINE void lanesum_add(float *dst, vf *v, int64_t m) {
             for (int64_t j = j0; j < m; j++) dst[j] += sum[j - j0];
         }
     }
+}
+
+/* the rows of step t of n arrays (stride E: a new page every few steps, which the hardware
+ * prefetchers do not follow) into the cache ahead of their use */
+MF_INLINE void prefetch_rows(const float *const *rows, int n, int64_t t, int64_t E) {
+    for (int i = 0; i < n; i++)
+        if (rows[i] != NULL) __builtin_prefetch(rows[i] + t * E);
 }
 
 /* One group: batch row b, the n <= MF_VW channels e0 .. e0 + n - 1 as the lanes of every
@@ -213,8 +221,11 @@ static void get_state(const Group *g, const float *states, int64_t ci, vf *h) {
 MF_INLINE void forward_body(const Group *g, float *y, float *states, int cx, int zoh) {
     vf h[SCAN_MAXS], a[SCAN_MAXS];
     const int64_t E = g->E, S = g->S;
+    const float *const rows[4] = {g->x, g->delta, g->dangle, y};
     for (int64_t j = 0; j < S; j++) h[j] = VZERO;
     for (int64_t t = 0; t < g->T; t++) {
+        if (t + SCAN_AHEAD < g->T)
+            prefetch_rows(rows, 4, t + SCAN_AHEAD, E);
         vf xv, dt, ang = VZERO;
         load_lanes(&xv, g->x + t * E, g->n);
         load_lanes(&dt, g->delta + t * E, g->n);
@@ -281,6 +292,8 @@ MF_INLINE void backward_body(const Group *g, const float *dy, const float *state
     for (int l = 0; l < MF_VW; l++) sD[l] = 0.0;
     int run = 0;
     vf *buf = (vf *)o->buf;
+    const float *const fw_rows[3] = {g->x, g->delta, g->dangle};
+    const float *const bw_rows[4] = {dy, o->dx, o->ddelta, o->ddangle};
     for (int64_t ci = g->NC - 1; ci >= 0; ci--) {
         const int64_t t0 = ci * L, t1 = t0 + L < T ? t0 + L : T;
         if (ci > 0) {
@@ -290,6 +303,8 @@ MF_INLINE void backward_body(const Group *g, const float *dy, const float *state
         }
         for (int64_t t = t0; t < t1; t++) { /* recompute, keeping h_{t-1} and a_t */
             vf *hb = buf + (t - t0) * 2 * S, *ab = hb + S;
+            if (t + SCAN_AHEAD < t1)
+                prefetch_rows(fw_rows, 3, t + SCAN_AHEAD, E);
             vf xv, dt, ang = VZERO;
             load_lanes(&xv, g->x + t * E, g->n);
             load_lanes(&dt, g->delta + t * E, g->n);
@@ -304,6 +319,7 @@ MF_INLINE void backward_body(const Group *g, const float *dy, const float *state
         }
         for (int64_t t = t1 - 1; t >= t0; t--) { /* the reverse sweep */
             const vf *hp = buf + (t - t0) * 2 * S, *ab = hp + S;
+            if (t - SCAN_AHEAD >= t0) prefetch_rows(bw_rows, 4, t - SCAN_AHEAD, E);
             vf xv, dt, ang = VZERO, gy;
             load_lanes(&xv, g->x + t * E, g->n);
             load_lanes(&dt, g->delta + t * E, g->n);
