@@ -9,13 +9,13 @@
  * beta_t, c_t the pair (B_t[2k], B_t[2k+1]) as a complex number (or B_t[k] real), <c, h> =
  * Re(conj(c) h), phi = 1 (Euler, Mamba's B_bar = delta B) or (e^z - 1) / z (zero-order hold).
  * The rotation e^{i delta_angle omega} of each step is formed from that step's small angle
- * alone (cosf, sinf of delta_angle * omega): no angle accumulates in float.
+ * alone (vsincos of delta_angle * omega): no angle accumulates in float.
  *
  * Forward: sequential in t; it writes y and the state at each chunk's last step only
  * (states (B, NC, E, S), NC = ceil(T / chunk)).
  * Backward, per channel, chunks in reverse: the chunk's forward is recomputed from the
  * previous chunk's end state (zero for the first), keeping h_{t-1} of each step in the
- * thread's scratch (chunk * S floats), then the reverse sweep with the adjoint g_t:
+ * thread's scratch (with a_t), then the reverse sweep with the adjoint g_t:
  *   g_t   = gy_t c_t + conj(a_{t+1}) g_{t+1}
  *   u_t   = a_t h_{t-1}       (from the stored h_{t-1}: the decay is never divided out)
  *   dz_t  = g_t conj(u_t) + conj(phi'(z_t)) r_t g_t conj(beta_t)
@@ -23,18 +23,27 @@
  *   dc_t += gy_t h_t,  dx_t = delta_t dr_t + D gy_t,
  *   ddelta_t = x_t dr_t + sum_k Re(dz) A,  ddelta_angle_t = sum_k Im(dz) omega,
  *   dA += sum_t Re(dz) delta_t,  domega += sum_t Im(dz) delta_angle_t,  dD += sum_t gy x.
- * Memory: O(B E S (T / chunk)) saved + O(threads * chunk * S) scratch, never O(B T E S).
- * Per step and channel the K states run as whole vectors of simd.h (the rows padded with
- * zero states): the decays through vexp, the rotations through a branch-free polynomial
- * sincos the compiler vectorises, the readout and the backward's sums over k in vector
- * accumulators.
+ * Memory: O(B E S (T / chunk)) saved + O(threads * chunk * S * MF_VW) scratch (h_{t-1} and
+ * a_t of each step of a chunk, so the reverse sweep takes the decays and rotations of the
+ * recompute instead of evaluating them again), never O(B T E S).
+ *
+ * Vectorisation: over channels. A group is MF_VW channels of one batch row, one per lane
+ * (x, delta, dy rows of (B, T, E) are contiguous in e; lanes past E are zero), and each state
+ * float is one vector h[j]; B_t[k], C_t[k] are shared by the channels (a broadcast). Per step
+ * and state: one vexp of delta A (lanes: channels), for the complex scan one vsincos of
+ * delta_angle omega (simd.h: Cody-Waite reduction and polynomials, about 1 ulp, from this
+ * step's angle alone), and no horizontal sum except the backward's dB, dC, which are sums
+ * over channels: the S vectors of a step are summed lane-wise by MF_VW x MF_VW transposes.
+ * The (b, t, e) rows are strided by E, a new page every few steps, which the hardware
+ * prefetchers do not follow: they are prefetched SCAN_AHEAD steps ahead. dA, domega, dD are
+ * summed in float over runs of SCAN_RUN steps, the runs in double. ZOH's phi, phi' are
+ * evaluated lane by lane in double (zoh_phi), in the recompute and again in the sweep.
  *
  * Parallel layout: a work item is one batch row b and a block of SCAN_EB channels (a fixed
- * size, so the bits do not depend on the thread count); within it each channel walks t with
- * its K states in vectors. dB and
- * dC are sums over channels: each item sums its block's channels into its own (T, S) slice
- * of scratch, and the blocks are summed in a fixed order; dA, domega, dD are summed in double
- * per (b, e) and then over b in a fixed order.
+ * size, so the bits do not depend on the thread count); within it the groups of MF_VW
+ * channels run one after the other, each walking t. dB and dC: each item sums its groups
+ * into its own (T, S) slice of scratch, and the blocks are summed in a fixed order; dA,
+ * domega, dD are summed in double per (b, e) and then over b in a fixed order.
  */
 #include <math.h>
 #include <stdint.h>
