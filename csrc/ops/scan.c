@@ -302,7 +302,8 @@ MF_INLINE void backward_body(const Group *g, const float *dy, const float *state
     int run = 0;
     vf *buf = (vf *)o->buf;
     const float *const fw_rows[3] = {g->x, g->delta, g->dangle};
-    const float *const bw_rows[4] = {dy, o->dx, o->ddelta, o->ddangle};
+    const float *const bw_rows[7] = {dy, o->dx, o->ddelta, o->ddangle, g->x, g->delta,
+                                     g->dangle};
     for (int64_t ci = g->NC - 1; ci >= 0; ci--) {
         const int64_t t0 = ci * L, t1 = t0 + L < T ? t0 + L : T;
         if (ci > 0) {
@@ -328,7 +329,7 @@ MF_INLINE void backward_body(const Group *g, const float *dy, const float *state
         }
         for (int64_t t = t1 - 1; t >= t0; t--) { /* the reverse sweep */
             const vf *hp = buf + (t - t0) * 2 * S, *ab = hp + S;
-            if (t - SCAN_AHEAD >= t0) prefetch_rows(bw_rows, 4, t - SCAN_AHEAD, E);
+            if (t - SCAN_AHEAD >= t0) prefetch_rows(bw_rows, 7, t - SCAN_AHEAD, E);
             vf xv, dt, ang = VZERO, gy;
             load_lanes(&xv, g->x + t * E, g->n);
             load_lanes(&dt, g->delta + t * E, g->n);
