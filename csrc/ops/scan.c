@@ -115,16 +115,41 @@ MF_INLINE void store_lanes(float *p, const vf *v, int64_t n) {
         vstore_part(p, v, n);
 }
 
-/* dst[j] += (the sum of v[j]'s lanes) for j < m: MF_VW states at a time by a transpose in
- * registers (v has room for m rounded up to MF_VW; the tail is zeroed here) */
+/* *s = the lane sums of v[0 .. MF_VW-1] (lane j: the sum of v[j]'s lanes), in log2(MF_VW)
+ * levels of shuffles and adds (each level adds neighbouring pairs of lanes) */
+MF_INLINE void lane_sums(vf *s, const vf *v) {
+#if MF_VW == 8
+    vf w[4], x[2];
+    for (int j = 0; j < 4; j++)
+        w[j] = __builtin_shufflevector(v[2 * j], v[2 * j + 1], 0, 8, 2, 10, 4, 12, 6, 14) +
+               __builtin_shufflevector(v[2 * j], v[2 * j + 1], 1, 9, 3, 11, 5, 13, 7, 15);
+    for (int j = 0; j < 2; j++)
+        x[j] = __builtin_shufflevector(w[2 * j], w[2 * j + 1], 0, 1, 8, 9, 4, 5, 12, 13) +
+               __builtin_shufflevector(w[2 * j], w[2 * j + 1], 2, 3, 10, 11, 6, 7, 14, 15);
+    *s = __builtin_shufflevector(x[0], x[1], 0, 1, 2, 3, 8, 9, 10, 11) +
+         __builtin_shufflevector(x[0], x[1], 4, 5, 6, 7, 12, 13, 14, 15);
+#elif MF_VW == 4
+    const vf w0 = __builtin_shufflevector(v[0], v[1], 0, 4, 2, 6) +
+                  __builtin_shufflevector(v[0], v[1], 1, 5, 3, 7);
+    const vf w1 = __builtin_shufflevector(v[2], v[3], 0, 4, 2, 6) +
+                  __builtin_shufflevector(v[2], v[3], 1, 5, 3, 7);
+    *s = __builtin_shufflevector(w0, w1, 0, 1, 4, 5) + __builtin_shufflevector(w0, w1, 2, 3, 6, 7);
+#else
+    float tr[MF_VW * MF_VW] ALIGNED;
+    vtranspose(tr, MF_VW, (const float *)v, MF_VW);
+    *s = VLOAD(tr);
+    for (int l = 1; l < MF_VW; l++) *s += VLOAD(tr + l * MF_VW);
+#endif
+}
+
+/* dst[j] += (the sum of v[j]'s lanes) for j < m, MF_VW states at a time (v has room for m
+ * rounded up to MF_VW; the tail is zeroed here) */
 MF_INLINE void lanesum_add(float *dst, vf *v, int64_t m) {
     const int64_t mp = (m + MF_VW - 1) / MF_VW * MF_VW;
     for (int64_t j = m; j < mp; j++) v[j] = VZERO;
     for (int64_t j0 = 0; j0 < mp; j0 += MF_VW) {
-        float tr[MF_VW * MF_VW] ALIGNED;
-        vtranspose(tr, MF_VW, (const float *)(v + j0), MF_VW);
-        vf sum = VLOAD(tr);
-        for (int l = 1; l < MF_VW; l++) sum += VLOAD(tr + l * MF_VW);
+        vf sum;
+        lane_sums(&sum, v + j0);
         if (j0 + MF_VW <= m) {
             VSTOREU(dst + j0, VLOADU(dst + j0) + sum);
         } else {
