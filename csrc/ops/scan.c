@@ -33,7 +33,8 @@
  * and state: one vexp of delta A (lanes: channels), for the complex scan one vsincos of
  * delta_angle omega (simd.h: Cody-Waite reduction and polynomials, about 1 ulp, from this
  * step's angle alone), and no horizontal sum except the backward's dB, dC, which are sums
- * over channels: the S vectors of a step are summed lane-wise by MF_VW x MF_VW transposes.
+ * over channels: the S vectors of a step are summed lane-wise, MF_VW at a time, by levels of
+ * shuffles and adds (lane_sums).
  * The (b, t, e) rows are strided by E, a new page every few steps, which the hardware
  * prefetchers do not follow: they are prefetched SCAN_AHEAD steps ahead. dA, domega, dD are
  * summed in float over runs of SCAN_RUN steps, the runs in double. ZOH's phi, phi' are
