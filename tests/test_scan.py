@@ -328,3 +328,31 @@ def test_scan_bad_input(rng):
     real = [inp["x"], inp["delta"], inp["A"], inp["B"], inp["C"], inp["D"]]
     with raises_naming(ValueError, "B"):  # the real scan's B has K states, not 2K
         _C.selective_scan_forward(*real)
+
+
+def test_complex_scan_rotation_is_sin_cos_of_the_step_angle():
+    """simd.h's vsincos through the complex scan: with A = 0, omega = 1, one state and
+    h_0 = (1, 0), the state after step 1 is (cos, sin) of that step's angle, exactly as
+    vsincos returns them (e^0 = 1, no other rounding). Against float64 on |angle| <= 300 and
+    near multiples of pi/2: within 2 ulps of the value, plus 1e-11 (the reduction by a
+    three-part pi/2, near a zero)."""
+    rng = np.random.default_rng(11)
+    near = (np.arange(-400, 400) * (np.pi / 2)).astype(np.float32)
+    th = np.concatenate([rng.uniform(-300, 300, 12000), rng.uniform(-4, 4, 4000), near,
+                         np.nextafter(near, np.float32(np.inf)), [0.0, -0.0]]).astype(np.float32)
+    E = th.size
+    x = np.zeros((1, 2, E), np.float32)
+    x[0, 0] = 1
+    dangle = np.zeros((1, 2, E), np.float32)
+    dangle[0, 1] = th
+    Bm = np.array([[[1, 0], [0.5, 0.25]]], np.float32)
+    _, states = _C.complex_scan_forward(x, np.ones((1, 2, E), np.float32), dangle,
+                                        np.zeros((E, 1), np.float32), np.ones((E, 1), np.float32),
+                                        Bm, np.ones((1, 2, 2), np.float32),
+                                        np.zeros(E, np.float32), chunk=2)
+    t64 = th.astype(np.float64)
+    for name, got, expected in (("cos", states[0, 0, :, 0], np.cos(t64)),
+                                ("sin", states[0, 0, :, 1], np.sin(t64))):
+        ulp = np.spacing(np.abs(expected).astype(np.float32)).astype(np.float64)
+        assert_within(got, expected, 2 * ulp + 1e-11, name)
+    assert states[0, 0, -1, 0] == 1 and states[0, 0, -1, 1] == 0

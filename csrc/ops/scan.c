@@ -9,13 +9,13 @@
  * beta_t, c_t the pair (B_t[2k], B_t[2k+1]) as a complex number (or B_t[k] real), <c, h> =
  * Re(conj(c) h), phi = 1 (Euler, Mamba's B_bar = delta B) or (e^z - 1) / z (zero-order hold).
  * The rotation e^{i delta_angle omega} of each step is formed from that step's small angle
- * alone (cosf, sinf of delta_angle * omega): no angle accumulates in float.
+ * alone (vsincos of delta_angle * omega): no angle accumulates in float.
  *
  * Forward: sequential in t; it writes y and the state at each chunk's last step only
  * (states (B, NC, E, S), NC = ceil(T / chunk)).
  * Backward, per channel, chunks in reverse: the chunk's forward is recomputed from the
  * previous chunk's end state (zero for the first), keeping h_{t-1} of each step in the
- * thread's scratch (chunk * S floats), then the reverse sweep with the adjoint g_t:
+ * thread's scratch (with a_t), then the reverse sweep with the adjoint g_t:
  *   g_t   = gy_t c_t + conj(a_{t+1}) g_{t+1}
  *   u_t   = a_t h_{t-1}       (from the stored h_{t-1}: the decay is never divided out)
  *   dz_t  = g_t conj(u_t) + conj(phi'(z_t)) r_t g_t conj(beta_t)
@@ -23,18 +23,28 @@
  *   dc_t += gy_t h_t,  dx_t = delta_t dr_t + D gy_t,
  *   ddelta_t = x_t dr_t + sum_k Re(dz) A,  ddelta_angle_t = sum_k Im(dz) omega,
  *   dA += sum_t Re(dz) delta_t,  domega += sum_t Im(dz) delta_angle_t,  dD += sum_t gy x.
- * Memory: O(B E S (T / chunk)) saved + O(threads * chunk * S) scratch, never O(B T E S).
- * Per step and channel the K states run as whole vectors of simd.h (the rows padded with
- * zero states): the decays through vexp, the rotations through a branch-free polynomial
- * sincos the compiler vectorises, the readout and the backward's sums over k in vector
- * accumulators.
+ * Memory: O(B E S (T / chunk)) saved + O(threads * chunk * S * MF_VW) scratch (h_{t-1} and
+ * a_t of each step of a chunk, so the reverse sweep takes the decays and rotations of the
+ * recompute instead of evaluating them again), never O(B T E S).
+ *
+ * Vectorisation: over channels. A group is MF_VW channels of one batch row, one per lane
+ * (x, delta, dy rows of (B, T, E) are contiguous in e; lanes past E are zero), and each state
+ * float is one vector h[j]; B_t[k], C_t[k] are shared by the channels (a broadcast). Per step
+ * and state: one vexp of delta A (lanes: channels), for the complex scan one vsincos of
+ * delta_angle omega (simd.h: Cody-Waite reduction and polynomials, about 1 ulp, from this
+ * step's angle alone), and no horizontal sum except the backward's dB, dC, which are sums
+ * over channels: the S vectors of a step are summed lane-wise, MF_VW at a time, by levels of
+ * shuffles and adds (lane_sums).
+ * The (b, t, e) rows are strided by E, a new page every few steps, which the hardware
+ * prefetchers do not follow: they are prefetched SCAN_AHEAD steps ahead. dA, domega, dD are
+ * summed in float over runs of SCAN_RUN steps, the runs in double. ZOH's phi, phi' are
+ * evaluated lane by lane in double (zoh_phi), in the recompute and again in the sweep.
  *
  * Parallel layout: a work item is one batch row b and a block of SCAN_EB channels (a fixed
- * size, so the bits do not depend on the thread count); within it each channel walks t with
- * its K states in vectors. dB and
- * dC are sums over channels: each item sums its block's channels into its own (T, S) slice
- * of scratch, and the blocks are summed in a fixed order; dA, domega, dD are summed in double
- * per (b, e) and then over b in a fixed order.
+ * size, so the bits do not depend on the thread count); within it the groups of MF_VW
+ * channels run one after the other, each walking t. dB and dC: each item sums its groups
+ * into its own (T, S) slice of scratch, and the blocks are summed in a fixed order; dA,
+ * domega, dD are summed in double per (b, e) and then over b in a fixed order.
  */
 #include <math.h>
 #include <stdint.h>
@@ -48,20 +58,11 @@
 #include "mapformer/simd.h"
 
 #define SCAN_MAXS 256           /* state floats per channel (the CUDA kernel's MAX_DSTATE) */
-#define SCAN_EB 16              /* channels per work item */
+#define SCAN_EB 64              /* channels per work item (a multiple of MF_VW) */
 #define SCAN_MIN_PARALLEL 65536 /* B*T*E*S below this runs on one thread */
-
-/* K rounded up to whole vectors: the kernels' local arrays are padded with states that stay
- * zero (A = 0, omega = 0, B = C = 0) so that every loop runs on whole, aligned vectors */
-#define KP(K) (((K) + MF_VW - 1) / MF_VW * MF_VW)
+#define SCAN_RUN 16             /* steps summed in float before dA, domega, dD take them */
+#define SCAN_AHEAD 16           /* steps ahead that the (b, t, e) rows are prefetched */
 #define ALIGNED __attribute__((aligned(64)))
-
-/* one step's coefficients for the states of a channel (planar, padded) */
-typedef struct {
-    float ar[SCAN_MAXS] ALIGNED, ai[SCAN_MAXS] ALIGNED; /* a = e^z */
-    float pr[SCAN_MAXS] ALIGNED, pi[SCAN_MAXS] ALIGNED; /* phi(z) */
-    float qr[SCAN_MAXS] ALIGNED, qi[SCAN_MAXS] ALIGNED; /* phi'(z) */
-} Coefs;
 
 /* phi(z) = (e^z - 1) / z and phi'(z) = (e^z - phi) / z in double, from float z; series
  * below |z| = 1e-2, e^z - 1 by expm1 and 2 sin^2(zi / 2) (no cancellation) above */
@@ -92,255 +93,371 @@ static void zoh_phi(double zr, double zi, float *pr, float *pi, float *qr, float
     *pr = (float)Pr, *pi = (float)Pi, *qr = (float)Qr, *qi = (float)Qi;
 }
 
-/* sin and cos of one float angle, branch-free so that a loop of them vectorises: Cody-Waite
- * reduction by pi/2 (three-part constant, exact products for |x| < 2^15 pi/2; the per-step
- * angles are far smaller), Cephes' sinf/cosf polynomials on [-pi/4, pi/4] (about 1 ulp),
- * the quadrant by selects */
-MF_INLINE void sincos_poly(float x, float *s_out, float *c_out) {
-    const float n = (x * 0.636619772367581343f + 12582912.0f) - 12582912.0f; /* round */
-    const float r = ((x - n * 1.5703125f) - n * 4.837512969970703125e-4f) -
-                    n * 7.54978995489188216e-8f;
-    const float z = r * r;
-    const float s = r + r * z * (-1.6666654611e-1f + z * (8.3321608736e-3f + z *
-                                                          -1.9515295891e-4f));
-    const float c = 1.0f - 0.5f * z + z * z * (4.166664568298827e-2f + z *
-                                                (-1.388731625493765e-3f + z *
-                                                 2.443315711809948e-5f));
-    const int q = (int)n;
-    const float sw_s = (q & 1) ? c : s, sw_c = (q & 1) ? s : c;
-    *s_out = (q & 2) ? -sw_s : sw_s;
-    *c_out = ((q + 1) & 2) ? -sw_c : sw_c;
-}
-
-/* the step's coefficients: a = e^(dt A) (and its rotation by da W), phi and phi' for ZOH
- * (Euler's phi = 1, phi' = 0 are set once per channel by chan_init) */
-MF_INLINE void coefs(Coefs *restrict c, float dt, float da, const float *restrict A,
-                     const float *restrict W, int64_t K, int cx, int zoh) {
-    const int64_t Kp = KP(K);
-    for (int64_t k = 0; k < Kp; k += MF_VW) {
-        vf v = VLOAD(A + k) * dt;
-        vexp(&v);
-        VSTORE(c->ar + k, v);
-    }
-    if (cx) {
-        for (int64_t k = 0; k < Kp; k++) {
-            float sn, cs;
-            sincos_poly(da * W[k], &sn, &cs);
-            c->ai[k] = c->ar[k] * sn;
-            c->ar[k] = c->ar[k] * cs;
-        }
-    }
-    if (zoh) {
-        for (int64_t k = 0; k < K; k++)
-            zoh_phi((double)(dt * A[k]), cx ? (double)(da * W[k]) : 0.0, &c->pr[k], &c->pi[k],
-                    &c->qr[k], &c->qi[k]);
+/* phi and phi' of the lanes of z = zr + i zi (zoh_phi lane by lane) */
+static void zoh_lanes(const vf *zr, const vf *zi, vf *pr, vf *pi, vf *qr, vf *qi) {
+    for (int l = 0; l < MF_VW; l++) {
+        float a, b, c, d;
+        zoh_phi((double)(*zr)[l], (double)(*zi)[l], &a, &b, &c, &d);
+        (*pr)[l] = a, (*pi)[l] = b, (*qr)[l] = c, (*qi)[l] = d;
     }
 }
 
-/* The arguments of one channel's walk: strides and pointers at (b, t = 0, e). */
-typedef struct {
-    const float *x, *delta, *dangle; /* stride E */
-    const float *Bm, *Cm;            /* stride S */
-    const float *A, *W;              /* (K,) at e; W NULL for the real scan */
-    float D;
-    int64_t T, E, K, S, chunk;
-    int zoh;
-} Chan;
-
-/* a channel's padded rows: A, W (zero beyond K), and its Euler coefficients */
-typedef struct {
-    float A[SCAN_MAXS] ALIGNED, W[SCAN_MAXS] ALIGNED;
-    float br[SCAN_MAXS] ALIGNED, bi[SCAN_MAXS] ALIGNED; /* B_t, planar */
-    float cr[SCAN_MAXS] ALIGNED, ci[SCAN_MAXS] ALIGNED; /* C_t, planar */
-    Coefs c;
-} Work;
-
-MF_INLINE void chan_init(Work *w, const Chan *ch) {
-    const int64_t K = ch->K, Kp = KP(K);
-    for (int64_t k = 0; k < Kp; k++) {
-        w->A[k] = k < K ? ch->A[k] : 0.0f;
-        w->W[k] = k < K && ch->W != NULL ? ch->W[k] : 0.0f;
-        w->br[k] = w->bi[k] = w->cr[k] = w->ci[k] = 0.0f;
-        w->c.ai[k] = 0.0f;
-        w->c.pr[k] = 1.0f, w->c.pi[k] = 0.0f, w->c.qr[k] = 0.0f, w->c.qi[k] = 0.0f;
-    }
+/* n channels' floats at p (n <= MF_VW), zero lanes beyond; and their store */
+MF_INLINE void load_lanes(vf *v, const float *p, int64_t n) {
+    if (n == MF_VW)
+        *v = VLOADU(p);
+    else
+        vload_part(v, p, n);
+}
+MF_INLINE void store_lanes(float *p, const vf *v, int64_t n) {
+    if (n == MF_VW)
+        VSTOREU(p, *v);
+    else
+        vstore_part(p, v, n);
 }
 
-/* B_t, C_t of step t into the padded planar rows */
-MF_INLINE void load_bc(Work *w, const float *Bt, const float *Ct, int64_t K, int cx) {
-    if (cx) {
-        for (int64_t k = 0; k < K; k++) {
-            w->br[k] = Bt[2 * k], w->bi[k] = Bt[2 * k + 1];
-            w->cr[k] = Ct[2 * k], w->ci[k] = Ct[2 * k + 1];
-        }
-    } else {
-        for (int64_t k = 0; k < K; k++) w->br[k] = Bt[k], w->cr[k] = Ct[k];
-    }
+/* *s = the lane sums of v[0 .. MF_VW-1] (lane j: the sum of v[j]'s lanes), in log2(MF_VW)
+ * levels of shuffles and adds (each level adds neighbouring pairs of lanes) */
+MF_INLINE void lane_sums(vf *s, const vf *v) {
+#if MF_VW == 8
+    vf w[4], x[2];
+    for (int j = 0; j < 4; j++)
+        w[j] = __builtin_shufflevector(v[2 * j], v[2 * j + 1], 0, 8, 2, 10, 4, 12, 6, 14) +
+               __builtin_shufflevector(v[2 * j], v[2 * j + 1], 1, 9, 3, 11, 5, 13, 7, 15);
+    for (int j = 0; j < 2; j++)
+        x[j] = __builtin_shufflevector(w[2 * j], w[2 * j + 1], 0, 1, 8, 9, 4, 5, 12, 13) +
+               __builtin_shufflevector(w[2 * j], w[2 * j + 1], 2, 3, 10, 11, 6, 7, 14, 15);
+    *s = __builtin_shufflevector(x[0], x[1], 0, 1, 2, 3, 8, 9, 10, 11) +
+         __builtin_shufflevector(x[0], x[1], 4, 5, 6, 7, 12, 13, 14, 15);
+#elif MF_VW == 4
+    const vf w0 = __builtin_shufflevector(v[0], v[1], 0, 4, 2, 6) +
+                  __builtin_shufflevector(v[0], v[1], 1, 5, 3, 7);
+    const vf w1 = __builtin_shufflevector(v[2], v[3], 0, 4, 2, 6) +
+                  __builtin_shufflevector(v[2], v[3], 1, 5, 3, 7);
+    *s = __builtin_shufflevector(w0, w1, 0, 1, 4, 5) + __builtin_shufflevector(w0, w1, 2, 3, 6, 7);
+#else
+    float tr[MF_VW * MF_VW] ALIGNED;
+    vtranspose(tr, MF_VW, (const float *)v, MF_VW);
+    *s = VLOAD(tr);
+    for (int l = 1; l < MF_VW; l++) *s += VLOAD(tr + l * MF_VW);
+#endif
 }
 
-/* h_t from h_{t-1} (planar hr, hi, padded) and the readout <c_t, h_t> */
-MF_INLINE float step(const Work *w, float r, float *restrict hr, float *restrict hi,
-                     int64_t Kp, int cx) {
-    const Coefs *c = &w->c;
-    vf y = VZERO;
-    const vf rv = VSPLAT(r);
-    for (int64_t k = 0; k < Kp; k += MF_VW) {
-        const vf ar = VLOAD(c->ar + k), sr = rv * VLOAD(c->pr + k), br = VLOAD(w->br + k);
-        const vf h0 = VLOAD(hr + k);
-        if (cx) {
-            const vf ai = VLOAD(c->ai + k), si = rv * VLOAD(c->pi + k), bi = VLOAD(w->bi + k);
-            const vf h1 = VLOAD(hi + k);
-            const vf nr = ar * h0 - ai * h1 + (sr * br - si * bi);
-            const vf ni = ar * h1 + ai * h0 + (sr * bi + si * br);
-            VSTORE(hr + k, nr);
-            VSTORE(hi + k, ni);
-            y += VLOAD(w->cr + k) * nr + VLOAD(w->ci + k) * ni;
+/* dst[j] += (the sum of v[j]'s lanes) for j < m, MF_VW states at a time (v has room for m
+ * rounded up to MF_VW; the tail is zeroed here) */
+MF_INLINE void lanesum_add(float *dst, vf *v, int64_t m) {
+    const int64_t mp = (m + MF_VW - 1) / MF_VW * MF_VW;
+    for (int64_t j = m; j < mp; j++) v[j] = VZERO;
+    for (int64_t j0 = 0; j0 < mp; j0 += MF_VW) {
+        vf sum;
+        lane_sums(&sum, v + j0);
+        if (j0 + MF_VW <= m) {
+            VSTOREU(dst + j0, VLOADU(dst + j0) + sum);
         } else {
-            const vf nr = ar * h0 + sr * br;
-            VSTORE(hr + k, nr);
-            y += VLOAD(w->cr + k) * nr;
+            for (int64_t j = j0; j < m; j++) dst[j] += sum[j - j0];
         }
     }
-    return vhsum(&y);
 }
 
-static void store_state(float *dst, const float *hr, const float *hi, int64_t K, int cx) {
+/* the rows of step t of n arrays (stride E: a new page every few steps, which the hardware
+ * prefetchers do not follow) into the cache ahead of their use */
+MF_INLINE void prefetch_rows(const float *const *rows, int n, int64_t t, int64_t E) {
+    for (int i = 0; i < n; i++)
+        if (rows[i] != NULL) __builtin_prefetch(rows[i] + t * E);
+}
+
+/* One group: batch row b, the n <= MF_VW channels e0 .. e0 + n - 1 as the lanes of every
+ * vector, the states one vector each (h[j] holds state float j of the n channels). */
+typedef struct {
+    vf A[SCAN_MAXS], W[SCAN_MAXS / 2]; /* A[e, k], omega[e, k] by lane (zero lanes beyond n) */
+    vf D;
+    const float *x, *delta, *dangle; /* at (b, 0, e0), stride E */
+    const float *Bm, *Cm;            /* at (b, 0), stride S */
+    int64_t b, e0, n, T, E, K, S, L, NC;
+} Group;
+
+static void group_init(Group *g, const MfScanParams *p, int cx, int64_t b, int64_t e0,
+                       int64_t n) {
+    const int64_t T = p->T, E = p->E, K = p->K, S = cx ? 2 * K : K, o = b * T * E + e0;
     for (int64_t k = 0; k < K; k++) {
+        g->A[k] = VZERO;
+        if (cx) g->W[k] = VZERO;
+        for (int64_t l = 0; l < n; l++) {
+            g->A[k][l] = p->A[(e0 + l) * K + k];
+            if (cx) g->W[k][l] = p->omega[(e0 + l) * K + k];
+        }
+    }
+    load_lanes(&g->D, p->D + e0, n);
+    g->x = p->x + o, g->delta = p->delta + o, g->dangle = cx ? p->delta_angle + o : NULL;
+    g->Bm = p->Bm + b * T * S, g->Cm = p->Cm + b * T * S;
+    g->b = b, g->e0 = e0, g->n = n, g->T = T, g->E = E, g->K = K, g->S = S, g->L = p->chunk;
+    g->NC = (T + p->chunk - 1) / p->chunk;
+}
+
+/* the step's decays a (S vectors: a[k], or (ar, ai) at (2k, 2k+1)) */
+MF_INLINE void decays(const Group *g, const vf *dt, const vf *ang, vf *a, int cx) {
+    for (int64_t k = 0; k < g->K; k++) {
+        vf e = *dt * g->A[k];
+        vexp(&e);
         if (cx) {
-            dst[2 * k] = hr[k];
-            dst[2 * k + 1] = hi[k];
+            vf th = *ang * g->W[k], sn, cs;
+            vsincos(&th, &sn, &cs);
+            a[2 * k] = e * cs;
+            a[2 * k + 1] = e * sn;
         } else {
-            dst[k] = hr[k];
+            a[k] = e;
         }
     }
 }
 
-static void load_state(float *hr, float *hi, const float *src, int64_t K, int cx) {
-    for (int64_t k = 0; k < KP(K); k++) {
-        hr[k] = k >= K ? 0.0f : cx ? src[2 * k] : src[k];
-        hi[k] = k < K && cx ? src[2 * k + 1] : 0.0f;
+/* h_t = a h_{t-1} + r phi(z) beta_t in place (a: the step's decays, as decays() makes them;
+ * for ZOH, z = dt A + i ang W) and the readout sum_k <c_t, h_t> (lanes: channels) */
+MF_INLINE void step(const Group *g, const vf *a, vf *h, const vf *r, const vf *dt,
+                    const vf *ang, const float *Bt, const float *Ct, int cx, int zoh,
+                    vf *out) {
+    vf acc = VZERO;
+    for (int64_t k = 0; k < g->K; k++) {
+        vf sr = *r, si = VZERO;
+        if (zoh) {
+            vf zr = *dt * g->A[k], zi = cx ? *ang * g->W[k] : VZERO, pr, pi, qr, qi;
+            zoh_lanes(&zr, &zi, &pr, &pi, &qr, &qi);
+            sr = *r * pr, si = *r * pi;
+        }
+        if (cx) {
+            const vf ar = a[2 * k], ai = a[2 * k + 1], h0 = h[2 * k], h1 = h[2 * k + 1];
+            const float br = Bt[2 * k], bi = Bt[2 * k + 1];
+            const vf nr = ar * h0 - ai * h1 + (zoh ? sr * br - si * bi : sr * br);
+            const vf ni = ar * h1 + ai * h0 + (zoh ? sr * bi + si * br : sr * bi);
+            h[2 * k] = nr, h[2 * k + 1] = ni;
+            acc += Ct[2 * k] * nr + Ct[2 * k + 1] * ni;
+        } else {
+            const vf nr = a[k] * h[k] + sr * Bt[k];
+            h[k] = nr;
+            acc += Ct[k] * nr;
+        }
+    }
+    *out = acc;
+}
+
+/* states (B, NC, E, S) at chunk ci of the group's channels from / into the state vectors */
+static void put_state(const Group *g, float *states, int64_t ci, const vf *h) {
+    float *dst = states + ((g->b * g->NC + ci) * g->E + g->e0) * g->S;
+    for (int64_t l = 0; l < g->n; l++)
+        for (int64_t j = 0; j < g->S; j++) dst[l * g->S + j] = h[j][l];
+}
+static void get_state(const Group *g, const float *states, int64_t ci, vf *h) {
+    const float *src = states + ((g->b * g->NC + ci) * g->E + g->e0) * g->S;
+    for (int64_t j = 0; j < g->S; j++) {
+        h[j] = VZERO;
+        for (int64_t l = 0; l < g->n; l++) h[j][l] = src[l * g->S + j];
     }
 }
 
-/* forward of one channel: y (stride E), states (stride E * S per chunk) */
+MF_INLINE void forward_body(const Group *g, float *y, float *states, int cx, int zoh) {
+    vf h[SCAN_MAXS], a[SCAN_MAXS];
+    const int64_t E = g->E, S = g->S;
+    const float *const rows[4] = {g->x, g->delta, g->dangle, y};
+    for (int64_t j = 0; j < S; j++) h[j] = VZERO;
+    for (int64_t t = 0; t < g->T; t++) {
+        if (t + SCAN_AHEAD < g->T)
+            prefetch_rows(rows, 4, t + SCAN_AHEAD, E);
+        vf xv, dt, ang = VZERO;
+        load_lanes(&xv, g->x + t * E, g->n);
+        load_lanes(&dt, g->delta + t * E, g->n);
+        if (cx) load_lanes(&ang, g->dangle + t * E, g->n);
+        const vf r = dt * xv;
+        decays(g, &dt, &ang, a, cx);
+        vf yv;
+        step(g, a, h, &r, &dt, &ang, g->Bm + t * S, g->Cm + t * S, cx, zoh, &yv);
+        yv += g->D * xv;
+        store_lanes(y + t * E, &yv, g->n);
+        if ((t + 1) % g->L == 0 || t == g->T - 1) put_state(g, states, t / g->L, h);
+    }
+}
+
 MF_CLONES
-static void forward_channel(const Chan *ch, float *y, float *states) {
-    float hr[SCAN_MAXS] ALIGNED, hi[SCAN_MAXS] ALIGNED;
-    Work w;
-    const int64_t E = ch->E, K = ch->K, S = ch->S, Kp = KP(K);
-    const int cx = ch->W != NULL;
-    chan_init(&w, ch);
-    for (int64_t k = 0; k < Kp; k++) hr[k] = hi[k] = 0.0f;
-    for (int64_t t = 0; t < ch->T; t++) {
-        const float dt = ch->delta[t * E], xv = ch->x[t * E];
-        coefs(&w.c, dt, cx ? ch->dangle[t * E] : dt, w.A, w.W, K, cx, ch->zoh);
-        load_bc(&w, ch->Bm + t * S, ch->Cm + t * S, K, cx);
-        y[t * E] = step(&w, dt * xv, hr, hi, Kp, cx) + ch->D * xv;
-        if ((t + 1) % ch->chunk == 0 || t == ch->T - 1)
-            store_state(states + (t / ch->chunk) * E * S, hr, hi, K, cx);
-    }
+static void forward_group(const MfScanParams *p, int cx, int64_t b, int64_t e0, int64_t n) {
+    Group g;
+    group_init(&g, p, cx, b, e0, n);
+    float *y = p->y + b * p->T * p->E + e0;
+    const int zoh = p->bbar == MF_BBAR_ZOH;
+    if (cx)
+        zoh ? forward_body(&g, y, p->states, 1, 1) : forward_body(&g, y, p->states, 1, 0);
+    else
+        zoh ? forward_body(&g, y, p->states, 0, 1) : forward_body(&g, y, p->states, 0, 0);
 }
 
-/* the per-channel outputs of the backward */
+/* the group's outputs of the backward */
 typedef struct {
-    float *dx, *ddelta, *ddangle; /* stride E; ddangle NULL for the real scan */
-    float *dBm, *dCm;             /* (T, S) of this item, accumulated over its channels */
-    double *dA, *dW, *dD;         /* (K,), (K,), (1,) of this (b, e) */
-    float *buf;                   /* scratch: chunk * 2 KP(K) floats of h_{t-1} */
-} ChanGrad;
+    float *dx, *ddelta, *ddangle; /* at (b, 0, e0), stride E; ddangle NULL for the real scan */
+    float *dBm, *dCm;             /* (T, S) of this item, accumulated over its groups */
+    double *dA, *dW, *dD;         /* (n, K), (n, K), (n,) at (b, e0) */
+    float *buf;                   /* scratch: chunk * 2 S vectors (h_{t-1} and a_t per step) */
+} GroupGrad;
 
-MF_CLONES
-static void backward_channel(const Chan *ch, const float *dy, const float *states,
-                             const ChanGrad *o) {
-    float hr[SCAN_MAXS] ALIGNED, hi[SCAN_MAXS] ALIGNED, gr[SCAN_MAXS] ALIGNED,
-        gi[SCAN_MAXS] ALIGNED;
-    float db_r[SCAN_MAXS] ALIGNED, db_i[SCAN_MAXS] ALIGNED, dc_r[SCAN_MAXS] ALIGNED,
-        dc_i[SCAN_MAXS] ALIGNED, dz_r[SCAN_MAXS] ALIGNED, dz_i[SCAN_MAXS] ALIGNED;
-    double dA[SCAN_MAXS], dW[SCAN_MAXS], dD = 0.0;
-    Work w;
-    const int64_t E = ch->E, K = ch->K, S = ch->S, T = ch->T, L = ch->chunk, Kp = KP(K);
-    const int cx = ch->W != NULL;
-    chan_init(&w, ch);
-    for (int64_t k = 0; k < Kp; k++) gr[k] = gi[k] = 0.0f, dA[k] = dW[k] = 0.0;
-    const int64_t NC = (T + L - 1) / L;
-    for (int64_t ci = NC - 1; ci >= 0; ci--) {
+/* the float runs of dA, domega, dD into their double sums (lane by lane) */
+static void flush_runs(const Group *g, vf *rA, vf *rW, vf *rD, double *sA, double *sW,
+                       double *sD, int cx) {
+    for (int64_t k = 0; k < g->K; k++) {
+        for (int l = 0; l < MF_VW; l++) {
+            sA[k * MF_VW + l] += (double)rA[k][l];
+            if (cx) sW[k * MF_VW + l] += (double)rW[k][l];
+        }
+        rA[k] = VZERO, rW[k] = VZERO;
+    }
+    for (int l = 0; l < MF_VW; l++) sD[l] += (double)(*rD)[l];
+    *rD = VZERO;
+}
+
+MF_INLINE void backward_body(const Group *g, const float *dy, const float *states,
+                             const GroupGrad *o, int cx, int zoh) {
+    vf h[SCAN_MAXS], gc[SCAN_MAXS], dbv[SCAN_MAXS], dcv[SCAN_MAXS];
+    vf rA[SCAN_MAXS], rW[SCAN_MAXS / 2], rD = VZERO;
+    double sA[SCAN_MAXS * MF_VW], sW[SCAN_MAXS / 2 * MF_VW], sD[MF_VW];
+    const int64_t E = g->E, K = g->K, S = g->S, T = g->T, L = g->L;
+    for (int64_t j = 0; j < S; j++) gc[j] = VZERO;
+    for (int64_t k = 0; k < K; k++) {
+        rA[k] = VZERO;
+        if (cx) rW[k] = VZERO;
+        for (int l = 0; l < MF_VW; l++) {
+            sA[k * MF_VW + l] = 0.0;
+            if (cx) sW[k * MF_VW + l] = 0.0;
+        }
+    }
+    for (int l = 0; l < MF_VW; l++) sD[l] = 0.0;
+    int run = 0;
+    vf *buf = (vf *)o->buf;
+    const float *const fw_rows[3] = {g->x, g->delta, g->dangle};
+    const float *const bw_rows[7] = {dy, o->dx, o->ddelta, o->ddangle, g->x, g->delta,
+                                     g->dangle};
+    for (int64_t ci = g->NC - 1; ci >= 0; ci--) {
         const int64_t t0 = ci * L, t1 = t0 + L < T ? t0 + L : T;
-        if (ci > 0)
-            load_state(hr, hi, states + (ci - 1) * E * S, K, cx);
-        else
-            for (int64_t k = 0; k < Kp; k++) hr[k] = hi[k] = 0.0f;
-        for (int64_t t = t0; t < t1; t++) { /* recompute, keeping h_{t-1} */
-            float *hb = o->buf + (t - t0) * 2 * Kp;
-            for (int64_t k = 0; k < Kp; k++) hb[k] = hr[k], hb[Kp + k] = hi[k];
+        if (ci > 0) {
+            get_state(g, states, ci - 1, h);
+        } else {
+            for (int64_t j = 0; j < S; j++) h[j] = VZERO;
+        }
+        for (int64_t t = t0; t < t1; t++) { /* recompute, keeping h_{t-1} and a_t */
+            vf *hb = buf + (t - t0) * 2 * S, *ab = hb + S;
+            if (t + SCAN_AHEAD < t1)
+                prefetch_rows(fw_rows, 3, t + SCAN_AHEAD, E);
+            vf xv, dt, ang = VZERO;
+            load_lanes(&xv, g->x + t * E, g->n);
+            load_lanes(&dt, g->delta + t * E, g->n);
+            if (cx) load_lanes(&ang, g->dangle + t * E, g->n);
+            for (int64_t j = 0; j < S; j++) hb[j] = h[j];
+            decays(g, &dt, &ang, ab, cx);
             if (t + 1 < t1) {
-                const float dt = ch->delta[t * E];
-                coefs(&w.c, dt, cx ? ch->dangle[t * E] : dt, w.A, w.W, K, cx, ch->zoh);
-                load_bc(&w, ch->Bm + t * S, ch->Cm + t * S, K, cx);
-                step(&w, dt * ch->x[t * E], hr, hi, Kp, cx);
+                const vf r = dt * xv;
+                vf unused;
+                step(g, ab, h, &r, &dt, &ang, g->Bm + t * S, g->Cm + t * S, cx, zoh, &unused);
             }
         }
         for (int64_t t = t1 - 1; t >= t0; t--) { /* the reverse sweep */
-            const float dt = ch->delta[t * E], xv = ch->x[t * E], gy = dy[t * E];
-            const float da = cx ? ch->dangle[t * E] : dt, r = dt * xv;
-            const float *hpr = o->buf + (t - t0) * 2 * Kp, *hpi = hpr + Kp;
-            coefs(&w.c, dt, da, w.A, w.W, K, cx, ch->zoh);
-            load_bc(&w, ch->Bm + t * S, ch->Cm + t * S, K, cx);
-            const Coefs *c = &w.c;
-            const vf rv = VSPLAT(r), gyv = VSPLAT(gy);
+            const vf *hp = buf + (t - t0) * 2 * S, *ab = hp + S;
+            if (t - SCAN_AHEAD >= t0) prefetch_rows(bw_rows, 7, t - SCAN_AHEAD, E);
+            vf xv, dt, ang = VZERO, gy;
+            load_lanes(&xv, g->x + t * E, g->n);
+            load_lanes(&dt, g->delta + t * E, g->n);
+            load_lanes(&gy, dy + t * E, g->n);
+            if (cx) load_lanes(&ang, g->dangle + t * E, g->n);
+            const vf r = dt * xv;
+            const float *Bt = g->Bm + t * S, *Ct = g->Cm + t * S;
             vf dr = VZERO, dzA = VZERO, dzW = VZERO;
-            for (int64_t k = 0; k < Kp; k += MF_VW) {
-                const vf ar = VLOAD(c->ar + k), ai = VLOAD(c->ai + k);
-                const vf pr = VLOAD(c->pr + k), pi = VLOAD(c->pi + k);
-                const vf br = VLOAD(w.br + k), bi = VLOAD(w.bi + k);
-                const vf hp0 = VLOAD(hpr + k), hp1 = VLOAD(hpi + k);
-                const vf g_r = VLOAD(gr + k) + gyv * VLOAD(w.cr + k);
-                const vf g_i = VLOAD(gi + k) + gyv * VLOAD(w.ci + k);
-                const vf ur = ar * hp0 - ai * hp1, ui = ar * hp1 + ai * hp0;
-                const vf sr = rv * pr, si = rv * pi;
-                const vf htr = ur + (sr * br - si * bi), hti = ui + (sr * bi + si * br);
-                const vf gsr = g_r * br + g_i * bi, gsi = g_i * br - g_r * bi;
-                const vf tr = rv * gsr, ti = rv * gsi;
-                const vf qr = VLOAD(c->qr + k), qi = VLOAD(c->qi + k);
-                const vf dzr = g_r * ur + g_i * ui + (qr * tr + qi * ti);
-                const vf dzi = g_i * ur - g_r * ui + (qr * ti - qi * tr);
-                dr += gsr * pr + gsi * pi;
-                VSTORE(db_r + k, sr * g_r + si * g_i);
-                VSTORE(db_i + k, sr * g_i - si * g_r);
-                VSTORE(dc_r + k, gyv * htr);
-                VSTORE(dc_i + k, gyv * hti);
-                VSTORE(dz_r + k, dzr);
-                VSTORE(dz_i + k, dzi);
-                dzA += dzr * VLOAD(w.A + k);
-                dzW += dzi * VLOAD(w.W + k);
-                VSTORE(gr + k, ar * g_r + ai * g_i); /* conj(a_t) g_t, for step t - 1 */
-                VSTORE(gi + k, ar * g_i - ai * g_r);
-            }
-            float *dBt = o->dBm + t * S, *dCt = o->dCm + t * S;
-            if (cx) {
-                for (int64_t k = 0; k < K; k++) {
-                    dBt[2 * k] += db_r[k], dBt[2 * k + 1] += db_i[k];
-                    dCt[2 * k] += dc_r[k], dCt[2 * k + 1] += dc_i[k];
-                    dA[k] += (double)dz_r[k] * dt;
-                    dW[k] += (double)dz_i[k] * da;
+            for (int64_t k = 0; k < K; k++) {
+                vf pr = VSPLAT(1.0f), pi = VZERO, qr = VZERO, qi = VZERO;
+                if (zoh) {
+                    vf zr = dt * g->A[k], zi = cx ? ang * g->W[k] : VZERO;
+                    zoh_lanes(&zr, &zi, &pr, &pi, &qr, &qi);
                 }
-            } else {
-                for (int64_t k = 0; k < K; k++) {
-                    dBt[k] += db_r[k], dCt[k] += dc_r[k];
-                    dA[k] += (double)dz_r[k] * dt;
+                if (cx) {
+                    const vf ar = ab[2 * k], ai = ab[2 * k + 1];
+                    const vf hp0 = hp[2 * k], hp1 = hp[2 * k + 1];
+                    const float br = Bt[2 * k], bi = Bt[2 * k + 1];
+                    const vf g_r = gc[2 * k] + gy * Ct[2 * k];
+                    const vf g_i = gc[2 * k + 1] + gy * Ct[2 * k + 1];
+                    const vf ur = ar * hp0 - ai * hp1, ui = ar * hp1 + ai * hp0;
+                    const vf gsr = g_r * br + g_i * bi, gsi = g_i * br - g_r * bi;
+                    vf dzr = g_r * ur + g_i * ui, dzi = g_i * ur - g_r * ui;
+                    if (zoh) {
+                        const vf sr = r * pr, si = r * pi, tr = r * gsr, ti = r * gsi;
+                        dzr += qr * tr + qi * ti;
+                        dzi += qr * ti - qi * tr;
+                        dr += gsr * pr + gsi * pi;
+                        dbv[2 * k] = sr * g_r + si * g_i;
+                        dbv[2 * k + 1] = sr * g_i - si * g_r;
+                        dcv[2 * k] = gy * (ur + (sr * br - si * bi));
+                        dcv[2 * k + 1] = gy * (ui + (sr * bi + si * br));
+                    } else {
+                        dr += gsr;
+                        dbv[2 * k] = r * g_r;
+                        dbv[2 * k + 1] = r * g_i;
+                        dcv[2 * k] = gy * (ur + r * br);
+                        dcv[2 * k + 1] = gy * (ui + r * bi);
+                    }
+                    dzA += dzr * g->A[k];
+                    dzW += dzi * g->W[k];
+                    rA[k] += dzr * dt;
+                    rW[k] += dzi * ang;
+                    gc[2 * k] = ar * g_r + ai * g_i; /* conj(a_t) g_t, for step t - 1 */
+                    gc[2 * k + 1] = ar * g_i - ai * g_r;
+                } else {
+                    const vf a = ab[k], u = a * hp[k];
+                    const float bk = Bt[k];
+                    const vf gk = gc[k] + gy * Ct[k], gs = gk * bk;
+                    vf dz = gk * u;
+                    if (zoh) {
+                        dz += qr * (r * gs);
+                        dr += gs * pr;
+                        const vf sr = r * pr;
+                        dbv[k] = sr * gk;
+                        dcv[k] = gy * (u + sr * bk);
+                    } else {
+                        dr += gs;
+                        dbv[k] = r * gk;
+                        dcv[k] = gy * (u + r * bk);
+                    }
+                    dzA += dz * g->A[k];
+                    rA[k] += dz * dt;
+                    gc[k] = a * gk;
                 }
             }
-            const float drs = vhsum(&dr);
-            o->dx[t * E] = dt * drs + ch->D * gy;
-            o->ddelta[t * E] = xv * drs + vhsum(&dzA);
-            if (o->ddangle != NULL) o->ddangle[t * E] = vhsum(&dzW);
-            dD += (double)gy * xv;
+            lanesum_add(o->dBm + t * S, dbv, S);
+            lanesum_add(o->dCm + t * S, dcv, S);
+            const vf dxv = dt * dr + g->D * gy, ddv = xv * dr + dzA;
+            store_lanes(o->dx + t * E, &dxv, g->n);
+            store_lanes(o->ddelta + t * E, &ddv, g->n);
+            if (cx) store_lanes(o->ddangle + t * E, &dzW, g->n);
+            rD += gy * xv;
+            if (++run == SCAN_RUN) {
+                flush_runs(g, rA, rW, &rD, sA, sW, sD, cx);
+                run = 0;
+            }
         }
     }
-    for (int64_t k = 0; k < K; k++) {
-        o->dA[k] = dA[k];
-        if (cx) o->dW[k] = dW[k];
+    flush_runs(g, rA, rW, &rD, sA, sW, sD, cx);
+    for (int64_t l = 0; l < g->n; l++) {
+        for (int64_t k = 0; k < K; k++) {
+            o->dA[l * K + k] = sA[k * MF_VW + l];
+            if (cx) o->dW[l * K + k] = sW[k * MF_VW + l];
+        }
+        o->dD[l] = sD[l];
     }
-    *o->dD = dD;
+}
+
+MF_CLONES
+static void backward_group(const MfScanParams *p, int cx, int64_t b, int64_t e0, int64_t n,
+                           const GroupGrad *o) {
+    Group g;
+    group_init(&g, p, cx, b, e0, n);
+    const float *dy = p->dy + b * p->T * p->E + e0;
+    const int zoh = p->bbar == MF_BBAR_ZOH;
+    if (cx)
+        zoh ? backward_body(&g, dy, p->states_in, o, 1, 1)
+            : backward_body(&g, dy, p->states_in, o, 1, 0);
+    else
+        zoh ? backward_body(&g, dy, p->states_in, o, 0, 1)
+            : backward_body(&g, dy, p->states_in, o, 0, 0);
 }
 
 static int bad_params(const MfScanParams *p, int cx) {
@@ -349,36 +466,25 @@ static int bad_params(const MfScanParams *p, int cx) {
            (p->bbar != MF_BBAR_EULER && p->bbar != MF_BBAR_ZOH);
 }
 
-static Chan channel(const MfScanParams *p, int cx, int64_t b, int64_t e) {
-    const int64_t T = p->T, E = p->E, K = p->K, S = cx ? 2 * K : K, o = b * T * E + e;
-    return (Chan){.x = p->x + o, .delta = p->delta + o,
-                  .dangle = cx ? p->delta_angle + o : NULL,
-                  .Bm = p->Bm + b * T * S, .Cm = p->Cm + b * T * S, .A = p->A + e * K,
-                  .W = cx ? p->omega + e * K : NULL, .D = p->D[e], .T = T, .E = E, .K = K,
-                  .S = S, .chunk = p->chunk, .zoh = p->bbar == MF_BBAR_ZOH};
-}
-
 static int scan_forward(const MfScanParams *p, int cx) {
     if (bad_params(p, cx)) return MF_EINVAL;
     const int64_t T = p->T, E = p->E, S = cx ? 2 * p->K : p->K;
-    const int64_t NC = (T + p->chunk - 1) / p->chunk, nblk = (E + SCAN_EB - 1) / SCAN_EB;
+    const int64_t nblk = (E + SCAN_EB - 1) / SCAN_EB;
 #pragma omp parallel for schedule(dynamic, 1) if (p->B * T * E * S >= SCAN_MIN_PARALLEL)
     for (int64_t it = 0; it < p->B * nblk; it++) {
-        const int64_t b = it / nblk, e0 = (it % nblk) * SCAN_EB;
-        const int64_t e1 = e0 + SCAN_EB < E ? e0 + SCAN_EB : E;
-        for (int64_t e = e0; e < e1; e++) {
-            const Chan ch = channel(p, cx, b, e);
-            forward_channel(&ch, p->y + b * T * E + e, p->states + (b * NC * E + e) * S);
-        }
+        const int64_t b = it / nblk, e1 = (it % nblk) * SCAN_EB + SCAN_EB;
+        for (int64_t e0 = (it % nblk) * SCAN_EB; e0 < e1 && e0 < E; e0 += MF_VW)
+            forward_group(p, cx, b, e0, E - e0 < MF_VW ? E - e0 : MF_VW);
     }
     return MF_OK;
 }
 
-/* scratch of the backward: per thread chunk * 2K floats (h_{t-1}); dB, dC partials
- * (B, nblk, T, S) each; dA, domega partials (B, E, K) doubles each; dD partials (B, E)
- * doubles */
-static int64_t per_thread(const MfScanParams *p) {
-    return mf_scratch_size(p->chunk * 2 * KP(p->K));
+/* scratch of the backward: per thread chunk * 2 S vectors (h_{t-1} and a_t of each step of
+ * a chunk); dB, dC partials (B, nblk, T, S) each; dA, domega partials (B, E, K) doubles each;
+ * dD partials (B, E) doubles */
+static int64_t per_thread(const MfScanParams *p, int cx) {
+    const int64_t S = cx ? 2 * p->K : p->K;
+    return mf_scratch_size(p->chunk * 2 * S * MF_VW);
 }
 
 static int64_t shared_floats(const MfScanParams *p, int cx) {
@@ -390,15 +496,15 @@ static int64_t shared_floats(const MfScanParams *p, int cx) {
 
 static int64_t scan_backward_scratch(const MfScanParams *p, int cx) {
     if (bad_params(p, cx)) return 0;
-    return shared_floats(p, cx) + mf_max_threads() * per_thread(p);
+    return shared_floats(p, cx) + mf_max_threads() * per_thread(p, cx);
 }
 
 static int scan_backward(const MfScanParams *p, int cx) {
     if (bad_params(p, cx)) return MF_EINVAL;
     const int64_t B = p->B, T = p->T, E = p->E, K = p->K, S = cx ? 2 * K : K;
-    const int64_t NC = (T + p->chunk - 1) / p->chunk, nblk = (E + SCAN_EB - 1) / SCAN_EB;
+    const int64_t nblk = (E + SCAN_EB - 1) / SCAN_EB;
     const int64_t shared = shared_floats(p, cx);
-    const int threads = mf_scratch_threads(p->scratch_floats - shared, per_thread(p));
+    const int threads = mf_scratch_threads(p->scratch_floats - shared, per_thread(p, cx));
     if (p->scratch_floats < shared || threads < 1) return MF_EINVAL;
     float *at = p->scratch;
     float *pB = mf_scratch_take(&at, B * nblk * T * S);
@@ -409,22 +515,20 @@ static int scan_backward(const MfScanParams *p, int cx) {
     float *bufs = at;
 #pragma omp parallel num_threads(threads) if (B * T * E * S >= SCAN_MIN_PARALLEL)
     {
-        float *buf = bufs + mf_thread_id() * per_thread(p);
+        float *buf = bufs + mf_thread_id() * per_thread(p, cx);
 #pragma omp for schedule(dynamic, 1)
         for (int64_t it = 0; it < B * nblk; it++) {
-            const int64_t b = it / nblk, blk = it % nblk, e0 = blk * SCAN_EB;
-            const int64_t e1 = e0 + SCAN_EB < E ? e0 + SCAN_EB : E;
+            const int64_t b = it / nblk, e1 = (it % nblk) * SCAN_EB + SCAN_EB;
             float *dBm = pB + it * T * S, *dCm = pC + it * T * S;
             for (int64_t i = 0; i < T * S; i++) dBm[i] = dCm[i] = 0.0f;
-            for (int64_t e = e0; e < e1; e++) {
-                const Chan ch = channel(p, cx, b, e);
-                const int64_t o = b * T * E + e;
-                const ChanGrad g = {.dx = p->dx + o, .ddelta = p->ddelta + o,
-                                    .ddangle = cx ? p->ddelta_angle + o : NULL, .dBm = dBm,
-                                    .dCm = dCm, .dA = pA + (b * E + e) * K,
-                                    .dW = pW + (b * E + e) * K, .dD = pD + b * E + e,
-                                    .buf = buf};
-                backward_channel(&ch, p->dy + o, p->states_in + (b * NC * E + e) * S, &g);
+            for (int64_t e0 = (it % nblk) * SCAN_EB; e0 < e1 && e0 < E; e0 += MF_VW) {
+                const int64_t o = b * T * E + e0;
+                const GroupGrad g = {.dx = p->dx + o, .ddelta = p->ddelta + o,
+                                     .ddangle = cx ? p->ddelta_angle + o : NULL, .dBm = dBm,
+                                     .dCm = dCm, .dA = pA + (b * E + e0) * K,
+                                     .dW = pW + (b * E + e0) * K, .dD = pD + b * E + e0,
+                                     .buf = buf};
+                backward_group(p, cx, b, e0, E - e0 < MF_VW ? E - e0 : MF_VW, &g);
             }
         }
         /* implicit barrier: every partial is written; sums in a fixed order */

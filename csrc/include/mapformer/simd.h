@@ -161,6 +161,30 @@ MF_INLINE void vsigmoid(vf *x) {
     *x = 1.0f / (1.0f + e);
 }
 
+/* *s = sin(*x), *c = cos(*x), branch-free: Cody-Waite reduction by pi/2 (three-part constant,
+ * exact products for |x| < 2^15 pi/2), Cephes' sinf/cosf polynomials on [-pi/4, pi/4] (about
+ * 1 ulp), the quadrant by selects and sign flips. For |x| < 2^22 (the rounding trick); the
+ * scans' per-step angles are far smaller. Separate multiplies and adds: the same bits on every
+ * width, ISA and compiler. */
+MF_INLINE void vsincos(const vf *x, vf *s, vf *c) {
+    const vf v = *x;
+    const vf t = v * 0.636619772367581343f + 12582912.0f; /* 1.5 * 2^23: round(v 2/pi) */
+    const vf n = t - 12582912.0f;
+    const vf r = ((v - n * 1.5703125f) - n * 4.837512969970703125e-4f) -
+                 n * 7.54978995489188216e-8f;
+    const vf z = r * r;
+    const vf ps = r + r * z * (-1.6666654611e-1f + z * (8.3321608736e-3f + z *
+                                                        -1.9515295891e-4f));
+    const vf pc = 1.0f - 0.5f * z + z * z * (4.166664568298827e-2f + z *
+                                              (-1.388731625493765e-3f + z *
+                                               2.443315711809948e-5f));
+    const vi q = (vi)t - 0x4B400000, sign = (vi)VSPLAT(-0.0f);
+    const vi odd = (q & 1) != 0;
+    const vf ss = VSELECT(odd, pc, ps), cc = VSELECT(odd, ps, pc);
+    *s = (vf)((vi)ss ^ (((q & 2) != 0) & sign));
+    *c = (vf)((vi)cc ^ ((((q + 1) & 2) != 0) & sign));
+}
+
 /* -2 sqrt(2/pi) log2(e): exp(-2u) = 2^(MF_GELU_EXP2 (x + 0.044715 x^3)) */
 #define MF_GELU_EXP2 -2.302208198144325f
 
