@@ -65,6 +65,13 @@ def _path_integration_backward(dtheta, delta, omega, domega):
     return ddelta
 
 
+def _sln_backward(dp, delta, gen, start, dgen, dstart, clamp=10.0):
+    ddelta, ggen, gstart = ref.sln_backward(dp, delta, gen, start, clamp)
+    dgen += ggen
+    dstart += gstart
+    return ddelta
+
+
 def _cope_backward(dout, q, k, v, e, out, lse, de, scale=None):
     dq, dk, dv, ge = ref.cope_backward(dout, q, k, v, e, scale)
     de += ge
@@ -236,6 +243,8 @@ NUMPY = SimpleNamespace(
     path_integration_backward=_path_integration_backward,
     rotary_forward=ref.rotary_forward,
     rotary_backward=ref.rotary_backward,
+    sln_forward=ref.sln_forward,
+    sln_backward=_sln_backward,
     conj_attention_forward=ref.conj_attention_forward,
     conj_attention_backward=_conj_attention_backward,
     cope_forward=ref.cope_forward,

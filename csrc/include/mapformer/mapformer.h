@@ -111,6 +111,12 @@ int rotary_forward(const MfRotaryParams *p);
  * dq_out, dk_out, q, k (B, T, H, D); theta (TB, T, H, D/2) */
 int rotary_backward(const MfRotaryParams *p);
 
+/* ---- sln.c: MapEM-SLN positions p[t] = exp(cumsum(delta)_t A) p*, A trace-free 2x2 ------ */
+/* p = exp(Phi A) start per block (Phi in double, hyperbolic |Phi| sqrt(q) clamped) */
+int sln_forward(const MfSlnParams *p);
+/* ddelta (=), dgen += (projected to trace-free), dstart += */
+int sln_backward(const MfSlnParams *p);
+
 /* ---- ape.c: APE's per-token orthogonal maps on q or k ------------------------------------ */
 /* y[b,t,h,aE+i] = sum_j maps[a, index[tb,t,a], h, i, j] x[b,t,h,aE+j]; y, x (B, T, H, D);
  * maps (A, P, H, E, E), E = D / A; index (TB, T, A) with TB = 1 (broadcast) or B */
