@@ -72,6 +72,13 @@ def _sln_backward(dp, delta, gen, start, dgen, dstart, clamp=10.0):
     return ddelta
 
 
+def _b4_backward(dp, delta, gen, start, dgen, dstart):
+    ddelta, ggen, gstart = ref.b4_backward(dp, delta, gen, start)
+    dgen += ggen
+    dstart += gstart
+    return ddelta
+
+
 def _cope_backward(dout, q, k, v, e, out, lse, de, scale=None):
     dq, dk, dv, ge = ref.cope_backward(dout, q, k, v, e, scale)
     de += ge
@@ -245,6 +252,8 @@ NUMPY = SimpleNamespace(
     rotary_backward=ref.rotary_backward,
     sln_forward=ref.sln_forward,
     sln_backward=_sln_backward,
+    b4_forward=ref.b4_forward,
+    b4_backward=_b4_backward,
     conj_attention_forward=ref.conj_attention_forward,
     conj_attention_backward=_conj_attention_backward,
     cope_forward=ref.cope_forward,

@@ -24,11 +24,11 @@ def inputs(rng, B, T, H, NB, scale=0.3):
 
 
 def expm(m):
-    """exp of (..., 2, 2) float64 matrices by scaling and squaring of a Taylor series."""
+    """exp of (..., n, n) float64 matrices by scaling and squaring of a Taylor series."""
     n = max(0, int(np.ceil(np.log2(max(np.abs(m).max(), 1e-300)))) + 4)
     a = m / 2.0**n
-    out, term = np.broadcast_to(np.eye(2), m.shape).copy(), np.broadcast_to(np.eye(2),
-                                                                             m.shape).copy()
+    out = np.broadcast_to(np.eye(m.shape[-1]), m.shape).copy()
+    term = out.copy()
     for k in range(1, 20):
         term = term @ a / k
         out = out + term
@@ -85,8 +85,9 @@ def test_c_op_matches_reference(rng, B, T, H, NB):
     assert_unchanged(before, (delta, gen, start))
     e_ddelta, e_dgen, e_dstart = ref.sln_backward(dp, delta, gen, start, 3.0)
     assert_within(ddelta, e_ddelta, 2 * magnitude_bound(e_ddelta), "ddelta")
-    assert_within(dgen, e_dgen + 0.5, 2 * magnitude_bound(e_dgen + 0.5), "dgen (+=)")
-    assert_within(dstart, e_dstart - 0.25, 2 * magnitude_bound(e_dstart - 0.25),
+    # += rounds twice: the gradient to float32, then the sum with the old value
+    assert_within(dgen, e_dgen + 0.5, 2 * magnitude_bound(np.abs(e_dgen) + 0.5), "dgen (+=)")
+    assert_within(dstart, e_dstart - 0.25, 2 * magnitude_bound(np.abs(e_dstart) + 0.25),
                   "dstart (+=)")
 
 
@@ -116,7 +117,8 @@ def test_hyperbolic_growth_is_capped_at_4x_the_training_length(rng):
     bound = (np.cosh(clamp) + np.sinh(clamp) / np.sqrt(q) * 0.7) * np.abs(start).max() * 2
     assert np.isfinite(p).all() and np.abs(p).max() <= bound
     capped = int(np.ceil(clamp / np.sqrt(q)))  # Phi = t + 1 > clamp / sqrt(q) from here
-    assert np.array_equal(p[:, capped:], np.broadcast_to(p[:, capped:capped + 1], p[:, capped:].shape))
+    assert np.array_equal(p[:, capped:],
+                          np.broadcast_to(p[:, capped:capped + 1], p[:, capped:].shape))
     assert np.abs(p[:, capped]).max() > 1e3 * np.abs(start).max()  # it did grow before
     dgen, dstart = np.zeros_like(gen), np.zeros_like(start)
     dp = randn(rng, B, T, H, 2 * NB)

@@ -128,7 +128,8 @@ int sln_backward(const MfSlnParams *p) {
         double dA00 = 0, dA01 = 0, dA10 = 0, dA11 = 0, dq = 0, du = 0, dv = 0;
         for (int64_t bb = 0; bb < B; bb++) {
             double phi = 0.0;
-            for (int64_t t = 0; t < T; t++) phi += (double)p->delta[((bb * T + t) * H + h) * NB + k];
+            for (int64_t t = 0; t < T; t++)
+                phi += (double)p->delta[((bb * T + t) * H + h) * NB + k];
             double rsum = 0.0;
             for (int64_t t = T - 1; t >= 0; t--) {
                 const int64_t row = (bb * T + t) * H + h;

@@ -117,6 +117,12 @@ int sln_forward(const MfSlnParams *p);
 /* ddelta (=), dgen += (projected to trace-free), dstart += */
 int sln_backward(const MfSlnParams *p);
 
+/* ---- b4.c: MapEM-b4 positions p[t] = exp(cumsum(delta)_t S) p*, S = L(u) + R(v) in so(4) - */
+/* p = qexp(Phi u) start qexp(Phi v) per 4-block (Phi in double) */
+int b4_forward(const MfB4Params *p);
+/* ddelta (=), dgen += (du, dv), dstart += */
+int b4_backward(const MfB4Params *p);
+
 /* ---- ape.c: APE's per-token orthogonal maps on q or k ------------------------------------ */
 /* y[b,t,h,aE+i] = sum_j maps[a, index[tb,t,a], h, i, j] x[b,t,h,aE+j]; y, x (B, T, H, D);
  * maps (A, P, H, E, E), E = D / A; index (TB, T, A) with TB = 1 (broadcast) or B */

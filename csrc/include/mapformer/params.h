@@ -151,6 +151,20 @@ typedef struct {
     int64_t B, T, H, D, NB, F; /* D = 2 NB, F = 4 */
 } MfSlnParams;
 
+/* b4: MapEM-b4 positions, per 4x4 block one skew generator S = L(u) + R(v) (quaternion
+ * split) and p[t] = qexp(Phi_t u) p* qexp(Phi_t v), Phi_t = cumsum_t(delta) in double */
+typedef struct {
+    float *p;             /* forward (B, T, H, D) */
+    float *ddelta;        /* backward (B, T, H, NB) (=) */
+    float *dgen;          /* backward (H, NB, 6) += */
+    float *dstart;        /* backward (H, D) += */
+    const float *dp;      /* backward (B, T, H, D) */
+    const float *delta;   /* (B, T, H, NB) */
+    const float *gen;     /* (H, NB, 6): (u, v), two pure quaternions per block */
+    const float *start;   /* (H, D) */
+    int64_t B, T, H, D, NB, F; /* D = 4 NB, F = 6 */
+} MfB4Params;
+
 /* rotary: rotate pairs (x[2i], x[2i+1]) of q and k by theta_i */
 typedef struct {
     float *q_out, *k_out;           /* forward (B, T, H, D) */
