@@ -79,6 +79,12 @@ def _b4_backward(dp, delta, gen, start, dgen, dstart):
     return ddelta
 
 
+def _nc_backward(dp, w, start, dstart):
+    dw, gstart = ref.nc_backward(dp, w, start)
+    dstart += gstart
+    return dw
+
+
 def _cope_backward(dout, q, k, v, e, out, lse, de, scale=None):
     dq, dk, dv, ge = ref.cope_backward(dout, q, k, v, e, scale)
     de += ge
@@ -254,6 +260,8 @@ NUMPY = SimpleNamespace(
     sln_backward=_sln_backward,
     b4_forward=ref.b4_forward,
     b4_backward=_b4_backward,
+    nc_forward=ref.nc_forward,
+    nc_backward=_nc_backward,
     conj_attention_forward=ref.conj_attention_forward,
     conj_attention_backward=_conj_attention_backward,
     cope_forward=ref.cope_forward,

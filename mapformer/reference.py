@@ -882,6 +882,62 @@ def b4_backward(dp, delta, gen, start, dtype=np.float64):
     return ddelta, np.concatenate([du, dv], -1), dstart
 
 
+# ---- nc: MapEM-NC ordered product of 4x4 rotations (unit-quaternion pairs) -----------------
+def nc_forward(w, start, dtype=np.float64):
+    """w (B, T, H, NB, 6) = per token the (u_t, v_t) of its step generator
+    S_t = L(u_t) + R(v_t), start (H, D = 4 NB) -> p (B, T, H, D): per 4-block the ordered
+    product p_t = exp(S_t) exp(S_{t-1}) ... exp(S_1) p*, computed as
+    p_t = A_t p* C_t with A_t = qexp(u_t) A_{t-1}, C_t = C_{t-1} qexp(v_t) (A_0 = C_0 = 1)."""
+    w, start = _cast(dtype, w, start)
+    B, T, H, NB, _ = w.shape
+    s = start.reshape(H, NB, 4)
+    a, _, _ = _qexp_parts(w[..., :3])
+    c, _, _ = _qexp_parts(w[..., 3:])
+    A = np.zeros((B, H, NB, 4))
+    A[..., 0] = 1.0
+    C = A.copy()
+    p = np.empty((B, T, H, NB, 4), dtype=dtype)
+    for t in range(T):
+        A, C = qmul(a[:, t], A), qmul(C, c[:, t])
+        p[:, t] = qmul(qmul(A, s), C)
+    return p.reshape(B, T, H, 4 * NB)
+
+
+def nc_backward(dp, w, start, dtype=np.float64):
+    """dp (B, T, H, D) -> dw (B, T, H, NB, 6), dstart (H, D): the gradients of
+    :func:`nc_forward` by the reverse-time adjoints of the two prefix products:
+    lam_t = g_t conj(p* C_t) + conj(a_{t+1}) lam_{t+1}, da_t = lam_t conj(A_{t-1});
+    mu_t = conj(A_t p*) g_t + mu_{t+1} conj(c_{t+1}), dc_t = conj(C_{t-1}) mu_t;
+    dw = J^T (da, dc) (qexp's Jacobian, see b4_backward); dp* = sum conj(A_t) g_t conj(C_t)."""
+    dp, w, start = _cast(dtype, dp, w, start)
+    B, T, H, NB, _ = w.shape
+    s = start.reshape(H, NB, 4)
+    g = dp.reshape(B, T, H, NB, 4)
+    a, sca, ka = _qexp_parts(w[..., :3])
+    c, scc, kc = _qexp_parts(w[..., 3:])
+    A = np.zeros((B, T + 1, H, NB, 4))
+    A[..., 0] = 1.0
+    C = A.copy()
+    for t in range(T):
+        A[:, t + 1], C[:, t + 1] = qmul(a[:, t], A[:, t]), qmul(C[:, t], c[:, t])
+    dstart = qmul(qmul(qconj(A[:, 1:]), g), qconj(C[:, 1:])).sum((0, 1)).reshape(start.shape)
+    dw = np.empty_like(w)
+    lam = np.zeros((B, H, NB, 4))
+    mu = np.zeros((B, H, NB, 4))
+    for t in range(T - 1, -1, -1):
+        lam = qmul(g[:, t], qconj(qmul(s, C[:, t + 1]))) + (
+            qmul(qconj(a[:, t + 1]), lam) if t + 1 < T else 0.0)
+        mu = qmul(qconj(qmul(A[:, t + 1], s)), g[:, t]) + (
+            qmul(mu, qconj(c[:, t + 1])) if t + 1 < T else 0.0)
+        for half, q, sc, k, d in ((slice(0, 3), w[:, t, ..., :3], sca[:, t], ka[:, t],
+                                   qmul(lam, qconj(A[:, t]))),
+                                  (slice(3, 6), w[:, t, ..., 3:], scc[:, t], kc[:, t],
+                                   qmul(qconj(C[:, t]), mu))):
+            dw[:, t, ..., half] = sc * (d[..., 1:] - d[..., :1] * q) + k * q * (
+                q * d[..., 1:]).sum(-1, keepdims=True)
+    return dw, dstart
+
+
 # ---- APE: per-token orthogonal maps ------------------------------------------------------
 def _ape_chunks(x, maps, index):
     """x (B, T, H, D), maps (A, P, H, E, E), index (TB, T, A) -> x as (B, T, H, A, E) and the

@@ -139,7 +139,7 @@ def test_toy_scheme_trains_a_step_through_the_cli(tmp_path):
 
 @pytest.mark.parametrize("mixer, positional, message", [
     ("conjunctive", "rope", "mixer 'conjunctive' takes positional schemes of kind 'positions' "
-     "(mapem, mapem_b4, mapem_sln), not 'rope' (kind 'angles')"),
+     "(mapem, mapem_b4, mapem_nc, mapem_sln), not 'rope' (kind 'angles')"),
     ("attention", "mapem", "mixer 'attention' takes positional schemes of kind 'none', "
      "'angles' or 'attention' (ape_grid, ape_seq, ape_tree, cope, gridpe, mapwm, none, rope, "
      "tape), not 'mapem' (kind "

@@ -123,6 +123,12 @@ int b4_forward(const MfB4Params *p);
 /* ddelta (=), dgen += (du, dv), dstart += */
 int b4_backward(const MfB4Params *p);
 
+/* ---- nc.c: MapEM-NC positions p[t] = exp(S_t) ... exp(S_1) p*, quaternion prefix pairs -- */
+/* p = A_t start C_t, A_t = qexp(u_t) A_{t-1}, C_t = C_{t-1} qexp(v_t) (renormalised) */
+int nc_forward(const MfNcParams *p);
+/* dw (=) by the reverse-time adjoints, dstart += */
+int nc_backward(const MfNcParams *p);
+
 /* ---- ape.c: APE's per-token orthogonal maps on q or k ------------------------------------ */
 /* y[b,t,h,aE+i] = sum_j maps[a, index[tb,t,a], h, i, j] x[b,t,h,aE+j]; y, x (B, T, H, D);
  * maps (A, P, H, E, E), E = D / A; index (TB, T, A) with TB = 1 (broadcast) or B */

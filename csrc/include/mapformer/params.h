@@ -165,6 +165,18 @@ typedef struct {
     int64_t B, T, H, D, NB, F; /* D = 4 NB, F = 6 */
 } MfB4Params;
 
+/* nc: MapEM-NC positions, per 4x4 block the ordered product of per-token rotations
+ * exp(S_t), S_t = L(u_t) + R(v_t), as a pair of unit-quaternion prefix products */
+typedef struct {
+    float *p;             /* forward (B, T, H, D) */
+    float *dw;            /* backward (B, T, H, NB, 6) (=) */
+    float *dstart;        /* backward (H, D) += */
+    const float *dp;      /* backward (B, T, H, D) */
+    const float *w;       /* (B, T, H, NB, 6): (u_t, v_t) per token and block */
+    const float *start;   /* (H, D) */
+    int64_t B, T, H, D, NB, F; /* D = 4 NB, F = 6 */
+} MfNcParams;
+
 /* rotary: rotate pairs (x[2i], x[2i+1]) of q and k by theta_i */
 typedef struct {
     float *q_out, *k_out;           /* forward (B, T, H, D) */
