@@ -6,9 +6,9 @@ a model, threads, bad input."""
 import numpy as np
 import pytest
 
-from conftest import (U32, assert_array_argument_checked, assert_same_bits_for_thread_counts,
-                      assert_unchanged, assert_within, copies, numerical_grad, randn,
-                      raises_naming)
+from conftest import (U32, assert_array_argument_checked, assert_no_leaks,
+                      assert_same_bits_for_thread_counts, assert_unchanged, assert_within,
+                      copies, expect_error, numerical_grad, randn, raises_naming)
 from mapformer import _C
 from mapformer import reference as ref
 from test_sln import expm
@@ -149,6 +149,18 @@ def test_bad_input_names_the_argument(rng):
     assert_array_argument_checked(lambda x: backward(dp=x), "dp", dp, sizes=False)
     assert_array_argument_checked(lambda x: backward(dgen=x), "dgen", gen)
     assert_array_argument_checked(lambda x: backward(dstart=x), "dstart", start)
+
+
+def test_no_leaks(rng):
+    delta, gen, start = inputs(rng, 2, 3, 2, 2)
+    dp, dgen, dstart = randn(rng, 2, 3, 2, 8), np.zeros_like(gen), np.zeros_like(start)
+    bad = randn(rng, 2, 3, 2, 3)
+
+    def calls():
+        _C.b4_forward(delta, gen, start)
+        _C.b4_backward(dp, delta, gen, start, dgen, dstart)
+        expect_error(_C.b4_forward, bad, gen, start)
+    assert_no_leaks(calls, (delta, gen, start, dp, dgen, dstart, bad), rounds=300)
 
 
 # ---- the mapem_b4 scheme in a model ---------------------------------------------------------

@@ -6,9 +6,9 @@ at length 4096, threads, bad input."""
 import numpy as np
 import pytest
 
-from conftest import (U32, assert_array_argument_checked, assert_same_bits_for_thread_counts,
-                      assert_unchanged, assert_within, copies, numerical_grad, randn,
-                      raises_naming)
+from conftest import (U32, assert_array_argument_checked, assert_no_leaks,
+                      assert_same_bits_for_thread_counts, assert_unchanged, assert_within,
+                      copies, expect_error, numerical_grad, randn, raises_naming)
 from mapformer import _C
 from mapformer import reference as ref
 from test_sln import expm
@@ -123,6 +123,18 @@ def test_bad_input_names_the_argument(rng):
     assert_array_argument_checked(lambda x: _C.nc_backward(x, w, start, np.zeros_like(start)),
                                   "dp", dp, sizes=False)
     assert_array_argument_checked(lambda x: _C.nc_backward(dp, w, start, x), "dstart", start)
+
+
+def test_no_leaks(rng):
+    w, start = inputs(rng, 2, 3, 2, 2)
+    dp, dstart = randn(rng, 2, 3, 2, 8), np.zeros_like(start)
+    bad = randn(rng, 2, 3, 2, 3, 6)
+
+    def calls():
+        _C.nc_forward(w, start)
+        _C.nc_backward(dp, w, start, dstart)
+        expect_error(_C.nc_forward, bad, start)
+    assert_no_leaks(calls, (w, start, dp, dstart, bad), rounds=300)
 
 
 # ---- the mapem_nc scheme in a model ---------------------------------------------------------

@@ -5,9 +5,9 @@ at 4x a training length, bad input."""
 import numpy as np
 import pytest
 
-from conftest import (U32, assert_array_argument_checked, assert_same_bits_for_thread_counts,
-                      assert_unchanged, assert_within, copies, numerical_grad, randn,
-                      raises_naming)
+from conftest import (U32, assert_array_argument_checked, assert_no_leaks,
+                      assert_same_bits_for_thread_counts, assert_unchanged, assert_within,
+                      copies, expect_error, numerical_grad, randn, raises_naming)
 from mapformer import _C
 from mapformer import reference as ref
 
@@ -171,6 +171,18 @@ def test_bad_input_names_the_argument(rng):
             _C.sln_forward(delta, gen, start, clamp)
     with raises_naming(ValueError, "start"):  # odd head dim
         _C.sln_forward(delta, gen, randn(rng, 2, 5))
+
+
+def test_no_leaks(rng):
+    delta, gen, start = inputs(rng, 2, 3, 2, 3)
+    dp, dgen, dstart = randn(rng, 2, 3, 2, 6), np.zeros_like(gen), np.zeros_like(start)
+    bad = randn(rng, 2, 3, 2, 4)
+
+    def calls():
+        _C.sln_forward(delta, gen, start)
+        _C.sln_backward(dp, delta, gen, start, dgen, dstart)
+        expect_error(_C.sln_forward, bad, gen, start)
+    assert_no_leaks(calls, (delta, gen, start, dp, dgen, dstart, bad), rounds=300)
 
 
 # ---- the mapem_sln scheme in a model --------------------------------------------------------
