@@ -104,3 +104,20 @@ def test_cli_trains_a_tiny_model_on_rotation4d(tmp_path, capsys):
     for name in ("iid", "ood_dense", "ood_sparse"):
         assert 0.0 <= result["eval"][name]["accuracy"] <= 1.0
         assert result["eval"][name]["positions"] > 0
+
+
+def test_reproduce_fig7_runs_at_tiny_scale(tmp_path):
+    import importlib.util
+    from pathlib import Path
+    path = Path(__file__).resolve().parents[1] / "benchmarks" / "reproduce_fig7.py"
+    spec = importlib.util.spec_from_file_location("reproduce_fig7", path)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    runs = module.main(["--scale", "tiny", "--seeds", "1", "--panels", "bd",
+                        "--out", str(tmp_path)])
+    assert [r["model"] for r in runs] == list(module.FIG7BD)
+    saved = json.loads((tmp_path / "fig7_tiny.json").read_text())
+    assert len(saved["runs"]) == 4 and (tmp_path / "fig7_tiny.png").stat().st_size > 0
+    for r in runs:  # one evaluation per optimizer step (eval_every 1), 2 steps
+        assert [step for step, _ in r["curve"]] == [1, 2]
+        assert 0 <= r["eval"]["ood_sparse"]["accuracy"] <= 1
