@@ -692,6 +692,54 @@ def ape_benches(C, B=128, T=256, H=2, D=64, seed=0):
     ]
 
 
+def groups_benches(C, B=128, T=256, H=2, D=64, seed=0):
+    """Issue 10's positional ops, forward + backward each, beside MapWM's cumulative-sum path
+    integration of the same head (its budget: NC at most 3x path integration):
+    path_integration  (B, T, H, D/2) angles, forward and backward
+    sln               2x2 trace-free blocks, (B, T, H, D/2) Delta, positions (B, T, H, D)
+    b4                4x4 blocks, (B, T, H, D/4) Delta
+    nc                4x4 blocks, ordered product of per-token steps (B, T, H, D/4, 6)
+    Bytes: the arrays read and written; no NumPy side (the references loop in Python)."""
+    rng = np.random.default_rng(seed)
+    f32 = lambda *s: (0.3 * rng.standard_normal(s)).astype(np.float32)  # noqa: E731
+    n2, n4 = D // 2, D // 4
+    d2, d4, om = f32(B, T, H, n2), f32(B, T, H, n4), f32(H, n2)
+    gen2, gen6, start = f32(H, n2, 4), f32(H, n4, 6), f32(H, D)
+    w, dp, dth = f32(B, T, H, n4, 6), f32(B, T, H, D), f32(B, T, H, n2)
+    sizes = dict(B=B, T=T, H=H, D=D)
+    rows = B * T * H
+
+    def pi():
+        C.path_integration_forward(d2, om)
+        C.path_integration_backward(dth, d2, om, np.zeros_like(om))
+
+    def sln():
+        C.sln_forward(d2, gen2, start)
+        C.sln_backward(dp, d2, gen2, start, np.zeros_like(gen2), np.zeros_like(start))
+
+    def b4():
+        C.b4_forward(d4, gen6, start)
+        C.b4_backward(dp, d4, gen6, start, np.zeros_like(gen6), np.zeros_like(start))
+
+    def nc():
+        C.nc_forward(w, start)
+        C.nc_backward(dp, w, start, np.zeros_like(start))
+
+    def check():
+        assert np.isfinite(C.nc_forward(w, start)).all()
+
+    return [
+        OpBench("path_integration fwd+bwd (groups baseline)", sizes, lambda: 0,
+                lambda: 4 * rows * n2 * 4, pi, None, check),
+        OpBench("sln fwd+bwd", sizes, lambda: 0, lambda: 4 * rows * (n2 * 2 + D * 2), sln,
+                None, check),
+        OpBench("b4 fwd+bwd", sizes, lambda: 0, lambda: 4 * rows * (n4 * 2 + D * 2), b4,
+                None, check),
+        OpBench("nc fwd+bwd", sizes, lambda: 0, lambda: 4 * rows * (n4 * 12 + D * 2), nc,
+                None, check),
+    ]
+
+
 FAMILIES = {
     "rotary": rotary_benches,
     "attention": attention_benches,
@@ -701,6 +749,7 @@ FAMILIES = {
     "sgemm": sgemm_benches,
     "scan": scan_benches,
     "ape": ape_benches,
+    "groups": groups_benches,
 }
 
 
@@ -757,6 +806,7 @@ def main():
         "scan": dict(B=args.scan_batch, T=args.seq, E=args.scan_channels, N=args.scan_state,
                      numpy_batch=args.scan_numpy_batch, copy_mb=args.copy_mb),
         "ape": dict(B=args.batch, T=args.seq, H=args.heads, D=args.head_dim),
+        "groups": dict(B=args.batch, T=args.seq, H=args.heads, D=args.head_dim),
     }
     results = []
     for family in args.families.split(","):

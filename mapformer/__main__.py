@@ -51,6 +51,8 @@ FIELD_HELP = {
     "decay": "parameters AdamW decays: comma-separated 'matrices' (linear and embedding "
              "weights, CoPE position embeddings, TAPE's head mix), 'all', 'none' and "
              "parameter-name globs, e.g. 'matrices,*.omega' to also decay MapWM's omega",
+    "planes": "rotation4d: the 90-degree rotation planes generating the group, pairs of axes "
+              "1..4 (default '12,23': 24 elements; '12,23,34': 192; '12,34': commuting, 16)",
     "sequences": "training sequences in all",
     "schedule": "linear (the paper's) or cosine (with --warmup-steps)",
     "eval_every": "optimizer steps between evaluations (0: at the end only)",
@@ -78,7 +80,7 @@ def add_field_flags(parser, config_fields):
     for f in config_fields:
         default = None if f.default is MISSING else f.default
         kind = type(default) if default is not None else (float if f.name == "p_empty" else int)
-        if f.name in ("ood_dense", "ood_sparse", "decay", *FIELD_CHOICES):
+        if f.name in ("ood_dense", "ood_sparse", "decay", "planes", *FIELD_CHOICES):
             kind = str
         help_text = FIELD_HELP.get(f.name, f.name.replace("_", " "))
         parser.add_argument(flag(f.name), type=kind, default=None,

@@ -65,6 +65,26 @@ def _path_integration_backward(dtheta, delta, omega, domega):
     return ddelta
 
 
+def _sln_backward(dp, delta, gen, start, dgen, dstart, clamp=10.0):
+    ddelta, ggen, gstart = ref.sln_backward(dp, delta, gen, start, clamp)
+    dgen += ggen
+    dstart += gstart
+    return ddelta
+
+
+def _b4_backward(dp, delta, gen, start, dgen, dstart):
+    ddelta, ggen, gstart = ref.b4_backward(dp, delta, gen, start)
+    dgen += ggen
+    dstart += gstart
+    return ddelta
+
+
+def _nc_backward(dp, w, start, dstart):
+    dw, gstart = ref.nc_backward(dp, w, start)
+    dstart += gstart
+    return dw
+
+
 def _cope_backward(dout, q, k, v, e, out, lse, de, scale=None):
     dq, dk, dv, ge = ref.cope_backward(dout, q, k, v, e, scale)
     de += ge
@@ -251,6 +271,12 @@ NUMPY = SimpleNamespace(
     path_integration_backward=_path_integration_backward,
     rotary_forward=ref.rotary_forward,
     rotary_backward=ref.rotary_backward,
+    sln_forward=ref.sln_forward,
+    sln_backward=_sln_backward,
+    b4_forward=ref.b4_forward,
+    b4_backward=_b4_backward,
+    nc_forward=ref.nc_forward,
+    nc_backward=_nc_backward,
     conj_attention_forward=ref.conj_attention_forward,
     conj_attention_backward=_conj_attention_backward,
     cope_forward=ref.cope_forward,

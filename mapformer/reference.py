@@ -736,6 +736,208 @@ def complex_scan_backward(dy, x, delta, delta_angle, A, omega, B, C, D, chunk=25
                                            _complex_to_pairs(dBc), _complex_to_pairs(dCc), dD)]
 
 
+# ---- sln: MapEM-SLN positions, 2x2 trace-free generators -----------------------------------
+def _sln_parts(delta, gen, clamp):
+    """Phi (B, T, H, NB), the generator's (a, b, c) with A = [[a, b], [c, -a]] and
+    q = a^2 + b c = -det A (H, NB), and the closed form's C, S and derivatives in Phi and q."""
+    phi = np.cumsum(delta, axis=1)
+    a, b, c = (gen[..., 0] - gen[..., 3]) / 2, gen[..., 1], gen[..., 2]
+    q = a * a + b * c
+    x = phi * phi * q
+    clamped = x > clamp * clamp
+    small = np.abs(x) < 1e-3
+    with np.errstate(all="ignore"):
+        root = np.sqrt(np.abs(np.where(small | clamped, 1.0, x)))  # |Phi| sqrt|q|
+        arg = np.abs(phi) * np.sqrt(np.abs(q))
+        cosh_like = np.where(x > 0, np.cosh(arg), np.cos(arg))
+        sinc_like = np.where(x > 0, np.sinh(root), np.sin(root)) / root  # g(x)
+        f = np.where(small, 1 + x / 2 + x**2 / 24 + x**3 / 720, cosh_like)
+        g = np.where(small, 1 + x / 6 + x**2 / 120 + x**3 / 5040, sinc_like)
+        big_c, big_s = np.cosh(clamp), np.sign(phi) * np.sinh(clamp) / np.sqrt(np.abs(q))
+        C = np.where(clamped, big_c, f)
+        S = np.where(clamped, big_s, phi * g)
+        gp = np.where(small, 1 / 6 + x / 60 + x**2 / 1680 + x**3 / 90720,
+                      (f - g) / np.where(small, 1.0, 2 * x))
+        dS_dq = np.where(clamped, -S / (2 * np.where(clamped, q, 1.0)), phi**3 * gp)
+    dC_dphi = np.where(clamped, 0.0, q * S)
+    dS_dphi = np.where(clamped, 0.0, C)
+    dC_dq = np.where(clamped, 0.0, phi * S / 2)
+    return (a, b, c), C, S, dC_dphi, dS_dphi, dC_dq, dS_dq
+
+
+def sln_forward(delta, gen, start, clamp=10.0, dtype=np.float64):
+    """delta (B, T, H, NB), gen (H, NB, 4) (A_bar per block, row-major), start (H, D = 2 NB)
+    -> p (B, T, H, D): per block p[t] = exp(Phi_t A) start with A = A_bar - tr(A_bar)/2 I
+    and Phi_t = cumsum_t(delta); exp(Phi A) = C I + S A (C = cosh, S = sinh / sqrt(q) for
+    q = -det A > 0, cos / sin for q < 0, series near 0), |Phi| sqrt q capped at clamp."""
+    delta, gen, start = _cast(dtype, delta, gen, start)
+    (a, b, c), C, S, *_ = _sln_parts(delta, gen, clamp)
+    u, v = start[:, 0::2], start[:, 1::2]
+    p = np.empty(delta.shape[:-1] + (start.shape[-1],), dtype=dtype)
+    p[..., 0::2] = C * u + S * (a * u + b * v)
+    p[..., 1::2] = C * v + S * (c * u - a * v)
+    return p
+
+
+def sln_backward(dp, delta, gen, start, clamp=10.0, dtype=np.float64):
+    """dp (B, T, H, D) -> ddelta (B, T, H, NB), dgen (H, NB, 4) (the trace-free part),
+    dstart (H, D): the gradients of :func:`sln_forward`."""
+    dp, delta, gen, start = _cast(dtype, dp, delta, gen, start)
+    (a, b, c), C, S, dC_dphi, dS_dphi, dC_dq, dS_dq = _sln_parts(delta, gen, clamp)
+    u, v = start[:, 0::2], start[:, 1::2]
+    g0, g1 = dp[..., 0::2], dp[..., 1::2]
+    dC, dS = g0 * u + g1 * v, g0 * (a * u + b * v) + g1 * (c * u - a * v)
+    dphi = dC * dC_dphi + dS * dS_dphi
+    ddelta = np.flip(np.cumsum(np.flip(dphi, 1), 1), 1)
+    dq = (dC * dC_dq + dS * dS_dq).sum((0, 1))
+    s0, s1 = S * g0, S * g1
+    dA = np.stack([(s0 * u).sum((0, 1)) + dq * a, (s0 * v).sum((0, 1)) + dq * c,
+                   (s1 * u).sum((0, 1)) + dq * b, (s1 * v).sum((0, 1)) - dq * a], axis=-1)
+    half_trace = (dA[..., 0] + dA[..., 3]) / 2
+    dA[..., 0] -= half_trace
+    dA[..., 3] -= half_trace
+    dstart = np.empty_like(start)
+    dstart[:, 0::2] = (C * g0 + a * s0 + c * s1).sum((0, 1))
+    dstart[:, 1::2] = (C * g1 + b * s0 - a * s1).sum((0, 1))
+    return ddelta, dA, dstart
+
+
+# ---- b4: MapEM-b4 positions, 4x4 blocks with one skew generator (quaternion split) ---------
+def qmul(a, b):
+    """Hamilton product of quaternions (..., 4) = (w, x, y, z)."""
+    aw, ax, ay, az = np.moveaxis(a, -1, 0)
+    bw, bx, by, bz = np.moveaxis(b, -1, 0)
+    return np.stack([aw * bw - ax * bx - ay * by - az * bz, aw * bx + ax * bw + ay * bz - az * by,
+                     aw * by - ax * bz + ay * bw + az * bx, aw * bz + ax * by - ay * bx + az * bw],
+                    axis=-1)
+
+
+def qconj(a):
+    return a * np.array([1.0, -1.0, -1.0, -1.0])
+
+
+def _qexp_parts(w):
+    """w (..., 3) -> qexp(w) = (cos n, sinc(n) w) (..., 4), sinc = sin n / n and
+    k = (cos n - sinc n) / n^2 (..., 1), by series for n < 0.05."""
+    n2 = (w * w).sum(-1, keepdims=True)
+    n = np.sqrt(n2)
+    small = n < 0.05
+    safe = np.where(small, 1.0, n)
+    sc = np.where(small, 1 - n2 / 6 + n2**2 / 120 - n2**3 / 5040, np.sin(safe) / safe)
+    k = np.where(small, -1 / 3 + n2 / 30 - n2**2 / 840 + n2**3 / 45360,
+                 (np.cos(safe) - np.sin(safe) / safe) / safe**2)
+    return np.concatenate([np.cos(n), sc * w], axis=-1), sc, k
+
+
+def quaternion_generator(u, v):
+    """The skew 4x4 generator S = L(u) + R(v) (..., 4, 4) of pure quaternions u, v (..., 3):
+    S p = u p + p v (quaternion products)."""
+    basis = np.eye(4)
+    pu = np.concatenate([np.zeros(u.shape[:-1] + (1,)), u], -1)
+    pv = np.concatenate([np.zeros(v.shape[:-1] + (1,)), v], -1)
+    cols = [qmul(pu, np.broadcast_to(e, pu.shape)) + qmul(np.broadcast_to(e, pv.shape), pv)
+            for e in basis]
+    return np.stack(cols, axis=-1)
+
+
+def b4_forward(delta, gen, start, dtype=np.float64):
+    """delta (B, T, H, NB), gen (H, NB, 6) = (u, v), start (H, D = 4 NB) -> p (B, T, H, D):
+    per 4-block p[t] = exp(Phi_t S) p* = qexp(Phi_t u) p* qexp(Phi_t v) (quaternion products),
+    S = L(u) + R(v), Phi_t = cumsum_t(delta)."""
+    delta, gen, start = _cast(dtype, delta, gen, start)
+    phi = np.cumsum(delta, axis=1)[..., None]
+    s = start.reshape(start.shape[0], -1, 4)
+    a, _, _ = _qexp_parts(phi * gen[..., :3])
+    c, _, _ = _qexp_parts(phi * gen[..., 3:])
+    return qmul(qmul(a, s), c).reshape(delta.shape[:-1] + (start.shape[-1],))
+
+
+def b4_backward(dp, delta, gen, start, dtype=np.float64):
+    """dp (B, T, H, D) -> ddelta (B, T, H, NB), dgen (H, NB, 6), dstart (H, D): the
+    gradients of :func:`b4_forward`. dPhi = <g, u p + p v>; dp* = conj(a) g conj(c);
+    du = Phi J(Phi u)^T (g conj(p* c)), dv = Phi J(Phi v)^T (conj(a p*) g), J the Jacobian of
+    qexp: J^T g = sinc n (g_vec - g_0 w) + k w (w . g_vec)."""
+    dp, delta, gen, start = _cast(dtype, dp, delta, gen, start)
+    phi = np.cumsum(delta, axis=1)[..., None]
+    s = start.reshape(start.shape[0], -1, 4)
+    g = dp.reshape(delta.shape + (4,))
+    u, v = gen[..., :3], gen[..., 3:]
+    zero = np.zeros(u.shape[:-1] + (1,))
+    pu, pv = np.concatenate([zero, u], -1), np.concatenate([zero, v], -1)
+    wu, wv = phi * u, phi * v
+    a, sca, ka = _qexp_parts(wu)
+    c, scc, kc = _qexp_parts(wv)
+    p = qmul(qmul(a, s), c)
+    dphi = (g * (qmul(pu, p) + qmul(p, pv))).sum(-1)
+    ddelta = np.flip(np.cumsum(np.flip(dphi, 1), 1), 1)
+    dstart = qmul(qmul(qconj(a), g), qconj(c)).sum((0, 1)).reshape(start.shape)
+
+    def jt(w, sc, k, ga):
+        return sc * (ga[..., 1:] - ga[..., :1] * w) + k * w * (w * ga[..., 1:]).sum(-1,
+                                                                                  keepdims=True)
+    da = qmul(g, qconj(qmul(s, c)))
+    dc = qmul(qconj(qmul(a, s)), g)
+    du = (phi * jt(wu, sca, ka, da)).sum((0, 1))
+    dv = (phi * jt(wv, scc, kc, dc)).sum((0, 1))
+    return ddelta, np.concatenate([du, dv], -1), dstart
+
+
+# ---- nc: MapEM-NC ordered product of 4x4 rotations (unit-quaternion pairs) -----------------
+def nc_forward(w, start, dtype=np.float64):
+    """w (B, T, H, NB, 6) = per token the (u_t, v_t) of its step generator
+    S_t = L(u_t) + R(v_t), start (H, D = 4 NB) -> p (B, T, H, D): per 4-block the ordered
+    product p_t = exp(S_t) exp(S_{t-1}) ... exp(S_1) p*, computed as
+    p_t = A_t p* C_t with A_t = qexp(u_t) A_{t-1}, C_t = C_{t-1} qexp(v_t) (A_0 = C_0 = 1)."""
+    w, start = _cast(dtype, w, start)
+    B, T, H, NB, _ = w.shape
+    s = start.reshape(H, NB, 4)
+    a, _, _ = _qexp_parts(w[..., :3])
+    c, _, _ = _qexp_parts(w[..., 3:])
+    A = np.zeros((B, H, NB, 4))
+    A[..., 0] = 1.0
+    C = A.copy()
+    p = np.empty((B, T, H, NB, 4), dtype=dtype)
+    for t in range(T):
+        A, C = qmul(a[:, t], A), qmul(C, c[:, t])
+        p[:, t] = qmul(qmul(A, s), C)
+    return p.reshape(B, T, H, 4 * NB)
+
+
+def nc_backward(dp, w, start, dtype=np.float64):
+    """dp (B, T, H, D) -> dw (B, T, H, NB, 6), dstart (H, D): the gradients of
+    :func:`nc_forward` by the reverse-time adjoints of the two prefix products:
+    lam_t = g_t conj(p* C_t) + conj(a_{t+1}) lam_{t+1}, da_t = lam_t conj(A_{t-1});
+    mu_t = conj(A_t p*) g_t + mu_{t+1} conj(c_{t+1}), dc_t = conj(C_{t-1}) mu_t;
+    dw = J^T (da, dc) (qexp's Jacobian, see b4_backward); dp* = sum conj(A_t) g_t conj(C_t)."""
+    dp, w, start = _cast(dtype, dp, w, start)
+    B, T, H, NB, _ = w.shape
+    s = start.reshape(H, NB, 4)
+    g = dp.reshape(B, T, H, NB, 4)
+    a, sca, ka = _qexp_parts(w[..., :3])
+    c, scc, kc = _qexp_parts(w[..., 3:])
+    A = np.zeros((B, T + 1, H, NB, 4))
+    A[..., 0] = 1.0
+    C = A.copy()
+    for t in range(T):
+        A[:, t + 1], C[:, t + 1] = qmul(a[:, t], A[:, t]), qmul(C[:, t], c[:, t])
+    dstart = qmul(qmul(qconj(A[:, 1:]), g), qconj(C[:, 1:])).sum((0, 1)).reshape(start.shape)
+    dw = np.empty_like(w)
+    lam = np.zeros((B, H, NB, 4))
+    mu = np.zeros((B, H, NB, 4))
+    for t in range(T - 1, -1, -1):
+        lam = qmul(g[:, t], qconj(qmul(s, C[:, t + 1]))) + (
+            qmul(qconj(a[:, t + 1]), lam) if t + 1 < T else 0.0)
+        mu = qmul(qconj(qmul(A[:, t + 1], s)), g[:, t]) + (
+            qmul(mu, qconj(c[:, t + 1])) if t + 1 < T else 0.0)
+        for half, q, sc, k, d in ((slice(0, 3), w[:, t, ..., :3], sca[:, t], ka[:, t],
+                                   qmul(lam, qconj(A[:, t]))),
+                                  (slice(3, 6), w[:, t, ..., 3:], scc[:, t], kc[:, t],
+                                   qmul(qconj(C[:, t]), mu))):
+            dw[:, t, ..., half] = sc * (d[..., 1:] - d[..., :1] * q) + k * q * (
+                q * d[..., 1:]).sum(-1, keepdims=True)
+    return dw, dstart
+
+
 # ---- APE: per-token orthogonal maps ------------------------------------------------------
 def _ape_chunks(x, maps, index):
     """x (B, T, H, D), maps (A, P, H, E, E), index (TB, T, A) -> x as (B, T, H, A, E) and the

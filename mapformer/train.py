@@ -19,9 +19,10 @@ import numpy as np
 from tqdm.auto import tqdm
 
 from .models import ModelConfig, Transformer
-from .tasks import navigation, selective_copy
+from .tasks import navigation, rotation4d, selective_copy
 
-TASKS = {"navigation": navigation, "selective_copy": selective_copy}
+TASKS = {"navigation": navigation, "selective_copy": selective_copy,
+         "rotation4d": rotation4d}
 SCHEDULES = ("linear", "cosine")
 EVAL_SETS = ("iid", "ood_dense", "ood_sparse")
 PRESETS = EVAL_SETS + ("table3",)  # training presets: navigation's "table3" has its own OOD sets
@@ -37,11 +38,13 @@ class TrainConfig:
     lr 3e-4, weight decay 0.05, batch 128, gradient clipping at 1.0, linear decay to 0 and
     no warmup, on the 2D ``iid`` preset (128 steps, p_empty 0.5, grid 64).
 
-    task: 'navigation' or 'selective_copy'; preset: 'iid', 'ood_dense', 'ood_sparse' or
-    (navigation) 'table3', the SSM comparison's 16-step training set.
+    task: 'navigation', 'rotation4d' or 'selective_copy'; preset: 'iid', 'ood_dense',
+    'ood_sparse' or (navigation) 'table3', the SSM comparison's 16-step training set.
     dims, steps, grid_size, p_empty, n_objects: navigation (see
     :func:`mapformer.tasks.navigation.preset`); n_copy, n_blanks, n_symbols: selective copy
-    (see :func:`mapformer.tasks.selective_copy.preset`). None keeps the preset's value.
+    (see :func:`mapformer.tasks.selective_copy.preset`); steps, p_empty, n_objects, planes:
+    4D-rotation navigation (see :mod:`mapformer.tasks.rotation4d`). None keeps the preset's
+    value.
     ood_dense, ood_sparse: overrides ("field=value,...", e.g. "steps=256,p_empty=0.9") of the
     OOD test sets, which are derived from the training task by the paper's ratios (see
     :meth:`eval_tasks`). sequences: training sequences in all (rounded up to whole batches).
@@ -65,6 +68,7 @@ class TrainConfig:
     grid_size: int = None
     p_empty: float = None
     n_objects: int = 16
+    planes: str = None
     n_copy: int = None
     n_blanks: int = None
     n_symbols: int = None
@@ -127,6 +131,12 @@ class TrainConfig:
         name = preset or self.preset
         if self.task == "navigation":
             shape, vocab = ("steps", "grid_size", "p_empty"), {"n_objects": self.n_objects}
+        elif self.task == "rotation4d":
+            if self.grid_size is not None:
+                raise ValueError("grid_size is not a field of task 'rotation4d' (its cells "
+                                 "are the group's elements)")
+            shape = ("steps", "p_empty")
+            vocab = {"n_objects": self.n_objects, "planes": self.planes}
         else:
             shape, vocab = ("n_copy", "n_blanks"), {"n_symbols": self.n_symbols}
         overrides = {k: v for k, v in vocab.items() if v is not None}
@@ -134,6 +144,8 @@ class TrainConfig:
             overrides.update({k: getattr(self, k) for k in shape if getattr(self, k) is not None})
         if self.task == "navigation":
             return navigation.preset(name, dims=self.dims, **overrides)
+        if self.task == "rotation4d":
+            return rotation4d.preset(name, **overrides)
         return selective_copy.preset(name, **overrides)
 
     def eval_tasks(self):
@@ -244,7 +256,10 @@ class AdamW:
 
 
 def task_module(task):
-    """The module (navigation or selective_copy) that generates batches of a task config."""
+    """The module (navigation, rotation4d or selective_copy) that generates batches of a task
+    config."""
+    if isinstance(task, rotation4d.Rotation4DConfig):
+        return rotation4d
     return navigation if isinstance(task, navigation.NavigationConfig) else selective_copy
 
 

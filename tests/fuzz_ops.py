@@ -43,6 +43,9 @@ WRITTEN = {
     "ape_apply_backward": {"dmaps"},
     "vq_backward": {"dcodebook"},
     "lstm_backward": {"dw_ih", "dw_hh", "db"},
+    "sln_backward": {"dgen", "dstart"},
+    "b4_backward": {"dgen", "dstart"},
+    "nc_backward": {"dstart"},
 }
 IDS = {"embedding_forward": ("tokens", "V"), "embedding_backward": ("tokens", "V"),
        "softmax_xent_forward": ("targets", "V"), "softmax_xent_backward": ("targets", "V")}
@@ -199,6 +202,22 @@ def good_call(op, rng):
         h, c, gates = _C.lstm_forward(**lstm)
         return dict(dh=f32(rng, B, T, F), **lstm, h=h, c=c, gates=gates,
                     dw_ih=f32(rng, 4 * F, C), dw_hh=f32(rng, 4 * F, F), db=f32(rng, 4 * F)), s
+    NB2, NB4 = D // 2, D // 4
+    sln = dict(delta=f32(rng, B, T, H, NB2), gen=f32(rng, H, NB2, 4), start=f32(rng, H, D))
+    if op == "sln_forward":
+        return sln, s
+    if op == "sln_backward":
+        return dict(dp=bthd(), **sln, dgen=f32(rng, H, NB2, 4), dstart=f32(rng, H, D)), s
+    b4 = dict(delta=f32(rng, B, T, H, NB4), gen=f32(rng, H, NB4, 6), start=f32(rng, H, D))
+    if op == "b4_forward":
+        return b4, s
+    if op == "b4_backward":
+        return dict(dp=bthd(), **b4, dgen=f32(rng, H, NB4, 6), dstart=f32(rng, H, D)), s
+    nc = dict(w=f32(rng, B, T, H, NB4, 6), start=f32(rng, H, D))
+    if op == "nc_forward":
+        return nc, s
+    if op == "nc_backward":
+        return dict(dp=bthd(), **nc, dstart=f32(rng, H, D)), s
     mode = str(rng.choice(["score_product", "softmax_product", "sum"]))
     if op == "conj_attention_forward":
         return dict(qx=bthd(), kx=bthd(), qp=bthd(), kp=bthd(), v=bthd(), mode=mode,

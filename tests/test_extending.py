@@ -139,7 +139,7 @@ def test_toy_scheme_trains_a_step_through_the_cli(tmp_path):
 
 @pytest.mark.parametrize("mixer, positional, message", [
     ("conjunctive", "rope", "mixer 'conjunctive' takes positional schemes of kind 'positions' "
-     "(mapem), not 'rope' (kind 'angles')"),
+     "(mapem, mapem_b4, mapem_nc, mapem_sln), not 'rope' (kind 'angles')"),
     ("attention", "mapem", "mixer 'attention' takes positional schemes of kind 'none', "
      "'angles' or 'attention' (ape_grid, ape_seq, ape_tree, cope, gridpe, mapwm, none, rope, "
      "tape), not 'mapem' (kind "
@@ -153,7 +153,7 @@ def test_a_scheme_the_mixer_cannot_use_names_both(mixer, positional, message):
 
 @pytest.mark.parametrize("model, option, message", [
     ("rope", "delta_rank", "delta_rank is an option of positional scheme 'mapem' (and "
-     "'mapwm'), not of positional scheme 'rope'"),
+     "'mapem_b4', 'mapem_sln', 'mapwm'), not of positional scheme 'rope'"),
     ("mapwm", "mapem_mode", "mapem_mode is an option of mixer 'conjunctive', not of mixer "
      "'attention'"),
     ("mapem_o", "cope_positions", "cope_positions is an option of positional scheme 'cope', "

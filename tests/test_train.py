@@ -222,7 +222,8 @@ def test_cli_model_presets_and_options(tmp_path, capsys):
 
 @pytest.mark.parametrize("argv, message", [
     (["--model", "rope", "--delta-rank", "3"],
-     "--delta-rank is an option of positional scheme 'mapem' (and 'mapwm'), not of "
+     "--delta-rank is an option of positional scheme 'mapem' (and 'mapem_b4', 'mapem_sln', "
+     "'mapwm'), not of "
      "positional scheme 'rope'"),
     (["--mapem-mode", "sum"],
      "--mapem-mode is an option of mixer 'conjunctive', not of mixer 'attention'"),

@@ -111,6 +111,24 @@ int rotary_forward(const MfRotaryParams *p);
  * dq_out, dk_out, q, k (B, T, H, D); theta (TB, T, H, D/2) */
 int rotary_backward(const MfRotaryParams *p);
 
+/* ---- sln.c: MapEM-SLN positions p[t] = exp(cumsum(delta)_t A) p*, A trace-free 2x2 ------ */
+/* p = exp(Phi A) start per block (Phi in double, hyperbolic |Phi| sqrt(q) clamped) */
+int sln_forward(const MfSlnParams *p);
+/* ddelta (=), dgen += (projected to trace-free), dstart += */
+int sln_backward(const MfSlnParams *p);
+
+/* ---- b4.c: MapEM-b4 positions p[t] = exp(cumsum(delta)_t S) p*, S = L(u) + R(v) in so(4) - */
+/* p = qexp(Phi u) start qexp(Phi v) per 4-block (Phi in double) */
+int b4_forward(const MfB4Params *p);
+/* ddelta (=), dgen += (du, dv), dstart += */
+int b4_backward(const MfB4Params *p);
+
+/* ---- nc.c: MapEM-NC positions p[t] = exp(S_t) ... exp(S_1) p*, quaternion prefix pairs -- */
+/* p = A_t start C_t, A_t = qexp(u_t) A_{t-1}, C_t = C_{t-1} qexp(v_t) (renormalised) */
+int nc_forward(const MfNcParams *p);
+/* dw (=) by the reverse-time adjoints, dstart += */
+int nc_backward(const MfNcParams *p);
+
 /* ---- ape.c: APE's per-token orthogonal maps on q or k ------------------------------------ */
 /* y[b,t,h,aE+i] = sum_j maps[a, index[tb,t,a], h, i, j] x[b,t,h,aE+j]; y, x (B, T, H, D);
  * maps (A, P, H, E, E), E = D / A; index (TB, T, A) with TB = 1 (broadcast) or B */

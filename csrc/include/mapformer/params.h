@@ -136,6 +136,47 @@ typedef struct {
     int64_t scratch_floats;
 } MfPathIntegrationParams;
 
+/* sln: MapEM-SLN positions, per 2x2 block a trace-free generator A (from gen, projected) and
+ * p[t] = exp(Phi_t A) p*, Phi_t = cumsum_t(delta) in double, the hyperbolic argument clamped */
+typedef struct {
+    float *p;             /* forward (B, T, H, D) */
+    float *ddelta;        /* backward (B, T, H, NB) (=) */
+    float *dgen;          /* backward (H, NB, 4) += */
+    float *dstart;        /* backward (H, D) += */
+    const float *dp;      /* backward (B, T, H, D) */
+    const float *delta;   /* (B, T, H, NB) */
+    const float *gen;     /* (H, NB, 4): A_bar row-major, A = A_bar - tr(A_bar)/2 I */
+    const float *start;   /* (H, D) */
+    float clamp;          /* > 0: |Phi| sqrt(-det A) is capped at clamp when det A < 0 */
+    int64_t B, T, H, D, NB, F; /* D = 2 NB, F = 4 */
+} MfSlnParams;
+
+/* b4: MapEM-b4 positions, per 4x4 block one skew generator S = L(u) + R(v) (quaternion
+ * split) and p[t] = qexp(Phi_t u) p* qexp(Phi_t v), Phi_t = cumsum_t(delta) in double */
+typedef struct {
+    float *p;             /* forward (B, T, H, D) */
+    float *ddelta;        /* backward (B, T, H, NB) (=) */
+    float *dgen;          /* backward (H, NB, 6) += */
+    float *dstart;        /* backward (H, D) += */
+    const float *dp;      /* backward (B, T, H, D) */
+    const float *delta;   /* (B, T, H, NB) */
+    const float *gen;     /* (H, NB, 6): (u, v), two pure quaternions per block */
+    const float *start;   /* (H, D) */
+    int64_t B, T, H, D, NB, F; /* D = 4 NB, F = 6 */
+} MfB4Params;
+
+/* nc: MapEM-NC positions, per 4x4 block the ordered product of per-token rotations
+ * exp(S_t), S_t = L(u_t) + R(v_t), as a pair of unit-quaternion prefix products */
+typedef struct {
+    float *p;             /* forward (B, T, H, D) */
+    float *dw;            /* backward (B, T, H, NB, 6) (=) */
+    float *dstart;        /* backward (H, D) += */
+    const float *dp;      /* backward (B, T, H, D) */
+    const float *w;       /* (B, T, H, NB, 6): (u_t, v_t) per token and block */
+    const float *start;   /* (H, D) */
+    int64_t B, T, H, D, NB, F; /* D = 4 NB, F = 6 */
+} MfNcParams;
+
 /* rotary: rotate pairs (x[2i], x[2i+1]) of q and k by theta_i */
 typedef struct {
     float *q_out, *k_out;           /* forward (B, T, H, D) */

@@ -1,0 +1,183 @@
+"""MapEM-NC's op nc (the ordered product exp(S_t) ... exp(S_1) p* of per-token 4x4 rotations,
+through a pair of unit-quaternion prefix products): the reference against a product of matrix
+exponentials and finite differences, the C op against the reference, the oracle (commuting
+steps, all along one generator, equal b4's cumulative-sum path integration), norm preservation
+at length 4096, threads, bad input."""
+import numpy as np
+import pytest
+
+from conftest import (U32, assert_array_argument_checked, assert_no_leaks,
+                      assert_same_bits_for_thread_counts, assert_unchanged, assert_within,
+                      copies, expect_error, numerical_grad, randn, raises_naming)
+from mapformer import _C
+from mapformer import reference as ref
+from test_sln import expm
+
+# (B, T, H, NB): 1s, odd and prime sizes; the last is past the single-thread threshold
+SIZES = [(1, 1, 1, 1), (3, 7, 2, 3), (2, 13, 3, 5), (4, 257, 2, 8)]
+
+
+def inputs(rng, B, T, H, NB):
+    w = randn(rng, B, T, H, NB, 6, scale=0.5)
+    w.reshape(-1, 6)[::3, :3] *= 1e-3  # some steps near 0: the series
+    return w, randn(rng, H, 4 * NB)
+
+
+def test_reference_is_the_ordered_product_of_matrix_exponentials(rng):
+    w, start = (x.astype(np.float64) for x in inputs(rng, 2, 5, 2, 3))
+    S = ref.quaternion_generator(w[..., :3], w[..., 3:])  # (B, T, H, NB, 4, 4)
+    P = np.broadcast_to(np.eye(4), (2, 2, 3, 4, 4))
+    p = ref.nc_forward(w, start).reshape(2, 5, 2, 3, 4)
+    for t in range(5):
+        P = expm(S[:, t]) @ P
+        assert np.allclose(p[:, t], (P @ start.reshape(2, 3, 4, 1))[..., 0], atol=1e-10)
+    # the steps do not commute: the reversed order gives another product
+    reversed_p = ref.nc_forward(w[:, ::-1].copy(), start).reshape(p.shape)
+    assert np.abs(reversed_p[:, -1] - p[:, -1]).max() > 1e-2
+
+
+def test_reference_matches_finite_differences(rng):
+    w, start = (x.astype(np.float64) for x in inputs(rng, 2, 5, 2, 2))
+    g = rng.standard_normal((2, 5, 2, 8))
+    f = lambda: float((g * ref.nc_forward(w, start)).sum())  # noqa: E731
+    dw, dstart = ref.nc_backward(g, w, start)
+    assert np.allclose(dw, numerical_grad(f, w), rtol=1e-6, atol=1e-6)
+    assert np.allclose(dstart, numerical_grad(f, start), rtol=1e-6, atol=1e-6)
+
+
+def test_commuting_steps_are_cumulative_sum_path_integration(rng):
+    """Oracle: every step along one generator, w_t = delta_t (u, v): the ordered product is
+    exp(cumsum(delta) S), b4's path integration."""
+    B, T, H, NB = 3, 17, 2, 3
+    delta = randn(rng, B, T, H, NB, scale=0.5)
+    gen = randn(rng, H, NB, 6)
+    start = randn(rng, H, 4 * NB)
+    w = np.ascontiguousarray(delta[..., None] * gen)
+    assert np.allclose(_C.nc_forward(w, start), _C.b4_forward(delta, gen, start),
+                       atol=2e-5 * np.abs(start).max())
+
+
+def bound(expected, terms):
+    """Computed in double, rounded once: one float32 rounding (two for +=) plus a
+    double-precision floor (1e-9 of the largest entry, times the number of summed terms)."""
+    return 2 * U32 * np.abs(expected) + 1e-9 * terms * np.abs(expected).max()
+
+
+@pytest.mark.parametrize("B,T,H,NB", SIZES)
+def test_c_op_matches_reference(rng, B, T, H, NB):
+    w, start = inputs(rng, B, T, H, NB)
+    before = copies(w, start)
+    p = _C.nc_forward(w, start)
+    assert p.dtype == np.float32 and p.shape == (B, T, H, 4 * NB)
+    expected = ref.nc_forward(w, start)
+    # renormalising the prefix products every step differs from the reference's plain
+    # products by the rounding of T quaternion products in double
+    assert_within(p, expected, bound(expected, T), "p")
+    dp = randn(rng, B, T, H, 4 * NB)
+    dstart = np.full_like(start, -0.25)
+    dw = _C.nc_backward(dp, w, start, dstart)
+    assert_unchanged(before, (w, start))
+    e_dw, e_dstart = ref.nc_backward(dp, w, start)
+    assert_within(dw, e_dw, bound(np.abs(e_dw), T * T), "dw")
+    assert_within(dstart, e_dstart - 0.25, bound(np.abs(e_dstart) + 0.25, B * T * T),
+                  "dstart (+=)")
+
+
+def test_rotations_stay_orthogonal_over_long_sequences(rng):
+    """4096 steps: the norm of every block of p_t is |p*|'s (the prefix products are
+    renormalised every step)."""
+    w, start = inputs(rng, 1, 4096, 1, 2)
+    p = _C.nc_forward(w, start).reshape(1, 4096, 1, 2, 4)
+    norms = np.linalg.norm(p.astype(np.float64), axis=-1)
+    expected = np.linalg.norm(start.reshape(1, 2, 4).astype(np.float64), axis=-1)
+    assert np.allclose(norms, expected, rtol=8 * U32)
+
+
+def test_same_bits_for_any_thread_count(tmp_path):
+    script = """
+import sys
+import numpy as np
+from mapformer import _C
+rng = np.random.default_rng(3)
+w = rng.standard_normal((4, 257, 2, 8, 6)).astype(np.float32) * 0.3
+start = rng.standard_normal((2, 32)).astype(np.float32)
+dp = rng.standard_normal((4, 257, 2, 32)).astype(np.float32)
+dstart = np.zeros_like(start)
+dw = _C.nc_backward(dp, w, start, dstart)
+np.savez(sys.argv[1], p=_C.nc_forward(w, start), dw=dw, dstart=dstart)
+"""
+    assert_same_bits_for_thread_counts(tmp_path, script)
+
+
+def test_bad_input_names_the_argument(rng):
+    w, start = inputs(rng, 2, 3, 2, 2)
+    dp = randn(rng, 2, 3, 2, 8)
+    assert_array_argument_checked(lambda x: _C.nc_forward(w, x), "start", start, sizes=False)
+    assert_array_argument_checked(lambda x: _C.nc_forward(x, start), "w", w, sizes=False)
+    with raises_naming(ValueError, "w"):  # NB must be D / 4
+        _C.nc_forward(randn(rng, 2, 3, 2, 3, 6), start)
+    with raises_naming(ValueError, "w"):  # 6 numbers per block
+        _C.nc_forward(randn(rng, 2, 3, 2, 2, 5), start)
+    with raises_naming(ValueError, "start"):  # D not a multiple of 4
+        _C.nc_forward(randn(rng, 2, 3, 2, 1, 6), randn(rng, 2, 6))
+    assert_array_argument_checked(lambda x: _C.nc_backward(x, w, start, np.zeros_like(start)),
+                                  "dp", dp, sizes=False)
+    assert_array_argument_checked(lambda x: _C.nc_backward(dp, w, start, x), "dstart", start)
+
+
+def test_no_leaks(rng):
+    w, start = inputs(rng, 2, 3, 2, 2)
+    dp, dstart = randn(rng, 2, 3, 2, 8), np.zeros_like(start)
+    bad = randn(rng, 2, 3, 2, 3, 6)
+
+    def calls():
+        _C.nc_forward(w, start)
+        _C.nc_backward(dp, w, start, dstart)
+        expect_error(_C.nc_forward, bad, start)
+    assert_no_leaks(calls, (w, start, dp, dstart, bad), rounds=300)
+
+
+# ---- the mapem_nc scheme in a model ---------------------------------------------------------
+@pytest.mark.parametrize("nc_map", ["linear", "mlp"])
+def test_mapem_nc_gradients_match_finite_differences(nc_map):
+    """The numpy (float64) backend: the loss's gradient in the step map's weights, the start
+    vectors and the token embedding against central differences."""
+    from mapformer.models import ModelConfig, Transformer
+    model = Transformer(ModelConfig(
+        vocab_size=7, d_model=32, n_heads=2, n_layers=1, mixer="conjunctive",
+        positional="mapem_nc", options={"mapem_scores": "positional", "nc_map": nc_map,
+                                        "nc_hidden": 8}), seed=4, backend="numpy")
+    rng = np.random.default_rng(5)
+    tokens, targets = rng.integers(0, 7, (2, 6)), rng.integers(0, 7, (2, 6))
+    mask = np.ones((2, 6), bool)
+    loss = lambda: model.loss(tokens, targets, mask)  # noqa: E731
+    loss()
+    model.params.grad[...] = 0
+    model.backward()
+    names = ["blocks.0.mixer.scheme.steps.weight", "blocks.0.mixer.scheme.start"]
+    if nc_map == "mlp":
+        names.append("blocks.0.mixer.scheme.hidden.weight")
+    for name in names:
+        param = model.params.params[name]
+        flat, grad = param.value.reshape(-1), param.grad.reshape(-1)
+        for i in rng.choice(flat.size, 5, replace=False):
+            old = flat[i]
+            flat[i] = old + 1e-6
+            up = loss()
+            flat[i] = old - 1e-6
+            down = loss()
+            flat[i] = old
+            assert np.isclose(grad[i], (up - down) / 2e-6, rtol=1e-5, atol=1e-8), (name, i)
+
+
+def test_cli_trains_mapem_nc_on_rotation4d(tmp_path, capsys):
+    import json
+    from mapformer.__main__ import main
+    main(["train", "--task", "rotation4d", "--steps", "6", "--n-objects", "3",
+          "--sequences", "16", "--batch-size", "8", "--eval-sequences", "4", "--d-model",
+          "32", "--n-heads", "2", "--mixer", "conjunctive", "--positional", "mapem_nc",
+          "--nc-map", "mlp", "--nc-hidden", "16", "--no-progress", "--json",
+          "--out", str(tmp_path)])
+    result = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
+    assert result["steps"] == 2
+    assert all(0.0 <= result["eval"][n]["accuracy"] <= 1.0 for n in ("iid", "ood_sparse"))
