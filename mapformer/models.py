@@ -2,7 +2,8 @@
 token mixer with a positional scheme, a bottleneck slot and an MLP. The config names the
 three components; each comes from its registry (:mod:`mapformer.mixers`,
 :mod:`mapformer.schemes`, :mod:`mapformer.bottlenecks`) and declares its own options, which
-the config holds in one dict, with those of the MLP (FEEDFORWARD: every model's). MODELS names the paper's models as presets of the three.
+the config holds in one dict, with those of the MLP (FEEDFORWARD: every model's). MODELS
+names the paper's models as presets of the three.
 
 Shapes: tokens int32 (B, T); logits (B, T, V); C = d_model, H heads, D = C / H, NB = D / 2.
 """
