@@ -492,8 +492,8 @@ def mlp_benches(C, N=32768, width=128, ratio=4, seed=0):
                                lambda: C.mlp_backward(dy, x, h, w_fc, w_proj, *grads)),
                     numpy_backward, on_kernels(C, kernels, check_backward),
                     extra=dict(kernels=kernels, op="mlp_backward"))]
-    # the exact GELU (approximate="none"): a second pass over each block's h, not the
-    # product's registers; C only (NumPy's float64 erfc is a Python-level loop)
+    # the exact GELU (approximate="none"), also applied in the product's registers; C only
+    # (NumPy's float64 erfc is a Python-level loop)
     h_erf = C.mlp_forward(x, w_fc, b_fc, w_proj, b_proj, approximate="none")[1]
 
     def erf_forward():

@@ -105,8 +105,8 @@ def test_reference_finite_differences(rng):
 @pytest.mark.parametrize("N, C, F", [(7, 24, 96), (513, 33, 20), (300, 8, 131)])
 def test_mlp_matches_separate_ops(rng, kernel, N, C, F):
     """With approximate="none" the fused op computes linear, exact gelu, linear to the bit
-    (the exact GELU is gelu.c's kernel over h), forward and backward, on every kernel set;
-    "tanh" is the default."""
+    (the product's registers give gelu.c's exact kernel's bits), forward and backward, on
+    every kernel set; "tanh" is the default."""
     x = randn(rng, N, C)
     w_fc, b_fc = randn(rng, F, C, scale=C**-0.5), randn(rng, F, scale=0.5)
     w_proj, b_proj, dy = randn(rng, C, F, scale=F**-0.5), randn(rng, C), randn(rng, N, C)

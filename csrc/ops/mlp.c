@@ -103,14 +103,13 @@ int mlp_forward(const MfMlpParams *p) {
     for (int64_t b = 0; b < blocks; b++) {
         const int64_t r0 = b * R, rows = N - r0 < R ? N - r0 : R;
         float *gb = g + mf_thread_id() * s.per_thread;
-        /* h (rows, F) = b_fc + x (rows, C) . w_fc^T (C, F), and g = gelu(h) from the same
-         * registers; h is next read by the backward, so it streams past the cache. The exact
-         * GELU is a second pass over h (gelu.c's kernel), which then stays in the cache. */
-        const MfGemmOptions fc = {.bias = p->b_fc, .gelu = p->exact ? NULL : gb,
-                                  .stream = !p->exact};
+        /* h (rows, F) = b_fc + x (rows, C) . w_fc^T (C, F), and g = gelu(h) (exact or not)
+         * from the same registers; h is next read by the backward, so it streams past the
+         * cache */
+        const MfGemmOptions fc = {.bias = p->b_fc, .gelu = gb, .gelu_exact = p->exact,
+                                  .stream = 1};
         mf_record_status(&status, mf_gemm_nn(kernels, rows, F, C, p->x + r0 * C, C, w_fc_t,
                                              p->h + r0 * F, F, &fc));
-        if (p->exact) mf_gelu_erf_kernel(gb, p->h + r0 * F, rows * F);
         /* y (rows, C) = b_proj + g (rows, F) . w_proj^T (F, C) */
         mf_record_status(&status, mf_gemm_nn(kernels, rows, C, F, gb, F, w_proj_t,
                                              p->y + r0 * C, C, &proj));
