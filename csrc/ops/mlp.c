@@ -1,6 +1,7 @@
 /* MLP: y = gelu(x w_fc^T + b_fc) w_proj^T + b_proj (MfMlpParams, mapformer/params.h), the
  * transformer block's feed-forward branch (F = mlp_ratio * C hidden units), fused in row
- * blocks.
+ * blocks. gelu is the tanh approximation, or with p->exact = 1 the exact x Phi(x) (gelu.c's
+ * two kernels and simd.h's vgelu/vgelu_erf: the same passes either way).
  *
  * Forward saves only h = x w_fc^T + b_fc (the pre-activation); backward recomputes
  * g = gelu(h) (the input of w_proj, for its gradient) in the same pass as gelu'(h), from the
