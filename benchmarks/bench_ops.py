@@ -26,7 +26,8 @@ its three modes, sized, counted and scaled as attention; the summary gives each 
 forward, backward and total fraction of the sgemm rate, its time against the OpenBLAS tiles'
 (set 'blas') and each mode's against the attention op's), linear (linear forward and backward
 at the training step's shapes, on every kernel set, the OpenBLAS path included), mlp (the fused
-MLP op on every kernel set, against the separate linear and gelu ops it replaces, and NumPy),
+MLP op on every kernel set, against the separate linear and gelu ops it replaces, and NumPy;
+and with the exact GELU, approximate='none', on the active set),
 sgemm (one large sgemm: the machine's matmul rate, which the JSON summary compares attention,
 the linears and the MLP against), scan (Mamba's and MAMPa's selective scans forward and
 backward, against a large copy's bandwidth in the same run and the float32 NumPy reference), ape (ape_seq's maps on q and k with its generator's
@@ -491,6 +492,30 @@ def mlp_benches(C, N=32768, width=128, ratio=4, seed=0):
                                lambda: C.mlp_backward(dy, x, h, w_fc, w_proj, *grads)),
                     numpy_backward, on_kernels(C, kernels, check_backward),
                     extra=dict(kernels=kernels, op="mlp_backward"))]
+    # the exact GELU (approximate="none"), also applied in the product's registers; C only
+    # (NumPy's float64 erfc is a Python-level loop)
+    h_erf = C.mlp_forward(x, w_fc, b_fc, w_proj, b_proj, approximate="none")[1]
+
+    def erf_forward():
+        return C.mlp_forward(x, w_fc, b_fc, w_proj, b_proj, approximate="none")
+
+    def erf_backward():
+        return C.mlp_backward(dy, x, h_erf, w_fc, w_proj, *grads, approximate="none")
+
+    def check_erf():
+        y1, h1 = erf_forward()
+        g1 = C.gelu_forward(h1, approximate="none")
+        assert np.array_equal(y1, C.linear_forward(g1, w_proj, b_proj)), "exact mlp_forward"
+        fused, sep = [np.zeros_like(a) for a in grads], [np.zeros_like(a) for a in grads]
+        dx = C.mlp_backward(dy, x, h1, w_fc, w_proj, *fused, approximate="none")
+        dg = C.linear_backward(dy, g1, w_proj, sep[2], sep[3])
+        dh = C.gelu_backward(dg, h1, approximate="none")
+        assert np.array_equal(dx, C.linear_backward(dh, x, w_fc, sep[0], sep[1])), "exact dx"
+    benches += [
+        OpBench("mlp_forward exact gelu", sizes, flops(2), fwd_bytes, erf_forward, None,
+                check_erf, notes="approximate='none'", extra=dict(kernels=C.kernels())),
+        OpBench("mlp_backward exact gelu", sizes, flops(4), bwd_bytes, erf_backward, None,
+                check_erf, notes="approximate='none'", extra=dict(kernels=C.kernels()))]
     return benches + [
         OpBench("mlp_forward separate ops", sizes, flops(2), fwd_bytes, separate_forward,
                 numpy_forward, check_forward, extra=dict(kernels=C.kernels())),

@@ -46,8 +46,10 @@ def _layernorm_backward(dy, x, mean, rstd, weight, dweight, dbias, dx=None):
     return _accumulate(dx, gx)
 
 
-def _mlp_backward(dy, x, h, w_fc, w_proj, dw_fc, db_fc, dw_proj, db_proj):
-    dx, gw_fc, gb_fc, gw_proj, gb_proj = ref.mlp_backward(dy, x, h, w_fc, w_proj)
+def _mlp_backward(dy, x, h, w_fc, w_proj, dw_fc, db_fc, dw_proj, db_proj, *,
+                  approximate="tanh"):
+    dx, gw_fc, gb_fc, gw_proj, gb_proj = ref.mlp_backward(dy, x, h, w_fc, w_proj,
+                                                          approximate=approximate)
     dw_fc += gw_fc
     db_fc += gb_fc
     dw_proj += gw_proj

@@ -2,7 +2,8 @@
 token mixer with a positional scheme, a bottleneck slot and an MLP. The config names the
 three components; each comes from its registry (:mod:`mapformer.mixers`,
 :mod:`mapformer.schemes`, :mod:`mapformer.bottlenecks`) and declares its own options, which
-the config holds in one dict. MODELS names the paper's models as presets of the three.
+the config holds in one dict, with those of the MLP (FEEDFORWARD: every model's). MODELS
+names the paper's models as presets of the three.
 
 Shapes: tokens int32 (B, T); logits (B, T, V); C = d_model, H heads, D = C / H, NB = D / 2.
 """
@@ -19,6 +20,9 @@ from .mixers import MIXERS, get_mixer
 from .nn import Dropout, Embedding, LayerNorm, Linear, MLP, ParameterStore
 from .registry import Registry, reserve, resolve_options
 from .schemes import SCHEMES
+
+FEEDFORWARD = Registry("feed-forward block", "mlp")  # one entry, in every model: its options
+FEEDFORWARD.register(MLP)
 
 Preset = namedtuple("Preset", "mixer positional options")
 Preset.__doc__ = "A named model: its mixer, positional scheme and options (no bottleneck)."
@@ -37,11 +41,12 @@ MODELS = {
 
 
 def components(mixer, positional, bottleneck="none"):
-    """{registry: component class} of the named mixer, positional scheme and bottleneck.
+    """{registry: component class} of the named mixer, positional scheme and bottleneck, and
+    the MLP (FEEDFORWARD).
     ValueError for a name no registry holds, or a scheme of a kind the mixer does not
     accept (naming both)."""
     chosen = {MIXERS: MIXERS.get(mixer), SCHEMES: SCHEMES.get(positional),
-              BOTTLENECKS: BOTTLENECKS.get(bottleneck)}
+              BOTTLENECKS: BOTTLENECKS.get(bottleneck), FEEDFORWARD: MLP}
     accepts, kind = chosen[MIXERS].accepts, chosen[SCHEMES].kind
     if kind not in accepts:
         kinds = [repr(k) for k in accepts]
@@ -191,8 +196,7 @@ def forward_flops(config, batch, steps):
     then the head's (2 N C V)."""
     n, c = batch * steps, config.d_model
     parts = components(config.mixer, config.positional, config.bottleneck).values()
-    layer = (sum(cls.flops(config, batch, steps) for cls in parts)
-             + 2 * 2 * n * c * c * config.mlp_ratio)
+    layer = sum(cls.flops(config, batch, steps) for cls in parts)
     return config.n_layers * layer + 2 * n * c * config.vocab_size
 
 
@@ -208,7 +212,8 @@ class Block:
         self.bottleneck = get_bottleneck(config.bottleneck)(store, f"{name}.bottleneck", config,
                                                             ops)
         self.ln2 = LayerNorm(store, f"{name}.ln2", config.d_model, ops, config.layernorm_eps)
-        self.mlp = MLP(store, f"{name}.mlp", config.d_model, ops, config.mlp_ratio, out_std)
+        self.mlp = MLP(store, f"{name}.mlp", config.d_model, ops, config.mlp_ratio, out_std,
+                       config.options["gelu"])
         self.drop1 = Dropout(config.dropout, rng, ops)
         self.drop2 = Dropout(config.dropout, rng, ops)
 

@@ -14,6 +14,8 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from .registry import Option
+
 
 @dataclass
 class Param:
@@ -161,17 +163,33 @@ class Dropout:
 class MLP:
     """Linear(C, 4C) -> GELU -> Linear(4C, C): x (N, C) -> (N, C), one fused op each way
     (``mlp_forward`` keeps the pre-activation h (N, 4C) for ``mlp_backward``).
-    ``fc`` and ``proj`` hold the two layers' parameters."""
+    ``fc`` and ``proj`` hold the two layers' parameters. ``gelu``: "tanh", the tanh
+    approximation (the default: the paper's and this library's), or "erf", the exact
+    0.5 x (1 + erf(x / sqrt 2)) (PyTorch's nn.GELU() default, for models ported from it).
+    Registered as the feed-forward block of every model (models.FEEDFORWARD), whose option
+    ``gelu`` reaches it from ModelConfig.options and the command line (``--gelu erf``)."""
 
-    def __init__(self, store, name, width, ops, ratio=4, out_std=0.02):
+    name = "mlp"
+    options = (Option("gelu", str, "tanh", "the MLP's GELU: tanh (approximation) or erf (exact, "
+                      "PyTorch's nn.GELU() default)", choices=("tanh", "erf")),)
+    APPROXIMATE = {"tanh": "tanh", "erf": "none"}  # gelu -> the ops' approximate (PyTorch's)
+
+    @staticmethod
+    def flops(config, batch, steps):
+        """The two products' matmul flops, 2 N C (mlp_ratio C) each (models.forward_flops)."""
+        return 2 * 2 * batch * steps * config.d_model**2 * config.mlp_ratio
+
+    def __init__(self, store, name, width, ops, ratio=4, out_std=0.02, gelu="tanh"):
         self.ops = ops
+        self.approximate = self.APPROXIMATE[gelu]
         self.fc = Linear(store, f"{name}.fc", width, ratio * width, ops)
         self.proj = Linear(store, f"{name}.proj", ratio * width, width, ops, std=out_std)
 
     def forward(self, x):
         self.x = x
         y, self.h = self.ops.mlp_forward(x, self.fc.weight.value, self.fc.bias.value,
-                                         self.proj.weight.value, self.proj.bias.value)
+                                         self.proj.weight.value, self.proj.bias.value,
+                                         approximate=self.approximate)
         return y
 
     def backward(self, dy):
@@ -179,4 +197,4 @@ class MLP:
         return self.ops.mlp_backward(dy, self.x, self.h, self.fc.weight.value,
                                      self.proj.weight.value, self.fc.weight.grad,
                                      self.fc.bias.grad, self.proj.weight.grad,
-                                     self.proj.bias.grad)
+                                     self.proj.bias.grad, approximate=self.approximate)

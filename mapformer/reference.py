@@ -7,6 +7,8 @@ V vocabulary, N rows (B*T). Inputs may be any float dtype; every op computes and
 its ``dtype`` argument (float64 by default: the oracle; the benchmarks time the same code in
 float32 as the NumPy baseline of each C op).
 """
+import math
+
 import numpy as np
 
 TWO_PI = 2.0 * np.pi
@@ -80,18 +82,37 @@ def layernorm_backward(dy, x, mean, rstd, weight, dtype=np.float64):
     return dx, (dy * xhat).sum(0), dy.sum(0)
 
 
-# ---- GELU (tanh approximation) -----------------------------------------------------------
-def gelu_forward(x, dtype=np.float64):
-    """x (...) -> 0.5 x (1 + tanh(u)), u = sqrt(2/pi) (x + 0.044715 x^3), computed as the
-    equal x * sigmoid(2u), which keeps its relative accuracy for large negative x."""
+# ---- GELU: tanh approximation or exact (approximate="tanh" | "none", PyTorch's names) -----
+GELU_APPROXIMATIONS = ("tanh", "none")
+_erfc = np.vectorize(math.erfc, otypes=[np.float64])
+
+
+def _normal_cdf(x, approximate):
+    """Phi(x) = erfc(-x / sqrt 2) / 2 in float64 (math.erfc: the lower tail keeps its relative
+    accuracy), after checking ``approximate``."""
+    if approximate not in GELU_APPROXIMATIONS:
+        raise ValueError(f"approximate must be one of {GELU_APPROXIMATIONS}, got {approximate!r}")
+    return (0.5 * _erfc(-x / math.sqrt(2.0))).astype(x.dtype, copy=False)
+
+
+def gelu_forward(x, dtype=np.float64, *, approximate="tanh"):
+    """x (...) -> gelu(x). approximate "tanh": 0.5 x (1 + tanh(u)), u = sqrt(2/pi) (x +
+    0.044715 x^3), computed as the equal x * sigmoid(2u), which keeps its relative accuracy for
+    large negative x; "none": the exact x Phi(x) = 0.5 x (1 + erf(x / sqrt 2))."""
     (x,) = _cast(dtype, x)
+    if approximate != "tanh":
+        return x * _normal_cdf(x, approximate)
     with np.errstate(over="ignore"):  # exp -> inf gives the exact limit -0
         return x / (1.0 + np.exp(-2.0 * GELU_K * (x + 0.044715 * x**3)))
 
 
-def gelu_backward(dy, x, dtype=np.float64):
-    """dy, x (...) -> dx (...)."""
+def gelu_backward(dy, x, dtype=np.float64, *, approximate="tanh"):
+    """dy, x (...) -> dx (...) = dy gelu'(x); exact: gelu'(x) = Phi(x) + x exp(-x^2/2) /
+    sqrt(2 pi)."""
     dy, x = _cast(dtype, dy, x)
+    if approximate != "tanh":
+        return dy * (_normal_cdf(x, approximate)
+                     + x * np.exp(-0.5 * x * x) / math.sqrt(2.0 * math.pi))
     u = GELU_K * (x + 0.044715 * x**3)
     t = np.tanh(u)
     du = GELU_K * (1.0 + 3 * 0.044715 * x**2)
@@ -99,19 +120,21 @@ def gelu_backward(dy, x, dtype=np.float64):
 
 
 # ---- mlp ---------------------------------------------------------------------------------
-def mlp_forward(x, w_fc, b_fc, w_proj, b_proj, dtype=np.float64):
+def mlp_forward(x, w_fc, b_fc, w_proj, b_proj, dtype=np.float64, *, approximate="tanh"):
     """x (N, C), w_fc (F, C), b_fc (F,), w_proj (C, F), b_proj (C,) -> y (N, C), h (N, F):
-    h = x w_fc^T + b_fc, y = gelu(h) w_proj^T + b_proj."""
+    h = x w_fc^T + b_fc, y = gelu(h) w_proj^T + b_proj (gelu's approximate as gelu_forward's)."""
     h = linear_forward(x, w_fc, b_fc, dtype=dtype)
-    return linear_forward(gelu_forward(h, dtype=dtype), w_proj, b_proj, dtype=dtype), h
+    g = gelu_forward(h, dtype=dtype, approximate=approximate)
+    return linear_forward(g, w_proj, b_proj, dtype=dtype), h
 
 
-def mlp_backward(dy, x, h, w_fc, w_proj, dtype=np.float64):
+def mlp_backward(dy, x, h, w_fc, w_proj, dtype=np.float64, *, approximate="tanh"):
     """dy (N, C), x (N, C), h (N, F) from forward, w_fc (F, C), w_proj (C, F) -> dx (N, C),
     dw_fc (F, C), db_fc (F,), dw_proj (C, F), db_proj (C,)."""
-    dg, dw_proj, db_proj = linear_backward(dy, gelu_forward(h, dtype=dtype), w_proj,
-                                           dtype=dtype)
-    dx, dw_fc, db_fc = linear_backward(gelu_backward(dg, h, dtype=dtype), x, w_fc, dtype=dtype)
+    g = gelu_forward(h, dtype=dtype, approximate=approximate)
+    dg, dw_proj, db_proj = linear_backward(dy, g, w_proj, dtype=dtype)
+    dh = gelu_backward(dg, h, dtype=dtype, approximate=approximate)
+    dx, dw_fc, db_fc = linear_backward(dh, x, w_fc, dtype=dtype)
     return dx, dw_fc, db_fc, dw_proj, db_proj
 
 

@@ -35,7 +35,7 @@ def test_presets(name):
     config = ModelConfig.preset(name, 20, **({"cope_positions": 7} if name == "cope" else {}))
     mixer, positional, options = PRESET_PARTS[name]
     assert (config.mixer, config.positional, config.bottleneck) == (mixer, positional, "none")
-    assert config.options == options and config.label == name
+    assert config.options == {**options, "gelu": "tanh"} and config.label == name
     assert ModelConfig.from_dict(config.to_dict()) == config
     assert hash(ModelConfig.from_dict(config.to_dict())) == hash(config)
     assert sorted(MODELS) == sorted(PRESET_PARTS)
@@ -55,7 +55,7 @@ def test_options_are_completed_so_defaults_compare_equal():
 def test_preset_parts_can_be_replaced():
     config = ModelConfig.preset("mapem_s", 20, mixer="attention", positional="rope",
                                 rope_base=100.0)
-    assert config.options == {"rope_base": 100.0} and config.label == "rope"
+    assert config.options == {"rope_base": 100.0, "gelu": "tanh"} and config.label == "rope"
     config = ModelConfig.preset("mapwm", 20, positional="tape")
     assert config.label == "tape"
     config = ModelConfig.preset("mapem_os", 20, mapem_mode="sum", mapem_scores="positional")
@@ -107,10 +107,10 @@ def test_for_task_takes_the_tasks_defaults():
     config = ModelConfig.for_task("mapem_s", nav, d_model=32, n_heads=2)
     assert config.vocab_size == nav.vocab_size and config.options["omega_grid"] == 6.0
     assert ModelConfig.for_task("mapwm", nav, omega_grid=3.0).options["omega_grid"] == 3.0
-    assert ModelConfig.for_task("cope", nav).options == {"cope_positions": 20}
+    assert ModelConfig.for_task("cope", nav).options == {"cope_positions": 20, "gelu": "tanh"}
     copy = selective_copy.SelectiveCopyConfig(n_copy=4, n_blanks=5)
     assert ModelConfig.for_task("mapwm", copy).options["omega_grid"] == float(copy.seq_len)
-    assert ModelConfig.for_task("rope", copy).options == {"rope_base": 10000.0}
+    assert ModelConfig.for_task("rope", copy).options == {"rope_base": 10000.0, "gelu": "tanh"}
 
 
 def test_forward_flops_count_each_components_products():

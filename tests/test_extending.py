@@ -64,7 +64,8 @@ def test_toy_scheme_trains_a_step_through_the_api():
         train_config = TrainConfig(**TASK, sequences=8, batch_size=8, eval_sequences=2)
         config = ModelConfig(vocab_size=train_config.task_config().vocab_size, d_model=32,
                              n_heads=2, positional="toy", options={"toy_rate": 0.25})
-        assert config.options == {"toy_rate": 0.25} and config.label == "attention/toy"
+        assert config.options == {"toy_rate": 0.25, "gelu": "tanh"}
+        assert config.label == "attention/toy"
         with pytest.raises(ValueError, match="toy_rate must be a finite number > 0"):
             ModelConfig(vocab_size=8, d_model=32, n_heads=2, positional="toy",
                         options={"toy_rate": -1.0})
@@ -122,7 +123,8 @@ def test_toy_scheme_trains_a_step_through_the_cli(tmp_path):
         result = json.loads(trained.stdout.strip().splitlines()[-1])
         assert result["steps"] == 1 and math.isfinite(result["loss"])
         model = load_checkpoint(tmp_path / "checkpoint.npz")[0]
-        assert model.config.positional == "toy" and model.config.options == {"toy_rate": 0.25}
+        assert model.config.positional == "toy"
+        assert model.config.options == {"toy_rate": 0.25, "gelu": "tanh"}
         # AdamW moves a parameter without weight decay only where its gradient is non-zero
         assert np.all(model.params.params[RATE].value != 0.25)
         evaluated = subprocess.run(cli + ["eval", str(tmp_path / "checkpoint.npz"), "--json"],
@@ -158,8 +160,8 @@ def test_a_scheme_the_mixer_cannot_use_names_both(mixer, positional, message):
      "'attention'"),
     ("mapem_o", "cope_positions", "cope_positions is an option of positional scheme 'cope', "
      "not of positional scheme 'none'"),
-    ("mapwm", "alibi_slope", "unknown option alibi_slope: no registered bottleneck, mixer or "
-     "positional scheme declares it"),
+    ("mapwm", "alibi_slope", "unknown option alibi_slope: no registered bottleneck, "
+     "feed-forward block, mixer or positional scheme declares it"),
 ])
 def test_an_option_of_another_component_names_it_and_its_owner(model, option, message):
     with pytest.raises(ValueError) as info:
@@ -203,6 +205,6 @@ def test_a_shared_option_declaration_is_accepted():
     try:
         config = ModelConfig(vocab_size=8, d_model=32, n_heads=2, positional="toy2",
                              options={"delta_rank": 3})
-        assert config.options == {"delta_rank": 3}
+        assert config.options == {"delta_rank": 3, "gelu": "tanh"}
     finally:
         SCHEMES.unregister("toy2")

@@ -213,10 +213,10 @@ def test_cli_model_presets_and_options(tmp_path, capsys):
     assert config.options["mapem_scores"] == "positional" and config.label == "mapem_s"
     assert config.options["mapem_separate_start"] is True
     config = cli_train(["--model", "cope"], tmp_path)
-    assert config.options == {"cope_positions": 12}  # the sequence length
+    assert config.options == {"cope_positions": 12, "gelu": "tanh"}  # the sequence length
     config = cli_train(["--model", "mapem_s", "--mixer", "attention", "--positional", "rope",
                         "--rope-base", "100"], tmp_path)
-    assert config.label == "rope" and config.options == {"rope_base": 100.0}
+    assert config.label == "rope" and config.options == {"rope_base": 100.0, "gelu": "tanh"}
     capsys.readouterr()
 
 

@@ -1,4 +1,6 @@
-/* GELU, tanh approximation: y = 0.5 x (1 + tanh(u)), u = sqrt(2/pi) (x + 0.044715 x^3).
+/* GELU, tanh approximation: y = 0.5 x (1 + tanh(u)), u = sqrt(2/pi) (x + 0.044715 x^3);
+ * or exact (p->exact = 1, PyTorch's nn.GELU() default): y = x Phi(x) = 0.5 x (1 + erf(x / sqrt 2)),
+ * dx = dy (Phi(x) + x exp(-x^2 / 2) / sqrt(2 pi)) (simd.h's vgelu_erf, vgelu_erf_grad).
  *
  * Forward saves nothing: backward recomputes from x.
  * Gradient rule: dx is an activation gradient, written (=).
@@ -27,41 +29,57 @@
 /* elements per OpenMP work item; below two chunks the op runs on one thread */
 #define MF_GELU_CHUNK 8192
 
+/* y (n,) = gelu(x) through FN (vgelu or vgelu_erf) */
+#define GELU_LOOP(FN)                       \
+    int64_t i = 0;                          \
+    for (; i + MF_VW <= n; i += MF_VW) {    \
+        vf v = VLOADU(x + i);               \
+        FN(&v);                             \
+        VSTOREU(y + i, v);                  \
+    }                                       \
+    if (i < n) {                            \
+        vf v;                               \
+        vload_part(&v, x + i, n - i);       \
+        FN(&v);                             \
+        vstore_part(y + i, &v, n - i);      \
+    }
+
 MF_CLONES
-void mf_gelu_kernel(float *restrict y, const float *restrict x, int64_t n) {
-    int64_t i = 0;
-    for (; i + MF_VW <= n; i += MF_VW) {
-        vf v = VLOADU(x + i);
-        vgelu(&v);
-        VSTOREU(y + i, v);
-    }
-    if (i < n) {
-        vf v;
-        vload_part(&v, x + i, n - i);
-        vgelu(&v);
-        vstore_part(y + i, &v, n - i);
-    }
+void mf_gelu_kernel(float *restrict y, const float *restrict x, int64_t n) { GELU_LOOP(vgelu) }
+
+MF_CLONES
+void mf_gelu_erf_kernel(float *restrict y, const float *restrict x, int64_t n) {
+    GELU_LOOP(vgelu_erf)
 }
 
-/* out (n,) = d * gelu'(x) (out may be d), and y (n,) = gelu(x) unless y is NULL */
+/* out (n,) = d * gelu'(x) (out may be d), and y (n,) = gelu(x) unless y is NULL; GRAD is
+ * vgelu_grad or vgelu_erf_grad */
+#define GELU_GRAD_LOOP(GRAD)                               \
+    int64_t i = 0;                                         \
+    for (; i + MF_VW <= n; i += MF_VW) {                   \
+        vf g, dv = VLOADU(d + i);                          \
+        const vf v = VLOADU(x + i);                        \
+        GRAD(&g, &dv, &v);                                 \
+        VSTOREU(out + i, dv);                              \
+        if (y != NULL) VSTOREU(y + i, g);                  \
+    }                                                      \
+    if (i < n) {                                           \
+        vf g, dv, v;                                       \
+        vload_part(&dv, d + i, n - i);                     \
+        vload_part(&v, x + i, n - i);                      \
+        GRAD(&g, &dv, &v);                                 \
+        vstore_part(out + i, &dv, n - i);                  \
+        if (y != NULL) vstore_part(y + i, &g, n - i);      \
+    }
+
 MF_INLINE void gelu_grad_loop(float *y, float *out, const float *d, const float *x,
                               int64_t n) {
-    int64_t i = 0;
-    for (; i + MF_VW <= n; i += MF_VW) {
-        vf g, dv = VLOADU(d + i);
-        const vf v = VLOADU(x + i);
-        vgelu_grad(&g, &dv, &v);
-        VSTOREU(out + i, dv);
-        if (y != NULL) VSTOREU(y + i, g);
-    }
-    if (i < n) {
-        vf g, dv, v;
-        vload_part(&dv, d + i, n - i);
-        vload_part(&v, x + i, n - i);
-        vgelu_grad(&g, &dv, &v);
-        vstore_part(out + i, &dv, n - i);
-        if (y != NULL) vstore_part(y + i, &g, n - i);
-    }
+    GELU_GRAD_LOOP(vgelu_grad)
+}
+
+MF_INLINE void gelu_erf_grad_loop(float *y, float *out, const float *d, const float *x,
+                                  int64_t n) {
+    GELU_GRAD_LOOP(vgelu_erf_grad)
 }
 
 MF_CLONES
@@ -70,31 +88,48 @@ void mf_gelu_grad_kernel(float *restrict y, float *d, const float *restrict x, i
 }
 
 MF_CLONES
+void mf_gelu_erf_grad_kernel(float *restrict y, float *d, const float *restrict x, int64_t n) {
+    gelu_erf_grad_loop(y, d, d, x, n);
+}
+
+MF_CLONES
 static void gelu_backward_kernel(float *restrict dx, const float *restrict dy,
                                  const float *restrict x, int64_t n) {
     gelu_grad_loop(NULL, dx, dy, x, n);
 }
 
+MF_CLONES
+static void gelu_erf_backward_kernel(float *restrict dx, const float *restrict dy,
+                                     const float *restrict x, int64_t n) {
+    gelu_erf_grad_loop(NULL, dx, dy, x, n);
+}
+
 int gelu_forward(const MfGeluParams *p) {
     const int64_t n = p->n;
-    if (n < 1) return MF_EINVAL;
+    if (n < 1 || (p->exact != 0 && p->exact != 1)) return MF_EINVAL;
     const int64_t chunks = (n + MF_GELU_CHUNK - 1) / MF_GELU_CHUNK;
 #pragma omp parallel for schedule(dynamic, 1) if (chunks > 1)
     for (int64_t c = 0; c < chunks; c++) {
         int64_t i0 = c * MF_GELU_CHUNK, len = n - i0 < MF_GELU_CHUNK ? n - i0 : MF_GELU_CHUNK;
-        mf_gelu_kernel(p->y + i0, p->x + i0, len);
+        if (p->exact)
+            mf_gelu_erf_kernel(p->y + i0, p->x + i0, len);
+        else
+            mf_gelu_kernel(p->y + i0, p->x + i0, len);
     }
     return MF_OK;
 }
 
 int gelu_backward(const MfGeluParams *p) {
     const int64_t n = p->n;
-    if (n < 1) return MF_EINVAL;
+    if (n < 1 || (p->exact != 0 && p->exact != 1)) return MF_EINVAL;
     const int64_t chunks = (n + MF_GELU_CHUNK - 1) / MF_GELU_CHUNK;
 #pragma omp parallel for schedule(dynamic, 1) if (chunks > 1)
     for (int64_t c = 0; c < chunks; c++) {
         int64_t i0 = c * MF_GELU_CHUNK, len = n - i0 < MF_GELU_CHUNK ? n - i0 : MF_GELU_CHUNK;
-        gelu_backward_kernel(p->dx + i0, p->dy + i0, p->x + i0, len);
+        if (p->exact)
+            gelu_erf_backward_kernel(p->dx + i0, p->dy + i0, p->x + i0, len);
+        else
+            gelu_backward_kernel(p->dx + i0, p->dy + i0, p->x + i0, len);
     }
     return MF_OK;
 }

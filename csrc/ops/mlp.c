@@ -1,6 +1,7 @@
 /* MLP: y = gelu(x w_fc^T + b_fc) w_proj^T + b_proj (MfMlpParams, mapformer/params.h), the
  * transformer block's feed-forward branch (F = mlp_ratio * C hidden units), fused in row
- * blocks.
+ * blocks. gelu is the tanh approximation, or with p->exact = 1 the exact x Phi(x) (gelu.c's
+ * two kernels and simd.h's vgelu/vgelu_erf: the same passes either way).
  *
  * Forward saves only h = x w_fc^T + b_fc (the pre-activation); backward recomputes
  * g = gelu(h) (the input of w_proj, for its gradient) in the same pass as gelu'(h), from the
@@ -47,7 +48,9 @@
 #include "mapformer/rows.h"
 #include "mapformer/threads.h"
 
-static int valid(const MfMlpParams *p) { return p->N >= 1 && p->C >= 1 && p->F >= 1; }
+static int valid(const MfMlpParams *p) {
+    return p->N >= 1 && p->C >= 1 && p->F >= 1 && (p->exact == 0 || p->exact == 1);
+}
 /* floats rounded up to a 64-byte multiple */
 static int64_t aligned(int64_t floats) { return (floats + 15) / 16 * 16; }
 static int64_t row_blocks(int64_t N, int64_t R) { return (N + R - 1) / R; }
@@ -101,9 +104,11 @@ int mlp_forward(const MfMlpParams *p) {
     for (int64_t b = 0; b < blocks; b++) {
         const int64_t r0 = b * R, rows = N - r0 < R ? N - r0 : R;
         float *gb = g + mf_thread_id() * s.per_thread;
-        /* h (rows, F) = b_fc + x (rows, C) . w_fc^T (C, F), and g = gelu(h) from the same
-         * registers; h is next read by the backward, so it streams past the cache */
-        const MfGemmOptions fc = {.bias = p->b_fc, .gelu = gb, .stream = 1};
+        /* h (rows, F) = b_fc + x (rows, C) . w_fc^T (C, F), and g = gelu(h) (exact or not)
+         * from the same registers; h is next read by the backward, so it streams past the
+         * cache */
+        const MfGemmOptions fc = {.bias = p->b_fc, .gelu = gb, .gelu_exact = p->exact,
+                                  .stream = 1};
         mf_record_status(&status, mf_gemm_nn(kernels, rows, F, C, p->x + r0 * C, C, w_fc_t,
                                              p->h + r0 * F, F, &fc));
         /* y (rows, C) = b_proj + g (rows, F) . w_proj^T (F, C) */
@@ -177,7 +182,10 @@ int mlp_backward(const MfMlpParams *p) {
             const MfGemmOptions to_dh = {.prefetch = hb, .prefetch_floats = rows * F};
             mf_record_status(&status, mf_gemm_nn(kernels, rows, F, C, dyb, C, w_proj_b, dhb,
                                                  F, &to_dh));
-            mf_gelu_grad_kernel(gb, dhb, hb, rows * F);
+            if (p->exact)
+                mf_gelu_erf_grad_kernel(gb, dhb, hb, rows * F);
+            else
+                mf_gelu_grad_kernel(gb, dhb, hb, rows * F);
             /* dx (rows, C) = dh (rows, F) . w_fc (F, C), prefetching x's rows for dw_fc */
             const MfGemmOptions to_dx = {.prefetch = xb, .prefetch_floats = rows * C};
             mf_record_status(&status, mf_gemm_nn(kernels, rows, C, F, dhb, F, w_fc_b,

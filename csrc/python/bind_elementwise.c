@@ -29,10 +29,14 @@ static const MfSize act_sizes[] = {{"...", AC(n)}, {NULL, 0}};
 ACT_OPS(silu)
 ACT_OPS(softplus)
 static const MfSize gelu_sizes[] = {{"...", G(n)}, {NULL, 0}};
+/* approximate: PyTorch's names, "tanh" (index 0, exact = 0) or "none" (the exact GELU) */
+static const char *const gelu_approximations[] = {"tanh", "none", NULL};
 static const MfSize residual_sizes[] = {{"...", R(n)}, {NULL, 0}};
 
 static const MfArg gelu_forward_args[] = {
     {"x", 1, MF_IN, 0, "...", .field = G(x)},
+    {"approximate", 2, MF_CHOICE, MF_OPTIONAL | MF_KWONLY, .field = G(exact),
+     .choices = gelu_approximations},
     {"y", 0, MF_OUT, 0, "...", .field = G(y)},
     {0}};
 static const MfOp gelu_forward_op = {"gelu_forward", gelu_forward_args, gelu_sizes,
@@ -41,6 +45,8 @@ static const MfOp gelu_forward_op = {"gelu_forward", gelu_forward_args, gelu_siz
 static const MfArg gelu_backward_args[] = {
     {"dy", 1, MF_IN, 0, "...", .field = G(dy)},
     {"x", 2, MF_IN, 0, "...", .field = G(x)},
+    {"approximate", 3, MF_CHOICE, MF_OPTIONAL | MF_KWONLY, .field = G(exact),
+     .choices = gelu_approximations},
     {"dx", 0, MF_OUT, 0, "...", .field = G(dx)},
     {0}};
 static const MfOp gelu_backward_op = {"gelu_backward", gelu_backward_args, gelu_sizes,
@@ -70,12 +76,14 @@ MF_DEFINE(residual_backward, residual_backward_op)
 
 PyMethodDef mf_elementwise_methods[] = {
     MF_METHOD(gelu_forward,
-     "gelu_forward(x) -> y\n\n"
+     "gelu_forward(x, *, approximate='tanh') -> y\n\n"
      "x float32 (...), any ndim >= 1 -> y float32 (...) = 0.5 x (1 + tanh(sqrt(2/pi) (x +\n"
-     "0.044715 x^3))) (the tanh approximation)."),
+     "0.044715 x^3))) (approximate 'tanh'), or 0.5 x (1 + erf(x / sqrt(2))) (approximate\n"
+     "'none', the exact GELU: PyTorch's nn.GELU() default)."),
     MF_METHOD(gelu_backward,
-     "gelu_backward(dy, x) -> dx\n\n"
-     "dy, x float32 (...) of one shape -> dx float32 (...) = dy * gelu'(x)."),
+     "gelu_backward(dy, x, *, approximate='tanh') -> dx\n\n"
+     "dy, x float32 (...) of one shape -> dx float32 (...) = dy * gelu'(x), approximate as\n"
+     "gelu_forward's."),
     MF_METHOD(residual_forward,
      "residual_forward(a, b) -> out\n\n"
      "a, b float32 (...) of one shape -> out float32 (...) = a + b."),

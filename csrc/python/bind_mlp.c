@@ -3,6 +3,9 @@
 
 #define P(f) offsetof(MfMlpParams, f)
 static const MfSize sizes[] = {{"N", P(N)}, {"C", P(C)}, {"F", P(F)}, {NULL, 0}};
+static const char *const approximations[] = {"tanh", "none", NULL}; /* exact = the index */
+#define APPROXIMATE(pos) {"approximate", pos, MF_CHOICE, MF_OPTIONAL | MF_KWONLY, \
+                          .field = P(exact), .choices = approximations}
 
 static const MfArg forward_args[] = {
     {"x", 1, MF_IN, 0, "N C", .field = P(x)},
@@ -10,6 +13,7 @@ static const MfArg forward_args[] = {
     {"b_fc", 3, MF_IN, 0, "F", .field = P(b_fc)},
     {"w_proj", 4, MF_IN, 0, "C F", .field = P(w_proj)},
     {"b_proj", 5, MF_IN, 0, "C", .field = P(b_proj)},
+    APPROXIMATE(6),
     {"y", 0, MF_OUT, 0, "N C", .field = P(y)},
     {"h", 0, MF_OUT, 0, "N F", .field = P(h)},
     {0}};
@@ -29,6 +33,7 @@ static const MfArg backward_args[] = {
     {"db_fc", 7, MF_INOUT, 0, "F", .field = P(db_fc)},
     {"dw_proj", 8, MF_INOUT, 0, "C F", .field = P(dw_proj)},
     {"db_proj", 9, MF_INOUT, 0, "C", .field = P(db_proj)},
+    APPROXIMATE(10),
     {"dx", 0, MF_OUT, 0, "N C", .field = P(dx)},
     {0}};
 static const MfOp backward = {"mlp_backward", backward_args, sizes, sizeof(MfMlpParams),
@@ -41,12 +46,14 @@ MF_DEFINE(mlp_backward, backward)
 
 PyMethodDef mf_mlp_methods[] = {
     MF_METHOD(mlp_forward,
-     "mlp_forward(x, w_fc, b_fc, w_proj, b_proj) -> (y, h)\n\n"
+     "mlp_forward(x, w_fc, b_fc, w_proj, b_proj, *, approximate='tanh') -> (y, h)\n\n"
      "x float32 (N, C), w_fc (F, C), b_fc (F,), w_proj (C, F), b_proj (C,) ->\n"
-     "y (N, C) = gelu(h) @ w_proj.T + b_proj (GELU's tanh approximation), and\n"
+     "y (N, C) = gelu(h) @ w_proj.T + b_proj (GELU's tanh approximation; approximate 'none':\n"
+     "the exact GELU, as gelu_forward's), and\n"
      "h (N, F) = x @ w_fc.T + b_fc, which mlp_backward needs."),
     MF_METHOD(mlp_backward,
-     "mlp_backward(dy, x, h, w_fc, w_proj, dw_fc, db_fc, dw_proj, db_proj) -> dx\n\n"
+     "mlp_backward(dy, x, h, w_fc, w_proj, dw_fc, db_fc, dw_proj, db_proj, *,\n"
+     "             approximate='tanh') -> dx\n\n"
      "dy float32 (N, C); x, h, w_fc, w_proj as given to / returned by mlp_forward.\n"
      "Parameter gradients are accumulated in place: dw_fc (F, C), db_fc (F,), dw_proj (C, F),\n"
      "db_proj (C,); they must not share memory with the inputs or with each other.\n"

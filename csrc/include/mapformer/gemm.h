@@ -27,6 +27,7 @@ typedef struct {
     const float *bias;        /* c starts from this row (n,) on every row, not zero */
     int accumulate;           /* c starts from itself (c += a b) */
     float *gelu;              /* also gelu (c) here (m, n; row stride ldc), from registers */
+    int gelu_exact;           /* that gelu is the exact one (mf_gelu_erf_kernel's bits) */
     int stream;               /* c is not read again soon: non-temporal stores (aligned rows) */
     const float *prefetch;    /* the kernel also prefetches prefetch_floats floats here into */
     int64_t prefetch_floats;  /* L2, for the caller's next pass over them */
@@ -36,7 +37,7 @@ typedef struct {
  * with init and the extras as `opt` says (NULL: none). Each c element is its init plus the
  * sum of the products (over k in order, one rounding per fused multiply-add, on the tiled
  * sets), so the result depends on the sizes only. gelu has the bits of mf_gelu_kernel on c
- * (simd.h's vgelu);
+ * (simd.h's vgelu), or with gelu_exact those of mf_gelu_erf_kernel (vgelu_erf);
  * stream and prefetch are hints that change no result.
  * Returns MF_OK, or MF_EINVAL when a size does not fit BLAS's int (OpenBLAS path). */
 int mf_gemm_nn(int kernels, int64_t m, int64_t n, int64_t k, const float *a, int64_t lda,

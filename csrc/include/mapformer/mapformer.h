@@ -57,7 +57,8 @@ int layernorm_forward(const MfLayernormParams *p);
 int layernorm_backward(const MfLayernormParams *p);
 int64_t layernorm_backward_scratch_floats(const MfLayernormParams *p);
 
-/* ---- gelu.c: tanh approximation, y = 0.5 x (1 + tanh(sqrt(2/pi) (x + 0.044715 x^3))) ----- */
+/* ---- gelu.c: tanh approximation, y = 0.5 x (1 + tanh(sqrt(2/pi) (x + 0.044715 x^3))), or
+ * with exact = 1 the exact y = x Phi(x) = 0.5 x (1 + erf(x / sqrt 2)) ----------------------- */
 /* y (n,) = gelu(x (n,)) */
 int gelu_forward(const MfGeluParams *p);
 /* dx (n,) = dy (n,) * gelu'(x (n,)) */
@@ -66,6 +67,9 @@ int gelu_backward(const MfGeluParams *p);
  * y (n,) = gelu(x (n,)); and d (n,) *= gelu'(x) in place with y (n,) = gelu(x) */
 void mf_gelu_kernel(float *y, const float *x, int64_t n);
 void mf_gelu_grad_kernel(float *y, float *d, const float *x, int64_t n);
+/* the same for the exact GELU (simd.h's vgelu_erf, vgelu_erf_grad) */
+void mf_gelu_erf_kernel(float *y, const float *x, int64_t n);
+void mf_gelu_erf_grad_kernel(float *y, float *d, const float *x, int64_t n);
 
 /* ---- mlp.c: y = gelu(x w_fc^T + b_fc) w_proj^T + b_proj, in row blocks (MfMlpParams) --- */
 /* forward: y (N, C); h (N, F) = x w_fc^T + b_fc saved for backward;

@@ -61,16 +61,17 @@ typedef struct {
     int64_t scratch_floats;
 } MfLayernormParams;
 
-/* gelu (tanh approximation), elementwise over n floats */
+/* gelu, elementwise over n floats: exact 0 the tanh approximation, 1 the exact x Phi(x) */
 typedef struct {
     float *y;        /* forward (n,) */
     float *dx;       /* backward (n,) */
     const float *dy; /* backward (n,) */
     const float *x;  /* (n,) */
     int64_t n;
+    int exact;
 } MfGeluParams;
 
-/* mlp: y = gelu(x w_fc^T + b_fc) w_proj^T + b_proj */
+/* mlp: y = gelu(x w_fc^T + b_fc) w_proj^T + b_proj; exact as MfGeluParams' */
 typedef struct {
     float *y, *h;                  /* forward (N, C); h (N, F) = x w_fc^T + b_fc, saved */
     float *dx;                     /* backward (N, C) (=) */
@@ -82,6 +83,7 @@ typedef struct {
     const float *w_fc, *b_fc;      /* (F, C), (F,) */
     const float *w_proj, *b_proj;  /* (C, F), (C,) */
     int64_t N, C, F;
+    int exact;
     float *scratch;
     int64_t scratch_floats;
 } MfMlpParams;

@@ -211,6 +211,80 @@ MF_INLINE void vgelu_grad(vf *g, vf *dy, const vf *x) {
     *dy = *dy * (s + 2.0f * v * (e * s) * s * du);
 }
 
+/* ---- the exact GELU: x Phi(x), Phi(x) = 0.5 (1 + erf(x / sqrt 2)) ------------------------------
+ * Own fits (float64 weighted least squares on Chebyshev nodes: benchmarks/fit_erf.py, which
+ * also measures them in float32), z = |x| / sqrt 2:
+ *   z < 0.9:  erf(z) = z P(z^2), P of degree 6 (relative error of the fit 3e-10);
+ *   z >= 0.9: erfc(z) = exp(-z^2) t Q(t), t = 1 / (1 + z / 2), Q of degree 9 (7e-10), so the
+ *             lower tail Phi(-|x|) = erfc(z) / 2 keeps its relative precision (never 1 - erf).
+ * exp(-z^2) = exp(-x^2 / 2) is taken with its argument split, x^2 / 2 = xh^2 / 2 + (|x| - xh)
+ * (|x| + xh) / 2 with xh = |x|'s top 12 bits (xh^2 exact), and reduced by n ln 2 in two parts
+ * (Cody-Waite), so it keeps a few ulp at any |x| where vexp's x log2(e) would lose |x|^2 / 2
+ * ulp. Measured through gelu_forward/backward against float64 math.erf (tests/test_gelu.py):
+ * a few ulp, plus the condition of Phi at large negative x (about x^2 ulp of x's rounding). */
+#define MF_LN2_HI 0.693145751953125f      /* ln 2's top 16 bits: n MF_LN2_HI is exact */
+#define MF_LN2_LO 1.428606765330187e-06f  /* ln 2 - MF_LN2_HI */
+#define MF_INV_SQRT2 0.7071067811865476f
+#define MF_INV_SQRT2PI 0.3989422804014327f
+
+/* *cdf = Phi(x) and *e = exp(-x^2 / 2) (subnormal past x^2 / 2 of about 87, 0 past 175) */
+MF_INLINE void vnormal(vf *cdf, vf *e, const vf *x) {
+    const vf v = *x;
+    const vf a = VSELECT(v < 0.0f, -v, v);
+    const vf ac = VSELECT(a > VSPLAT(20.0f), VSPLAT(20.0f), a); /* exp(-200) is 0 already */
+    const vf xh = (vf)((vi)ac & ISPLAT(0xfffff000));
+    const vf hi = 0.5f * (xh * xh), lo = 0.5f * ((ac - xh) * (ac + xh));
+    /* exp(-hi - lo) = 2^n exp(r), n = round(-hi / ln 2) >= -126, r = (-hi - n ln 2) - lo */
+    vf nf = -hi * MF_LOG2E;
+    nf = VSELECT(nf < VSPLAT(-126.0f), VSPLAT(-126.0f), nf);
+    const vf tn = nf + 12582912.0f; /* 1.5 * 2^23: round(nf) in the low mantissa bits */
+    const vf n = tn - 12582912.0f;
+    vf p = (((-hi - n * MF_LN2_HI) - n * MF_LN2_LO) - lo) * MF_LOG2E;
+    vexp2(&p);
+    const vf ex = p * (vf)(((vi)tn - 0x4B400000 + 127) << 23);
+    /* z < 0.9: Phi = 1/2 + (x / sqrt 2) P(z^2) / 2 */
+    const vf zs = v * MF_INV_SQRT2, z = a * MF_INV_SQRT2, w = z * z;
+    vf ps = VSPLAT(8.508394967e-05f);
+    ps = ps * w + -8.174483664e-04f;
+    ps = ps * w + 5.203752778e-03f;
+    ps = ps * w + -2.686046250e-02f;
+    ps = ps * w + 1.128371432e-01f;
+    ps = ps * w + -3.761263490e-01f;
+    ps = ps * w + 1.128379226e+00f;
+    const vf small = 0.5f + 0.5f * (zs * ps);
+    /* z >= 0.9: the tail erfc(z) / 2 = exp(-z^2) t Q(t) / 2 */
+    const vf t = 1.0f / (1.0f + 0.5f * z);
+    vf q = VSPLAT(-7.370206714e-02f);
+    q = q * t + 2.352137715e-01f;
+    q = q * t + -2.205279320e-01f;
+    q = q * t + -7.402108167e-04f;
+    q = q * t + -9.794928133e-03f;
+    q = q * t + 8.109979331e-02f;
+    q = q * t + 1.774212718e-01f;
+    q = q * t + 2.466445714e-01f;
+    q = q * t + 2.821104527e-01f;
+    q = q * t + 2.820942700e-01f;
+    const vf tail = 0.5f * (ex * (t * q));
+    const vf large = VSELECT(v < 0.0f, tail, 1.0f - tail);
+    *cdf = VSELECT(z < VSPLAT(0.9f), small, large);
+    *e = ex;
+}
+
+/* *x = gelu(*x), exact: x Phi(x) */
+MF_INLINE void vgelu_erf(vf *x) {
+    vf cdf, e;
+    vnormal(&cdf, &e, x);
+    *x = *x * cdf;
+}
+
+/* *dy *= gelu'(x) = Phi(x) + x exp(-x^2 / 2) / sqrt(2 pi), and *g = gelu(x) (vgelu_erf's bits) */
+MF_INLINE void vgelu_erf_grad(vf *g, vf *dy, const vf *x) {
+    vf cdf, e;
+    vnormal(&cdf, &e, x);
+    *g = *x * cdf;
+    *dy = *dy * (cdf + *x * (e * MF_INV_SQRT2PI));
+}
+
 /* ---- doubles: VDL = MF_VW / 2 lanes, the same bytes as a vf ----------------------------------
  * vd holds VDL doubles, vdi their lane masks; vfh and vih are VDL floats and int32s (half a vf),
  * the lanes a vd converts from and to with __builtin_convertvector. The *u types are the same

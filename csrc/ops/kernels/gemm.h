@@ -16,7 +16,8 @@
  * broadcasts a(r, k) from the block's rows where they lie and loads b from column panels
  * (k x NR, contiguous) that the op lays out once per call from the weight; the bias row or c
  * is added to the accumulators at the end, so no fill pass runs before the product, and the
- * GELU of the result can be taken from the registers (vgelu: the bits of gelu.c's kernel).
+ * GELU of the result can be taken from the registers (vgelu or vgelu_erf: the bits of gelu.c's
+ * kernels).
  * k is cut into passes of MF_GEMM_KC, so that a pass's panel stays in L1; a later pass adds
  * its sum to the c the earlier one stored. While a tile runs, the next tile's rows of a (on
  * the first panel, their first pass from memory) and its lines of c are prefetched: a's rows
@@ -139,12 +140,13 @@ enum { INIT_ZERO, INIT_BIAS, INIT_C };
  *   c[r, :] = init[r, :] + (sum_k a[r * ars + k * aks] b[k * NR + :])
  * with init zero, the bias row or c itself, added once to the sum of the products (which
  * starts from zero: a start much larger than the products would cost every product's
- * rounding its precision); and g[r, :] = gelu(c[r, :]) where g != NULL (row stride ldg).
+ * rounding its precision); and g[r, :] = gelu(c[r, :]) where g != NULL (row stride ldg;
+ * the exact GELU, vgelu_erf, where exact).
  * stream: c's stores are non-temporal (the caller checks the alignment).
  * R and V are constants after inlining, so the accumulators stay in registers. */
 MF_INLINE void tile(const int R, const int V, int64_t K, const float *a, int64_t ars,
                     int64_t aks, const float *b, float *c, int64_t ldc, const float *bias,
-                    int init, float *g, int64_t ldg, int stream) {
+                    int init, float *g, int64_t ldg, int exact, int stream) {
     vf acc[MR][NV];
     for (int r = 0; r < R; r++)
         for (int v = 0; v < V; v++) acc[r][v] = VZERO;
@@ -171,14 +173,17 @@ MF_INLINE void tile(const int R, const int V, int64_t K, const float *a, int64_t
         }
         if (g != NULL) {
             for (int v = 0; v < V; v++) {
-                vgelu(&acc[r][v]);
+                if (exact)
+                    vgelu_erf(&acc[r][v]);
+                else
+                    vgelu(&acc[r][v]);
                 VSTOREU(g + r * ldg + v * MF_VW, acc[r][v]);
             }
         }
     }
 }
 
-#define TILE_ARGS K, a, ars, aks, b, c, ldc, bias, init, g, ldg, 0
+#define TILE_ARGS K, a, ars, aks, b, c, ldc, bias, init, g, ldg, exact, 0
 #define EDGE_V(R, V)             \
     case (R) * 8 + (V):          \
         tile(R, V, TILE_ARGS);   \
@@ -197,7 +202,7 @@ MF_INLINE void tile(const int R, const int V, int64_t K, const float *a, int64_t
  * vectors; plain stores. */
 static void edge_tile(int64_t rows, int64_t vecs, int64_t K, const float *a, int64_t ars,
                       int64_t aks, const float *b, float *c, int64_t ldc, const float *bias,
-                      int init, float *g, int64_t ldg) {
+                      int init, float *g, int64_t ldg, int exact) {
     switch (rows * 8 + vecs) {
         EDGE_R(1)
 #if MR >= 2
@@ -233,13 +238,13 @@ static void edge_tile(int64_t rows, int64_t vecs, int64_t K, const float *a, int
  * copied out), so that nothing past the columns is read or written. */
 static void padded_tile(int64_t rows, int64_t cols, int64_t K, const float *a, int64_t ars,
                         int64_t aks, const float *b, float *c, int64_t ldc, const float *bias,
-                        int init, float *g) {
+                        int init, float *g, int exact) {
     float pc[MR * NR] __attribute__((aligned(64))) = {0};
     float pg[MR * NR] __attribute__((aligned(64)));
     for (int64_t r = 0; r < rows && init != INIT_ZERO; r++)
         memcpy(pc + r * NR, init == INIT_C ? c + r * ldc : bias, (size_t)cols * sizeof(float));
     edge_tile(rows, (cols + MF_VW - 1) / MF_VW, K, a, ars, aks, b, pc, NR, NULL,
-              init == INIT_ZERO ? INIT_ZERO : INIT_C, g != NULL ? pg : NULL, NR);
+              init == INIT_ZERO ? INIT_ZERO : INIT_C, g != NULL ? pg : NULL, NR, exact);
     for (int64_t r = 0; r < rows; r++) {
         memcpy(c + r * ldc, pc + r * NR, (size_t)cols * sizeof(float));
         if (g != NULL) memcpy(g + r * ldc, pg + r * NR, (size_t)cols * sizeof(float));
@@ -268,6 +273,7 @@ static void kernel(int64_t m, int64_t n, int64_t K, const float *a, int64_t tile
         const int init = k0 > 0 || o->accumulate ? INIT_C : o->bias != NULL ? INIT_BIAS
                                                                               : INIT_ZERO;
         float *gelu = final ? o->gelu : NULL;
+        const int ex = o->gelu_exact;
         const int st = final && stream;
         for (int64_t j = 0; j < n; j += NR) {
             const int64_t cols = min64(n - j, NR), vecs = (cols + MF_VW - 1) / MF_VW;
@@ -297,11 +303,12 @@ static void kernel(int64_t m, int64_t n, int64_t K, const float *a, int64_t tile
                         for (int64_t l = 0; l < cols; l += 16)
                             __builtin_prefetch(ci + (MR + r) * ldc + l, 1, 3);
                 if (rows == MR && cols == NR) /* the bulk of the work */
-                    tile(MR, NV, kc, ai, ars, aks, bj, ci, ldc, biasj, init, gi, ldc, st);
+                    tile(MR, NV, kc, ai, ars, aks, bj, ci, ldc, biasj, init, gi, ldc, ex, st);
                 else if (cols % MF_VW == 0)
-                    edge_tile(rows, vecs, kc, ai, ars, aks, bj, ci, ldc, biasj, init, gi, ldc);
+                    edge_tile(rows, vecs, kc, ai, ars, aks, bj, ci, ldc, biasj, init, gi, ldc,
+                              ex);
                 else
-                    padded_tile(rows, cols, kc, ai, ars, aks, bj, ci, ldc, biasj, init, gi);
+                    padded_tile(rows, cols, kc, ai, ars, aks, bj, ci, ldc, biasj, init, gi, ex);
             }
         }
     }

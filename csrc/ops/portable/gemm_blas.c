@@ -28,7 +28,12 @@ int mf_gemm_nn_blas(int64_t m, int64_t n, int64_t k, const float *a, int64_t lda
     const float beta = o->accumulate || o->bias != NULL ? 1.0f : 0.0f;
     const int status = mf_sgemm(0, 0, m, n, k, 1.0f, a, lda, b, n, beta, c, ldc);
     if (status == MF_OK && o->gelu != NULL)
-        for (int64_t r = 0; r < m; r++) mf_gelu_kernel(o->gelu + r * ldc, c + r * ldc, n);
+        for (int64_t r = 0; r < m; r++) {
+            if (o->gelu_exact)
+                mf_gelu_erf_kernel(o->gelu + r * ldc, c + r * ldc, n);
+            else
+                mf_gelu_kernel(o->gelu + r * ldc, c + r * ldc, n);
+        }
     return status;
 }
 
