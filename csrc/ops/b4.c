@@ -21,40 +21,9 @@
 #include <math.h>
 
 #include "mapformer/mapformer.h"
+#include "mapformer/quat.h"
 
 #define B4_MIN_PARALLEL 8192 /* B*T*H*NB below this runs on one thread */
-
-typedef struct {
-    double w, x, y, z;
-} Quat;
-
-static inline Quat qmul(Quat a, Quat b) {
-    Quat r = {a.w * b.w - a.x * b.x - a.y * b.y - a.z * b.z,
-              a.w * b.x + a.x * b.w + a.y * b.z - a.z * b.y,
-              a.w * b.y - a.x * b.z + a.y * b.w + a.z * b.x,
-              a.w * b.z + a.x * b.y - a.y * b.x + a.z * b.w};
-    return r;
-}
-
-static inline Quat qconj(Quat a) {
-    Quat r = {a.w, -a.x, -a.y, -a.z};
-    return r;
-}
-
-/* qexp(phi * u) for u = (ux, uy, uz); sinc and k of n = |phi u| through *sc, *k */
-static inline Quat qexp_scaled(double phi, const double *u, double *sc, double *k) {
-    const double wx = phi * u[0], wy = phi * u[1], wz = phi * u[2];
-    const double n2 = wx * wx + wy * wy + wz * wz, n = sqrt(n2);
-    if (n < 0.05) {
-        *sc = 1.0 - n2 / 6 + n2 * n2 / 120 - n2 * n2 * n2 / 5040;
-        *k = -1.0 / 3 + n2 / 30 - n2 * n2 / 840 + n2 * n2 * n2 / 45360;
-    } else {
-        *sc = sin(n) / n;
-        *k = (cos(n) - *sc) / n2;
-    }
-    Quat r = {cos(n), *sc * wx, *sc * wy, *sc * wz};
-    return r;
-}
 
 static int b4_check(const MfB4Params *p) {
     if (p->B < 0 || p->T < 0 || p->H < 0 || p->NB < 0 || p->D != 4 * p->NB || p->F != 6)
@@ -82,8 +51,8 @@ int b4_forward(const MfB4Params *p) {
             for (int64_t t = 0; t < T; t++) {
                 const int64_t row = (bb * T + t) * H + h;
                 phi += (double)p->delta[row * NB + k];
-                const Quat a = qexp_scaled(phi, u, &sc, &kk);
-                const Quat c = qexp_scaled(phi, v, &sc, &kk);
+                const Quat a = qexp(phi * u[0], phi * u[1], phi * u[2], &sc, &kk);
+                const Quat c = qexp(phi * v[0], phi * v[1], phi * v[2], &sc, &kk);
                 const Quat r = qmul(qmul(a, s), c);
                 float *out = p->p + row * D + 4 * k;
                 out[0] = (float)r.w;
@@ -133,8 +102,8 @@ int b4_backward(const MfB4Params *p) {
             for (int64_t t = T - 1; t >= 0; t--) {
                 const int64_t row = (bb * T + t) * H + h;
                 double sca, ka, scc, kc;
-                const Quat a = qexp_scaled(phi, u, &sca, &ka);
-                const Quat c = qexp_scaled(phi, v, &scc, &kc);
+                const Quat a = qexp(phi * u[0], phi * u[1], phi * u[2], &sca, &ka);
+                const Quat c = qexp(phi * v[0], phi * v[1], phi * v[2], &scc, &kc);
                 const Quat as = qmul(a, s), sc = qmul(s, c), r = qmul(as, c);
                 const float *gp = p->dp + row * D + 4 * k;
                 const Quat g = {gp[0], gp[1], gp[2], gp[3]};

@@ -22,57 +22,15 @@
  *   mu_t  = conj(A_t p*) g_t + mu_{t+1} conj(c_{t+1})      (adjoint of C_t)
  *   da_t = lam_t conj(A_{t-1}),  dc_t = conj(C_{t-1}) mu_t,  dw_t = J(u_t)^T da_t, J(v_t)^T dc_t
  *   dp* += sum_t conj(A_t) g_t conj(C_t)
- * with J the Jacobian of qexp (series below |w| = 0.05), as in b4.c.
+ * with J the Jacobian of qexp (series below |w| = 0.05: mapformer/quat.h).
  * One work item per (h, k) block: dstart written by one thread (same bits for any thread count).
  */
 #include <math.h>
 
 #include "mapformer/mapformer.h"
+#include "mapformer/quat.h"
 
 #define NC_MIN_PARALLEL 8192 /* B*T*H*NB below this runs on one thread */
-
-typedef struct {
-    double w, x, y, z;
-} Quat;
-
-static inline Quat qmul(Quat a, Quat b) {
-    Quat r = {a.w * b.w - a.x * b.x - a.y * b.y - a.z * b.z,
-              a.w * b.x + a.x * b.w + a.y * b.z - a.z * b.y,
-              a.w * b.y - a.x * b.z + a.y * b.w + a.z * b.x,
-              a.w * b.z + a.x * b.y - a.y * b.x + a.z * b.w};
-    return r;
-}
-
-static inline Quat qconj(Quat a) {
-    Quat r = {a.w, -a.x, -a.y, -a.z};
-    return r;
-}
-
-static inline Quat qadd(Quat a, Quat b) {
-    Quat r = {a.w + b.w, a.x + b.x, a.y + b.y, a.z + b.z};
-    return r;
-}
-
-static inline Quat qnormalize(Quat a) {
-    const double inv = 1.0 / sqrt(a.w * a.w + a.x * a.x + a.y * a.y + a.z * a.z);
-    Quat r = {a.w * inv, a.x * inv, a.y * inv, a.z * inv};
-    return r;
-}
-
-/* qexp(w) for w = (w0, w1, w2) (float), sinc and k of n = |w| through *sc, *k */
-static inline Quat qexp3(const float *w, double *sc, double *k) {
-    const double wx = w[0], wy = w[1], wz = w[2];
-    const double n2 = wx * wx + wy * wy + wz * wz, n = sqrt(n2);
-    if (n < 0.05) {
-        *sc = 1.0 - n2 / 6 + n2 * n2 / 120 - n2 * n2 * n2 / 5040;
-        *k = -1.0 / 3 + n2 / 30 - n2 * n2 / 840 + n2 * n2 * n2 / 45360;
-    } else {
-        *sc = sin(n) / n;
-        *k = (cos(n) - *sc) / n2;
-    }
-    Quat r = {cos(n), *sc * wx, *sc * wy, *sc * wz};
-    return r;
-}
 
 /* out = J(w)^T h (3 floats) */
 static inline void qexp_vjp(float *out, const float *w, double sc, double k, Quat h) {
@@ -107,8 +65,8 @@ int nc_forward(const MfNcParams *p) {
                 const int64_t row = (bb * T + t) * H + h;
                 const float *w = p->w + (row * NB + k) * 6;
                 double sc, kk;
-                A = qnormalize(qmul(qexp3(w, &sc, &kk), A));
-                C = qnormalize(qmul(C, qexp3(w + 3, &sc, &kk)));
+                A = qnormalize(qmul(qexp(w[0], w[1], w[2], &sc, &kk), A));
+                C = qnormalize(qmul(C, qexp(w[3], w[4], w[5], &sc, &kk)));
                 const Quat r = qmul(qmul(A, s), C);
                 float *out = p->p + row * D + 4 * k;
                 out[0] = (float)r.w;
@@ -137,8 +95,8 @@ int nc_backward(const MfNcParams *p) {
             double sc, kk;
             for (int64_t t = 0; t < T; t++) {
                 const float *w = p->w + (((bb * T + t) * H + h) * NB + k) * 6;
-                A = qnormalize(qmul(qexp3(w, &sc, &kk), A));
-                C = qnormalize(qmul(C, qexp3(w + 3, &sc, &kk)));
+                A = qnormalize(qmul(qexp(w[0], w[1], w[2], &sc, &kk), A));
+                C = qnormalize(qmul(C, qexp(w[3], w[4], w[5], &sc, &kk)));
             }
             Quat lam = {0, 0, 0, 0}, mu = {0, 0, 0, 0}, a_next = ONE, c_next = ONE;
             for (int64_t t = T - 1; t >= 0; t--) {
@@ -146,7 +104,8 @@ int nc_backward(const MfNcParams *p) {
                 const float *w = p->w + (row * NB + k) * 6;
                 float *dw = p->dw + (row * NB + k) * 6;
                 double sca, ka, scc, kc;
-                const Quat a = qexp3(w, &sca, &ka), c = qexp3(w + 3, &scc, &kc);
+                const Quat a = qexp(w[0], w[1], w[2], &sca, &ka);
+                const Quat c = qexp(w[3], w[4], w[5], &scc, &kc);
                 const float *gp = p->dp + row * D + 4 * k;
                 const Quat g = {gp[0], gp[1], gp[2], gp[3]};
                 lam = qadd(qmul(g, qconj(qmul(s, C))), qmul(qconj(a_next), lam));
