@@ -4,7 +4,8 @@ paper's scale, against the step's sgemm-bound time.
 Defaults: batch 128, 256 tokens, d_model 128, 2 heads (head dim 64), 1 layer, navigation
 tokens. The same run measures the machine's sgemm rate (a large square sgemm through the C
 core's own OpenBLAS) and reports the step's matrix-multiply flops at that rate (the
-"sgemm-bound" time) and the ratio step / bound. Peak RSS is ru_maxrss of this process.
+"sgemm-bound" time) and the ratio step / bound. Peak RSS is ru_maxrss of this process after
+the steps (the first sgemm's matrices are freed before them).
 
 Matmul flops of a step: 3x the forward's (the backward does twice the forward's products:
 dV, dP, and dQ, dK per score; linears dX and dW), the forward's counted by
@@ -29,6 +30,7 @@ threads fight the C core's OpenMP ones).
 Prints one JSON line at the end.
 """
 import argparse
+import gc
 import json
 import resource
 import time
@@ -36,7 +38,7 @@ from collections import defaultdict
 
 import numpy as np
 
-from mapformer import backend
+from mapformer import _C, backend
 from mapformer.models import MODELS, ModelConfig, Transformer, forward_flops
 from mapformer.tasks import navigation
 from mapformer.train import AdamW, TrainConfig
@@ -96,6 +98,8 @@ def bench(model_name, args):
     """model_name: a preset, or 'preset/scheme' for the preset with another positional scheme
     (e.g. rope/ape_seq); the tokens' coordinates (the agent's cells) go to the model, for the
     schemes that read them (gridpe, ape_grid)."""
+    gc.collect()  # the last model (its layers hold cycles), its outputs back to the pool,
+    _C.release_pool()  # and the pool emptied: each model's peak on its own
     task = navigation.NavigationConfig(dims=2, steps=args.tokens // 2, grid_size=64)
     preset, _, positional = model_name.partition("/")
     cfg = ModelConfig.for_task(preset, task, d_model=args.d_model, n_heads=args.heads,
@@ -152,6 +156,8 @@ def main():
     figures = {"clock": args.clock, "batch": args.batch, "tokens": args.tokens,
                "d_model": args.d_model, "heads": args.heads, "layers": args.layers}
     results = [bench(model_name, args) for model_name in args.models.split(",")]
+    # the steps' peak, before the second sgemm (whose matrices would sit on the output pool)
+    peak_rss_mb = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
     rate = max(rate, sgemm_rate(args.sgemm_size, 15))  # measured before and after the steps
     figures["sgemm_gflops"] = round(rate, 1)
     print(f"sgemm {args.sgemm_size}^3: {rate:.1f} GFLOP/s (best of 30, before and after)")
@@ -168,7 +174,7 @@ def main():
                                "sgemm_bound_ms": round(bound * 1e3, 1),
                                "ratio": round(seconds / bound, 2),
                                "op_ms": {k: round(v * 1e3, 1) for k, v in ops.items()}}
-    figures["peak_rss_mb"] = round(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024, 1)
+    figures["peak_rss_mb"] = round(peak_rss_mb, 1)
     print(json.dumps(figures))
 
 

@@ -274,6 +274,19 @@ static struct {
 
 static size_t block_size(void *block) { return *(size_t *)block; }
 
+/* A block of `size` bytes after its header, mapped from the kernel, or NULL: its own mapping,
+ * so that freeing it gives the memory back at once (glibc's malloc would serve blocks of the
+ * sizes it has seen freed from its heap, which keeps them resident) */
+static void *block_new(size_t size) {
+    void *block = mmap(NULL, MF_BLOCK_HEADER + size, PROT_READ | PROT_WRITE,
+                       MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+    if (block == MAP_FAILED) return NULL;
+    *(size_t *)block = size;
+    return block;
+}
+
+static void block_free(void *block) { munmap(block, MF_BLOCK_HEADER + block_size(block)); }
+
 static void pool_read_limit(void) {
     if (pool_limit == (size_t)-1) {
         const char *env = getenv("MAPFORMER_POOL_MB");
@@ -286,6 +299,17 @@ void mf_pool_stats(size_t *limit, size_t *held, int *blocks) {
     *limit = pool_limit;
     *held = pool_bytes;
     *blocks = pool_count;
+}
+
+size_t mf_pool_clear(void) {
+    size_t freed = 0;
+    while (pool_count > 0) {
+        void *block = pool_blocks[--pool_count];
+        freed += block_size(block);
+        block_free(block);
+    }
+    pool_bytes = 0;
+    return freed;
 }
 
 /* the entry of `size` among the recent sizes, or NULL; with `add`, made (replacing the least
@@ -325,7 +349,7 @@ static void pool_trim(void) {
         void *block = pool_blocks[i];
         pool_blocks[i] = pool_blocks[--pool_count];
         pool_bytes -= block_size(block);
-        free(block);
+        block_free(block);
     }
 }
 
@@ -341,9 +365,7 @@ static void *pool_take(size_t size) {
             return block;
         }
     }
-    void *block = aligned_alloc(MF_BLOCK_HEADER, MF_BLOCK_HEADER + size);
-    if (block != NULL) *(size_t *)block = size;
-    return block;
+    return block_new(size);
 }
 
 static void pool_give(void *block) {
@@ -353,7 +375,7 @@ static void pool_give(void *block) {
         pool_blocks[pool_count++] = block;
         pool_bytes += size;
     } else {
-        free(block);
+        block_free(block);
     }
 }
 
@@ -376,7 +398,7 @@ static PyArrayObject *new_array(int ndim, const npy_intp *shape, int type) {
     if (block == NULL) return (PyArrayObject *)PyErr_NoMemory();
     PyObject *capsule = PyCapsule_New(block, "mapformer.buffer", pool_release);
     if (capsule == NULL) {
-        free(block);
+        block_free(block);
         return NULL;
     }
     PyObject *array = PyArray_NewFromDescr(&PyArray_Type, PyArray_DescrFromType(type),
@@ -672,15 +694,15 @@ static int make_scratch(MfCall *c) {
         pool_bytes -= block_size(block);
         c->scratch_pooled = 1;
     } else {
-        block = size < MF_SCRATCH_HEAP_BYTES
-                    ? aligned_alloc(MF_BLOCK_HEADER, MF_BLOCK_HEADER + size)
-                    : mmap(NULL, MF_BLOCK_HEADER + size, PROT_READ | PROT_WRITE,
-                           MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
-        if (block == NULL || block == MAP_FAILED) {
+        if (size >= MF_SCRATCH_HEAP_BYTES) {
+            block = block_new(size);
+        } else if ((block = aligned_alloc(MF_BLOCK_HEADER, MF_BLOCK_HEADER + size)) != NULL) {
+            *(size_t *)block = size;
+        }
+        if (block == NULL) {
             PyErr_NoMemory();
             return -1;
         }
-        *(size_t *)block = size;
     }
     c->scratch = block;
     float *data = (float *)((char *)block + MF_BLOCK_HEADER);
@@ -697,7 +719,7 @@ static void release_scratch(MfCall *c) {
     else if (size < MF_SCRATCH_HEAP_BYTES)
         free(c->scratch);
     else
-        munmap(c->scratch, MF_BLOCK_HEADER + size);
+        block_free(c->scratch);
 }
 
 static void raise_status(const MfCall *c, int status) {

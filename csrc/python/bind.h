@@ -124,6 +124,8 @@ int mf_check_ids(const int32_t *ids, int64_t n, int64_t V, const char *name);
 /* The output pool: its cap (MAPFORMER_POOL_MB), the bytes of the free blocks it holds, and
  * how many */
 void mf_pool_stats(size_t *limit, size_t *held, int *blocks);
+/* free every block the pool holds (arrays still alive keep theirs); the bytes freed */
+size_t mf_pool_clear(void);
 /* the attention ops' head dim: ValueError unless D is even and in [16, 128] (`arrays` names
  * the arrays whose last axis it is); a NaN *scale (None) becomes 1/sqrt(D) */
 int mf_head_dim_and_scale(int64_t D, const char *arrays, float *scale);

@@ -103,6 +103,12 @@ static PyObject *py_info(PyObject *self, PyObject *args) {
     return result;
 }
 
+static PyObject *py_release_pool(PyObject *self, PyObject *args) {
+    (void)self;
+    (void)args;
+    return PyLong_FromSize_t(mf_pool_clear());
+}
+
 PyMethodDef mf_kernels_methods[] = {
     {"kernels", py_kernels, METH_NOARGS,
      "kernels() -> str\n\nThe active kernel set of the ops with hand-written kernels (linear,\n"
@@ -125,6 +131,11 @@ PyMethodDef mf_kernels_methods[] = {
      "'clang', 'version'}), 'simd_width' (floats per vector of each kernel set this CPU runs)\n"
      "and 'pool' ({'limit_bytes': the output pool's cap, MAPFORMER_POOL_MB, 'held_bytes' and\n"
      "'held_blocks': the free blocks it holds now})."},
+    {"release_pool", py_release_pool, METH_NOARGS,
+     "release_pool() -> int\n\nFree the blocks the output pool holds for reuse (the large op\n"
+     "outputs of earlier steps; arrays still alive keep theirs) and return the bytes freed:\n"
+     "between models of different shapes in one process (a notebook comparing models, a\n"
+     "benchmark), so that the next model's peak memory does not sit on the last one's."},
     {NULL, NULL, 0, NULL}};
 
 static struct PyModuleDef mapformer_module = {
