@@ -49,7 +49,7 @@ WRITTEN = {
 }
 IDS = {"embedding_forward": ("tokens", "V"), "embedding_backward": ("tokens", "V"),
        "softmax_xent_forward": ("targets", "V"), "softmax_xent_backward": ("targets", "V")}
-MODULE_FUNCTIONS = ("cpu_level", "info", "kernel_sets", "kernels", "set_kernels")
+MODULE_FUNCTIONS = ("cpu_level", "info", "kernel_sets", "kernels", "release_pool", "set_kernels")
 
 
 def f32(rng, *shape):
