@@ -6,7 +6,9 @@ test-time log-length scaling), recall accuracy bucketed by position and by lag, 
 mass on the correct key against the number of keys (per layer and head) and the float32 vs
 float64 error of the path-integrated angles, as JSON: one file per config x model x training
 variant x seed under --out (default results/ood/); a rerun skips the files that exist.
-Checkpoints go to runs/ood/NAME/ (a rerun whose JSON is missing loads them, no retraining).
+Checkpoints go to runs/ood/NAME/ every --checkpoint-every steps: a rerun whose JSON is
+missing loads a finished run's (no retraining) and resumes an interrupted one, so a long run
+(e.g. --sequences 200000) can be done over several sittings.
 
 Configs (--configs):
   table1     README Table 1 at scale cpu: selective copy, 16 tokens among 16 blanks (OOD 8 and
@@ -73,14 +75,20 @@ CONFIGS = {
 def diagnose(model, train_config, eval_tasks, variants, eval_sequences, detail_sequences):
     """{variant: {set: {"accuracy": ..., "attention": ...}}, "angles": {set: tables}}."""
     seed = eval_seed(train_config)
-    out = {"variants": {}, "angles": {}}
+    out = {"variants": {label: {} for label in variants}, "angles": {}}
     for set_name, task in eval_tasks.items():
         module = task_module(task)
         batches = module.eval_set(task, eval_sequences, seed, batch_size=32)
         detail = module.eval_set(task, detail_sequences, seed, batch_size=detail_sequences)[0]
         for label, options in variants.items():
+            same = {k: v for k, v in options.items() if k != "attn_log_scale"}
+            if options.get("attn_log_scale", 0) >= task.seq_len and same != options:
+                # clamped log scaling within its length: every factor is 1, as without it
+                base = next(k for k, v in variants.items() if v == same)
+                out["variants"][label][set_name] = out["variants"][base][set_name]
+                continue
             view = ood.with_options(model, **options) if options else model
-            out["variants"].setdefault(label, {})[set_name] = {
+            out["variants"][label][set_name] = {
                 "accuracy": ood.accuracy_by_position_and_lag(view, batches, task),
                 "attention": ood.attention_tables(ood.attention_mass(view, detail, task))}
         twin = ood.float64_twin(model)
@@ -153,7 +161,11 @@ def main(argv=None):
     parser.add_argument("--detail-sequences", type=int, default=32,
                         help="sequences per set for attention and angles (default 32)")
     parser.add_argument("--out", default=str(ROOT / "results" / "ood"))
-    parser.add_argument("--checkpoints", default=str(ROOT / "runs" / "ood"))
+    parser.add_argument("--checkpoints", default=str(ROOT / "runs" / "ood"),
+                        help="where each run's checkpoint goes (default runs/ood/NAME/)")
+    parser.add_argument("--checkpoint-every", type=int, default=100,
+                        help="optimizer steps between checkpoints: an interrupted run resumes "
+                        "from its last one when the command is run again (default 100)")
     args = parser.parse_args(argv)
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
@@ -204,20 +216,23 @@ def main(argv=None):
                 print(summary(name, json.loads(path.read_text())) + "  (earlier record)")
                 continue
             train_config = TrainConfig(**{**base_train.to_dict(), "seed": seed,
-                                          "sequences": args.sequences or base_train.sequences})
+                                          "sequences": args.sequences or base_train.sequences,
+                                          "checkpoint_every": args.checkpoint_every})
             if "delta_rank" not in ModelConfig.preset(args.model, task.vocab_size).options:
                 options.pop("delta_rank")
             model_config = ModelConfig.for_task(args.model, task, **options)
             run_dir = Path(args.checkpoints) / name
             checkpoint = run_dir / "checkpoint.npz"
-            model = wall = None
+            model = wall = resume = None
             if checkpoint.exists():
                 model, _, saved, step = load_checkpoint(checkpoint)
-                if step != saved.total_steps or saved != train_config:
-                    model = None  # unfinished or another run: train again
+                if saved != train_config or model.config != model_config:
+                    model = None  # another run's: train again
+                elif step < saved.total_steps:
+                    model, resume = None, checkpoint  # an interrupted run: go on from there
             if model is None:
-                result = train(model_config, train_config, out_dir=run_dir, progress=False,
-                               eval_tasks=eval_tasks)
+                result = train(model_config, train_config, out_dir=run_dir, resume=resume,
+                               progress=False, eval_tasks=eval_tasks)
                 model, wall = result["model"], result["wall_s"]
         seq_len = train_config.task_config().seq_len
         record = {"name": name, "model": model.config.to_dict(),

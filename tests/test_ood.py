@@ -332,3 +332,16 @@ def test_diagnose_script_writes_json_and_skips_on_rerun(tmp_path, capsys):
     printed = capsys.readouterr().out
     assert "training" not in printed and printed.count("(earlier record)") == 1
     assert "table2_1d_mapwm_r1_n128_s0: read from its checkpoint" in printed
+    # an interrupted run (its checkpoint at step 1 of 2) is resumed, not started again
+    (tmp_path / "ood" / files[0]).unlink()
+    checkpoint = tmp_path / "runs" / files[0].replace(".json", "") / "checkpoint.npz"
+    with np.load(checkpoint) as f:
+        arrays = {k: f[k] for k in f.files}
+    meta = json.loads(str(arrays["meta"]))
+    assert (meta["step"], meta["train"]["checkpoint_every"]) == (2, 100)
+    arrays["meta"] = json.dumps({**meta, "step": 1})
+    np.savez(checkpoint, **arrays)
+    script.main(argv)
+    printed = capsys.readouterr().out
+    assert "2 steps of 64 sequences, 64 tokens each, resuming at step 1" in printed
+    assert (tmp_path / "ood" / files[0]).exists()
