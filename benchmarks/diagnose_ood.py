@@ -75,6 +75,7 @@ CONFIGS = {
 def diagnose(model, train_config, eval_tasks, variants, eval_sequences, detail_sequences):
     """{variant: {set: {"accuracy": ..., "attention": ...}}, "angles": {set: tables}}."""
     seed = eval_seed(train_config)
+    alias_grid = getattr(train_config.task_config(), "grid_size", None)  # navigation
     out = {"variants": {label: {} for label in variants}, "angles": {}}
     for set_name, task in eval_tasks.items():
         module = task_module(task)
@@ -90,7 +91,8 @@ def diagnose(model, train_config, eval_tasks, variants, eval_sequences, detail_s
             view = ood.with_options(model, **options) if options else model
             out["variants"][label][set_name] = {
                 "accuracy": ood.accuracy_by_position_and_lag(view, batches, task),
-                "attention": ood.attention_tables(ood.attention_mass(view, detail, task))}
+                "attention": ood.attention_tables(ood.attention_mass(view, detail, task,
+                                                                     alias_grid=alias_grid))}
         twin = ood.float64_twin(model)
         out["angles"][set_name] = {
             str(layer): ood.angle_tables(ood.angle_errors(model, detail, task, layer, twin))
@@ -101,7 +103,9 @@ def diagnose(model, train_config, eval_tasks, variants, eval_sequences, detail_s
 def summary(name, record):
     """A few lines: per variant and set, accuracy (object recalls), accuracy at the shortest
     and longest lag, the best head's mass on the correct key at the fewest and most keys
-    (last layer), then the largest float32 angle error and the closure at the longest lag."""
+    (last layer; navigation: and on aliases of the cell modulo the training grid) and how
+    often its most weighted key is a right one or a neighbour (all recalls of the detail
+    set), then the largest float32 angle error and the weighted closure at the longest lag."""
     wall = record.get("wall_s")
     lines = [f"{name}: " + ("read from its checkpoint" if wall is None
                             else f"trained {wall:.0f}s")]
@@ -116,14 +120,19 @@ def summary(name, record):
                 + f"  by lag: {lag[0]['accuracy']:.2f} @ {lag[0]['lo']}-{lag[0]['hi'] - 1}"
                 f" .. {lag[-1]['accuracy']:.2f} @ {lag[-1]['lo']}-{lag[-1]['hi'] - 1}"
                 f"  mass on key: {layer[0]['mass']:.2f} @ {layer[0]['lo']}+ keys .. "
-                f"{layer[-1]['mass']:.2f} @ {layer[-1]['lo']}+")
+                f"{layer[-1]['mass']:.2f} @ {layer[-1]['lo']}+"
+                + ("" if layer[-1]["alias_mass"] is None
+                   else f" (aliases {layer[-1]['alias_mass']:.2f})")
+                + "; top key right {:.2f}, a neighbour {:.2f}".format(
+                    *(sum(row["n"] * row[k] for row in layer) / sum(row["n"] for row in layer)
+                      for k in ("top_right", "top_near"))))
     for set_name, layers in record["diagnosis"]["angles"].items():
         for layer, tables in layers.items():
             heads = [t for k, t in tables.items() if k.startswith("head")]
             worst = max(row["model_error_max"] for t in heads for row in t)
-            closure = [t[-1]["closure_slowest"] for t in heads]
+            closure = [t[-1]["closure_weighted"] for t in heads]
             lines.append(f"  angles {set_name:<10} layer {layer}: float32 error max "
-                         f"{worst:.1e} rad; closure (slowest block) at lag {heads[0][-1]['lo']}+: "
+                         f"{worst:.1e} rad; closure (weighted) at lag {heads[0][-1]['lo']}+: "
                          + ", ".join("-" if c is None else f"{c:.3f}" for c in closure))
     return "\n".join(lines)
 
@@ -245,7 +254,7 @@ def main(argv=None):
                                        args.eval_sequences, args.detail_sequences)
         record["diagnose_s"] = time.perf_counter() - t0 - (wall or 0)
         tmp = path.with_suffix(".tmp")
-        tmp.write_text(json.dumps(record, indent=1, default=_plain))
+        tmp.write_text(json.dumps(record, separators=(",", ":"), default=_plain))
         tmp.replace(path)
         print(summary(name, record) + f"  (diagnosis {record['diagnose_s']:.0f}s)", flush=True)
 

@@ -32,7 +32,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from .analysis import _float64, _path, attention_rows, wrap
+from .analysis import _block, _float64, _path, _rotated_queries_keys, attention_rows, wrap
 from .models import ModelConfig, Transformer
 from .tasks import navigation, selective_copy
 
@@ -167,20 +167,24 @@ def accuracy_by_position_and_lag(model, batches, task, edges=None):
                                    log2_edges(lags.max()) if edges is None else edges)}
 
 
-def key_statistics(probs, logits, key, query, group_keys):
+def key_statistics(probs, logits, key, query, group_keys, alias_keys=None):
     """What one sequence's attention rows put on each recall's correct key.
 
     probs, logits: (H, P, T) rows of the recalls (logits -inf above the diagonal, or None);
     key, query: (P,) token indices of the correct key and of the recall; group_keys: bool
-    (P, T): the keys holding the recall's answer (its group), the correct key among them.
+    (P, T): the keys holding the recall's answer (its group), the correct key among them;
+    alias_keys: bool (P, T) or None: other keys to total (aliases).
     Returns {name: float64 (P, H)}: mass (weight on the correct key), group_mass (on its
-    group), wrong_max (the largest weight on a key outside the group); with logits also
+    group), wrong_max (the largest weight on a key outside the group), alias_mass (the weight
+    on alias_keys; nan without them); with logits also
     correct_logit, wrong_lse (log-sum-exp of the logits outside the group; -inf when there is
     none) and wrong_max_logit (nan without logits)."""
     p = np.arange(key.size)
     out = {"mass": probs[:, p, key].T, "group_mass": (probs * group_keys).sum(-1).T}
     wrong = ~group_keys & (np.arange(probs.shape[-1]) <= query[:, None])
     out["wrong_max"] = np.where(wrong, probs, 0.0).max(-1).T
+    out["alias_mass"] = (np.full((key.size, probs.shape[0]), np.nan) if alias_keys is None
+                         else (probs * alias_keys).sum(-1).T)
     if logits is None:
         for name in ("correct_logit", "wrong_lse", "wrong_max_logit"):
             out[name] = np.full((key.size, probs.shape[0]), np.nan)
@@ -195,14 +199,56 @@ def key_statistics(probs, logits, key, query, group_keys):
     return out
 
 
-def attention_mass(model, batch, task, layers=None):
+def top_key_offsets(r, top, task):
+    """How far the key each head weighs most is from the right place.
+
+    r: the :class:`Recalls` of a batch of ``task``; top: int (P, H) the token index of each
+    recall's most weighted key per head. Returns float64 (P, H): selective copy: the data
+    index of the top key minus the recall's (0: the right token, +-1: a neighbour); navigation:
+    the torus distance (L1, in cells) from the top key's cell to the recall's (0: a visit of
+    the right cell); nan where the top key is not a data token / an observation."""
+    group = r.key_group[r.sequence[:, None], top]  # (P, H)
+    out = np.full(top.shape, np.nan)
+    valid = group >= 0
+    if isinstance(task, navigation.NavigationConfig):
+        shape = (task.grid_size,) * task.dims
+        a = np.stack(np.unravel_index(np.where(valid, group, 0), shape))  # (n, P, H)
+        b = np.stack(np.unravel_index(r.group, shape))[:, :, None]
+        d = np.abs(a - b)
+        dist = np.minimum(d, task.grid_size - d).sum(0)
+        out[valid] = dist[valid]
+    else:
+        out[valid] = (group - r.group[:, None])[valid]
+    return out
+
+
+def alias_cells(batch, task, grid):
+    """Navigation: each token's cell reduced modulo ``grid`` on every axis, as one id, int64
+    (B, T) (-1 at action tokens), and each recall's, (P,). On a torus of side ``grid`` (the
+    training task's) the cells p and p + grid are one cell: a model trained there may give
+    them the same angles, and a test grid larger than ``grid`` then holds aliases."""
+    r = recalls(batch, task)
+    pos = np.asarray(batch.positions) % grid
+    cell = np.ravel_multi_index(tuple(np.moveaxis(pos, -1, 0)), (grid,) * task.dims)
+    keys = np.full(r.key_group.shape, -1, dtype=np.int64)
+    keys[:, 1::2] = cell
+    return keys, cell[r.sequence, r.query // 2]
+
+
+def attention_mass(model, batch, task, layers=None, alias_grid=None):
     """The attention on each recall's correct key, per layer and head.
 
-    batch: one batch of ``task``; layers: layer indices (default all). Returns a dict:
-    n_keys, lag: int64 (P,) of the recalls (in :func:`recalls` order); layers: {layer:
-    {name: float64 (P, H)}} with the names of :func:`key_statistics`. Attention and
-    conjunctive mixers (not cope)."""
+    batch: one batch of ``task``; layers: layer indices (default all); alias_grid
+    (navigation): the training grid's side: alias_mass is then the weight on observations of
+    other cells that are the recall's cell modulo alias_grid (:func:`alias_cells`). Returns
+    a dict: n_keys, lag: int64 (P,) of the recalls (in :func:`recalls` order); layers:
+    {layer: {name: float64 (P, H)}} with the names of :func:`key_statistics` and top_offset
+    (:func:`top_key_offsets` of the most weighted key). Attention and conjunctive mixers (not
+    cope)."""
     r = recalls(batch, task)
+    aliases = None
+    if alias_grid is not None and isinstance(task, navigation.NavigationConfig):
+        aliases = alias_cells(batch, task, alias_grid)
     layers = range(len(model.blocks)) if layers is None else layers
     _run(model, batch, task)
     out = {"n_keys": r.query + 1, "lag": r.lag, "layers": {}}
@@ -214,22 +260,38 @@ def attention_mass(model, batch, task, layers=None):
             probs, logits = attention_rows(model, r.query[sel], layer, int(b), "attention_mass")
             group_keys = (r.key_group[b][None, :] == r.group[sel][:, None])
             group_keys &= np.arange(t_len) <= r.query[sel][:, None]
-            parts.append(key_statistics(probs, logits, r.key[sel], r.query[sel], group_keys))
-        out["layers"][layer] = {name: np.concatenate([p[name] for p in parts])
-                                for name in parts[0]}
+            alias_keys = None
+            if aliases is not None:
+                alias_keys = (aliases[0][b][None, :] == aliases[1][sel][:, None])
+                alias_keys &= ~group_keys & (r.key_group[b] >= 0)
+                alias_keys &= np.arange(t_len) <= r.query[sel][:, None]
+            parts.append(key_statistics(probs, logits, r.key[sel], r.query[sel], group_keys,
+                                        alias_keys))
+            parts[-1]["top"] = probs.argmax(-1).T  # (R, H)
+        stats = {name: np.concatenate([p[name] for p in parts]) for name in parts[0]}
+        stats["top_offset"] = top_key_offsets(r, stats.pop("top"), task)
+        out["layers"][layer] = stats
     return out
 
 
 def attention_tables(mass, edges=None):
     """:func:`attention_mass`'s output bucketed: {layer: {"head h" or "best": {"by_keys":
     table, "by_lag": table}}}, tables of :func:`bucket_table` with the columns of
-    :func:`key_statistics`; "best" takes, per recall, the head with the most mass on the
-    correct key (heads may split the work)."""
+    :func:`key_statistics`, top_offset replaced by top_right (the fraction of recalls whose
+    most weighted key is a right one, offset 0), top_near (offset +-1: a neighbour) and
+    top_abs_offset (the mean |offset|, over top keys that are data tokens / observations);
+    "best" takes, per recall, the head with the most mass on the correct key (heads may split
+    the work)."""
     keys_edges = log2_edges(mass["n_keys"].max()) if edges is None else edges
     lag_edges = log2_edges(mass["lag"].max()) if edges is None else edges
     tables = {}
     for layer, stats in mass["layers"].items():
         per = {}
+        stats = dict(stats)
+        offset = stats.pop("top_offset")
+        stats["top_right"] = np.where(np.isnan(offset), 0.0, offset == 0)
+        stats["top_near"] = np.where(np.isnan(offset), 0.0, np.abs(offset) == 1)
+        stats["top_abs_offset"] = np.abs(offset)
         best = stats["mass"].argmax(1)
         heads = [(f"head {h}", {k: v[:, h] for k, v in stats.items()})
                  for h in range(stats["mass"].shape[1])]
@@ -278,15 +340,19 @@ def angle_errors(model, batch, task, layer=0, twin=None):
       op_error: float64 (B, T): max over heads and blocks of |wrap(theta32 - omega *
         cumsum(Delta32))| (cumsum in float64 of the C model's own Delta): the path-integration
         op's own rounding;
-      closure_slowest, closure_mean: float64 (P, H): |wrap(Theta64_i - Theta64_j)| at the
-        block of smallest |omega| of each head, and its mean over blocks (navigation: recall
-        and key are at the same cell, so a perfect integrator gives 0; nan for selective copy,
-        whose key is at another place).
+      closure_slowest, closure_mean, closure_weighted: float64 (P, H): |wrap(Theta64_i -
+        Theta64_j)| at the block of smallest |omega| of each head, its mean over blocks, and
+        its mean weighted by how much each block can move the logit of this query and key,
+        |q_i,b| |k_j,b| (the rotated queries and keys the softmax compared: a block whose
+        share is ~0 may drift freely); navigation only: recall and key are at the same cell,
+        so a perfect integrator gives 0; nan for selective copy, whose key is at another
+        place.
     ValueError for a layer without path integration (Delta)."""
     r = recalls(batch, task)
     scheme = _path(model, layer, "angle_errors")
     twin = float64_twin(model) if twin is None else twin
     _run(model, batch, task)
+    q, k = (_float64(model, x) for x in _rotated_queries_keys(_block(model, layer).mixer))
     theta32 = _float64(model, scheme.theta)
     delta32 = _float64(model, scheme.delta)
     omega = _float64(model, scheme.frequencies)
@@ -303,21 +369,28 @@ def angle_errors(model, batch, task, layer=0, twin=None):
         slowest = np.abs(omega).argmin(-1)  # (H,)
         out["closure_slowest"] = closure[:, np.arange(omega.shape[0]), slowest]
         out["closure_mean"] = closure.mean(-1)
+        pairs = q.shape[:3] + (q.shape[3] // 2, 2)
+        norm_q = np.sqrt((q.reshape(pairs) ** 2).sum(-1))[b, i]  # (P, H, NB)
+        norm_k = np.sqrt((k.reshape(pairs) ** 2).sum(-1))[b, j]
+        w = norm_q * norm_k
+        out["closure_weighted"] = (w * closure).sum(-1) / np.maximum(w.sum(-1), 1e-30)
     else:
-        out["closure_slowest"] = out["closure_mean"] = np.full(out["model_error"].shape,
-                                                               np.nan)
+        for name in ("closure_slowest", "closure_mean", "closure_weighted"):
+            out[name] = np.full(out["model_error"].shape, np.nan)
     return out
 
 
 def angle_tables(angles, edges=None):
     """:func:`angle_errors`' output bucketed by lag: {"head h": table} with columns
-    model_error, closure_slowest, closure_mean (means; the max of model_error as
+    model_error, closure_slowest, closure_mean, closure_weighted (means; the max of
+    model_error as
     model_error_max), and "op_by_position": the op's error bucketed by token position + 1
     (column op_error, its mean, and op_error_max)."""
     lag_edges = log2_edges(angles["lag"].max()) if edges is None else edges
     tables = {}
     for h in range(angles["model_error"].shape[1]):
-        cols = {k: angles[k][:, h] for k in ("model_error", "closure_slowest", "closure_mean")}
+        cols = {k: angles[k][:, h] for k in ("model_error", "closure_slowest", "closure_mean",
+                                             "closure_weighted")}
         table = bucket_table(angles["lag"], cols, lag_edges)
         for row in table:
             inside = (angles["lag"] >= row["lo"]) & (angles["lag"] < row["hi"])

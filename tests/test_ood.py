@@ -118,8 +118,52 @@ def test_key_statistics_by_hand():
     assert s["correct_logit"][:, 0].tolist() == pytest.approx([math.log(5), math.log(4)])
     assert s["wrong_lse"][:, 0].tolist() == pytest.approx([math.log(3), math.log(1)])
     assert s["wrong_max_logit"][:, 0].tolist() == pytest.approx([math.log(2), 0.0])
-    none = ood.key_statistics(probs, None, np.array([2, 0]), np.array([2, 2]), group)
+    assert np.isnan(s["alias_mass"]).all()
+    none = ood.key_statistics(probs, None, np.array([2, 0]), np.array([2, 2]), group,
+                              alias_keys=np.array([[True, True, False], [False, True, False]]))
     assert np.isnan(none["wrong_lse"]).all() and none["mass"][0, 0] == pytest.approx(5 / 8)
+    assert none["alias_mass"][:, 0].tolist() == pytest.approx([3 / 8, 1 / 8])
+
+
+def test_top_key_offsets_by_hand():
+    task, batch = hand_walk()  # cells 1, 2, 1, 0, 1, 2 on grid 4; recalls at tokens 4, 8, 10
+    r = ood.recalls(batch, task)
+    top = np.array([[1, 0], [3, 5], [7, 1]])  # per recall, two heads' top keys
+    got = ood.top_key_offsets(r, top, task)
+    # o_0 is cell 1 (right), token 0 an action; o_1 cell 2 vs 1, o_2 cell 1; o_3 cell 0 vs 2
+    # (torus distance 2), o_0 cell 1 vs 2
+    assert np.isnan(got[0, 1]) and got[0, 0] == 0
+    assert got[1].tolist() == [1, 0] and got[2].tolist() == [2, 1]
+    copy = selective_copy.SelectiveCopyConfig(n_copy=3, n_blanks=2, n_symbols=4)
+    cb = selective_copy.generate(copy, 1, np.random.default_rng(0))
+    rc = ood.recalls(cb, copy)
+    pos = cb.positions[0]
+    blank = next(j for j in range(5) if j not in pos)
+    top = np.array([[pos[0], pos[1]], [pos[0], blank], [pos[0], pos[2]]])
+    got = ood.top_key_offsets(rc, top, copy)
+    assert got[:, 0].tolist() == [0, -1, -2] and got[0, 1] == 1 and np.isnan(got[1, 1])
+    assert got[2, 1] == 0
+    net = tiny("mapwm", NAV)
+    mass = ood.attention_mass(net, navigation.generate(NAV, 2, 0), NAV)
+    tables = ood.attention_tables(mass)["0"]["head 0"]["by_lag"]
+    assert all(0 <= row["top_right"] <= 1 and 0 <= row["top_near"] <= 1 for row in tables)
+    offsets = mass["layers"][0]["top_offset"]
+    right = np.where(np.isnan(offsets), 0.0, offsets == 0)[:, 0]
+    assert sum(row["n"] * row["top_right"] for row in tables) == pytest.approx(right.sum())
+
+
+def test_alias_cells_by_hand():
+    task, batch = hand_walk()  # cells 1, 2, 1, 0, 1, 2 on grid 4
+    keys, query = ood.alias_cells(batch, task, 2)  # modulo 2: 1, 0, 1, 0, 1, 0
+    assert keys[0].tolist() == [-1, 1, -1, 0, -1, 1, -1, 0, -1, 1, -1, 0]
+    assert query.tolist() == [1, 1, 0]  # the recalls at steps 2, 4, 5
+    net = tiny("mapwm", task)
+    mass = ood.attention_mass(net, batch, task, alias_grid=2)["layers"][0]
+    # recall at step 5 (cell 2, token 10): its alias is cell 0 (o_3, token 7)
+    row = A.attention_map(net, batch, 10)
+    assert mass["alias_mass"][2] == pytest.approx(row[:, 7], abs=1e-12)
+    assert mass["alias_mass"][0] == pytest.approx([0, 0])  # step 2: no other odd cell yet
+    assert np.isnan(ood.attention_mass(net, batch, task)["layers"][0]["alias_mass"]).all()
 
 
 @pytest.mark.parametrize("model,options", [("mapwm", {}), ("mapem_s", {}),
@@ -170,6 +214,18 @@ def test_angle_errors_measure_float32_and_closure():
         assert out["closure_slowest"][p] == pytest.approx(
             np.abs(rel[np.arange(2), slowest]), abs=1e-4)
         assert out["closure_mean"][p] == pytest.approx(np.abs(rel).mean(-1), abs=1e-4)
+    # weighted closure: by |q_i,b| |k_j,b| of the rotated queries and keys
+    mixer = net.blocks[0].mixer
+    net.forward(batch.tokens)
+    q, k = (np.asarray(x, np.float64).reshape(4, 48, 2, 8, 2) for x in (mixer.q_att,
+                                                                         mixer.k_att))
+    for p in range(0, r.query.size, 5):
+        b, i, j = r.sequence[p], r.query[p], r.key[p]
+        theta = A.path_angles(net, batch.tokens[b])
+        closure = np.abs(A.wrap(theta[i] - theta[j]))
+        w = np.linalg.norm(q[b, i], axis=-1) * np.linalg.norm(k[b, j], axis=-1)
+        assert out["closure_weighted"][p] == pytest.approx((w * closure).sum(-1) / w.sum(-1),
+                                                           abs=1e-4)
     # a twin whose frequencies are 0.1% off: the error is 0.1% of each relative angle
     twin = ood.float64_twin(net)
     scheme = twin.blocks[0].mixer.scheme
@@ -183,7 +239,7 @@ def test_angle_errors_measure_float32_and_closure():
     assert sum(row["n"] for row in tables["head 0"]) == r.query.size
     assert sum(row["n"] for row in tables["op_by_position"]) == batch.tokens.size
     copy = ood.angle_errors(tiny("mapwm", COPY), selective_copy.generate(COPY, 2, 0), COPY)
-    assert np.isnan(copy["closure_slowest"]).all() and copy["model_error"].max() < 1e-4
+    assert np.isnan(copy["closure_weighted"]).all() and copy["model_error"].max() < 1e-4
 
 
 # ---- query scaling ---------------------------------------------------------------------------
