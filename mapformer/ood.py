@@ -8,7 +8,9 @@ and by the lag back to the key it should retrieve:
 - :func:`attention_mass`: how much weight the softmax puts on the correct key, beside the
   correct key's logit and the log-sum-exp of the wrong keys' logits (a correct logit that
   falls with the lag is drift; a wrong-key log-sum-exp that grows with the number of keys,
-  the correct logit staying, is dilution);
+  the correct logit staying, is dilution), where the most weighted key lies (the right one, a
+  neighbour: :func:`top_key_offsets`) and, for navigation on a larger grid than the
+  training one, the weight on cells equal modulo the training grid (:func:`alias_cells`);
 - :func:`angle_errors`: the float32 path-integrated angles of the C model against a float64
   recomputation (the same parameters on the NumPy reference backend), on the angle between
   a recall and its key; for navigation also how far the learned integrator is from closing
