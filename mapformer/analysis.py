@@ -214,6 +214,61 @@ def _softmax(z):
     return e / e.sum(-1, keepdims=True)
 
 
+def _attention_source(model, layer, what):
+    """The layer's mixer and the object holding the queries and keys its softmax compared
+    (the mixer, or an ``attention`` scheme that keeps them); ValueError for others."""
+    mixer = _block(model, layer).mixer
+    scheme = mixer.scheme
+    if mixer.name == "attention":
+        source = scheme if scheme.kind == "attention" else mixer
+        if "q_att" not in source.traces:
+            raise ValueError(
+                f"{what}: positional scheme {scheme.name!r} runs its own attention, "
+                "whose logits are not products of saved queries and keys (cope adds q.e[p_ij] "
+                "terms at interpolated contextual positions)")
+        return mixer, source
+    if mixer.name != "conjunctive":
+        raise ValueError(f"{what} knows the attention and conjunctive mixers, not "
+                         f"{mixer.name!r}")
+    return mixer, mixer
+
+
+def attention_rows(model, rows, layer=0, sequence=0, what="attention_rows"):
+    """Rows of the causal attention of one sequence of the model's LAST forward, from the
+    queries and keys its layer saved (no forward is run here).
+
+    rows: query positions int (R,); sequence: its index in the last forward's batch.
+    Returns (probs, logits): float64 (H, R, T), probs[h, r, j] the weight of key j in row
+    rows[r] (0 for j > rows[r]); logits the pre-softmax scores there (-inf for j > rows[r]),
+    or None for mapem_os's softmax_product mode (a product of two softmaxes has none).
+    Query-scaling options are included: the saved queries carry their factors. The modes as
+    in :func:`attention_map`."""
+    mixer, source = _attention_source(model, layer, what)
+    rows = np.asarray(rows, dtype=np.int64).reshape(-1)
+    d = model.config.head_dim
+    scale = 1.0 / np.sqrt(d)
+
+    def scores(q, k):  # q, k (B, T, H, D) -> (H, R, T), -inf above the diagonal
+        q = _float64(model, q[sequence])[rows]
+        k = _float64(model, k[sequence])
+        out = np.einsum("rhd,jhd->hrj", q, k)
+        return np.where(np.arange(k.shape[0]) <= rows[:, None], out, -np.inf)
+
+    if mixer.name == "attention":
+        logits = scale * scores(source.q_att, source.k_att)
+    elif mixer.qx is None:  # positional scores alone
+        logits = scale * scores(mixer.qp, mixer.kp)
+    else:
+        sx, sp = scores(mixer.qx, mixer.kx), scores(mixer.qp, mixer.kp)
+        if mixer.mode == "score_product":
+            logits = scale * np.where(np.isfinite(sx), sx * sp, -np.inf)
+        elif mixer.mode == "sum":
+            logits = scale * (sx + sp)
+        else:
+            return _softmax(scale * sx) * _softmax(scale * sp), None
+    return _softmax(logits), logits
+
+
 def attention_map(model, batch, index, layer=0, head=None):
     """Attention weights of one query position over all keys, from the tensors the layer saved.
 
@@ -230,43 +285,12 @@ def attention_map(model, batch, index, layer=0, head=None):
     position terms that are not saved)."""
     tokens = _tokens(batch)
     b, i = _split_index(tokens, index)
-    mixer = _block(model, layer).mixer
-    scheme = mixer.scheme
-    if mixer.name == "attention":
-        source = scheme if scheme.kind == "attention" else mixer
-        if "q_att" not in source.traces:
-            raise ValueError(
-                f"attention_map: positional scheme {scheme.name!r} runs its own attention, "
-                "whose logits are not products of saved queries and keys (cope adds q.e[p_ij] "
-                "terms at interpolated contextual positions)")
-    elif mixer.name != "conjunctive":
-        raise ValueError(f"attention_map knows the attention and conjunctive mixers, not "
-                         f"{mixer.name!r}")
+    _attention_source(model, layer, "attention_map")
     _forward(model, tokens[b:b + 1])
-    n_heads, d = model.config.n_heads, model.config.head_dim
-    scale = 1.0 / np.sqrt(d)
-
-    def scores(q, k):  # q (1, T, H, D), k (1, T, H, D) -> (H, i + 1)
-        q = _float64(model, q[0, i])
-        k = _float64(model, k[0, :i + 1])
-        return np.einsum("hd,jhd->hj", q, k) * scale
-
-    if mixer.name == "attention":
-        row = _softmax(scores(source.q_att, source.k_att))
-    elif mixer.qx is None:  # positional scores alone
-        row = _softmax(scores(mixer.qp, mixer.kp))
-    else:
-        sx, sp = scores(mixer.qx, mixer.kx) / scale, scores(mixer.qp, mixer.kp) / scale
-        if mixer.mode == "score_product":
-            row = _softmax(scale * sx * sp)
-        elif mixer.mode == "sum":
-            row = _softmax(scale * (sx + sp))
-        else:
-            row = _softmax(scale * sx) * _softmax(scale * sp)
-    out = np.zeros((n_heads, tokens.shape[1]))
-    out[:, :i + 1] = row
+    out = attention_rows(model, [i], layer, what="attention_map")[0][:, 0]
     if head is None:
         return out
+    n_heads = model.config.n_heads
     if not 0 <= head < n_heads:
         raise ValueError(f"head must be in [0, {n_heads}), got {head!r}")
     return out[head]

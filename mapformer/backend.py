@@ -207,7 +207,9 @@ def array_ops(float_dtype):
     asarray(a): a C-contiguous array of the backend's dtype (a copy only when needed);
     as_indices(a, name="ids"): the same in int32 (tokens, targets); ValueError naming ``name``
     for a value outside int32's range (never wrapped). to_numpy(a): a NumPy array.
-    add_(dst, src): dst += src in place. exp(a): e^a elementwise (a new array; parameters'
+    add_(dst, src): dst += src in place. mul(a, b): a * b elementwise with NumPy's
+    broadcasting (a new array; e.g. queries (B, T, H, D) by per-position factors (T, 1, 1)).
+    exp(a): e^a elementwise (a new array; parameters'
     transforms, e.g. Mamba's A = -exp(A_log)). sum_leading(a, n): a summed over its first n axes.
     broadcast_rows(row, shape, out=None): ``row`` (shape[k:]) copied to every index of the
     leading axes of ``shape``, into ``out`` when it has that shape (a buffer kept across
@@ -238,6 +240,7 @@ def array_ops(float_dtype):
         as_indices=as_indices,
         to_numpy=np.asarray,
         add_=add_,
+        mul=np.multiply,
         exp=np.exp,
         sum_leading=lambda a, n: a.sum(tuple(range(n))),
         broadcast_rows=broadcast_rows,

@@ -499,7 +499,12 @@ def check_resume(path, model_config, train_config):
         return values
 
     meta = checkpoint_meta(path)
-    saved, ours = flat(meta["model"]), flat(model_config.to_dict())
+    saved = meta["model"]
+    try:  # options completed with today's defaults: an option added since is no difference
+        saved = ModelConfig.from_dict(saved).to_dict()
+    except (TypeError, ValueError, KeyError):
+        pass  # compared as written: the differences name what no longer fits
+    saved, ours = flat(saved), flat(model_config.to_dict())
     differences = [f"model.{k}: checkpoint {saved.get(k)!r} != {ours.get(k)!r}"
                    for k in dict.fromkeys([*ours, *saved]) if saved.get(k) != ours.get(k)]
     differences += [f"train.{k}: checkpoint {meta['train'].get(k)!r} != {v!r}"

@@ -8,20 +8,22 @@ import pytest
 from mapformer.models import MODELS, ModelConfig, Transformer, forward_flops
 from mapformer.tasks import navigation, selective_copy
 
+# every attention mixer's query-scaling options, at their defaults
+SCALING = {"attn_scale": 1.0, "attn_log_scale": 0, "attn_log_clamp": True}
 PRESET_PARTS = {  # the preset names the reproduction tables and users know
-    "rope": ("attention", "rope", {"rope_base": 10000.0}),
-    "mapwm": ("attention", "mapwm", {"delta_rank": 2, "omega_max": math.pi,
+    "rope": ("attention", "rope", {**SCALING, "rope_base": 10000.0}),
+    "mapwm": ("attention", "mapwm", {**SCALING, "delta_rank": 2, "omega_max": math.pi,
                                      "omega_grid": 64.0}),
     "mapem_os": ("conjunctive", "mapem", {"mapem_mode": "score_product", "mapem_scores": "both",
-                                          "delta_rank": 2, "omega_max": math.pi,
+                                          **SCALING, "delta_rank": 2, "omega_max": math.pi,
                                           "omega_grid": 64.0, "mapem_separate_start": False}),
     "mapem_s": ("conjunctive", "mapem", {"mapem_mode": "score_product",
-                                         "mapem_scores": "positional", "delta_rank": 2,
-                                         "omega_max": math.pi, "omega_grid": 64.0,
-                                         "mapem_separate_start": False}),
-    "mapem_o": ("attention", "none", {}),
-    "cope": ("attention", "cope", {"cope_positions": 7}),
-    "tape": ("attention", "tape", {"rope_base": 10000.0}),
+                                         "mapem_scores": "positional", **SCALING,
+                                         "delta_rank": 2, "omega_max": math.pi,
+                                         "omega_grid": 64.0, "mapem_separate_start": False}),
+    "mapem_o": ("attention", "none", SCALING),
+    "cope": ("attention", "cope", {**SCALING, "cope_positions": 7}),
+    "tape": ("attention", "tape", {**SCALING, "rope_base": 10000.0}),
     "mamba": ("mamba", "none", {"d_state": 16, "expand": 2, "d_conv": 4, "dt_rank": 0,
                                 "zoh": False}),
     "mampa": ("mampa", "none", {"d_state": 16, "expand": 2, "d_conv": 4, "dt_rank": 0,
@@ -55,7 +57,8 @@ def test_options_are_completed_so_defaults_compare_equal():
 def test_preset_parts_can_be_replaced():
     config = ModelConfig.preset("mapem_s", 20, mixer="attention", positional="rope",
                                 rope_base=100.0)
-    assert config.options == {"rope_base": 100.0, "gelu": "tanh"} and config.label == "rope"
+    assert config.options == {**SCALING, "rope_base": 100.0, "gelu": "tanh"}
+    assert config.label == "rope"
     config = ModelConfig.preset("mapwm", 20, positional="tape")
     assert config.label == "tape"
     config = ModelConfig.preset("mapem_os", 20, mapem_mode="sum", mapem_scores="positional")
@@ -107,10 +110,12 @@ def test_for_task_takes_the_tasks_defaults():
     config = ModelConfig.for_task("mapem_s", nav, d_model=32, n_heads=2)
     assert config.vocab_size == nav.vocab_size and config.options["omega_grid"] == 6.0
     assert ModelConfig.for_task("mapwm", nav, omega_grid=3.0).options["omega_grid"] == 3.0
-    assert ModelConfig.for_task("cope", nav).options == {"cope_positions": 20, "gelu": "tanh"}
+    assert ModelConfig.for_task("cope", nav).options == {**SCALING, "cope_positions": 20,
+                                                         "gelu": "tanh"}
     copy = selective_copy.SelectiveCopyConfig(n_copy=4, n_blanks=5)
     assert ModelConfig.for_task("mapwm", copy).options["omega_grid"] == float(copy.seq_len)
-    assert ModelConfig.for_task("rope", copy).options == {"rope_base": 10000.0, "gelu": "tanh"}
+    assert ModelConfig.for_task("rope", copy).options == {**SCALING, "rope_base": 10000.0,
+                                                          "gelu": "tanh"}
 
 
 def test_forward_flops_count_each_components_products():

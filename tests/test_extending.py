@@ -27,6 +27,8 @@ TASK = dict(dims=1, steps=6, grid_size=4, n_objects=3)
 RATE = "blocks.0.mixer.scheme.rate"
 HERE = Path(__file__).resolve().parent
 
+SCALING = {"attn_scale": 1.0, "attn_log_scale": 0, "attn_log_clamp": True}  # defaults
+
 
 def code_without_docstrings(source):
     """ast.dump of ``source`` with every docstring removed (comments never reach the AST)."""
@@ -64,7 +66,7 @@ def test_toy_scheme_trains_a_step_through_the_api():
         train_config = TrainConfig(**TASK, sequences=8, batch_size=8, eval_sequences=2)
         config = ModelConfig(vocab_size=train_config.task_config().vocab_size, d_model=32,
                              n_heads=2, positional="toy", options={"toy_rate": 0.25})
-        assert config.options == {"toy_rate": 0.25, "gelu": "tanh"}
+        assert config.options == {**SCALING, "toy_rate": 0.25, "gelu": "tanh"}
         assert config.label == "attention/toy"
         with pytest.raises(ValueError, match="toy_rate must be a finite number > 0"):
             ModelConfig(vocab_size=8, d_model=32, n_heads=2, positional="toy",
@@ -124,7 +126,7 @@ def test_toy_scheme_trains_a_step_through_the_cli(tmp_path):
         assert result["steps"] == 1 and math.isfinite(result["loss"])
         model = load_checkpoint(tmp_path / "checkpoint.npz")[0]
         assert model.config.positional == "toy"
-        assert model.config.options == {"toy_rate": 0.25, "gelu": "tanh"}
+        assert model.config.options == {**SCALING, "toy_rate": 0.25, "gelu": "tanh"}
         # AdamW moves a parameter without weight decay only where its gradient is non-zero
         assert np.all(model.params.params[RATE].value != 0.25)
         evaluated = subprocess.run(cli + ["eval", str(tmp_path / "checkpoint.npz"), "--json"],
@@ -205,6 +207,6 @@ def test_a_shared_option_declaration_is_accepted():
     try:
         config = ModelConfig(vocab_size=8, d_model=32, n_heads=2, positional="toy2",
                              options={"delta_rank": 3})
-        assert config.options == {"delta_rank": 3, "gelu": "tanh"}
+        assert config.options == {**SCALING, "delta_rank": 3, "gelu": "tanh"}
     finally:
         SCHEMES.unregister("toy2")

@@ -19,6 +19,8 @@ from mapformer.train import (CHECKPOINT_VERSION, TrainConfig, check_resume, deca
 TINY_TASK = dict(dims=1, steps=12, grid_size=6, p_empty=0.5, n_objects=5)
 QUIET = dict(progress=False, log=lambda *a: None)
 
+SCALING = {"attn_scale": 1.0, "attn_log_scale": 0, "attn_log_clamp": True}  # defaults
+
 
 def tiny_configs(**train_fields):
     train_config = TrainConfig(**{**TINY_TASK, "sequences": 96, "batch_size": 16,
@@ -213,10 +215,11 @@ def test_cli_model_presets_and_options(tmp_path, capsys):
     assert config.options["mapem_scores"] == "positional" and config.label == "mapem_s"
     assert config.options["mapem_separate_start"] is True
     config = cli_train(["--model", "cope"], tmp_path)
-    assert config.options == {"cope_positions": 12, "gelu": "tanh"}  # the sequence length
+    assert config.options == {**SCALING, "cope_positions": 12, "gelu": "tanh"}  # the length
     config = cli_train(["--model", "mapem_s", "--mixer", "attention", "--positional", "rope",
                         "--rope-base", "100"], tmp_path)
-    assert config.label == "rope" and config.options == {"rope_base": 100.0, "gelu": "tanh"}
+    assert config.label == "rope"
+    assert config.options == {**SCALING, "rope_base": 100.0, "gelu": "tanh"}
     capsys.readouterr()
 
 

@@ -6,9 +6,16 @@ How positions enter depends on the scheme's kind:
   RoPE, MapWM;
 - ``attention``: the scheme runs the attention itself on q, k, v (CoPE; TAPE, which also
   carries its state from layer to layer).
+
+Options (every attention mixer's, :data:`mapformer.mixers.base.QUERY_SCALE_OPTIONS`):
+``attn_scale``, ``attn_log_scale``, ``attn_log_clamp`` multiply query i, hence row i of the
+logits, by a factor (a temperature, constant or growing with log i beyond the training
+length). With an ``attention`` scheme the scaled query is what the scheme receives (CoPE's
+gates read it too, so there it is more than a temperature).
 """
 from ..schemes import get_scheme
 from . import QKVMixer, register_mixer
+from .base import QUERY_SCALE_OPTIONS
 
 
 @register_mixer
@@ -16,11 +23,12 @@ class CausalAttention(QKVMixer):
     """Parameters: ``q``, ``k``, ``v``, ``out`` (C -> C), then the scheme's. Traces: ``vh``
     (B, T, H, D) values; ``attn`` (B, T, H, D) the attention's output before ``out``;
     ``lse`` (B, H, T) its row log-sum-exps; ``q_att``, ``k_att`` (B, T, H, D) the queries and
-    keys the softmax compared (rotated for angle schemes; an ``attention`` scheme keeps its
-    own)."""
+    keys the softmax compared (rotated for angle schemes, queries times the factors of the
+    query-scaling options; an ``attention`` scheme keeps its own)."""
 
     name = "attention"
     accepts = ("none", "angles", "attention")
+    options = QUERY_SCALE_OPTIONS
     traces = ("vh", "attn", "lse", "q_att", "k_att")
 
     def __init__(self, store, name, config, ops, out_std):

@@ -21,7 +21,39 @@ A mixer is a class registered with :func:`mapformer.mixers.register_mixer`:
 Tensor arithmetic goes through ``ops`` (the backend), never NumPy directly. Shapes: B batch,
 T tokens, H heads, D head dim, N = B * T rows, C = d_model.
 """
+import math
+
+import numpy as np
+
 from ..nn import Linear
+from ..registry import Option
+
+QUERY_SCALE_OPTIONS = (
+    Option("attn_scale", float, 1.0, "multiply every attention logit by this (a softmax "
+           "temperature of 1 / attn_scale: > 1 sharpens; e.g. at test time on a trained "
+           "model)", above=0),
+    Option("attn_log_scale", int, 0, "0: off; L >= 2: multiply the logits of query i (0-based) "
+           "by max(1, log(i + 1) / log L), L the training sequence length in tokens, so that "
+           "a softmax over more keys than in training stays as sharp", minimum=0),
+    Option("attn_log_clamp", bool, True, "with attn_log_scale: clamp its factor at 1 (positions "
+           "within the training length unchanged, training included); false: log(i + 1) / log "
+           "L at every position (the literature's log-n scaling, which changes training)"),
+)
+
+
+def query_scales(options, steps):
+    """Per-position logit factors (T,) float64 of the options QUERY_SCALE_OPTIONS for T =
+    ``steps`` tokens: attn_scale * s_i, s_i = max(1, log(i + 1) / log L) (or without the max
+    when attn_log_clamp is false) with L = attn_log_scale, s_i = 1 when it is 0; None when
+    every factor is 1 (the defaults: nothing to multiply). A function of sizes and options
+    only, never of activations."""
+    scale, length = options["attn_scale"], options["attn_log_scale"]
+    if length == 0:
+        return None if scale == 1.0 else np.full(steps, scale)
+    factors = np.log(np.arange(1, steps + 1)) / math.log(length)
+    if options["attn_log_clamp"]:
+        factors = np.maximum(factors, 1.0)
+    return scale * factors
 
 
 class Mixer:
@@ -38,29 +70,62 @@ class Mixer:
 
 class QKVMixer(Mixer):
     """Query, key, value and output projections (C -> C, heads split), shared by the attention
-    mixers. ``content_qk=False``: values only, for attention driven by positions alone."""
+    mixers. ``content_qk=False``: values only, for attention driven by positions alone.
+
+    The options QUERY_SCALE_OPTIONS (every attention mixer's) multiply query i by a factor
+    (:func:`query_scales`) before the attention, which multiplies each logit of row i by it
+    (a rotation or a product with keys is linear in the query): :meth:`scale_queries` and
+    :meth:`scale_queries_backward` (dq times the same factors)."""
 
     def __init__(self, store, name, config, ops, out_std, content_qk=True):
         c = config.d_model
+        if config.options.get("attn_log_scale") == 1:
+            raise ValueError("attn_log_scale must be 0 (off) or a training length >= 2, got 1 "
+                             "(log 1 = 0)")
         self.config, self.ops = config, ops
+        self.factors = {}  # steps -> the query factors (T, 1, 1) in the backend's arrays
         self.q = Linear(store, f"{name}.q", c, c, ops) if content_qk else None
         self.k = Linear(store, f"{name}.k", c, c, ops) if content_qk else None
         self.v = Linear(store, f"{name}.v", c, c, ops)
         self.out = Linear(store, f"{name}.out", c, c, ops, std=out_std)
 
+    scale_content = True  # project() scales the content queries (see scale_queries)
+
     def project(self, x, batch, steps):
-        """x (N, C) -> q, k, v (B, T, H, D); q, k are None without content projections."""
+        """x (N, C) -> q, k, v (B, T, H, D); q, k are None without content projections; q
+        times the query factors when ``scale_content``."""
         shape = (batch, steps, self.config.n_heads, self.config.head_dim)
         v = self.v.forward(x).reshape(shape)
         if self.q is None:
             return None, None, v
-        return self.q.forward(x).reshape(shape), self.k.forward(x).reshape(shape), v
+        q = self.q.forward(x).reshape(shape)
+        return (self.scale_queries(q) if self.scale_content else q,
+                self.k.forward(x).reshape(shape), v)
+
+    def scale_queries(self, q):
+        """q (B, T, H, D) -> q times the query factors of position t (q itself when they are
+        all 1). Keeps the factors for :meth:`scale_queries_backward`."""
+        steps = q.shape[1]
+        if steps not in self.factors:
+            factors = query_scales(self.config.options, steps)
+            self.factors[steps] = None if factors is None else self.ops.asarray(
+                factors.reshape(steps, 1, 1))
+        self.scales = self.factors[steps]
+        return q if self.scales is None else self.ops.mul(q, self.scales)
+
+    def scale_queries_backward(self, dq):
+        """The gradient of :meth:`scale_queries`' input from that of its output, (B, T, H,
+        D)."""
+        return dq if self.scales is None or dq is None else self.ops.mul(dq, self.scales)
 
     def project_backward(self, dq, dk, dv):
-        """dq, dk (None without content projections), dv (B, T, H, D) -> dx (N, C)."""
+        """dq, dk (None without content projections), dv (B, T, H, D) -> dx (N, C); dq is
+        the gradient of project()'s q (scaled when ``scale_content``)."""
         n = dv.shape[0] * dv.shape[1]
         dx = self.v.backward(dv.reshape(n, -1))
         if self.q is not None:
+            if self.scale_content:
+                dq = self.scale_queries_backward(dq)
             self.q.backward(dq.reshape(n, -1), dx)
             self.k.backward(dk.reshape(n, -1), dx)
         return dx

@@ -5,11 +5,17 @@ keys coming from a ``positions`` scheme (mapem). ``mapem_scores``: ``both`` (Map
 the two by ``mapem_mode`` (conjunctive attention: score_product, softmax_product or sum; see
 mapformer/reference.py); ``positional`` (MapEM-s) attends with the positional scores alone,
 without content queries and keys. Values always come from content.
+
+The query-scaling options (``attn_scale``, ``attn_log_scale``, ``attn_log_clamp``; see
+:class:`mapformer.mixers.base.QKVMixer`) multiply every logit of row i by the same factor:
+they scale the positional query, and the content query too unless the mode is score_product
+(whose logit is the product of the two scores).
 """
 from ..reference import CONJ_MODES
 from ..registry import Option
 from ..schemes import get_scheme
 from . import QKVMixer, register_mixer
+from .base import QUERY_SCALE_OPTIONS
 
 MODE = Option("mapem_mode", str, "score_product",
               "how MapEM-os combines content and positional scores: score_product (softmax of "
@@ -26,21 +32,24 @@ class ConjunctiveAttention(QKVMixer):
     """Parameters: ``q``, ``k`` (not with positional scores alone), ``v``, ``out``, then the
     scheme's. Traces: ``vh``, ``attn``, ``lse`` as for attention; ``qx``, ``kx`` (B, T, H, D)
     content queries and keys (None with positional scores alone); ``qp``, ``kp`` (B, T, H, D)
-    the scheme's positional queries and keys. ``mode`` and ``scores`` are the options."""
+    the scheme's positional queries and keys (qx and qp times the query factors as the
+    module says). ``mode`` and ``scores`` are the options."""
 
     name = "conjunctive"
     accepts = ("positions",)
-    options = (MODE, SCORES)
+    options = (MODE, SCORES) + QUERY_SCALE_OPTIONS
     traces = ("vh", "attn", "lse", "qx", "kx", "qp", "kp")
 
     def __init__(self, store, name, config, ops, out_std):
         self.mode, self.scores = config.options["mapem_mode"], config.options["mapem_scores"]
         super().__init__(store, name, config, ops, out_std, content_qk=self.scores == "both")
+        self.scale_content = self.mode != "score_product"
         self.scheme = get_scheme(config.positional)(store, f"{name}.scheme", config, ops)
 
     def forward(self, x, batch, steps, state=None):
         self.qx, self.kx, self.vh = self.project(x, batch, steps)
-        self.qp, self.kp = self.scheme.positions(x, batch, steps)
+        qp, self.kp = self.scheme.positions(x, batch, steps)
+        self.qp = self.scale_queries(qp)
         if self.qx is None:
             attn, self.lse = self.ops.attention_forward(self.qp, self.kp, self.vh)
         else:
@@ -59,7 +68,7 @@ class ConjunctiveAttention(QKVMixer):
                 dattn, self.qx, self.kx, self.qp, self.kp, self.vh, self.attn, self.lse,
                 mode=self.mode)
         dx = self.project_backward(dqx, dkx, dv)
-        self.scheme.positions_backward(dqp, dkp, dx)
+        self.scheme.positions_backward(self.scale_queries_backward(dqp), dkp, dx)
         return dx, dstate
 
     @classmethod
