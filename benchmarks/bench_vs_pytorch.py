@@ -10,7 +10,11 @@ LayerNorm, MLP of 4x width with tanh-GELU, residual), a final LayerNorm and a li
 - mapwm: rotated by path-integrated angles theta = omega * cumsum_t(x W_in W_out) (rank 2);
 - mapem_os: conjunctive attention softmax(scale (q_x k_x^T) * (q_p k_p^T)) with positional
   queries and keys R(theta) p* (explicit score matrices in PyTorch: no fused kernel does
-  this).
+  this);
+- mamba (not in the default list: --models mamba): the Mamba-1 mixer in place of attention
+  (expand 2, d_state 16, conv width 4, dt_rank ceil(d_model / 16), Euler B_bar), in PyTorch
+  as johnma2006/mamba-minimal writes it: the selective scan a Python loop over time, eager
+  only (torch.compile unrolls the loop: skipped). PyTorch has no fused CPU scan.
 PyTorch runs on the same number of threads (torch.set_num_threads) as mapformer's OpenMP
 (OMP_NUM_THREADS, default: all cores). The models are the same size and do the same math; their
 parameters are initialised independently (this measures time, not training).
@@ -57,8 +61,12 @@ class TorchBlock(torch.nn.Module):
         self.kind, self.heads, self.hd = kind, heads, d // heads
         nb = self.hd // 2
         self.ln1, self.ln2 = torch.nn.LayerNorm(d), torch.nn.LayerNorm(d)
-        self.q, self.k, self.v, self.o = (torch.nn.Linear(d, d) for _ in range(4))
         self.fc, self.proj = torch.nn.Linear(d, 4 * d), torch.nn.Linear(4 * d, d)
+        if kind != "mamba":
+            self.q, self.k, self.v, self.o = (torch.nn.Linear(d, d) for _ in range(4))
+        if kind == "mamba":
+            self.mixer = TorchMamba(d)
+            return
         if kind == "rope":
             self.register_buffer("omega", 10000.0 ** (-torch.arange(nb) / nb))
         else:
@@ -99,8 +107,38 @@ class TorchBlock(torch.nn.Module):
         return self.o(out.reshape(B, T, d))
 
     def forward(self, x):
-        x = x + self.attend(self.ln1(x))
+        x = x + (self.mixer if self.kind == "mamba" else self.attend)(self.ln1(x))
         return x + self.proj(F.gelu(self.fc(self.ln2(x)), approximate="tanh"))
+
+
+class TorchMamba(torch.nn.Module):
+    """The Mamba-1 mixer, as mamba-minimal: x (B, T, d) -> (B, T, d)."""
+
+    def __init__(self, d, expand=2, d_state=16, d_conv=4):
+        super().__init__()
+        e, self.rank = expand * d, -(-d // 16)
+        self.in_proj = torch.nn.Linear(d, 2 * e, bias=False)
+        self.conv = torch.nn.Conv1d(e, e, d_conv, groups=e, padding=d_conv - 1)
+        self.x_proj = torch.nn.Linear(e, self.rank + 2 * d_state, bias=False)
+        self.dt_proj = torch.nn.Linear(self.rank, e)
+        self.A_log = torch.nn.Parameter(torch.log(torch.arange(1, d_state + 1.0)).repeat(e, 1))
+        self.D = torch.nn.Parameter(torch.ones(e))
+        self.out_proj = torch.nn.Linear(e, d, bias=False)
+
+    def forward(self, x):
+        T, n = x.shape[1], self.A_log.shape[1]
+        u, z = self.in_proj(x).chunk(2, -1)
+        u = F.silu(self.conv(u.transpose(1, 2))[..., :T].transpose(1, 2))
+        dt, Bs, Cs = self.x_proj(u).split((self.rank, n, n), -1)
+        delta = F.softplus(self.dt_proj(dt))                      # (B, T, E)
+        dA = torch.exp(delta[..., None] * -torch.exp(self.A_log))  # (B, T, E, N)
+        dBu = (delta * u)[..., None] * Bs[:, :, None]              # (B, T, E, N)
+        h, ys = torch.zeros_like(dA[:, 0]), []
+        for t in range(T):
+            h = dA[:, t] * h + dBu[:, t]
+            ys.append((h * Cs[:, t, None]).sum(-1))
+        y = torch.stack(ys, 1) + u * self.D
+        return self.out_proj(y * F.silu(z))
 
 
 class TorchModel(torch.nn.Module):
@@ -159,7 +197,8 @@ def main():
     p.add_argument("--d-model", type=int, default=128)
     p.add_argument("--heads", type=int, default=2)
     p.add_argument("--layers", type=int, default=1)
-    p.add_argument("--models", default=",".join(MODELS))
+    p.add_argument("--models", default=",".join(MODELS),
+                   help=f"comma-separated, of {', '.join(MODELS + ('mamba',))}")
     p.add_argument("--repeats", type=int, default=7, help="timed rounds (each runs every "
                    "variant once, in turn)")
     p.add_argument("--warmup", type=int, default=3, help="untimed rounds (torch.compile "
@@ -183,7 +222,7 @@ def main():
     for kind in args.models.split(","):
         variants = {"mapformer": mapformer_step(kind, task, batch, args),
                     "eager": torch_step(kind, task, batch, args, compiled=False)}
-        if not args.no_compile:
+        if not args.no_compile and kind != "mamba":
             variants["compile"] = torch_step(kind, task, batch, args, compiled=True)
         times = {name: [] for name in variants}
         for round_ in range(args.warmup + args.repeats):
