@@ -1080,6 +1080,39 @@ def ape_powers_backward(dmaps, generator, dtype=np.float64):
     return ds - _swap(ds)
 
 
+def skew_eig(generator, dtype=np.float64):
+    """generator A (..., n, n) real -> (lam (..., n) real, U (..., n, n) unitary) with the
+    skew S = A - A^T = U diag(i lam) U^H (from the Hermitian -i S)."""
+    (a,) = _cast(dtype, generator)
+    return np.linalg.eigh(-1j * (a - _swap(a)))
+
+
+def ape_basis_forward(generator, eig=None, dtype=np.float64):
+    """generator (..., E, E) (any real A) -> M = expm(A - A^T) (..., E, E), orthogonal with
+    det +1: ape_seq's change of basis (APE's canonical form W = M^T R(theta) M). Through the
+    eigendecomposition ``eig`` = skew_eig(A) (computed when not given): M = U diag(e^(i lam))
+    U^H (real up to rounding)."""
+    lam, u = skew_eig(generator, dtype) if eig is None else eig
+    return ((u * np.exp(1j * lam)[..., None, :]) @ _swap(u).conj()).real.astype(dtype)
+
+
+def ape_basis_backward(dbasis, generator, eig=None, dtype=np.float64):
+    """dbasis (..., E, E), generator A (..., E, E) (or its ``eig`` = skew_eig(A)) -> dA
+    (..., E, E). M = expm(S), S = A - A^T normal, so expm's Frechet derivative is diagonal in
+    S's eigenbasis: L(S, G) = U (Phi o (U^H G U)) U^H with Phi_jk = (e^(i lam_j) -
+    e^(i lam_k)) / (i (lam_j - lam_k)) = e^(i (lam_j + lam_k) / 2) sinc((lam_j - lam_k) / 2)
+    (e^(i lam_j) when equal: the form used, stable for close eigenvalues). Its adjoint is
+    L(S^T, .) = L(-S, .): conj(Phi); then dS = L(S^T, dM) and dA = dS - dS^T (the same number
+    as expm_frechet(S^T, dM), without the 2E x 2E exponential)."""
+    (dbasis,) = _cast(dtype, dbasis)
+    lam, u = skew_eig(generator, dtype) if eig is None else eig
+    half = (lam[..., :, None] - lam[..., None, :]) / 2
+    phi = np.exp(0.5j * (lam[..., :, None] + lam[..., None, :])) * np.sinc(half / np.pi)
+    uh = _swap(u).conj()
+    ds = (u @ (phi.conj() * (uh @ dbasis @ u)) @ uh).real
+    return (ds - _swap(ds)).astype(dtype)
+
+
 def rope_generator(frequencies, n_generators=1):
     """frequencies (H, NB) -> generator (n_generators, H, 2 NB, 2 NB) whose W = expm(A - A^T)
     is RoPE's block-diagonal rotation by omega_i on the pair (2i, 2i+1) (as rotate_pairs turns

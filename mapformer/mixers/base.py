@@ -49,20 +49,28 @@ class QKVMixer(Mixer):
         self.out = Linear(store, f"{name}.out", c, c, ops, std=out_std)
 
     def project(self, x, batch, steps):
-        """x (N, C) -> q, k, v (B, T, H, D); q, k are None without content projections."""
+        """x (N, C) -> q, k, v (B, T, H, D); q, k are None without content projections. When
+        the scheme has a change of basis (``self.scheme.basis()`` (H, D, D), ape_seq), each
+        head's q and k are mapped by it, folded into the projections' weights."""
         shape = (batch, steps, self.config.n_heads, self.config.head_dim)
         v = self.v.forward(x).reshape(shape)
         if self.q is None:
             return None, None, v
-        return self.q.forward(x).reshape(shape), self.k.forward(x).reshape(shape), v
+        self.basis = self.scheme.basis()
+        return (self.q.forward(x, self.basis).reshape(shape),
+                self.k.forward(x, self.basis).reshape(shape), v)
 
     def project_backward(self, dq, dk, dv):
-        """dq, dk (None without content projections), dv (B, T, H, D) -> dx (N, C)."""
+        """dq, dk (None without content projections), dv (B, T, H, D) -> dx (N, C); the
+        basis's gradient, if any, goes to ``self.scheme.basis_backward``."""
         n = dv.shape[0] * dv.shape[1]
         dx = self.v.backward(dv.reshape(n, -1))
         if self.q is not None:
-            self.q.backward(dq.reshape(n, -1), dx)
-            self.k.backward(dk.reshape(n, -1), dx)
+            dbasis = None if self.basis is None else self.ops.zeros_like(self.basis)
+            self.q.backward(dq.reshape(n, -1), dx, dbasis)
+            self.k.backward(dk.reshape(n, -1), dx, dbasis)
+            if dbasis is not None:
+                self.scheme.basis_backward(dbasis)
         return dx
 
     def output(self, attn):
