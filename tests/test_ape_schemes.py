@@ -1,7 +1,8 @@
 """The APE and GridPE positional schemes in a model: the oracles (ape_seq initialised to RoPE
-is the ``rope`` model; ape_seq's folded basis and rotations are APE's dense W^t; scores depend on relative positions only, in 1D and on the task's 2D
-coordinates), the generator's gradient through expm and the powers against finite
-differences (generators shared by the layers), task coordinates reaching the schemes, and a
+is the ``rope`` model; ape_seq's folded basis and rotations are APE's dense W^t; scores
+depend on relative positions only, in 1D and on the task's 2D coordinates), the generators'
+gradients through expm (and the powers, the folds) against finite differences (generators
+shared by the layers), the C backend against float64, task coordinates reaching the schemes, and a
 few training steps through the Python API and the command line."""
 import json
 import math
@@ -63,8 +64,8 @@ def test_ape_seq_scores_are_apes_dense_operator():
     b = model.params.params[BASIS].value
     omega = model.params.params[ANGLES].value
     m = ref.expm(b - np.swapaxes(b, -1, -2))
-    w = np.swapaxes(m, -1, -2) @ ref.expm(ref.rope_generator(omega)[0]
-                                           - np.swapaxes(ref.rope_generator(omega)[0], -1, -2)) @ m
+    rope = ref.rope_generator(omega)[0]
+    w = np.swapaxes(m, -1, -2) @ ref.expm(rope - np.swapaxes(rope, -1, -2)) @ m
     maps = np.stack([[np.linalg.matrix_power(w[h], t) for h in range(2)] for t in range(7)])
     shape = (2, 7, 2, 16)
 
