@@ -318,6 +318,8 @@ NUMPY = SimpleNamespace(
     complex_scan_backward=_complex_scan_backward,
     ape_apply_forward=ref.ape_apply_forward,
     ape_apply_backward=_ape_apply_backward,
+    ape_decay_forward=ref.ape_decay_forward,
+    ape_decay_backward=ref.ape_decay_backward,
     **_ape_powers(np.float64),
     adamw_step=_adamw_step,
     global_norm=ref.global_norm,

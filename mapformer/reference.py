@@ -996,6 +996,27 @@ def ape_apply_backward(dy, x, maps, index, dtype=np.float64):
     return dx, dmaps
 
 
+def _decay_scales(T, gamma, dtype):
+    """(T, 1, 1) gamma^(t - c), c = (T - 1) / 2."""
+    e = (np.arange(T) - (T - 1) / 2.0) * np.log(float(gamma))
+    return np.exp(e).astype(dtype)[:, None, None]
+
+
+def ape_decay_forward(q, k, gamma, dtype=np.float64):
+    """q, k (B, T, H, D), gamma > 0 -> (q_out, k_out) = (gamma^(t - c) q, gamma^(c - t) k) per
+    token t, c = (T - 1) / 2: q_out_i . k_out_j = gamma^(i - j) q_i . k_j, APE's multiplicative
+    decay gamma^distance of the logits of causal attention (j <= i)."""
+    q, k = _cast(dtype, q, k)
+    s = _decay_scales(q.shape[1], gamma, dtype)
+    return q * s, k / s
+
+
+def ape_decay_backward(dq_out, dk_out, gamma, dtype=np.float64):
+    """dq_out, dk_out (B, T, H, D) -> (dq, dk) = (gamma^(t - c) dq_out, gamma^(c - t) dk_out)
+    (gamma a constant)."""
+    return ape_decay_forward(dq_out, dk_out, gamma, dtype)
+
+
 # ---- APE: generators, their exponentials and powers (parameter-side) ---------------------
 def expm(x, dtype=np.float64):
     """Matrix exponential of a stack x (..., n, n): scaling and squaring, Taylor degree 18 on
