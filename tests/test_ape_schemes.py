@@ -77,6 +77,22 @@ def test_ape_seq_scores_are_apes_dense_operator():
     np.testing.assert_allclose(scores_of(mixer), expected, rtol=1e-10, atol=1e-12)
 
 
+def test_ape_seq_decay_multiplies_the_logits():
+    """ape_decay = 0.9: every score the attention compares is the undecayed one times
+    0.9^(query - key) (the keys at or before the query), and the C backend agrees."""
+    tokens = np.random.default_rng(2).integers(0, 9, (2, 7))
+    i, j = np.arange(7)[:, None], np.arange(7)[None, :]
+    got = {}
+    for backend, decay in (("numpy", 1.0), ("numpy", 0.9), ("c", 0.9)):
+        model = Transformer(config("ape_seq", ape_decay=decay), seed=1, backend=backend)
+        randomise_ape_seq(model)
+        got[backend, decay] = model.forward(tokens), scores_of(model.blocks[0].mixer)
+    plain, decayed = got["numpy", 1.0][1], got["numpy", 0.9][1]
+    np.testing.assert_allclose(decayed, plain * 0.9 ** (i - j), rtol=1e-10, atol=1e-12)
+    assert np.abs(got["numpy", 0.9][0] - got["numpy", 1.0][0]).max() > 1e-5
+    np.testing.assert_allclose(got["c", 0.9][0], got["numpy", 0.9][0], rtol=2e-4, atol=2e-4)
+
+
 def test_ape_seq_c_backend_matches_numpy():
     """The fold (float32 products) and the rotary op on the C backend against float64."""
     tokens = np.random.default_rng(0).integers(0, 9, (2, 11))
@@ -95,7 +111,7 @@ def test_ape_seq_c_backend_matches_numpy():
 
 
 def scores_of(mixer):
-    return np.einsum("bthd,bshd->bhts", mixer.q_att, mixer.k_att)
+    return np.einsum("bthd,bshd->bhts", mixer.scheme.q_att, mixer.scheme.k_att)
 
 
 def scores(model):
@@ -211,16 +227,16 @@ def test_gridpe_frequencies():
         assert abs(r[np.argmin(r ** n / np.log(r))] - math.exp(1 / n)) < 1e-3
 
 
-@pytest.mark.parametrize("positional,dims", [("ape_seq", 1), ("ape_grid", 2),
-                                             ("ape_tree", 1)])
-def test_generator_gradient_matches_finite_differences(positional, dims):
+@pytest.mark.parametrize("positional,dims,decay", [("ape_seq", 1, 1.0), ("ape_seq", 1, 0.8),
+                                                   ("ape_grid", 2, 1.0), ("ape_tree", 1, 1.0)])
+def test_generator_gradient_matches_finite_differences(positional, dims, decay):
     """Through both layers' maps, the doubling (the tree's levels) and expm's Frechet
     derivative (float64); ape_seq: its basis through both layers' folds and expm, its angles
-    through the rotary op."""
+    through the rotary op (and the decay)."""
     task = navigation.NavigationConfig(dims=dims, steps=5, grid_size=3, n_objects=3)
     batch = navigation.generate(task, 2, np.random.default_rng(0))
     coords = navigation.token_coordinates(batch)
-    options = {}
+    options = {"ape_decay": decay} if positional == "ape_seq" else {}
     if positional == "ape_tree":  # heap numbers 0 (no node) .. 7 of a depth-2 table
         coords = np.random.default_rng(1).integers(0, 8, batch.tokens.shape + (1,))
         options = {"ape_tree_depth": 2}

@@ -2,11 +2,12 @@
 al., "Algebraic Positional Encodings", NeurIPS 2024): positions as orthogonal operators on
 queries and keys.
 
-``ape_seq`` (kind ``angles``; class :class:`APESequence` below): one orthogonal W per head
+``ape_seq`` (class :class:`APESequence` below): one orthogonal W per head
 (appendix 8.1: W = expm(A - A^T)); the token at position p (its index) has q -> W^p q,
 k -> W^p k, so the score q_m^T W^(n - m) k_n depends on the relative position only. It is kept
 in APE's canonical form W = M^T R(omega) M (section 3.2), so that W^p is never formed: M is
-folded into the q and k projections and R(p omega) is the rotary op, at RoPE's cost.
+folded into the q and k projections and R(p omega) is the rotary op, at RoPE's cost. It has
+the paper's multiplicative distance decay of the logits as an option (``ape_decay``).
 
 ``ape_grid`` and ``ape_tree`` (kind ``attention``: the scheme applies the operators, then runs
 the causal attention): ``ape_grid`` has one generator per axis and head, each on its own
@@ -26,7 +27,7 @@ rope_base^(-i / NB) on each chunk (so expm(A - A^T) is the block-diagonal rotati
 applies: ape_grid starts as axial RoPE; ape_seq, with M = I and omega = RoPE's, as exactly
 the ``rope`` scheme); with ``ape_no_init``: A ~ N(0, 0.01^2), W near the identity.
 ``ape_tree`` (below): binary-tree positions, one generator per branch. Not done: the paper's
-multiplicative distance decay of the logits (0.98^distance).
+distance decay of the logits for ape_grid and ape_tree.
 """
 import weakref
 
@@ -35,7 +36,7 @@ import numpy as np
 from .. import reference
 from ..nn import constant_init, normal_init
 from ..registry import Option
-from . import AngleScheme, AttentionScheme, register_scheme
+from . import AttentionScheme, register_scheme
 from .coordinates import COORD_DIMS, coordinates_or_index, task_extent
 from .rope import ROPE_BASE, rope_frequencies
 
@@ -48,6 +49,9 @@ def table_extent(task):
     ood_sparse evaluation set walks a grid twice the training one)."""
     return 2 * task_extent(task)
 
+
+APE_DECAY = Option("ape_decay", float, 1.0, "ape_seq's logits multiplied by gamma^distance "
+                   "(the paper's public code: 0.98; 1: no decay)", above=0)
 
 APE_POSITIONS = Option("ape_positions", int, 128, "positions per axis ape_grid tabulates "
                        "(coordinates in [0, P); for a task: twice its grid side or sequence "
@@ -163,15 +167,16 @@ class _SharedCanonical:
 
 
 @register_scheme
-class APESequence(AngleScheme):
+class APESequence(AttentionScheme):
     """``ape_seq``: position = token index t, operator W^t with W = M^T R(omega) M per head,
     in APE's canonical form (section 3.2: every W in SO(D) is P R P^T, P orthogonal, R
     block-diagonal 2x2 rotations; here P = M^T): M = expm(B - B^T) and the angles omega (H, NB)
     are the parameters, shared by every layer. Since W^t = M^T R(t omega) M, the score
     (W^m q_m)^T (W^n k_n) = (R(m omega) M q_m)^T (R(n omega) M k_n): the leading M^T cancels, so
     the mixer folds M into its q and k projections (``basis``: parameter-side products, no
-    per-token matrix) and rotates by t omega with the rotary op (the angles: path integration
-    of Delta = 1, as RoPE's, with trainable omega). The same operators W as APE's
+    per-token matrix) and the scheme (kind ``attention``) rotates by t omega with the rotary
+    op (the angles: path integration of Delta = 1, as RoPE's, with trainable omega), then runs
+    the causal attention. The same operators W as APE's
     W = expm(A - A^T) (every W in SO(D) has this form, and every M, omega gives one), reached
     through (B, omega) in place of A: gradients flow into omega through the rotary op and into
     B through the fold and expm's Frechet derivative (ops.ape_basis_*), not through powers of
@@ -181,16 +186,30 @@ class APESequence(AngleScheme):
     Initialisation: M = I (B = 0) and omega = RoPE's frequencies (exactly the ``rope``
     model); ``ape_no_init``: B and omega ~ N(0, 0.01^2), W near the identity. Parameters
     ``basis_generator`` B (H, D, D) and ``angles`` omega (H, NB), declared by the first layer
-    only. Traces: ``basis_map`` (H, D, D) M, ``theta`` (1, T, H, NB) the angles (t + 1) omega
-    (wrapped to [-pi, pi))."""
+    only.
+
+    ``ape_decay`` gamma < 1: the paper's multiplicative distance decay, the logit between
+    query i and key j multiplied by gamma^(i - j) (its public code: 0.98, and no decay for the
+    RoPE baselines; the paper's text writes p^c, which would grow). In causal attention
+    (j <= i, the only mask here) gamma^(i - j) = gamma^(i - c) gamma^(c - j), so it is the C op
+    ``ape_decay`` scaling the rotated q_i by gamma^(i - c) and k_j by gamma^(c - j)
+    (c = (T - 1) / 2), exact and without touching the attention kernels; it bounds T to
+    |ln gamma| (T - 1) / 2 <= 40 (gamma = 0.98: T <= 3960). A mask with keys after the query
+    (prefix, bidirectional) would need |i - j|, a per-pair factor in the kernels. ape_grid's
+    and ape_tree's decays (Euclidean and tree distances) do not split this way: not done.
+
+    Traces: ``basis_map`` (H, D, D) M, ``theta`` (1, T, H, NB) the angles (t + 1) omega
+    (wrapped to [-pi, pi)), ``q_att``, ``k_att`` (B, T, H, D) the rotated (and decayed)
+    queries and keys."""
 
     name = "ape_seq"
-    options = (ROPE_BASE, APE_NO_INIT)
-    traces = ("basis_map", "theta")
+    options = (ROPE_BASE, APE_NO_INIT, APE_DECAY)
+    traces = ("basis_map", "theta", "q_att", "k_att")
 
     def __init__(self, store, name, config, ops):
         super().__init__(store, name, config, ops)
         h, d = config.n_heads, config.head_dim
+        self.decay = config.options["ape_decay"]
         shared = _SHARED.setdefault(store, {})
         self.owner = self.name not in shared
         if self.owner:
@@ -221,24 +240,35 @@ class APESequence(AngleScheme):
         if self.owner:
             self.ops.ape_basis_backward(shared.dbasis, shared.eig, shared.generator.grad)
 
-    def angles(self, x, batch, steps):
-        """theta (1, T, H, NB) = (t + 1) omega, computed by the first layer for all."""
-        shared = self.shared
+    def attend(self, x, q, k, v, batch, steps, state):
+        """theta (1, T, H, NB) = (t + 1) omega (computed by the first layer for all); q, k
+        (already mapped by M in the projections) rotated by it, then decayed (ape_decay < 1),
+        then the causal attention."""
+        shared, ops = self.shared, self.ops
         if self.owner:
             if steps not in shared.ones:
-                shared.ones[steps] = self.ops.ones((1, steps) + shared.angles.shape)
-            shared.theta = self.ops.path_integration_forward(shared.ones[steps],
-                                                             shared.angles.value)
-            shared.dtheta = self.ops.zeros_like(shared.theta)
-        self.theta = shared.theta
-        return self.theta
+                shared.ones[steps] = ops.ones((1, steps) + shared.angles.shape)
+            shared.theta = ops.path_integration_forward(shared.ones[steps], shared.angles.value)
+            shared.dtheta = ops.zeros_like(shared.theta)
+        self.theta, self.q, self.k, self.v = shared.theta, q, k, v
+        self.q_att, self.k_att = ops.rotary_forward(q, k, self.theta)
+        if self.decay != 1.0:
+            self.q_att, self.k_att = ops.ape_decay_forward(self.q_att, self.k_att, self.decay)
+        self.out, self.lse = ops.attention_forward(self.q_att, self.k_att, v)
+        return self.out, state
 
-    def angles_backward(self, dtheta, dx):
-        shared = self.shared
-        self.ops.add_(shared.dtheta, dtheta)
-        if self.owner:
-            self.ops.path_integration_backward(shared.dtheta, shared.ones[dtheta.shape[1]],
-                                               shared.angles.value, shared.angles.grad)
+    def attend_backward(self, dout, dstate):
+        shared, ops = self.shared, self.ops
+        dq_att, dk_att, dv = ops.attention_backward(dout, self.q_att, self.k_att, self.v,
+                                                    self.out, self.lse)
+        if self.decay != 1.0:
+            dq_att, dk_att = ops.ape_decay_backward(dq_att, dk_att, self.decay)
+        dq, dk, dtheta = ops.rotary_backward(dq_att, dk_att, self.q, self.k, self.theta)
+        ops.add_(shared.dtheta, dtheta)
+        if self.owner:  # the first layer's backward runs last: every layer's dtheta is in
+            ops.path_integration_backward(shared.dtheta, shared.ones[dtheta.shape[1]],
+                                          shared.angles.value, shared.angles.grad)
+        return dq, dk, dv, dstate
 
     @classmethod
     def flops(cls, config, batch, steps):
