@@ -651,6 +651,9 @@ def ape_benches(C, B=128, T=256, H=2, D=64, seed=0):
                       (nn.fold_heads_backward, with the folded weights' gradient buffers the
                       linear op then writes into) and expm's (ape_basis_backward, from the
                       forward's eigendecomposition)
+    ape_seq+decay     the same with ape_decay = 0.98: the ape_decay op on the rotated q and k
+                      (forward) and on their gradients (backward); 2 N D flops, 16 N D bytes
+                      each way
     ape dense maps    the route ape_grid and ape_tree take (and ape_seq took before, 20.8x):
                       the dense maps W^0..W^(T-1) by doubling (ape_powers_*, float64 NumPy) and
                       the C op ape_apply on q and k, forward and backward
@@ -701,6 +704,11 @@ def ape_benches(C, B=128, T=256, H=2, D=64, seed=0):
 
     def seq_bwd():
         dq, dk, dth = C.rotary_backward(dq_out, dk_out, q, k, theta)
+        seq_bwd_rest(dth)
+        return dq, dk
+
+    def seq_bwd_rest(dth):
+        """after the rotary op's backward: the angles', the folds' and expm's"""
         C.path_integration_backward(dth, ones, omega, domega)
         dbasis = np.zeros_like(basis)
         for w, b, dw, db in ((wq, bq, dwq, dbq), (wk, bk, dwk, dbk)):
@@ -708,7 +716,16 @@ def ape_benches(C, B=128, T=256, H=2, D=64, seed=0):
             dw_folded, db_folded = np.zeros_like(w), np.zeros_like(b)
             fold_heads_backward(ops, basis, w, b, dw_folded, db_folded, dw, db, dbasis)
         ops.ape_basis_backward(dbasis, eig, dbasis_gen)
-        return dq, dk
+        return dbasis_gen
+
+    def decay_fwd():
+        qr, kr = seq_fwd()[1]
+        return C.ape_decay_forward(qr, kr, 0.98)
+
+    def decay_bwd():
+        dqa, dka = C.ape_decay_backward(dq_out, dk_out, 0.98)
+        dq, dk, dth = C.rotary_backward(dqa, dka, q, k, theta)
+        return seq_bwd_rest(dth), dq, dk
 
     def dense_fwd():
         m = ops.ape_powers_forward(generator, T)
@@ -757,6 +774,14 @@ def ape_benches(C, B=128, T=256, H=2, D=64, seed=0):
         OpBench("ape_seq backward", sizes, lambda: 20 * n * NB + 5 * T * H * NB + 2 * fold,
                 lambda: 24 * n * D + 20 * T * H * NB + 32 * c * H * D, seq_bwd, None, check,
                 notes="rotary and angles backward, the folds' and expm's"),
+        OpBench("ape_seq+decay forward", sizes,
+                lambda: 12 * n * NB + 2 * T * H * NB + fold + 2 * n * D,
+                lambda: 32 * n * D + 12 * T * H * NB + 16 * c * H * D, decay_fwd, None, check,
+                notes="ape_seq forward, then ape_decay (gamma 0.98) on the rotated q and k"),
+        OpBench("ape_seq+decay backward", sizes,
+                lambda: 20 * n * NB + 5 * T * H * NB + 2 * fold + 2 * n * D,
+                lambda: 40 * n * D + 20 * T * H * NB + 32 * c * H * D, decay_bwd, None, check,
+                notes="ape_decay backward, then ape_seq backward"),
         OpBench("ape dense maps forward", sizes, lambda: 4 * n * D * D + powers,
                 lambda: 16 * n * D + 4 * T * H * D * D, dense_fwd, None, check,
                 notes="powers of the generator (float64 NumPy), ape_apply on q and k"),
@@ -983,7 +1008,8 @@ def main():
             print(f"{name:<48} {row['c_gbps']:6.1f} GB/s = "
                   f"{row['c_gbps'] / copy['c_gbps']:.2f} of the copy's {copy['c_gbps']:.1f}")
     rope = fwd_bwd("rope angles+rotary forward", "rope angles+rotary backward")
-    for key, label in (("ape_seq", "ape_seq"), ("ape_dense", "ape dense maps")):
+    for key, label in (("ape_seq", "ape_seq"), ("ape_seq_decay", "ape_seq+decay"),
+                       ("ape_dense", "ape dense maps")):
         ape = fwd_bwd(f"{label} forward", f"{label} backward")
         if ape is not None and rope is not None:
             summary[f"{key}_fwd_bwd_vs_rope"] = round(ape["c_ms"] / rope["c_ms"], 2)
