@@ -176,9 +176,8 @@ class APESequence(AttentionScheme):
     the mixer folds M into its q and k projections (``basis``: parameter-side products, no
     per-token matrix) and the scheme (kind ``attention``) rotates by t omega with the rotary
     op (the angles: path integration of Delta = 1, as RoPE's, with trainable omega), then runs
-    the causal attention. The same operators W as APE's
-    W = expm(A - A^T) (every W in SO(D) has this form, and every M, omega gives one), reached
-    through (B, omega) in place of A: gradients flow into omega through the rotary op and into
+    the causal attention. The same operators W as APE's W = expm(A - A^T) (every W in SO(D)
+    has this form, and every M, omega gives one), reached through (B, omega) in place of A: gradients flow into omega through the rotary op and into
     B through the fold and expm's Frechet derivative (ops.ape_basis_*), not through powers of
     a dense W. The parametrisation differs from the paper's, so training dynamics may too; and
     since M sits next to free W_q, W_k, the model family equals RoPE with trainable angles
