@@ -30,9 +30,11 @@ MLP op on every kernel set, against the separate linear and gelu ops it replaces
 and with the exact GELU, approximate='none', on the active set),
 sgemm (one large sgemm: the machine's matmul rate, which the JSON summary compares attention,
 the linears and the MLP against), scan (Mamba's and MAMPa's selective scans forward and
-backward, against a large copy's bandwidth in the same run and the float32 NumPy reference), ape (ape_seq's maps on q and k with its generator's
-powers, forward and backward, against RoPE's rotary op plus its angles; sized by --batch,
---seq, --heads, --head-dim; the summary gives the ratio of their forward + backward times).
+backward, against a large copy's bandwidth in the same run and the float32 NumPy reference), ape (ape_seq's positional work, its basis folded into
+the projections and the rotary op, and the dense maps of ape_grid / ape_tree on q and k with
+their generator's powers, forward and backward, against RoPE's rotary op plus its angles;
+sized by --batch, --seq, --heads, --head-dim; the summary gives the ratios of their forward +
+backward times).
 
 `--threads N` sets OMP_NUM_THREADS before the C core is loaded. Prints one JSON line at the end.
 """
@@ -635,52 +637,105 @@ def scan_benches(C, B=128, T=256, E=256, N=16, numpy_batch=2, copy_mb=512, seed=
 def ape_benches(C, B=128, T=256, H=2, D=64, seed=0):
     """ape_seq's positional work in one attention layer (issue 12's budget: forward + backward
     at most 1.5x RoPE's), against RoPE's: the rotary op on q and k plus its angles
-    (path_integration of Delta = 1, as the rope scheme builds them; TB = 1).
+    (path_integration of Delta = 1, as the rope scheme builds them; TB = 1). ape_seq is kept
+    in APE's canonical form W = M^T R(omega) M (mapformer/schemes/ape.py): its work beyond the
+    mixer's projections is
 
-    ape_seq forward   W^0..W^(T-1) from the generator (backend.C.ape_powers_forward: expm and
-                      doubling in float64 NumPy, parameters only), then ape_apply_forward on q
-                      and on k (index (1, T, 1))
-    ape_seq backward  ape_apply_backward of q and of k (dx and dmaps), then the generator's
-                      gradient (ape_powers_backward: the doubling undone, expm's Frechet
-                      derivative)
-    With N = B*T*H rows of D (E = D, one axis):
-      flops  ape_apply fwd (q and k)  2 x 2 N D^2; powers ~ 2 H T D^3
-             ape_apply bwd (q and k)  2 x 4 N D^2; powers bwd ~ 3 x 2 H T D^3 (+ a 2D expm)
-      bytes  fwd  q, k in, q', k' out, maps in: 16 N D + 4 T H D^2
-             bwd  dq', dk', q, k in, dq, dk out, maps in, dmaps in/out: 24 N D + 12 T H D^2
+    ape_seq forward   M = expm(B - B^T) (backend.C.ape_basis_forward, float64 NumPy through
+                      the skew eigendecomposition, kept for the backward; once per step for
+                      every layer, counted whole here), M folded into the q and k weights and biases
+                      (nn.fold_heads, C = H D; the projections themselves are the mixer's
+                      either way), then RoPE's work with trainable omega: path_integration and
+                      the rotary op
+    ape_seq backward  rotary and path_integration backward, the folds' backward
+                      (nn.fold_heads_backward, with the folded weights' gradient buffers the
+                      linear op then writes into) and expm's (ape_basis_backward, from the
+                      forward's eigendecomposition)
+    ape_seq+decay     the same with ape_decay = 0.98: the ape_decay op on the rotated q and k
+                      (forward) and on their gradients (backward); 2 N D flops, 16 N D bytes
+                      each way
+    ape dense maps    the route ape_grid and ape_tree take (and ape_seq took before, 20.8x):
+                      the dense maps W^0..W^(T-1) by doubling (ape_powers_*, float64 NumPy) and
+                      the C op ape_apply on q and k, forward and backward
+    With N = B*T*H rows of D (E = D, one axis), NB = D / 2:
+      flops  ape_seq fwd: rotary 12 N NB + angles 2 T H NB + folds 2 x 2 H D^2 (C + 1)
+             (+ the eigendecomposition); bwd: 20 N NB + 5 T H NB + 2 x 4 H D^2 (C + 1)
+             dense: ape_apply fwd (q and k) 2 x 2 N D^2 + powers ~ 2 H T D^3; bwd 2 x 4 N D^2
+             + powers bwd ~ 3 x 2 H T D^3 (+ a 2D expm)
+      bytes  ape_seq as RoPE's plus the weights: fwd 16 N D + 12 T H NB + 16 C H D, bwd
+             24 N D + 20 T H NB + 32 C H D; dense fwd 16 N D + 4 T H D^2, bwd 24 N D +
+             12 T H D^2
     No NumPy side (the float64 reference's einsum of the map gradients is (B, T, H, D, D)).
     Run with OMP_NUM_THREADS set in the environment as well as --threads: the generator side
     runs on NumPy's BLAS, loaded before --threads applies (measured with --threads 1 alone
-    and --clock cpu: its idle threads' spinning made the backward 2.8 s instead of 0.24)."""
+    and --clock cpu: its idle threads' spinning made the dense backward 2.8 s instead of
+    0.24)."""
     from mapformer import backend
     from mapformer import reference as ref
+    from mapformer.nn import fold_heads, fold_heads_backward
 
-    NB = D // 2
+    NB, c = D // 2, H * D
+    ops = backend.C
     rng = np.random.default_rng(seed)
     f32 = lambda *s: rng.standard_normal(s).astype(np.float32)  # noqa: E731
     q, k, dq_out, dk_out = f32(B, T, H, D), f32(B, T, H, D), f32(B, T, H, D), f32(B, T, H, D)
     omega = (10000.0 ** (-np.arange(NB) / NB))[None].repeat(H, 0).astype(np.float32)
-    generator = ref.rope_generator(omega.astype(np.float64)).astype(np.float32)
-    generator += 0.01 * f32(*generator.shape)  # a trained generator is no longer block-diagonal
-    dgenerator = np.zeros_like(generator)
     ones = np.ones((1, T, H, NB), np.float32)
-    domega = np.zeros_like(omega)
-    index = np.arange(T, dtype=np.int32).reshape(1, T, 1)
-    powers_forward = backend.C.ape_powers_forward
-    powers_backward = backend.C.ape_powers_backward
-    maps = powers_forward(generator, T)
     theta = C.path_integration_forward(ones, omega)
+    domega = np.zeros_like(omega)
     n, sizes = B * T * H, dict(B=B, T=T, H=H, D=D)
+    # ape_seq: a trained basis is no longer the identity
+    basis_gen, dbasis_gen = 0.05 * f32(H, D, D), np.zeros((H, D, D), np.float32)
+    wq, wk, bq, bk = 0.02 * f32(c, c), 0.02 * f32(c, c), 0.02 * f32(c), 0.02 * f32(c)
+    dwq, dwk, dbq, dbk = (np.zeros_like(a) for a in (wq, wk, bq, bk))
+    basis, eig = ops.ape_basis_forward(basis_gen)
+    # the dense route: a trained generator is no longer block-diagonal
+    generator = ref.rope_generator(omega.astype(np.float64)).astype(np.float32)
+    generator += 0.01 * f32(*generator.shape)
+    dgenerator = np.zeros_like(generator)
+    index = np.arange(T, dtype=np.int32).reshape(1, T, 1)
+    maps = ops.ape_powers_forward(generator, T)
 
-    def ape_fwd():
-        m = powers_forward(generator, T)
+    def seq_fwd():
+        m, _ = ops.ape_basis_forward(basis_gen)
+        folded = fold_heads(ops, m, wq, bq), fold_heads(ops, m, wk, bk)
+        th = C.path_integration_forward(ones, omega)
+        return folded, C.rotary_forward(q, k, th)
+
+    def seq_bwd():
+        dq, dk, dth = C.rotary_backward(dq_out, dk_out, q, k, theta)
+        seq_bwd_rest(dth)
+        return dq, dk
+
+    def seq_bwd_rest(dth):
+        """after the rotary op's backward: the angles', the folds' and expm's"""
+        C.path_integration_backward(dth, ones, omega, domega)
+        dbasis = np.zeros_like(basis)
+        for w, b, dw, db in ((wq, bq, dwq, dbq), (wk, bk, dwk, dbk)):
+            # the folded weight's gradient buffers the linear op's backward writes into
+            dw_folded, db_folded = np.zeros_like(w), np.zeros_like(b)
+            fold_heads_backward(ops, basis, w, b, dw_folded, db_folded, dw, db, dbasis)
+        ops.ape_basis_backward(dbasis, eig, dbasis_gen)
+        return dbasis_gen
+
+    def decay_fwd():
+        qr, kr = seq_fwd()[1]
+        return C.ape_decay_forward(qr, kr, 0.98)
+
+    def decay_bwd():
+        dqa, dka = C.ape_decay_backward(dq_out, dk_out, 0.98)
+        dq, dk, dth = C.rotary_backward(dqa, dka, q, k, theta)
+        return seq_bwd_rest(dth), dq, dk
+
+    def dense_fwd():
+        m = ops.ape_powers_forward(generator, T)
         return C.ape_apply_forward(q, m, index), C.ape_apply_forward(k, m, index)
 
-    def ape_bwd():
+    def dense_bwd():
         dmaps = np.zeros_like(maps)
         dq = C.ape_apply_backward(dq_out, q, maps, index, dmaps)
         dk = C.ape_apply_backward(dk_out, k, maps, index, dmaps)
-        powers_backward(dmaps, generator, dgenerator)
+        ops.ape_powers_backward(dmaps, generator, dgenerator)
         return dq, dk
 
     def rope_fwd():
@@ -693,20 +748,45 @@ def ape_benches(C, B=128, T=256, H=2, D=64, seed=0):
         return dq, dk
 
     def check():
-        """ape_apply with the maps of the RoPE generator is the rotary op at angles t omega."""
-        rope_maps = powers_forward(ref.rope_generator(omega.astype(np.float64)), T)
+        """ape_apply with the maps of the RoPE generator is the rotary op at angles t omega;
+        ape_seq's route (M folded, then rotated by t omega) is the dense W^t with W = M^T R M
+        (generator M^T A_rope M), up to the M^T the scores cancel."""
+        rope_maps = ops.ape_powers_forward(ref.rope_generator(omega.astype(np.float64)), T)
         th = (np.arange(T)[None, :, None, None] * omega).astype(np.float32)
         a, b = C.ape_apply_forward(q, rope_maps, index), C.rotary_forward(q, k, th)[0]
         err = np.abs(a - b).max() / np.abs(b).max()
         assert err < 1e-4, f"ape_apply with RoPE's maps differs from rotary by {err:.3g}"
+        m = ref.ape_basis_forward(basis_gen)
+        dense = m.swapaxes(-1, -2) @ ref.rope_generator(omega.astype(np.float64)) @ m
+        dense_maps = ops.ape_powers_forward(dense, T)
+        a = C.ape_apply_forward(q, dense_maps, index)
+        mq = np.einsum("hij,bthj->bthi", m, q).astype(np.float32)
+        b = np.einsum("hji,bthj->bthi", m, C.rotary_forward(mq, mq, th)[0])
+        err = np.abs(a - b).max() / np.abs(b).max()
+        assert err < 1e-4, f"ape_seq's canonical form differs from the dense W^t by {err:.3g}"
 
+    fold = 2 * 2 * H * D * D * (c + 1)
     powers = 2 * H * T * D ** 3
     return [
-        OpBench("ape_seq forward", sizes, lambda: 4 * n * D * D + powers,
-                lambda: 16 * n * D + 4 * T * H * D * D, ape_fwd, None, check,
+        OpBench("ape_seq forward", sizes, lambda: 12 * n * NB + 2 * T * H * NB + fold,
+                lambda: 16 * n * D + 12 * T * H * NB + 16 * c * H * D, seq_fwd, None, check,
+                notes="basis expm (float64 NumPy), folds into W_q, W_k, angles, rotary"),
+        OpBench("ape_seq backward", sizes, lambda: 20 * n * NB + 5 * T * H * NB + 2 * fold,
+                lambda: 24 * n * D + 20 * T * H * NB + 32 * c * H * D, seq_bwd, None, check,
+                notes="rotary and angles backward, the folds' and expm's"),
+        OpBench("ape_seq+decay forward", sizes,
+                lambda: 12 * n * NB + 2 * T * H * NB + fold + 2 * n * D,
+                lambda: 32 * n * D + 12 * T * H * NB + 16 * c * H * D, decay_fwd, None, check,
+                notes="ape_seq forward, then ape_decay (gamma 0.98) on the rotated q and k"),
+        OpBench("ape_seq+decay backward", sizes,
+                lambda: 20 * n * NB + 5 * T * H * NB + 2 * fold + 2 * n * D,
+                lambda: 40 * n * D + 20 * T * H * NB + 32 * c * H * D, decay_bwd, None, check,
+                notes="ape_decay backward, then ape_seq backward"),
+        OpBench("ape dense maps forward", sizes, lambda: 4 * n * D * D + powers,
+                lambda: 16 * n * D + 4 * T * H * D * D, dense_fwd, None, check,
                 notes="powers of the generator (float64 NumPy), ape_apply on q and k"),
-        OpBench("ape_seq backward", sizes, lambda: 8 * n * D * D + 3 * powers,
-                lambda: 24 * n * D + 12 * T * H * D * D, ape_bwd, None, check,
+        OpBench("ape dense maps backward", sizes, lambda: 8 * n * D * D + 3 * powers,
+                lambda: 24 * n * D + 12 * T * H * D * D, dense_bwd, None, check,
                 notes="ape_apply backward on q and k, then the generator's gradient"),
         OpBench("rope angles+rotary forward", sizes, lambda: 12 * n * NB + 2 * T * H * NB,
                 lambda: 16 * n * D + 12 * T * H * NB, rope_fwd, None, check,
@@ -927,12 +1007,14 @@ def main():
                 row["c_gbps"] / copy["c_gbps"], 3)
             print(f"{name:<48} {row['c_gbps']:6.1f} GB/s = "
                   f"{row['c_gbps'] / copy['c_gbps']:.2f} of the copy's {copy['c_gbps']:.1f}")
-    ape = fwd_bwd("ape_seq forward", "ape_seq backward")
     rope = fwd_bwd("rope angles+rotary forward", "rope angles+rotary backward")
-    if ape is not None and rope is not None:
-        summary["ape_seq_fwd_bwd_vs_rope"] = round(ape["c_ms"] / rope["c_ms"], 2)
-        print(f"ape_seq forward+backward {ape['c_ms']:.2f} ms against RoPE's rotary + angles "
-              f"{rope['c_ms']:.2f} ms: x{summary['ape_seq_fwd_bwd_vs_rope']:.2f}")
+    for key, label in (("ape_seq", "ape_seq"), ("ape_seq_decay", "ape_seq+decay"),
+                       ("ape_dense", "ape dense maps")):
+        ape = fwd_bwd(f"{label} forward", f"{label} backward")
+        if ape is not None and rope is not None:
+            summary[f"{key}_fwd_bwd_vs_rope"] = round(ape["c_ms"] / rope["c_ms"], 2)
+            print(f"{label} forward+backward {ape['c_ms']:.2f} ms against RoPE's rotary + "
+                  f"angles {rope['c_ms']:.2f} ms: x{summary[f'{key}_fwd_bwd_vs_rope']:.2f}")
     for step in ("forward", "backward"):
         fused, separate = by_name.get(f"mlp_{step}"), by_name.get(f"mlp_{step} separate ops")
         if fused is not None and separate is not None:

@@ -141,7 +141,9 @@ def _ape_powers(dtype):
     powers and the way back), float64 NumPy on every backend, returned in ``dtype``:
     ape_powers_forward(generator, steps) -> maps and ape_tree_forward(generator, depth) ->
     maps; ape_powers_backward / ape_tree_backward(dmaps, generator, dgenerator) accumulate
-    (+=) into dgenerator."""
+    (+=) into dgenerator; ape_basis_forward(generator) -> (expm(A - A^T), eig: the skew's
+    eigendecomposition, saved for the backward) and ape_basis_backward(dbasis, eig,
+    dgenerator) (+=): ape_seq's change of basis."""
     def forward(generator, steps):
         return np.ascontiguousarray(ref.ape_powers_forward(generator, steps), dtype=dtype)
 
@@ -154,8 +156,16 @@ def _ape_powers(dtype):
     def tree_backward(dmaps, generator, dgenerator):
         dgenerator += ref.ape_tree_backward(dmaps, generator).astype(dtype)
 
+    def basis_forward(generator):
+        eig = ref.skew_eig(generator)
+        return np.ascontiguousarray(ref.ape_basis_forward(generator, eig), dtype=dtype), eig
+
+    def basis_backward(dbasis, eig, dgenerator):
+        dgenerator += ref.ape_basis_backward(dbasis, None, eig).astype(dtype)
+
     return dict(ape_powers_forward=forward, ape_powers_backward=backward,
-                ape_tree_forward=tree_forward, ape_tree_backward=tree_backward)
+                ape_tree_forward=tree_forward, ape_tree_backward=tree_backward,
+                ape_basis_forward=basis_forward, ape_basis_backward=basis_backward)
 
 
 def _vq_backward(dcodes, z, codebook, indices, dcodebook, codebook_weight, commitment_weight):
@@ -209,8 +219,10 @@ def array_ops(float_dtype):
     for a value outside int32's range (never wrapped). to_numpy(a): a NumPy array.
     add_(dst, src): dst += src in place. mul(a, b): a * b elementwise with NumPy's
     broadcasting (a new array; e.g. queries (B, T, H, D) by per-position factors (T, 1, 1)).
-    exp(a): e^a elementwise (a new array; parameters'
-    transforms, e.g. Mamba's A = -exp(A_log)). sum_leading(a, n): a summed over its first n axes.
+    exp(a): e^a elementwise (a new array; parameters' transforms, e.g. Mamba's A =
+    -exp(A_log)). matmul(a, b): the (batched) matrix product (parameters' transforms: a
+    per-head basis folded into a projection's weight, nn.Linear). sum_leading(a, n): a summed
+    over its first n axes.
     broadcast_rows(row, shape, out=None): ``row`` (shape[k:]) copied to every index of the
     leading axes of ``shape``, into ``out`` when it has that shape (a buffer kept across
     steps), else into a new array.
@@ -242,6 +254,7 @@ def array_ops(float_dtype):
         add_=add_,
         mul=np.multiply,
         exp=np.exp,
+        matmul=np.matmul,
         sum_leading=lambda a, n: a.sum(tuple(range(n))),
         broadcast_rows=broadcast_rows,
         dropout=dropout,
@@ -308,6 +321,8 @@ NUMPY = SimpleNamespace(
     complex_scan_backward=_complex_scan_backward,
     ape_apply_forward=ref.ape_apply_forward,
     ape_apply_backward=_ape_apply_backward,
+    ape_decay_forward=ref.ape_decay_forward,
+    ape_decay_backward=ref.ape_decay_backward,
     **_ape_powers(np.float64),
     adamw_step=_adamw_step,
     global_norm=ref.global_norm,

@@ -100,8 +100,34 @@ class Embedding:
         self.ops.embedding_backward(self.weight.grad, dout, self.tokens)
 
 
+def fold_heads(ops, heads, weight, bias):
+    """heads (H, D, D), weight (H D, Cin), bias (H D,) or None -> the weight and bias of the
+    projection followed by heads[h] on each head's D outputs: rows hD..(h+1)D of the weight
+    become heads[h] W_h, the bias heads[h] b_h (parameter-side: 2 H D^2 Cin flops)."""
+    h, d = heads.shape[0], heads.shape[1]
+    w = ops.matmul(heads, weight.reshape(h, d, -1)).reshape(weight.shape)
+    b = None if bias is None else ops.matmul(heads, bias.reshape(h, d, 1)).reshape(bias.shape)
+    return w, b
+
+
+def fold_heads_backward(ops, heads, weight, bias, dw, db, dweight, dbias, dheads):
+    """The way back through :func:`fold_heads`: dw, db (the folded weight's and bias's
+    gradients) -> dweight += heads^T dw, dbias += heads^T db, dheads += dw W^T + db b^T (per
+    head; every gradient accumulated)."""
+    h, d = heads.shape[0], heads.shape[1]
+    heads_t, dw = heads.swapaxes(-1, -2), dw.reshape(h, d, -1)
+    ops.add_(dweight, ops.matmul(heads_t, dw).reshape(dweight.shape))
+    ops.add_(dheads, ops.matmul(dw, weight.reshape(h, d, -1).swapaxes(-1, -2)))
+    if bias is not None:
+        db = db.reshape(h, d, 1)
+        ops.add_(dbias, ops.matmul(heads_t, db).reshape(dbias.shape))
+        ops.add_(dheads, ops.matmul(db, bias.reshape(h, 1, d)))
+
+
 class Linear:
-    """y = x W^T + b: x (N, Cin) -> y (N, Cout); W (Cout, Cin)."""
+    """y = x W^T + b: x (N, Cin) -> y (N, Cout); W (Cout, Cin). With ``heads`` (H, D, D),
+    Cout = H D: y's head h is then mapped by heads[h], y_h -> heads[h] y_h, folded into the
+    weight and bias (:func:`fold_heads`; a positional scheme's change of basis, ape_seq)."""
 
     def __init__(self, store, name, c_in, c_out, ops, bias=True, std=0.02):
         self.ops = ops
@@ -109,15 +135,27 @@ class Linear:
         self.bias = (store.declare(f"{name}.bias", (c_out,), constant_init(0.0), decay=False)
                      if bias else None)
 
-    def forward(self, x):
-        self.x = x
-        return self.ops.linear_forward(x, self.weight.value,
-                                       None if self.bias is None else self.bias.value)
+    def forward(self, x, heads=None):
+        self.x, self.heads = x, heads
+        self.w, self.b = self.weight.value, None if self.bias is None else self.bias.value
+        if heads is not None:
+            self.w, self.b = fold_heads(self.ops, heads, self.w, self.b)
+        return self.ops.linear_forward(x, self.w, self.b)
 
-    def backward(self, dy, dx=None):
-        """dy (N, Cout) -> dx (N, Cin), accumulated into ``dx`` when given."""
-        return self.ops.linear_backward(dy, self.x, self.weight.value, self.weight.grad,
-                                        None if self.bias is None else self.bias.grad, dx)
+    def backward(self, dy, dx=None, dheads=None):
+        """dy (N, Cout) -> dx (N, Cin), accumulated into ``dx`` when given; with ``heads`` in
+        the forward, their gradient is accumulated into ``dheads`` (H, D, D)."""
+        if self.heads is None:
+            return self.ops.linear_backward(dy, self.x, self.w, self.weight.grad,
+                                            None if self.bias is None else self.bias.grad, dx)
+        dw = self.ops.zeros_like(self.w)
+        db = None if self.b is None else self.ops.zeros_like(self.b)
+        dx = self.ops.linear_backward(dy, self.x, self.w, dw, db, dx)
+        fold_heads_backward(self.ops, self.heads, self.weight.value,
+                            None if self.bias is None else self.bias.value, dw, db,
+                            self.weight.grad, None if self.bias is None else self.bias.grad,
+                            dheads)
+        return dx
 
 
 class LayerNorm:

@@ -996,6 +996,27 @@ def ape_apply_backward(dy, x, maps, index, dtype=np.float64):
     return dx, dmaps
 
 
+def _decay_scales(T, gamma, dtype):
+    """(T, 1, 1) gamma^(t - c), c = (T - 1) / 2."""
+    e = (np.arange(T) - (T - 1) / 2.0) * np.log(float(gamma))
+    return np.exp(e).astype(dtype)[:, None, None]
+
+
+def ape_decay_forward(q, k, gamma, dtype=np.float64):
+    """q, k (B, T, H, D), gamma > 0 -> (q_out, k_out) = (gamma^(t - c) q, gamma^(c - t) k) per
+    token t, c = (T - 1) / 2: q_out_i . k_out_j = gamma^(i - j) q_i . k_j, APE's multiplicative
+    decay gamma^distance of the logits of causal attention (j <= i)."""
+    q, k = _cast(dtype, q, k)
+    s = _decay_scales(q.shape[1], gamma, dtype)
+    return q * s, k / s
+
+
+def ape_decay_backward(dq_out, dk_out, gamma, dtype=np.float64):
+    """dq_out, dk_out (B, T, H, D) -> (dq, dk) = (gamma^(t - c) dq_out, gamma^(c - t) dk_out)
+    (gamma a constant)."""
+    return ape_decay_forward(dq_out, dk_out, gamma, dtype)
+
+
 # ---- APE: generators, their exponentials and powers (parameter-side) ---------------------
 def expm(x, dtype=np.float64):
     """Matrix exponential of a stack x (..., n, n): scaling and squaring, Taylor degree 18 on
@@ -1078,6 +1099,39 @@ def ape_powers_backward(dmaps, generator, dtype=np.float64):
         dtable = dtable[:, :n] + _times(dtable[:, n:], _swap(power))
     ds = expm_frechet(_swap(s), dpower, dtype=dtype)
     return ds - _swap(ds)
+
+
+def skew_eig(generator, dtype=np.float64):
+    """generator A (..., n, n) real -> (lam (..., n) real, U (..., n, n) unitary) with the
+    skew S = A - A^T = U diag(i lam) U^H (from the Hermitian -i S)."""
+    (a,) = _cast(dtype, generator)
+    return np.linalg.eigh(-1j * (a - _swap(a)))
+
+
+def ape_basis_forward(generator, eig=None, dtype=np.float64):
+    """generator (..., E, E) (any real A) -> M = expm(A - A^T) (..., E, E), orthogonal with
+    det +1: ape_seq's change of basis (APE's canonical form W = M^T R(theta) M). Through the
+    eigendecomposition ``eig`` = skew_eig(A) (computed when not given): M = U diag(e^(i lam))
+    U^H (real up to rounding)."""
+    lam, u = skew_eig(generator, dtype) if eig is None else eig
+    return ((u * np.exp(1j * lam)[..., None, :]) @ _swap(u).conj()).real.astype(dtype)
+
+
+def ape_basis_backward(dbasis, generator, eig=None, dtype=np.float64):
+    """dbasis (..., E, E), generator A (..., E, E) (or its ``eig`` = skew_eig(A)) -> dA
+    (..., E, E). M = expm(S), S = A - A^T normal, so expm's Frechet derivative is diagonal in
+    S's eigenbasis: L(S, G) = U (Phi o (U^H G U)) U^H with Phi_jk = (e^(i lam_j) -
+    e^(i lam_k)) / (i (lam_j - lam_k)) = e^(i (lam_j + lam_k) / 2) sinc((lam_j - lam_k) / 2)
+    (e^(i lam_j) when equal: the form used, stable for close eigenvalues). Its adjoint is
+    L(S^T, .) = L(-S, .): conj(Phi); then dS = L(S^T, dM) and dA = dS - dS^T (the same number
+    as expm_frechet(S^T, dM), without the 2E x 2E exponential)."""
+    (dbasis,) = _cast(dtype, dbasis)
+    lam, u = skew_eig(generator, dtype) if eig is None else eig
+    half = (lam[..., :, None] - lam[..., None, :]) / 2
+    phi = np.exp(0.5j * (lam[..., :, None] + lam[..., None, :])) * np.sinc(half / np.pi)
+    uh = _swap(u).conj()
+    ds = (u @ (phi.conj() * (uh @ dbasis @ u)) @ uh).real
+    return (ds - _swap(ds)).astype(dtype)
 
 
 def rope_generator(frequencies, n_generators=1):

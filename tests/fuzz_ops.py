@@ -185,6 +185,9 @@ def good_call(op, rng):
         if op == "ape_apply_forward":
             return args, s
         return dict(dy=bthd(), **args, dmaps=f32(rng, A, P, H, E, E)), s
+    if op in ("ape_decay_forward", "ape_decay_backward"):
+        names = ("q", "k") if op == "ape_decay_forward" else ("dq_out", "dk_out")
+        return dict(zip(names, (bthd(), bthd())), gamma=float(rng.choice([0.5, 0.98, 1.0]))), s
     M = int(rng.integers(1, 3))
     z, codebook = f32(rng, N, M, C), f32(rng, M, V, C)
     if op == "vq_forward":
@@ -239,7 +242,7 @@ BAD_SCALARS = [float("nan"), float("inf"), -float("inf"), 2**2000, -(2**2000), 1
                2**63, -(2**63) - 1, -1, 0, "1", b"x", [1.0], None, True, np.float64("nan"),
                np.int64(-5), 3.5e38, -3.5e38]
 SCALAR_NAMES = {"scale", "eps", "lr", "step", "beta1", "beta2", "weight_decay", "max_norm",
-                "mode"}
+                "mode", "gamma"}
 BAD_MODES = ["score_product\0junk", "", "sum\0", "SUM", "score_product ", 3, None, b"sum"]
 
 

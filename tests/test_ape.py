@@ -1,6 +1,7 @@
 """APE's ops: the C op ape_apply (per-token orthogonal maps on q or k) against the float64
 reference, the reference against finite differences, bad input; and the generator-side
-reference (expm, its Frechet derivative, powers by doubling and their gradient)."""
+reference (expm, its Frechet derivative, powers by doubling and their gradient, ape_seq's
+basis through the skew eigendecomposition)."""
 import numpy as np
 import pytest
 
@@ -111,6 +112,52 @@ def test_powers_by_doubling(rng, steps):
         ref.ape_powers_backward(c, a),
         numerical_grad(lambda: (ref.ape_powers_forward(a, steps) * c).sum(), a),
         rtol=1e-6, atol=1e-8)
+
+
+@pytest.mark.parametrize("scale", [0.0, 1e-3, 0.5, 3.0])
+def test_basis_is_expm_of_skew_and_its_gradient(rng, scale):
+    """ape_basis_* (through the eigendecomposition of the skew A - A^T) against expm and the
+    block-triangular Frechet derivative, and against finite differences; scale 0 is the
+    identity (every eigenvalue equal), 1e-3 nearly equal ones."""
+    a = rng.standard_normal((2, 3, 6, 6)) * scale
+    s, g = a - np.swapaxes(a, -1, -2), rng.standard_normal(a.shape)
+    m = ref.ape_basis_forward(a)
+    np.testing.assert_allclose(m, ref.expm(s), atol=1e-13)
+    np.testing.assert_allclose(m @ np.swapaxes(m, -1, -2), np.broadcast_to(np.eye(6), m.shape),
+                               atol=1e-13)
+    ds = ref.expm_frechet(np.swapaxes(s, -1, -2), g)
+    np.testing.assert_allclose(ref.ape_basis_backward(g, a), ds - np.swapaxes(ds, -1, -2),
+                               atol=1e-12)
+    np.testing.assert_allclose(
+        ref.ape_basis_backward(g, a),
+        numerical_grad(lambda: (ref.ape_basis_forward(a) * g).sum(), a), rtol=1e-6, atol=1e-8)
+
+
+def test_basis_of_a_degenerate_rotation(rng):
+    """Two 2x2 blocks at the same angle (repeated eigenvalues, RoPE-like): still exact."""
+    a = np.zeros((1, 6, 6))
+    a[0, 1, 0] = a[0, 3, 2] = 0.7
+    s, g = a - np.swapaxes(a, -1, -2), rng.standard_normal(a.shape)
+    np.testing.assert_allclose(ref.ape_basis_forward(a), ref.expm(s), atol=1e-14)
+    ds = ref.expm_frechet(np.swapaxes(s, -1, -2), g)
+    np.testing.assert_allclose(ref.ape_basis_backward(g, a), ds - np.swapaxes(ds, -1, -2),
+                               atol=1e-13)
+
+
+@pytest.mark.parametrize("name", ["c", "numpy"])
+def test_basis_ops_of_the_backends(rng, name):
+    """ops.ape_basis_forward -> (M in the backend's dtype, the eigendecomposition the backward
+    takes); ops.ape_basis_backward accumulates (+=)."""
+    from mapformer import backend
+    ops = backend.get(name)
+    a = rng.standard_normal((2, 6, 6)).astype(ops.dtype)
+    g = rng.standard_normal(a.shape)
+    m, eig = ops.ape_basis_forward(a)
+    assert m.dtype == ops.dtype and m.flags.c_contiguous
+    np.testing.assert_allclose(m, ref.ape_basis_forward(a), atol=1e-6)
+    da = np.ones_like(a)
+    ops.ape_basis_backward(g.astype(ops.dtype), eig, da)
+    np.testing.assert_allclose(da, 1 + ref.ape_basis_backward(g, a), atol=1e-5)
 
 
 # ---- bad input ----------------------------------------------------------------------------

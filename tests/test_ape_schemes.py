@@ -1,7 +1,8 @@
 """The APE and GridPE positional schemes in a model: the oracles (ape_seq initialised to RoPE
-is the ``rope`` model; scores depend on relative positions only, in 1D and on the task's 2D
-coordinates), the generator's gradient through expm and the powers against finite
-differences (generators shared by the layers), task coordinates reaching the schemes, and a
+is the ``rope`` model; ape_seq's folded basis and rotations are APE's dense W^t; scores
+depend on relative positions only, in 1D and on the task's 2D coordinates), the generators'
+gradients through expm (and the powers, the folds) against finite differences (generators
+shared by the layers), the C backend against float64, task coordinates reaching the schemes, and a
 few training steps through the Python API and the command line."""
 import json
 import math
@@ -12,6 +13,7 @@ import numpy as np
 import pytest
 
 from conftest import numerical_grad, subprocess_env
+from mapformer import reference as ref
 from mapformer.models import ModelConfig, Transformer
 from mapformer.schemes.gridpe import gridpe_frequencies, simplex_directions
 from mapformer.tasks import navigation
@@ -25,17 +27,91 @@ def config(positional, **options):
                        options=options)
 
 
+BASIS, ANGLES = "blocks.0.mixer.scheme.basis_generator", "blocks.0.mixer.scheme.angles"
+
+
 @pytest.mark.parametrize("backend,tol", [("numpy", 1e-10), ("c", 2e-4)])
 def test_ape_seq_initialised_to_rope_is_the_rope_model(backend, tol):
-    """Same seed, same draws (the RoPE-like generator draws nothing): the logits agree,
-    since W^t rotates pair i by t omega_i and RoPE's (t + 1) omega_i differs by a shift."""
+    """Same seed, same draws (the RoPE-like initialisation draws nothing): the logits agree,
+    since M = I and the angles are RoPE's (t + 1) omega_i."""
     tokens = np.random.default_rng(0).integers(0, 9, (2, 11))
     rope = Transformer(config("rope"), seed=3, backend=backend).forward(tokens)
     ape = Transformer(config("ape_seq"), seed=3, backend=backend)
     np.testing.assert_allclose(ape.forward(tokens), rope, rtol=tol, atol=tol)
-    # one generator for both layers (APE shares it), per head the block rotation
-    assert [n for n in ape.params.params if "scheme" in n] == [GENERATOR]
-    assert ape.blocks[1].mixer.scheme.maps is ape.blocks[0].mixer.scheme.maps
+    # one basis and one set of angles for both layers (APE shares its W)
+    assert [n for n in ape.params.params if "scheme" in n] == [BASIS, ANGLES]
+    first, second = ape.blocks[0].mixer.scheme, ape.blocks[1].mixer.scheme
+    assert second.basis_map is first.basis_map and second.theta is first.theta
+    np.testing.assert_array_equal(first.basis_map, np.broadcast_to(np.eye(16), (2, 16, 16)))
+
+
+def randomise_ape_seq(model, seed=0):
+    rng = np.random.default_rng(seed)
+    for name in (BASIS, ANGLES):
+        value = model.params.params[name].value
+        value[...] = rng.standard_normal(value.shape) * 0.5
+
+
+def test_ape_seq_scores_are_apes_dense_operator():
+    """With a random basis and random angles, the scores the attention compares are APE's
+    q_m^T W^(n - m) k_n (W^t applied densely, float64) with W = M^T R(omega) M, M =
+    expm(B - B^T), on the mixer's unmapped q = x W_q^T + b_q."""
+    model = Transformer(config("ape_seq"), seed=1, backend="numpy")
+    randomise_ape_seq(model)
+    tokens = np.random.default_rng(2).integers(0, 9, (2, 7))
+    model.forward(tokens)
+    mixer = model.blocks[1].mixer
+    b = model.params.params[BASIS].value
+    omega = model.params.params[ANGLES].value
+    m = ref.expm(b - np.swapaxes(b, -1, -2))
+    rope = ref.rope_generator(omega)[0]
+    w = np.swapaxes(m, -1, -2) @ ref.expm(rope - np.swapaxes(rope, -1, -2)) @ m
+    maps = np.stack([[np.linalg.matrix_power(w[h], t) for h in range(2)] for t in range(7)])
+    shape = (2, 7, 2, 16)
+
+    def mapped(linear):
+        y = (mixer.q.x @ linear.weight.value.T + linear.bias.value).reshape(shape)
+        return np.einsum("thij,bthj->bthi", maps, y)
+
+    expected = np.einsum("bthd,bshd->bhts", mapped(mixer.q), mapped(mixer.k))
+    np.testing.assert_allclose(scores_of(mixer), expected, rtol=1e-10, atol=1e-12)
+
+
+def test_ape_seq_decay_multiplies_the_logits():
+    """ape_decay = 0.9: every score the attention compares is the undecayed one times
+    0.9^(query - key) (the keys at or before the query), and the C backend agrees."""
+    tokens = np.random.default_rng(2).integers(0, 9, (2, 7))
+    i, j = np.arange(7)[:, None], np.arange(7)[None, :]
+    got = {}
+    for backend, decay in (("numpy", 1.0), ("numpy", 0.9), ("c", 0.9)):
+        model = Transformer(config("ape_seq", ape_decay=decay), seed=1, backend=backend)
+        randomise_ape_seq(model)
+        got[backend, decay] = model.forward(tokens), scores_of(model.blocks[0].mixer)
+    plain, decayed = got["numpy", 1.0][1], got["numpy", 0.9][1]
+    np.testing.assert_allclose(decayed, plain * 0.9 ** (i - j), rtol=1e-10, atol=1e-12)
+    assert np.abs(got["numpy", 0.9][0] - got["numpy", 1.0][0]).max() > 1e-5
+    np.testing.assert_allclose(got["c", 0.9][0], got["numpy", 0.9][0], rtol=2e-4, atol=2e-4)
+
+
+def test_ape_seq_c_backend_matches_numpy():
+    """The fold (float32 products) and the rotary op on the C backend against float64."""
+    tokens = np.random.default_rng(0).integers(0, 9, (2, 11))
+    losses, grads = [], []
+    for backend in ("numpy", "c"):
+        model = Transformer(config("ape_seq"), seed=3, backend=backend)
+        randomise_ape_seq(model)
+        losses.append(model.loss(tokens, tokens, np.ones(tokens.shape)))
+        model.backward()
+        grads.append({n: np.array(model.params.params[n].grad, np.float64)
+                      for n in (BASIS, ANGLES, "blocks.0.mixer.q.weight")})
+    assert abs(losses[0] - losses[1]) < 1e-4 * abs(losses[0])
+    for name, g in grads[0].items():
+        np.testing.assert_allclose(grads[1][name], g, rtol=0, atol=1e-3 * np.abs(g).max())
+        assert np.abs(g).max() > 1e-6
+
+
+def scores_of(mixer):
+    return np.einsum("bthd,bshd->bhts", mixer.scheme.q_att, mixer.scheme.k_att)
 
 
 def scores(model):
@@ -151,34 +227,40 @@ def test_gridpe_frequencies():
         assert abs(r[np.argmin(r ** n / np.log(r))] - math.exp(1 / n)) < 1e-3
 
 
-@pytest.mark.parametrize("positional,dims", [("ape_seq", 1), ("ape_grid", 2),
-                                             ("ape_tree", 1)])
-def test_generator_gradient_matches_finite_differences(positional, dims):
+@pytest.mark.parametrize("positional,dims,decay", [("ape_seq", 1, 1.0), ("ape_seq", 1, 0.8),
+                                                   ("ape_grid", 2, 1.0), ("ape_tree", 1, 1.0)])
+def test_generator_gradient_matches_finite_differences(positional, dims, decay):
     """Through both layers' maps, the doubling (the tree's levels) and expm's Frechet
-    derivative (float64)."""
+    derivative (float64); ape_seq: its basis through both layers' folds and expm, its angles
+    through the rotary op (and the decay)."""
     task = navigation.NavigationConfig(dims=dims, steps=5, grid_size=3, n_objects=3)
     batch = navigation.generate(task, 2, np.random.default_rng(0))
     coords = navigation.token_coordinates(batch)
-    options = {}
+    options = {"ape_decay": decay} if positional == "ape_seq" else {}
     if positional == "ape_tree":  # heap numbers 0 (no node) .. 7 of a depth-2 table
         coords = np.random.default_rng(1).integers(0, 8, batch.tokens.shape + (1,))
         options = {"ape_tree_depth": 2}
     cfg = ModelConfig.for_task("rope", task, d_model=32, n_heads=2, n_layers=2,
                                positional=positional, ape_no_init=True, **options)
     model = Transformer(cfg, seed=0, backend="numpy")
-    gen = model.params.params[GENERATOR]
-    generators = 2 if positional == "ape_tree" else dims
-    assert gen.shape == (generators, 2, 16 // dims, 16 // dims)
+    if positional == "ape_seq":
+        params = [model.params.params[BASIS], model.params.params[ANGLES]]
+        assert [p.shape for p in params] == [(2, 16, 16), (2, 8)]
+    else:
+        params = [model.params.params[GENERATOR]]
+        generators = 2 if positional == "ape_tree" else dims
+        assert params[0].shape == (generators, 2, 16 // dims, 16 // dims)
 
     def loss():
         return model.loss(batch.tokens, batch.targets, np.ones_like(batch.mask), coords)
 
     loss()
     model.backward()
-    grad = gen.grad.copy()
-    numeric = numerical_grad(loss, gen.value)
-    np.testing.assert_allclose(grad, numeric, rtol=1e-5, atol=1e-9)
-    assert np.abs(grad).max() > 1e-6
+    for param in params:
+        grad = param.grad.copy()
+        numeric = numerical_grad(loss, param.value)
+        np.testing.assert_allclose(grad, numeric, rtol=1e-5, atol=1e-9)
+        assert np.abs(grad).max() > 1e-6
 
 
 TASK = dict(dims=2, steps=6, grid_size=4, n_objects=3)
@@ -194,9 +276,10 @@ def test_schemes_train_through_the_api(positional):
     result = train(cfg, train_config, progress=False, log=lambda *a: None)
     assert result["steps"] == 3 and math.isfinite(result["loss"])
     params = result["model"].params.params
-    if positional != "gridpe":  # the generator learned (no weight decay on it)
-        start = Transformer(cfg, seed=train_config.seed).params.params[GENERATOR].value
-        assert np.abs(params[GENERATOR].value - start).max() > 1e-4
+    # the generator learned (no weight decay on it)
+    for name in {"gridpe": [], "ape_seq": [BASIS, ANGLES]}.get(positional, [GENERATOR]):
+        start = Transformer(cfg, seed=train_config.seed).params.params[name].value
+        assert np.abs(params[name].value - start).max() > 1e-4
 
 
 @pytest.mark.parametrize("positional,flags", [

@@ -23,6 +23,7 @@
  * rows per pass over the map (register blocking by hand) or running dx through a transposed
  * copy of the map were slower (186 / 212 ms and 30 / 57 ms): GCC did not vectorise the former.
  */
+#include <math.h>
 #include <stdint.h>
 
 #include "mapformer/mapformer.h"
@@ -137,5 +138,45 @@ int ape_apply_backward(const MfApeParams *p) {
 #pragma omp parallel for schedule(dynamic, 1) if (p->B * p->T * p->H * p->D >= APE_MIN_PARALLEL)
     for (int64_t i = 0; i < items; i++)
         dmaps_item(p, i / (p->P * p->H), (i / p->H) % p->P, i % p->H);
+    return MF_OK;
+}
+
+/* ---- ape_decay: per-token scales of q and k ------------------------------------------------
+ * gamma^(i - j) = gamma^(i - c) gamma^(c - j) for any c: the decay of the score between query i
+ * and key j <= i (causal attention: distance i - j) is a scale of q_i times one of k_j, so the
+ * attention kernels need no per-pair factor. c = (T - 1) / 2 halves the scales' range. Each
+ * token's two scales are computed once in double (exp((t - c) ln gamma)) and rounded to float;
+ * the rows are plain loops (memory-bound). Parallel over (b, t) rows: every output is one
+ * product, the same bits for any thread count. */
+static int decay_sizes_ok(const MfApeDecayParams *p) {
+    return p->B >= 1 && p->T >= 1 && p->H >= 1 && p->D >= 1 && p->gamma > 0.0f &&
+           isfinite(p->gamma) &&
+           fabs(log((double)p->gamma)) * (double)(p->T - 1) / 2.0 <= APE_DECAY_MAX_LOG;
+}
+
+static void decay_rows(float *qo, float *ko, const float *q, const float *k,
+                       const MfApeDecayParams *p) {
+    const int64_t T = p->T, R = p->H * p->D, rows = p->B * p->T;
+    const double lg = log((double)p->gamma), c = (double)(T - 1) / 2.0;
+#pragma omp parallel for schedule(static) if (rows * R >= APE_MIN_PARALLEL)
+    for (int64_t i = 0; i < rows; i++) {
+        const double e = ((double)(i % T) - c) * lg;
+        const float sq = (float)exp(e), sk = (float)exp(-e);
+        const float *restrict qi = q + i * R, *restrict ki = k + i * R;
+        float *restrict qoi = qo + i * R, *restrict koi = ko + i * R;
+        for (int64_t j = 0; j < R; j++) qoi[j] = sq * qi[j];
+        for (int64_t j = 0; j < R; j++) koi[j] = sk * ki[j];
+    }
+}
+
+int ape_decay_forward(const MfApeDecayParams *p) {
+    if (!decay_sizes_ok(p)) return MF_EINVAL;
+    decay_rows(p->q_out, p->k_out, p->q, p->k, p);
+    return MF_OK;
+}
+
+int ape_decay_backward(const MfApeDecayParams *p) {
+    if (!decay_sizes_ok(p)) return MF_EINVAL;
+    decay_rows(p->dq, p->dk, p->dq_out, p->dk_out, p);
     return MF_OK;
 }

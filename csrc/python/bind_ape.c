@@ -1,4 +1,4 @@
-/* Binding of csrc/ops/ape.c (APE's per-token orthogonal maps). */
+/* Binding of csrc/ops/ape.c (APE's per-token orthogonal maps and distance decay). */
 #include "bind.h"
 
 #define P(f) offsetof(MfApeParams, f)
@@ -49,8 +49,52 @@ static const MfOp backward = {"ape_apply_backward", backward_args, sizes, sizeof
                               .run = MF_OP(ape_apply_backward), .check = check,
                               .index_arg = "index"};
 
+#define DP(f) offsetof(MfApeDecayParams, f)
+static const MfSize decay_sizes[] = {{"B", DP(B)}, {"T", DP(T)}, {"H", DP(H)}, {"D", DP(D)},
+                                     {NULL, 0}};
+
+/* the scales gamma^(+-(T - 1) / 2) must stay well inside float32's range */
+static int decay_check(MfCall *c, void *params) {
+    (void)c;
+    const MfApeDecayParams *p = params;
+    if (fabs(log((double)p->gamma)) * (double)(p->T - 1) / 2.0 <= APE_DECAY_MAX_LOG) return 0;
+    char msg[200]; /* PyErr_Format has no float conversions */
+    snprintf(msg, sizeof msg,
+             "gamma = %g over T = %lld tokens scales q and k by gamma^(+-(T - 1) / 2), beyond "
+             "e^%g: need |ln gamma| (T - 1) / 2 <= %g",
+             (double)p->gamma, (long long)p->T, APE_DECAY_MAX_LOG, APE_DECAY_MAX_LOG);
+    PyErr_SetString(PyExc_ValueError, msg);
+    return -1;
+}
+
+static const MfArg decay_forward_args[] = {
+    {"q", 1, MF_IN, 0, "B T H D", .field = DP(q)},
+    {"k", 2, MF_IN, 0, "B T H D", .field = DP(k)},
+    {"gamma", 3, MF_FLOAT, 0, .field = DP(gamma), .lo = 0.0, .hi = INFINITY,
+     .open = MF_LO_OPEN | MF_HI_OPEN},
+    {"q_out", 0, MF_OUT, 0, "B T H D", .field = DP(q_out)},
+    {"k_out", 0, MF_OUT, 0, "B T H D", .field = DP(k_out)},
+    {0}};
+static const MfOp decay_forward = {"ape_decay_forward", decay_forward_args, decay_sizes,
+                                   sizeof(MfApeDecayParams), .run = MF_OP(ape_decay_forward),
+                                   .check = decay_check};
+
+static const MfArg decay_backward_args[] = {
+    {"dq_out", 1, MF_IN, 0, "B T H D", .field = DP(dq_out)},
+    {"dk_out", 2, MF_IN, 0, "B T H D", .field = DP(dk_out)},
+    {"gamma", 3, MF_FLOAT, 0, .field = DP(gamma), .lo = 0.0, .hi = INFINITY,
+     .open = MF_LO_OPEN | MF_HI_OPEN},
+    {"dq", 0, MF_OUT, 0, "B T H D", .field = DP(dq)},
+    {"dk", 0, MF_OUT, 0, "B T H D", .field = DP(dk)},
+    {0}};
+static const MfOp decay_backward = {"ape_decay_backward", decay_backward_args, decay_sizes,
+                                    sizeof(MfApeDecayParams), .run = MF_OP(ape_decay_backward),
+                                    .check = decay_check};
+
 MF_DEFINE(ape_apply_forward, forward)
 MF_DEFINE(ape_apply_backward, backward)
+MF_DEFINE(ape_decay_forward, decay_forward)
+MF_DEFINE(ape_decay_backward, decay_backward)
 
 PyMethodDef mf_ape_methods[] = {
     MF_METHOD(ape_apply_forward,
@@ -63,4 +107,14 @@ PyMethodDef mf_ape_methods[] = {
      "dy, x float32 (B, T, H, D), maps float32 (A, P, H, E, E), index int32 (TB, T, A) ->\n"
      "dx float32 (B, T, H, D) = maps^T dy chunk by chunk. dmaps float32 (A, P, H, E, E) is\n"
      "accumulated in place: dmaps[a, p, h] += sum over tokens at position p of dy x^T."),
+    MF_METHOD(ape_decay_forward,
+     "ape_decay_forward(q, k, gamma) -> (q_out, k_out)\n\n"
+     "q, k float32 (B, T, H, D), gamma > 0 -> q_out = gamma^(t - c) q, k_out = gamma^(c - t) k\n"
+     "per token t, c = (T - 1) / 2: q_out_i . k_out_j = gamma^(i - j) q_i . k_j, the causal\n"
+     "logits decayed by gamma^distance. ValueError naming gamma unless\n"
+     "|ln gamma| (T - 1) / 2 <= 40."),
+    MF_METHOD(ape_decay_backward,
+     "ape_decay_backward(dq_out, dk_out, gamma) -> (dq, dk)\n\n"
+     "dq_out, dk_out float32 (B, T, H, D) -> dq = gamma^(t - c) dq_out, dk = gamma^(c - t)\n"
+     "dk_out (gamma is a constant)."),
     {NULL, NULL, 0, NULL}};

@@ -93,14 +93,17 @@ class QKVMixer(Mixer):
 
     def project(self, x, batch, steps):
         """x (N, C) -> q, k, v (B, T, H, D); q, k are None without content projections; q
-        times the query factors when ``scale_content``."""
+        times the query factors when ``scale_content``. When the scheme has a change of basis
+        (``self.scheme.basis()`` (H, D, D), ape_seq), each head's q and k are mapped by it,
+        folded into the projections' weights."""
         shape = (batch, steps, self.config.n_heads, self.config.head_dim)
         v = self.v.forward(x).reshape(shape)
         if self.q is None:
             return None, None, v
-        q = self.q.forward(x).reshape(shape)
+        self.basis = self.scheme.basis()
+        q = self.q.forward(x, self.basis).reshape(shape)
         return (self.scale_queries(q) if self.scale_content else q,
-                self.k.forward(x).reshape(shape), v)
+                self.k.forward(x, self.basis).reshape(shape), v)
 
     def scale_queries(self, q):
         """q (B, T, H, D) -> q times the query factors of position t (q itself when they are
@@ -120,14 +123,18 @@ class QKVMixer(Mixer):
 
     def project_backward(self, dq, dk, dv):
         """dq, dk (None without content projections), dv (B, T, H, D) -> dx (N, C); dq is
-        the gradient of project()'s q (scaled when ``scale_content``)."""
+        the gradient of project()'s q (scaled when ``scale_content``); the basis's gradient,
+        if any, goes to ``self.scheme.basis_backward``."""
         n = dv.shape[0] * dv.shape[1]
         dx = self.v.backward(dv.reshape(n, -1))
         if self.q is not None:
             if self.scale_content:
                 dq = self.scale_queries_backward(dq)
-            self.q.backward(dq.reshape(n, -1), dx)
-            self.k.backward(dk.reshape(n, -1), dx)
+            dbasis = None if self.basis is None else self.ops.zeros_like(self.basis)
+            self.q.backward(dq.reshape(n, -1), dx, dbasis)
+            self.k.backward(dk.reshape(n, -1), dx, dbasis)
+            if dbasis is not None:
+                self.scheme.basis_backward(dbasis)
         return dx
 
     def output(self, attn):

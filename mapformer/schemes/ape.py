@@ -1,37 +1,40 @@
 """``ape_seq``, ``ape_grid`` and ``ape_tree``: algebraic positional encodings (Kogkalidis et
 al., "Algebraic Positional Encodings", NeurIPS 2024): positions as orthogonal operators on
-queries and keys (kind ``attention``: the scheme applies them, then runs the causal
-attention).
+queries and keys.
 
-``ape_seq``: one orthogonal W = expm(A - A^T) per head (appendix 8.1: A any real D x D matrix,
-the trained parameter); the token at position p (its index) has q -> W^p q, k -> W^p k, so the
-score q_m^T W^(n - m) k_n depends on the relative position only. ``ape_grid``: one generator per
-axis and head, each on its own chunk of the head (E = D / n); the token at coordinates
-(x_1..x_n) (the task's, ``Scheme.coordinates``) has the direct sum W_1^x_1 + ... + W_n^x_n.
-Coordinates are integers in [0, ape_positions).
+``ape_seq`` (class :class:`APESequence` below): one orthogonal W per head
+(appendix 8.1: W = expm(A - A^T)); the token at position p (its index) has q -> W^p q,
+k -> W^p k, so the score q_m^T W^(n - m) k_n depends on the relative position only. It is kept
+in APE's canonical form W = M^T R(omega) M (section 3.2), so that W^p is never formed: M is
+folded into the q and k projections and R(p omega) is the rotary op, at RoPE's cost. It has
+the paper's multiplicative distance decay of the logits as an option (``ape_decay``).
 
-The generators are shared by every layer (as in the paper): the first layer's scheme declares
-them, computes the maps W^0..W^(P-1) once per forward (expm, then powers by doubling: ceil(log2
-P) batched products) and, in its backward (the last to run), takes the gradient that every
-layer summed into the maps back into the generators (the doubling undone, then the Frechet
-derivative of expm by the block-triangular identity). That generator-side arithmetic is on
-parameters only (G H small matrices and their P powers) and runs in float64 NumPy on every
-backend (``ops.ape_powers_*``); applying the maps to the activations is the C op
-``ape_apply``.
+``ape_grid`` and ``ape_tree`` (kind ``attention``: the scheme applies the operators, then runs
+the causal attention): ``ape_grid`` has one generator per axis and head, each on its own
+chunk of the head (E = D / n); the token at coordinates (x_1..x_n) (the task's,
+``Scheme.coordinates``) has the direct sum W_1^x_1 + ... + W_n^x_n. Coordinates are integers
+in [0, ape_positions). Their generators A are the parameters, shared by every layer (as in the
+paper): the first layer's scheme declares them, computes the maps W^0..W^(P-1) once per
+forward (expm, then powers by doubling: ceil(log2 P) batched products) and, in its backward
+(the last to run), takes the gradient that every layer summed into the maps back into the
+generators (the doubling undone, then the Frechet derivative of expm by the block-triangular
+identity). That generator-side arithmetic is on parameters only (G H small matrices and their
+P powers) and runs in float64 NumPy on every backend (``ops.ape_powers_*``); applying the
+maps to the activations is the C op ``ape_apply`` (a dense E x E product per token and head).
 
 Initialisation (option ``ape_no_init`` False): RoPE in closed form, A[2i+1, 2i] = omega_i =
-rope_base^(-i / NB) on each chunk (so expm(A - A^T) is the block-diagonal rotation RoPE applies:
-ape_seq starts as exactly the ``rope`` scheme, ape_grid as axial RoPE); with ``ape_no_init``:
-A ~ N(0, 0.01^2), W near the identity. ``ape_tree`` (below): binary-tree positions, one
-generator per branch. Not done: the paper's multiplicative distance decay of the logits
-(0.98^distance; the attention kernels take no per-pair factor).
+rope_base^(-i / NB) on each chunk (so expm(A - A^T) is the block-diagonal rotation RoPE
+applies: ape_grid starts as axial RoPE; ape_seq, with M = I and omega = RoPE's, as exactly
+the ``rope`` scheme); with ``ape_no_init``: A ~ N(0, 0.01^2), W near the identity.
+``ape_tree`` (below): binary-tree positions, one generator per branch. Not done: the paper's
+distance decay of the logits for ape_grid and ape_tree.
 """
 import weakref
 
 import numpy as np
 
 from .. import reference
-from ..nn import normal_init
+from ..nn import constant_init, normal_init
 from ..registry import Option
 from . import AttentionScheme, register_scheme
 from .coordinates import COORD_DIMS, coordinates_or_index, task_extent
@@ -46,6 +49,9 @@ def table_extent(task):
     ood_sparse evaluation set walks a grid twice the training one)."""
     return 2 * task_extent(task)
 
+
+APE_DECAY = Option("ape_decay", float, 1.0, "ape_seq's logits multiplied by gamma^distance "
+                   "(the paper's public code: 0.98; 1: no decay)", above=0)
 
 APE_POSITIONS = Option("ape_positions", int, 128, "positions per axis ape_grid tabulates "
                        "(coordinates in [0, P); for a task: twice its grid side or sequence "
@@ -148,16 +154,126 @@ class APE(AttentionScheme):
         return 4 * batch * steps * h * d * e + (2 * a * h * steps * e ** 3) // config.n_layers
 
 
+class _SharedCanonical:
+    """ape_seq's parameters and their per-forward values, shared by every layer's scheme:
+    ``basis`` (M, H x D x D), ``eig`` (its generator's skew eigendecomposition, for the
+    backward) and ``theta`` (1, T, H, NB) from the last forward, ``dbasis`` and ``dtheta``
+    their gradients summed by the layers."""
+
+    def __init__(self, generator, angles):
+        self.generator, self.angles = generator, angles
+        self.basis = self.dbasis = self.eig = self.theta = self.dtheta = None
+        self.ones = {}  # steps -> Delta = 1 (1, T, H, NB)
+
+
 @register_scheme
-class APESequence(APE):
-    """``ape_seq``: position = token index t, maps W^t (P = T, every sequence alike)."""
+class APESequence(AttentionScheme):
+    """``ape_seq``: position = token index t, operator W^t with W = M^T R(omega) M per head,
+    in APE's canonical form (section 3.2: every W in SO(D) is P R P^T, P orthogonal, R
+    block-diagonal 2x2 rotations; here P = M^T): M = expm(B - B^T) and the angles omega (H, NB)
+    are the parameters, shared by every layer. Since W^t = M^T R(t omega) M, the score
+    (W^m q_m)^T (W^n k_n) = (R(m omega) M q_m)^T (R(n omega) M k_n): the leading M^T cancels, so
+    the mixer folds M into its q and k projections (``basis``: parameter-side products, no
+    per-token matrix) and the scheme (kind ``attention``) rotates by t omega with the rotary
+    op (the angles: path integration of Delta = 1, as RoPE's, with trainable omega), then runs
+    the causal attention. The same operators W as APE's W = expm(A - A^T) (every W in SO(D)
+    has this form, and every M, omega gives one), reached through (B, omega) in place of A: gradients flow into omega through the rotary op and into
+    B through the fold and expm's Frechet derivative (ops.ape_basis_*), not through powers of
+    a dense W. The parametrisation differs from the paper's, so training dynamics may too; and
+    since M sits next to free W_q, W_k, the model family equals RoPE with trainable angles
+    shared by the layers (APE's footnote 4); M keeps APE's operator explicit (traces).
+    Initialisation: M = I (B = 0) and omega = RoPE's frequencies (exactly the ``rope``
+    model); ``ape_no_init``: B and omega ~ N(0, 0.01^2), W near the identity. Parameters
+    ``basis_generator`` B (H, D, D) and ``angles`` omega (H, NB), declared by the first layer
+    only.
+
+    ``ape_decay`` gamma < 1: the paper's multiplicative distance decay, the logit between
+    query i and key j multiplied by gamma^(i - j) (its public code: 0.98, and no decay for the
+    RoPE baselines; the paper's text writes p^c, which would grow). In causal attention
+    (j <= i, the only mask here) gamma^(i - j) = gamma^(i - c) gamma^(c - j), so it is the C op
+    ``ape_decay`` scaling the rotated q_i by gamma^(i - c) and k_j by gamma^(c - j)
+    (c = (T - 1) / 2), exact and without touching the attention kernels; it bounds T to
+    |ln gamma| (T - 1) / 2 <= 40 (gamma = 0.98: T <= 3960). A mask with keys after the query
+    (prefix, bidirectional) would need |i - j|, a per-pair factor in the kernels. ape_grid's
+    and ape_tree's decays (Euclidean and tree distances) do not split this way: not done.
+
+    Traces: ``basis_map`` (H, D, D) M, ``theta`` (1, T, H, NB) the angles (t + 1) omega
+    (wrapped to [-pi, pi)), ``q_att``, ``k_att`` (B, T, H, D) the rotated (and decayed)
+    queries and keys."""
 
     name = "ape_seq"
-    options = (ROPE_BASE, APE_NO_INIT)
+    options = (ROPE_BASE, APE_NO_INIT, APE_DECAY)
+    traces = ("basis_map", "theta", "q_att", "k_att")
 
-    def positions(self, steps):
-        """(1, T, 1) token indices, and the T powers they need."""
-        return self.ops.as_indices(range(steps)).reshape(1, steps, 1), steps
+    def __init__(self, store, name, config, ops):
+        super().__init__(store, name, config, ops)
+        h, d = config.n_heads, config.head_dim
+        self.decay = config.options["ape_decay"]
+        shared = _SHARED.setdefault(store, {})
+        self.owner = self.name not in shared
+        if self.owner:
+            base, no_init = config.options["rope_base"], config.options["ape_no_init"]
+            generator = store.declare(f"{name}.basis_generator", (h, d, d),
+                                      normal_init(0.01) if no_init else constant_init(0.0),
+                                      decay=False)
+            angles = store.declare(
+                f"{name}.angles", (h, d // 2), normal_init(0.01) if no_init else
+                (lambda rng, shape: rope_frequencies(base, h, d // 2)), decay=False)
+            shared[self.name] = _SharedCanonical(generator, angles)
+        self.shared = shared[self.name]
+
+    def basis(self):
+        """M (H, D, D), computed by the first layer (the first to run) for all."""
+        shared = self.shared
+        if self.owner:
+            shared.basis, shared.eig = self.ops.ape_basis_forward(shared.generator.value)
+            shared.dbasis = self.ops.zeros_like(shared.basis)
+        self.basis_map = shared.basis
+        return shared.basis
+
+    def basis_backward(self, dbasis):
+        """Summed over the layers; the first layer's backward (the last) takes the sum into
+        the generator."""
+        shared = self.shared
+        self.ops.add_(shared.dbasis, dbasis)
+        if self.owner:
+            self.ops.ape_basis_backward(shared.dbasis, shared.eig, shared.generator.grad)
+
+    def attend(self, x, q, k, v, batch, steps, state):
+        """theta (1, T, H, NB) = (t + 1) omega (computed by the first layer for all); q, k
+        (already mapped by M in the projections) rotated by it, then decayed (ape_decay < 1),
+        then the causal attention."""
+        shared, ops = self.shared, self.ops
+        if self.owner:
+            if steps not in shared.ones:
+                shared.ones[steps] = ops.ones((1, steps) + shared.angles.shape)
+            shared.theta = ops.path_integration_forward(shared.ones[steps], shared.angles.value)
+            shared.dtheta = ops.zeros_like(shared.theta)
+        self.theta, self.q, self.k, self.v = shared.theta, q, k, v
+        self.q_att, self.k_att = ops.rotary_forward(q, k, self.theta)
+        if self.decay != 1.0:
+            self.q_att, self.k_att = ops.ape_decay_forward(self.q_att, self.k_att, self.decay)
+        self.out, self.lse = ops.attention_forward(self.q_att, self.k_att, v)
+        return self.out, state
+
+    def attend_backward(self, dout, dstate):
+        shared, ops = self.shared, self.ops
+        dq_att, dk_att, dv = ops.attention_backward(dout, self.q_att, self.k_att, self.v,
+                                                    self.out, self.lse)
+        if self.decay != 1.0:
+            dq_att, dk_att = ops.ape_decay_backward(dq_att, dk_att, self.decay)
+        dq, dk, dtheta = ops.rotary_backward(dq_att, dk_att, self.q, self.k, self.theta)
+        ops.add_(shared.dtheta, dtheta)
+        if self.owner:  # the first layer's backward runs last: every layer's dtheta is in
+            ops.path_integration_backward(shared.dtheta, shared.ones[dtheta.shape[1]],
+                                          shared.angles.value, shared.angles.grad)
+        return dq, dk, dv, dstate
+
+    @classmethod
+    def flops(cls, config, batch, steps):
+        """M folded into the q and k weights and biases (2 x 2 H D^2 (C + 1))."""
+        h, d = config.n_heads, config.head_dim
+        return 4 * h * d * d * (config.d_model + 1)
 
 
 @register_scheme

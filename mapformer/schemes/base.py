@@ -20,6 +20,8 @@ A scheme is a class registered with :func:`mapformer.schemes.register_scheme`:
   the initial values follow it);
 - ``initial_state(batch, steps)``: the positional state entering the first layer (None but
   for schemes that carry one across layers, TAPE);
+- ``basis()`` / ``basis_backward(dbasis)``: an optional per-head orthogonal change of basis
+  (H, D, D) the mixer folds into its query and key projections (None by default; ape_seq);
 - ``flops(config, batch, steps)``: matmul flops of one forward of its own products;
 - ``coordinates``: set by the model before every forward: the tokens' coordinates (B, T, n)
   as the task supplies them (navigation: the agent's cell after each step; see
@@ -47,6 +49,17 @@ class Scheme:
 
     def initial_state(self, batch, steps):
         return None
+
+    def basis(self):
+        """An orthogonal change of basis (H, D, D) that a mixer with query and key projections
+        folds into them (q -> M_h q, k -> M_h k per head, before anything else the scheme
+        does), or None (the default: none). Called once per layer and forward."""
+        return None
+
+    def basis_backward(self, dbasis):
+        """dbasis (H, D, D): the gradient of this layer's :meth:`basis` (only called when it
+        returned one)."""
+        raise NotImplementedError(f"{self.name} has no basis")
 
     @classmethod
     def flops(cls, config, batch, steps):

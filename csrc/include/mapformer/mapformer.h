@@ -140,6 +140,14 @@ int ape_apply_forward(const MfApeParams *p);
 /* dx (B, T, H, D) (=) = M^T dy per chunk; dmaps (A, P, H, E, E) += sum over the tokens at each
  * position of dy_chunk x_chunk^T; dy, x (B, T, H, D); maps, index as above */
 int ape_apply_backward(const MfApeParams *p);
+/* q_out[b,t] = gamma^(t - c) q[b,t], k_out[b,t] = gamma^(c - t) k[b,t], c = (T - 1) / 2, so
+ * q_out_i . k_out_j = gamma^(i - j) q_i . k_j: the logits of causal attention (j <= i)
+ * multiplied by gamma^distance. MF_EINVAL unless gamma > 0 and |ln gamma| (T - 1) / 2 <=
+ * APE_DECAY_MAX_LOG (the scales stay well inside float32's range) */
+#define APE_DECAY_MAX_LOG 40.0
+int ape_decay_forward(const MfApeDecayParams *p);
+/* dq (=) = gamma^(t - c) dq_out, dk (=) = gamma^(c - t) dk_out (gamma is a constant) */
+int ape_decay_backward(const MfApeDecayParams *p);
 
 /* ---- softmax_xent.c: masked softmax cross-entropy ----------------------------------------- */
 /* losses (N,) = -log softmax(logits)[target] (every row); *loss = sum(mask*losses)/sum(mask)

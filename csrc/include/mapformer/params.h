@@ -203,6 +203,17 @@ typedef struct {
     int64_t B, T, H, D, A, P, TB; /* TB = 1 (every sequence at the same positions) or B */
 } MfApeParams;
 
+/* ape_decay: APE's multiplicative distance decay of causal logits, as per-token scales of q
+ * and k (q_i gamma^(i - c), k_j gamma^(c - j), c = (T - 1) / 2) */
+typedef struct {
+    float *q_out, *k_out;         /* forward (B, T, H, D) */
+    float *dq, *dk;               /* backward (B, T, H, D) (=) */
+    const float *q, *k;           /* forward (B, T, H, D) */
+    const float *dq_out, *dk_out; /* backward (B, T, H, D) */
+    float gamma;                  /* > 0, with |ln gamma| (T - 1) / 2 <= APE_DECAY_MAX_LOG */
+    int64_t B, T, H, D;
+} MfApeDecayParams;
+
 /* softmax_xent: masked softmax cross-entropy over V classes */
 typedef struct {
     float *losses;           /* forward (N,): -log softmax(logits)[target], every row */
