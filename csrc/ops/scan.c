@@ -30,9 +30,12 @@
  * Vectorisation: over channels. A group is MF_VW channels of one batch row, one per lane
  * (x, delta, dy rows of (B, T, E) are contiguous in e; lanes past E are zero), and each state
  * float is one vector h[j]; B_t[k], C_t[k] are shared by the channels (a broadcast). Per step
- * and state: one vexp of delta A (lanes: channels), for the complex scan one vsincos of
+ * and state: one vexp2 of delta A log2(e) (lanes: channels; A log2(e) formed once per group),
+ * for the complex scan one vsincos of
  * delta_angle omega (simd.h: Cody-Waite reduction and polynomials, about 1 ulp, from this
- * step's angle alone), and no horizontal sum except the backward's dB, dC, which are sums
+ * step's angle alone), formed inside the state loop of the step in the forward (Euler) and
+ * kept per step in the backward's recompute; no horizontal sum except the backward's dB, dC,
+ * which are sums
  * over channels: the S vectors of a step are summed lane-wise, MF_VW at a time, by levels of
  * shuffles and adds (lane_sums).
  * The (b, t, e) rows are strided by E, a new page every few steps, which the hardware
@@ -170,6 +173,7 @@ MF_INLINE void prefetch_rows(const float *const *rows, int n, int64_t t, int64_t
  * vector, the states one vector each (h[j] holds state float j of the n channels). */
 typedef struct {
     vf A[SCAN_MAXS], W[SCAN_MAXS / 2]; /* A[e, k], omega[e, k] by lane (zero lanes beyond n) */
+    vf A2[SCAN_MAXS];                  /* A[e, k] log2(e): the decay is 2^(delta A2) */
     vf D;
     const float *x, *delta, *dangle; /* at (b, 0, e0), stride E */
     const float *Bm, *Cm;            /* at (b, 0), stride S */
@@ -186,6 +190,7 @@ static void group_init(Group *g, const MfScanParams *p, int cx, int64_t b, int64
             g->A[k][l] = p->A[(e0 + l) * K + k];
             if (cx) g->W[k][l] = p->omega[(e0 + l) * K + k];
         }
+        g->A2[k] = g->A[k] * MF_LOG2E;
     }
     load_lanes(&g->D, p->D + e0, n);
     g->x = p->x + o, g->delta = p->delta + o, g->dangle = cx ? p->delta_angle + o : NULL;
@@ -194,20 +199,53 @@ static void group_init(Group *g, const MfScanParams *p, int cx, int64_t b, int64
     g->NC = (T + p->chunk - 1) / p->chunk;
 }
 
+/* state k's decay of the step: e^{delta A} (2^(delta A log2 e): one vexp2), times
+ * (cos, sin) of delta_angle omega for the complex scan (*ai untouched for the real one) */
+MF_INLINE void decay(const Group *g, const vf *dt, const vf *ang, int64_t k, vf *ar, vf *ai,
+                     int cx) {
+    vf e = *dt * g->A2[k];
+    vexp2(&e);
+    if (cx) {
+        vf th = *ang * g->W[k], sn, cs;
+        vsincos(&th, &sn, &cs);
+        *ar = e * cs;
+        *ai = e * sn;
+    } else {
+        *ar = e;
+    }
+}
+
 /* the step's decays a (S vectors: a[k], or (ar, ai) at (2k, 2k+1)) */
 MF_INLINE void decays(const Group *g, const vf *dt, const vf *ang, vf *a, int cx) {
     for (int64_t k = 0; k < g->K; k++) {
-        vf e = *dt * g->A[k];
-        vexp(&e);
+        if (cx)
+            decay(g, dt, ang, k, &a[2 * k], &a[2 * k + 1], 1);
+        else
+            decay(g, dt, ang, k, &a[k], NULL, 0);
+    }
+}
+
+/* Euler's step with its decays formed on the fly (the forward: nothing kept), the same
+ * arithmetic as decays() then step() */
+MF_INLINE void step_euler(const Group *g, vf *h, const vf *r, const vf *dt, const vf *ang,
+                          const float *Bt, const float *Ct, int cx, vf *out) {
+    vf acc = VZERO;
+    for (int64_t k = 0; k < g->K; k++) {
+        vf ar, ai;
+        decay(g, dt, ang, k, &ar, &ai, cx);
         if (cx) {
-            vf th = *ang * g->W[k], sn, cs;
-            vsincos(&th, &sn, &cs);
-            a[2 * k] = e * cs;
-            a[2 * k + 1] = e * sn;
+            const vf h0 = h[2 * k], h1 = h[2 * k + 1];
+            const vf nr = ar * h0 - ai * h1 + *r * Bt[2 * k];
+            const vf ni = ar * h1 + ai * h0 + *r * Bt[2 * k + 1];
+            h[2 * k] = nr, h[2 * k + 1] = ni;
+            acc += Ct[2 * k] * nr + Ct[2 * k + 1] * ni;
         } else {
-            a[k] = e;
+            const vf nr = ar * h[k] + *r * Bt[k];
+            h[k] = nr;
+            acc += Ct[k] * nr;
         }
     }
+    *out = acc;
 }
 
 /* h_t = a h_{t-1} + r phi(z) beta_t in place (a: the step's decays, as decays() makes them;
@@ -266,9 +304,13 @@ MF_INLINE void forward_body(const Group *g, float *y, float *states, int cx, int
         load_lanes(&dt, g->delta + t * E, g->n);
         if (cx) load_lanes(&ang, g->dangle + t * E, g->n);
         const vf r = dt * xv;
-        decays(g, &dt, &ang, a, cx);
         vf yv;
-        step(g, a, h, &r, &dt, &ang, g->Bm + t * S, g->Cm + t * S, cx, zoh, &yv);
+        if (zoh) {
+            decays(g, &dt, &ang, a, cx);
+            step(g, a, h, &r, &dt, &ang, g->Bm + t * S, g->Cm + t * S, cx, 1, &yv);
+        } else {
+            step_euler(g, h, &r, &dt, &ang, g->Bm + t * S, g->Cm + t * S, cx, &yv);
+        }
         yv += g->D * xv;
         store_lanes(y + t * E, &yv, g->n);
         if ((t + 1) % g->L == 0 || t == g->T - 1) put_state(g, states, t / g->L, h);
