@@ -30,18 +30,23 @@
  * Vectorisation: over channels. A group is MF_VW channels of one batch row, one per lane
  * (x, delta, dy rows of (B, T, E) are contiguous in e; lanes past E are zero), and each state
  * float is one vector h[j]; B_t[k], C_t[k] are shared by the channels (a broadcast). Per step
- * and state: one vexp2 of delta A log2(e) (lanes: channels; A log2(e) formed once per group),
- * for the complex scan one vsincos of
- * delta_angle omega (simd.h: Cody-Waite reduction and polynomials, about 1 ulp, from this
- * step's angle alone), formed inside the state loop of the step in the forward (Euler) and
- * kept per step in the backward's recompute; no horizontal sum except the backward's dB, dC,
- * which are sums
- * over channels: the S vectors of a step are summed lane-wise, MF_VW at a time, by levels of
- * shuffles and adds (lane_sums).
+ * and state: one vexp2 of delta A log2(e) (lanes: channels; A log2(e) formed once per group)
+ * and, for the complex scan, one vsincos of delta_angle omega (simd.h: Cody-Waite reduction
+ * and polynomials, about 1 ulp, from this step's angle alone). The forward (Euler) forms each
+ * state's decay inside the state loop of the step, the backward's recompute keeps them per
+ * step. No horizontal sum except the backward's dB, dC, which are sums over channels: the S
+ * vectors of a step are summed lane-wise, MF_VW at a time, by levels of shuffles and adds
+ * (lane_sums).
+ * Speed: the exps bound it. Per (b, t, e, state) the forward does one vexp2 (about 20 vector
+ * operations) and 5 more; benchmarks/scan_bound.c measures the forward at about 1.2x the
+ * time of its exps alone and the backward (recompute and sweep) at about 2x, that is a few
+ * per cent of a large copy's bandwidth: the scan is compute-bound, not memory-bound.
  * The (b, t, e) rows are strided by E, a new page every few steps, which the hardware
- * prefetchers do not follow: they are prefetched SCAN_AHEAD steps ahead. dA, domega, dD are
- * summed in float over runs of SCAN_RUN steps, the runs in double. ZOH's phi, phi' are
- * evaluated lane by lane in double (zoh_phi), in the recompute and again in the sweep.
+ * prefetchers do not follow: they are prefetched SCAN_AHEAD steps ahead, both ends of the
+ * group's segment (NumPy's 16-byte aligned rows straddle two cache lines every other group).
+ * dA, domega, dD are summed in float over runs of SCAN_RUN steps, the runs in double. ZOH's
+ * phi, phi' are evaluated lane by lane in double (zoh_phi), in the recompute and again in the
+ * sweep.
  *
  * Parallel layout: a work item is one batch row b and a block of SCAN_EB channels (a fixed
  * size, so the bits do not depend on the thread count); within it the groups of MF_VW
