@@ -30,15 +30,23 @@
  * Vectorisation: over channels. A group is MF_VW channels of one batch row, one per lane
  * (x, delta, dy rows of (B, T, E) are contiguous in e; lanes past E are zero), and each state
  * float is one vector h[j]; B_t[k], C_t[k] are shared by the channels (a broadcast). Per step
- * and state: one vexp of delta A (lanes: channels), for the complex scan one vsincos of
- * delta_angle omega (simd.h: Cody-Waite reduction and polynomials, about 1 ulp, from this
- * step's angle alone), and no horizontal sum except the backward's dB, dC, which are sums
- * over channels: the S vectors of a step are summed lane-wise, MF_VW at a time, by levels of
- * shuffles and adds (lane_sums).
+ * and state: one vexp2 of delta A log2(e) (lanes: channels; A log2(e) formed once per group)
+ * and, for the complex scan, one vsincos of delta_angle omega (simd.h: Cody-Waite reduction
+ * and polynomials, about 1 ulp, from this step's angle alone). The forward (Euler) forms each
+ * state's decay inside the state loop of the step, the backward's recompute keeps them per
+ * step. No horizontal sum except the backward's dB, dC, which are sums over channels: the S
+ * vectors of a step are summed lane-wise, MF_VW at a time, by levels of shuffles and adds
+ * (lane_sums).
+ * Speed: the exps bound it. Per (b, t, e, state) the forward does one vexp2 (about 20 vector
+ * operations) and 5 more; benchmarks/scan_bound.c measures the forward at about 1.2x the
+ * time of its exps alone and the backward (recompute and sweep) at about 2x, that is a few
+ * per cent of a large copy's bandwidth: the scan is compute-bound, not memory-bound.
  * The (b, t, e) rows are strided by E, a new page every few steps, which the hardware
- * prefetchers do not follow: they are prefetched SCAN_AHEAD steps ahead. dA, domega, dD are
- * summed in float over runs of SCAN_RUN steps, the runs in double. ZOH's phi, phi' are
- * evaluated lane by lane in double (zoh_phi), in the recompute and again in the sweep.
+ * prefetchers do not follow: they are prefetched SCAN_AHEAD steps ahead, both ends of the
+ * group's segment (NumPy's 16-byte aligned rows straddle two cache lines every other group).
+ * dA, domega, dD are summed in float over runs of SCAN_RUN steps, the runs in double. ZOH's
+ * phi, phi' are evaluated lane by lane in double (zoh_phi), in the recompute and again in the
+ * sweep.
  *
  * Parallel layout: a work item is one batch row b and a block of SCAN_EB channels (a fixed
  * size, so the bits do not depend on the thread count); within it the groups of MF_VW
@@ -159,17 +167,25 @@ MF_INLINE void lanesum_add(float *dst, vf *v, int64_t m) {
     }
 }
 
-/* the rows of step t of n arrays (stride E: a new page every few steps, which the hardware
- * prefetchers do not follow) into the cache ahead of their use */
-MF_INLINE void prefetch_rows(const float *const *rows, int n, int64_t t, int64_t E) {
-    for (int i = 0; i < n; i++)
-        if (rows[i] != NULL) __builtin_prefetch(rows[i] + t * E);
+/* the group's floats (w of them) of step t in n arrays (stride E: a new page every few
+ * steps, which the hardware prefetchers do not follow) into the cache ahead of their use:
+ * the first and the last float, as a row of a NumPy array (16-byte aligned) straddles two
+ * cache lines every other group (prefetching the first line only, the loads of those groups
+ * waited on the second at every step: measured, 1.6x the backward's time) */
+MF_INLINE void prefetch_rows(const float *const *rows, int n, int64_t t, int64_t E,
+                             int64_t w) {
+    for (int i = 0; i < n; i++) {
+        if (rows[i] == NULL) continue;
+        __builtin_prefetch(rows[i] + t * E);
+        __builtin_prefetch(rows[i] + t * E + w - 1);
+    }
 }
 
 /* One group: batch row b, the n <= MF_VW channels e0 .. e0 + n - 1 as the lanes of every
  * vector, the states one vector each (h[j] holds state float j of the n channels). */
 typedef struct {
     vf A[SCAN_MAXS], W[SCAN_MAXS / 2]; /* A[e, k], omega[e, k] by lane (zero lanes beyond n) */
+    vf A2[SCAN_MAXS];                  /* A[e, k] log2(e): the decay is 2^(delta A2) */
     vf D;
     const float *x, *delta, *dangle; /* at (b, 0, e0), stride E */
     const float *Bm, *Cm;            /* at (b, 0), stride S */
@@ -186,6 +202,7 @@ static void group_init(Group *g, const MfScanParams *p, int cx, int64_t b, int64
             g->A[k][l] = p->A[(e0 + l) * K + k];
             if (cx) g->W[k][l] = p->omega[(e0 + l) * K + k];
         }
+        g->A2[k] = g->A[k] * MF_LOG2E;
     }
     load_lanes(&g->D, p->D + e0, n);
     g->x = p->x + o, g->delta = p->delta + o, g->dangle = cx ? p->delta_angle + o : NULL;
@@ -194,18 +211,75 @@ static void group_init(Group *g, const MfScanParams *p, int cx, int64_t b, int64
     g->NC = (T + p->chunk - 1) / p->chunk;
 }
 
+/* state k's decay of the step: e^{delta A} (2^(delta A log2 e): one vexp2), times
+ * (cos, sin) of delta_angle omega for the complex scan (*ai untouched for the real one) */
+MF_INLINE void decay(const Group *g, const vf *dt, const vf *ang, int64_t k, vf *ar, vf *ai,
+                     int cx) {
+    vf e = *dt * g->A2[k];
+    vexp2(&e);
+    if (cx) {
+        vf th = *ang * g->W[k], sn, cs;
+        vsincos(&th, &sn, &cs);
+        *ar = e * cs;
+        *ai = e * sn;
+    } else {
+        *ar = e;
+    }
+}
+
 /* the step's decays a (S vectors: a[k], or (ar, ai) at (2k, 2k+1)) */
 MF_INLINE void decays(const Group *g, const vf *dt, const vf *ang, vf *a, int cx) {
     for (int64_t k = 0; k < g->K; k++) {
-        vf e = *dt * g->A[k];
-        vexp(&e);
+        if (cx)
+            decay(g, dt, ang, k, &a[2 * k], &a[2 * k + 1], 1);
+        else
+            decay(g, dt, ang, k, &a[k], NULL, 0);
+    }
+}
+
+/* Euler's step with its decays formed on the fly (the forward: nothing kept), the same
+ * arithmetic as decays() then step() */
+MF_INLINE void step_euler(const Group *g, vf *h, const vf *r, const vf *dt, const vf *ang,
+                          const float *Bt, const float *Ct, int cx, vf *out) {
+    vf acc = VZERO;
+    for (int64_t k = 0; k < g->K; k++) {
+        vf ar, ai;
+        decay(g, dt, ang, k, &ar, &ai, cx);
         if (cx) {
-            vf th = *ang * g->W[k], sn, cs;
-            vsincos(&th, &sn, &cs);
-            a[2 * k] = e * cs;
-            a[2 * k + 1] = e * sn;
+            const vf h0 = h[2 * k], h1 = h[2 * k + 1];
+            const vf nr = ar * h0 - ai * h1 + *r * Bt[2 * k];
+            const vf ni = ar * h1 + ai * h0 + *r * Bt[2 * k + 1];
+            h[2 * k] = nr, h[2 * k + 1] = ni;
+            acc += Ct[2 * k] * nr + Ct[2 * k + 1] * ni;
         } else {
-            a[k] = e;
+            const vf nr = ar * h[k] + *r * Bt[k];
+            h[k] = nr;
+            acc += Ct[k] * nr;
+        }
+    }
+    *out = acc;
+}
+
+/* the backward's recompute of an Euler step: keeps h_{t-1} (hb) and the step's decays (ab),
+ * and moves h on to h_t when `advance` (not at a chunk's last step); the same arithmetic as
+ * step_euler */
+MF_INLINE void step_keep(const Group *g, vf *h, vf *hb, vf *ab, const vf *r, const vf *dt,
+                         const vf *ang, const float *Bt, int cx, int advance) {
+    for (int64_t k = 0; k < g->K; k++) {
+        vf ar, ai;
+        decay(g, dt, ang, k, &ar, &ai, cx);
+        if (cx) {
+            const vf h0 = h[2 * k], h1 = h[2 * k + 1];
+            hb[2 * k] = h0, hb[2 * k + 1] = h1;
+            ab[2 * k] = ar, ab[2 * k + 1] = ai;
+            if (advance) {
+                h[2 * k] = ar * h0 - ai * h1 + *r * Bt[2 * k];
+                h[2 * k + 1] = ar * h1 + ai * h0 + *r * Bt[2 * k + 1];
+            }
+        } else {
+            hb[k] = h[k];
+            ab[k] = ar;
+            if (advance) h[k] = ar * h[k] + *r * Bt[k];
         }
     }
 }
@@ -260,15 +334,19 @@ MF_INLINE void forward_body(const Group *g, float *y, float *states, int cx, int
     for (int64_t j = 0; j < S; j++) h[j] = VZERO;
     for (int64_t t = 0; t < g->T; t++) {
         if (t + SCAN_AHEAD < g->T)
-            prefetch_rows(rows, 4, t + SCAN_AHEAD, E);
+            prefetch_rows(rows, 4, t + SCAN_AHEAD, E, g->n);
         vf xv, dt, ang = VZERO;
         load_lanes(&xv, g->x + t * E, g->n);
         load_lanes(&dt, g->delta + t * E, g->n);
         if (cx) load_lanes(&ang, g->dangle + t * E, g->n);
         const vf r = dt * xv;
-        decays(g, &dt, &ang, a, cx);
         vf yv;
-        step(g, a, h, &r, &dt, &ang, g->Bm + t * S, g->Cm + t * S, cx, zoh, &yv);
+        if (zoh) {
+            decays(g, &dt, &ang, a, cx);
+            step(g, a, h, &r, &dt, &ang, g->Bm + t * S, g->Cm + t * S, cx, 1, &yv);
+        } else {
+            step_euler(g, h, &r, &dt, &ang, g->Bm + t * S, g->Cm + t * S, cx, &yv);
+        }
         yv += g->D * xv;
         store_lanes(y + t * E, &yv, g->n);
         if ((t + 1) % g->L == 0 || t == g->T - 1) put_state(g, states, t / g->L, h);
@@ -340,22 +418,26 @@ MF_INLINE void backward_body(const Group *g, const float *dy, const float *state
         for (int64_t t = t0; t < t1; t++) { /* recompute, keeping h_{t-1} and a_t */
             vf *hb = buf + (t - t0) * 2 * S, *ab = hb + S;
             if (t + SCAN_AHEAD < t1)
-                prefetch_rows(fw_rows, 3, t + SCAN_AHEAD, E);
+                prefetch_rows(fw_rows, 3, t + SCAN_AHEAD, E, g->n);
             vf xv, dt, ang = VZERO;
             load_lanes(&xv, g->x + t * E, g->n);
             load_lanes(&dt, g->delta + t * E, g->n);
             if (cx) load_lanes(&ang, g->dangle + t * E, g->n);
+            const vf r = dt * xv;
+            if (!zoh) {
+                step_keep(g, h, hb, ab, &r, &dt, &ang, g->Bm + t * S, cx, t + 1 < t1);
+                continue;
+            }
             for (int64_t j = 0; j < S; j++) hb[j] = h[j];
             decays(g, &dt, &ang, ab, cx);
             if (t + 1 < t1) {
-                const vf r = dt * xv;
                 vf unused;
-                step(g, ab, h, &r, &dt, &ang, g->Bm + t * S, g->Cm + t * S, cx, zoh, &unused);
+                step(g, ab, h, &r, &dt, &ang, g->Bm + t * S, g->Cm + t * S, cx, 1, &unused);
             }
         }
         for (int64_t t = t1 - 1; t >= t0; t--) { /* the reverse sweep */
             const vf *hp = buf + (t - t0) * 2 * S, *ab = hp + S;
-            if (t - SCAN_AHEAD >= t0) prefetch_rows(bw_rows, 7, t - SCAN_AHEAD, E);
+            if (t - SCAN_AHEAD >= t0) prefetch_rows(bw_rows, 7, t - SCAN_AHEAD, E, g->n);
             vf xv, dt, ang = VZERO, gy;
             load_lanes(&xv, g->x + t * E, g->n);
             load_lanes(&dt, g->delta + t * E, g->n);
