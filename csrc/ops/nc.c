@@ -4,41 +4,168 @@
  * Each step generator is S_t = L(u_t) + R(v_t) (so(4) split into left and right quaternion
  * multiplications, which commute), so exp(S_t) q = a_t q c_t with a_t = qexp(u_t),
  * c_t = qexp(v_t), and the product of t steps is p_t = A_t p* C_t with the two prefix
- * products A_t = a_t A_{t-1}, C_t = C_{t-1} c_t (A_0 = C_0 = 1): 8 doubles of state per block
+ * products A_t = a_t A_{t-1}, C_t = C_{t-1} c_t (A_0 = C_0 = 1): 8 floats of state per block
  * and two quaternion products per step instead of a 4x4 matrix product. A_t and C_t are
- * renormalised every step (exactly unit, so the product stays in SO(4)).
+ * renormalised every step by one Newton step for 1 / |q| at |q| = 1, q (3 - |q|^2) / 2 (no
+ * square root or division on the sequential chain; |q|^2 - 1 of a few ulp becomes its square,
+ * so the norms stay within a few ulp of 1 at any length).
  * The caller supplies (u_t, v_t) per token and block: with K = 6 generators (a basis of so(4))
  * the paper's theta_t -> sum_i theta_t,i S_i composed with a linear map or an MLP of the token
  * is the same function class as a linear map or an MLP straight to (u_t, v_t).
  *
  * The product is associative, so a log-depth parallel scan over t exists (the paper says it
  * can only be computed sequentially); on a CPU with B * H * NB independent chains per call the
- * sequential loop over t is the cheaper one, and that is what this op runs: parallel over the
- * (h, k) blocks, sequential in t.
+ * sequential loop over t is the cheaper one, and that is what this op runs.
  *
- * Backward (g_t = dp_t), reverse in t, A_{t-1} = conj(a_t) A_t and C_{t-1} = C_t conj(c_t)
- * recovered from the end state (renormalised), nothing saved by the forward:
- *   lam_t = g_t conj(p* C_t) + conj(a_{t+1}) lam_{t+1}      (adjoint of A_t)
- *   mu_t  = conj(A_t p*) g_t + mu_{t+1} conj(c_{t+1})      (adjoint of C_t)
+ * Backward (g_t = dp_t). With the body-frame sums E_t = sum_{tau >= t} conj(A_tau) g_tau
+ * conj(C_tau) (a plain reverse cumulative sum), the adjoints of the two prefix products are
+ * lam_t = A_t E_t conj(p*) and mu_t = conj(p*) E_t C_t (they satisfy the reverse-time
+ * recursions lam_t = g_t conj(p* C_t) + conj(a_{t+1}) lam_{t+1} and
+ * mu_t = conj(A_t p*) g_t + mu_{t+1} conj(c_{t+1}) for unit a, c), so
  *   da_t = lam_t conj(A_{t-1}),  dc_t = conj(C_{t-1}) mu_t,  dw_t = J(u_t)^T da_t, J(v_t)^T dc_t
- *   dp* += sum_t conj(A_t) g_t conj(C_t)
- * with J the Jacobian of qexp (series below |w| = 0.05: mapformer/quat.h).
- * One work item per (h, k) block: dstart written by one thread (same bits for any thread count).
+ *   dp* += E_1
+ * with J the Jacobian of qexp (series below |w| = 0.05). The backward first runs the forward
+ * chain again, keeping A_t, C_t, w_t and qexp's coefficients of every step in the thread's
+ * scratch, then sweeps t in reverse: nothing is recovered by inverting steps.
+ *
+ * Vectorisation (mapformer/simd.h, MF_VW = MF_CLONES_VW lanes): a group is MF_VW consecutive
+ * (h, k) blocks of one batch row, one per lane; every quaternion is 4 vectors, w_t 6. The
+ * (b, t) rows of w (6 floats a block), p, dp and p* (4 a block) are turned into lanes by
+ * in-register transposes (vtranspose; the loads may read past the group's last block up to
+ * the array's end, the group at the array's end is gathered float by float). qexp per step:
+ * one vector sqrt, one vsincos (Cody-Waite reduction and polynomials, about 1 ulp; |w| below
+ * 2^22), one division. All in float32; per step and group the chain is 2 quaternion products
+ * and 2 renormalisations (the only sequential dependence), everything else is independent over
+ * t and overlaps with it.
+ *
+ * Parallel layout: a work item is (batch row b, group); the lanes do not interact, so a
+ * block's bits do not depend on its group or thread. dp*: each item writes its E_1 to scratch,
+ * summed over b in a fixed order (in double) after the items: same bits for any thread count.
  */
 #include <math.h>
+#include <stdint.h>
+#include <string.h>
 
+#include "mapformer/clones.h"
 #include "mapformer/mapformer.h"
-#include "mapformer/quat.h"
+#include "mapformer/scratch.h"
+#include "mapformer/threads.h"
+
+#define MF_VW MF_CLONES_VW
+#include "mapformer/simd.h"
 
 #define NC_MIN_PARALLEL 8192 /* B*T*H*NB below this runs on one thread */
+#define NC_SERIES 0.05f      /* |w| below which qexp's coefficients come from their series */
+#define NC_SAVED 18          /* vectors kept per step by the backward: A, C, w, sc and k x 2 */
+#define NC_ROWS ((6 + MF_VW - 1) / MF_VW * MF_VW) /* transpose rows for 6 (or 4) features */
+#define NC_AHEAD 8            /* steps ahead that the (b, t) rows are prefetched */
+#define ALIGNED __attribute__((aligned(64)))
 
-/* out = J(w)^T h (3 floats) */
-static inline void qexp_vjp(float *out, const float *w, double sc, double k, Quat h) {
-    const double wx = w[0], wy = w[1], wz = w[2];
-    const double dot = wx * h.x + wy * h.y + wz * h.z;
-    out[0] = (float)(sc * (h.x - h.w * wx) + k * wx * dot);
-    out[1] = (float)(sc * (h.y - h.w * wy) + k * wy * dot);
-    out[2] = (float)(sc * (h.z - h.w * wz) + k * wz * dot);
+typedef struct {
+    vf w, x, y, z;
+} vq;
+
+/* *r = a b */
+MF_INLINE void vq_mul(vq *r, const vq *a, const vq *b) {
+    const vf w = a->w * b->w - a->x * b->x - a->y * b->y - a->z * b->z;
+    const vf x = a->w * b->x + a->x * b->w + a->y * b->z - a->z * b->y;
+    const vf y = a->w * b->y - a->x * b->z + a->y * b->w + a->z * b->x;
+    const vf z = a->w * b->z + a->x * b->y - a->y * b->x + a->z * b->w;
+    r->w = w, r->x = x, r->y = y, r->z = z;
+}
+
+MF_INLINE void vq_conj(vq *r, const vq *a) {
+    r->w = a->w, r->x = -a->x, r->y = -a->y, r->z = -a->z;
+}
+
+/* *q *= (3 - |q|^2) / 2: one Newton step for 1 / |q| from 1 */
+MF_INLINE void vq_renorm(vq *q) {
+    const vf n2 = q->w * q->w + q->x * q->x + q->y * q->y + q->z * q->z;
+    const vf f = 1.5f - 0.5f * n2;
+    q->w *= f, q->x *= f, q->y *= f, q->z *= f;
+}
+
+MF_INLINE void vsqrt(vf *r, const vf *x) {
+    for (int l = 0; l < MF_VW; l++) (*r)[l] = __builtin_sqrtf((*x)[l]);
+}
+
+/* *a = qexp(w) = (cos n, sinc(n) w) for the pure quaternion w = (w[0], w[1], w[2]), n = |w|;
+ * *sc = sinc n and, when k is not NULL, *k = (cos n - sinc n) / n^2 (qexp's Jacobian), both by
+ * their series below n = NC_SERIES */
+MF_INLINE void vqexp(vq *a, vf *sc, vf *k, const vf *w) {
+    const vf n2 = w[0] * w[0] + w[1] * w[1] + w[2] * w[2];
+    vf n, s, c;
+    vsqrt(&n, &n2);
+    vsincos(&n, &s, &c);
+    const vi small = n < VSPLAT(NC_SERIES);
+    const vf rn = 1.0f / VSELECT(small, VSPLAT(1.0f), n);
+    const vf ss = 1.0f - n2 * (1.0f / 6 - n2 * (1.0f / 120 - n2 * (1.0f / 5040)));
+    *sc = VSELECT(small, ss, s * rn);
+    if (k) {
+        const vf ks = -1.0f / 3 + n2 * (1.0f / 30 - n2 * (1.0f / 840 - n2 * (1.0f / 45360)));
+        *k = VSELECT(small, ks, (c - *sc) * rn * rn);
+    }
+    a->w = c, a->x = *sc * w[0], a->y = *sc * w[1], a->z = *sc * w[2];
+}
+
+/* out = J(w)^T h.(x, y, z) (3 vectors), J the Jacobian of qexp at w */
+MF_INLINE void vqexp_vjp(vf *out, const vf *w, const vf *sc, const vf *k, const vq *h) {
+    const vf dot = w[0] * h->x + w[1] * h->y + w[2] * h->z;
+    out[0] = *sc * (h->x - h->w * w[0]) + *k * w[0] * dot;
+    out[1] = *sc * (h->y - h->w * w[1]) + *k * w[1] * dot;
+    out[2] = *sc * (h->z - h->w * w[2]) + *k * w[2] * dot;
+}
+
+/* v[f] (f < F) = feature f of the n blocks at src (F floats each), lane by block, zero lanes
+ * beyond n; avail = the floats readable from src on (to the array's end) */
+MF_INLINE void tile_load(vf *v, const float *src, int64_t n, int F, int64_t avail) {
+    float tmp[NC_ROWS * MF_VW] ALIGNED;
+    const int last = (F - 1) / MF_VW * MF_VW; /* the last transpose's first feature */
+    if (n == MF_VW && (MF_VW - 1) * F + last + MF_VW <= avail) {
+        for (int f0 = 0; f0 < F; f0 += MF_VW) vtranspose(tmp + f0 * MF_VW, MF_VW, src + f0, F);
+    } else {
+        for (int i = 0; i < F * MF_VW; i++) tmp[i] = 0.0f;
+        for (int64_t l = 0; l < n; l++)
+            for (int f = 0; f < F; f++) tmp[f * MF_VW + l] = src[l * F + f];
+    }
+    for (int f = 0; f < F; f++) v[f] = VLOAD(tmp + f * MF_VW);
+}
+
+/* the n blocks at dst (F floats each) = the lanes of v[f] (f < F) */
+MF_INLINE void tile_store(float *dst, const vf *v, int64_t n, int F) {
+    float tmp[NC_ROWS * MF_VW] ALIGNED, tr[MF_VW * MF_VW] ALIGNED;
+    for (int f = 0; f < NC_ROWS; f++) VSTORE(tmp + f * MF_VW, f < F ? v[f] : VZERO);
+    for (int f0 = 0; f0 < F; f0 += MF_VW) {
+        const int m = F - f0 < MF_VW ? F - f0 : MF_VW;
+        vtranspose(tr, MF_VW, tmp + f0 * MF_VW, MF_VW);
+        for (int64_t l = 0; l < n; l++) memcpy(dst + l * F + f0, tr + l * MF_VW, 4 * m);
+    }
+}
+
+/* the cache lines of floats [0, n) at x into the cache (rw 1: for writing); the (b, t) rows
+ * of a group are strided by the whole row (a new page every few steps), which the hardware
+ * prefetchers do not follow */
+MF_INLINE void prefetch_floats(const float *x, int64_t n, int rw) {
+    for (int64_t i = 0; i < n; i += 16) {
+        if (rw)
+            __builtin_prefetch(x + i, 1);
+        else
+            __builtin_prefetch(x + i, 0);
+    }
+    if (rw)
+        __builtin_prefetch(x + n - 1, 1);
+    else
+        __builtin_prefetch(x + n - 1, 0);
+}
+
+MF_INLINE void vq_load(vq *q, const float *src, int64_t n, int64_t avail) {
+    vf v[4];
+    tile_load(v, src, n, 4, avail);
+    q->w = v[0], q->x = v[1], q->y = v[2], q->z = v[3];
+}
+
+MF_INLINE void vq_one(vq *q) {
+    q->w = VSPLAT(1.0f), q->x = q->y = q->z = VZERO;
 }
 
 static int nc_check(const MfNcParams *p) {
@@ -47,85 +174,179 @@ static int nc_check(const MfNcParams *p) {
     return MF_OK;
 }
 
-static const Quat ONE = {1.0, 0.0, 0.0, 0.0};
+/* the sizes of one call: blocks per (b, t) row, groups per row */
+typedef struct {
+    int64_t T, nblk, ngroups, wlen, plen; /* wlen, plen: the floats of w and of p (or dp) */
+} Shape;
+
+static Shape shape_of(const MfNcParams *p) {
+    Shape s;
+    s.T = p->T;
+    s.nblk = p->H * p->NB;
+    s.ngroups = (s.nblk + MF_VW - 1) / MF_VW;
+    s.wlen = p->B * p->T * s.nblk * 6;
+    s.plen = p->B * p->T * s.nblk * 4;
+    return s;
+}
+
+MF_CLONES
+static void forward_group(const MfNcParams *p, const Shape *sh, int64_t b, int64_t j0) {
+    const int64_t n = sh->nblk - j0 < MF_VW ? sh->nblk - j0 : MF_VW, nb = sh->nblk;
+    vq s, A, C;
+    vq_load(&s, p->start + 4 * j0, n, 4 * (nb - j0));
+    vq_one(&A);
+    vq_one(&C);
+    for (int64_t t = 0; t < sh->T; t++) {
+        const int64_t row = (b * sh->T + t) * nb + j0;
+        if (t + NC_AHEAD < sh->T) {
+            prefetch_floats(p->w + 6 * (row + NC_AHEAD * nb), 6 * n, 0);
+            prefetch_floats(p->p + 4 * (row + NC_AHEAD * nb), 4 * n, 1);
+        }
+        vf w[6], sc;
+        tile_load(w, p->w + 6 * row, n, 6, sh->wlen - 6 * row);
+        vq a, c, m;
+        vqexp(&a, &sc, NULL, w);
+        vqexp(&c, &sc, NULL, w + 3);
+        vq_mul(&A, &a, &A);
+        vq_renorm(&A);
+        vq_mul(&C, &C, &c);
+        vq_renorm(&C);
+        vq_mul(&m, &A, &s);
+        vq_mul(&m, &m, &C);
+        const vf out[4] = {m.w, m.x, m.y, m.z};
+        tile_store(p->p + 4 * row, out, n, 4);
+    }
+}
 
 int nc_forward(const MfNcParams *p) {
     if (!p || !p->p || !p->w || !p->start) return MF_EINVAL;
     const int ok = nc_check(p);
     if (ok != MF_OK) return ok;
-    const int64_t B = p->B, T = p->T, H = p->H, NB = p->NB, D = p->D;
-#pragma omp parallel for schedule(dynamic, 1) if (B * T * H * NB >= NC_MIN_PARALLEL)
-    for (int64_t item = 0; item < H * NB; item++) {
-        const int64_t h = item / NB, k = item % NB;
-        const float *st = p->start + h * D + 4 * k;
-        const Quat s = {st[0], st[1], st[2], st[3]};
-        for (int64_t bb = 0; bb < B; bb++) {
-            Quat A = ONE, C = ONE;
-            for (int64_t t = 0; t < T; t++) {
-                const int64_t row = (bb * T + t) * H + h;
-                const float *w = p->w + (row * NB + k) * 6;
-                double sc, kk;
-                A = qnormalize(qmul(qexp(w[0], w[1], w[2], &sc, &kk), A));
-                C = qnormalize(qmul(C, qexp(w[3], w[4], w[5], &sc, &kk)));
-                const Quat r = qmul(qmul(A, s), C);
-                float *out = p->p + row * D + 4 * k;
-                out[0] = (float)r.w;
-                out[1] = (float)r.x;
-                out[2] = (float)r.y;
-                out[3] = (float)r.z;
-            }
-        }
-    }
+    const Shape sh = shape_of(p);
+#pragma omp parallel for schedule(dynamic, 1) if (p->B * sh.T * sh.nblk >= NC_MIN_PARALLEL)
+    for (int64_t it = 0; it < p->B * sh.ngroups; it++)
+        forward_group(p, &sh, it / sh.ngroups, it % sh.ngroups * MF_VW);
     return MF_OK;
+}
+
+/* the saved vectors of step t in buf: A (4), C (4), w (6), sc_u, k_u, sc_v, k_v */
+#define SAVED(buf, t) ((buf) + (t) * NC_SAVED * MF_VW)
+
+MF_CLONES
+static void backward_group(const MfNcParams *p, const Shape *sh, int64_t b, int64_t j0,
+                           float *buf, float *ds) {
+    const int64_t n = sh->nblk - j0 < MF_VW ? sh->nblk - j0 : MF_VW, nb = sh->nblk;
+    const int64_t T = sh->T;
+    vq s, sconj, A, C;
+    vq_load(&s, p->start + 4 * j0, n, 4 * (nb - j0));
+    vq_conj(&sconj, &s);
+    vq_one(&A);
+    vq_one(&C);
+    for (int64_t t = 0; t < T; t++) { /* the forward chain again, keeping every step */
+        const int64_t row = (b * T + t) * nb + j0;
+        vf *v = (vf *)SAVED(buf, t);
+        if (t + NC_AHEAD < T) prefetch_floats(p->w + 6 * (row + NC_AHEAD * nb), 6 * n, 0);
+        tile_load(v + 8, p->w + 6 * row, n, 6, sh->wlen - 6 * row);
+        vq a, c;
+        vqexp(&a, v + 14, v + 15, v + 8);
+        vqexp(&c, v + 16, v + 17, v + 11);
+        vq_mul(&A, &a, &A);
+        vq_renorm(&A);
+        vq_mul(&C, &C, &c);
+        vq_renorm(&C);
+        v[0] = A.w, v[1] = A.x, v[2] = A.y, v[3] = A.z;
+        v[4] = C.w, v[5] = C.x, v[6] = C.y, v[7] = C.z;
+    }
+    vq E = {VZERO, VZERO, VZERO, VZERO};
+    for (int64_t t = T - 1; t >= 0; t--) {
+        const int64_t row = (b * T + t) * nb + j0;
+        const vf *v = (const vf *)SAVED(buf, t);
+        if (t >= NC_AHEAD) {
+            prefetch_floats(p->dp + 4 * (row - NC_AHEAD * nb), 4 * n, 0);
+            prefetch_floats(p->dw + 6 * (row - NC_AHEAD * nb), 6 * n, 1);
+        }
+        const vq At = {v[0], v[1], v[2], v[3]}, Ct = {v[4], v[5], v[6], v[7]};
+        vq Ap, Cp; /* A_{t-1}, C_{t-1} */
+        if (t > 0) {
+            const vf *u = (const vf *)SAVED(buf, t - 1);
+            Ap.w = u[0], Ap.x = u[1], Ap.y = u[2], Ap.z = u[3];
+            Cp.w = u[4], Cp.x = u[5], Cp.y = u[6], Cp.z = u[7];
+        } else {
+            vq_one(&Ap);
+            vq_one(&Cp);
+        }
+        vq g, q, r;
+        vq_load(&g, p->dp + 4 * row, n, sh->plen - 4 * row);
+        vq_conj(&q, &At); /* E += conj(A_t) g conj(C_t) */
+        vq_mul(&q, &q, &g);
+        vq_conj(&r, &Ct);
+        vq_mul(&q, &q, &r);
+        E.w += q.w, E.x += q.x, E.y += q.y, E.z += q.z;
+        vq da, dc;
+        vq_mul(&q, &E, &sconj); /* lam_t = A_t E conj(p*), da = lam_t conj(A_{t-1}) */
+        vq_mul(&q, &At, &q);
+        vq_conj(&r, &Ap);
+        vq_mul(&da, &q, &r);
+        vq_mul(&q, &sconj, &E); /* mu_t = conj(p*) E C_t, dc = conj(C_{t-1}) mu_t */
+        vq_mul(&q, &q, &Ct);
+        vq_conj(&r, &Cp);
+        vq_mul(&dc, &r, &q);
+        vf dw[6];
+        vqexp_vjp(dw, v + 8, v + 14, v + 15, &da);
+        vqexp_vjp(dw + 3, v + 11, v + 16, v + 17, &dc);
+        tile_store(p->dw + 6 * row, dw, n, 6);
+    }
+    VSTORE(ds, E.w);
+    VSTORE(ds + MF_VW, E.x);
+    VSTORE(ds + 2 * MF_VW, E.y);
+    VSTORE(ds + 3 * MF_VW, E.z);
+}
+
+/* scratch of the backward: per thread T * NC_SAVED vectors; the dp* partials, 4 vectors per
+ * (b, group) */
+static int64_t per_thread(const MfNcParams *p) {
+    return mf_scratch_size(p->T * NC_SAVED * MF_VW);
+}
+
+static int64_t shared_floats(const MfNcParams *p) {
+    const Shape sh = shape_of(p);
+    return mf_scratch_size(p->B * sh.ngroups * 4 * MF_VW);
+}
+
+int64_t nc_backward_scratch_floats(const MfNcParams *p) {
+    if (!p || nc_check(p) != MF_OK) return 0;
+    return shared_floats(p) + mf_max_threads() * per_thread(p);
 }
 
 int nc_backward(const MfNcParams *p) {
     if (!p || !p->dp || !p->w || !p->start || !p->dw || !p->dstart) return MF_EINVAL;
     const int ok = nc_check(p);
     if (ok != MF_OK) return ok;
-    const int64_t B = p->B, T = p->T, H = p->H, NB = p->NB, D = p->D;
-#pragma omp parallel for schedule(dynamic, 1) if (B * T * H * NB >= NC_MIN_PARALLEL)
-    for (int64_t item = 0; item < H * NB; item++) {
-        const int64_t h = item / NB, k = item % NB;
-        const float *st = p->start + h * D + 4 * k;
-        const Quat s = {st[0], st[1], st[2], st[3]};
-        Quat ds = {0, 0, 0, 0};
-        for (int64_t bb = 0; bb < B; bb++) {
-            Quat A = ONE, C = ONE;
-            double sc, kk;
-            for (int64_t t = 0; t < T; t++) {
-                const float *w = p->w + (((bb * T + t) * H + h) * NB + k) * 6;
-                A = qnormalize(qmul(qexp(w[0], w[1], w[2], &sc, &kk), A));
-                C = qnormalize(qmul(C, qexp(w[3], w[4], w[5], &sc, &kk)));
-            }
-            Quat lam = {0, 0, 0, 0}, mu = {0, 0, 0, 0}, a_next = ONE, c_next = ONE;
-            for (int64_t t = T - 1; t >= 0; t--) {
-                const int64_t row = (bb * T + t) * H + h;
-                const float *w = p->w + (row * NB + k) * 6;
-                float *dw = p->dw + (row * NB + k) * 6;
-                double sca, ka, scc, kc;
-                const Quat a = qexp(w[0], w[1], w[2], &sca, &ka);
-                const Quat c = qexp(w[3], w[4], w[5], &scc, &kc);
-                const float *gp = p->dp + row * D + 4 * k;
-                const Quat g = {gp[0], gp[1], gp[2], gp[3]};
-                lam = qadd(qmul(g, qconj(qmul(s, C))), qmul(qconj(a_next), lam));
-                mu = qadd(qmul(qconj(qmul(A, s)), g), qmul(mu, qconj(c_next)));
-                ds = qadd(ds, qmul(qmul(qconj(A), g), qconj(C)));
-                const Quat A_prev = qnormalize(qmul(qconj(a), A));
-                const Quat C_prev = qnormalize(qmul(C, qconj(c)));
-                qexp_vjp(dw, w, sca, ka, qmul(lam, qconj(A_prev)));
-                qexp_vjp(dw + 3, w + 3, scc, kc, qmul(qconj(C_prev), mu));
-                A = A_prev;
-                C = C_prev;
-                a_next = a;
-                c_next = c;
-            }
+    const Shape sh = shape_of(p);
+    const int64_t B = p->B, shared = shared_floats(p);
+    const int threads = mf_scratch_threads(p->scratch_floats - shared, per_thread(p));
+    if (B * sh.T * sh.nblk == 0) return MF_OK;
+    if (!p->scratch || p->scratch_floats < shared || threads < 1) return MF_EINVAL;
+    float *at = p->scratch;
+    float *parts = mf_scratch_take(&at, B * sh.ngroups * 4 * MF_VW);
+    float *bufs = at;
+#pragma omp parallel num_threads(threads) if (B * sh.T * sh.nblk >= NC_MIN_PARALLEL)
+    {
+        float *buf = bufs + mf_thread_id() * per_thread(p);
+#pragma omp for schedule(dynamic, 1)
+        for (int64_t it = 0; it < B * sh.ngroups; it++)
+            backward_group(p, &sh, it / sh.ngroups, it % sh.ngroups * MF_VW, buf,
+                           parts + it * 4 * MF_VW);
+    }
+    /* dp* += sum over b of E_1, in b's order */
+    for (int64_t j = 0; j < sh.nblk; j++) {
+        const int64_t g = j / MF_VW, l = j % MF_VW;
+        for (int f = 0; f < 4; f++) {
+            double sum = 0.0;
+            for (int64_t b = 0; b < B; b++)
+                sum += parts[((b * sh.ngroups + g) * 4 + f) * MF_VW + l];
+            p->dstart[4 * j + f] = (float)((double)p->dstart[4 * j + f] + sum);
         }
-        float *dst = p->dstart + h * D + 4 * k;
-        dst[0] += (float)ds.w;
-        dst[1] += (float)ds.x;
-        dst[2] += (float)ds.y;
-        dst[3] += (float)ds.z;
     }
     return MF_OK;
 }
