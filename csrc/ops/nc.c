@@ -116,29 +116,57 @@ MF_INLINE void vqexp_vjp(vf *out, const vf *w, const vf *sc, const vf *k, const 
     out[2] = *sc * (h->z - h->w * w[2]) + *k * w[2] * dot;
 }
 
+/* x[r] = row r of an MF_VW x MF_VW tile -> x[c] = its column c, in registers (simd.h's
+ * butterfly stages) */
+MF_INLINE void transpose_regs(vf *x) {
+#if MF_VW == 16
+    MF_STAGE(x, 8)
+#endif
+#if MF_VW >= 8
+    MF_STAGE(x, 4)
+#endif
+    MF_STAGE(x, 2)
+    MF_STAGE(x, 1)
+}
+
 /* v[f] (f < F) = feature f of the n blocks at src (F floats each), lane by block, zero lanes
- * beyond n; avail = the floats readable from src on (to the array's end) */
+ * beyond n; avail = the floats readable from src on (to the array's end): a whole group whose
+ * rows of MF_VW floats stay inside the array is transposed in registers (each row read past
+ * its block's F floats, the extra columns dropped), any other gathered float by float */
 MF_INLINE void tile_load(vf *v, const float *src, int64_t n, int F, int64_t avail) {
-    float tmp[NC_ROWS * MF_VW] ALIGNED;
     const int last = (F - 1) / MF_VW * MF_VW; /* the last transpose's first feature */
     if (n == MF_VW && (MF_VW - 1) * F + last + MF_VW <= avail) {
-        for (int f0 = 0; f0 < F; f0 += MF_VW) vtranspose(tmp + f0 * MF_VW, MF_VW, src + f0, F);
-    } else {
-        for (int i = 0; i < F * MF_VW; i++) tmp[i] = 0.0f;
-        for (int64_t l = 0; l < n; l++)
-            for (int f = 0; f < F; f++) tmp[f * MF_VW + l] = src[l * F + f];
+        for (int f0 = 0; f0 < F; f0 += MF_VW) {
+            vf x[MF_VW];
+            for (int i = 0; i < MF_VW; i++) x[i] = VLOADU(src + i * F + f0);
+            transpose_regs(x);
+            for (int c = 0; c < MF_VW && f0 + c < F; c++) v[f0 + c] = x[c];
+        }
+        return;
     }
+    float tmp[NC_ROWS * MF_VW] ALIGNED;
+    for (int i = 0; i < F * MF_VW; i++) tmp[i] = 0.0f;
+    for (int64_t l = 0; l < n; l++)
+        for (int f = 0; f < F; f++) tmp[f * MF_VW + l] = src[l * F + f];
     for (int f = 0; f < F; f++) v[f] = VLOAD(tmp + f * MF_VW);
 }
 
-/* the n blocks at dst (F floats each) = the lanes of v[f] (f < F) */
+/* the n blocks at dst (F floats each) = the lanes of v[f] (f < F), transposed in registers;
+ * a whole group of blocks at most MF_VW floats long by stores of MF_VW floats, each one's
+ * tail overwritten by the next (the last block's F floats stored alone): nothing outside the
+ * group's n F floats is written */
 MF_INLINE void tile_store(float *dst, const vf *v, int64_t n, int F) {
-    float tmp[NC_ROWS * MF_VW] ALIGNED, tr[MF_VW * MF_VW] ALIGNED;
-    for (int f = 0; f < NC_ROWS; f++) VSTORE(tmp + f * MF_VW, f < F ? v[f] : VZERO);
     for (int f0 = 0; f0 < F; f0 += MF_VW) {
         const int m = F - f0 < MF_VW ? F - f0 : MF_VW;
-        vtranspose(tr, MF_VW, tmp + f0 * MF_VW, MF_VW);
-        for (int64_t l = 0; l < n; l++) memcpy(dst + l * F + f0, tr + l * MF_VW, 4 * m);
+        vf x[MF_VW];
+        for (int c = 0; c < MF_VW; c++) x[c] = f0 + c < F ? v[f0 + c] : VZERO;
+        transpose_regs(x);
+        if (m == F && n == MF_VW && MF_VW <= 2 * F) {
+            for (int l = 0; l < MF_VW - 1; l++) VSTOREU(dst + l * F, x[l]);
+            memcpy(dst + (MF_VW - 1) * F, &x[MF_VW - 1], 4 * (size_t)F);
+        } else {
+            for (int64_t l = 0; l < n; l++) memcpy(dst + l * F + f0, &x[l], 4 * (size_t)m);
+        }
     }
 }
 
@@ -192,10 +220,11 @@ static Shape shape_of(const MfNcParams *p) {
 MF_CLONES
 static void forward_group(const MfNcParams *p, const Shape *sh, int64_t b, int64_t j0) {
     const int64_t n = sh->nblk - j0 < MF_VW ? sh->nblk - j0 : MF_VW, nb = sh->nblk;
-    vq s, A, C;
-    vq_load(&s, p->start + 4 * j0, n, 4 * (nb - j0));
-    vq_one(&A);
-    vq_one(&C);
+    vq q; /* p_t = a_t p_{t-1} c_t, renormalised to |p*| */
+    vq_load(&q, p->start + 4 * j0, n, 4 * (nb - j0));
+    const vf s2 = q.w * q.w + q.x * q.x + q.y * q.y + q.z * q.z;
+    const vf inv = VSELECT(s2 > VSPLAT(1e-30f), 1.0f / VSELECT(s2 > VSPLAT(1e-30f), s2,
+                                                              VSPLAT(1.0f)), VZERO);
     for (int64_t t = 0; t < sh->T; t++) {
         const int64_t row = (b * sh->T + t) * nb + j0;
         if (t + NC_AHEAD < sh->T) {
@@ -204,16 +233,14 @@ static void forward_group(const MfNcParams *p, const Shape *sh, int64_t b, int64
         }
         vf w[6], sc;
         tile_load(w, p->w + 6 * row, n, 6, sh->wlen - 6 * row);
-        vq a, c, m;
+        vq a, c;
         vqexp(&a, &sc, NULL, w);
         vqexp(&c, &sc, NULL, w + 3);
-        vq_mul(&A, &a, &A);
-        vq_renorm(&A);
-        vq_mul(&C, &C, &c);
-        vq_renorm(&C);
-        vq_mul(&m, &A, &s);
-        vq_mul(&m, &m, &C);
-        const vf out[4] = {m.w, m.x, m.y, m.z};
+        vq_mul(&q, &a, &q);
+        vq_mul(&q, &q, &c);
+        const vf f = 1.5f - 0.5f * ((q.w * q.w + q.x * q.x + q.y * q.y + q.z * q.z) * inv);
+        q.w *= f, q.x *= f, q.y *= f, q.z *= f;
+        const vf out[4] = {q.w, q.x, q.y, q.z};
         tile_store(p->p + 4 * row, out, n, 4);
     }
 }
@@ -237,9 +264,8 @@ static void backward_group(const MfNcParams *p, const Shape *sh, int64_t b, int6
                            float *buf, float *ds) {
     const int64_t n = sh->nblk - j0 < MF_VW ? sh->nblk - j0 : MF_VW, nb = sh->nblk;
     const int64_t T = sh->T;
-    vq s, sconj, A, C;
+    vq s, A, C;
     vq_load(&s, p->start + 4 * j0, n, 4 * (nb - j0));
-    vq_conj(&sconj, &s);
     vq_one(&A);
     vq_one(&C);
     for (int64_t t = 0; t < T; t++) { /* the forward chain again, keeping every step */
@@ -283,12 +309,19 @@ static void backward_group(const MfNcParams *p, const Shape *sh, int64_t b, int6
         vq_mul(&q, &q, &r);
         E.w += q.w, E.x += q.x, E.y += q.y, E.z += q.z;
         vq da, dc;
-        vq_mul(&q, &E, &sconj); /* lam_t = A_t E conj(p*), da = lam_t conj(A_{t-1}) */
-        vq_mul(&q, &At, &q);
+        vq X, Y; /* E conj(p*), conj(p*) E: the same but for the cross product's sign */
+        {
+            const vf sw = s.w, sx = s.x, sy = s.y, sz = s.z;
+            const vf d = E.w * sw + E.x * sx + E.y * sy + E.z * sz;
+            const vf vx = sw * E.x - E.w * sx, vy = sw * E.y - E.w * sy, vz = sw * E.z - E.w * sz;
+            const vf cx = E.y * sz - E.z * sy, cy = E.z * sx - E.x * sz, cz = E.x * sy - E.y * sx;
+            X.w = d, X.x = vx - cx, X.y = vy - cy, X.z = vz - cz;
+            Y.w = d, Y.x = vx + cx, Y.y = vy + cy, Y.z = vz + cz;
+        }
+        vq_mul(&q, &At, &X); /* lam_t = A_t E conj(p*), da = lam_t conj(A_{t-1}) */
         vq_conj(&r, &Ap);
         vq_mul(&da, &q, &r);
-        vq_mul(&q, &sconj, &E); /* mu_t = conj(p*) E C_t, dc = conj(C_{t-1}) mu_t */
-        vq_mul(&q, &q, &Ct);
+        vq_mul(&q, &Y, &Ct); /* mu_t = conj(p*) E C_t, dc = conj(C_{t-1}) mu_t */
         vq_conj(&r, &Cp);
         vq_mul(&dc, &r, &q);
         vf dw[6];
