@@ -61,21 +61,23 @@ def test_commuting_steps_are_cumulative_sum_path_integration(rng):
 
 
 def chain_error(w):
-    """Float32 error bound of the prefix pair (A_t, C_t), in units of U32, per (B, t, H, NB):
-    each step adds its own: qexp of |w| (its norm, sqrt and vsincos, the argument's relative
-    error times |w|) at most 4 + 3 |w| per component, so 2 (4 + 3 |w|) in the 2-norm, for u and
-    v; the quaternion product gamma_4 (each component a sum of 4 products of unit factors) and
-    the renormalisation 3 ulp, 2 (4 + 3) in the 2-norm for each chain; the products by unit
-    quaternions carry the earlier errors unchanged in norm. So sum over tau <= t of
-    30 + 6 (|u_tau| + |v_tau|)."""
+    """Float32 error bound of the op's chains (p_t = a_t p_{t-1} c_t in the forward, A_t and
+    C_t in the backward), in units of U32 (times |p*| for p), per (B, t, H, NB): each step adds
+    its own. qexp per component: below |w| = 1.5 Horner sums of degree 6 in |w|^2, gamma_12
+    times cosh 1.5 (cos) or sinh(1.5) / 1.5 (sinc), so at most 30; above, the norm's relative
+    error (sqrt, 2.5 ulp) times |w| through vsincos (1 ulp) and the division: 4 + 3 |w|;
+    2 (30 + 3 |w|) in the 2-norm, for u and v. Each quaternion product gamma_4 (each
+    component a sum of 4 products of unit factors) and the renormalisation 3 ulp: 2 (4 + 3) in
+    the 2-norm, twice. Products by unit quaternions carry the earlier errors unchanged in norm.
+    So sum over tau <= t of 150 + 6 (|u_tau| + |v_tau|)."""
     w = w.astype(np.float64)
-    step = 30 + 6 * (np.linalg.norm(w[..., :3], axis=-1) + np.linalg.norm(w[..., 3:], axis=-1))
+    step = 150 + 6 * (np.linalg.norm(w[..., :3], axis=-1) + np.linalg.norm(w[..., 3:], axis=-1))
     return np.cumsum(step, axis=1)
 
 
 def bounds(w, start, dp):
     """Elementwise float32 bounds of the op against the float64 reference (chain_error E_A):
-    p_t = (A_t p*) C_t: |p*| U32 (E_A(t) + 16) (two more products), plus its own rounding;
+    p_t: |p*| U32 (E_A(t) + 16), plus its own rounding;
     dw_t = J^T (A_t E_t conj(p*) conj(A_{t-1})), E_t = sum_{tau >= t} conj(A_tau) g_tau
     conj(C_tau): each term of E_t is off by at most |g_tau| U32 (E_A(tau) + 16), the float sum
     of at most T terms by gamma_T of their magnitudes, the three products by the chain errors of

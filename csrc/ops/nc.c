@@ -24,7 +24,7 @@
  * mu_t = conj(A_t p*) g_t + mu_{t+1} conj(c_{t+1}) for unit a, c), so
  *   da_t = lam_t conj(A_{t-1}),  dc_t = conj(C_{t-1}) mu_t,  dw_t = J(u_t)^T da_t, J(v_t)^T dc_t
  *   dp* += E_1
- * with J the Jacobian of qexp (series below |w| = 0.05). The backward first runs the forward
+ * with J the Jacobian of qexp (its series below |w| = 1.5). The backward first runs the forward
  * chain again, keeping A_t, C_t, w_t and qexp's coefficients of every step in the thread's
  * scratch, then sweeps t in reverse: nothing is recovered by inverting steps.
  *
@@ -55,8 +55,9 @@
 #include "mapformer/simd.h"
 
 #define NC_MIN_PARALLEL 8192 /* B*T*H*NB below this runs on one thread */
-#define NC_SERIES 0.05f      /* |w| below which qexp's coefficients come from their series */
-#define NC_SAVED 18          /* vectors kept per step by the backward: A, C, w, sc and k x 2 */
+#define NC_POLY2 2.25f       /* |w|^2 below which qexp is its Taylor series (|w| < 1.5) */
+#define NC_SAVED 26 /* vectors kept per step by the backward: A, C, w, sc and k x 2, a, c */
+#define NC_CHUNK 32 /* steps whose qexp the forward evaluates before their products */
 #define NC_ROWS ((6 + MF_VW - 1) / MF_VW * MF_VW) /* transpose rows for 6 (or 4) features */
 #define NC_AHEAD 8            /* steps ahead that the (b, t) rows are prefetched */
 #define ALIGNED __attribute__((aligned(64)))
@@ -65,12 +66,13 @@ typedef struct {
     vf w, x, y, z;
 } vq;
 
-/* *r = a b */
+/* *r = a b, each component's four products summed as two pairs (a shorter chain of adds on
+ * the sequential product) */
 MF_INLINE void vq_mul(vq *r, const vq *a, const vq *b) {
-    const vf w = a->w * b->w - a->x * b->x - a->y * b->y - a->z * b->z;
-    const vf x = a->w * b->x + a->x * b->w + a->y * b->z - a->z * b->y;
-    const vf y = a->w * b->y - a->x * b->z + a->y * b->w + a->z * b->x;
-    const vf z = a->w * b->z + a->x * b->y - a->y * b->x + a->z * b->w;
+    const vf w = (a->w * b->w - a->x * b->x) - (a->y * b->y + a->z * b->z);
+    const vf x = (a->w * b->x + a->x * b->w) + (a->y * b->z - a->z * b->y);
+    const vf y = (a->w * b->y - a->x * b->z) + (a->y * b->w + a->z * b->x);
+    const vf z = (a->w * b->z + a->x * b->y) - (a->y * b->x - a->z * b->w);
     r->w = w, r->x = x, r->y = y, r->z = z;
 }
 
@@ -80,7 +82,7 @@ MF_INLINE void vq_conj(vq *r, const vq *a) {
 
 /* *q *= (3 - |q|^2) / 2: one Newton step for 1 / |q| from 1 */
 MF_INLINE void vq_renorm(vq *q) {
-    const vf n2 = q->w * q->w + q->x * q->x + q->y * q->y + q->z * q->z;
+    const vf n2 = (q->w * q->w + q->x * q->x) + (q->y * q->y + q->z * q->z);
     const vf f = 1.5f - 0.5f * n2;
     q->w *= f, q->x *= f, q->y *= f, q->z *= f;
 }
@@ -89,23 +91,46 @@ MF_INLINE void vsqrt(vf *r, const vf *x) {
     for (int l = 0; l < MF_VW; l++) (*r)[l] = __builtin_sqrtf((*x)[l]);
 }
 
+/* whether any lane of m is set */
+MF_INLINE int vany(const vi *m) {
+    int any = 0;
+    for (int l = 0; l < MF_VW; l++) any |= (*m)[l];
+    return any != 0;
+}
+
 /* *a = qexp(w) = (cos n, sinc(n) w) for the pure quaternion w = (w[0], w[1], w[2]), n = |w|;
- * *sc = sinc n and, when k is not NULL, *k = (cos n - sinc n) / n^2 (qexp's Jacobian), both by
- * their series below n = NC_SERIES */
+ * *sc = sinc n and, when k is not NULL, *k = (cos n - sinc n) / n^2 (qexp's Jacobian).
+ * Lanes with n^2 < NC_POLY2: their Taylor series in n^2 (cos and sinc to n^12, k to n^10: the
+ * next terms are below 4e-9 there), no square root, division or reduction; any other lane
+ * (only when there is one): sqrt, vsincos and a division. */
 MF_INLINE void vqexp(vq *a, vf *sc, vf *k, const vf *w) {
-    const vf n2 = w[0] * w[0] + w[1] * w[1] + w[2] * w[2];
-    vf n, s, c;
-    vsqrt(&n, &n2);
-    vsincos(&n, &s, &c);
-    const vi small = n < VSPLAT(NC_SERIES);
-    const vf rn = 1.0f / VSELECT(small, VSPLAT(1.0f), n);
-    const vf ss = 1.0f - n2 * (1.0f / 6 - n2 * (1.0f / 120 - n2 * (1.0f / 5040)));
-    *sc = VSELECT(small, ss, s * rn);
+    const vf n2 = (w[0] * w[0] + w[1] * w[1]) + w[2] * w[2];
+    vf c = VSPLAT(1.0f / 479001600);
+    c = c * n2 - 1.0f / 3628800, c = c * n2 + 1.0f / 40320, c = c * n2 - 1.0f / 720;
+    c = c * n2 + 1.0f / 24, c = c * n2 - 0.5f, c = c * n2 + 1.0f;
+    vf s = VSPLAT(1.0f / 6227020800);
+    s = s * n2 - 1.0f / 39916800, s = s * n2 + 1.0f / 362880, s = s * n2 - 1.0f / 5040;
+    s = s * n2 + 1.0f / 120, s = s * n2 - 1.0f / 6, s = s * n2 + 1.0f;
+    vf q = VZERO;
     if (k) {
-        const vf ks = -1.0f / 3 + n2 * (1.0f / 30 - n2 * (1.0f / 840 - n2 * (1.0f / 45360)));
-        *k = VSELECT(small, ks, (c - *sc) * rn * rn);
+        q = VSPLAT(1.0f / 518918400);
+        q = q * n2 - 1.0f / 3991680, q = q * n2 + 1.0f / 45360, q = q * n2 - 1.0f / 840;
+        q = q * n2 + 1.0f / 30, q = q * n2 - 1.0f / 3;
     }
-    a->w = c, a->x = *sc * w[0], a->y = *sc * w[1], a->z = *sc * w[2];
+    const vi big = n2 >= VSPLAT(NC_POLY2);
+    if (vany(&big)) {
+        const vf m2 = VSELECT(big, n2, VSPLAT(1.0f)); /* 1: lanes taken from the series */
+        vf n, sn, cn;
+        vsqrt(&n, &m2);
+        vsincos(&n, &sn, &cn);
+        const vf rn = 1.0f / n, sg = sn * rn;
+        c = VSELECT(big, cn, c);
+        s = VSELECT(big, sg, s);
+        if (k) q = VSELECT(big, (cn - sg) * rn * rn, q);
+    }
+    *sc = s;
+    if (k) *k = q;
+    a->w = c, a->x = s * w[0], a->y = s * w[1], a->z = s * w[2];
 }
 
 /* out = J(w)^T h.(x, y, z) (3 vectors), J the Jacobian of qexp at w */
@@ -217,31 +242,38 @@ static Shape shape_of(const MfNcParams *p) {
     return s;
 }
 
+/* One group: the steps' qexp for a chunk of NC_CHUNK steps first (independent over t), then
+ * the sequential products of the chunk */
 MF_CLONES
 static void forward_group(const MfNcParams *p, const Shape *sh, int64_t b, int64_t j0) {
     const int64_t n = sh->nblk - j0 < MF_VW ? sh->nblk - j0 : MF_VW, nb = sh->nblk;
     vq q; /* p_t = a_t p_{t-1} c_t, renormalised to |p*| */
     vq_load(&q, p->start + 4 * j0, n, 4 * (nb - j0));
-    const vf s2 = q.w * q.w + q.x * q.x + q.y * q.y + q.z * q.z;
+    const vf s2 = (q.w * q.w + q.x * q.x) + (q.y * q.y + q.z * q.z);
     const vf inv = VSELECT(s2 > VSPLAT(1e-30f), 1.0f / VSELECT(s2 > VSPLAT(1e-30f), s2,
                                                               VSPLAT(1.0f)), VZERO);
-    for (int64_t t = 0; t < sh->T; t++) {
-        const int64_t row = (b * sh->T + t) * nb + j0;
-        if (t + NC_AHEAD < sh->T) {
-            prefetch_floats(p->w + 6 * (row + NC_AHEAD * nb), 6 * n, 0);
-            prefetch_floats(p->p + 4 * (row + NC_AHEAD * nb), 4 * n, 1);
+    vq steps[2 * NC_CHUNK]; /* a_t, c_t */
+    for (int64_t t0 = 0; t0 < sh->T; t0 += NC_CHUNK) {
+        const int64_t t1 = t0 + NC_CHUNK < sh->T ? t0 + NC_CHUNK : sh->T;
+        for (int64_t t = t0; t < t1; t++) {
+            const int64_t row = (b * sh->T + t) * nb + j0;
+            if (t + NC_AHEAD < sh->T) prefetch_floats(p->w + 6 * (row + NC_AHEAD * nb), 6 * n, 0);
+            vf w[6], sc;
+            tile_load(w, p->w + 6 * row, n, 6, sh->wlen - 6 * row);
+            vqexp(&steps[2 * (t - t0)], &sc, NULL, w);
+            vqexp(&steps[2 * (t - t0) + 1], &sc, NULL, w + 3);
         }
-        vf w[6], sc;
-        tile_load(w, p->w + 6 * row, n, 6, sh->wlen - 6 * row);
-        vq a, c;
-        vqexp(&a, &sc, NULL, w);
-        vqexp(&c, &sc, NULL, w + 3);
-        vq_mul(&q, &a, &q);
-        vq_mul(&q, &q, &c);
-        const vf f = 1.5f - 0.5f * ((q.w * q.w + q.x * q.x + q.y * q.y + q.z * q.z) * inv);
-        q.w *= f, q.x *= f, q.y *= f, q.z *= f;
-        const vf out[4] = {q.w, q.x, q.y, q.z};
-        tile_store(p->p + 4 * row, out, n, 4);
+        for (int64_t t = t0; t < t1; t++) {
+            const int64_t row = (b * sh->T + t) * nb + j0;
+            if (t + NC_AHEAD < sh->T) prefetch_floats(p->p + 4 * (row + NC_AHEAD * nb), 4 * n, 1);
+            vq_mul(&q, &steps[2 * (t - t0)], &q);
+            vq_mul(&q, &q, &steps[2 * (t - t0) + 1]);
+            const vf n2 = (q.w * q.w + q.x * q.x) + (q.y * q.y + q.z * q.z);
+            const vf f = 1.5f - 0.5f * (n2 * inv);
+            q.w *= f, q.x *= f, q.y *= f, q.z *= f;
+            const vf out[4] = {q.w, q.x, q.y, q.z};
+            tile_store(p->p + 4 * row, out, n, 4);
+        }
     }
 }
 
@@ -256,7 +288,7 @@ int nc_forward(const MfNcParams *p) {
     return MF_OK;
 }
 
-/* the saved vectors of step t in buf: A (4), C (4), w (6), sc_u, k_u, sc_v, k_v */
+/* the saved vectors of step t in buf: A (4), C (4), w (6), sc_u, k_u, sc_v, k_v, a (4), c (4) */
 #define SAVED(buf, t) ((buf) + (t) * NC_SAVED * MF_VW)
 
 MF_CLONES
@@ -268,17 +300,19 @@ static void backward_group(const MfNcParams *p, const Shape *sh, int64_t b, int6
     vq_load(&s, p->start + 4 * j0, n, 4 * (nb - j0));
     vq_one(&A);
     vq_one(&C);
-    for (int64_t t = 0; t < T; t++) { /* the forward chain again, keeping every step */
+    for (int64_t t = 0; t < T; t++) { /* the steps' qexp, independent over t */
         const int64_t row = (b * T + t) * nb + j0;
         vf *v = (vf *)SAVED(buf, t);
         if (t + NC_AHEAD < T) prefetch_floats(p->w + 6 * (row + NC_AHEAD * nb), 6 * n, 0);
         tile_load(v + 8, p->w + 6 * row, n, 6, sh->wlen - 6 * row);
-        vq a, c;
-        vqexp(&a, v + 14, v + 15, v + 8);
-        vqexp(&c, v + 16, v + 17, v + 11);
-        vq_mul(&A, &a, &A);
+        vqexp((vq *)(v + 18), v + 14, v + 15, v + 8);
+        vqexp((vq *)(v + 22), v + 16, v + 17, v + 11);
+    }
+    for (int64_t t = 0; t < T; t++) { /* the forward chain again */
+        vf *v = (vf *)SAVED(buf, t);
+        vq_mul(&A, (const vq *)(v + 18), &A);
         vq_renorm(&A);
-        vq_mul(&C, &C, &c);
+        vq_mul(&C, &C, (const vq *)(v + 22));
         vq_renorm(&C);
         v[0] = A.w, v[1] = A.x, v[2] = A.y, v[3] = A.z;
         v[4] = C.w, v[5] = C.x, v[6] = C.y, v[7] = C.z;
