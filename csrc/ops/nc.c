@@ -3,12 +3,13 @@
  *
  * Each step generator is S_t = L(u_t) + R(v_t) (so(4) split into left and right quaternion
  * multiplications, which commute), so exp(S_t) q = a_t q c_t with a_t = qexp(u_t),
- * c_t = qexp(v_t), and the product of t steps is p_t = A_t p* C_t with the two prefix
- * products A_t = a_t A_{t-1}, C_t = C_{t-1} c_t (A_0 = C_0 = 1): 8 floats of state per block
- * and two quaternion products per step instead of a 4x4 matrix product. A_t and C_t are
- * renormalised every step by one Newton step for 1 / |q| at |q| = 1, q (3 - |q|^2) / 2 (no
- * square root or division on the sequential chain; |q|^2 - 1 of a few ulp becomes its square,
- * so the norms stay within a few ulp of 1 at any length).
+ * c_t = qexp(v_t): the forward carries p_t = a_t p_{t-1} c_t (p_0 = p*), two quaternion
+ * products a step instead of a 4x4 matrix product, renormalised to |p*| every step by one
+ * Newton step for the inverse norm, q (3 - |q|^2 / |p*|^2) / 2 (no square root or division on
+ * the sequential chain; a relative error e of the squared norm becomes about e^2, so the norm
+ * stays within a few ulp of |p*| at any length). Equivalently p_t = A_t p* C_t with the prefix
+ * products A_t = a_t A_{t-1}, C_t = C_{t-1} c_t (A_0 = C_0 = 1), which the backward carries
+ * (unit, renormalised the same way).
  * The caller supplies (u_t, v_t) per token and block: with K = 6 generators (a basis of so(4))
  * the paper's theta_t -> sum_i theta_t,i S_i composed with a linear map or an MLP of the token
  * is the same function class as a linear map or an MLP straight to (u_t, v_t).
@@ -25,18 +26,21 @@
  *   da_t = lam_t conj(A_{t-1}),  dc_t = conj(C_{t-1}) mu_t,  dw_t = J(u_t)^T da_t, J(v_t)^T dc_t
  *   dp* += E_1
  * with J the Jacobian of qexp (its series below |w| = 1.5). The backward first runs the forward
- * chain again, keeping A_t, C_t, w_t and qexp's coefficients of every step in the thread's
- * scratch, then sweeps t in reverse: nothing is recovered by inverting steps.
+ * chain again, keeping A_t, C_t, w_t, a_t, c_t and qexp's coefficients of every step in the
+ * thread's scratch (NC_SAVED = 26 vectors a step: 208 KB per thread at T = 256 and 8 lanes),
+ * then sweeps t in reverse: nothing is recovered by inverting steps.
  *
  * Vectorisation (mapformer/simd.h, MF_VW = MF_CLONES_VW lanes): a group is MF_VW consecutive
  * (h, k) blocks of one batch row, one per lane; every quaternion is 4 vectors, w_t 6. The
  * (b, t) rows of w (6 floats a block), p, dp and p* (4 a block) are turned into lanes by
- * in-register transposes (vtranspose; the loads may read past the group's last block up to
- * the array's end, the group at the array's end is gathered float by float). qexp per step:
- * one vector sqrt, one vsincos (Cody-Waite reduction and polynomials, about 1 ulp; |w| below
- * 2^22), one division. All in float32; per step and group the chain is 2 quaternion products
- * and 2 renormalisations (the only sequential dependence), everything else is independent over
- * t and overlaps with it.
+ * in-register transposes (simd.h's butterfly stages; the loads may read past the group's last
+ * block up to the array's end, the group at the array's end is gathered float by float).
+ * All in float32. qexp per step: below |w| = 1.5 the Taylor series of cos, sinc (and the
+ * Jacobian's k) in |w|^2, Horner, no square root, reduction or division; a group with a larger
+ * step also takes a vector sqrt, vsincos (Cody-Waite reduction and polynomials, about 1 ulp;
+ * |w| below 2^22) and a division for those lanes. The qexp of a chunk of steps (independent
+ * over t) come first, then the chunk's products, the only sequential dependence (2 quaternion
+ * products, each component's four products summed in pairs, and a renormalisation a step).
  *
  * Parallel layout: a work item is (batch row b, group); the lanes do not interact, so a
  * block's bits do not depend on its group or thread. dp*: each item writes its E_1 to scratch,
