@@ -82,8 +82,10 @@ def bounds(w, start, dp):
     conj(C_tau): each term of E_t is off by at most |g_tau| U32 (E_A(tau) + 16), the float sum
     of at most T terms by gamma_T of their magnitudes, the three products by the chain errors of
     A_t, A_{t-1} (C_t, C_{t-1}) and 3 gamma_4; with G = sum_tau |g_tau| and E = max_t E_A(t),
-    |err da| <= |p*| G U32 (3 E + T + 40); J^T multiplies by at most 1 + |w| + |w|^2 / 3 (sinc,
-    k = (cos - sinc) / n^2 >= -1/3) and its own coefficients add 4 ulp of |da|.
+    |err da| <= |p*| G U32 (3 E + T + 40); J^T multiplies by at most 1 + |w| + |w|^2 (as
+    sinc cos z + k (w.z) w + sinc^2 w x z, k = (1 - sinc cos) / n^2 <= 2/3, |sinc^2 w| < 1) and
+    its own coefficients (k's series to degree 7 in |w|^2: gamma_14 of magnitudes near 1) add
+    16 ulp of |z| <= |p*| G to each of the three terms.
     dp* = sum_b E_1: G U32 (E + T + 16) per row, summed in double."""
     B, T, H, NB, _ = w.shape
     ea = chain_error(w)  # (B, T, H, NB)
@@ -94,7 +96,8 @@ def bounds(w, start, dp):
     da = s * g * U32 * (3 * e + T + 40)
     wn = np.maximum(np.linalg.norm(w[..., :3].astype(np.float64), axis=-1),
                     np.linalg.norm(w[..., 3:].astype(np.float64), axis=-1))
-    bw = np.repeat(((1 + wn + wn ** 2 / 3 + 4 * U32) * da[:, None])[..., None], 6, axis=-1)
+    bw = np.repeat(((1 + wn + wn ** 2) * (da + 16 * U32 * s * g)[:, None])[..., None], 6,
+                   axis=-1)
     bs = np.repeat((g * U32 * (e + T + 16)).sum(0)[..., None], 4, axis=-1).reshape(H, 4 * NB)
     return bp, bw, bs
 

@@ -25,7 +25,9 @@
  * mu_t = conj(A_t p*) g_t + mu_{t+1} conj(c_{t+1}) for unit a, c), so
  *   da_t = lam_t conj(A_{t-1}),  dc_t = conj(C_{t-1}) mu_t,  dw_t = J(u_t)^T da_t, J(v_t)^T dc_t
  *   dp* += E_1
- * with J the Jacobian of qexp (its series below |w| = 1.5). The backward first runs the forward
+ * with J the Jacobian of qexp, taken through the trivialised derivative (dexp_t): only the
+ * rotations conj(a_t) da_t = A_{t-1} (E_t conj(p*)) conj(A_{t-1}) and
+ * dc_t conj(c_t) = conj(C_{t-1}) (conj(p*) E_t) C_{t-1} of two 3-vectors enter. The backward first runs the forward
  * chain again, keeping A_t, C_t, w_t, a_t, c_t and qexp's coefficients of every step in the
  * thread's scratch (NC_SAVED = 26 vectors a step: 208 KB per thread at T = 256 and 8 lanes),
  * then sweeps t in reverse: nothing is recovered by inverting steps.
@@ -103,9 +105,9 @@ MF_INLINE int vany(const vi *m) {
 }
 
 /* *a = qexp(w) = (cos n, sinc(n) w) for the pure quaternion w = (w[0], w[1], w[2]), n = |w|;
- * *sc = sinc n and, when k is not NULL, *k = (cos n - sinc n) / n^2 (qexp's Jacobian).
- * Lanes with n^2 < NC_POLY2: their Taylor series in n^2 (cos and sinc to n^12, k to n^10: the
- * next terms are below 4e-9 there), no square root, division or reduction; any other lane
+ * *sc = sinc n and, when k is not NULL, *k = (1 - sinc n cos n) / n^2 (qexp's Jacobian, see
+ * dexp_t). Lanes with n^2 < NC_POLY2: their Taylor series in n^2 (cos and sinc to n^12, k to
+ * n^14: the next terms are below 4e-9 there), no square root, division or reduction; any other lane
  * (only when there is one): sqrt, vsincos and a division. */
 MF_INLINE void vqexp(vq *a, vf *sc, vf *k, const vf *w) {
     const vf n2 = (w[0] * w[0] + w[1] * w[1]) + w[2] * w[2];
@@ -116,10 +118,11 @@ MF_INLINE void vqexp(vq *a, vf *sc, vf *k, const vf *w) {
     s = s * n2 - 1.0f / 39916800, s = s * n2 + 1.0f / 362880, s = s * n2 - 1.0f / 5040;
     s = s * n2 + 1.0f / 120, s = s * n2 - 1.0f / 6, s = s * n2 + 1.0f;
     vf q = VZERO;
-    if (k) {
-        q = VSPLAT(1.0f / 518918400);
-        q = q * n2 - 1.0f / 3991680, q = q * n2 + 1.0f / 45360, q = q * n2 - 1.0f / 840;
-        q = q * n2 + 1.0f / 30, q = q * n2 - 1.0f / 3;
+    if (k) { /* sum_{j >= 1} (-1)^(j+1) 4^j n^(2j-2) / (2j+1)!, to j = 8 */
+        q = VSPLAT(-65536.0f / 355687428096000.0f);
+        q = q * n2 + 16384.0f / 1307674368000.0f, q = q * n2 - 4096.0f / 6227020800.0f;
+        q = q * n2 + 1024.0f / 39916800, q = q * n2 - 256.0f / 362880;
+        q = q * n2 + 64.0f / 5040, q = q * n2 - 16.0f / 120, q = q * n2 + 4.0f / 6;
     }
     const vi big = n2 >= VSPLAT(NC_POLY2);
     if (vany(&big)) {
@@ -130,19 +133,35 @@ MF_INLINE void vqexp(vq *a, vf *sc, vf *k, const vf *w) {
         const vf rn = 1.0f / n, sg = sn * rn;
         c = VSELECT(big, cn, c);
         s = VSELECT(big, sg, s);
-        if (k) q = VSELECT(big, (cn - sg) * rn * rn, q);
+        if (k) q = VSELECT(big, (1.0f - sg * cn) * rn * rn, q);
     }
     *sc = s;
     if (k) *k = q;
     a->w = c, a->x = s * w[0], a->y = s * w[1], a->z = s * w[2];
 }
 
-/* out = J(w)^T h.(x, y, z) (3 vectors), J the Jacobian of qexp at w */
-MF_INLINE void vqexp_vjp(vf *out, const vf *w, const vf *sc, const vf *k, const vq *h) {
-    const vf dot = w[0] * h->x + w[1] * h->y + w[2] * h->z;
-    out[0] = *sc * (h->x - h->w * w[0]) + *k * w[0] * dot;
-    out[1] = *sc * (h->y - h->w * w[1]) + *k * w[1] * dot;
-    out[2] = *sc * (h->z - h->w * w[2]) + *k * w[2] * dot;
+/* out = J(w)^T (a z) for the left factor a = qexp(w) (sign 1), J(w)^T (z a) for the right one
+ * (sign -1), z a pure quaternion (3 vectors), J the Jacobian of qexp at w: the transposed
+ * trivialised derivative of the exponential,
+ *   sinc(n) cos(n) z + k (w . z) w + sign sinc(n)^2 w x z,   k = (1 - sinc n cos n) / n^2
+ * (scc = sinc cos, sc2 = sinc^2); the scalar part of a^-1 da (or dc c^-1) does not enter */
+MF_INLINE void dexp_t(vf *out, const vf *w, const vf *scc, const vf *sc2, const vf *k,
+                      const vf *z, float sign) {
+    const vf kd = *k * (w[0] * z[0] + w[1] * z[1] + w[2] * z[2]), s2 = sign * *sc2;
+    out[0] = (*scc * z[0] + kd * w[0]) + s2 * (w[1] * z[2] - w[2] * z[1]);
+    out[1] = (*scc * z[1] + kd * w[1]) + s2 * (w[2] * z[0] - w[0] * z[2]);
+    out[2] = (*scc * z[2] + kd * w[2]) + s2 * (w[0] * z[1] - w[1] * z[0]);
+}
+
+/* out = q x conj(q) for the pure quaternion x (3 vectors) and a unit q (its rotation),
+ * conj(q) x q when sign is -1: x + q.w t + q.v x t, t = 2 q.v x x */
+MF_INLINE void vq_rotate(vf *out, const vq *q, const vf *x, float sign) {
+    const vf qx = sign * q->x, qy = sign * q->y, qz = sign * q->z;
+    const vf tx = 2.0f * (qy * x[2] - qz * x[1]), ty = 2.0f * (qz * x[0] - qx * x[2]),
+             tz = 2.0f * (qx * x[1] - qy * x[0]);
+    out[0] = (x[0] + q->w * tx) + (qy * tz - qz * ty);
+    out[1] = (x[1] + q->w * ty) + (qz * tx - qx * tz);
+    out[2] = (x[2] + q->w * tz) + (qx * ty - qy * tx);
 }
 
 /* x[r] = row r of an MF_VW x MF_VW tile -> x[c] = its column c, in registers (simd.h's
@@ -346,25 +365,23 @@ static void backward_group(const MfNcParams *p, const Shape *sh, int64_t b, int6
         vq_conj(&r, &Ct);
         vq_mul(&q, &q, &r);
         E.w += q.w, E.x += q.x, E.y += q.y, E.z += q.z;
-        vq da, dc;
-        vq X, Y; /* E conj(p*), conj(p*) E: the same but for the cross product's sign */
+        vf X[3], Y[3]; /* vec(E conj(p*)), vec(conj(p*) E): the same but the cross product's sign */
         {
             const vf sw = s.w, sx = s.x, sy = s.y, sz = s.z;
-            const vf d = E.w * sw + E.x * sx + E.y * sy + E.z * sz;
             const vf vx = sw * E.x - E.w * sx, vy = sw * E.y - E.w * sy, vz = sw * E.z - E.w * sz;
             const vf cx = E.y * sz - E.z * sy, cy = E.z * sx - E.x * sz, cz = E.x * sy - E.y * sx;
-            X.w = d, X.x = vx - cx, X.y = vy - cy, X.z = vz - cz;
-            Y.w = d, Y.x = vx + cx, Y.y = vy + cy, Y.z = vz + cz;
+            X[0] = vx - cx, X[1] = vy - cy, X[2] = vz - cz;
+            Y[0] = vx + cx, Y[1] = vy + cy, Y[2] = vz + cz;
         }
-        vq_mul(&q, &At, &X); /* lam_t = A_t E conj(p*), da = lam_t conj(A_{t-1}) */
-        vq_conj(&r, &Ap);
-        vq_mul(&da, &q, &r);
-        vq_mul(&q, &Y, &Ct); /* mu_t = conj(p*) E C_t, dc = conj(C_{t-1}) mu_t */
-        vq_conj(&r, &Cp);
-        vq_mul(&dc, &r, &q);
-        vf dw[6];
-        vqexp_vjp(dw, v + 8, v + 14, v + 15, &da);
-        vqexp_vjp(dw + 3, v + 11, v + 16, v + 17, &dc);
+        /* a_t^-1 da_t = A_{t-1} E conj(p*) conj(A_{t-1}), dc_t c_t^-1 = conj(C_{t-1}) conj(p*) E
+         * C_{t-1}: rotations of X and Y (their scalar parts do not enter dw) */
+        vf za[3], zc[3], dw[6];
+        vq_rotate(za, &Ap, X, 1.0f);
+        vq_rotate(zc, &Cp, Y, -1.0f);
+        const vf scca = v[14] * v[18], sc2a = v[14] * v[14];
+        const vf sccc = v[16] * v[22], sc2c = v[16] * v[16];
+        dexp_t(dw, v + 8, &scca, &sc2a, v + 15, za, 1.0f);
+        dexp_t(dw + 3, v + 11, &sccc, &sc2c, v + 17, zc, -1.0f);
         tile_store(p->dw + 6 * row, dw, n, 6);
     }
     VSTORE(ds, E.w);
