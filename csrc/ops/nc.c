@@ -28,9 +28,9 @@
  * with J the Jacobian of qexp, taken through the trivialised derivative (dexp_t): only the
  * rotations conj(a_t) da_t = A_{t-1} (E_t conj(p*)) conj(A_{t-1}) and
  * dc_t conj(c_t) = conj(C_{t-1}) (conj(p*) E_t) C_{t-1} of two 3-vectors enter. The backward first runs the forward
- * chain again, keeping A_t, C_t, w_t, a_t, c_t and qexp's coefficients of every step in the
- * thread's scratch (NC_SAVED = 26 vectors a step: 208 KB per thread at T = 256 and 8 lanes),
- * then sweeps t in reverse: nothing is recovered by inverting steps.
+ * chain again, keeping A_t, C_t, w_t and qexp's coefficients (sinc, k, cos) of every step in
+ * the thread's scratch (NC_SAVED = 20 vectors a step: 160 KB per thread at T = 256 and 8
+ * lanes), then sweeps t in reverse: nothing is recovered by inverting steps.
  *
  * Vectorisation (mapformer/simd.h, MF_VW = MF_CLONES_VW lanes): a group is MF_VW consecutive
  * (h, k) blocks of one batch row, one per lane; every quaternion is 4 vectors, w_t 6. The
@@ -62,7 +62,7 @@
 
 #define NC_MIN_PARALLEL 8192 /* B*T*H*NB below this runs on one thread */
 #define NC_POLY2 2.25f       /* |w|^2 below which qexp is its Taylor series (|w| < 1.5) */
-#define NC_SAVED 26 /* vectors kept per step by the backward: A, C, w, sc and k x 2, a, c */
+#define NC_SAVED 20 /* vectors kept per step by the backward: A, C, w, sc and k x 2, cos x 2 */
 #define NC_CHUNK 32 /* steps whose qexp the forward evaluates before their products */
 #define NC_ROWS ((6 + MF_VW - 1) / MF_VW * MF_VW) /* transpose rows for 6 (or 4) features */
 #define NC_AHEAD 8            /* steps ahead that the (b, t) rows are prefetched */
@@ -311,7 +311,7 @@ int nc_forward(const MfNcParams *p) {
     return MF_OK;
 }
 
-/* the saved vectors of step t in buf: A (4), C (4), w (6), sc_u, k_u, sc_v, k_v, a (4), c (4) */
+/* the saved vectors of step t in buf: A (4), C (4), w (6), sc_u, k_u, sc_v, k_v, cos |u|, cos |v| */
 #define SAVED(buf, t) ((buf) + (t) * NC_SAVED * MF_VW)
 
 MF_CLONES
@@ -323,19 +323,18 @@ static void backward_group(const MfNcParams *p, const Shape *sh, int64_t b, int6
     vq_load(&s, p->start + 4 * j0, n, 4 * (nb - j0));
     vq_one(&A);
     vq_one(&C);
-    for (int64_t t = 0; t < T; t++) { /* the steps' qexp, independent over t */
+    for (int64_t t = 0; t < T; t++) { /* the forward chain again */
         const int64_t row = (b * T + t) * nb + j0;
         vf *v = (vf *)SAVED(buf, t);
         if (t + NC_AHEAD < T) prefetch_floats(p->w + 6 * (row + NC_AHEAD * nb), 6 * n, 0);
         tile_load(v + 8, p->w + 6 * row, n, 6, sh->wlen - 6 * row);
-        vqexp((vq *)(v + 18), v + 14, v + 15, v + 8);
-        vqexp((vq *)(v + 22), v + 16, v + 17, v + 11);
-    }
-    for (int64_t t = 0; t < T; t++) { /* the forward chain again */
-        vf *v = (vf *)SAVED(buf, t);
-        vq_mul(&A, (const vq *)(v + 18), &A);
+        vq a, c;
+        vqexp(&a, v + 14, v + 15, v + 8);
+        vqexp(&c, v + 16, v + 17, v + 11);
+        v[18] = a.w, v[19] = c.w;
+        vq_mul(&A, &a, &A);
         vq_renorm(&A);
-        vq_mul(&C, &C, (const vq *)(v + 22));
+        vq_mul(&C, &C, &c);
         vq_renorm(&C);
         v[0] = A.w, v[1] = A.x, v[2] = A.y, v[3] = A.z;
         v[4] = C.w, v[5] = C.x, v[6] = C.y, v[7] = C.z;
@@ -379,7 +378,7 @@ static void backward_group(const MfNcParams *p, const Shape *sh, int64_t b, int6
         vq_rotate(za, &Ap, X, 1.0f);
         vq_rotate(zc, &Cp, Y, -1.0f);
         const vf scca = v[14] * v[18], sc2a = v[14] * v[14];
-        const vf sccc = v[16] * v[22], sc2c = v[16] * v[16];
+        const vf sccc = v[16] * v[19], sc2c = v[16] * v[16];
         dexp_t(dw, v + 8, &scca, &sc2a, v + 15, za, 1.0f);
         dexp_t(dw + 3, v + 11, &sccc, &sc2c, v + 17, zc, -1.0f);
         tile_store(p->dw + 6 * row, dw, n, 6);
