@@ -5,8 +5,8 @@
  * multiplications, which commute), so exp(S_t) q = a_t q c_t with a_t = qexp(u_t),
  * c_t = qexp(v_t): the forward carries p_t = a_t p_{t-1} c_t (p_0 = p*), two quaternion
  * products a step instead of a 4x4 matrix product, renormalised to |p*| every step by one
- * Newton step for the inverse norm, q (3 - |q|^2 / |p*|^2) / 2 (no square root or division on
- * the sequential chain; a relative error e of the squared norm becomes about e^2, so the norm
+ * Newton step for the inverse norm, q (3 - |q|^2 / |p*|^2) / 2, p_{t-1}'s factor applied to
+ * p_t (vq_renorm_factor; no square root or division on the sequential chain; a relative error e of the squared norm becomes about e^2, so the norm
  * stays within a few ulp of |p*| at any length). Equivalently p_t = A_t p* C_t with the prefix
  * products A_t = a_t A_{t-1}, C_t = C_{t-1} c_t (A_0 = C_0 = 1), which the backward carries
  * (unit, renormalised the same way).
@@ -86,11 +86,18 @@ MF_INLINE void vq_conj(vq *r, const vq *a) {
     r->w = a->w, r->x = -a->x, r->y = -a->y, r->z = -a->z;
 }
 
-/* *q *= (3 - |q|^2) / 2: one Newton step for 1 / |q| from 1 */
-MF_INLINE void vq_renorm(vq *q) {
+/* *f = (3 - |q|^2) / 2: one Newton step for 1 / |q| from 1. The chains apply q_{t-1}'s factor
+ * to q_t = x_t q_{t-1} (or q_{t-1} x_t), computed beside the product rather than after it, so
+ * that the chain's latency is the products' alone: with |q_{t-1}|^2 = 1 + e and a step's
+ * rounding d_t, |q_t|^2 = (1 + e)(1 + 2 d_t)(1 - e + O(e^2)) = 1 + 2 d_t + O(e^2): as
+ * converged as the factor applied after the product. */
+MF_INLINE void vq_renorm_factor(vf *f, const vq *q) {
     const vf n2 = (q->w * q->w + q->x * q->x) + (q->y * q->y + q->z * q->z);
-    const vf f = 1.5f - 0.5f * n2;
-    q->w *= f, q->x *= f, q->y *= f, q->z *= f;
+    *f = 1.5f - 0.5f * n2;
+}
+
+MF_INLINE void vq_scale(vq *q, const vf *f) {
+    q->w *= *f, q->x *= *f, q->y *= *f, q->z *= *f;
 }
 
 MF_INLINE void vsqrt(vf *r, const vf *x) {
@@ -289,10 +296,11 @@ static void forward_group(const MfNcParams *p, const Shape *sh, int64_t b, int64
         for (int64_t t = t0; t < t1; t++) {
             const int64_t row = (b * sh->T + t) * nb + j0;
             if (t + NC_AHEAD < sh->T) prefetch_floats(p->p + 4 * (row + NC_AHEAD * nb), 4 * n, 1);
-            vq_mul(&q, &steps[2 * (t - t0)], &q);
-            vq_mul(&q, &q, &steps[2 * (t - t0) + 1]);
+            /* p_{t-1}'s renormalisation, beside the products, applied to p_t (vq_renorm) */
             const vf n2 = (q.w * q.w + q.x * q.x) + (q.y * q.y + q.z * q.z);
             const vf f = 1.5f - 0.5f * (n2 * inv);
+            vq_mul(&q, &steps[2 * (t - t0)], &q);
+            vq_mul(&q, &q, &steps[2 * (t - t0) + 1]);
             q.w *= f, q.x *= f, q.y *= f, q.z *= f;
             const vf out[4] = {q.w, q.x, q.y, q.z};
             tile_store(p->p + 4 * row, out, n, 4);
@@ -332,10 +340,13 @@ static void backward_group(const MfNcParams *p, const Shape *sh, int64_t b, int6
         vqexp(&a, v + 14, v + 15, v + 8);
         vqexp(&c, v + 16, v + 17, v + 11);
         v[18] = a.w, v[19] = c.w;
+        vf fa, fc;
+        vq_renorm_factor(&fa, &A);
+        vq_renorm_factor(&fc, &C);
         vq_mul(&A, &a, &A);
-        vq_renorm(&A);
+        vq_scale(&A, &fa);
         vq_mul(&C, &C, &c);
-        vq_renorm(&C);
+        vq_scale(&C, &fc);
         v[0] = A.w, v[1] = A.x, v[2] = A.y, v[3] = A.z;
         v[4] = C.w, v[5] = C.x, v[6] = C.y, v[7] = C.z;
     }
