@@ -63,7 +63,7 @@
 #define NC_MIN_PARALLEL 8192 /* B*T*H*NB below this runs on one thread */
 #define NC_POLY2 2.25f       /* |w|^2 below which qexp is its Taylor series (|w| < 1.5) */
 #define NC_SAVED 20 /* vectors kept per step by the backward: A, C, w, sc and k x 2, cos x 2 */
-#define NC_CHUNK 32 /* steps whose qexp the forward evaluates before their products */
+#define NC_CHUNK 8 /* steps whose qexp the forward evaluates before their products */
 #define NC_ROWS ((6 + MF_VW - 1) / MF_VW * MF_VW) /* transpose rows for 6 (or 4) features */
 #define NC_AHEAD 8            /* steps ahead that the (b, t) rows are prefetched */
 #define ALIGNED __attribute__((aligned(64)))
