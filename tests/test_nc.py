@@ -13,8 +13,11 @@ from mapformer import _C
 from mapformer import reference as ref
 from test_sln import expm
 
-# (B, T, H, NB): 1s, odd and prime sizes; the last is past the single-thread threshold
-SIZES = [(1, 1, 1, 1), (3, 7, 2, 3), (2, 13, 3, 5), (4, 257, 2, 8)]
+# (B, T, H, NB): 1s, odd and prime sizes, H NB blocks per row (the op's lanes) of 1, 6, 9, 12,
+# 15, 16 (a multiple of every vector width, one or several groups plus a partial one, and the
+# array's last group gathered float by float); the last is past the single-thread threshold
+SIZES = [(1, 1, 1, 1), (3, 7, 2, 3), (1, 9, 3, 3), (2, 5, 1, 12), (2, 13, 3, 5),
+         (4, 257, 2, 8)]
 
 
 def inputs(rng, B, T, H, NB):
@@ -57,10 +60,46 @@ def test_commuting_steps_are_cumulative_sum_path_integration(rng):
                        atol=2e-5 * np.abs(start).max())
 
 
-def bound(expected, terms):
-    """Computed in double, rounded once: one float32 rounding (two for +=) plus a
-    double-precision floor (1e-9 of the largest entry, times the number of summed terms)."""
-    return 2 * U32 * np.abs(expected) + 1e-9 * terms * np.abs(expected).max()
+def chain_error(w):
+    """Float32 error bound of the op's chains (p_t = a_t p_{t-1} c_t in the forward, A_t and
+    C_t in the backward), in units of U32 (times |p*| for p), per (B, t, H, NB): each step adds
+    its own. qexp per component: below |w| = 1.5 Horner sums of degree 6 in |w|^2, gamma_12
+    times cosh 1.5 (cos) or sinh(1.5) / 1.5 (sinc), so at most 30; above, the norm's relative
+    error (sqrt, 2.5 ulp) times |w| through vsincos (1 ulp) and the division: 4 + 3 |w|;
+    2 (30 + 3 |w|) in the 2-norm, for u and v. Each quaternion product gamma_4 (each
+    component a sum of 4 products of unit factors) and the renormalisation 3 ulp: 2 (4 + 3) in
+    the 2-norm, twice. Products by unit quaternions carry the earlier errors unchanged in norm.
+    So sum over tau <= t of 150 + 6 (|u_tau| + |v_tau|)."""
+    w = w.astype(np.float64)
+    step = 150 + 6 * (np.linalg.norm(w[..., :3], axis=-1) + np.linalg.norm(w[..., 3:], axis=-1))
+    return np.cumsum(step, axis=1)
+
+
+def bounds(w, start, dp):
+    """Elementwise float32 bounds of the op against the float64 reference (chain_error E_A):
+    p_t: |p*| U32 (E_A(t) + 16), plus its own rounding;
+    dw_t = J^T (A_t E_t conj(p*) conj(A_{t-1})), E_t = sum_{tau >= t} conj(A_tau) g_tau
+    conj(C_tau): each term of E_t is off by at most |g_tau| U32 (E_A(tau) + 16), the float sum
+    of at most T terms by gamma_T of their magnitudes, the three products by the chain errors of
+    A_t, A_{t-1} (C_t, C_{t-1}) and 3 gamma_4; with G = sum_tau |g_tau| and E = max_t E_A(t),
+    |err da| <= |p*| G U32 (3 E + T + 40); J^T multiplies by at most 1 + |w| + |w|^2 (as
+    sinc cos z + k (w.z) w + sinc^2 w x z, k = (1 - sinc cos) / n^2 <= 2/3, |sinc^2 w| < 1) and
+    its own coefficients (k's series to degree 7 in |w|^2: gamma_14 of magnitudes near 1) add
+    16 ulp of |z| <= |p*| G to each of the three terms.
+    dp* = sum_b E_1: G U32 (E + T + 16) per row, summed in double."""
+    B, T, H, NB, _ = w.shape
+    ea = chain_error(w)  # (B, T, H, NB)
+    s = np.linalg.norm(start.astype(np.float64).reshape(H, NB, 4), axis=-1)
+    g = np.linalg.norm(dp.astype(np.float64).reshape(B, T, H, NB, 4), axis=-1).sum(1)  # (B,H,NB)
+    bp = np.repeat((s * U32 * (ea + 16))[..., None], 4, axis=-1).reshape(B, T, H, 4 * NB)
+    e = ea.max(1)  # (B, H, NB)
+    da = s * g * U32 * (3 * e + T + 40)
+    wn = np.maximum(np.linalg.norm(w[..., :3].astype(np.float64), axis=-1),
+                    np.linalg.norm(w[..., 3:].astype(np.float64), axis=-1))
+    bw = np.repeat(((1 + wn + wn ** 2) * (da + 16 * U32 * s * g)[:, None])[..., None], 6,
+                   axis=-1)
+    bs = np.repeat((g * U32 * (e + T + 16)).sum(0)[..., None], 4, axis=-1).reshape(H, 4 * NB)
+    return bp, bw, bs
 
 
 @pytest.mark.parametrize("B,T,H,NB", SIZES)
@@ -70,16 +109,15 @@ def test_c_op_matches_reference(rng, B, T, H, NB):
     p = _C.nc_forward(w, start)
     assert p.dtype == np.float32 and p.shape == (B, T, H, 4 * NB)
     expected = ref.nc_forward(w, start)
-    # renormalising the prefix products every step differs from the reference's plain
-    # products by the rounding of T quaternion products in double
-    assert_within(p, expected, bound(expected, T), "p")
     dp = randn(rng, B, T, H, 4 * NB)
+    bp, bw, bs = bounds(w, start, dp)
+    assert_within(p, expected, bp + U32 * np.abs(expected), "p")
     dstart = np.full_like(start, -0.25)
     dw = _C.nc_backward(dp, w, start, dstart)
     assert_unchanged(before, (w, start))
     e_dw, e_dstart = ref.nc_backward(dp, w, start)
-    assert_within(dw, e_dw, bound(np.abs(e_dw), T * T), "dw")
-    assert_within(dstart, e_dstart - 0.25, bound(np.abs(e_dstart) + 0.25, B * T * T),
+    assert_within(dw, e_dw, bw + U32 * np.abs(e_dw), "dw")
+    assert_within(dstart, e_dstart - 0.25, bs + 2 * U32 * (np.abs(e_dstart) + 0.25),
                   "dstart (+=)")
 
 
@@ -99,12 +137,15 @@ import sys
 import numpy as np
 from mapformer import _C
 rng = np.random.default_rng(3)
-w = rng.standard_normal((4, 257, 2, 8, 6)).astype(np.float32) * 0.3
-start = rng.standard_normal((2, 32)).astype(np.float32)
-dp = rng.standard_normal((4, 257, 2, 32)).astype(np.float32)
-dstart = np.zeros_like(start)
-dw = _C.nc_backward(dp, w, start, dstart)
-np.savez(sys.argv[1], p=_C.nc_forward(w, start), dw=dw, dstart=dstart)
+out = {}
+for i, (B, T, H, NB) in enumerate([(4, 257, 2, 8), (3, 191, 3, 5)]):  # 16 and 15 blocks a row
+    w = rng.standard_normal((B, T, H, NB, 6)).astype(np.float32) * 0.3
+    start = rng.standard_normal((H, 4 * NB)).astype(np.float32)
+    dp = rng.standard_normal((B, T, H, 4 * NB)).astype(np.float32)
+    dstart = np.zeros_like(start)
+    out[f"dw{i}"] = _C.nc_backward(dp, w, start, dstart)
+    out[f"p{i}"], out[f"dstart{i}"] = _C.nc_forward(w, start), dstart
+np.savez(sys.argv[1], **out)
 """
     assert_same_bits_for_thread_counts(tmp_path, script)
 

@@ -46,7 +46,8 @@ static const MfArg nc_backward_args[] = {
     {0}};
 static const MfOp nc_backward_op = {"nc_backward", nc_backward_args, nc_sizes,
                                     sizeof(MfNcParams), .run = MF_OP(nc_backward),
-                                    .check = nc_check};
+                                    .scratch = MF_SCRATCH(nc_backward_scratch_floats),
+                                    MF_SCRATCH_FIELDS(MfNcParams), .check = nc_check};
 
 MF_DEFINE(nc_forward, nc_forward_op)
 MF_DEFINE(nc_backward, nc_backward_op)
@@ -57,7 +58,7 @@ PyMethodDef mf_nc_methods[] = {
      "w float32 (B, T, H, NB, 6) = (u_t, v_t) per token and 4-block, start float32 (H, D),\n"
      "D = 4 NB -> p float32 (B, T, H, D): the ordered product p_t = exp(S_t) ... exp(S_1)\n"
      "start, S_t = L(u_t) + R(v_t), as A_t start C_t with A_t = qexp(u_t) A_{t-1},\n"
-     "C_t = C_{t-1} qexp(v_t) (double, renormalised every step)."),
+     "C_t = C_{t-1} qexp(v_t) (float32, renormalised every step)."),
     MF_METHOD(nc_backward,
      "nc_backward(dp, w, start, dstart) -> dw\n\n"
      "Gradients of nc_forward: dw float32 (B, T, H, NB, 6) returned; dstart (H, D)\n"

@@ -4,7 +4,8 @@ appendix 10.4.2, "MapEM-NC-L" / "MapEM-NC-NL"), for the conjunctive mixer (kind
 
 Blocks of 4. Every token t gives each block a step generator S_t in so(4) and the positions
 are the ordered product Q_P[t] = K_P[t] = exp(S_t) exp(S_{t-1}) ... exp(S_1) p* (the op
-``nc_forward``, csrc/ops/nc.c: a pair of unit-quaternion prefix products), one start vector
+``nc_forward``, csrc/ops/nc.c: exp(S_t) q = qexp(u_t) q qexp(v_t) on quaternions, float32),
+one start vector
 p* per head. The paper's S_t = sum_i theta_t,i S_i with K = b(b-1)/2 = 6 learned generators per
 block and theta_t a linear map (NC-L) or an MLP (NC-NL) of the token: with K = 6 the S_i are
 (generically) a basis of so(4), so the composite token -> S_t is any linear map (NC-L) or any

@@ -130,8 +130,10 @@ int b4_backward(const MfB4Params *p);
 /* ---- nc.c: MapEM-NC positions p[t] = exp(S_t) ... exp(S_1) p*, quaternion prefix pairs -- */
 /* p = A_t start C_t, A_t = qexp(u_t) A_{t-1}, C_t = C_{t-1} qexp(v_t) (renormalised) */
 int nc_forward(const MfNcParams *p);
-/* dw (=) by the reverse-time adjoints, dstart += */
+/* dw (=) by the reverse-time adjoints, dstart +=.
+ * Scratch: nc_backward_scratch_floats(p) floats (0 for sizes out of range). */
 int nc_backward(const MfNcParams *p);
+int64_t nc_backward_scratch_floats(const MfNcParams *p);
 
 /* ---- ape.c: APE's per-token orthogonal maps on q or k ------------------------------------ */
 /* y[b,t,h,aE+i] = sum_j maps[a, index[tb,t,a], h, i, j] x[b,t,h,aE+j]; y, x (B, T, H, D);

@@ -177,6 +177,8 @@ typedef struct {
     const float *w;       /* (B, T, H, NB, 6): (u_t, v_t) per token and block */
     const float *start;   /* (H, D) */
     int64_t B, T, H, D, NB, F; /* D = 4 NB, F = 6 */
+    float *scratch;       /* backward */
+    int64_t scratch_floats;
 } MfNcParams;
 
 /* rotary: rotate pairs (x[2i], x[2i+1]) of q and k by theta_i */
