@@ -48,9 +48,16 @@ def vaswani(positions, width, scale):
 def test_additive_schemes_are_of_kind_none_and_every_mixer_takes_them():
     for name in ("sinusoidal", "learned_abs"):
         assert SCHEMES.get(name).kind == "none"
-        for mixer in ("attention", "lstm", "mamba"):
-            ModelConfig(vocab_size=9, d_model=32, n_heads=2, mixer=mixer, positional=name)
     assert SCHEMES.get("rope_axial").kind == "angles"
+    t = tokens()
+    for mixer in ("attention", "lstm", "mamba"):
+        model = Transformer(ModelConfig(vocab_size=9, d_model=32, n_heads=2, mixer=mixer,
+                                        positional="learned_abs",
+                                        options={"abs_positions": 12}), seed=0)
+        loss_of(model, t)()
+        model.backward()
+        grad = model.params.params[TABLE].grad
+        assert np.abs(grad[:11]).min(axis=1).max() > 1e-4 and not grad[11:].any(), mixer
 
 
 @pytest.mark.parametrize("backend,tol", [("numpy", 1e-12), ("c", 2e-6)])
