@@ -15,7 +15,8 @@ import pytest
 from conftest import numerical_grad, subprocess_env
 from mapformer.models import ModelConfig, Transformer
 from mapformer.schemes import SCHEMES
-from mapformer.tasks import navigation, selective_copy
+from mapformer.tasks import navigation, rooms, selective_copy
+from mapformer.tdb import TDB, TDBConfig
 from mapformer.train import TrainConfig, load_checkpoint, train
 
 TABLE, OMEGA = "blocks.0.mixer.scheme.table", "blocks.0.mixer.scheme.omega"
@@ -288,3 +289,16 @@ def test_one_step_through_the_cli(tmp_path, positional, flags, task):
         assert model.config.options["abs_positions"] == max(
             t.seq_len for t in selective_copy.ood_sets(
                 selective_copy.SelectiveCopyConfig(n_copy=3, n_blanks=5)).values())
+
+
+def test_tdb_adds_the_code_too():
+    """TDB builds its own transformer body: the additive schemes reach it as well."""
+    room = rooms.RoomsConfig(height=4, width=5, n_obs=3, patch=2, steps=12, seed=0)
+    t = rooms.walks(room, rooms.make_room(room), 2, 0).tokens(room.n_obs)
+    model = TDB(TDBConfig(n_obs=3, d_model=32, n_heads=2, n_layers=1, steps=2, codebooks=2,
+                          codes=8, head_hidden=16, positional="learned_abs"), seed=0,
+                backend="numpy")
+    model.loss(t)
+    model.backward()
+    grad = model.params.params[TABLE].grad
+    assert np.abs(grad[:t.shape[1]]).max() > 1e-6 and not grad[t.shape[1]:].any()
