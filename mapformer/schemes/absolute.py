@@ -111,7 +111,7 @@ class LearnedAbsolute(AdditiveScheme):
     def __init__(self, store, name, config, ops):
         super().__init__(store, name, config, ops)
         shape = (config.options["abs_positions"], config.d_model)
-        self.table, _ = shared_once(store, self.name, lambda: store.declare(
+        self.table = shared_once(store, self.name, lambda: store.declare(
             f"{name}.table", shape, normal_init(0.02), decay=True))
         self.index = {}
 

@@ -46,15 +46,14 @@ _SHARED = weakref.WeakKeyDictionary()
 
 
 def shared_once(store, key, build):
-    """(value, first): ``build()`` the first time a scheme asks for ``key`` on this
+    """``build()`` the first time a scheme asks for ``key`` on this
     :class:`mapformer.nn.ParameterStore` (in the first layer's scheme, the first built: e.g.
     declaring a parameter every layer shares, under that layer's name), the same value every
-    later time; ``first`` says whether this call built it."""
+    later time."""
     values = _SHARED.setdefault(store, {})
-    first = key not in values
-    if first:
+    if key not in values:
         values[key] = build()
-    return values[key], first
+    return values[key]
 
 
 class Scheme:

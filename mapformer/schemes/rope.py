@@ -37,7 +37,7 @@ class RoPE(AngleScheme):
                                    config.head_dim // 2)
         self.omega = None
         if config.options["rope_trainable"]:
-            self.omega, _ = shared_once(store, self.name, lambda: store.declare(
+            self.omega = shared_once(store, self.name, lambda: store.declare(
                 f"{name}.omega", initial.shape, lambda rng, shape: initial, decay=False))
         else:
             self.fixed = ops.asarray(initial)
