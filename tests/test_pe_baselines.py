@@ -302,3 +302,19 @@ def test_tdb_adds_the_code_too():
     model.backward()
     grad = model.params.params[TABLE].grad
     assert np.abs(grad[:t.shape[1]]).max() > 1e-6 and not grad[t.shape[1]:].any()
+
+
+def test_rope_tuned_is_ape_seq_without_its_basis():
+    """ape_seq at its RoPE initialisation (M = I) and RoPE tuned: the same logits, and the
+    same gradient for the shared frequencies (ape_seq's ``angles``, RoPE's ``omega``)."""
+    t = tokens(2, 9)
+    grads = {}
+    for positional, options, name in (("rope", {"rope_trainable": True}, OMEGA),
+                                      ("ape_seq", {}, "blocks.0.mixer.scheme.angles")):
+        model = Transformer(config(positional, **options), seed=7, backend="numpy")
+        loss_of(model, t)()
+        model.backward()
+        grads[positional] = model.logits, model.params.params[name].grad
+    np.testing.assert_allclose(grads["rope"][0], grads["ape_seq"][0], rtol=1e-10, atol=1e-12)
+    np.testing.assert_allclose(grads["rope"][1], grads["ape_seq"][1], rtol=1e-8, atol=1e-14)
+    assert np.abs(grads["rope"][1]).max() > 1e-6
