@@ -278,7 +278,8 @@ def check_targets(targets, mask, shape):
 
 
 class Transformer:
-    """Token embedding, ``n_layers`` blocks, final LayerNorm and a linear head.
+    """Token embedding (plus the positional code of an additive scheme: the first block's
+    ``scheme.embed``), ``n_layers`` blocks, final LayerNorm and a linear head.
 
     ``backend`` is 'c' (the C core, float32) or 'numpy' (the float64 reference ops).
     All parameters live in ``self.params`` (a :class:`ParameterStore`)."""
@@ -313,7 +314,8 @@ class Transformer:
             coordinates = self.ops.asarray(check_coordinates(coordinates, (batch, steps)))
         for block in self.blocks:
             block.mixer.scheme.coordinates = coordinates
-        x = self.embed.forward(tokens.reshape(-1))
+        x = self.blocks[0].mixer.scheme.embed(self.embed.forward(tokens.reshape(-1)), batch,
+                                              steps)
         state = self.blocks[0].initial_state(batch, steps)
         for block in self.blocks:
             x, state = block.forward(x, batch, steps, state)
@@ -344,4 +346,5 @@ class Transformer:
         dstate = None if self.final_state is None else self.ops.zeros_like(self.final_state)
         for block in reversed(self.blocks):
             dx, dstate = block.backward(dx, dstate)
+        self.blocks[0].mixer.scheme.embed_backward(dx)
         self.embed.backward(dx)

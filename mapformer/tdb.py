@@ -183,7 +183,8 @@ class TDB:
         ops = self.ops
         self.tokens = ops.as_indices(tokens)
         B, T = self.tokens.shape
-        x = ops.embedding_forward(self.tokens.reshape(-1), self.embed.value)
+        x = self.blocks[0].mixer.scheme.embed(
+            ops.embedding_forward(self.tokens.reshape(-1), self.embed.value), B, T)
         state = self.blocks[0].initial_state(B, T)
         for block in self.blocks:
             x, state = block.forward(x, B, T, state)
@@ -263,6 +264,7 @@ class TDB:
         dstate = None if self.final_state is None else ops.zeros_like(self.final_state)
         for block in reversed(self.blocks):
             dx, dstate = block.backward(dx, dstate)
+        self.blocks[0].mixer.scheme.embed_backward(dx)
         ops.embedding_backward(self.embed.grad, dx, self.tokens.reshape(-1))
 
     def predictions(self):

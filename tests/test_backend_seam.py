@@ -21,7 +21,9 @@ HOT = {"Linear.forward", "Linear.backward", "LayerNorm.backward", "MLP.backward"
        "PathIntegrator.angles_backward", "MapEMPositions.positions",
        "MapEMPositions.positions_backward", "CoPE.attend", "CoPE.attend_backward",
        "TAPE.initial_state", "TAPE.attend", "TAPE.attend_backward", "TAPE.input_backward",
-       "Identity.forward", "Identity.backward"}
+       "Identity.forward", "Identity.backward", "AdditiveScheme.embed",
+       "AdditiveScheme.embed_backward", "Sinusoidal.code", "LearnedAbsolute.code",
+       "LearnedAbsolute.code_backward", "RoPE.angles_backward"}
 
 
 def layer_modules():

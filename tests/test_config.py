@@ -11,7 +11,7 @@ from mapformer.tasks import navigation, selective_copy
 # every attention mixer's query-scaling options, at their defaults
 SCALING = {"attn_scale": 1.0, "attn_log_scale": 0, "attn_log_clamp": True}
 PRESET_PARTS = {  # the preset names the reproduction tables and users know
-    "rope": ("attention", "rope", {**SCALING, "rope_base": 10000.0}),
+    "rope": ("attention", "rope", {**SCALING, "rope_base": 10000.0, "rope_trainable": False}),
     "mapwm": ("attention", "mapwm", {**SCALING, "delta_rank": 2, "omega_max": math.pi,
                                      "omega_grid": 64.0}),
     "mapem_os": ("conjunctive", "mapem", {"mapem_mode": "score_product", "mapem_scores": "both",
@@ -57,7 +57,8 @@ def test_options_are_completed_so_defaults_compare_equal():
 def test_preset_parts_can_be_replaced():
     config = ModelConfig.preset("mapem_s", 20, mixer="attention", positional="rope",
                                 rope_base=100.0)
-    assert config.options == {**SCALING, "rope_base": 100.0, "gelu": "tanh"}
+    assert config.options == {**SCALING, "rope_base": 100.0, "rope_trainable": False,
+                              "gelu": "tanh"}
     assert config.label == "rope"
     config = ModelConfig.preset("mapwm", 20, positional="tape")
     assert config.label == "tape"
@@ -115,6 +116,7 @@ def test_for_task_takes_the_tasks_defaults():
     copy = selective_copy.SelectiveCopyConfig(n_copy=4, n_blanks=5)
     assert ModelConfig.for_task("mapwm", copy).options["omega_grid"] == float(copy.seq_len)
     assert ModelConfig.for_task("rope", copy).options == {**SCALING, "rope_base": 10000.0,
+                                                          "rope_trainable": False,
                                                           "gelu": "tanh"}
 
 

@@ -219,7 +219,8 @@ def test_cli_model_presets_and_options(tmp_path, capsys):
     config = cli_train(["--model", "mapem_s", "--mixer", "attention", "--positional", "rope",
                         "--rope-base", "100"], tmp_path)
     assert config.label == "rope"
-    assert config.options == {**SCALING, "rope_base": 100.0, "gelu": "tanh"}
+    assert config.options == {**SCALING, "rope_base": 100.0, "rope_trainable": False,
+                              "gelu": "tanh"}
     capsys.readouterr()
 
 

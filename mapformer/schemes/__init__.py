@@ -6,7 +6,7 @@ is imported (``python -m mapformer --import MODULE``). What a scheme declares, a
 interfaces of its ``kind``, are in :mod:`mapformer.schemes.base`.
 """
 from ..registry import Registry, import_package_modules
-from .base import AngleScheme, AttentionScheme, Scheme
+from .base import AdditiveScheme, AngleScheme, AttentionScheme, Scheme, shared_once
 
 SCHEMES = Registry("positional scheme", "positional")
 register_scheme = SCHEMES.register
@@ -14,5 +14,5 @@ get_scheme = SCHEMES.get
 
 import_package_modules(__name__, __path__)
 
-__all__ = ["SCHEMES", "AngleScheme", "AttentionScheme", "Scheme", "get_scheme",
-           "register_scheme"]
+__all__ = ["SCHEMES", "AdditiveScheme", "AngleScheme", "AttentionScheme", "Scheme",
+           "get_scheme", "register_scheme", "shared_once"]

@@ -11,6 +11,9 @@ A scheme is a class registered with :func:`mapformer.schemes.register_scheme`:
     and ``positions_backward(dqp, dkp, dx)`` (dx accumulated); see schemes/mapem.py;
   - ``"attention"``: it runs the causal attention itself on the mixer's q, k, v
     (:class:`AttentionScheme`);
+  an additive scheme (:class:`AdditiveScheme`: sinusoidal, learned absolute) is of kind
+  ``"none"``: it offers the mixer nothing, its code is added to the token embeddings
+  (``embed``), so every mixer takes it;
 - ``options``: a tuple of :class:`mapformer.registry.Option`, validated (defaults filled)
   into ``config.options`` before the scheme is built;
 - ``traces``: names of the attributes a forward leaves on the scheme for analyses to read
@@ -22,6 +25,9 @@ A scheme is a class registered with :func:`mapformer.schemes.register_scheme`:
   for schemes that carry one across layers, TAPE);
 - ``basis()`` / ``basis_backward(dbasis)``: an optional per-head orthogonal change of basis
   (H, D, D) the mixer folds into its query and key projections (None by default; ape_seq);
+- ``embed(x, batch, steps)`` / ``embed_backward(dx)``: what the model does to the token
+  embeddings x (N, C) before the first block, called on the first layer's scheme only (the
+  identity by default; :class:`AdditiveScheme` adds its positional code);
 - ``flops(config, batch, steps)``: matmul flops of one forward of its own products;
 - ``coordinates``: set by the model before every forward: the tokens' coordinates (B, T, n)
   as the task supplies them (navigation: the agent's cell after each step; see
@@ -32,7 +38,22 @@ Tensor arithmetic goes through ``ops`` (the backend), never NumPy directly: a sc
 unchanged on every backend. Shapes: B batch, T tokens, H heads, D head dim, NB = D / 2
 rotation blocks, N = B * T rows, C = d_model.
 """
+import weakref
 from abc import ABC, abstractmethod
+
+# ParameterStore -> {key: value}: what every layer's scheme of one model shares
+_SHARED = weakref.WeakKeyDictionary()
+
+
+def shared_once(store, key, build):
+    """``build()`` the first time a scheme asks for ``key`` on this
+    :class:`mapformer.nn.ParameterStore` (in the first layer's scheme, the first built: e.g.
+    declaring a parameter every layer shares, under that layer's name), the same value every
+    later time."""
+    values = _SHARED.setdefault(store, {})
+    if key not in values:
+        values[key] = build()
+    return values[key]
 
 
 class Scheme:
@@ -60,6 +81,16 @@ class Scheme:
         """dbasis (H, D, D): the gradient of this layer's :meth:`basis` (only called when it
         returned one)."""
         raise NotImplementedError(f"{self.name} has no basis")
+
+    def embed(self, x, batch, steps):
+        """x (N, C): the token embeddings -> the first block's input (N, C). The model calls
+        it on its first layer's scheme, after ``coordinates`` are set. By default x itself."""
+        return x
+
+    def embed_backward(self, dx):
+        """dx (N, C): the gradient of :meth:`embed`'s output -> gradients into this scheme's
+        parameters (+=); dx itself passes on to the token embeddings unchanged (embed adds a
+        code that does not depend on x). By default nothing."""
 
     @classmethod
     def flops(cls, config, batch, steps):
@@ -104,3 +135,28 @@ class AttentionScheme(Scheme, ABC):
         """Gradient of this scheme's own dependence on x into dx (N, C) (+=), called after the
         mixer's projections wrote dx. By default a scheme reads x only through the mixer's
         q, k, v: nothing to add."""
+
+
+class AdditiveScheme(Scheme, ABC):
+    """An absolute positional code added to the token embeddings before the first block
+    (Vaswani's sinusoids, a learned table): x -> x + code, the code (TB, T, C) a function of
+    the tokens' positions only (TB = B for codes of the task's coordinates, 1 for one shared
+    by every sequence), broadcast over the batch. Kind ``none``: the mixers see content
+    only (what the code put into it)."""
+
+    @abstractmethod
+    def code(self, batch, steps):
+        """-> (TB, T, C) the code of each token's position."""
+
+    def code_backward(self, dcode):
+        """dcode (B, T, C): the code's gradient -> its parameters' (+=). By default none."""
+
+    def embed(self, x, batch, steps):
+        code = self.code(batch, steps)
+        self.shape = code.shape[1:]
+        if code.shape[0] != batch:
+            code = self.ops.broadcast_rows(code[0], (batch,) + code.shape[1:])
+        return self.ops.residual_forward(x, code.reshape(x.shape))
+
+    def embed_backward(self, dx):
+        self.code_backward(dx.reshape((-1,) + self.shape))

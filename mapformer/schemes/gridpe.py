@@ -92,11 +92,15 @@ class GridPE(AngleScheme):
 
     def __init__(self, store, name, config, ops):
         super().__init__(store, name, config, ops)
+        self.frequencies = self.frequency_vectors(config)
+        self.weight = ops.asarray(self.frequencies.reshape(-1, config.options["coord_dims"]))
+
+    @classmethod
+    def frequency_vectors(cls, config):
+        """(H, NB, n) the frequency vectors f[h, i] (a subclass may choose others)."""
         o = config.options
-        self.frequencies = gridpe_frequencies(config.n_heads, config.head_dim // 2,
-                                              o["coord_dims"], o["gridpe_scales"],
-                                              o["gridpe_ratio"], o["gridpe_omega_max"])
-        self.weight = ops.asarray(self.frequencies.reshape(-1, o["coord_dims"]))
+        return gridpe_frequencies(config.n_heads, config.head_dim // 2, o["coord_dims"],
+                                  o["gridpe_scales"], o["gridpe_ratio"], o["gridpe_omega_max"])
 
     def angles(self, x, batch, steps):
         coordinates = coordinates_or_index(self, steps)

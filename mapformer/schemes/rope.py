@@ -1,13 +1,19 @@
-"""``rope``: fixed rotary angles theta[t, h, i] = omega_i * (t + 1), omega_i = base^(-2i / D)
-(RoPE: the angles of path integration with every Delta = 1)."""
+"""``rope``: rotary angles theta[t, h, i] = omega_i * (t + 1), omega_i = base^(-2i / D)
+(RoPE: the angles of path integration with every Delta = 1), frozen by default; with
+``rope_trainable`` the frequencies omega are a parameter (APE's "RoPE tuned" baseline), shared
+by every layer as APE's public code shares its rotary module, the gradient reaching them
+through the rotary op and the path integration (as MapWM's omega)."""
 import numpy as np
 
 from ..registry import Option
-from . import AngleScheme, register_scheme
+from . import AngleScheme, register_scheme, shared_once
 
 ROPE_BASE = Option("rope_base", float, 10000.0,
                    "RoPE's frequency base: omega_i = base^(-2i / D) (also TAPE's initial state)",
                    above=0)
+
+ROPE_TRAINABLE = Option("rope_trainable", bool, False, "rope's frequencies omega trainable "
+                        "(from RoPE's, shared by the layers: 'RoPE tuned'); false: frozen")
 
 
 def rope_frequencies(base, n_heads, n_blocks):
@@ -17,26 +23,45 @@ def rope_frequencies(base, n_heads, n_blocks):
 
 @register_scheme
 class RoPE(AngleScheme):
-    """Traces: ``theta`` (1, T, H, NB) the last forward's angles (wrapped to [-pi, pi));
+    """Parameter (``rope_trainable`` only, declared by the first layer): ``omega`` (H, NB).
+    Traces: ``theta`` (1, T, H, NB) the last forward's angles (wrapped to [-pi, pi));
     ``frequencies`` (H, NB) omega."""
 
     name = "rope"
-    options = (ROPE_BASE,)
+    options = (ROPE_BASE, ROPE_TRAINABLE)
     traces = ("theta", "frequencies")
 
     def __init__(self, store, name, config, ops):
         super().__init__(store, name, config, ops)
-        self.frequencies = ops.asarray(rope_frequencies(
-            config.options["rope_base"], config.n_heads, config.head_dim // 2))
-        self.theta_by_steps = {}
+        initial = rope_frequencies(config.options["rope_base"], config.n_heads,
+                                   config.head_dim // 2)
+        self.omega = None
+        if config.options["rope_trainable"]:
+            self.omega = shared_once(store, self.name, lambda: store.declare(
+                f"{name}.omega", initial.shape, lambda rng, shape: initial, decay=False))
+        else:
+            self.fixed = ops.asarray(initial)
+        self.ones, self.theta_by_steps = {}, {}
+
+    @property
+    def frequencies(self):
+        return self.fixed if self.omega is None else self.omega.value
 
     def angles(self, x, batch, steps):
-        """The same angles for every sequence, computed once per length."""
-        if steps not in self.theta_by_steps:
-            ones = self.ops.ones((1, steps) + self.frequencies.shape)
-            self.theta_by_steps[steps] = self.ops.path_integration_forward(ones, self.frequencies)
-        self.theta = self.theta_by_steps[steps]
+        """The same angles for every sequence; frozen, computed once per length."""
+        if self.omega is None:
+            if steps not in self.theta_by_steps:
+                ones = self.ops.ones((1, steps) + self.fixed.shape)
+                self.theta_by_steps[steps] = self.ops.path_integration_forward(ones, self.fixed)
+            self.theta = self.theta_by_steps[steps]
+            return self.theta
+        if steps not in self.ones:
+            self.ones[steps] = self.ops.ones((1, steps) + self.omega.shape)
+        self.theta = self.ops.path_integration_forward(self.ones[steps], self.omega.value)
         return self.theta
 
     def angles_backward(self, dtheta, dx):
-        """Fixed angles: no parameters, no dependence on x."""
+        """No dependence on x; trainable frequencies get this layer's share (+=)."""
+        if self.omega is not None:
+            self.ops.path_integration_backward(dtheta, self.ones[dtheta.shape[1]],
+                                               self.omega.value, self.omega.grad)
