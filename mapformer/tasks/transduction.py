@@ -243,17 +243,21 @@ def _split_sources(config: TransductionConfig, split: str, count: int):
         raise ValueError(f"split must be one of {SPLITS}, got {split!r}")
     rng = np.random.default_rng([config.data_seed, SPLITS.index(split)])
     kept = np.empty((0, config.max_length), dtype=np.int32)
-    for _ in range(10_000):
-        if len(kept) >= count:
-            break
+    stalled = 0
+    while len(kept) < count:
+        if stalled == 3:  # three rounds found no new source: (nearly) all are drawn
+            raise ValueError(
+                f"fewer than {count} distinct {split} sources of length {config.min_length} "
+                f"to {config.max_length} over {config.n_symbols} symbols exist (found "
+                f"{len(kept)}): lower train_size or the evaluation sequences, or lengthen "
+                "the sources")
         sources, lengths = draw_sources(config, CHUNK, rng)
         sources = sources[np.isin(split_of(sources, lengths), BUCKETS[split])]
+        before = len(kept)
         kept = np.concatenate([kept, sources])
         _, first = np.unique(kept, axis=0, return_index=True)
         kept = kept[np.sort(first)]  # duplicates dropped, the first occurrences in order
-    else:
-        raise ValueError(f"{describe(config)}: fewer than {count} distinct {split} sources "
-                         "exist; lower the set size or lengthen the sources")
+        stalled = stalled + 1 if len(kept) == before else 0
     kept = kept[:count]
     kept.setflags(write=False)
     return kept, (kept != config.pad_id).sum(axis=1).astype(np.int64)
@@ -292,7 +296,8 @@ def make_batch(config: TransductionConfig, sources: np.ndarray,
     full = np.where(j == n, config.separator_id,
                     np.where(j <= n + m, gather, config.pad_id)).astype(np.int32)
     cols = np.arange(width)[None, :]
-    return TransductionBatch(tokens=np.ascontiguousarray(full[:, :-1]),
+    tokens = np.where(cols < n + m, full[:, :-1], config.pad_id).astype(np.int32)  # y_{m-1}
+    return TransductionBatch(tokens=tokens,  # is a target only: padding as input
                              targets=np.ascontiguousarray(full[:, 1:]),
                              mask=(cols >= n) & (cols < n + m), lengths=lengths.copy())
 
