@@ -115,12 +115,13 @@ SCALES = {
 
 def row_of(name):
     """The Row of a --rows name: a named row, or a registered scheme with its defaults."""
-    if name in ROWS:
+    if name in ROWS and ROWS[name].scheme in SCHEMES.entries:
         return ROWS[name]
     if name in SCHEMES.entries:
         return Row(name, paper=PAPER_COLUMN.get(name))
-    raise ValueError(f"unknown row {name!r}: the rows are {sorted(ROWS)} and the registered "
-                     f"schemes {sorted(SCHEMES.entries)}")
+    raise ValueError(f"unknown row {name!r}: the rows are the registered schemes "
+                     f"{sorted(SCHEMES.entries)} and {sorted(ROWS)} (when their scheme is "
+                     "registered)")
 
 
 def configs(task, row, scale, seed, sequences):

@@ -205,3 +205,30 @@ def test_one_training_step_through_the_cli(tmp_path, capsys):
     for name in ("iid", "dev", "ood_long"):
         assert again[name]["perplexity"] == pytest.approx(result["eval"][name]["perplexity"])
         assert again[name]["sequence_accuracy"] == result["eval"][name]["sequence_accuracy"]
+
+
+def test_reproduce_ape_writes_one_json_per_run_and_skips_them_on_rerun(tmp_path, capsys):
+    import importlib.util
+    from pathlib import Path
+
+    path = Path(__file__).resolve().parents[1] / "benchmarks" / "reproduce_ape.py"
+    spec = importlib.util.spec_from_file_location("reproduce_ape", path)
+    ape = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(ape)
+    argv = ["--tasks", "reverse", "--rows", "rope,ape_seq_no_init", "--seeds", "2",
+            "--sequences", "8", "--eval-sequences", "4", "--out", str(tmp_path)]
+    first = ape.main(argv)
+    assert sorted(p.name for p in tmp_path.iterdir()) == [
+        f"reverse-{row}-seed{s}.json" for row in ("ape_seq_no_init", "rope") for s in (0, 1)]
+    record = json.loads((tmp_path / "reverse-ape_seq_no_init-seed1.json").read_text())
+    assert record["model"]["positional"] == "ape_seq" and record["model"]["options"][
+        "ape_no_init"] is True
+    assert (record["train"]["seed"], record["train"]["mean_length"]) == (1, 32)
+    table = capsys.readouterr().out
+    assert "| reverse | rope | " in table and "(1.09 ± 0.02 RoPE frozen)" in table
+    again = ape.main(argv)
+    assert all(r.get("cached") for r in again)
+    assert [r["eval"] for r in again] == [r["eval"] for r in first]
+    assert ape.row_of("tape").scheme == "tape"
+    with pytest.raises(ValueError, match="unknown row 'alibi'"):
+        ape.row_of("alibi")
