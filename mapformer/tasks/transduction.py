@@ -85,7 +85,8 @@ class TransductionConfig:
     Fields:
         operation: 'copy', 'repeat' or 'reverse'.
         mean_length: mean source length, >= 1.
-        length_std: spread of the source length (>= 0; default mean_length / 10).
+        length_std: spread of the source length (a negative value, the default, means
+            mean_length / 10, the paper's ratio).
         n_symbols: S, source symbols, >= 1.
         train_size: training sequences (the fixed set batches sample), >= 1.
         data_seed: the seed of every split.
