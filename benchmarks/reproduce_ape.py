@@ -30,27 +30,36 @@ Scales:
   decoder of 4 layers (the paper's 2 encoder + 2 decoder layers), d_model 512, 8 heads,
   feed-forward 4x (the public code's 2048); test sets of 2000 sequences. Days on this CPU.
 - ``cpu``: mean source length 32 (spread 3.2), the same 6000 training sequences and data
-  seed; 2 layers, d_model 64, 2 heads of 32, batch 32, 1600 steps (51,200 sequences, 8.5
-  epochs), lr 1e-3 with 20 warmup steps (the paper's 5/400), cosine, no dropout; 256
+  seed; 2 layers, d_model 64, 2 heads of 32, batch 32, 4000 steps (128,000 sequences, 21
+  epochs), lr 1e-3 with 50 warmup steps (the paper's 5/400), cosine, no dropout; 256
   sequences per evaluation set. Chosen for the time budget, not tuned.
 
-Time estimate (cpu scale): training steps measured on the shared 2-core machine
-(OMP_NUM_THREADS=2, OPENBLAS_NUM_THREADS=1, batch 32, medians of 20 steps, rope / ape_seq /
-none on reverse and repeat) took 0.08-0.11 s, and up to 0.45 s while other jobs loaded it
-(load average 5-7); the evaluation of a run, three sets of 256, a few seconds. So a run is
-about 2.5-3 minutes and the table's 36 runs (3 tasks x 4 rows x 3 seeds) about 1.7 hours on a
-quiet machine, more under load. Not run at full size here; a tiny run proves the script.
-Run with OPENBLAS_NUM_THREADS=1 (ape_seq's parameter-side NumPy would start its own threads).
+Threads: the script runs with one OpenMP and one OpenBLAS thread unless OMP_NUM_THREADS /
+OPENBLAS_NUM_THREADS are set. At this size one thread is faster: on the shared 2-core
+machine (load average 2.5-3 from other jobs) a cpu-scale training step (batch 32, rope) took
+0.038 s (median of 25) with one thread and 0.44 s with two, whose OpenMP barriers wait on a
+busy core.
+
+Time estimate (cpu scale): medians of 25 training steps with one thread, the same machine
+and load: copy 0.033-0.038 s, repeat 0.056-0.062 s, reverse 0.032-0.036 s (rope, ape_seq,
+none alike); the evaluation of a run (three sets of 256) 0.5-1.4 s. A seed of all three
+tasks is then about 4000 x 0.13 s = 9 minutes per row, and the table's 36 runs (3 tasks x 4
+rows x 3 seeds) about 1.75 hours (1.3 hours for the 3 rows registered today). Not run at full
+size here; a tiny run proves the script.
 """
 import argparse
 import json
 import math
+import os
 import sys
 import time
 from dataclasses import dataclass
 from pathlib import Path
 
-import numpy as np
+for _name in ("OMP_NUM_THREADS", "OPENBLAS_NUM_THREADS"):  # before NumPy and the core load
+    os.environ.setdefault(_name, "1")
+
+import numpy as np  # noqa: E402
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
@@ -109,7 +118,7 @@ class Scale:
 
 SCALES = {
     "paper": Scale(100, 512, 8, 4, 0.1, 64, 37_500, 5e-4, 469, 2000),
-    "cpu": Scale(32, 64, 2, 2, 0.0, 32, 1600, 1e-3, 20, 256),
+    "cpu": Scale(32, 64, 2, 2, 0.0, 32, 4000, 1e-3, 50, 256),
 }
 
 

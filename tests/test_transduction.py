@@ -207,9 +207,14 @@ def test_one_training_step_through_the_cli(tmp_path, capsys):
         assert again[name]["sequence_accuracy"] == result["eval"][name]["sequence_accuracy"]
 
 
-def test_reproduce_ape_writes_one_json_per_run_and_skips_them_on_rerun(tmp_path, capsys):
+def test_reproduce_ape_writes_one_json_per_run_and_skips_them_on_rerun(tmp_path, capsys,
+                                                                       monkeypatch):
     import importlib.util
+    import os
     from pathlib import Path
+
+    for name in ("OMP_NUM_THREADS", "OPENBLAS_NUM_THREADS"):  # the script sets them if unset
+        monkeypatch.setenv(name, os.environ.get(name, "1"))
 
     path = Path(__file__).resolve().parents[1] / "benchmarks" / "reproduce_ape.py"
     spec = importlib.util.spec_from_file_location("reproduce_ape", path)
