@@ -34,7 +34,8 @@ MODEL_FIELDS = [f for f in fields(ModelConfig)
 TRAIN_FIELDS = list(fields(TrainConfig))
 PARTS = {"mixer": MIXERS, "positional": SCHEMES, "bottleneck": BOTTLENECKS}
 FIELD_HELP = {
-    "task": "the task",
+    "task": "the task (copy, repeat, reverse: APE's sequence transductions)",
+    "mean_length": "copy, repeat, reverse: the mean source length (the paper's 100)",
     "preset": "the task's preset",
     "steps": "override the preset's walk length T (tokens = 2T)",
     "grid_size": "override the preset's grid side",

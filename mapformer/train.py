@@ -19,10 +19,10 @@ import numpy as np
 from tqdm.auto import tqdm
 
 from .models import ModelConfig, Transformer
-from .tasks import navigation, rotation4d, selective_copy
+from .tasks import navigation, rotation4d, selective_copy, transduction
 
 TASKS = {"navigation": navigation, "selective_copy": selective_copy,
-         "rotation4d": rotation4d}
+         "rotation4d": rotation4d, **{op: transduction for op in transduction.OPERATIONS}}
 SCHEDULES = ("linear", "cosine")
 EVAL_SETS = ("iid", "ood_dense", "ood_sparse")
 PRESETS = EVAL_SETS + ("table3",)  # training presets: navigation's "table3" has its own OOD sets
@@ -38,13 +38,15 @@ class TrainConfig:
     lr 3e-4, weight decay 0.05, batch 128, gradient clipping at 1.0, linear decay to 0 and
     no warmup, on the 2D ``iid`` preset (128 steps, p_empty 0.5, grid 64).
 
-    task: 'navigation', 'rotation4d' or 'selective_copy'; preset: 'iid', 'ood_dense',
-    'ood_sparse' or (navigation) 'table3', the SSM comparison's 16-step training set.
+    task: 'navigation', 'rotation4d', 'selective_copy' or one of APE's sequence
+    transductions 'copy', 'repeat', 'reverse'; preset: 'iid', 'ood_dense', 'ood_sparse' or
+    (navigation) 'table3', the SSM comparison's 16-step training set (transduction: 'iid'
+    only).
     dims, steps, grid_size, p_empty, n_objects: navigation (see
     :func:`mapformer.tasks.navigation.preset`); n_copy, n_blanks, n_symbols: selective copy
     (see :func:`mapformer.tasks.selective_copy.preset`); steps, p_empty, n_objects, planes:
-    4D-rotation navigation (see :mod:`mapformer.tasks.rotation4d`). None keeps the preset's
-    value.
+    4D-rotation navigation (see :mod:`mapformer.tasks.rotation4d`); mean_length, n_symbols:
+    transduction (see :mod:`mapformer.tasks.transduction`). None keeps the preset's value.
     ood_dense, ood_sparse: overrides ("field=value,...", e.g. "steps=256,p_empty=0.9") of the
     OOD test sets, which are derived from the training task by the paper's ratios (see
     :meth:`eval_tasks`). sequences: training sequences in all (rounded up to whole batches).
@@ -72,6 +74,7 @@ class TrainConfig:
     n_copy: int = None
     n_blanks: int = None
     n_symbols: int = None
+    mean_length: int = None
     ood_dense: str = None
     ood_sparse: str = None
     sequences: int = 200_000
@@ -137,6 +140,8 @@ class TrainConfig:
                                  "are the group's elements)")
             shape = ("steps", "p_empty")
             vocab = {"n_objects": self.n_objects, "planes": self.planes}
+        elif self.task in transduction.OPERATIONS:
+            shape, vocab = ("mean_length",), {"n_symbols": self.n_symbols}
         else:
             shape, vocab = ("n_copy", "n_blanks"), {"n_symbols": self.n_symbols}
         overrides = {k: v for k, v in vocab.items() if v is not None}
@@ -146,6 +151,8 @@ class TrainConfig:
             return navigation.preset(name, dims=self.dims, **overrides)
         if self.task == "rotation4d":
             return rotation4d.preset(name, **overrides)
+        if self.task in transduction.OPERATIONS:
+            return transduction.preset(name, operation=self.task, **overrides)
         return selective_copy.preset(name, **overrides)
 
     def eval_tasks(self):
@@ -154,14 +161,18 @@ class TrainConfig:
         module's ``ood_sets``: navigation halves steps and grid with p_empty 0.2, and takes 4x
         the steps and 2x the grid with p_empty 0.8; selective copy halves and doubles the
         blanks; navigation's "table3" preset: Table 3's ratios, see
-        navigation.table3_ood_sets), then with the ``ood_dense`` / ``ood_sparse`` overrides.
-        For the paper's presets these are its OOD presets."""
+        navigation.table3_ood_sets; transduction: 'iid' the test split, 'dev' and
+        'ood_long', twice the source length), then with the ``ood_dense`` / ``ood_sparse``
+        overrides. For the paper's presets these are its OOD presets."""
         task = self.task_config()
         sets = {"iid": task, **task_module(task).ood_sets(task)}
         if self.task == "navigation" and self.preset == "table3":
             sets.update(navigation.table3_ood_sets(task))
         for name in ("ood_dense", "ood_sparse"):
             if getattr(self, name):
+                if name not in sets:
+                    raise ValueError(f"{name}: task {self.task!r} has no {name} set (its "
+                                     f"evaluation sets are {list(sets)})")
                 sets[name] = dataclasses.replace(
                     sets[name], **parse_overrides(getattr(self, name), sets[name], name))
         return sets
@@ -256,10 +267,12 @@ class AdamW:
 
 
 def task_module(task):
-    """The module (navigation, rotation4d or selective_copy) that generates batches of a task
-    config."""
+    """The module (navigation, rotation4d, selective_copy or transduction) that generates
+    batches of a task config."""
     if isinstance(task, rotation4d.Rotation4DConfig):
         return rotation4d
+    if isinstance(task, transduction.TransductionConfig):
+        return transduction
     return navigation if isinstance(task, navigation.NavigationConfig) else selective_copy
 
 
@@ -284,12 +297,15 @@ def evaluate(model, tasks, sequences=256, seed=0, batch_size=32):
       accuracy of always predicting the most frequent target (the always-blank floor);
     - object_accuracy over the masked positions whose target is not the blank token (the
       revisits of cells that hold an object), beside its floor: always the most frequent
-      object. Blank-free tasks (selective copy) give the same number twice.
+      object. Blank-free tasks (selective copy) give the same number twice;
+    - a task module with ``eval_metrics(loss, exact, sequences)`` (transduction: perplexity
+      and sequence_accuracy) adds its metrics, from the mean loss and the count of sequences
+      whose masked positions are all right.
     """
     model.train(False)
     results = {}
     for name, task in tasks.items():
-        hits = object_hits = total = 0
+        hits = object_hits = total = exact = rows = 0
         loss_sum = 0.0
         counts = np.zeros(task.vocab_size, dtype=np.int64)
         for batch in task_module(task).eval_set(task, sequences, seed, batch_size):
@@ -301,6 +317,9 @@ def evaluate(model, tasks, sequences=256, seed=0, batch_size=32):
             pred = model.ops.to_numpy(model.logits).reshape(batch.mask.shape + (-1,)).argmax(-1)
             correct = (pred == batch.targets) & batch.mask
             hits += int(correct.sum())
+            scored = batch.mask.any(axis=1)
+            exact += int((correct == batch.mask).all(axis=1)[scored].sum())
+            rows += int(scored.sum())
             object_hits += int(correct[batch.targets != task.blank_id].sum())
             counts += np.bincount(batch.targets[batch.mask], minlength=task.vocab_size)
             total += n
@@ -314,16 +333,22 @@ def evaluate(model, tasks, sequences=256, seed=0, batch_size=32):
                          "object_floor": int(objects.max(initial=0)) / max(n_objects, 1),
                          "sequences": sequences, "positions": total,
                          "object_positions": n_objects}
+        extra = getattr(task_module(task), "eval_metrics", None)
+        if extra is not None:
+            results[name].update(extra(results[name]["loss"], exact, rows))
     model.train(True)
     return results
 
 
 def format_eval(results):
-    """One line per evaluation set: accuracy beside its floor, then the object recalls."""
+    """One line per evaluation set: accuracy beside its floor, then the object recalls (and
+    the perplexity and exact match of the tasks that report them)."""
     return "\n".join(f"  {name:<10} accuracy {r['accuracy']:.3f}   always-{r['floor_token']} "
                      f"floor {r['floor']:.3f}   objects {r['object_accuracy']:.3f} (floor "
-                     f"{r['object_floor']:.3f})   loss {r['loss']:.3f}   ({r['positions']} "
-                     "positions)" for name, r in results.items())
+                     f"{r['object_floor']:.3f})   loss {r['loss']:.3f}   "
+                     + (f"perplexity {r['perplexity']:.3f}   exact match "
+                        f"{r['sequence_accuracy']:.3f}   " if "perplexity" in r else "")
+                     + f"({r['positions']} positions)" for name, r in results.items())
 
 
 class CheckpointError(ValueError):

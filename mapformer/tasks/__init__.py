@@ -4,6 +4,8 @@ navigation: forced navigation on an n-dimensional torus (MapFormer, section 5.2)
 paper's IID and OOD presets.
 selective_copy: Mamba's selective copying (MapFormer, section 5.1), with the paper's IID and OOD
 presets; its generic names (PRESETS, preset, generate, ...) live in the submodule.
+transduction: APE's sequence copy / repeat / reverse (section 4, appendix 9) as a causal
+prefix-LM, variable lengths padded, fixed train/dev/test splits (submodule names only).
 """
 
 from .navigation import (
@@ -19,7 +21,7 @@ from .navigation import (
     preset,
     recall_accuracy,
 )
-from . import selective_copy
+from . import selective_copy, transduction
 from .selective_copy import (
     SelectiveCopyBatch,
     SelectiveCopyConfig,
@@ -44,4 +46,5 @@ __all__ = [
     "SelectiveCopyConfig",
     "sequence_accuracy",
     "token_accuracy",
+    "transduction",
 ]

@@ -1,0 +1,267 @@
+"""Reproduce APE's table (a), synthetic rows (Kogkalidis et al., NeurIPS 2024, section 4.2,
+appendix 9): sequence copy / repeat / reverse x positional schemes, over seeds, the test
+perplexity printed beside the paper's.
+
+    python benchmarks/reproduce_ape.py --scale cpu --seeds 3
+    python benchmarks/reproduce_ape.py --scale cpu --seeds 3 --tasks reverse --rows rope,ape_seq
+
+Rows (``--rows``, comma-separated): the named rows of ROWS (``sinusoidal``, ``learned_abs``,
+``rope``, ``rope_tuned``, ``ape_seq``, ``ape_seq_no_init``, ``none``) or any registered
+positional scheme's name (so later baselines plug in), each run with the attention mixer.
+Default: sinusoidal, rope, ape_seq, none. Our ``learned_abs`` is the paper's "Absolute",
+``rope`` its "RoPE frozen", ``rope_tuned`` (``rope_trainable``) "RoPE tuned", ``ape_seq`` its
+"APE w/ init" (RoPE's rotations at the start), ``ape_seq_no_init`` "APE w/o init"; the paper's decay of the logits (0.98^distance) is not applied (add
+``--ape-decay 0.98`` to the ape_seq rows). Each (task, row, seed) is written as JSON to
+``results/ape_table_a/<scale>/<task>-<row>-seed<k>.json`` as soon as it finishes, and a rerun
+skips the runs found there with the same configs (so an interrupted table resumes).
+
+Formulation (:mod:`mapformer.tasks.transduction`): one causal decoder over ``source SEP
+target`` (the library's attention kernels have only a causal mask), loss and metrics on the
+target tokens, where the paper trains an encoder-decoder (bidirectional encoder,
+cross-attention) with teacher forcing. Metrics: perplexity on the target tokens of the test
+split (the paper's), exact match (every target token right, teacher-forced), both also on the
+``ood_long`` set (sources twice as long as in training: length generalisation, not in the
+paper).
+
+Scales:
+- ``paper``: the paper's data (mean source length 100, spread 10, 20 symbols, 6000 training
+  sequences, data seed 42) and training (AdamW, weight decay 0.01, batch 64, 400 epochs =
+  37,500 steps, lr 5e-4 after 5 epochs of linear warmup, cosine decay; dropout 0.1) on a
+  decoder of 4 layers (the paper's 2 encoder + 2 decoder layers), d_model 512, 8 heads,
+  feed-forward 4x (the public code's 2048); test sets of 2000 sequences. Days on this CPU.
+- ``cpu``: mean source length 32 (spread 3.2), the same 6000 training sequences and data
+  seed; 2 layers, d_model 64, 2 heads of 32, batch 32, 4000 steps (128,000 sequences, 21
+  epochs), lr 1e-3 with 50 warmup steps (the paper's 5/400), cosine, no dropout; 256
+  sequences per evaluation set. Chosen for the time budget, not tuned.
+
+Threads: the script runs with one OpenMP and one OpenBLAS thread unless OMP_NUM_THREADS /
+OPENBLAS_NUM_THREADS are set. At this size one thread is faster: on the shared 2-core
+machine (load average 2.5-3 from other jobs) a cpu-scale training step (batch 32, rope) took
+0.038 s (median of 25) with one thread and 0.44 s with two, whose OpenMP barriers wait on a
+busy core.
+
+Time estimate (cpu scale): medians of 25 training steps with one thread, the same machine
+and load: copy 0.033-0.038 s, repeat 0.056-0.062 s, reverse 0.032-0.036 s (rope, ape_seq,
+none alike); the evaluation of a run (three sets of 256) 0.5-1.4 s. A seed of all three
+tasks is then about 4000 x 0.13 s = 9 minutes per row, and the table's 36 runs (3 tasks x 4
+rows x 3 seeds) about 1.75 hours. Not run at full
+size here; a tiny run proves the script.
+"""
+import argparse
+import json
+import math
+import os
+import sys
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+for _name in ("OMP_NUM_THREADS", "OPENBLAS_NUM_THREADS"):  # before NumPy and the core load
+    os.environ.setdefault(_name, "1")
+
+import numpy as np  # noqa: E402
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from mapformer.models import ModelConfig  # noqa: E402
+from mapformer.schemes import SCHEMES  # noqa: E402
+from mapformer.tasks import transduction  # noqa: E402
+from mapformer.train import TrainConfig, train  # noqa: E402
+
+TASKS = transduction.OPERATIONS
+COLUMNS = ("Sinusoidal", "Absolute", "Relative", "RoPE frozen", "RoPE tuned", "APE w/ init",
+           "APE w/o init")
+PAPER = {  # table (a), perplexity, mean and 95% CI over 3 runs (research note, section 2.5)
+    "copy": dict(zip(COLUMNS, [(1.01, 0.00), (1.11, 0.00), (1.00, 0.00), (1.00, 0.00),
+                               (1.00, 0.00), (1.00, 0.00), (1.00, 0.00)])),
+    "repeat": dict(zip(COLUMNS, [(1.85, 0.15), (3.66, 0.06), (1.44, 0.16), (1.08, 0.12),
+                                 (1.00, 0.00), (1.00, 0.00), (1.02, 0.00)])),
+    "reverse": dict(zip(COLUMNS, [(3.92, 0.99), (4.62, 0.67), (4.08, 1.12), (1.09, 0.02),
+                                  (1.01, 0.00), (1.01, 0.00), (1.03, 0.02)])),
+}
+
+
+@dataclass(frozen=True)
+class Row:
+    """A table row: the positional scheme, options over its defaults, and the paper's column
+    it stands beside (None: no counterpart)."""
+
+    scheme: str
+    options: tuple = ()
+    paper: str = None
+
+
+ROWS = {
+    "sinusoidal": Row("sinusoidal", paper="Sinusoidal"),
+    "learned_abs": Row("learned_abs", paper="Absolute"),
+    "rope": Row("rope", paper="RoPE frozen"),
+    "rope_tuned": Row("rope", (("rope_trainable", True),), paper="RoPE tuned"),
+    "ape_seq": Row("ape_seq", paper="APE w/ init"),
+    "ape_seq_no_init": Row("ape_seq", (("ape_no_init", True),), paper="APE w/o init"),
+    "none": Row("none"),
+}
+PAPER_COLUMN = {"relative": "Relative"}  # a scheme that may be registered later
+
+
+@dataclass(frozen=True)
+class Scale:
+    mean_length: int
+    d_model: int
+    n_heads: int
+    n_layers: int
+    dropout: float
+    batch_size: int
+    steps: int
+    lr: float
+    warmup_steps: int
+    eval_sequences: int
+
+
+SCALES = {
+    "paper": Scale(100, 512, 8, 4, 0.1, 64, 37_500, 5e-4, 469, 2000),
+    "cpu": Scale(32, 64, 2, 2, 0.0, 32, 4000, 1e-3, 50, 256),
+}
+
+
+def row_of(name):
+    """The Row of a --rows name: a named row, or a registered scheme with its defaults."""
+    if name in ROWS and ROWS[name].scheme in SCHEMES.entries:
+        return ROWS[name]
+    if name in SCHEMES.entries:
+        return Row(name, paper=PAPER_COLUMN.get(name))
+    raise ValueError(f"unknown row {name!r}: the rows are the registered schemes "
+                     f"{sorted(SCHEMES.entries)} and {sorted(ROWS)} (when their scheme is "
+                     "registered)")
+
+
+def configs(task, row, scale, seed, sequences):
+    """(ModelConfig, TrainConfig) of one run."""
+    train_config = TrainConfig(task=task, mean_length=scale.mean_length, sequences=sequences,
+                               batch_size=scale.batch_size, lr=scale.lr, weight_decay=0.01,
+                               schedule="cosine", warmup_steps=scale.warmup_steps, seed=seed,
+                               eval_sequences=scale.eval_sequences, eval_batch_size=64,
+                               log_every=50)
+    model_config = ModelConfig.for_task(
+        "rope", train_config.task_config(), positional=row.scheme, d_model=scale.d_model,
+        n_heads=scale.n_heads, n_layers=scale.n_layers, dropout=scale.dropout,
+        **dict(row.options))
+    return model_config, train_config
+
+
+def run(task, name, row, scale, seed, sequences, out_dir):
+    """Train one (task, row, seed), or read it from out_dir when its JSON holds the same
+    configs; returns the record."""
+    model_config, train_config = configs(task, row, scale, seed, sequences)
+    path = out_dir / f"{task}-{name}-seed{seed}.json"
+    if path.exists():
+        record = json.loads(path.read_text())
+        if (record["model"], record["train"]) == (model_config.to_dict(),
+                                                  train_config.to_dict()):
+            record["cached"] = True
+            return record
+        raise ValueError(f"{path} holds a run of other configs: remove it or use another --out")
+    result = train(model_config, train_config, progress=False, log=lambda *a: None)
+    record = {"task": task, "row": name, "seed": seed, "model": model_config.to_dict(),
+              "train": train_config.to_dict(), "eval": result["eval"],
+              "final_train_loss": result["loss"], "wall_s": result["wall_s"],
+              "steps": result["steps"]}
+    out_dir.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_suffix(".tmp")
+    tmp.write_text(json.dumps(record, indent=1))
+    tmp.replace(path)
+    return record
+
+
+T975 = {2: 12.706, 3: 4.303, 4: 3.182, 5: 2.776, 6: 2.571, 7: 2.447, 8: 2.365, 9: 2.306,
+        10: 2.262}
+
+
+def mean_ci(values):
+    """'mean ± half-width of the 95% t interval' (the paper's statistic); one value: mean."""
+    values = np.asarray(values, dtype=np.float64)
+    if len(values) < 2:
+        return f"{values.mean():.2f}"
+    half = T975.get(len(values), 1.96) * values.std(ddof=1) / math.sqrt(len(values))
+    return f"{values.mean():.2f} ± {half:.2f}"
+
+
+def format_table(records, tasks, names, scale_name):
+    """Markdown: one line per (task, row): test perplexity beside the paper's, exact match,
+    and both on ood_long."""
+    lines = [f"**APE table (a), synthetic rows, scale {scale_name}: perplexity on the target "
+             "tokens (paper in parentheses: mean ± 95% CI over 3 runs), exact match; "
+             "measured mean ± 95% CI over seeds**", "",
+             "| task | row | test perplexity (paper) | test exact match | ood_long perplexity "
+             "| ood_long exact match | seeds |", "|---|---|---|---|---|---|---|"]
+    for task in tasks:
+        for name in names:
+            runs = [r for r in records if (r["task"], r["row"]) == (task, name)]
+            if not runs:
+                continue
+            column = row_of(name).paper
+            ref = PAPER[task].get(column) if column else None
+            cells = [mean_ci([r["eval"][s][m] for r in runs])
+                     for s in ("iid", "ood_long") for m in ("perplexity", "sequence_accuracy")]
+            cells[0] += f" ({ref[0]:.2f} ± {ref[1]:.2f} {column})" if ref else " (-)"
+            lines.append(f"| {task} | {name} | " + " | ".join(cells) + f" | {len(runs)} |")
+    return "\n".join(lines)
+
+
+def main(argv=None):
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
+                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--scale", choices=sorted(SCALES), default="cpu")
+    parser.add_argument("--seeds", type=int, default=3, help="seeds per row (0, 1, ...)")
+    parser.add_argument("--rows", default=None,
+                        help="comma-separated rows: " + ", ".join(ROWS) + ", or any "
+                        "registered scheme (default: sinusoidal, rope, ape_seq, none)")
+    parser.add_argument("--tasks", default=",".join(TASKS),
+                        help="comma-separated among copy, repeat, reverse (default: all)")
+    parser.add_argument("--sequences", type=int, default=None,
+                        help="override the scale's training sequences (not a reproduction)")
+    parser.add_argument("--eval-sequences", type=int, default=None,
+                        help="override the scale's sequences per evaluation set")
+    parser.add_argument("--out", default=None,
+                        help="directory of the per-run JSON (default results/ape_table_a/SCALE)")
+    args = parser.parse_args(argv)
+    scale = SCALES[args.scale]
+    if args.eval_sequences:
+        scale = Scale(**{**scale.__dict__, "eval_sequences": args.eval_sequences})
+    sequences = args.sequences or scale.steps * scale.batch_size
+    names = ([n.strip() for n in args.rows.split(",")] if args.rows
+             else ["sinusoidal", "rope", "ape_seq", "none"])
+    tasks = [t.strip() for t in args.tasks.split(",")]
+    try:
+        rows = {name: row_of(name) for name in names}
+    except ValueError as exc:
+        parser.error(str(exc))
+    bad = [t for t in tasks if t not in TASKS]
+    if bad:
+        parser.error(f"unknown tasks {bad}: the tasks are {list(TASKS)}")
+    if args.seeds < 1:
+        parser.error("--seeds must be >= 1")
+    out_dir = Path(args.out or Path(__file__).resolve().parents[1] / "results" / "ape_table_a"
+                   / args.scale)
+    print(f"APE table (a) synthetic rows, scale {args.scale}: {scale}; {sequences} training "
+          f"sequences per run; JSON in {out_dir}", flush=True)
+    records, t0 = [], time.perf_counter()
+    for task in tasks:
+        for name, row in rows.items():
+            for seed in range(args.seeds):
+                r = run(task, name, row, scale, seed, sequences, out_dir)
+                records.append(r)
+                print(f"  {task} {name} seed {seed}: test perplexity "
+                      f"{r['eval']['iid']['perplexity']:.3f} exact "
+                      f"{r['eval']['iid']['sequence_accuracy']:.3f}   ood_long perplexity "
+                      f"{r['eval']['ood_long']['perplexity']:.3f} exact "
+                      f"{r['eval']['ood_long']['sequence_accuracy']:.3f}   "
+                      f"({r['wall_s']:.0f}s, {r['wall_s'] / r['steps']:.3f} s/step"
+                      + (", from an earlier run)" if r.get("cached") else ")"), flush=True)
+    print()
+    print(format_table(records, tasks, list(rows), args.scale))
+    print(f"\ntotal {time.perf_counter() - t0:.0f}s")
+    return records
+
+
+if __name__ == "__main__":
+    main()
