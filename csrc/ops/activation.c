@@ -5,8 +5,9 @@
  *   softplus: y = log(1 + e^x) (x <= 20);     dx = dy s
  *             y = x              (x > 20);    dx = dy      (Mamba's / PyTorch's threshold)
  * SiLU's sigmoid is simd.h's vsigmoid (the core's one exponential), compiled for AVX-512,
- * AVX2 and baseline x86-64 (target_clones). softplus uses log1pf(expf(x)) (no cancellation:
- * log1p of the small e^x for x << 0) and the same sigmoid for its derivative.
+ * AVX2 and baseline x86-64 (target_clones). softplus is max(x, 0) + log1p(exp(-|x|)) in
+ * vector code (an exp with Cody-Waite reduction over vexp2, Cephes' logf polynomial with Goldberg's log1p correction: no
+ * cancellation for large |x|) and the same sigmoid for its derivative.
  */
 #include <math.h>
 #include <stdint.h>
@@ -20,54 +21,98 @@
 #define ACT_CHUNK 8192 /* elements per OpenMP work item */
 #define SOFTPLUS_THRESHOLD 20.0f
 
+/* full vectors through unaligned loads, the last partial one through vload_part: BODY reads
+ * the lanes at i (m of them valid) and stores its result */
+#define ACT_LOOP(BODY)                                          \
+    int64_t i = 0;                                              \
+    for (; i + MF_VW <= n; i += MF_VW) {                        \
+        const int64_t m = MF_VW;                                \
+        BODY                                                    \
+    }                                                           \
+    if (i < n) {                                                \
+        const int64_t m = n - i;                                \
+        BODY                                                    \
+    }
+#define LOAD(v, p)                 \
+    if (m == MF_VW)                \
+        v = VLOADU(p);             \
+    else                           \
+        vload_part(&v, p, m);
+#define STORE(p, v)                \
+    if (m == MF_VW)                \
+        VSTOREU(p, v);             \
+    else                           \
+        vstore_part(p, &v, m);
+
 MF_CLONES
 static void silu_kernel(float *restrict y, const float *restrict x, int64_t n) {
-    for (int64_t i = 0; i < n; i += MF_VW) {
-        const int64_t m = n - i < MF_VW ? n - i : MF_VW;
-        vf v, s;
-        vload_part(&v, x + i, m);
-        s = v;
-        vsigmoid(&s);
-        s = v * s;
-        vstore_part(y + i, &s, m);
-    }
+    ACT_LOOP(vf v; LOAD(v, x + i) vf s = v; vsigmoid(&s); s = v * s; STORE(y + i, s))
 }
 
 MF_CLONES
 static void silu_grad_kernel(float *restrict dx, const float *restrict dy,
                              const float *restrict x, int64_t n) {
-    for (int64_t i = 0; i < n; i += MF_VW) {
-        const int64_t m = n - i < MF_VW ? n - i : MF_VW;
-        vf v, d, s;
-        vload_part(&v, x + i, m);
-        vload_part(&d, dy + i, m);
-        s = v;
-        vsigmoid(&s);
-        d = d * (s * (1.0f + v * (1.0f - s)));
-        vstore_part(dx + i, &d, m);
-    }
+    ACT_LOOP(vf v; vf d; LOAD(v, x + i) LOAD(d, dy + i) vf s = v; vsigmoid(&s);
+             d = d * (s * (1.0f + v * (1.0f - s))); STORE(dx + i, d))
 }
 
+/* *x = log(*x) for *x in [1, 2]: Cephes logf (w = m 2^e with m in [sqrt(1/2), sqrt(2)), a degree-8
+ * polynomial in m - 1, the exponent's log2 in two parts), about 1 ulp; separate multiplies
+ * and adds (the same bits on every width) */
+MF_INLINE void vlog_1_2(vf *x) {
+    const vi bits = (vi)*x;
+    vf e = __builtin_convertvector(((bits >> 23) & 0xff) - 126, vf); /* w = m 2^e, m in [1/2, 1) */
+    const vf m = (vf)((bits & 0x007fffff) | 0x3f000000);
+    const vi small = m < VSPLAT(0.707106781186547524f);
+    e = VSELECT(small, e - 1.0f, e);
+    const vf f = VSELECT(small, m + m - 1.0f, m - 1.0f), z = f * f;
+    vf p = VSPLAT(7.0376836292e-2f);
+    p = p * f - 1.1514610310e-1f;
+    p = p * f + 1.1676998740e-1f;
+    p = p * f - 1.2420140846e-1f;
+    p = p * f + 1.4249322787e-1f;
+    p = p * f - 1.6668057665e-1f;
+    p = p * f + 2.0000714765e-1f;
+    p = p * f - 2.4999993993e-1f;
+    p = p * f + 3.3333331174e-1f;
+    vf y = p * f * z + e * -2.12194440e-4f - 0.5f * z;
+    *x = (f + y) + e * 0.693359375f;
+}
+
+/* *x = exp(*x) for *x <= 0 to a few ulps: Cody-Waite reduction x = n ln2 + r (ln2 in two
+ * parts, |r| <= ln2 / 2), 2^(r log2 e) by vexp2, times 2^n put into the exponent bits (vexp's
+ * single product x log2 e would lose |x| ulps); 0 below -87 (where exp(x) is subnormal) */
+MF_INLINE void vexp_nonpositive(vf *x) {
+    const vf v = VSELECT(*x < VSPLAT(-87.0f), VSPLAT(-87.0f), *x);
+    const vf t = v * MF_LOG2E + 12582912.0f; /* 1.5 * 2^23: round(v log2 e) in its low bits */
+    const vf n = t - 12582912.0f;
+    vf r = (v - n * 0.693145751953125f) - n * 1.428606765330187e-6f;
+    r = r * MF_LOG2E;
+    vexp2(&r);
+    const vi scale = ((vi)t - 0x4B400000 + 127) << 23; /* 2^n, n >= -126 */
+    *x = VSELECT(*x < VSPLAT(-87.0f), VSPLAT(0.0f), r * (vf)scale);
+}
+
+/* softplus(x) = max(x, 0) + log1p(exp(-|x|)); log1p(u) = log(w) u / (w - 1), w = 1 + u
+ * (exact to about an ulp however small u is; u itself where w rounds to 1); x above the
+ * threshold: x */
 MF_CLONES
 static void softplus_kernel(float *restrict y, const float *restrict x, int64_t n) {
-    for (int64_t i = 0; i < n; i++)
-        y[i] = x[i] > SOFTPLUS_THRESHOLD ? x[i] : log1pf(expf(x[i]));
+    ACT_LOOP(vf v; LOAD(v, x + i) vf u = VSELECT(v < VSPLAT(0.0f), v, -v);
+             vexp_nonpositive(&u);
+             const vf w = 1.0f + u; const vi one = w == VSPLAT(1.0f);
+             const vf d = VSELECT(one, VSPLAT(1.0f), w - 1.0f); vf l = w; vlog_1_2(&l);
+             l = VSELECT(one, u, l * (u / d));
+             l = VSELECT(v > VSPLAT(0.0f), v + l, l);
+             l = VSELECT(v > VSPLAT(SOFTPLUS_THRESHOLD), v, l); STORE(y + i, l))
 }
 
 MF_CLONES
 static void softplus_grad_kernel(float *restrict dx, const float *restrict dy,
                                  const float *restrict x, int64_t n) {
-    for (int64_t i = 0; i < n; i += MF_VW) {
-        const int64_t m = n - i < MF_VW ? n - i : MF_VW;
-        vf v, d, s;
-        vload_part(&v, x + i, m);
-        vload_part(&d, dy + i, m);
-        s = v;
-        vsigmoid(&s);
-        s = VSELECT(v > VSPLAT(SOFTPLUS_THRESHOLD), VSPLAT(1.0f), s);
-        d = d * s;
-        vstore_part(dx + i, &d, m);
-    }
+    ACT_LOOP(vf v; vf d; LOAD(v, x + i) LOAD(d, dy + i) vf s = v; vsigmoid(&s);
+             s = VSELECT(v > VSPLAT(SOFTPLUS_THRESHOLD), VSPLAT(1.0f), s); d = d * s;
+             STORE(dx + i, d))
 }
 
 /* run kernel over n elements in ACT_CHUNK pieces on the OpenMP team */
