@@ -303,17 +303,20 @@ class Transformer:
         for block in self.blocks:
             block.drop1.training = block.drop2.training = mode
 
-    def forward(self, tokens, coordinates=None):
+    def forward(self, tokens, coordinates=None, prefix=None):
         """tokens int (B, T) -> logits (B, T, V). Keeps the activations for backward().
         coordinates (B, T, n): the tokens' positions as the task knows them (navigation: the
         agent's cell), given to every positional scheme (``scheme.coordinates``); None: the
-        schemes that read them use the token index."""
+        schemes that read them use the token index. prefix int (B,): each sequence's prefix
+        length (a prefix LM's source), read by attention with ``attn_mask='prefix'``
+        (``mixer.prefix``; None: its ``attn_prefix``)."""
         tokens = self.ops.as_indices(check_tokens(tokens), "tokens")
         batch, steps = tokens.shape
         if coordinates is not None:
             coordinates = self.ops.asarray(check_coordinates(coordinates, (batch, steps)))
         for block in self.blocks:
             block.mixer.scheme.coordinates = coordinates
+            block.mixer.prefix = prefix
         x = self.blocks[0].mixer.scheme.embed(self.embed.forward(tokens.reshape(-1)), batch,
                                               steps)
         state = self.blocks[0].initial_state(batch, steps)
@@ -323,12 +326,12 @@ class Transformer:
         self.logits = self.head.forward(self.ln_f.forward(x))
         return self.logits.reshape(batch, steps, -1)
 
-    def loss(self, tokens, targets, mask, coordinates=None):
+    def loss(self, tokens, targets, mask, coordinates=None, prefix=None):
         """Masked next-token cross-entropy plus the bottlenecks' auxiliary losses (none
         without a bottleneck): tokens, targets int (B, T), mask bool (B, T) -> mean loss over
-        the masked positions (float); coordinates as for :meth:`forward`. Keeps what
+        the masked positions (float); coordinates, prefix as for :meth:`forward`. Keeps what
         backward() needs."""
-        logits = self.forward(tokens, coordinates)
+        logits = self.forward(tokens, coordinates, prefix)
         check_targets(targets, mask, logits.shape[:2])
         self.targets = self.ops.as_indices(targets, "targets").reshape(-1)
         self.mask = self.ops.asarray(mask).reshape(-1)

@@ -276,6 +276,15 @@ def task_module(task):
     return navigation if isinstance(task, navigation.NavigationConfig) else selective_copy
 
 
+def batch_prefix(module, batch):
+    """The task's prefix length of each sequence of ``batch``, int (B,) (transduction: its
+    source and separator, the part a prefix LM reads bidirectionally; what attention with
+    ``attn_mask='prefix'`` sees in full), or None when the task module defines none
+    (``attention_prefix(batch)``)."""
+    read = getattr(module, "attention_prefix", None)
+    return None if read is None else read(batch)
+
+
 def masked_accuracy(logits, batch):
     """Fraction of masked positions whose argmax prediction equals the target.
     logits (B, T, V), batch with targets (B, T) and mask (B, T)."""
@@ -312,8 +321,10 @@ def evaluate(model, tasks, sequences=256, seed=0, batch_size=32):
             n = int(batch.mask.sum())
             if n == 0:
                 continue
+            module = task_module(task)
             loss_sum += model.loss(batch.tokens, batch.targets, batch.mask,
-                                   task_module(task).token_coordinates(batch)) * n
+                                   module.token_coordinates(batch),
+                                   batch_prefix(module, batch)) * n
             pred = model.ops.to_numpy(model.logits).reshape(batch.mask.shape + (-1,)).argmax(-1)
             correct = (pred == batch.targets) & batch.mask
             hits += int(correct.sum())
@@ -612,7 +623,7 @@ def train(model_config, train_config, out_dir=None, resume=None, progress=True, 
                                     np.random.default_rng([train_config.seed, step]))
             loss = model.loss(batch.tokens, batch.targets,
                               module.loss_mask(batch, train_config.loss_positions),
-                              module.token_coordinates(batch))
+                              module.token_coordinates(batch), batch_prefix(module, batch))
             model.backward()
             lr = learning_rate(train_config, step)
             norm = optimizer.step(lr)
