@@ -303,8 +303,11 @@ class Transformer:
         for block in self.blocks:
             block.drop1.training = block.drop2.training = mode
 
-    def forward(self, tokens, coordinates=None, prefix=None):
-        """tokens int (B, T) -> logits (B, T, V). Keeps the activations for backward().
+    def forward(self, tokens, coordinates=None, prefix=None, pool=None):
+        """tokens int (B, T) -> logits (B, T, V), or (B, 1, V) with ``pool='mean'``: the logits
+        of the mean over the tokens of the final (layer-normed) features, a sequence
+        classifier's (the head is linear, so they are the mean of the tokens' logits). Keeps
+        the activations for backward().
         coordinates (B, T, n): the tokens' positions as the task knows them (navigation: the
         agent's cell), given to every positional scheme (``scheme.coordinates``); None: the
         schemes that read them use the token index. prefix int (B,): each sequence's prefix
@@ -323,15 +326,24 @@ class Transformer:
         for block in self.blocks:
             x, state = block.forward(x, batch, steps, state)
         self.final_state = state
-        self.logits = self.head.forward(self.ln_f.forward(x))
-        return self.logits.reshape(batch, steps, -1)
+        h = self.ln_f.forward(x)
+        if pool not in (None, "mean"):
+            raise ValueError(f"pool must be None or 'mean', got {pool!r}")
+        self.pooled = None
+        if pool == "mean":  # (1, T) @ (B, T, C) -> (B, 1, C): the weights are sizes only
+            self.pooled = (batch, steps)
+            h = self.ops.matmul(self.ops.asarray(np.full((1, steps), 1.0 / steps)),
+                                h.reshape(batch, steps, -1)).reshape(batch, -1)
+        self.logits = self.head.forward(h)
+        return self.logits.reshape(batch, 1 if pool else steps, -1)
 
-    def loss(self, tokens, targets, mask, coordinates=None, prefix=None):
+    def loss(self, tokens, targets, mask, coordinates=None, prefix=None, pool=None):
         """Masked next-token cross-entropy plus the bottlenecks' auxiliary losses (none
         without a bottleneck): tokens, targets int (B, T), mask bool (B, T) -> mean loss over
-        the masked positions (float); coordinates, prefix as for :meth:`forward`. Keeps what
+        the masked positions (float); coordinates, prefix, pool as for :meth:`forward` (with
+        ``pool='mean'`` targets and mask are (B, 1): a class per sequence). Keeps what
         backward() needs."""
-        logits = self.forward(tokens, coordinates, prefix)
+        logits = self.forward(tokens, coordinates, prefix, pool)
         check_targets(targets, mask, logits.shape[:2])
         self.targets = self.ops.as_indices(targets, "targets").reshape(-1)
         self.mask = self.ops.asarray(mask).reshape(-1)
@@ -344,6 +356,10 @@ class Transformer:
         scale = 1.0 / max(float(self.mask.sum()), 1.0)
         dx = self.head.backward(
             self.ops.softmax_xent_backward(self.logits, self.targets, self.mask, scale))
+        if self.pooled is not None:  # every token gets 1/T of the pooled features' gradient
+            batch, steps = self.pooled
+            dx = self.ops.matmul(self.ops.asarray(np.full((steps, 1), 1.0 / steps)),
+                                 dx.reshape(batch, 1, -1)).reshape(batch * steps, -1)
         dx = self.ln_f.backward(dx)
         # the last block's output state feeds nothing: its gradient is zero
         dstate = None if self.final_state is None else self.ops.zeros_like(self.final_state)

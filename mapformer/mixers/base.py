@@ -48,8 +48,9 @@ MASKS = ("causal", "none", "prefix")
 MASK_OPTIONS = (
     Option("attn_mask", str, "causal", "which keys a query sees: causal (j <= i), none "
            "(every key: an encoder), prefix (full attention within the first P tokens, causal "
-           "after: a prefix LM; P from the task per sequence, else attn_prefix)",
-           choices=MASKS),
+           "after: a prefix LM; P from the task per sequence, else attn_prefix); for a task: "
+           "its attention_mask (none for the image classifiers), else causal",
+           choices=MASKS, from_task=lambda task: getattr(task, "attention_mask", "causal")),
     Option("attn_prefix", int, 0, "with attn_mask prefix: the prefix length P when the task "
            "gives none per sequence (a fixed source length; clipped to the sequence)",
            minimum=0),
