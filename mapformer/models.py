@@ -277,6 +277,12 @@ def check_targets(targets, mask, shape):
                              "finite weight >= 0")
 
 
+def mean_weights(shape):
+    """The weights of a mean over T tokens as a (1, T) row or a (T, 1) column (float64, each
+    1 / T): the pooling of Transformer.forward(pool='mean') and its backward."""
+    return np.full(shape, 1.0 / max(shape))
+
+
 class Transformer:
     """Token embedding (plus the positional code of an additive scheme: the first block's
     ``scheme.embed``), ``n_layers`` blocks, final LayerNorm and a linear head.
@@ -332,7 +338,7 @@ class Transformer:
         self.pooled = None
         if pool == "mean":  # (1, T) @ (B, T, C) -> (B, 1, C): the weights are sizes only
             self.pooled = (batch, steps)
-            h = self.ops.matmul(self.ops.asarray(np.full((1, steps), 1.0 / steps)),
+            h = self.ops.matmul(self.ops.asarray(mean_weights((1, steps))),
                                 h.reshape(batch, steps, -1)).reshape(batch, -1)
         self.logits = self.head.forward(h)
         return self.logits.reshape(batch, 1 if pool else steps, -1)
@@ -358,7 +364,7 @@ class Transformer:
             self.ops.softmax_xent_backward(self.logits, self.targets, self.mask, scale))
         if self.pooled is not None:  # every token gets 1/T of the pooled features' gradient
             batch, steps = self.pooled
-            dx = self.ops.matmul(self.ops.asarray(np.full((steps, 1), 1.0 / steps)),
+            dx = self.ops.matmul(self.ops.asarray(mean_weights((steps, 1))),
                                  dx.reshape(batch, 1, -1)).reshape(batch * steps, -1)
         dx = self.ln_f.backward(dx)
         # the last block's output state feeds nothing: its gradient is zero
