@@ -266,3 +266,46 @@ def test_softmax_xent_empty_mask(emu, rng):
 def test_empty_sizes_refused(emu, function, struct):
     """Sizes of zero: MF_EINVAL before any launch (every pointer NULL: nothing is read)."""
     assert emu.call(function, struct) == 1
+
+
+# T past one query tile (64 rows) and several key tiles (32 rows), partial last tiles; D at
+# both ends of [16, 128]
+ATTENTION_SIZES = [(1, 1, 1, 16), (2, 37, 3, 16), (1, 70, 2, 18), (1, 9, 1, 128)]
+
+
+@pytest.mark.parametrize("B,T,H,D", ATTENTION_SIZES)
+def test_attention(emu, rng, B, T, H, D):
+    q, k, v = (randn(rng, B, T, H, D) for _ in range(3))
+    dout = randn(rng, B, T, H, D)
+    scale = 1.0 / np.sqrt(D)
+    sizes = dict(B=B, T=T, H=H, D=D, scale=scale)
+    out, lse = run(emu, "attention_forward_cuda", "MfAttentionParams",
+                   lambda: dict(out=empty(B, T, H, D), lse=empty(B, H, T), q=q, k=k, v=v,
+                                **sizes), ["out", "lse"])
+    rout, rlse = ref.attention_forward(q, k, v, scale)
+    # sums over up to T keys of D-long products (conftest: "reduction")
+    assert_close(out, rout, "reduction", "out")
+    assert_close(lse, rlse, "reduction", "lse")
+    floats = B * H * T
+    assert emu.lib.attention_backward_cuda_scratch_floats is not None
+    dq, dk, dv = run(emu, "attention_backward_cuda", "MfAttentionParams",
+                     lambda: dict(dq=empty(B, T, H, D), dk=empty(B, T, H, D),
+                                  dv=empty(B, T, H, D), q=q, k=k, v=v, dout=dout, o=out,
+                                  lse_in=lse, scratch=empty(floats), scratch_floats=floats,
+                                  **sizes), ["dq", "dk", "dv"])
+    rdq, rdk, rdv = ref.attention_backward(dout, q, k, v, scale)
+    # products summed over both T and D (conftest: "gradient")
+    assert_close(dq, rdq, "gradient", "dq")
+    assert_close(dk, rdk, "gradient", "dk")
+    assert_close(dv, rdv, "gradient", "dv")
+
+
+def test_attention_refuses_bad_sizes(emu, rng):
+    q = randn(rng, 1, 4, 1, 16)
+    for D in (14, 15, 130):
+        assert emu.call("attention_forward_cuda", "MfAttentionParams", out=q, lse=q, q=q, k=q,
+                        v=q, B=1, T=4, H=1, D=D, scale=0.25) == 1
+    base = dict(dq=q, dk=q, dv=q, q=q, k=q, v=q, dout=q, o=q, lse_in=q, B=1, T=4, H=1, D=16,
+                scale=0.25, scratch=q)
+    assert emu.call("attention_backward_cuda", "MfAttentionParams", scratch_floats=3,
+                    **base) == 1
