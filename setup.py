@@ -128,6 +128,9 @@ def build_cuda(out_dir, temp_dir):
             list(pool.map(lambda so: subprocess.run([nvcc, *NVCC_ARGS, "-c", so[0], "-o", so[1]],
                                                     check=True), zip(sources, objects)))
         subprocess.run([nvcc, "-shared", "--cudart=static", *objects, "-o", library], check=True)
+        # the parameter structs' layout, read by mapformer/cuda.py at run time
+        shutil.copyfile(os.path.join("csrc", "include", "mapformer", "params.h"),
+                        os.path.join(out_dir, "params.h"))
     except (subprocess.CalledProcessError, OSError) as error:
         if mode == "on":
             raise
@@ -145,9 +148,10 @@ class BuildExt(build_ext):
         out_dir = os.path.join(ROOT if self.inplace else self.build_lib, "mapformer")
         library = build_cuda(out_dir, os.path.join(self.build_temp, "cuda"))
         if library is not None and not self.inplace:
-            target = os.path.join(ROOT, "mapformer", os.path.basename(library))
-            if os.access(os.path.dirname(target), os.W_OK):
-                shutil.copyfile(library, target)
+            for built in (library, os.path.join(out_dir, "params.h")):
+                target = os.path.join(ROOT, "mapformer", os.path.basename(built))
+                if os.access(os.path.dirname(target), os.W_OK):
+                    shutil.copyfile(built, target)
 
     def build_extension(self, ext):
         compile_in_parallel(self.compiler)

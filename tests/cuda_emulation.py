@@ -2,7 +2,8 @@
 cuda/emulate/ (CUDA's execution model: blocks one after another, a block's threads as
 concurrent OpenMP threads, __syncthreads as their barrier; cuda/common.cuh) into one shared
 library, loaded with ctypes. The kernels' public functions take the same parameter structs
-as the C ops; their ctypes twins are read from csrc/include/mapformer/params.h itself.
+as the C ops; their ctypes twins are read from csrc/include/mapformer/params.h itself
+(mapformer.cuda.parse_params).
 
 The library is built once per source state into build/cuda_emulation/<hash>/ (CXX, default
 g++): later runs reuse it."""
@@ -10,11 +11,12 @@ import ctypes
 import glob
 import hashlib
 import os
-import re
 import subprocess
 from concurrent.futures import ThreadPoolExecutor
 
 import numpy as np
+
+from mapformer.cuda import parse_params
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 PARAMS_H = os.path.join(ROOT, "csrc", "include", "mapformer", "params.h")
@@ -68,29 +70,6 @@ def build():
     return lib
 
 
-_CTYPES = {"float": ctypes.c_float, "double": ctypes.c_double, "int64_t": ctypes.c_int64,
-           "int32_t": ctypes.c_int32, "int": ctypes.c_int}
-
-
-def parse_params(path=PARAMS_H):
-    """{name: ctypes.Structure} for every `typedef struct {...} Mf*Params;` of params.h
-    (pointers become void pointers), so the layout is the header's own."""
-    text = re.sub(r"/\*.*?\*/", "", open(path).read(), flags=re.S)
-    structs = {}
-    for body, name in re.findall(r"typedef struct \{(.*?)\}\s*(\w+);", text, flags=re.S):
-        fields = []
-        for decl in filter(None, (d.strip() for d in body.split(";"))):
-            decl = re.sub(r"\bconst\b", "", decl).strip()
-            base, rest = decl.split(None, 1)
-            for item in rest.split(","):
-                item = item.strip()
-                pointer = item.startswith("*")
-                fields.append((item.lstrip("*").strip(),
-                               ctypes.c_void_p if pointer else _CTYPES[base]))
-        structs[name] = type(name, (ctypes.Structure,), {"_fields_": fields})
-    return structs
-
-
 class Emulation:
     """The loaded library: ``call(function, struct_name, **fields)`` fills the struct (NumPy
     arrays become pointers to their data; they must be C-contiguous and of the right dtype,
@@ -99,7 +78,7 @@ class Emulation:
 
     def __init__(self, path):
         self.lib = ctypes.CDLL(path)
-        self.structs = parse_params()
+        self.structs = parse_params(PARAMS_H)
         self.lib.mf_emu_set_schedule.argtypes = [ctypes.c_int]
         self.lib.mf_emu_set_schedule.restype = ctypes.c_int
 
