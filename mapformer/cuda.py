@@ -22,7 +22,7 @@ LIBRARY = os.path.join(HERE, "libmapformer_cuda.so")
 PARAMS_H = [os.path.join(HERE, "params.h"),
             os.path.join(os.path.dirname(HERE), "csrc", "include", "mapformer", "params.h")]
 FAMILIES = ("gelu", "activation (silu, softplus)", "layernorm", "rotary", "path_integration",
-            "embedding", "softmax_xent", "adamw", "attention")
+            "embedding", "softmax_xent", "adamw", "attention", "linear")
 HOW_TO_BUILD = ("build the CUDA kernels and install CuPy: MAPFORMER_CUDA=on pip install "
                 "'.[cuda]' (needs the CUDA Toolkit's nvcc; cupy-cuda13x, or '.[cuda12]' for a "
                 "CUDA 12 toolkit and driver)")
@@ -243,12 +243,29 @@ def ops(lib, xp, stream=lambda: None):
              scratch_floats=scratch.size)
         return dq, dk, dv
 
+    def linear_forward(x, weight, bias=None):
+        x, weight = f32(x), f32(weight)
+        (N, Cin), Cout = x.shape, weight.shape[0]
+        y = empty(N, Cout)
+        call("linear_forward_cuda", "MfLinearParams", y=y, x=x, weight=weight,
+             bias=None if bias is None else f32(bias), N=N, Cin=Cin, Cout=Cout)
+        return y
+
+    def linear_backward(dy, x, weight, dweight, dbias=None, dx=None):
+        x, weight = f32(x), f32(weight)
+        (N, Cin), Cout = x.shape, weight.shape[0]
+        out = empty(N, Cin) if dx is None else dx
+        call("linear_backward_cuda", "MfLinearParams", dx=out, dweight=dweight, dbias=dbias,
+             dy=f32(dy), x=x, weight=weight, N=N, Cin=Cin, Cout=Cout,
+             accumulate_dx=int(dx is not None))
+        return out
+
     names = ("gelu_forward", "gelu_backward", "silu_forward", "silu_backward",
              "softplus_forward", "softplus_backward", "layernorm_forward", "layernorm_backward",
              "rotary_forward", "rotary_backward", "path_integration_forward",
              "path_integration_backward", "embedding_forward", "embedding_backward",
              "softmax_xent_forward", "softmax_xent_backward", "adamw_step",
-             "attention_forward", "attention_backward")
+             "attention_forward", "attention_backward", "linear_forward", "linear_backward")
     local = locals()
     return SimpleNamespace(**{name: local[name] for name in names})
 

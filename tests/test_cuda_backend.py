@@ -91,6 +91,15 @@ def compare_with_c(ops, rng, to_device, to_host):
     _C.adamw_step(p, grads, m, v, decay, lr=0.01, step=3, weight_decay=0.1)
     for a, e in zip(state, (p, m, v)):
         assert_close(to_host(a), e, "default", "adamw")
+    wl, bl, gl = randn(rng, 5, C), randn(rng, 5), randn(rng, 6, 5)
+    assert_close(to_host(ops.linear_forward(dev(xs), dev(wl), dev(bl))),
+                 _C.linear_forward(xs, wl, bl), "reduction", "linear")
+    dwl, dbl, dwl_c, dbl_c = dev(np.zeros((5, C), np.float32)), dev(np.zeros(5, np.float32)), \
+        np.zeros((5, C), np.float32), np.zeros(5, np.float32)
+    assert_close(to_host(ops.linear_backward(dev(gl), dev(xs), dev(wl), dwl, dbl)),
+                 _C.linear_backward(gl, xs, wl, dwl_c, dbl_c), "reduction", "linear dx")
+    assert_close(to_host(dwl), dwl_c, "gradient", "linear dweight")
+    assert_close(to_host(dbl), dbl_c, "gradient", "linear dbias")
     vv = randn(rng, B, T, H, D)
     out, lse = ops.attention_forward(dev(q), dev(k), dev(vv))
     out_c, lse_c = _C.attention_forward(q, k, vv)

@@ -309,3 +309,29 @@ def test_attention_refuses_bad_sizes(emu, rng):
                 scale=0.25, scratch=q)
     assert emu.call("attention_backward_cuda", "MfAttentionParams", scratch_floats=3,
                     **base) == 1
+
+
+# partial 32 x 32 tiles on every side, K shorter and longer than a tile
+@pytest.mark.parametrize("N,Cin,Cout", [(1, 1, 1), (7, 33, 5), (37, 40, 65), (3, 100, 32)])
+@pytest.mark.parametrize("has_bias", [True, False])
+def test_linear(emu, rng, N, Cin, Cout, has_bias):
+    x, w, dy = randn(rng, N, Cin), randn(rng, Cout, Cin), randn(rng, N, Cout)
+    b = randn(rng, Cout) if has_bias else None
+    (y,) = run(emu, "linear_forward_cuda", "MfLinearParams",
+               lambda: dict(y=empty(N, Cout), x=x, weight=w, bias=b, N=N, Cin=Cin, Cout=Cout),
+               ["y"])
+    # dot products of length Cin (conftest: "reduction")
+    assert_close(y, ref.linear_forward(x, w, b), "reduction", "y")
+    rdx, rdw, rdb = ref.linear_backward(dy, x, w, has_bias)
+    dx0, dw0, db0 = randn(rng, N, Cin), randn(rng, Cout, Cin), randn(rng, Cout)
+    for accumulate in (0, 1):
+        fields = lambda: dict(dx=dx0.copy(), dweight=dw0.copy(),  # noqa: E731
+                              dbias=db0.copy() if has_bias else None, dy=dy, x=x, weight=w,
+                              N=N, Cin=Cin, Cout=Cout, accumulate_dx=accumulate)
+        outputs = ["dx", "dweight"] + (["dbias"] if has_bias else [])
+        got = run(emu, "linear_backward_cuda", "MfLinearParams", fields, outputs)
+        assert_close(got[0], rdx + (dx0 if accumulate else 0), "reduction", "dx")
+        # sums over the N rows (conftest: "gradient")
+        assert_close(got[1], dw0 + rdw, "gradient", "dweight")
+        if has_bias:
+            assert_close(got[2], db0 + rdb, "gradient", "dbias")

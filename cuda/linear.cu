@@ -1,0 +1,42 @@
+/* Linear layer on the GPU (csrc/ops/linear.c's math): y = x weight^T + bias.
+ *   forward:  y (N, Cout) = x (N, Cin) weight^T + bias          (gemm.cuh, bias in its epilogue)
+ *   backward: dx (N, Cin) = dy weight (=, or += with accumulate_dx);
+ *             dweight (Cout, Cin) += dy^T x;  dbias (Cout,) += sum_n dy (one thread per
+ *             column, rows in order: deterministic).
+ * No scratch (the struct's scratch fields are ignored). */
+#include "gemm.cuh"
+
+#define LIN_THREADS 256
+
+__global__ void linear_dbias_kernel(MfLinearParams p) {
+    for (int64_t c = MF_GRID_START; c < p.Cout; c += MF_GRID_STRIDE) {
+        float s = 0.0f;
+        for (int64_t n = 0; n < p.N; n++) s += p.dy[n * p.Cout + c];
+        p.dbias[c] += s;
+    }
+}
+
+static int linear_valid(const MfLinearParams *p) {
+    return p->N >= 1 && p->Cin >= 1 && p->Cout >= 1;
+}
+
+extern "C" int linear_forward_cuda(const MfLinearParams *p, cudaStream_t stream) {
+    if (!linear_valid(p) || p->y == NULL || p->x == NULL || p->weight == NULL) return MF_EINVAL;
+    return mf_gemm<false, true>(p->N, p->Cout, p->Cin, p->x, p->Cin, p->weight, p->Cin, p->y,
+                                p->Cout, 0, p->bias, stream);
+}
+
+extern "C" int linear_backward_cuda(const MfLinearParams *p, cudaStream_t stream) {
+    if (!linear_valid(p) || p->dx == NULL || p->dweight == NULL || p->dy == NULL
+        || p->x == NULL || p->weight == NULL)
+        return MF_EINVAL;
+    int status = mf_gemm<false, false>(p->N, p->Cin, p->Cout, p->dy, p->Cout, p->weight, p->Cin,
+                                       p->dx, p->Cin, p->accumulate_dx, NULL, stream);
+    if (status != MF_OK) return status;
+    status = mf_gemm<true, false>(p->Cout, p->Cin, p->N, p->dy, p->Cout, p->x, p->Cin,
+                                  p->dweight, p->Cin, 1, NULL, stream);
+    if (status != MF_OK || p->dbias == NULL) return status;
+    const unsigned grid = mf_blocks(p->Cout, LIN_THREADS);
+    return MF_LAUNCH(linear_dbias_kernel, dim3(grid < MF_MAX_GRID ? grid : MF_MAX_GRID),
+                     dim3(LIN_THREADS), 0, stream, *p);
+}
