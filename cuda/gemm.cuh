@@ -64,4 +64,20 @@ static int mf_gemm(int64_t M, int64_t N, int64_t K, const float *A, int64_t lda,
                      accumulate, bias);
 }
 
+/* out (C,) += the column sums of a (N, C): one thread per column, rows in order (deterministic) */
+static __global__ void mf_column_sums_kernel(float *out, const float *a, int64_t N, int64_t C) {
+    for (int64_t c = MF_GRID_START; c < C; c += MF_GRID_STRIDE) {
+        float s = 0.0f;
+        for (int64_t n = 0; n < N; n++) s += a[n * C + c];
+        out[c] += s;
+    }
+}
+
+static int mf_add_column_sums(float *out, const float *a, int64_t N, int64_t C,
+                              cudaStream_t stream) {
+    const unsigned grid = mf_blocks(C, 256);
+    return MF_LAUNCH(mf_column_sums_kernel, dim3(grid < MF_MAX_GRID ? grid : MF_MAX_GRID),
+                     dim3(256), 0, stream, out, a, N, C);
+}
+
 #endif

@@ -6,16 +6,6 @@
  * No scratch (the struct's scratch fields are ignored). */
 #include "gemm.cuh"
 
-#define LIN_THREADS 256
-
-__global__ void linear_dbias_kernel(MfLinearParams p) {
-    for (int64_t c = MF_GRID_START; c < p.Cout; c += MF_GRID_STRIDE) {
-        float s = 0.0f;
-        for (int64_t n = 0; n < p.N; n++) s += p.dy[n * p.Cout + c];
-        p.dbias[c] += s;
-    }
-}
-
 static int linear_valid(const MfLinearParams *p) {
     return p->N >= 1 && p->Cin >= 1 && p->Cout >= 1;
 }
@@ -36,7 +26,5 @@ extern "C" int linear_backward_cuda(const MfLinearParams *p, cudaStream_t stream
     status = mf_gemm<true, false>(p->Cout, p->Cin, p->N, p->dy, p->Cout, p->x, p->Cin,
                                   p->dweight, p->Cin, 1, NULL, stream);
     if (status != MF_OK || p->dbias == NULL) return status;
-    const unsigned grid = mf_blocks(p->Cout, LIN_THREADS);
-    return MF_LAUNCH(linear_dbias_kernel, dim3(grid < MF_MAX_GRID ? grid : MF_MAX_GRID),
-                     dim3(LIN_THREADS), 0, stream, *p);
+    return mf_add_column_sums(p->dbias, p->dy, p->N, p->Cout, stream);
 }

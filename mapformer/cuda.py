@@ -22,7 +22,7 @@ LIBRARY = os.path.join(HERE, "libmapformer_cuda.so")
 PARAMS_H = [os.path.join(HERE, "params.h"),
             os.path.join(os.path.dirname(HERE), "csrc", "include", "mapformer", "params.h")]
 FAMILIES = ("gelu", "activation (silu, softplus)", "layernorm", "rotary", "path_integration",
-            "embedding", "softmax_xent", "adamw", "attention", "linear")
+            "embedding", "softmax_xent", "adamw", "attention", "linear", "mlp", "residual")
 HOW_TO_BUILD = ("build the CUDA kernels and install CuPy: MAPFORMER_CUDA=on pip install "
                 "'.[cuda]' (needs the CUDA Toolkit's nvcc; cupy-cuda13x, or '.[cuda12]' for a "
                 "CUDA 12 toolkit and driver)")
@@ -260,12 +260,42 @@ def ops(lib, xp, stream=lambda: None):
              accumulate_dx=int(dx is not None))
         return out
 
+    def mlp_forward(x, w_fc, b_fc, w_proj, b_proj, *, approximate="tanh"):
+        x = f32(x)
+        (N, C), F = x.shape, w_fc.shape[0]
+        y, h, scratch = empty(N, C), empty(N, F), empty(N * F)
+        call("mlp_forward_cuda", "MfMlpParams", y=y, h=h, x=x, w_fc=f32(w_fc), b_fc=f32(b_fc),
+             w_proj=f32(w_proj), b_proj=f32(b_proj), N=N, C=C, F=F, exact=exact(approximate),
+             scratch=scratch, scratch_floats=scratch.size)
+        return y, h
+
+    def mlp_backward(dy, x, h, w_fc, w_proj, dw_fc, db_fc, dw_proj, db_proj, *,
+                     approximate="tanh"):
+        x = f32(x)
+        (N, C), F = x.shape, w_fc.shape[0]
+        dx, scratch = empty(N, C), empty(2 * N * F)
+        call("mlp_backward_cuda", "MfMlpParams", dx=dx, dw_fc=dw_fc, db_fc=db_fc,
+             dw_proj=dw_proj, db_proj=db_proj, dy=f32(dy), h_in=f32(h), x=x, w_fc=f32(w_fc),
+             w_proj=f32(w_proj), N=N, C=C, F=F, exact=exact(approximate), scratch=scratch,
+             scratch_floats=scratch.size)
+        return dx
+
+    def residual_forward(a, b):
+        a, b = f32(a), f32(b)
+        out = empty(*a.shape)
+        call("residual_forward_cuda", "MfResidualParams", out=out, a=a, b=b, n=a.size)
+        return out
+
+    def residual_backward(dx, dout):
+        call("residual_backward_cuda", "MfResidualParams", dx=dx, dout=f32(dout), n=dx.size)
+
     names = ("gelu_forward", "gelu_backward", "silu_forward", "silu_backward",
              "softplus_forward", "softplus_backward", "layernorm_forward", "layernorm_backward",
              "rotary_forward", "rotary_backward", "path_integration_forward",
              "path_integration_backward", "embedding_forward", "embedding_backward",
              "softmax_xent_forward", "softmax_xent_backward", "adamw_step",
-             "attention_forward", "attention_backward", "linear_forward", "linear_backward")
+             "attention_forward", "attention_backward", "linear_forward", "linear_backward",
+             "mlp_forward", "mlp_backward", "residual_forward", "residual_backward")
     local = locals()
     return SimpleNamespace(**{name: local[name] for name in names})
 

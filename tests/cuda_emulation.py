@@ -55,17 +55,20 @@ def build():
     os.makedirs(out, exist_ok=True)
     include = ["-I" + os.path.join(ROOT, "csrc", "include"), "-I" + os.path.join(ROOT, "cuda")]
 
+    def run(command):
+        done = subprocess.run(command, capture_output=True, text=True)
+        if done.returncode != 0:
+            raise RuntimeError(f"{' '.join(command)}\n{done.stderr}")
+
     def compile_one(src):
         obj = os.path.join(out, os.path.basename(src) + ".o")
-        subprocess.run([cxx, *CXXFLAGS, *include, "-c", src, "-o", obj], check=True,
-                       capture_output=True, text=True)
+        run([cxx, *CXXFLAGS, *include, "-c", src, "-o", obj])
         return obj
 
     with ThreadPoolExecutor(os.cpu_count() or 1) as pool:
         objects = list(pool.map(compile_one, sources()))
     tmp = lib + f".{os.getpid()}.tmp"
-    subprocess.run([cxx, "-shared", "-fopenmp", *objects, "-o", tmp], check=True,
-                   capture_output=True, text=True)
+    run([cxx, "-shared", "-fopenmp", *objects, "-o", tmp])
     os.replace(tmp, lib)
     return lib
 

@@ -100,6 +100,25 @@ def compare_with_c(ops, rng, to_device, to_host):
                  _C.linear_backward(gl, xs, wl, dwl_c, dbl_c), "reduction", "linear dx")
     assert_close(to_host(dwl), dwl_c, "gradient", "linear dweight")
     assert_close(to_host(dbl), dbl_c, "gradient", "linear dbias")
+    w_fc, b_fc, w_proj, b_proj = randn(rng, 40, C), randn(rng, 40), randn(rng, C, 40), \
+        randn(rng, C)
+    (y, h), (y_c, h_c) = (ops.mlp_forward(dev(xs), dev(w_fc), dev(b_fc), dev(w_proj),
+                                          dev(b_proj)),
+                          _C.mlp_forward(xs, w_fc, b_fc, w_proj, b_proj))
+    assert_close(to_host(y), y_c, "gradient", "mlp y")
+    assert_close(to_host(h), h_c, "reduction", "mlp h")
+    grads = [np.zeros(a.shape, np.float32) for a in (w_fc, b_fc, w_proj, b_proj)]
+    grads_dev = [dev(a.copy()) for a in grads]
+    dx = ops.mlp_backward(dev(g), dev(xs), h, dev(w_fc), dev(w_proj), *grads_dev)
+    dx_c = _C.mlp_backward(g, xs, h_c, w_fc, w_proj, *grads)
+    for a, e in zip([dx] + grads_dev, [dx_c] + grads):
+        assert_close(to_host(a), e, "gradient", "mlp backward")
+    assert np.array_equal(to_host(ops.residual_forward(dev(x), dev(dy))),
+                          _C.residual_forward(x, dy))
+    acc, acc_c = dev(x.copy()), x.copy()
+    ops.residual_backward(acc, dev(dy))
+    _C.residual_backward(acc_c, dy)
+    assert np.array_equal(to_host(acc), acc_c)
     vv = randn(rng, B, T, H, D)
     out, lse = ops.attention_forward(dev(q), dev(k), dev(vv))
     out_c, lse_c = _C.attention_forward(q, k, vv)

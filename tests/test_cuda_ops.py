@@ -335,3 +335,47 @@ def test_linear(emu, rng, N, Cin, Cout, has_bias):
         assert_close(got[1], dw0 + rdw, "gradient", "dweight")
         if has_bias:
             assert_close(got[2], db0 + rdb, "gradient", "dbias")
+
+
+@pytest.mark.parametrize("N,C,F", [(1, 1, 1), (5, 33, 70), (37, 16, 64)])
+@pytest.mark.parametrize("exact", [0, 1])
+def test_mlp(emu, rng, N, C, F, exact):
+    approximate = "none" if exact else "tanh"
+    x, dy = randn(rng, N, C), randn(rng, N, C)
+    w_fc, b_fc, w_proj, b_proj = randn(rng, F, C), randn(rng, F), randn(rng, C, F), randn(rng, C)
+    weights = dict(w_fc=w_fc, b_fc=b_fc, w_proj=w_proj, b_proj=b_proj, N=N, C=C, F=F,
+                   exact=exact)
+    assert emu.lib.mlp_forward_cuda_scratch_floats is not None
+    y, h = run(emu, "mlp_forward_cuda", "MfMlpParams",
+               lambda: dict(y=empty(N, C), h=empty(N, F), x=x, scratch=empty(N * F),
+                            scratch_floats=N * F, **weights), ["y", "h"])
+    ry, rh = ref.mlp_forward(x, w_fc, b_fc, w_proj, b_proj, approximate=approximate)
+    assert_close(h, rh, "reduction", "h")
+    # two products in a row: the second sums F terms carrying the first's rounding
+    assert_close(y, ry, "gradient", "y")
+    grads0 = dict(dw_fc=randn(rng, F, C), db_fc=randn(rng, F), dw_proj=randn(rng, C, F),
+                  db_proj=randn(rng, C))
+    got = run(emu, "mlp_backward_cuda", "MfMlpParams",
+              lambda: dict(dx=empty(N, C), dy=dy, h_in=h, x=x, scratch=empty(2 * N * F),
+                           scratch_floats=2 * N * F,
+                           **{k: v.copy() for k, v in grads0.items()}, **weights),
+              ["dx", "dw_fc", "db_fc", "dw_proj", "db_proj"])
+    want = ref.mlp_backward(dy, x, h, w_fc, w_proj, approximate=approximate)
+    assert_close(got[0], want[0], "gradient", "dx")
+    for g, w, name in zip(got[1:], want[1:], ("dw_fc", "db_fc", "dw_proj", "db_proj")):
+        assert_close(g, grads0[name] + w, "gradient", name)
+    short = dict(dx=empty(N, C), dy=dy, h_in=h, x=x, scratch=empty(2 * N * F),
+                 scratch_floats=2 * N * F - 1, **grads0, **weights)
+    assert emu.call("mlp_backward_cuda", "MfMlpParams", **short) == 1
+
+
+@pytest.mark.parametrize("n", [1, 257, 3001])
+def test_residual(emu, rng, n):
+    a, b, dx0, dout = (randn(rng, n) for _ in range(4))
+    (out,) = run(emu, "residual_forward_cuda", "MfResidualParams",
+                 lambda: dict(out=empty(n), a=a, b=b, n=n), ["out"])
+    assert np.array_equal(out, a + b)  # one float32 add: exact
+    (dx,) = run(emu, "residual_backward_cuda", "MfResidualParams",
+                lambda: dict(dx=dx0.copy(), dout=dout, n=n), ["dx"])
+    assert np.array_equal(dx, dx0 + dout)
+    assert_close(dx, dx0 + ref.residual_backward(dout)[0], "default", "dx")
