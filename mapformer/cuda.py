@@ -22,7 +22,8 @@ LIBRARY = os.path.join(HERE, "libmapformer_cuda.so")
 PARAMS_H = [os.path.join(HERE, "params.h"),
             os.path.join(os.path.dirname(HERE), "csrc", "include", "mapformer", "params.h")]
 FAMILIES = ("gelu", "activation (silu, softplus)", "layernorm", "rotary", "path_integration",
-            "embedding", "softmax_xent", "adamw", "attention", "linear", "mlp", "residual")
+            "embedding", "softmax_xent", "adamw", "attention", "linear", "mlp", "residual",
+            "grad_norm")
 HOW_TO_BUILD = ("build the CUDA kernels and install CuPy: MAPFORMER_CUDA=on pip install "
                 "'.[cuda]' (needs the CUDA Toolkit's nvcc; cupy-cuda13x, or '.[cuda12]' for a "
                 "CUDA 12 toolkit and driver)")
@@ -289,13 +290,26 @@ def ops(lib, xp, stream=lambda: None):
     def residual_backward(dx, dout):
         call("residual_backward_cuda", "MfResidualParams", dx=dx, dout=f32(dout), n=dx.size)
 
+    def global_norm(x):
+        x = f32(x)
+        norm = xp.zeros(1, xp.float64)
+        call("global_norm_cuda", "MfGradNormParams", norm=norm, x=x, n=x.size)
+        return float(norm[0])
+
+    def clip_grad_norm(grads, max_norm):
+        norm = xp.zeros(1, xp.float64)
+        call("clip_grad_norm_cuda", "MfGradNormParams", norm=norm, grads=grads, n=grads.size,
+             max_norm=max_norm)
+        return float(norm[0])
+
     names = ("gelu_forward", "gelu_backward", "silu_forward", "silu_backward",
              "softplus_forward", "softplus_backward", "layernorm_forward", "layernorm_backward",
              "rotary_forward", "rotary_backward", "path_integration_forward",
              "path_integration_backward", "embedding_forward", "embedding_backward",
              "softmax_xent_forward", "softmax_xent_backward", "adamw_step",
              "attention_forward", "attention_backward", "linear_forward", "linear_backward",
-             "mlp_forward", "mlp_backward", "residual_forward", "residual_backward")
+             "mlp_forward", "mlp_backward", "residual_forward", "residual_backward",
+             "global_norm", "clip_grad_norm")
     local = locals()
     return SimpleNamespace(**{name: local[name] for name in names})
 

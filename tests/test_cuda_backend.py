@@ -119,6 +119,12 @@ def compare_with_c(ops, rng, to_device, to_host):
     ops.residual_backward(acc, dev(dy))
     _C.residual_backward(acc_c, dy)
     assert np.array_equal(to_host(acc), acc_c)
+    gn = randn(rng, 300)
+    assert_close(ops.global_norm(dev(gn)), _C.global_norm(gn), "default", "norm")
+    clipped, clipped_c = dev(gn.copy()), gn.copy()
+    assert_close(ops.clip_grad_norm(clipped, 0.5), _C.clip_grad_norm(clipped_c, 0.5), "default",
+                 "clip norm")
+    assert_close(to_host(clipped), clipped_c, "default", "clipped")
     vv = randn(rng, B, T, H, D)
     out, lse = ops.attention_forward(dev(q), dev(k), dev(vv))
     out_c, lse_c = _C.attention_forward(q, k, vv)

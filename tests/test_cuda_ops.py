@@ -379,3 +379,27 @@ def test_residual(emu, rng, n):
                 lambda: dict(dx=dx0.copy(), dout=dout, n=n), ["dx"])
     assert np.array_equal(dx, dx0 + dout)
     assert_close(dx, dx0 + ref.residual_backward(dout)[0], "default", "dx")
+
+
+@pytest.mark.parametrize("n", [1, 1023, 5000])
+def test_grad_norm(emu, rng, n):
+    x = randn(rng, n, scale=0.5)
+    (norm,) = run(emu, "global_norm_cuda", "MfGradNormParams",
+                  lambda: dict(norm=np.full(1, np.nan), x=x, n=n), ["norm"])
+    # squares summed in double: a float32 result's accuracy
+    assert_close(norm[0], ref.global_norm(x), "default", "norm")
+    for max_norm in (1e-3, 1e30, np.inf):
+        grads, got = run(emu, "clip_grad_norm_cuda", "MfGradNormParams",
+                         lambda: dict(norm=np.full(1, np.nan), grads=x.copy(), n=n,
+                                      max_norm=max_norm), ["grads", "norm"])
+        want, want_norm = ref.clip_grad_norm(x, max_norm)
+        assert_close(got[0], want_norm, "default", "norm")
+        assert_close(grads, want, "default", "grads")
+    bad = x.copy()
+    bad[0] = np.inf
+    norm = np.zeros(1)
+    assert emu.call("clip_grad_norm_cuda", "MfGradNormParams", norm=norm, grads=bad, n=n,
+                    max_norm=1.0) == 0
+    assert norm[0] == np.inf and np.array_equal(bad[1:], x[1:])  # not scaled
+    assert emu.call("clip_grad_norm_cuda", "MfGradNormParams", norm=norm, grads=bad, n=n,
+                    max_norm=0.0) == 1
