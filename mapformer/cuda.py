@@ -302,16 +302,20 @@ def ops(lib, xp, stream=lambda: None):
              max_norm=max_norm)
         return float(norm[0])
 
-    names = ("gelu_forward", "gelu_backward", "silu_forward", "silu_backward",
-             "softplus_forward", "softplus_backward", "layernorm_forward", "layernorm_backward",
-             "rotary_forward", "rotary_backward", "path_integration_forward",
-             "path_integration_backward", "embedding_forward", "embedding_backward",
-             "softmax_xent_forward", "softmax_xent_backward", "adamw_step",
-             "attention_forward", "attention_backward", "linear_forward", "linear_backward",
-             "mlp_forward", "mlp_backward", "residual_forward", "residual_backward",
-             "global_norm", "clip_grad_norm")
-    local = locals()
-    return SimpleNamespace(**{name: local[name] for name in names})
+    return SimpleNamespace(
+        gelu_forward=gelu_forward, gelu_backward=gelu_backward, silu_forward=silu_forward,
+        silu_backward=silu_backward, softplus_forward=softplus_forward,
+        softplus_backward=softplus_backward, layernorm_forward=layernorm_forward,
+        layernorm_backward=layernorm_backward, rotary_forward=rotary_forward,
+        rotary_backward=rotary_backward, path_integration_forward=path_integration_forward,
+        path_integration_backward=path_integration_backward, embedding_forward=embedding_forward,
+        embedding_backward=embedding_backward, softmax_xent_forward=softmax_xent_forward,
+        softmax_xent_backward=softmax_xent_backward, adamw_step=adamw_step,
+        attention_forward=attention_forward, attention_backward=attention_backward,
+        linear_forward=linear_forward, linear_backward=linear_backward, mlp_forward=mlp_forward,
+        mlp_backward=mlp_backward, residual_forward=residual_forward,
+        residual_backward=residual_backward, global_norm=global_norm,
+        clip_grad_norm=clip_grad_norm)
 
 
 def gpu_ops():
