@@ -19,8 +19,9 @@
  *    result differs between the two serial orders has a race between barriers (a write and a
  *    read or two writes of one address by two threads with no barrier between them) that the
  *    tests then see deterministically; the concurrent schedule runs the real thing;
- *  - atomicAdd is an OpenMP atomic; no warp-level operation (shuffles, votes, warp-synchronous
- *    code) is provided: kernels reduce through shared memory and __syncthreads only;
+ *  - atomicAdd (int, float, double) is an OpenMP atomic; no warp-level operation (shuffles,
+ *    votes, warp-synchronous code) is provided: kernels reduce through shared memory and
+ *    __syncthreads only;
  *  - device pointers are host pointers; a launch is synchronous and its status is returned.
  * Under nvcc the same macros are CUDA's: MF_LAUNCH is kernel<<<grid, block, shared, stream>>>
  * followed by cudaGetLastError. */

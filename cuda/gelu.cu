@@ -1,5 +1,6 @@
 /* GELU on the GPU, elementwise over n floats (the math of csrc/ops/gelu.c):
- *   tanh approximation (exact = 0): y = x / (1 + e), e = exp(-2u), u = sqrt(2/pi) (x + 0.044715 x^3)
+ *   tanh approximation (exact = 0): y = x / (1 + e), e = exp(-2u),
+ *       u = sqrt(2/pi) (x + 0.044715 x^3)
  *       dx = dy (s + 2 x s (1 - s) du/dx), s = 1 / (1 + e), du/dx = sqrt(2/pi) (1 + 3 0.044715 x^2)
  *   exact (exact = 1): y = x Phi(x), Phi(x) = erfc(-x / sqrt 2) / 2,
  *       dx = dy (Phi(x) + x exp(-x^2 / 2) / sqrt(2 pi))

@@ -101,3 +101,14 @@ def test_refused_launches(emu):
     assert emu.lib.mf_test_neighbour(ctypes.c_void_p(out.ctypes.data), 2048, 1) == 4
     assert emu.lib.mf_test_neighbour(ctypes.c_void_p(out.ctypes.data), 0, 1) == 4
     assert emu.lib.mf_test_count(ctypes.c_void_p(out.ctypes.data), 0, 32) == 4
+
+
+def test_threads_of_a_block_run_concurrently(emu):
+    """Thread 0 spins, with no barrier, until the last thread sets a flag: it returns only
+    because the block's threads are real concurrent threads (as on a GPU)."""
+    emu.schedule("concurrent")
+    for threads in (2, 64):
+        flag, out = np.zeros(1, np.int32), np.full(1, -1, np.int32)
+        assert emu.lib.mf_test_concurrency(ctypes.c_void_p(flag.ctypes.data),
+                                           ctypes.c_void_p(out.ctypes.data), threads) == 0
+        assert out[0] == 1 and flag[0] == 1

@@ -187,6 +187,16 @@ inline float atomicAdd(float *address, float value) {
     return old;
 }
 
+inline int atomicAdd(int *address, int value) {
+    int old;
+#pragma omp atomic capture
+    {
+        old = *address;
+        *address += value;
+    }
+    return old;
+}
+
 inline double atomicAdd(double *address, double value) {
     double old;
 #pragma omp atomic capture

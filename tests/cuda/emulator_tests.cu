@@ -71,3 +71,20 @@ __global__ void reduce_kernel(float *out, const float *x, int n) {
 extern "C" int mf_test_reduce(float *out, const float *x, int n) {
     return MF_LAUNCH(reduce_kernel, dim3(1), dim3(256), 0, (cudaStream_t)0, out, x, n);
 }
+
+/* thread 0 waits, with no barrier, for a flag that the block's last thread sets: it can only
+ * see it if the threads really run at the same time (a serial execution of the block would
+ * run thread 0 to its end first); out[0] = 1 when seen, 0 when the wait gave up */
+__global__ void concurrency_kernel(int *flag, int *out) {
+    if (threadIdx.x == blockDim.x - 1) atomicAdd(flag, 1);
+    if (threadIdx.x == 0) {
+        long spins = 0;
+        while (atomicAdd(flag, 0) == 0 && ++spins < (1L << 28)) {
+        }
+        out[0] = atomicAdd(flag, 0) != 0;
+    }
+}
+
+extern "C" int mf_test_concurrency(int *flag, int *out, int threads) {
+    return MF_LAUNCH(concurrency_kernel, dim3(1), dim3(threads), 0, (cudaStream_t)0, flag, out);
+}
