@@ -23,7 +23,7 @@ PARAMS_H = [os.path.join(HERE, "params.h"),
             os.path.join(os.path.dirname(HERE), "csrc", "include", "mapformer", "params.h")]
 FAMILIES = ("gelu", "activation (silu, softplus)", "layernorm", "rotary", "path_integration",
             "embedding", "softmax_xent", "adamw", "attention", "linear", "mlp", "residual",
-            "grad_norm")
+            "grad_norm", "tape_rotate", "ape_decay", "causal_conv1d")
 HOW_TO_BUILD = ("build the CUDA kernels and install CuPy: MAPFORMER_CUDA=on pip install "
                 "'.[cuda]' (needs the CUDA Toolkit's nvcc; cupy-cuda13x, or '.[cuda12]' for a "
                 "CUDA 12 toolkit and driver)")
@@ -302,6 +302,52 @@ def ops(lib, xp, stream=lambda: None):
              max_norm=max_norm)
         return float(norm[0])
 
+    def tape_rotate_forward(q, k, e):
+        q, k, e = f32(q), f32(k), f32(e)
+        B, T, H, D = q.shape
+        q_out, k_out = empty(B, T, H, D), empty(B, T, H, D)
+        call("tape_rotate_forward_cuda", "MfTapeRotateParams", q_out=q_out, k_out=k_out, q=q,
+             k=k, e=e, B=B, T=T, H=H, D=D)
+        return q_out, k_out
+
+    def tape_rotate_backward(dq_out, dk_out, q, k, e):
+        q, k, e = f32(q), f32(k), f32(e)
+        B, T, H, D = q.shape
+        dq, dk, de = empty(B, T, H, D), empty(B, T, H, D), empty(B, T, H, D)
+        call("tape_rotate_backward_cuda", "MfTapeRotateParams", dq=dq, dk=dk, de=de,
+             dq_out=f32(dq_out), dk_out=f32(dk_out), q=q, k=k, e=e, B=B, T=T, H=H, D=D)
+        return dq, dk, de
+
+    def ape_decay(direction):
+        def op(q, k, gamma):
+            q, k = f32(q), f32(k)
+            B, T, H, D = q.shape
+            a, b = empty(B, T, H, D), empty(B, T, H, D)
+            names = ("q_out", "k_out", "q", "k") if direction == "forward" else \
+                ("dq", "dk", "dq_out", "dk_out")
+            call(f"ape_decay_{direction}_cuda", "MfApeDecayParams",
+                 **dict(zip(names, (a, b, q, k))), B=B, T=T, H=H, D=D, gamma=gamma)
+            return a, b
+        return op
+
+    ape_decay_forward, ape_decay_backward = ape_decay("forward"), ape_decay("backward")
+
+    def causal_conv1d_forward(x, weight, bias):
+        x, weight = f32(x), f32(weight)
+        (B, T, E), W = x.shape, weight.shape[1]
+        y = empty(B, T, E)
+        call("causal_conv1d_forward_cuda", "MfConv1dParams", y=y, x=x, weight=weight,
+             bias=f32(bias), B=B, T=T, E=E, W=W)
+        return y
+
+    def causal_conv1d_backward(dy, x, weight, dweight, dbias):
+        x, weight = f32(x), f32(weight)
+        (B, T, E), W = x.shape, weight.shape[1]
+        dx = empty(B, T, E)
+        call("causal_conv1d_backward_cuda", "MfConv1dParams", dx=dx, dweight=dweight,
+             dbias=dbias, dy=f32(dy), x=x, weight=weight, B=B, T=T, E=E, W=W)
+        return dx
+
     return SimpleNamespace(
         gelu_forward=gelu_forward, gelu_backward=gelu_backward, silu_forward=silu_forward,
         silu_backward=silu_backward, softplus_forward=softplus_forward,
@@ -315,7 +361,10 @@ def ops(lib, xp, stream=lambda: None):
         linear_forward=linear_forward, linear_backward=linear_backward, mlp_forward=mlp_forward,
         mlp_backward=mlp_backward, residual_forward=residual_forward,
         residual_backward=residual_backward, global_norm=global_norm,
-        clip_grad_norm=clip_grad_norm)
+        clip_grad_norm=clip_grad_norm, tape_rotate_forward=tape_rotate_forward,
+        tape_rotate_backward=tape_rotate_backward, ape_decay_forward=ape_decay_forward,
+        ape_decay_backward=ape_decay_backward, causal_conv1d_forward=causal_conv1d_forward,
+        causal_conv1d_backward=causal_conv1d_backward)
 
 
 def gpu_ops():

@@ -125,6 +125,26 @@ def compare_with_c(ops, rng, to_device, to_host):
     assert_close(ops.clip_grad_norm(clipped, 0.5), _C.clip_grad_norm(clipped_c, 0.5), "default",
                  "clip norm")
     assert_close(to_host(clipped), clipped_c, "default", "clipped")
+    e = randn(rng, B, T, H, D)
+    for a, w in zip(ops.tape_rotate_forward(dev(q), dev(k), dev(e)),
+                    _C.tape_rotate_forward(q, k, e)):
+        assert_close(to_host(a), w, "default", "tape_rotate")
+    for a, w in zip(ops.tape_rotate_backward(dev(dq_out), dev(dk_out), dev(q), dev(k), dev(e)),
+                    _C.tape_rotate_backward(dq_out, dk_out, q, k, e)):
+        assert_close(to_host(a), w, "reduction", "tape_rotate backward")
+    for direction in ("forward", "backward"):
+        for a, w in zip(getattr(ops, f"ape_decay_{direction}")(dev(q), dev(k), 0.9),
+                        getattr(_C, f"ape_decay_{direction}")(q, k, 0.9)):
+            assert_close(to_host(a), w, "default", f"ape_decay_{direction}")
+    xc, wc, bc, gc = randn(rng, B, T, C), randn(rng, C, 4), randn(rng, C), randn(rng, B, T, C)
+    assert_close(to_host(ops.causal_conv1d_forward(dev(xc), dev(wc), dev(bc))),
+                 _C.causal_conv1d_forward(xc, wc, bc), "reduction", "conv1d")
+    dwc, dbc = dev(np.zeros((C, 4), np.float32)), dev(np.zeros(C, np.float32))
+    dwc_c, dbc_c = np.zeros((C, 4), np.float32), np.zeros(C, np.float32)
+    assert_close(to_host(ops.causal_conv1d_backward(dev(gc), dev(xc), dev(wc), dwc, dbc)),
+                 _C.causal_conv1d_backward(gc, xc, wc, dwc_c, dbc_c), "reduction", "conv1d dx")
+    assert_close(to_host(dwc), dwc_c, "gradient", "conv1d dweight")
+    assert_close(to_host(dbc), dbc_c, "gradient", "conv1d dbias")
     vv = randn(rng, B, T, H, D)
     out, lse = ops.attention_forward(dev(q), dev(k), dev(vv))
     out_c, lse_c = _C.attention_forward(q, k, vv)

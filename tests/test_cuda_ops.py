@@ -403,3 +403,61 @@ def test_grad_norm(emu, rng, n):
     assert norm[0] == np.inf and np.array_equal(bad[1:], x[1:])  # not scaled
     assert emu.call("clip_grad_norm_cuda", "MfGradNormParams", norm=norm, grads=bad, n=n,
                     max_norm=0.0) == 1
+
+
+@pytest.mark.parametrize("B,T,H,D", [(1, 1, 1, 2), (2, 7, 3, 16), (1, 13, 2, 130)])
+def test_tape_rotate(emu, rng, B, T, H, D):
+    q, k, e, dq_out, dk_out = (randn(rng, B, T, H, D) for _ in range(5))
+    sizes = dict(B=B, T=T, H=H, D=D)
+    q_out, k_out = run(emu, "tape_rotate_forward_cuda", "MfTapeRotateParams",
+                       lambda: dict(q_out=empty(B, T, H, D), k_out=empty(B, T, H, D), q=q, k=k,
+                                    e=e, **sizes), ["q_out", "k_out"])
+    rq, rk = ref.tape_rotate_forward(q, k, e)
+    assert_close(q_out, rq, "default", "q_out")
+    assert_close(k_out, rk, "default", "k_out")
+    got = run(emu, "tape_rotate_backward_cuda", "MfTapeRotateParams",
+              lambda: dict(dq=empty(B, T, H, D), dk=empty(B, T, H, D), de=empty(B, T, H, D),
+                           dq_out=dq_out, dk_out=dk_out, q=q, k=k, e=e, **sizes),
+              ["dq", "dk", "de"])
+    want = ref.tape_rotate_backward(dq_out, dk_out, q, k, e)
+    assert_close(got[0], want[0], "default", "dq")
+    assert_close(got[1], want[1], "default", "dk")
+    # de sums q's and k's cancelling products: an absolute error (as dtheta's)
+    assert_close(got[2], want[2], "reduction", "de")
+
+
+@pytest.mark.parametrize("B,T,H,D", [(1, 1, 1, 1), (2, 9, 3, 5), (1, 40, 2, 16)])
+def test_ape_decay(emu, rng, B, T, H, D):
+    q, k = randn(rng, B, T, H, D), randn(rng, B, T, H, D)
+    gamma = 0.9
+    sizes = dict(B=B, T=T, H=H, D=D, gamma=gamma)
+    for direction, fields, outs in (
+            ("forward", lambda: dict(q_out=empty(B, T, H, D), k_out=empty(B, T, H, D), q=q,
+                                     k=k, **sizes), ["q_out", "k_out"]),
+            ("backward", lambda: dict(dq=empty(B, T, H, D), dk=empty(B, T, H, D), dq_out=q,
+                                      dk_out=k, **sizes), ["dq", "dk"])):
+        got = run(emu, f"ape_decay_{direction}_cuda", "MfApeDecayParams", fields, outs)
+        want = getattr(ref, f"ape_decay_{direction}")(q, k, gamma)
+        assert_close(got[0], want[0], "default", outs[0])
+        assert_close(got[1], want[1], "default", outs[1])
+    too_steep = dict(q_out=empty(1, 200, 1, 1), k_out=empty(1, 200, 1, 1), q=empty(1, 200, 1, 1),
+                     k=empty(1, 200, 1, 1), B=1, T=200, H=1, D=1, gamma=0.5)
+    assert emu.call("ape_decay_forward_cuda", "MfApeDecayParams", **too_steep) == 1
+
+
+@pytest.mark.parametrize("B,T,E,W", [(1, 1, 1, 1), (2, 9, 5, 4), (1, 3, 33, 4), (2, 40, 7, 3)])
+def test_causal_conv1d(emu, rng, B, T, E, W):
+    x, dy = randn(rng, B, T, E), randn(rng, B, T, E)
+    w, b = randn(rng, E, W), randn(rng, E)
+    sizes = dict(B=B, T=T, E=E, W=W)
+    (y,) = run(emu, "causal_conv1d_forward_cuda", "MfConv1dParams",
+               lambda: dict(y=empty(B, T, E), x=x, weight=w, bias=b, **sizes), ["y"])
+    assert_close(y, ref.causal_conv1d_forward(x, w, b), "reduction", "y")
+    dw0, db0 = randn(rng, E, W), randn(rng, E)
+    dx, dw, db = run(emu, "causal_conv1d_backward_cuda", "MfConv1dParams",
+                     lambda: dict(dx=empty(B, T, E), dweight=dw0.copy(), dbias=db0.copy(),
+                                  dy=dy, x=x, weight=w, **sizes), ["dx", "dweight", "dbias"])
+    rdx, rdw, rdb = ref.causal_conv1d_backward(dy, x, w)
+    assert_close(dx, rdx, "reduction", "dx")
+    assert_close(dw, dw0 + rdw, "gradient", "dweight")
+    assert_close(db, db0 + rdb, "gradient", "dbias")
