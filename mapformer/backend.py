@@ -346,7 +346,17 @@ BACKENDS = {"c": C, "numpy": NUMPY}
 
 
 def get(name):
-    """The backend called ``name`` ('c' or 'numpy')."""
+    """The backend called ``name`` ('c' or 'numpy'). 'cuda' raises RuntimeError: without a
+    CUDA build (or CuPy, or a GPU) a message saying how to get one; with one, that its kernels
+    (mapformer.cuda.FAMILIES, usable through mapformer.cuda.gpu_ops()) do not yet cover a
+    model's ops."""
+    if name == "cuda":
+        from . import cuda
+
+        cuda.load()
+        raise RuntimeError("the CUDA backend cannot run a model yet: kernels exist for "
+                           f"{', '.join(cuda.FAMILIES)} only (mapformer.cuda.gpu_ops()); use "
+                           "backend='c'")
     try:
         return BACKENDS[name]
     except KeyError:
