@@ -283,6 +283,7 @@ NUMPY = SimpleNamespace(
     residual_forward=ref.residual_forward,
     residual_backward=_residual_backward,
     attention_forward=ref.attention_forward,
+    attention_decode_forward=ref.attention_decode_forward,
     attention_backward=lambda dout, q, k, v, out, lse, scale=None: ref.attention_backward(
         dout, q, k, v, scale),
     path_integration_forward=ref.path_integration_forward,

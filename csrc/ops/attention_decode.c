@@ -1,0 +1,144 @@
+/* Causal softmax attention of a block of new queries on the keys of a cache (incremental
+ * decoding; MfAttentionDecodeParams, params.h). Forward only.
+ *
+ * The Tq queries are the last Tq positions of sequences of Tk >= Tq tokens whose keys and
+ * values (B, Tk, H, D) hold every position: the cached prefix (Tk - Tq), then the block's own.
+ * Query i sits at position t_i = Tk - Tq + i and sees the keys j <= t_i:
+ *   out[b,i,h] = sum_{j <= t_i} softmax_j(scale q_i . k_j) v_j
+ *   lse[b,h,i] = log sum_{j <= t_i} exp(scale q_i . k_j)
+ * With Tq = Tk it is attention_forward (the same function, not the same bits: that op tiles).
+ *
+ * A task is a head (b, h), on one thread's scratch: per query the scores of its keys (one dot
+ * product each, over D in simd.h vectors), their max m, p_j = exp(s_j - m) and l = sum p_j
+ * (vexp, vector lanes then one horizontal sum), then out = sum_j p_j v_j / l and
+ * lse = m + log l. Memory-bound (each key and value is read once per query); what a task
+ * computes does not depend on the thread that runs it, so every output has the same bits for
+ * any thread count. Scratch: one thread's share is Tk scores and D accumulators (rounded up to
+ * 64 bytes each); with less scratch than the team needs, fewer threads run.
+ * MF_EINVAL for D odd or outside [16, 128], a size < 1, Tq > Tk, a non-finite scale, a NULL
+ * pointer, outputs overlapping each other or an input, or scratch that is NULL, not 64-byte
+ * aligned or short of one thread's share. */
+#include <math.h>
+#include <stddef.h>
+#include <stdint.h>
+
+#include "kernels/attention_sets.h"
+#include "mapformer/clones.h"
+#include "mapformer/mapformer.h"
+#include "mapformer/params.h"
+#include "mapformer/scratch.h"
+#define MF_VW MF_CLONES_VW /* the width of the target_clones copies (clones.h) */
+#include "mapformer/simd.h"
+
+/* heads below this many multiply-adds (B H Tq Tk D) run on the calling thread */
+#define DECODE_MIN_PARALLEL 2e6
+
+static int valid(const MfAttentionDecodeParams *p) {
+    return p != NULL && p->Tq >= 1 && p->Tk >= p->Tq &&
+           mf_attn_check_sizes(p->B, p->Tk, p->H, p->D, p->scale) == MF_OK;
+}
+
+static int64_t per_thread(const MfAttentionDecodeParams *p) {
+    return mf_scratch_size(p->Tk) + mf_scratch_size(p->D);
+}
+
+int64_t attention_decode_forward_scratch_floats(const MfAttentionDecodeParams *p) {
+    return valid(p) ? per_thread(p) * mf_max_threads() : 0;
+}
+
+/* *x = the first n floats at p (n <= MF_VW; zeros beyond) */
+MF_INLINE void load(vf *x, const float *p, int64_t n) {
+    if (n == MF_VW)
+        *x = VLOADU(p);
+    else
+        vload_part(x, p, n);
+}
+
+/* q . k over D floats */
+MF_INLINE float dot(const float *q, const float *k, int64_t D) {
+    vf acc = VZERO;
+    for (int64_t d = 0; d < D; d += MF_VW) {
+        const int64_t n = D - d < MF_VW ? D - d : MF_VW;
+        vf a, b;
+        load(&a, q + d, n);
+        load(&b, k + d, n);
+        acc = acc + a * b;
+    }
+    return vhsum(&acc);
+}
+
+/* Head (b, h): s (Tk) and acc (D) are the thread's scratch. */
+MF_CLONES
+static void head(const MfAttentionDecodeParams *p, int64_t b, int64_t h, float *s, float *acc) {
+    const int64_t Tq = p->Tq, Tk = p->Tk, H = p->H, D = p->D, ld = H * D;
+    const float *k = p->k + b * Tk * ld + h * D, *v = p->v + b * Tk * ld + h * D;
+    for (int64_t i = 0; i < Tq; i++) {
+        const float *q = p->q + (b * Tq + i) * ld + h * D;
+        const int64_t n = Tk - Tq + i + 1; /* keys 0 .. t_i */
+        float m = -INFINITY;
+        for (int64_t j = 0; j < n; j++) {
+            s[j] = p->scale * dot(q, k + j * ld, D);
+            m = s[j] > m ? s[j] : m;
+        }
+        vf lv = VZERO;
+        for (int64_t j = 0; j < n; j += MF_VW) {
+            const int64_t c = n - j < MF_VW ? n - j : MF_VW;
+            vf x;
+            load(&x, s + j, c);
+            x = x - m;
+            vexp(&x);
+            x = VAND(VFIRST(c), x); /* lanes past the row: 0, not exp(-m) */
+            if (c == MF_VW)
+                VSTOREU(s + j, x);
+            else
+                vstore_part(s + j, &x, c);
+            lv = lv + x;
+        }
+        const float l = vhsum(&lv);
+        for (int64_t d = 0; d < D; d++) acc[d] = 0.0f;
+        for (int64_t j = 0; j < n; j++) {
+            const vf pj = VSPLAT(s[j]);
+            const float *vj = v + j * ld;
+            for (int64_t d = 0; d < D; d += MF_VW) {
+                const int64_t c = D - d < MF_VW ? D - d : MF_VW;
+                vf x, a;
+                load(&x, vj + d, c);
+                load(&a, acc + d, c);
+                a = a + pj * x;
+                if (c == MF_VW)
+                    VSTOREU(acc + d, a);
+                else
+                    vstore_part(acc + d, &a, c);
+            }
+        }
+        float *o = p->out + (b * Tq + i) * ld + h * D;
+        for (int64_t d = 0; d < D; d++) o[d] = acc[d] / l;
+        p->lse[(b * H + h) * Tq + i] = m + logf(l);
+    }
+}
+
+int attention_decode_forward(const MfAttentionDecodeParams *p) {
+    if (!valid(p)) return MF_EINVAL;
+    if (p->q == NULL || p->k == NULL || p->v == NULL || p->out == NULL || p->lse == NULL)
+        return MF_EINVAL;
+    const int64_t per = per_thread(p);
+    if (p->scratch == NULL || (uintptr_t)p->scratch % 64 != 0 || p->scratch_floats < per)
+        return MF_EINVAL;
+    const int64_t B = p->B, H = p->H, ld = p->H * p->D;
+    const int64_t nq = B * p->Tq * ld, nk = B * p->Tk * ld;
+    float *const out[] = {p->out, p->lse, p->scratch};
+    const int64_t out_n[] = {nq, B * H * p->Tq, p->scratch_floats};
+    const float *const in[] = {p->q, p->k, p->v};
+    const int64_t in_n[] = {nq, nk, nk};
+    if (mf_attn_check_overlaps(out, out_n, 3, in, in_n, 3) != MF_OK) return MF_EINVAL;
+    const int threads = mf_scratch_threads(p->scratch_floats, per);
+    const double work = (double)B * H * p->Tq * p->Tk * p->D;
+#pragma omp parallel num_threads(threads) if (threads > 1 && B * H > 1 && work > DECODE_MIN_PARALLEL)
+    {
+        float *s = p->scratch + (int64_t)mf_thread_id() * per;
+        float *acc = s + mf_scratch_size(p->Tk);
+#pragma omp for schedule(static)
+        for (int64_t t = 0; t < B * H; t++) head(p, t / H, t % H, s, acc);
+    }
+    return MF_OK;
+}
