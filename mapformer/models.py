@@ -228,6 +228,13 @@ class Block:
         y = self.ops.residual_forward(h, self.drop2.forward(self.mlp.forward(self.ln2.forward(h))))
         return y, state
 
+    def decode(self, x, batch, steps, cache):
+        """:meth:`forward` of ``steps`` new tokens per sequence after the positions the mixer's
+        ``cache`` holds (None: none), without dropout -> (N, C), the mixer's new cache."""
+        a, cache = self.mixer.decode(self.ln1.forward(x), batch, steps, cache)
+        h = self.bottleneck.forward(self.ops.residual_forward(x, a))
+        return self.ops.residual_forward(h, self.mlp.forward(self.ln2.forward(h))), cache
+
     def backward(self, dout, dstate):
         """dout (N, C) -> dx (N, C) (dout is consumed: gradients are accumulated into it),
         and the gradient of the incoming positional state."""
@@ -235,6 +242,24 @@ class Block:
             self.ln2.backward(self.mlp.backward(self.drop2.backward(dout)), dout))
         da, dstate = self.mixer.backward(self.drop1.backward(dh), dstate)
         return self.ln1.backward(da, dh), dstate
+
+
+class DecodeCache(namedtuple("DecodeCache", "length layers")):
+    """What :meth:`Transformer.decode` keeps of the tokens decoded so far: ``length``
+    positions, and per block its mixer's cache, a tuple of arrays (B, length, ...) (attention:
+    the rotated keys and the values (B, length, H, D); LSTM: the hidden states and cells
+    (B, length, C))."""
+
+    __slots__ = ()
+
+    def select(self, rows, length=None):
+        """The cache of the sequences ``rows`` (an index array, repeats allowed: one cached
+        prefix for many continuations) cut to their first ``length`` positions (all: None)."""
+        length = self.length if length is None else length
+        if not 1 <= length <= self.length:
+            raise ValueError(f"length must be in [1, {self.length}], got {length}")
+        return DecodeCache(length, tuple(tuple(a[rows, :length] for a in layer)
+                                         for layer in self.layers))
 
 
 def check_tokens(tokens):
@@ -322,6 +347,32 @@ class Transformer:
         self.final_state = state
         self.logits = self.head.forward(self.ln_f.forward(x))
         return self.logits.reshape(batch, steps, -1)
+
+    def decode(self, tokens, cache=None):
+        """Incremental decoding: tokens int (B, T) that follow the positions of ``cache`` (a
+        :class:`DecodeCache` of the same B sequences from the last call; None: a sequence's
+        start) -> (logits (B, T, V), the cache extended by these tokens). The logits are
+        :meth:`forward`'s last T rows on the whole sequence (without coordinates and dropout;
+        to rounding: the attention of the new tokens runs on the cached keys), at a cost in
+        the new tokens only (attention: also linear in the cached ones). Mixers and schemes
+        without a decoding path (``decode``, ``angles_at``, ``embed_at``) raise
+        NotImplementedError. Keeps nothing for backward()."""
+        tokens = self.ops.as_indices(check_tokens(tokens), "tokens")
+        batch, steps = tokens.shape
+        start = 0 if cache is None else cache.length
+        if cache is not None and cache.layers[0][0].shape[0] != batch:
+            raise ValueError(f"tokens have {batch} sequences, the cache "
+                             f"{cache.layers[0][0].shape[0]}")
+        for block in self.blocks:
+            block.mixer.scheme.coordinates = None
+        x = self.blocks[0].mixer.scheme.embed_at(self.embed.forward(tokens.reshape(-1)), batch,
+                                                 steps, start)
+        layers = []
+        for i, block in enumerate(self.blocks):
+            x, layer = block.decode(x, batch, steps, None if cache is None else cache.layers[i])
+            layers.append(layer)
+        logits = self.head.forward(self.ln_f.forward(x)).reshape(batch, steps, -1)
+        return logits, DecodeCache(start + steps, tuple(layers))
 
     def loss(self, tokens, targets, mask, coordinates=None):
         """Masked next-token cross-entropy plus the bottlenecks' auxiliary losses (none

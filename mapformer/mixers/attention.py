@@ -12,6 +12,12 @@ Options (every attention mixer's, :data:`mapformer.mixers.base.QUERY_SCALE_OPTIO
 logits, by a factor (a temperature, constant or growing with log i beyond the training
 length). With an ``attention`` scheme the scaled query is what the scheme receives (CoPE's
 gates read it too, so there it is more than a temperature).
+
+Incremental decoding (:meth:`CausalAttention.decode`): the new tokens' queries attend the
+cached keys and values (the ``attention_decode`` op), for schemes of kind ``none`` (their
+positions, if any, are in the embeddings: ``scheme.embed_at``) and angle schemes that give
+the angles of positions at an offset (``scheme.angles_at``: rope); the cache holds the keys as
+the softmax compares them (rotated) and the values.
 """
 from ..schemes import get_scheme
 from . import QKVMixer, register_mixer
@@ -47,6 +53,24 @@ class CausalAttention(QKVMixer):
 
     def backward(self, dy, dstate=None):
         return self.attend_backward(self.output_backward(dy), dstate)
+
+    def decode(self, x, batch, steps, cache):
+        """x (N, C) of ``steps`` new tokens per sequence after the positions of ``cache``
+        ((keys, values) (B, T0, H, D), or None) -> (y (N, C), (keys, values) (B, T0 + steps,
+        H, D)); no traces, no gradient."""
+        kind = self.scheme.kind
+        if kind == "attention" or (kind == "angles"
+                                   and not hasattr(self.scheme, "angles_at")):
+            raise NotImplementedError(f"positional scheme {self.scheme.name!r} has no "
+                                      "incremental decoding")
+        start = 0 if cache is None else cache[0].shape[1]
+        q, k, v = self.project(x, batch, steps, start)
+        if kind == "angles":
+            q, k = self.ops.rotary_forward(q, k, self.scheme.angles_at(x, batch, steps, start))
+        if cache is not None:
+            k, v = self.ops.concat([cache[0], k], 1), self.ops.concat([cache[1], v], 1)
+        attn, _ = self.ops.attention_decode_forward(q, k, v)
+        return self.out.forward(attn.reshape(batch * steps, -1)), (k, v)
 
     def attend_content(self, x, batch, steps, state):
         self.q_att, self.k_att = self.qh, self.kh

@@ -55,6 +55,21 @@ class LSTMMixer(Mixer):
                                                            self.w_hh.value, self.b.value)
         return self.out.forward(self.h.reshape(batch * steps, -1)), state
 
+    def decode(self, x, batch, steps, cache):
+        """x (N, C) of ``steps`` new tokens per sequence after the positions of ``cache``
+        ((h, c) (B, T0, C) the hidden states and cells so far, or None) -> (y (N, C), (h, c)
+        (B, T0 + steps, C)): the recurrence goes on from the last cached state. No traces, no
+        gradient."""
+        h0 = c0 = None
+        if cache is not None:
+            h0, c0 = (self.ops.asarray(a[:, -1]) for a in cache)
+        h, c, _ = self.ops.lstm_forward(x.reshape(batch, steps, -1), self.w_ih.value,
+                                        self.w_hh.value, self.b.value, h0, c0)
+        y = self.out.forward(h.reshape(batch * steps, -1))
+        if cache is not None:
+            h, c = self.ops.concat([cache[0], h], 1), self.ops.concat([cache[1], c], 1)
+        return y, (h, c)
+
     def backward(self, dy, dstate=None):
         dh = self.out.backward(dy).reshape(self.h.shape)
         dx, _, _ = self.ops.lstm_backward(dh, self.x, self.w_ih.value, self.w_hh.value,
