@@ -11,7 +11,7 @@ import pytest
 from conftest import (assert_array_argument_checked, assert_float32_accurate,
                       assert_no_leaks, assert_refuses_bad_versions,
                       assert_same_bits_for_thread_counts, assert_scale_checked, expect_error,
-                      raises_naming, randn, subprocess_env)
+                      matmul32, raises_naming, randn, subprocess_env)
 from mapformer import _C
 from mapformer import reference as ref
 
@@ -28,18 +28,22 @@ def make(rng, B, Tq, Tk, H, D, scale=1.0):
 
 
 def decode_float32(q, k, v, scale=None):
-    """The op's computation in float32 NumPy (scores, max, exponentials, sum, weighted sum):
-    out, lse; its error against the float64 reference is float32's on this problem."""
+    """The op's computation in float32 NumPy (scores, max, exponentials, sum, weighted sum),
+    its products as the op makes them (conftest.matmul32 unfused: every product rounded, then
+    added in order over the inner axis): out, lse; its error against the float64 reference is
+    float32's on this problem."""
     f32 = np.float32
     Tq, Tk, D = q.shape[1], k.shape[1], q.shape[3]
     scale = f32(1 / np.sqrt(D) if scale is None else scale)
-    s = np.einsum("bihd,bjhd->bhij", q, k).astype(f32) * scale
+    heads = lambda x: np.ascontiguousarray(x.transpose(0, 2, 1, 3))  # noqa: E731
+    qh, kh, vh = heads(q), heads(k), heads(v)
+    s = matmul32(qh, kh.transpose(0, 1, 3, 2), fused=False) * scale
     s = np.where(np.arange(Tk) <= np.arange(Tk - Tq, Tk)[:, None], s, f32(-np.inf))
     m = s.max(-1, keepdims=True)
     e = np.exp(s - m)
     total = e.sum(-1, keepdims=True)
-    out = np.einsum("bhij,bjhd->bihd", e, v).astype(f32) / total.transpose(0, 2, 1, 3)
-    return out, (m + np.log(total))[..., 0]
+    out = matmul32(e, vh, fused=False) / total
+    return heads(out), (m + np.log(total))[..., 0]
 
 
 def check(q, k, v, scale=None):

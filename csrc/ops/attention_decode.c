@@ -8,13 +8,14 @@
  *   lse[b,h,i] = log sum_{j <= t_i} exp(scale q_i . k_j)
  * With Tq = Tk it is attention_forward (the same function, not the same bits: that op tiles).
  *
- * A task is a head (b, h), on one thread's scratch: per query the scores of its keys (one dot
- * product each, over D in simd.h vectors), their max m, p_j = exp(s_j - m) and l = sum p_j
- * (vexp, vector lanes then one horizontal sum), then out = sum_j p_j v_j / l and
- * lse = m + log l. Memory-bound (each key and value is read once per query); what a task
- * computes does not depend on the thread that runs it, so every output has the same bits for
- * any thread count. Scratch: one thread's share is Tk scores and D accumulators (rounded up to
- * 64 bytes each); with less scratch than the team needs, fewer threads run.
+ * A task is a head (b, h), on one thread's scratch: the head's keys transposed once (D, Tk),
+ * then per query its scores, simd.h vectors of keys (each a sum over d in order), their max
+ * m, p_j = exp(s_j - m) and l = sum p_j (vexp, vector lanes then one horizontal sum), then
+ * out = sum_j p_j v_j / l (vectors over D) and lse = m + log l. What a task computes does not
+ * depend on the thread that runs it, so every output has the same bits for any thread count.
+ * Scratch: one thread's share is the scores (Tk rounded up to whole vectors), D accumulators
+ * and the transposed keys (each rounded up to 64 bytes); with less scratch than the team
+ * needs, fewer threads run.
  * MF_EINVAL for D odd or outside [16, 128], a size < 1, Tq > Tk, a non-finite scale, a NULL
  * pointer, outputs overlapping each other or an input, or scratch that is NULL, not 64-byte
  * aligned or short of one thread's share. */
@@ -38,8 +39,14 @@ static int valid(const MfAttentionDecodeParams *p) {
            mf_attn_check_sizes(p->B, p->Tk, p->H, p->D, p->scale) == MF_OK;
 }
 
+/* keys rounded up to whole vectors */
+static int64_t padded_keys(const MfAttentionDecodeParams *p) {
+    return (p->Tk + MF_VW - 1) / MF_VW * MF_VW;
+}
+
 static int64_t per_thread(const MfAttentionDecodeParams *p) {
-    return mf_scratch_size(p->Tk) + mf_scratch_size(p->D);
+    const int64_t Tkp = padded_keys(p);
+    return mf_scratch_size(Tkp) + mf_scratch_size(p->D) + mf_scratch_size(p->D * Tkp);
 }
 
 int64_t attention_decode_forward_scratch_floats(const MfAttentionDecodeParams *p) {
@@ -54,44 +61,55 @@ MF_INLINE void load(vf *x, const float *p, int64_t n) {
         vload_part(x, p, n);
 }
 
-/* q . k over D floats */
-MF_INLINE float dot(const float *q, const float *k, int64_t D) {
-    vf acc = VZERO;
-    for (int64_t d = 0; d < D; d += MF_VW) {
-        const int64_t n = D - d < MF_VW ? D - d : MF_VW;
-        vf a, b;
-        load(&a, q + d, n);
-        load(&b, k + d, n);
-        acc = acc + a * b;
-    }
-    return vhsum(&acc);
+MF_INLINE void store(float *p, const vf *x, int64_t n) {
+    if (n == MF_VW)
+        VSTOREU(p, *x);
+    else
+        vstore_part(p, x, n);
 }
 
-/* Head (b, h): s (Tk) and acc (D) are the thread's scratch. */
+/* keys per register tile of the score loop: NJ vectors of independent sums */
+#define NJ 4
+
+/* Head (b, h) on the thread's scratch: s (Tkp) the scores, acc (D) the weighted sum, kt (D,
+ * Tkp) the head's keys transposed (zero past Tk), so that a query's scores are MF_VW keys per
+ * vector: s[j] = sum_d q[d] kt[d][j], in order over d. */
 MF_CLONES
-static void head(const MfAttentionDecodeParams *p, int64_t b, int64_t h, float *s, float *acc) {
+static void head(const MfAttentionDecodeParams *p, int64_t b, int64_t h, float *s, float *acc,
+                 float *kt) {
     const int64_t Tq = p->Tq, Tk = p->Tk, H = p->H, D = p->D, ld = H * D;
+    const int64_t Tkp = padded_keys(p);
     const float *k = p->k + b * Tk * ld + h * D, *v = p->v + b * Tk * ld + h * D;
+    mf_transpose(kt, Tkp, k, ld, Tk, D);
+    for (int64_t d = 0; d < D; d++)
+        for (int64_t j = Tk; j < Tkp; j++) kt[d * Tkp + j] = 0.0f;
     for (int64_t i = 0; i < Tq; i++) {
         const float *q = p->q + (b * Tq + i) * ld + h * D;
-        const int64_t n = Tk - Tq + i + 1; /* keys 0 .. t_i */
-        float m = -INFINITY;
-        for (int64_t j = 0; j < n; j++) {
-            s[j] = p->scale * dot(q, k + j * ld, D);
-            m = s[j] > m ? s[j] : m;
+        const int64_t n = Tk - Tq + i + 1, nv = (n + MF_VW - 1) / MF_VW; /* keys 0 .. t_i */
+        vf mv = VSPLAT(-INFINITY);
+        for (int64_t g0 = 0; g0 < nv; g0 += NJ) {
+            const int64_t ng = nv - g0 < NJ ? nv - g0 : NJ;
+            vf sc[NJ] = {VZERO};
+            for (int64_t d = 0; d < D; d++) {
+                const vf qd = VSPLAT(q[d]);
+                const float *row = kt + d * Tkp + g0 * MF_VW;
+                for (int64_t g = 0; g < ng; g++) sc[g] = sc[g] + qd * VLOAD(row + g * MF_VW);
+            }
+            for (int64_t g = 0; g < ng; g++) {
+                const int64_t j = (g0 + g) * MF_VW;
+                vf x = sc[g] * p->scale;
+                x = VSELECT(VFIRST(n - j), x, VSPLAT(-INFINITY)); /* keys past t_i */
+                VSTORE(s + j, x);
+                mv = VMAX(mv, x);
+            }
         }
+        const float m = vhmax(&mv);
         vf lv = VZERO;
-        for (int64_t j = 0; j < n; j += MF_VW) {
-            const int64_t c = n - j < MF_VW ? n - j : MF_VW;
-            vf x;
-            load(&x, s + j, c);
-            x = x - m;
+        for (int64_t j = 0; j < nv * MF_VW; j += MF_VW) {
+            vf x = VLOAD(s + j) - m;
             vexp(&x);
-            x = VAND(VFIRST(c), x); /* lanes past the row: 0, not exp(-m) */
-            if (c == MF_VW)
-                VSTOREU(s + j, x);
-            else
-                vstore_part(s + j, &x, c);
+            x = VAND(VFIRST(n - j), x); /* keys past t_i: 0 */
+            VSTORE(s + j, x);
             lv = lv + x;
         }
         const float l = vhsum(&lv);
@@ -105,10 +123,7 @@ static void head(const MfAttentionDecodeParams *p, int64_t b, int64_t h, float *
                 load(&x, vj + d, c);
                 load(&a, acc + d, c);
                 a = a + pj * x;
-                if (c == MF_VW)
-                    VSTOREU(acc + d, a);
-                else
-                    vstore_part(acc + d, &a, c);
+                store(acc + d, &a, c);
             }
         }
         float *o = p->out + (b * Tq + i) * ld + h * D;
@@ -136,9 +151,9 @@ int attention_decode_forward(const MfAttentionDecodeParams *p) {
 #pragma omp parallel num_threads(threads) if (threads > 1 && B * H > 1 && work > DECODE_MIN_PARALLEL)
     {
         float *s = p->scratch + (int64_t)mf_thread_id() * per;
-        float *acc = s + mf_scratch_size(p->Tk);
+        float *acc = s + mf_scratch_size(padded_keys(p)), *kt = acc + mf_scratch_size(p->D);
 #pragma omp for schedule(static)
-        for (int64_t t = 0; t < B * H; t++) head(p, t / H, t % H, s, acc);
+        for (int64_t t = 0; t < B * H; t++) head(p, t / H, t % H, s, acc, kt);
     }
     return MF_OK;
 }
