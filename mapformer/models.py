@@ -230,9 +230,14 @@ class Block:
 
     def decode(self, x, batch, steps, cache):
         """:meth:`forward` of ``steps`` new tokens per sequence after the positions the mixer's
-        ``cache`` holds (None: none), without dropout -> (N, C), the mixer's new cache."""
+        ``cache`` holds (None: none), without dropout -> (N, C), the mixer's new cache. Only
+        without a bottleneck (a VQ's forward counts code usage and restarts dead codes:
+        NotImplementedError)."""
+        if self.bottleneck.name != "none":
+            raise NotImplementedError(f"bottleneck {self.bottleneck.name!r} has no incremental "
+                                      "decoding")
         a, cache = self.mixer.decode(self.ln1.forward(x), batch, steps, cache)
-        h = self.bottleneck.forward(self.ops.residual_forward(x, a))
+        h = self.ops.residual_forward(x, a)
         return self.ops.residual_forward(h, self.mlp.forward(self.ln2.forward(h))), cache
 
     def backward(self, dout, dstate):

@@ -13,9 +13,11 @@ BLOCKS = (5, 1, 2, 7, 1, 7)  # 23 tokens: a context, single tokens, pairs, longe
 TOL = {"numpy": 1e-12, "c": 1e-5}
 
 
-def model(mixer="attention", positional="rope", backend="c", seed=1, **options):
+def model(mixer="attention", positional="rope", backend="c", seed=1, bottleneck="none",
+          **options):
     m = Transformer(ModelConfig(vocab_size=9, d_model=32, n_heads=2, n_layers=2, mlp_ratio=2,
-                                mixer=mixer, positional=positional, options=options),
+                                mixer=mixer, positional=positional, bottleneck=bottleneck,
+                                options=options),
                     seed=seed, backend=backend)
     m.params.data *= 4  # logits of size ~1 that depend on the context
     m.train(False)
@@ -76,11 +78,13 @@ def test_a_selected_cache_continues_its_rows(mixer, positional):
 @pytest.mark.parametrize("mixer,positional,what,options", [
     ("attention", "mapwm", "mapwm", {}), ("conjunctive", "mapem", "conjunctive", {}),
     ("attention", "cope", "cope", {"cope_positions": 8}),
-    ("attention", "sinusoidal", "sinusoidal", {})])
+    ("attention", "sinusoidal", "sinusoidal", {}),
+    ("attention", "rope", "vq", {"bottleneck": "vq", "vq_codes": 4})])
 def test_schemes_without_a_decoding_path_refuse(mixer, positional, what, options):
     """MapWM's angles integrate the actions of the whole history, the conjunctive mixer and
-    CoPE have no decoding path, an additive code none at an offset: NotImplementedError
-    naming it (the first block of a sequence may still run where it can)."""
+    CoPE have no decoding path, an additive code none at an offset, a VQ bottleneck none
+    (its forward has side effects): NotImplementedError naming it (the first block of a
+    sequence may still run where it can)."""
     m = model(mixer, positional, **options)
     tokens = np.random.default_rng(3).integers(0, 9, (2, 6))
     with pytest.raises(NotImplementedError, match=what):
