@@ -154,12 +154,12 @@ def rollout_plans(predict, tokens, context, n_obs, rollouts=100, seed=0,
     return plans
 
 
-def shortest_valid(plans, room_shape, start, goal):
-    """The shortest of ``plans`` that leads from cell ``start`` to ``goal`` in a room of
-    ``room_shape``, or None."""
+def shortest_valid(plans, room, start, goal):
+    """The shortest of ``plans`` that leads from cell ``start`` to ``goal`` in ``room`` (a
+    Room, or the shape of a flat one), or None."""
     from .cogmap import execute
     goal = tuple(int(x) for x in goal)
-    valid = [p for p in plans if execute(room_shape, start, p) == goal]
+    valid = [p for p in plans if execute(room, start, p) == goal]
     return min(valid, key=len) if valid else None
 
 
@@ -176,9 +176,9 @@ def evaluate_rollouts(predict, walks, room, n_obs, context, rollouts=100, seed=0
     for w in range(len(tokens)):
         plans = rollout_plans(predict, tokens[w], C, n_obs, rollouts, [seed, w])
         returned += len(plans)
-        returned_valid += sum(shortest_valid([p], room.obs.shape, starts[w], goals[w])
+        returned_valid += sum(shortest_valid([p], room, starts[w], goals[w])
                               is not None for p in plans)
-        best.append(shortest_valid(plans, room.obs.shape, starts[w], goals[w]))
+        best.append(shortest_valid(plans, room, starts[w], goals[w]))
     metrics = planning_metrics(best, starts, goals, room, N - 2 * C)
     metrics.update(returned=returned, returned_valid=returned_valid, rollouts=rollouts)
     return metrics
