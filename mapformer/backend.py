@@ -227,9 +227,7 @@ def array_ops(float_dtype):
     leading axes of ``shape``, into ``out`` when it has that shape (a buffer kept across
     steps), else into a new array.
     dropout(x, p, rng) -> (y, mask): inverted dropout, mask (x's shape) drawn from the NumPy
-    Generator ``rng``; dropout_backward(dy, mask) -> dx.
-    concat(arrays, axis): the arrays joined along ``axis`` (a new C-contiguous array; a
-    decoding cache extended by new positions)."""
+    Generator ``rng``; dropout_backward(dy, mask) -> dx."""
     def zeros(shape, dtype=None):
         return np.zeros(shape, dtype or float_dtype)
 
@@ -261,7 +259,6 @@ def array_ops(float_dtype):
         broadcast_rows=broadcast_rows,
         dropout=dropout,
         dropout_backward=lambda dy, mask: dy * mask,
-        concat=lambda arrays, axis: np.ascontiguousarray(np.concatenate(arrays, axis)),
     )
 
 

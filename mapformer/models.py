@@ -228,15 +228,16 @@ class Block:
         y = self.ops.residual_forward(h, self.drop2.forward(self.mlp.forward(self.ln2.forward(h))))
         return y, state
 
-    def decode(self, x, batch, steps, cache):
-        """:meth:`forward` of ``steps`` new tokens per sequence after the positions the mixer's
-        ``cache`` holds (None: none), without dropout -> (N, C), the mixer's new cache. Only
+    def decode(self, x, batch, steps, cache, start):
+        """:meth:`forward` of ``steps`` new tokens per sequence after ``start`` positions the
+        mixer's ``cache`` holds (None: none), without dropout -> (N, C), the mixer's new
+        cache. Only
         without a bottleneck (a VQ's forward counts code usage and restarts dead codes:
         NotImplementedError)."""
         if self.bottleneck.name != "none":
             raise NotImplementedError(f"bottleneck {self.bottleneck.name!r} has no incremental "
                                       "decoding")
-        a, cache = self.mixer.decode(self.ln1.forward(x), batch, steps, cache)
+        a, cache = self.mixer.decode(self.ln1.forward(x), batch, steps, cache, start)
         h = self.ops.residual_forward(x, a)
         return self.ops.residual_forward(h, self.mlp.forward(self.ln2.forward(h))), cache
 
@@ -249,22 +250,35 @@ class Block:
         return self.ln1.backward(da, dh), dstate
 
 
-class DecodeCache(namedtuple("DecodeCache", "length layers")):
+class DecodeCache(namedtuple("DecodeCache", "length layers frontier ops")):
     """What :meth:`Transformer.decode` keeps of the tokens decoded so far: ``length``
-    positions, and per block its mixer's cache, a tuple of arrays (B, length, ...) (attention:
-    the rotated keys and the values (B, length, H, D); LSTM: the hidden states and cells
-    (B, length, C))."""
+    positions, and per block its mixer's cache, a tuple of arrays (B, capacity, ...) whose
+    first ``length`` positions are these tokens' (attention: the rotated keys and the values
+    (B, capacity, H, D); LSTM: the hidden states and cells (B, capacity, C)); a decode writes
+    its new positions into them in place while they have room. ``frontier`` ([int], shared by
+    the caches on the same arrays): how many positions have been written into them; a decode
+    from a cache that is not at its arrays' frontier (another decode went on from it) copies
+    them first, so a cache stays valid whatever is decoded from it. ``ops``: the model's
+    backend."""
 
     __slots__ = ()
 
-    def select(self, rows, length=None):
+    def select(self, rows, length=None, room=0):
         """The cache of the sequences ``rows`` (an index array, repeats allowed: one cached
-        prefix for many continuations) cut to their first ``length`` positions (all: None)."""
+        prefix for many continuations) cut to their first ``length`` positions (all: None),
+        in new arrays with room for ``room`` more positions."""
         length = self.length if length is None else length
         if not 1 <= length <= self.length:
             raise ValueError(f"length must be in [1, {self.length}], got {length}")
-        return DecodeCache(length, tuple(tuple(a[rows, :length] for a in layer)
-                                         for layer in self.layers))
+        layers = []
+        for layer in self.layers:
+            arrays = []
+            for a in layer:
+                part = a[rows, :length]
+                arrays.append(self.ops.zeros(part.shape[:1] + (length + room,) + part.shape[2:]))
+                arrays[-1][:, :length] = part
+            layers.append(tuple(arrays))
+        return DecodeCache(length, tuple(layers), [length], self.ops)
 
 
 def check_tokens(tokens):
@@ -368,16 +382,22 @@ class Transformer:
         if cache is not None and cache.layers[0][0].shape[0] != batch:
             raise ValueError(f"tokens have {batch} sequences, the cache "
                              f"{cache.layers[0][0].shape[0]}")
+        if cache is not None and cache.frontier[0] != start:  # another decode went on from it
+            cache = DecodeCache(start, tuple(tuple(a[:, :start].copy() for a in layer)
+                                             for layer in cache.layers), [start], self.ops)
         for block in self.blocks:
             block.mixer.scheme.coordinates = None
         x = self.blocks[0].mixer.scheme.embed_at(self.embed.forward(tokens.reshape(-1)), batch,
                                                  steps, start)
         layers = []
         for i, block in enumerate(self.blocks):
-            x, layer = block.decode(x, batch, steps, None if cache is None else cache.layers[i])
+            x, layer = block.decode(x, batch, steps, None if cache is None else cache.layers[i],
+                                    start)
             layers.append(layer)
         logits = self.head.forward(self.ln_f.forward(x)).reshape(batch, steps, -1)
-        return logits, DecodeCache(start + steps, tuple(layers))
+        frontier = [0] if cache is None else cache.frontier
+        frontier[0] = start + steps
+        return logits, DecodeCache(start + steps, tuple(layers), frontier, self.ops)
 
     def loss(self, tokens, targets, mask, coordinates=None):
         """Masked next-token cross-entropy plus the bottlenecks' auxiliary losses (none

@@ -182,12 +182,15 @@ def attention_backward(dout, q, k, v, scale=None, dtype=np.float64):
     return _einsum("bhij,bjhd->bihd", ds, k), _einsum("bhij,bihd->bjhd", ds, q), dv
 
 
-def attention_decode_forward(q, k, v, scale=None, dtype=np.float64):
-    """q (B, Tq, H, D), k, v (B, Tk, H, D), Tq <= Tk -> out (B, Tq, H, D), lse (B, H, Tq).
+def attention_decode_forward(q, k, v, scale=None, keys=None, dtype=np.float64):
+    """q (B, Tq, H, D), k, v (B, Tmax, H, D), Tq <= keys <= Tmax -> out (B, Tq, H, D), lse
+    (B, H, Tq).
 
-    The last Tq rows of causal attention over Tk positions (incremental decoding: k, v hold
-    the cached positions, then the block's own): query i sits at position Tk - Tq + i and
-    attends the keys j <= Tk - Tq + i."""
+    The last Tq rows of causal attention over Tk = keys positions (all of k's when None),
+    the first Tk of k, v (incremental decoding: the cached positions, then the block's own):
+    query i sits at position Tk - Tq + i and attends the keys j <= Tk - Tq + i."""
+    if keys is not None:
+        k, v = k[:, :keys], v[:, :keys]
     q, k, v = _cast(dtype, q, k, v)
     Tq, Tk, D = q.shape[1], k.shape[1], q.shape[3]
     if Tq > Tk:

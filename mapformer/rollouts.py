@@ -104,7 +104,7 @@ class _Decoded:
         self.decoder = decoder
         rollouts, length = actions.shape
         _, cache = decoder(context[None])
-        cache = cache.select(np.zeros(rollouts, np.intp))
+        cache = cache.select(np.zeros(rollouts, np.intp), room=2 * length)
         self.predicted = np.empty((rollouts, length), np.int64)
         new = (actions[:, 0] + n_obs)[:, None]          # a_C; then x^_{C+k}, a_{C+k}
         for k in range(length - 1):
@@ -118,7 +118,7 @@ class _Decoded:
         """As :meth:`_Recomputed.tail_predictions`: the goal x^ and the tail on the cache of
         each candidate's history up to its last action."""
         cache = self.cache.select(np.asarray(rows), self.cache.length
-                                  - 2 * (self.predicted.shape[1] - 2 - k))
+                                  - 2 * (self.predicted.shape[1] - 2 - k), room=1 + len(tail))
         block = np.concatenate([self.predicted[rows, k, None], np.tile(tail, (len(rows), 1))],
                                1)
         return self.decoder(block, cache)[0][:, 1:]

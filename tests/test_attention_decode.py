@@ -114,6 +114,32 @@ def test_blocks_extend_a_cache_as_attention_forward(rng):
     assert start == 40
 
 
+def test_keys_within_a_longer_cache(rng):
+    """k, v with room to grow (Tmax positions, the first `keys` valid): the same bits as the
+    valid positions alone, whatever lies past them; the reference agrees."""
+    q, k, v = make(rng, 2, 3, 40, 2, 18)
+    want = _C.attention_decode_forward(q, k[:, :29].copy(), v[:, :29].copy())
+    k[:, 29:], v[:, 29:] = np.nan, np.inf
+    got = _C.attention_decode_forward(q, k, v, None, 29)
+    assert all(np.array_equal(a, b) for a, b in zip(got, want))
+    assert np.array_equal(_C.attention_decode_forward(q, k, v, keys=40)[1],
+                          _C.attention_decode_forward(q, k, v)[1], equal_nan=True)
+    ref_out, ref_lse = ref.attention_decode_forward(q, k, v, keys=29)
+    assert_float32_accurate(got[0], ref_out, decode_float32(q, k[:, :29], v[:, :29])[0], "out",
+                            np.abs(v[:, :29]).max())
+
+
+def test_bad_keys(rng):
+    a = good(rng)  # Tq = 3, Tmax = 9
+    for keys, exc, name in ((10, ValueError, "keys"), (0, ValueError, "keys"),
+                            (-1, ValueError, "keys"), (2, ValueError, "q"),
+                            (2.0, TypeError, "keys"), (True, TypeError, "keys"),
+                            ("3", TypeError, "keys")):
+        with raises_naming(exc, name):
+            call(a, keys=keys)
+    assert call(a, keys=3)[0].shape == (2, 3, 2, 16)
+
+
 def test_keyword_arguments_and_default_scale(rng):
     q, k, v = make(rng, 1, 3, 33, 2, 32)
     out, lse = _C.attention_decode_forward(q=q, k=k, v=v)
@@ -139,7 +165,8 @@ np.savez(sys.argv[1], out=out, lse=lse)
 def test_scratch_contract(tmp_path):
     """Through ctypes on 2 OpenMP threads: with attention_decode_forward_scratch_floats floats
     or half of them (one thread's share), the binding's bits; less than a share, misaligned
-    or missing scratch, an output over an input, or Tq > Tk is MF_EINVAL, nothing written."""
+    or missing scratch, an output over an input, Tq > Tk or Tk > Tmax is MF_EINVAL, nothing
+    written."""
     script = tmp_path / "scratch.py"
     script.write_text("""
 import ctypes
@@ -151,7 +178,7 @@ F = ctypes.POINTER(ctypes.c_float)
 
 class Params(ctypes.Structure):  # MfAttentionDecodeParams
     _fields_ = [(name, F) for name in ("out", "lse", "q", "k", "v")] + \\
-               [(name, ctypes.c_int64) for name in ("B", "Tq", "Tk", "H", "D")] + \\
+               [(name, ctypes.c_int64) for name in ("B", "Tq", "Tk", "Tmax", "H", "D")] + \\
                [("scale", ctypes.c_float), ("scratch", F), ("scratch_floats", ctypes.c_int64)]
 
 
@@ -167,8 +194,8 @@ k, v = (rng.standard_normal((B, Tk, H, D)).astype(np.float32) for _ in range(2))
 want_out, want_lse = _C.attention_decode_forward(q, k, v)
 out = np.full((B, Tq, H, D), 7.0, np.float32)
 lse = np.full((B, H, Tq), 7.0, np.float32)
-p = Params(B=B, Tq=Tq, Tk=Tk, H=H, D=D, scale=1 / np.sqrt(D), q=ptr(q), k=ptr(k), v=ptr(v),
-           out=ptr(out), lse=ptr(lse))
+p = Params(B=B, Tq=Tq, Tk=Tk, Tmax=Tk, H=H, D=D, scale=1 / np.sqrt(D), q=ptr(q), k=ptr(k),
+           v=ptr(v), out=ptr(out), lse=ptr(lse))
 n = floats(ctypes.byref(p))
 assert n > 0 and n % 2 == 0, n  # two threads' shares
 buf = np.empty(n + 32, np.float32)
@@ -189,6 +216,9 @@ p.scratch = ptr(buf[start:])
 p.Tq = Tk + 1
 assert floats(ctypes.byref(p)) == 0 and op(ctypes.byref(p)) == 1
 p.Tq = Tq
+p.Tk = Tk + 1  # more keys than k holds
+assert floats(ctypes.byref(p)) == 0 and op(ctypes.byref(p)) == 1
+p.Tk = Tk
 p.out = p.k  # an output over an input
 assert op(ctypes.byref(p)) == 1
 assert np.all(out == 7.0)

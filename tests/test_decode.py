@@ -90,3 +90,23 @@ def test_schemes_without_a_decoding_path_refuse(mixer, positional, what, options
     with pytest.raises(NotImplementedError, match=what):
         _, cache = m.decode(tokens[:, :3])
         m.decode(tokens[:, 3:], cache)
+
+
+@pytest.mark.parametrize("mixer,positional", [("attention", "rope"), ("lstm", "none")])
+def test_a_cache_stays_valid_whatever_is_decoded_from_it(mixer, positional):
+    """Decoding writes new positions into the cache's arrays in place; a second decode from
+    the same cache (a branch) copies them first: both branches, and their continuations,
+    are forward's rows of their own sequences."""
+    m = model(mixer, positional)
+    rng = np.random.default_rng(4)
+    prefix, one, two, more = (rng.integers(0, 9, (2, n)) for n in (6, 3, 4, 2))
+    _, cache = m.decode(prefix)
+    cache = cache.select(np.arange(2), room=20)  # room to write in place
+    first, after_one = m.decode(one, cache)
+    second, after_two = m.decode(two, cache)
+    third, _ = m.decode(more, after_one)
+    fourth, _ = m.decode(more, after_two)
+    for got, seq, n in ((first, [prefix, one], 3), (second, [prefix, two], 4),
+                        (third, [prefix, one, more], 2), (fourth, [prefix, two, more], 2)):
+        full = m.ops.to_numpy(m.forward(np.concatenate(seq, 1)))
+        assert_rows_match(m.ops.to_numpy(got), full[:, -n:], "c")

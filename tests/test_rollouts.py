@@ -118,7 +118,7 @@ class OracleDecoder(rollouts.Decoder):
         def __init__(self, tokens):
             self.tokens, self.length = tokens, tokens.shape[1]
 
-        def select(self, rows, length=None):
+        def select(self, rows, length=None, room=0):
             return OracleDecoder.Cache(self.tokens[rows, :length])
 
     def __init__(self, room, start):

@@ -2,7 +2,8 @@
  * decoding; MfAttentionDecodeParams, params.h). Forward only.
  *
  * The Tq queries are the last Tq positions of sequences of Tk >= Tq tokens whose keys and
- * values (B, Tk, H, D) hold every position: the cached prefix (Tk - Tq), then the block's own.
+ * values hold every position: the cached prefix (Tk - Tq), then the block's own, in the first
+ * Tk of the Tmax >= Tk positions of k and v (B, Tmax, H, D) (a cache with room to grow).
  * Query i sits at position t_i = Tk - Tq + i and sees the keys j <= t_i:
  *   out[b,i,h] = sum_{j <= t_i} softmax_j(scale q_i . k_j) v_j
  *   lse[b,h,i] = log sum_{j <= t_i} exp(scale q_i . k_j)
@@ -16,9 +17,9 @@
  * Scratch: one thread's share is the scores (Tk rounded up to whole vectors), D accumulators
  * and the transposed keys (each rounded up to 64 bytes); with less scratch than the team
  * needs, fewer threads run.
- * MF_EINVAL for D odd or outside [16, 128], a size < 1, Tq > Tk, a non-finite scale, a NULL
- * pointer, outputs overlapping each other or an input, or scratch that is NULL, not 64-byte
- * aligned or short of one thread's share. */
+ * MF_EINVAL for D odd or outside [16, 128], a size < 1, Tq > Tk or Tk > Tmax, a non-finite
+ * scale, a NULL pointer, outputs overlapping each other or an input, or scratch that is NULL,
+ * not 64-byte aligned or short of one thread's share. */
 #include <math.h>
 #include <stddef.h>
 #include <stdint.h>
@@ -35,8 +36,8 @@
 #define DECODE_MIN_PARALLEL 2e6
 
 static int valid(const MfAttentionDecodeParams *p) {
-    return p != NULL && p->Tq >= 1 && p->Tk >= p->Tq &&
-           mf_attn_check_sizes(p->B, p->Tk, p->H, p->D, p->scale) == MF_OK;
+    return p != NULL && p->Tq >= 1 && p->Tk >= p->Tq && p->Tmax >= p->Tk &&
+           mf_attn_check_sizes(p->B, p->Tmax, p->H, p->D, p->scale) == MF_OK;
 }
 
 /* keys rounded up to whole vectors */
@@ -79,7 +80,7 @@ static void head(const MfAttentionDecodeParams *p, int64_t b, int64_t h, float *
                  float *kt) {
     const int64_t Tq = p->Tq, Tk = p->Tk, H = p->H, D = p->D, ld = H * D;
     const int64_t Tkp = padded_keys(p);
-    const float *k = p->k + b * Tk * ld + h * D, *v = p->v + b * Tk * ld + h * D;
+    const float *k = p->k + b * p->Tmax * ld + h * D, *v = p->v + b * p->Tmax * ld + h * D;
     mf_transpose(kt, Tkp, k, ld, Tk, D);
     for (int64_t d = 0; d < D; d++)
         for (int64_t j = Tk; j < Tkp; j++) kt[d * Tkp + j] = 0.0f;
@@ -140,7 +141,7 @@ int attention_decode_forward(const MfAttentionDecodeParams *p) {
     if (p->scratch == NULL || (uintptr_t)p->scratch % 64 != 0 || p->scratch_floats < per)
         return MF_EINVAL;
     const int64_t B = p->B, H = p->H, ld = p->H * p->D;
-    const int64_t nq = B * p->Tq * ld, nk = B * p->Tk * ld;
+    const int64_t nq = B * p->Tq * ld, nk = B * p->Tmax * ld;
     float *const out[] = {p->out, p->lse, p->scratch};
     const int64_t out_n[] = {nq, B * H * p->Tq, p->scratch_floats};
     const float *const in[] = {p->q, p->k, p->v};

@@ -21,7 +21,7 @@ the softmax compares them (rotated) and the values.
 """
 from ..schemes import get_scheme
 from . import QKVMixer, register_mixer
-from .base import QUERY_SCALE_OPTIONS
+from .base import QUERY_SCALE_OPTIONS, extend
 
 
 @register_mixer
@@ -54,23 +54,23 @@ class CausalAttention(QKVMixer):
     def backward(self, dy, dstate=None):
         return self.attend_backward(self.output_backward(dy), dstate)
 
-    def decode(self, x, batch, steps, cache):
-        """x (N, C) of ``steps`` new tokens per sequence after the positions of ``cache``
-        ((keys, values) (B, T0, H, D), or None) -> (y (N, C), (keys, values) (B, T0 + steps,
-        H, D)); no traces, no gradient."""
+    def decode(self, x, batch, steps, cache, start):
+        """x (N, C) of ``steps`` new tokens per sequence after ``start`` positions of
+        ``cache`` ((keys, values) (B, capacity, H, D), or None) -> (y (N, C), (keys, values)
+        holding start + steps positions); no traces, no gradient."""
         kind = self.scheme.kind
         if kind == "attention" or (kind == "angles"
                                    and not hasattr(self.scheme, "angles_at")):
             raise NotImplementedError(f"positional scheme {self.scheme.name!r} has no "
                                       "incremental decoding")
-        start = 0 if cache is None else cache[0].shape[1]
         q, k, v = self.project(x, batch, steps, start)
         if kind == "angles":
             q, k = self.ops.rotary_forward(q, k, self.scheme.angles_at(x, batch, steps, start))
-        if cache is not None:
-            k, v = self.ops.concat([cache[0], k], 1), self.ops.concat([cache[1], v], 1)
-        attn, _ = self.ops.attention_decode_forward(q, k, v)
-        return self.out.forward(attn.reshape(batch * steps, -1)), (k, v)
+        keys, values = (None, None) if cache is None else cache
+        keys = extend(self.ops, keys, k, start)
+        values = extend(self.ops, values, v, start)
+        attn, _ = self.ops.attention_decode_forward(q, keys, values, None, start + steps)
+        return self.out.forward(attn.reshape(batch * steps, -1)), (keys, values)
 
     def attend_content(self, x, batch, steps, state):
         self.q_att, self.k_att = self.qh, self.kh

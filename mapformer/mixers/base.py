@@ -15,13 +15,14 @@ A mixer is a class registered with :func:`mapformer.mixers.register_mixer`:
   (None but for schemes with an initial state), passed through when the mixer has no use
   for it; backward accumulates (+=) into its parameters' gradients;
 - ``initial_state(batch, steps)``: its scheme's;
-- ``decode(x, batch, steps, cache) -> (y, cache)``, optional (incremental decoding, no
-  gradient): x, y (N, C) the rows of ``steps`` new tokens per sequence, whose earlier
-  positions ``cache`` holds (None: no earlier positions); y is what ``forward`` gives these
+- ``decode(x, batch, steps, cache, start) -> (y, cache)``, optional (incremental decoding,
+  no gradient): x, y (N, C) the rows of ``steps`` new tokens per sequence after ``start``
+  positions that ``cache`` holds (None when start = 0); y is what ``forward`` gives these
   rows on the whole sequence, and the returned cache holds every position so far: a tuple of
-  arrays (B, positions, ...) (position axis 1), so that rows and a prefix of positions can
-  be taken from it (:class:`mapformer.models.DecodeCache`). The default raises
-  NotImplementedError;
+  arrays (B, capacity, ...) (position axis 1), the first start + steps positions valid, so
+  that rows and a prefix of positions can be taken from it
+  (:class:`mapformer.models.DecodeCache`); the new positions are written in place
+  (:func:`extend`) where the arrays have room. The default raises NotImplementedError;
 - ``flops(config, batch, steps)``: matmul flops of one forward of its own products (its
   scheme counts its own).
 
@@ -74,8 +75,23 @@ class Mixer:
     def initial_state(self, batch, steps):
         return self.scheme.initial_state(batch, steps)
 
-    def decode(self, x, batch, steps, cache):
+    def decode(self, x, batch, steps, cache, start):
         raise NotImplementedError(f"mixer {self.name!r} has no incremental decoding")
+
+
+def extend(ops, buffer, new, start):
+    """A decoding cache's array: buffer (B, capacity, ...) or None, new (B, steps, ...) ->
+    the buffer with ``new`` at positions start .. start + steps - 1: written in place when it
+    has room, else into a new buffer of max(2 start, start + steps) positions (the first
+    ``start`` copied)."""
+    steps = new.shape[1]
+    if buffer is None or buffer.shape[1] < start + steps:
+        grown = ops.zeros((new.shape[0], max(2 * start, start + steps)) + new.shape[2:])
+        if buffer is not None:
+            grown[:, :start] = buffer[:, :start]
+        buffer = grown
+    buffer[:, start:start + steps] = new
+    return buffer
 
 
 class QKVMixer(Mixer):

@@ -102,7 +102,8 @@ int attention_backward(const MfAttentionParams *p);
 
 /* ---- attention_decode.c: causal attention of new queries on cached keys (decoding) ------- */
 /* out[b,i,h] = sum_{j <= Tk - Tq + i} softmax_j(scale q_i . k_j) v_j and its lse[b,h,i]: the
- * last Tq rows of causal attention over Tk positions, q holding only those rows. Forward only;
+ * last Tq rows of causal attention over Tk positions, q holding only those rows, k and v the
+ * first Tk of their Tmax positions. Forward only;
  * p->scratch of at least attention_decode_forward_scratch_floats(p) floats (64-byte aligned;
  * 0 when p's sizes are invalid): MfAttentionDecodeParams, mapformer/params.h. */
 int64_t attention_decode_forward_scratch_floats(const MfAttentionDecodeParams *p);

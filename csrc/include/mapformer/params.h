@@ -115,8 +115,9 @@ typedef struct {
 typedef struct {
     float *out, *lse;          /* (B, Tq, H, D), (B, H, Tq) */
     const float *q;            /* (B, Tq, H, D) */
-    const float *k, *v;        /* (B, Tk, H, D): the cached positions, then the block's */
-    int64_t B, Tq, Tk, H, D;   /* D even in [16, 128] */
+    const float *k, *v;        /* (B, Tmax, H, D): the cached positions, then the block's,
+                                * in the first Tk of Tmax (a cache with room to grow) */
+    int64_t B, Tq, Tk, Tmax, H, D; /* Tq <= Tk <= Tmax; D even in [16, 128] */
     float scale;               /* usually 1/sqrt(D) */
     float *scratch;
     int64_t scratch_floats;
