@@ -12,11 +12,12 @@
  * A task is a head (b, h), on one thread's scratch: the head's keys transposed once (D, Tk),
  * then per query its scores, simd.h vectors of keys (each a sum over d in order), their max
  * m, p_j = exp(s_j - m) and l = sum p_j (vexp, vector lanes then one horizontal sum), then
- * out = sum_j p_j v_j / l (vectors over D) and lse = m + log l. What a task computes does not
- * depend on the thread that runs it, so every output has the same bits for any thread count.
- * Scratch: one thread's share is the scores (Tk rounded up to whole vectors), D accumulators
- * and the transposed keys (each rounded up to 64 bytes); with less scratch than the team
- * needs, fewer threads run.
+ * out = sum_j p_j v_j / l (registers of vectors over D) and lse = m + log l. What a task
+ * computes does not depend on the thread that runs it, so every output has the same bits for
+ * any thread count.
+ * Scratch: one thread's share is the scores (Tk rounded up to whole vectors) and the
+ * transposed keys (each rounded up to 64 bytes); with less scratch than the team needs, fewer
+ * threads run.
  * MF_EINVAL for D odd or outside [16, 128], a size < 1, Tq > Tk or Tk > Tmax, a non-finite
  * scale, a NULL pointer, outputs overlapping each other or an input, or scratch that is NULL,
  * not 64-byte aligned or short of one thread's share. */
@@ -47,7 +48,7 @@ static int64_t padded_keys(const MfAttentionDecodeParams *p) {
 
 static int64_t per_thread(const MfAttentionDecodeParams *p) {
     const int64_t Tkp = padded_keys(p);
-    return mf_scratch_size(Tkp) + mf_scratch_size(p->D) + mf_scratch_size(p->D * Tkp);
+    return mf_scratch_size(Tkp) + mf_scratch_size(p->D * Tkp);
 }
 
 int64_t attention_decode_forward_scratch_floats(const MfAttentionDecodeParams *p) {
@@ -72,12 +73,11 @@ MF_INLINE void store(float *p, const vf *x, int64_t n) {
 /* keys per register tile of the score loop: NJ vectors of independent sums */
 #define NJ 4
 
-/* Head (b, h) on the thread's scratch: s (Tkp) the scores, acc (D) the weighted sum, kt (D,
- * Tkp) the head's keys transposed (zero past Tk), so that a query's scores are MF_VW keys per
- * vector: s[j] = sum_d q[d] kt[d][j], in order over d. */
+/* Head (b, h) on the thread's scratch: s (Tkp) the scores, kt (D, Tkp) the head's keys
+ * transposed (zero past Tk), so that a query's scores are MF_VW keys per vector: s[j] =
+ * sum_d q[d] kt[d][j], in order over d. */
 MF_CLONES
-static void head(const MfAttentionDecodeParams *p, int64_t b, int64_t h, float *s, float *acc,
-                 float *kt) {
+static void head(const MfAttentionDecodeParams *p, int64_t b, int64_t h, float *s, float *kt) {
     const int64_t Tq = p->Tq, Tk = p->Tk, H = p->H, D = p->D, ld = H * D;
     const int64_t Tkp = padded_keys(p);
     const float *k = p->k + b * p->Tmax * ld + h * D, *v = p->v + b * p->Tmax * ld + h * D;
@@ -114,21 +114,27 @@ static void head(const MfAttentionDecodeParams *p, int64_t b, int64_t h, float *
             lv = lv + x;
         }
         const float l = vhsum(&lv);
-        for (int64_t d = 0; d < D; d++) acc[d] = 0.0f;
-        for (int64_t j = 0; j < n; j++) {
-            const vf pj = VSPLAT(s[j]);
-            const float *vj = v + j * ld;
-            for (int64_t d = 0; d < D; d += MF_VW) {
-                const int64_t c = D - d < MF_VW ? D - d : MF_VW;
-                vf x, a;
-                load(&x, vj + d, c);
-                load(&a, acc + d, c);
-                a = a + pj * x;
-                store(acc + d, &a, c);
+        float *o = p->out + (b * Tq + i) * ld + h * D;
+        /* out = sum_j p_j v_j / l, NJ vectors of D at a time in registers, in order over j */
+        for (int64_t d0 = 0; d0 < D; d0 += NJ * MF_VW) {
+            const int64_t left = (D - d0 + MF_VW - 1) / MF_VW, ng = left < NJ ? left : NJ;
+            vf a[NJ] = {VZERO};
+            for (int64_t j = 0; j < n; j++) {
+                const vf pj = VSPLAT(s[j]);
+                const float *vj = v + j * ld + d0;
+                for (int64_t g = 0; g < ng; g++) {
+                    const int64_t c = D - d0 - g * MF_VW < MF_VW ? D - d0 - g * MF_VW : MF_VW;
+                    vf x;
+                    load(&x, vj + g * MF_VW, c);
+                    a[g] = a[g] + pj * x;
+                }
+            }
+            for (int64_t g = 0; g < ng; g++) {
+                const int64_t c = D - d0 - g * MF_VW < MF_VW ? D - d0 - g * MF_VW : MF_VW;
+                const vf x = a[g] / l;
+                store(o + d0 + g * MF_VW, &x, c);
             }
         }
-        float *o = p->out + (b * Tq + i) * ld + h * D;
-        for (int64_t d = 0; d < D; d++) o[d] = acc[d] / l;
         p->lse[(b * H + h) * Tq + i] = m + logf(l);
     }
 }
@@ -152,9 +158,9 @@ int attention_decode_forward(const MfAttentionDecodeParams *p) {
 #pragma omp parallel num_threads(threads) if (threads > 1 && B * H > 1 && work > DECODE_MIN_PARALLEL)
     {
         float *s = p->scratch + (int64_t)mf_thread_id() * per;
-        float *acc = s + mf_scratch_size(padded_keys(p)), *kt = acc + mf_scratch_size(p->D);
+        float *kt = s + mf_scratch_size(padded_keys(p));
 #pragma omp for schedule(static)
-        for (int64_t t = 0; t < B * H; t++) head(p, t / H, t % H, s, acc, kt);
+        for (int64_t t = 0; t < B * H; t++) head(p, t / H, t % H, s, kt);
     }
     return MF_OK;
 }
