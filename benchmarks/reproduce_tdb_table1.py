@@ -25,10 +25,10 @@ evaluation (``--rollouts``, 100 as the paper; mapformer/rollouts.py), by increme
 (the transformer's KV cache, the LSTM's state: ``Transformer.decode``), and the tail holds
 C - 1 observations (the walk ends at x_{N-1}, counting from 0). Measured on this machine by
 ``benchmarks/rollout_decoding.py`` (one thread, untrained models, 10 rollouts of one
-cpu-scale problem, a loaded machine): the rollouts 0.18 s transformer, 0.19 s LSTM CPU time
-(30x and 40x less than recomputing every prefix), the whole planner with the tail evaluation
-of every rollout at every length (an untrained model's worst case) 1.5 s and 1.2 s (7x and
-11x less); ``--plan-problems K`` plans the first K test walks only.
+cpu-scale problem, a loaded machine): the rollouts 0.14 s transformer, 0.09 s LSTM CPU time
+(38x and 83x less than recomputing every prefix), the whole planner with the tail evaluation
+of every rollout at every length (an untrained model's worst case) 1.9 s and 1.4 s (5.6x and
+10x less); ``--plan-problems K`` plans the first K test walks only.
 """
 import argparse
 import json
