@@ -22,12 +22,13 @@ that of x_{N-C}; a_C .. a_{N-C-1} is the fallback (length N - 2C).
 Two ways to run the model, with the same plans (the test compares them):
 - incremental decoding (a :class:`Decoder`, :func:`greedy_decoder`: the model's ``decode``
   with a KV cache, or the LSTM's state): the context x_0 .. x_C once, its cache copied to the
-  ``rollouts`` sequences; each step of 2. is one call on two new tokens per rollout (the last
-  prediction and the next action; the first step on the action alone) attending the cache;
-  step 4 starts from each candidate's cached history (rows and a prefix of the last step's
-  cache) and runs the goal and the tail, 2C - 1 tokens, on it. Cost: about 2 (N - 2C) x
-  rollouts tokens' forward work per problem, plus the attention of each new token on the
-  cached ones (and the copies that extend the cache, linear in its length), plus the tails;
+  ``rollouts`` sequences (with room for the whole rollout: new positions are written in
+  place); each step of 2. is one call on two new tokens per rollout (the last prediction and
+  the next action; the first step on the action alone) attending the cache; step 4 starts
+  from each candidate's cached history (rows and a prefix of the last step's cache, copied)
+  and runs the goal and the tail, 2C - 1 tokens, on it. Cost: about 2 (N - 2C) x rollouts
+  tokens' forward work per problem, plus the attention of each new token on the cached ones
+  (linear in their number), plus (2C - 1) tokens per candidate for the tails;
 - recomputation (a ``predict`` function, :func:`greedy_predictor`), batched: step 2 is one
   forward of the ``rollouts`` sequences (prefix + rollout so far) per generated observation
   (N - 2C forwards whose length grows from 2C to 2(N - C)), step 4 one forward per candidate
