@@ -13,6 +13,14 @@ clang.
 The built extension is also copied into the source tree's ``mapformer/`` (an in-place build on
 install), so that ``python -m mapformer`` and ``import mapformer`` run from the repository root,
 where the source package shadows the installed one, find it too.
+
+CUDA (``MAPFORMER_CUDA=off|auto|on``, default off): with ``on``, or ``auto`` when nvcc is
+found (``NVCC``, else ``nvcc`` on PATH, else ``$CUDA_HOME/bin/nvcc``), cuda/*.cu are compiled by
+nvcc for sm_80 and sm_90 and linked (CUDA runtime linked statically: no libcudart needed at run
+time, only the driver) into ``mapformer/libmapformer_cuda.so``, a plain shared library that
+mapformer/backend.py loads with ctypes; the C extension is unchanged. ``auto`` never fails the
+install: without nvcc, or when nvcc fails, it says so and builds the CPU package alone. Off by
+default because the CUDA build costs more than the CPU build (.ci/cuda_check times it).
 """
 import glob
 import os
@@ -79,9 +87,71 @@ def compile_in_parallel(compiler):
     compiler.compile = compile
 
 
+CUDA_ARCHS = ("80", "90")
+NVCC_ARGS = ["-std=c++17", "-O3", "--fmad=false", "-Xcompiler", "-fPIC,-Wall,-Wextra",
+             "-Icsrc/include", "-Icuda"] + [f"-gencode=arch=compute_{a},code=sm_{a}"
+                                             for a in CUDA_ARCHS]
+
+
+def find_nvcc():
+    """The nvcc to use, or None."""
+    for candidate in (os.environ.get("NVCC"), shutil.which("nvcc"),
+                      os.path.join(os.environ.get("CUDA_HOME", "/usr/local/cuda"), "bin", "nvcc")):
+        if candidate and os.path.isfile(candidate) and os.access(candidate, os.X_OK):
+            return candidate
+    return None
+
+
+def build_cuda(out_dir, temp_dir):
+    """Compile cuda/*.cu with nvcc into out_dir/libmapformer_cuda.so as MAPFORMER_CUDA asks;
+    return the library's path, or None when not built."""
+    import subprocess
+
+    mode = os.environ.get("MAPFORMER_CUDA", "off").lower()
+    if mode not in ("off", "auto", "on"):
+        raise SystemExit(f"MAPFORMER_CUDA must be off, auto or on, got {mode!r}")
+    if mode == "off":
+        return None
+    nvcc = find_nvcc()
+    if nvcc is None:
+        if mode == "on":
+            raise SystemExit("MAPFORMER_CUDA=on but nvcc was not found: install the CUDA "
+                             "Toolkit, or set NVCC or CUDA_HOME")
+        print("MAPFORMER_CUDA=auto: nvcc not found, building the CPU package only")
+        return None
+    sources = sorted(glob.glob(os.path.join("cuda", "*.cu")))
+    os.makedirs(temp_dir, exist_ok=True)
+    objects = [os.path.join(temp_dir, os.path.basename(s) + ".o") for s in sources]
+    library = os.path.join(out_dir, "libmapformer_cuda.so")
+    try:
+        with ThreadPoolExecutor(os.cpu_count() or 1) as pool:
+            list(pool.map(lambda so: subprocess.run([nvcc, *NVCC_ARGS, "-c", so[0], "-o", so[1]],
+                                                    check=True), zip(sources, objects)))
+        subprocess.run([nvcc, "-shared", "--cudart=static", *objects, "-o", library], check=True)
+        # the parameter structs' layout, read by mapformer/cuda.py at run time
+        shutil.copyfile(os.path.join("csrc", "include", "mapformer", "params.h"),
+                        os.path.join(out_dir, "params.h"))
+    except (subprocess.CalledProcessError, OSError) as error:
+        if mode == "on":
+            raise
+        print(f"MAPFORMER_CUDA=auto: the CUDA build failed ({error}); CPU package only")
+        return None
+    return library
+
+
 class BuildExt(build_ext):
     """Compiles the ISA kernel files with their own flags, links them into the extension, and
-    copies the built extension into the source tree."""
+    copies the built extension into the source tree; builds the CUDA library when asked."""
+
+    def run(self):
+        super().run()
+        out_dir = os.path.join(ROOT if self.inplace else self.build_lib, "mapformer")
+        library = build_cuda(out_dir, os.path.join(self.build_temp, "cuda"))
+        if library is not None and not self.inplace:
+            for built in (library, os.path.join(out_dir, "params.h")):
+                target = os.path.join(ROOT, "mapformer", os.path.basename(built))
+                if os.access(os.path.dirname(target), os.W_OK):
+                    shutil.copyfile(built, target)
 
     def build_extension(self, ext):
         compile_in_parallel(self.compiler)

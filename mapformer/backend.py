@@ -100,8 +100,22 @@ def _tape_mix_backward(de_new, e_att, gate_logits, w, dw):
 
 
 def _conj_attention_backward(dout, qx, kx, qp, kp, v, out, lse, mode="score_product",
-                             scale=None):
-    return ref.conj_attention_backward(dout, qx, kx, qp, kp, v, mode, scale)
+                             scale=None, *, mask="causal", prefix=None):
+    return ref.conj_attention_backward(dout, qx, kx, qp, kp, v, mode, scale, mask=mask,
+                                       prefix=prefix)
+
+
+def _attention_forward(q, k, v, scale=None, *, mask="causal", prefix=None):
+    return ref.attention_forward(q, k, v, scale, mask=mask, prefix=prefix)
+
+
+def _attention_backward(dout, q, k, v, out, lse, scale=None, *, mask="causal", prefix=None):
+    return ref.attention_backward(dout, q, k, v, scale, mask=mask, prefix=prefix)
+
+
+def _conj_attention_forward(qx, kx, qp, kp, v, mode="score_product", scale=None, *,
+                            mask="causal", prefix=None):
+    return ref.conj_attention_forward(qx, kx, qp, kp, v, mode, scale, mask=mask, prefix=prefix)
 
 
 def _causal_conv1d_backward(dy, x, weight, dweight, dbias):
@@ -282,10 +296,9 @@ NUMPY = SimpleNamespace(
     mlp_backward=_mlp_backward,
     residual_forward=ref.residual_forward,
     residual_backward=_residual_backward,
-    attention_forward=ref.attention_forward,
+    attention_forward=_attention_forward,
     attention_decode_forward=ref.attention_decode_forward,
-    attention_backward=lambda dout, q, k, v, out, lse, scale=None: ref.attention_backward(
-        dout, q, k, v, scale),
+    attention_backward=_attention_backward,
     path_integration_forward=ref.path_integration_forward,
     path_integration_backward=_path_integration_backward,
     rotary_forward=ref.rotary_forward,
@@ -296,7 +309,7 @@ NUMPY = SimpleNamespace(
     b4_backward=_b4_backward,
     nc_forward=ref.nc_forward,
     nc_backward=_nc_backward,
-    conj_attention_forward=ref.conj_attention_forward,
+    conj_attention_forward=_conj_attention_forward,
     conj_attention_backward=_conj_attention_backward,
     cope_forward=ref.cope_forward,
     cope_backward=_cope_backward,
@@ -334,7 +347,17 @@ BACKENDS = {"c": C, "numpy": NUMPY}
 
 
 def get(name):
-    """The backend called ``name`` ('c' or 'numpy')."""
+    """The backend called ``name`` ('c' or 'numpy'). 'cuda' raises RuntimeError: without a
+    CUDA build (or CuPy, or a GPU) a message saying how to get one; with one, that its kernels
+    (mapformer.cuda.FAMILIES, usable through mapformer.cuda.gpu_ops()) do not yet cover a
+    model's ops."""
+    if name == "cuda":
+        from . import cuda
+
+        cuda.load()
+        raise RuntimeError("the CUDA backend cannot run a model yet: kernels exist for "
+                           f"{', '.join(cuda.FAMILIES)} only (mapformer.cuda.gpu_ops()); use "
+                           "backend='c'")
     try:
         return BACKENDS[name]
     except KeyError:

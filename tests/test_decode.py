@@ -79,7 +79,8 @@ def test_a_selected_cache_continues_its_rows(mixer, positional):
     ("attention", "mapwm", "mapwm", {}), ("conjunctive", "mapem", "conjunctive", {}),
     ("attention", "cope", "cope", {"cope_positions": 8}),
     ("attention", "sinusoidal", "sinusoidal", {}),
-    ("attention", "rope", "vq", {"bottleneck": "vq", "vq_codes": 4})])
+    ("attention", "rope", "vq", {"bottleneck": "vq", "vq_codes": 4}),
+    ("attention", "rope", "attn_mask", {"attn_mask": "prefix", "attn_prefix": 2})])
 def test_schemes_without_a_decoding_path_refuse(mixer, positional, what, options):
     """MapWM's angles integrate the actions of the whole history, the conjunctive mixer and
     CoPE have no decoding path, an additive code none at an offset, a VQ bottleneck none

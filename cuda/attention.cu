@@ -1,0 +1,216 @@
+/* Causal softmax attention on the GPU, tiled as FlashAttention-2 (Dao 2023): the T x T score
+ * matrix is never stored; the forward keeps only the row log-sum-exp.
+ *   forward:  out_i = sum_{j <= i} softmax_j(scale q_i . k_j) v_j, lse_i = log sum_j exp(...)
+ *   backward: p_ij = exp(scale q_i . k_j - lse_i), delta_i = dout_i . out_i,
+ *             ds_ij = p_ij (dout_i . v_j - delta_i) scale,
+ *             dq_i = sum_j ds_ij k_j, dk_j = sum_i ds_ij q_i, dv_j = sum_i p_ij dout_i (=)
+ * q, k, v, out (B, T, H, D) with D even in [16, 128]; lse (B, H, T).
+ *
+ * Forward: a block per (tile of ATT_BR query rows, b h), one thread per query row holding q_i
+ * and its output accumulator; the key/value tiles of ATT_BC rows are loaded into shared
+ * memory by the whole block, and each row keeps the online softmax's running max and sum,
+ * rescaled once per tile (FlashAttention-2's loop order: queries outside, keys inside).
+ * Backward without atomics (deterministic): delta by one kernel into the caller's scratch
+ * (B, H, T); dq by a query-row kernel shaped as the forward; dk and dv by a key-row kernel,
+ * one thread per key row, looping over the query tiles at or after its own (Q, dout, lse and
+ * delta tiles in shared memory).
+ * First version: per-thread rows in local memory and scalar dot products, no tensor cores;
+ * its speed is unmeasured (no GPU was available). */
+#include "common.cuh"
+
+#define ATT_MAX_D 128
+#define ATT_BR 64 /* query rows per forward / dq block: its threads */
+#define ATT_BC 32 /* key rows per shared tile */
+#define ATT_BK 64 /* key rows per dk/dv block: its threads */
+#define ATT_BQ 32 /* query rows per shared tile in the dk/dv kernel */
+
+__device__ __forceinline__ int64_t att_row(const MfAttentionParams &p, int64_t bh, int64_t t) {
+    const int64_t b = bh / p.H, h = bh - b * p.H;
+    return ((b * p.T + t) * p.H + h) * p.D;
+}
+
+/* rows [t0, t0 + rows) of x for head bh into s (rows x D), zeros past T; the whole block */
+__device__ __forceinline__ void att_load(float *s, const float *x, const MfAttentionParams &p,
+                                         int64_t bh, int64_t t0, int64_t rows) {
+    for (int64_t e = threadIdx.x; e < rows * p.D; e += blockDim.x) {
+        const int64_t r = e / p.D, d = e - r * p.D, t = t0 + r;
+        s[e] = t < p.T ? x[att_row(p, bh, t) + d] : 0.0f;
+    }
+}
+
+__global__ void attention_forward_kernel(MfAttentionParams p) {
+    MF_DYNAMIC_SHARED(float, smem); /* K tile, V tile: ATT_BC x D each */
+    float *ks = smem, *vs = smem + ATT_BC * p.D;
+    const int64_t bh = blockIdx.y, i0 = (int64_t)blockIdx.x * ATT_BR, i = i0 + threadIdx.x;
+    const int64_t D = p.D, last = (i0 + ATT_BR < p.T ? i0 + ATT_BR : p.T) - 1;
+    const bool row = i < p.T;
+    float q[ATT_MAX_D], acc[ATT_MAX_D], s[ATT_BC];
+    for (int64_t d = 0; d < D; d++) {
+        q[d] = row ? p.q[att_row(p, bh, i) + d] * p.scale : 0.0f;
+        acc[d] = 0.0f;
+    }
+    float m = -INFINITY, l = 0.0f;
+    for (int64_t j0 = 0; j0 <= last; j0 += ATT_BC) {
+        att_load(ks, p.k, p, bh, j0, ATT_BC);
+        att_load(vs, p.v, p, bh, j0, ATT_BC);
+        __syncthreads();
+        if (row && j0 <= i) {
+            const int64_t n = i - j0 + 1 < ATT_BC ? i - j0 + 1 : ATT_BC; /* causal */
+            float mt = m;
+            for (int64_t jj = 0; jj < n; jj++) {
+                float dot = 0.0f;
+                for (int64_t d = 0; d < D; d++) dot += q[d] * ks[jj * D + d];
+                s[jj] = dot;
+                mt = fmaxf(mt, dot);
+            }
+            const float corr = expf(m - mt); /* 0 on the first tile (m = -inf) */
+            l *= corr;
+            for (int64_t d = 0; d < D; d++) acc[d] *= corr;
+            for (int64_t jj = 0; jj < n; jj++) {
+                const float e = expf(s[jj] - mt);
+                l += e;
+                for (int64_t d = 0; d < D; d++) acc[d] += e * vs[jj * D + d];
+            }
+            m = mt;
+        }
+        __syncthreads();
+    }
+    if (row) {
+        const float inv = 1.0f / l;
+        for (int64_t d = 0; d < D; d++) p.out[att_row(p, bh, i) + d] = acc[d] * inv;
+        p.lse[bh * p.T + i] = m + logf(l);
+    }
+}
+
+/* delta[bh, i] = dout_i . o_i */
+__global__ void attention_delta_kernel(MfAttentionParams p, float *delta) {
+    for (int64_t r = MF_GRID_START; r < p.B * p.H * p.T; r += MF_GRID_STRIDE) {
+        const int64_t bh = r / p.T, i = r - bh * p.T, base = att_row(p, bh, i);
+        float s = 0.0f;
+        for (int64_t d = 0; d < p.D; d++) s += p.dout[base + d] * p.o[base + d];
+        delta[r] = s;
+    }
+}
+
+__global__ void attention_dq_kernel(MfAttentionParams p, const float *delta) {
+    MF_DYNAMIC_SHARED(float, smem); /* K tile, V tile: ATT_BC x D each */
+    float *ks = smem, *vs = smem + ATT_BC * p.D;
+    const int64_t bh = blockIdx.y, i0 = (int64_t)blockIdx.x * ATT_BR, i = i0 + threadIdx.x;
+    const int64_t D = p.D, last = (i0 + ATT_BR < p.T ? i0 + ATT_BR : p.T) - 1;
+    const bool row = i < p.T;
+    float q[ATT_MAX_D], g[ATT_MAX_D], dq[ATT_MAX_D];
+    for (int64_t d = 0; d < D; d++) {
+        q[d] = row ? p.q[att_row(p, bh, i) + d] * p.scale : 0.0f;
+        g[d] = row ? p.dout[att_row(p, bh, i) + d] : 0.0f;
+        dq[d] = 0.0f;
+    }
+    const float lse = row ? p.lse_in[bh * p.T + i] : 0.0f, di = row ? delta[bh * p.T + i] : 0.0f;
+    for (int64_t j0 = 0; j0 <= last; j0 += ATT_BC) {
+        att_load(ks, p.k, p, bh, j0, ATT_BC);
+        att_load(vs, p.v, p, bh, j0, ATT_BC);
+        __syncthreads();
+        if (row && j0 <= i) {
+            const int64_t n = i - j0 + 1 < ATT_BC ? i - j0 + 1 : ATT_BC;
+            for (int64_t jj = 0; jj < n; jj++) {
+                float s = 0.0f, dp = 0.0f;
+                for (int64_t d = 0; d < D; d++) {
+                    s += q[d] * ks[jj * D + d];
+                    dp += g[d] * vs[jj * D + d];
+                }
+                const float ds = expf(s - lse) * (dp - di) * p.scale;
+                for (int64_t d = 0; d < D; d++) dq[d] += ds * ks[jj * D + d];
+            }
+        }
+        __syncthreads();
+    }
+    if (row)
+        for (int64_t d = 0; d < D; d++) p.dq[att_row(p, bh, i) + d] = dq[d];
+}
+
+__global__ void attention_dkdv_kernel(MfAttentionParams p, const float *delta) {
+    MF_DYNAMIC_SHARED(float, smem); /* Q tile, dout tile: ATT_BQ x D each; lse, delta tiles */
+    float *qs = smem, *gs = smem + ATT_BQ * p.D, *ls = gs + ATT_BQ * p.D, *ds_ = ls + ATT_BQ;
+    const int64_t bh = blockIdx.y, j0 = (int64_t)blockIdx.x * ATT_BK, j = j0 + threadIdx.x;
+    const int64_t D = p.D;
+    const bool row = j < p.T;
+    float k[ATT_MAX_D], v[ATT_MAX_D], dk[ATT_MAX_D], dv[ATT_MAX_D];
+    for (int64_t d = 0; d < D; d++) {
+        k[d] = row ? p.k[att_row(p, bh, j) + d] : 0.0f;
+        v[d] = row ? p.v[att_row(p, bh, j) + d] : 0.0f;
+        dk[d] = dv[d] = 0.0f;
+    }
+    /* query tiles from the one holding row j0 (earlier rows see none of this block's keys) */
+    for (int64_t i0 = j0 - j0 % ATT_BQ; i0 < p.T; i0 += ATT_BQ) {
+        att_load(qs, p.q, p, bh, i0, ATT_BQ);
+        att_load(gs, p.dout, p, bh, i0, ATT_BQ);
+        for (int64_t r = threadIdx.x; r < ATT_BQ; r += blockDim.x) {
+            const bool in = i0 + r < p.T;
+            ls[r] = in ? p.lse_in[bh * p.T + i0 + r] : 0.0f;
+            ds_[r] = in ? delta[bh * p.T + i0 + r] : 0.0f;
+        }
+        __syncthreads();
+        if (row) {
+            for (int64_t ii = 0; ii < ATT_BQ; ii++) {
+                const int64_t i = i0 + ii;
+                if (i < j || i >= p.T) continue;
+                float s = 0.0f, dp = 0.0f;
+                for (int64_t d = 0; d < D; d++) {
+                    s += qs[ii * D + d] * k[d];
+                    dp += gs[ii * D + d] * v[d];
+                }
+                const float pij = expf(s * p.scale - ls[ii]);
+                const float dsij = pij * (dp - ds_[ii]) * p.scale;
+                for (int64_t d = 0; d < D; d++) {
+                    dv[d] += pij * gs[ii * D + d];
+                    dk[d] += dsij * qs[ii * D + d];
+                }
+            }
+        }
+        __syncthreads();
+    }
+    if (row)
+        for (int64_t d = 0; d < D; d++) {
+            p.dk[att_row(p, bh, j) + d] = dk[d];
+            p.dv[att_row(p, bh, j) + d] = dv[d];
+        }
+}
+
+static int attention_check(const MfAttentionParams *p) {
+    return p->B < 1 || p->T < 1 || p->H < 1 || p->D < 16 || p->D > ATT_MAX_D || p->D % 2 != 0
+                   || !isfinite(p->scale) || p->B * p->H > 65535
+               ? MF_EINVAL
+               : MF_OK;
+}
+
+extern "C" int attention_forward_cuda(const MfAttentionParams *p, cudaStream_t stream) {
+    if (attention_check(p) != MF_OK || p->q == NULL || p->k == NULL || p->v == NULL
+        || p->out == NULL || p->lse == NULL)
+        return MF_EINVAL;
+    const dim3 grid(mf_blocks(p->T, ATT_BR), (unsigned)(p->B * p->H));
+    return MF_LAUNCH(attention_forward_kernel, grid, dim3(ATT_BR),
+                     2 * ATT_BC * p->D * sizeof(float), stream, *p);
+}
+
+/* delta (B, H, T) */
+extern "C" int64_t attention_backward_cuda_scratch_floats(const MfAttentionParams *p) {
+    return p->B * p->H * p->T;
+}
+
+extern "C" int attention_backward_cuda(const MfAttentionParams *p, cudaStream_t stream) {
+    if (attention_check(p) != MF_OK || p->q == NULL || p->k == NULL || p->v == NULL
+        || p->dq == NULL || p->dk == NULL || p->dv == NULL || p->dout == NULL || p->o == NULL
+        || p->lse_in == NULL || p->scratch == NULL
+        || p->scratch_floats < attention_backward_cuda_scratch_floats(p))
+        return MF_EINVAL;
+    float *delta = p->scratch;
+    const unsigned rows = mf_blocks(p->B * p->H * p->T, 256);
+    int status = MF_LAUNCH(attention_delta_kernel, dim3(rows < MF_MAX_GRID ? rows : MF_MAX_GRID),
+                           dim3(256), 0, stream, *p, delta);
+    if (status != MF_OK) return status;
+    status = MF_LAUNCH(attention_dq_kernel, dim3(mf_blocks(p->T, ATT_BR), (unsigned)(p->B * p->H)),
+                       dim3(ATT_BR), 2 * ATT_BC * p->D * sizeof(float), stream, *p, delta);
+    if (status != MF_OK) return status;
+    return MF_LAUNCH(attention_dkdv_kernel, dim3(mf_blocks(p->T, ATT_BK), (unsigned)(p->B * p->H)),
+                     dim3(ATT_BK), (2 * ATT_BQ * p->D + 2 * ATT_BQ) * sizeof(float), stream, *p,
+                     delta);
+}

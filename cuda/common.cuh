@@ -1,0 +1,95 @@
+/* What every kernel file (cuda/<family>.cu) includes: the CUDA runtime under nvcc, or, under a
+ * host C++ compiler, a faithful execution of CUDA's model on the CPU (cuda/emulate/), so that
+ * the same kernel source is compiled for the GPU and run by the tests on any machine.
+ *
+ * The emulation (any compiler without __CUDACC__, with -fopenmp):
+ *  - a launch runs the grid's blocks one after another (x fastest, then y, z); a block's
+ *    threads are real concurrent threads, one OpenMP thread each in one parallel region of
+ *    exactly blockDim.x * blockDim.y * blockDim.z threads (threadIdx from the thread number,
+ *    x fastest); blockIdx, threadIdx, blockDim and gridDim are per-thread variables;
+ *  - __syncthreads() is a barrier of the block's threads that, as on sm_70 and later, is not
+ *    waited for by threads that have returned from the kernel;
+ *  - __shared__ variables are static storage: one copy shared by the block's threads, valid
+ *    because one block runs at a time and one launch at a time (a lock); MF_DYNAMIC_SHARED's
+ *    memory (the launch's shared bytes) is filled with NaNs (0xff bytes) at every block's
+ *    start, so that a read of what no thread of the block wrote shows;
+ *  - three schedules (mf_emu_set_schedule): CONCURRENT (the threads run freely), and
+ *    SERIAL_FORWARD / SERIAL_REVERSE, where the threads run one at a time between barriers,
+ *    in increasing or decreasing thread order (a token passed round the block). A kernel whose
+ *    result differs between the two serial orders has a race between barriers (a write and a
+ *    read or two writes of one address by two threads with no barrier between them) that the
+ *    tests then see deterministically; the concurrent schedule runs the real thing;
+ *  - atomicAdd (int, float, double) is an OpenMP atomic; no warp-level operation (shuffles,
+ *    votes, warp-synchronous code) is provided: kernels reduce through shared memory and
+ *    __syncthreads only;
+ *  - device pointers are host pointers; a launch is synchronous and its status is returned.
+ * Under nvcc the same macros are CUDA's: MF_LAUNCH is kernel<<<grid, block, shared, stream>>>
+ * followed by cudaGetLastError. */
+#ifndef MAPFORMER_CUDA_COMMON_CUH
+#define MAPFORMER_CUDA_COMMON_CUH
+
+#include <math.h>
+#include <stddef.h>
+#include <stdint.h>
+
+extern "C" {
+#include "mapformer/mapformer.h"
+}
+
+/* a launch that CUDA refused (bad configuration, no device, an earlier asynchronous error) */
+#define MF_ECUDA 4
+
+#ifdef __CUDACC__
+
+#include <cuda_runtime.h>
+
+#define MF_DYNAMIC_SHARED(type, name) extern __shared__ type name[]
+#define MF_LAUNCH(kernel, grid, block, shared, stream, ...)                  \
+    (kernel<<<(grid), (block), (shared), (stream)>>>(__VA_ARGS__),            \
+     cudaGetLastError() == cudaSuccess ? MF_OK : MF_ECUDA)
+
+#else /* the emulation */
+
+#include "emulate/emulate.h"
+
+#endif
+
+/* the number of blocks of `per_block` items covering n items */
+static inline unsigned mf_blocks(int64_t n, int64_t per_block) {
+    return (unsigned)((n + per_block - 1) / per_block);
+}
+
+/* the largest grid.x the kernels use (grid-stride loops cover the rest) */
+#define MF_MAX_GRID 65535
+
+/* the first index and the stride of a grid-stride loop over a 1-D grid of 1-D blocks */
+#define MF_GRID_START ((int64_t)blockIdx.x * blockDim.x + threadIdx.x)
+#define MF_GRID_STRIDE ((int64_t)gridDim.x * blockDim.x)
+
+struct MfSum {
+    template <class T>
+    __device__ T operator()(T a, T b) const { return a + b; }
+};
+struct MfMax {
+    template <class T>
+    __device__ T operator()(T a, T b) const { return a > b ? a : b; }
+};
+
+/* op-reduction of v over the threads of a 1-D block (blockDim.x a power of two), returned to
+ * every thread; buf: blockDim.x elements of shared memory, free again on return. A fixed
+ * tree (the same bits on every run and schedule). Every thread of the block must call it. */
+template <class T, class Op>
+__device__ T mf_block_reduce(T v, T *buf, Op op) {
+    const unsigned t = threadIdx.x;
+    buf[t] = v;
+    __syncthreads();
+    for (unsigned s = blockDim.x / 2; s > 0; s >>= 1) {
+        if (t < s) buf[t] = op(buf[t], buf[t + s]);
+        __syncthreads();
+    }
+    const T r = buf[0];
+    __syncthreads();
+    return r;
+}
+
+#endif

@@ -1,0 +1,78 @@
+/* Depthwise causal convolution along t on the GPU (csrc/ops/conv1d.c's math):
+ *   y[b, t, e] = bias[e] + sum_{j < W} weight[e, j] x[b, t - W + 1 + j, e]  (x = 0 before 0)
+ *   backward: dx[b, u, e] = sum_j weight[e, j] dy[b, u + W - 1 - j, e] (=);
+ *             dweight[e, j] += sum_{b, t} dy[b, t, e] x[b, t - W + 1 + j, e];
+ *             dbias[e] += sum_{b, t} dy[b, t, e].
+ * One thread per element of y / dx (grid-stride); the parameter gradients one thread per
+ * (e, j) and per e, summing over (b, t) in order in double (deterministic, no scratch: the
+ * struct's scratch is ignored). */
+#include "common.cuh"
+
+#define CONV_THREADS 256
+
+__global__ void conv1d_forward_kernel(MfConv1dParams p) {
+    const int64_t n = p.B * p.T * p.E;
+    for (int64_t i = MF_GRID_START; i < n; i += MF_GRID_STRIDE) {
+        const int64_t e = i % p.E, t = (i / p.E) % p.T, b = i / (p.E * p.T);
+        float s = p.bias[e];
+        for (int64_t j = 0; j < p.W; j++) {
+            const int64_t u = t - p.W + 1 + j;
+            if (u >= 0) s += p.weight[e * p.W + j] * p.x[(b * p.T + u) * p.E + e];
+        }
+        p.y[i] = s;
+    }
+}
+
+__global__ void conv1d_dx_kernel(MfConv1dParams p) {
+    const int64_t n = p.B * p.T * p.E;
+    for (int64_t i = MF_GRID_START; i < n; i += MF_GRID_STRIDE) {
+        const int64_t e = i % p.E, u = (i / p.E) % p.T, b = i / (p.E * p.T);
+        float s = 0.0f;
+        for (int64_t j = 0; j < p.W; j++) {
+            const int64_t t = u + p.W - 1 - j;
+            if (t < p.T) s += p.weight[e * p.W + j] * p.dy[(b * p.T + t) * p.E + e];
+        }
+        p.dx[i] = s;
+    }
+}
+
+__global__ void conv1d_params_kernel(MfConv1dParams p) {
+    /* items e * (W + 1) + j: j < W is dweight[e, j], j = W is dbias[e] */
+    for (int64_t i = MF_GRID_START; i < p.E * (p.W + 1); i += MF_GRID_STRIDE) {
+        const int64_t e = i / (p.W + 1), j = i % (p.W + 1), s = p.W - 1 - j;
+        double acc = 0.0;
+        for (int64_t b = 0; b < p.B; b++)
+            for (int64_t t = j < p.W ? s : 0; t < p.T; t++) {
+                const float dy = p.dy[(b * p.T + t) * p.E + e];
+                acc += j < p.W ? (double)dy * p.x[(b * p.T + t - s) * p.E + e] : (double)dy;
+            }
+        if (j < p.W)
+            p.dweight[e * p.W + j] = (float)((double)p.dweight[e * p.W + j] + acc);
+        else
+            p.dbias[e] = (float)((double)p.dbias[e] + acc);
+    }
+}
+
+static unsigned conv_grid(int64_t n) {
+    const unsigned grid = mf_blocks(n, CONV_THREADS);
+    return grid < MF_MAX_GRID ? grid : MF_MAX_GRID;
+}
+
+static int conv_bad(const MfConv1dParams *p) {
+    return p->B < 1 || p->T < 1 || p->E < 1 || p->W < 1;
+}
+
+extern "C" int causal_conv1d_forward_cuda(const MfConv1dParams *p, cudaStream_t stream) {
+    if (conv_bad(p)) return MF_EINVAL;
+    return MF_LAUNCH(conv1d_forward_kernel, dim3(conv_grid(p->B * p->T * p->E)),
+                     dim3(CONV_THREADS), 0, stream, *p);
+}
+
+extern "C" int causal_conv1d_backward_cuda(const MfConv1dParams *p, cudaStream_t stream) {
+    if (conv_bad(p)) return MF_EINVAL;
+    const int status = MF_LAUNCH(conv1d_dx_kernel, dim3(conv_grid(p->B * p->T * p->E)),
+                                 dim3(CONV_THREADS), 0, stream, *p);
+    if (status != MF_OK) return status;
+    return MF_LAUNCH(conv1d_params_kernel, dim3(conv_grid(p->E * (p->W + 1))),
+                     dim3(CONV_THREADS), 0, stream, *p);
+}

@@ -1,0 +1,374 @@
+"""The CUDA kernels (cuda/*.cu) as ops with the C backend's signatures, on device arrays.
+
+``setup.py`` builds the kernels with ``MAPFORMER_CUDA=on`` (nvcc, sm_80 and sm_90) into
+``mapformer/libmapformer_cuda.so``, a plain shared library whose functions take the C ops'
+parameter structs (``csrc/include/mapformer/params.h``, copied next to the library by the
+build) plus a stream. :func:`ops` wraps them for an array module ``xp``: CuPy on a GPU
+(pointers from ``a.data.ptr``, CuPy's current stream), or NumPy with the library compiled for
+the CPU emulation of CUDA's model (tests/cuda_emulation.py), which is how the wrappers are
+tested on machines without a GPU.
+
+Only the families in :data:`FAMILIES` have kernels so far; a model cannot run on CUDA yet
+(mapformer.backend.get("cuda") says so).
+"""
+import ctypes
+import math
+import os
+import re
+from types import SimpleNamespace
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+LIBRARY = os.path.join(HERE, "libmapformer_cuda.so")
+PARAMS_H = [os.path.join(HERE, "params.h"),
+            os.path.join(os.path.dirname(HERE), "csrc", "include", "mapformer", "params.h")]
+FAMILIES = ("gelu", "activation (silu, softplus)", "layernorm", "rotary", "path_integration",
+            "embedding", "softmax_xent", "adamw", "attention", "linear", "mlp", "residual",
+            "grad_norm", "tape_rotate", "ape_decay", "causal_conv1d")
+HOW_TO_BUILD = ("build the CUDA kernels and install CuPy: MAPFORMER_CUDA=on pip install "
+                "'.[cuda]' (needs the CUDA Toolkit's nvcc; cupy-cuda13x, or '.[cuda12]' for a "
+                "CUDA 12 toolkit and driver)")
+
+_CTYPES = {"float": ctypes.c_float, "double": ctypes.c_double, "int64_t": ctypes.c_int64,
+           "int32_t": ctypes.c_int32, "int": ctypes.c_int}
+
+
+def parse_params(path):
+    """{name: ctypes.Structure} for every ``typedef struct {...} Mf*Params;`` of params.h
+    (pointers become void pointers): the layout is the header's own, never a copy of it."""
+    with open(path) as f:
+        text = re.sub(r"/\*.*?\*/", "", f.read(), flags=re.S)
+    structs = {}
+    for body, name in re.findall(r"typedef struct \{(.*?)\}\s*(\w+);", text, flags=re.S):
+        fields = []
+        for decl in filter(None, (d.strip() for d in body.split(";"))):
+            base, rest = re.sub(r"\bconst\b", "", decl).split(None, 1)
+            for item in (i.strip() for i in rest.split(",")):
+                fields.append((item.lstrip("*").strip(),
+                               ctypes.c_void_p if item.startswith("*") else _CTYPES[base]))
+        structs[name] = type(name, (ctypes.Structure,), {"_fields_": fields})
+    return structs
+
+
+def load():
+    """(library, cupy): the nvcc-built library and CuPy with a GPU; RuntimeError saying how to
+    get them when any is missing."""
+    if not os.path.exists(LIBRARY):
+        raise RuntimeError(f"mapformer was built without CUDA ({LIBRARY} is missing): "
+                           + HOW_TO_BUILD)
+    try:
+        import cupy
+    except ImportError:
+        raise RuntimeError("the CUDA backend needs CuPy, which is not installed: "
+                           + HOW_TO_BUILD) from None
+    try:
+        count = cupy.cuda.runtime.getDeviceCount()
+    except cupy.cuda.runtime.CUDARuntimeError as error:
+        raise RuntimeError(f"no usable CUDA device ({error})") from None
+    if count < 1:
+        raise RuntimeError("no CUDA device found")
+    return ctypes.CDLL(LIBRARY), cupy
+
+
+def _pointer(a):
+    if a is None:
+        return None
+    data = a.data
+    return data.ptr if hasattr(data, "ptr") else a.ctypes.data
+
+
+def ops(lib, xp, stream=lambda: None):
+    """SimpleNamespace of the ops in :data:`FAMILIES` with the C backend's signatures (see
+    mapformer._C's docstrings), running ``lib``'s kernels on arrays of ``xp`` on the stream
+    handle ``stream()`` returns (an int or None). Arguments are made C-contiguous float32
+    (int32 ids, uint8 masks); an op's error status raises ValueError naming the op."""
+    path = next(p for p in PARAMS_H if os.path.exists(p))
+    structs = parse_params(path)
+    f32 = lambda a: xp.ascontiguousarray(xp.asarray(a), dtype=xp.float32)  # noqa: E731
+    i32 = lambda a: xp.ascontiguousarray(xp.asarray(a), dtype=xp.int32)  # noqa: E731
+
+    def call(function, struct, **fields):
+        params = structs[struct]()
+        for key, value in fields.items():
+            setattr(params, key, _pointer(value) if hasattr(value, "shape") else value)
+        fn = getattr(lib, function)
+        fn.argtypes = [ctypes.POINTER(structs[struct]), ctypes.c_void_p]
+        fn.restype = ctypes.c_int
+        status = fn(ctypes.byref(params), stream())
+        if status != 0:
+            raise ValueError(f"{function}: status {status} (1: bad sizes or scalars, "
+                             "4: CUDA refused the launch)")
+
+    def empty(*shape):
+        return xp.empty(shape, xp.float32)
+
+    def exact(approximate):
+        if approximate not in ("tanh", "none"):
+            raise ValueError(f"approximate must be 'tanh' or 'none', got {approximate!r}")
+        return int(approximate == "none")
+
+    def gelu_forward(x, *, approximate="tanh"):
+        x = f32(x)
+        y = empty(*x.shape)
+        call("gelu_forward_cuda", "MfGeluParams", y=y, x=x, n=x.size, exact=exact(approximate))
+        return y
+
+    def gelu_backward(dy, x, *, approximate="tanh"):
+        dy, x = f32(dy), f32(x)
+        dx = empty(*x.shape)
+        call("gelu_backward_cuda", "MfGeluParams", dx=dx, dy=dy, x=x, n=x.size,
+             exact=exact(approximate))
+        return dx
+
+    def activation(name):
+        def forward(x):
+            x = f32(x)
+            y = empty(*x.shape)
+            call(f"{name}_forward_cuda", "MfActivationParams", y=y, x=x, n=x.size)
+            return y
+
+        def backward(dy, x):
+            dy, x = f32(dy), f32(x)
+            dx = empty(*x.shape)
+            call(f"{name}_backward_cuda", "MfActivationParams", dx=dx, dy=dy, x=x, n=x.size)
+            return dx
+        return forward, backward
+
+    silu_forward, silu_backward = activation("silu")
+    softplus_forward, softplus_backward = activation("softplus")
+
+    def layernorm_forward(x, weight, bias, eps=1e-5):
+        x = f32(x)
+        N, C = x.shape
+        y, mean, rstd = empty(N, C), empty(N), empty(N)
+        call("layernorm_forward_cuda", "MfLayernormParams", y=y, mean=mean, rstd=rstd, x=x,
+             weight=f32(weight), bias=f32(bias), N=N, C=C, eps=eps)
+        return y, mean, rstd
+
+    def layernorm_backward(dy, x, mean, rstd, weight, dweight, dbias, dx=None):
+        x = f32(x)
+        N, C = x.shape
+        out = empty(N, C) if dx is None else dx
+        call("layernorm_backward_cuda", "MfLayernormParams", dx=out, dweight=dweight,
+             dbias=dbias, dy=f32(dy), x=x, mean_in=f32(mean), rstd_in=f32(rstd),
+             weight=f32(weight), N=N, C=C, accumulate_dx=int(dx is not None))
+        return out
+
+    def rotary_forward(q, k, theta):
+        q, k, theta = f32(q), f32(k), f32(theta)
+        B, T, H, D = q.shape
+        q_out, k_out = empty(B, T, H, D), empty(B, T, H, D)
+        call("rotary_forward_cuda", "MfRotaryParams", q_out=q_out, k_out=k_out, q=q, k=k,
+             theta=theta, B=B, T=T, H=H, D=D, TB=theta.shape[0])
+        return q_out, k_out
+
+    def rotary_backward(dq_out, dk_out, q, k, theta):
+        q, k, theta = f32(q), f32(k), f32(theta)
+        B, T, H, D = q.shape
+        dq, dk, dtheta = empty(B, T, H, D), empty(B, T, H, D), empty(*theta.shape)
+        call("rotary_backward_cuda", "MfRotaryParams", dq=dq, dk=dk, dtheta=dtheta,
+             dq_out=f32(dq_out), dk_out=f32(dk_out), q=q, k=k, theta=theta, B=B, T=T, H=H,
+             D=D, TB=theta.shape[0])
+        return dq, dk, dtheta
+
+    def path_integration_forward(delta, omega):
+        delta = f32(delta)
+        B, T, H, NB = delta.shape
+        theta = empty(B, T, H, NB)
+        call("path_integration_forward_cuda", "MfPathIntegrationParams", theta=theta,
+             delta=delta, omega=f32(omega), B=B, T=T, H=H, NB=NB)
+        return theta
+
+    def path_integration_backward(dtheta, delta, omega, domega):
+        delta = f32(delta)
+        B, T, H, NB = delta.shape
+        ddelta = empty(B, T, H, NB)
+        scratch = xp.empty(B * H * NB, xp.float64)
+        call("path_integration_backward_cuda", "MfPathIntegrationParams", ddelta=ddelta,
+             domega=domega, dtheta=f32(dtheta), delta=delta, omega=f32(omega), B=B, T=T, H=H,
+             NB=NB, scratch=scratch, scratch_floats=2 * scratch.size)
+        return ddelta
+
+    def embedding_forward(tokens, weight):
+        tokens, weight = i32(tokens), f32(weight)
+        (N,), (V, C) = tokens.shape, weight.shape
+        out = empty(N, C)
+        call("embedding_forward_cuda", "MfEmbeddingParams", out=out, tokens=tokens,
+             weight=weight, N=N, V=V, C=C)
+        return out
+
+    def embedding_backward(dweight, dout, tokens):
+        tokens = i32(tokens)
+        V, C = dweight.shape
+        call("embedding_backward_cuda", "MfEmbeddingParams", dweight=dweight, dout=f32(dout),
+             tokens=tokens, N=tokens.shape[0], V=V, C=C)
+
+    def softmax_xent_forward(logits, targets, mask):
+        logits = f32(logits)
+        N, V = logits.shape
+        losses, loss = empty(N), xp.zeros(1, xp.float64)
+        call("softmax_xent_forward_cuda", "MfSoftmaxXentParams", losses=losses, loss=loss,
+             logits=logits, targets=i32(targets), mask=f32(mask), N=N, V=V)
+        return losses, float(loss[0])
+
+    def softmax_xent_backward(logits, targets, mask, scale):
+        logits = f32(logits)
+        N, V = logits.shape
+        dlogits = empty(N, V)
+        call("softmax_xent_backward_cuda", "MfSoftmaxXentParams", dlogits=dlogits,
+             logits=logits, targets=i32(targets), mask=f32(mask), N=N, V=V, scale=scale)
+        return dlogits
+
+    def adamw_step(params, grads, m, v, decay_mask, *, lr, step, beta1=0.9, beta2=0.999,
+                   eps=1e-8, weight_decay=0.0):
+        mask = xp.ascontiguousarray(xp.asarray(decay_mask), dtype=xp.uint8)
+        call("adamw_step_cuda", "MfAdamwParams", params=params, m=m, v=v, grads=f32(grads),
+             decay_mask=mask, n=params.size, lr=lr, beta1=beta1, beta2=beta2, eps=eps,
+             weight_decay=weight_decay, step=step)
+
+    def attention_forward(q, k, v, scale=None):
+        q, k, v = f32(q), f32(k), f32(v)
+        B, T, H, D = q.shape
+        out, lse = empty(B, T, H, D), empty(B, H, T)
+        call("attention_forward_cuda", "MfAttentionParams", out=out, lse=lse, q=q, k=k, v=v,
+             B=B, T=T, H=H, D=D, scale=1.0 / math.sqrt(D) if scale is None else scale)
+        return out, lse
+
+    def attention_backward(dout, q, k, v, out, lse, scale=None):
+        q, k, v = f32(q), f32(k), f32(v)
+        B, T, H, D = q.shape
+        dq, dk, dv, scratch = (empty(B, T, H, D), empty(B, T, H, D), empty(B, T, H, D),
+                               empty(B * H * T))
+        call("attention_backward_cuda", "MfAttentionParams", dq=dq, dk=dk, dv=dv, q=q, k=k,
+             v=v, dout=f32(dout), o=f32(out), lse_in=f32(lse), B=B, T=T, H=H, D=D,
+             scale=1.0 / math.sqrt(D) if scale is None else scale, scratch=scratch,
+             scratch_floats=scratch.size)
+        return dq, dk, dv
+
+    def linear_forward(x, weight, bias=None):
+        x, weight = f32(x), f32(weight)
+        (N, Cin), Cout = x.shape, weight.shape[0]
+        y = empty(N, Cout)
+        call("linear_forward_cuda", "MfLinearParams", y=y, x=x, weight=weight,
+             bias=None if bias is None else f32(bias), N=N, Cin=Cin, Cout=Cout)
+        return y
+
+    def linear_backward(dy, x, weight, dweight, dbias=None, dx=None):
+        x, weight = f32(x), f32(weight)
+        (N, Cin), Cout = x.shape, weight.shape[0]
+        out = empty(N, Cin) if dx is None else dx
+        call("linear_backward_cuda", "MfLinearParams", dx=out, dweight=dweight, dbias=dbias,
+             dy=f32(dy), x=x, weight=weight, N=N, Cin=Cin, Cout=Cout,
+             accumulate_dx=int(dx is not None))
+        return out
+
+    def mlp_forward(x, w_fc, b_fc, w_proj, b_proj, *, approximate="tanh"):
+        x = f32(x)
+        (N, C), F = x.shape, w_fc.shape[0]
+        y, h, scratch = empty(N, C), empty(N, F), empty(N * F)
+        call("mlp_forward_cuda", "MfMlpParams", y=y, h=h, x=x, w_fc=f32(w_fc), b_fc=f32(b_fc),
+             w_proj=f32(w_proj), b_proj=f32(b_proj), N=N, C=C, F=F, exact=exact(approximate),
+             scratch=scratch, scratch_floats=scratch.size)
+        return y, h
+
+    def mlp_backward(dy, x, h, w_fc, w_proj, dw_fc, db_fc, dw_proj, db_proj, *,
+                     approximate="tanh"):
+        x = f32(x)
+        (N, C), F = x.shape, w_fc.shape[0]
+        dx, scratch = empty(N, C), empty(2 * N * F)
+        call("mlp_backward_cuda", "MfMlpParams", dx=dx, dw_fc=dw_fc, db_fc=db_fc,
+             dw_proj=dw_proj, db_proj=db_proj, dy=f32(dy), h_in=f32(h), x=x, w_fc=f32(w_fc),
+             w_proj=f32(w_proj), N=N, C=C, F=F, exact=exact(approximate), scratch=scratch,
+             scratch_floats=scratch.size)
+        return dx
+
+    def residual_forward(a, b):
+        a, b = f32(a), f32(b)
+        out = empty(*a.shape)
+        call("residual_forward_cuda", "MfResidualParams", out=out, a=a, b=b, n=a.size)
+        return out
+
+    def residual_backward(dx, dout):
+        call("residual_backward_cuda", "MfResidualParams", dx=dx, dout=f32(dout), n=dx.size)
+
+    def global_norm(x):
+        x = f32(x)
+        norm = xp.zeros(1, xp.float64)
+        call("global_norm_cuda", "MfGradNormParams", norm=norm, x=x, n=x.size)
+        return float(norm[0])
+
+    def clip_grad_norm(grads, max_norm):
+        norm = xp.zeros(1, xp.float64)
+        call("clip_grad_norm_cuda", "MfGradNormParams", norm=norm, grads=grads, n=grads.size,
+             max_norm=max_norm)
+        return float(norm[0])
+
+    def tape_rotate_forward(q, k, e):
+        q, k, e = f32(q), f32(k), f32(e)
+        B, T, H, D = q.shape
+        q_out, k_out = empty(B, T, H, D), empty(B, T, H, D)
+        call("tape_rotate_forward_cuda", "MfTapeRotateParams", q_out=q_out, k_out=k_out, q=q,
+             k=k, e=e, B=B, T=T, H=H, D=D)
+        return q_out, k_out
+
+    def tape_rotate_backward(dq_out, dk_out, q, k, e):
+        q, k, e = f32(q), f32(k), f32(e)
+        B, T, H, D = q.shape
+        dq, dk, de = empty(B, T, H, D), empty(B, T, H, D), empty(B, T, H, D)
+        call("tape_rotate_backward_cuda", "MfTapeRotateParams", dq=dq, dk=dk, de=de,
+             dq_out=f32(dq_out), dk_out=f32(dk_out), q=q, k=k, e=e, B=B, T=T, H=H, D=D)
+        return dq, dk, de
+
+    def ape_decay(direction):
+        def op(q, k, gamma):
+            q, k = f32(q), f32(k)
+            B, T, H, D = q.shape
+            a, b = empty(B, T, H, D), empty(B, T, H, D)
+            names = ("q_out", "k_out", "q", "k") if direction == "forward" else \
+                ("dq", "dk", "dq_out", "dk_out")
+            call(f"ape_decay_{direction}_cuda", "MfApeDecayParams",
+                 **dict(zip(names, (a, b, q, k))), B=B, T=T, H=H, D=D, gamma=gamma)
+            return a, b
+        return op
+
+    ape_decay_forward, ape_decay_backward = ape_decay("forward"), ape_decay("backward")
+
+    def causal_conv1d_forward(x, weight, bias):
+        x, weight = f32(x), f32(weight)
+        (B, T, E), W = x.shape, weight.shape[1]
+        y = empty(B, T, E)
+        call("causal_conv1d_forward_cuda", "MfConv1dParams", y=y, x=x, weight=weight,
+             bias=f32(bias), B=B, T=T, E=E, W=W)
+        return y
+
+    def causal_conv1d_backward(dy, x, weight, dweight, dbias):
+        x, weight = f32(x), f32(weight)
+        (B, T, E), W = x.shape, weight.shape[1]
+        dx = empty(B, T, E)
+        call("causal_conv1d_backward_cuda", "MfConv1dParams", dx=dx, dweight=dweight,
+             dbias=dbias, dy=f32(dy), x=x, weight=weight, B=B, T=T, E=E, W=W)
+        return dx
+
+    return SimpleNamespace(
+        gelu_forward=gelu_forward, gelu_backward=gelu_backward, silu_forward=silu_forward,
+        silu_backward=silu_backward, softplus_forward=softplus_forward,
+        softplus_backward=softplus_backward, layernorm_forward=layernorm_forward,
+        layernorm_backward=layernorm_backward, rotary_forward=rotary_forward,
+        rotary_backward=rotary_backward, path_integration_forward=path_integration_forward,
+        path_integration_backward=path_integration_backward, embedding_forward=embedding_forward,
+        embedding_backward=embedding_backward, softmax_xent_forward=softmax_xent_forward,
+        softmax_xent_backward=softmax_xent_backward, adamw_step=adamw_step,
+        attention_forward=attention_forward, attention_backward=attention_backward,
+        linear_forward=linear_forward, linear_backward=linear_backward, mlp_forward=mlp_forward,
+        mlp_backward=mlp_backward, residual_forward=residual_forward,
+        residual_backward=residual_backward, global_norm=global_norm,
+        clip_grad_norm=clip_grad_norm, tape_rotate_forward=tape_rotate_forward,
+        tape_rotate_backward=tape_rotate_backward, ape_decay_forward=ape_decay_forward,
+        ape_decay_backward=ape_decay_backward, causal_conv1d_forward=causal_conv1d_forward,
+        causal_conv1d_backward=causal_conv1d_backward)
+
+
+def gpu_ops():
+    """:func:`ops` on the GPU (CuPy arrays, CuPy's current stream); RuntimeError saying how to
+    get a CUDA build when there is none."""
+    lib, cupy = load()
+    return ops(lib, cupy, lambda: cupy.cuda.get_current_stream().ptr)
