@@ -21,13 +21,14 @@ walks, 25k steps of batch 32, width 256, 4 layers, 8 heads, K = 1000 codes):
 Deviations (all said in mapformer/tdb.py): RoPE in place of Transformer-XL positions; the M
 codebooks quantise d_model / M channels each; the enc loss is averaged over positions (the
 paper sums it). The transformer and the LSTM plan by appendix D's random rollouts with tail
-evaluation (``--rollouts``, 100 as the paper; mapformer/rollouts.py), without a KV cache:
-each generated observation is one batched forward over the rollouts' whole prefixes, so their
-planning costs about (N - 2C) / 2 times what incremental decoding would, and the tail holds
-C - 1 observations (the walk ends at x_{N-1}, counting from 0). Measured on this machine
-(one thread, untrained models, 10 rollouts of one cpu-scale problem): 5.5 s transformer,
-9.0 s LSTM CPU time, so 100 rollouts over 256 problems take hours: ``--plan-problems K``
-plans the first K test walks only.
+evaluation (``--rollouts``, 100 as the paper; mapformer/rollouts.py), by incremental decoding
+(the transformer's KV cache, the LSTM's state: ``Transformer.decode``), and the tail holds
+C - 1 observations (the walk ends at x_{N-1}, counting from 0). Measured on this machine by
+``benchmarks/rollout_decoding.py`` (one thread, untrained models, 10 rollouts of one
+cpu-scale problem, a loaded machine): the rollouts 0.14 s transformer, 0.09 s LSTM CPU time
+(38x and 83x less than recomputing every prefix), the whole planner with the tail evaluation
+of every rollout at every length (an untrained model's worst case) 1.9 s and 1.4 s (5.6x and
+10x less); ``--plan-problems K`` plans the first K test walks only.
 """
 import argparse
 import json
@@ -166,7 +167,7 @@ def run(row, scale, seed, log, checkpoint=None, restart_dead=0, rollouts=100,
         k = plan_problems or len(test_walks.obs)
         problems = rooms.Walks(test_walks.obs[:k], test_walks.actions[:k], test_walks.pos[:k])
         result.update(rollout_planner.evaluate_rollouts(
-            rollout_planner.greedy_predictor(model, n_obs), problems, room, n_obs, C,
+            rollout_planner.greedy_decoder(model, n_obs), problems, room, n_obs, C,
             rollouts, seed=[seed, 4]))
         result["plan_s"] = time.perf_counter() - t0
     return result
@@ -205,7 +206,7 @@ def main(argv=None):
                         "(appendix D: 100)")
     parser.add_argument("--plan-problems", type=int, default=0,
                         help="transformer and LSTM: plan only the first K test walks (0: "
-                        "all; at the cpu scale a problem costs about a CPU minute)")
+                        "all; at the cpu scale a problem costs about 15 CPU seconds)")
     parser.add_argument("--angle-tolerance", type=float, default=0.3,
                         help="mapwm_angles: the angle clustering's tolerance (radians, RMS)")
     args = parser.parse_args(argv)

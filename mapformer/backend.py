@@ -297,6 +297,7 @@ NUMPY = SimpleNamespace(
     residual_forward=ref.residual_forward,
     residual_backward=_residual_backward,
     attention_forward=_attention_forward,
+    attention_decode_forward=ref.attention_decode_forward,
     attention_backward=_attention_backward,
     path_integration_forward=ref.path_integration_forward,
     path_integration_backward=_path_integration_backward,

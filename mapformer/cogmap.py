@@ -164,12 +164,15 @@ def extract_map(indices, actions, d_hamming=0.25, threshold=0.1, n_actions=rooms
     return CogMap(graph, tuples, node_of, lookup)
 
 
-def execute(room_shape, start, plan):
-    """The cell (r, c) reached by running ``plan`` (actions) from ``start`` in a room of
-    ``room_shape`` (H, W)."""
+def execute(room, start, plan):
+    """The cell (r, c) reached by running ``plan`` (actions) from ``start`` in ``room`` (a
+    :class:`mapformer.tasks.rooms.Room`, the cube included, or the shape (H, W) of a flat
+    room)."""
+    if not isinstance(room, rooms.Room):
+        room = rooms.Room(np.empty(tuple(room), np.int8), None)
     pos = np.asarray(start)
     for a in plan:
-        pos = rooms.step(pos, np.asarray(a), *room_shape)
+        pos = rooms.move(room, pos, np.asarray(a))
     return tuple(int(x) for x in pos)
 
 
@@ -188,7 +191,7 @@ def planning_metrics(plans, starts, goals, room, fallback_length):
         counted += 1
         if plan is None or len(plan) >= fallback_length:
             continue
-        if execute(room.obs.shape, s, plan) != g:
+        if execute(room, s, plan) != g:
             continue
         good += 1
         ratios.append(len(plan) / nx.shortest_path_length(graph, s[0] * w + s[1],

@@ -228,6 +228,18 @@ class Block:
         y = self.ops.residual_forward(h, self.drop2.forward(self.mlp.forward(self.ln2.forward(h))))
         return y, state
 
+    def decode(self, x, batch, steps, cache, start):
+        """:meth:`forward` of ``steps`` new tokens per sequence after ``start`` positions the
+        mixer's ``cache`` holds (None: none), without dropout -> (N, C), the mixer's new
+        cache. Only without a bottleneck (a VQ's forward counts code usage and restarts dead
+        codes: NotImplementedError)."""
+        if self.bottleneck.name != "none":
+            raise NotImplementedError(f"bottleneck {self.bottleneck.name!r} has no incremental "
+                                      "decoding")
+        a, cache = self.mixer.decode(self.ln1.forward(x), batch, steps, cache, start)
+        h = self.ops.residual_forward(x, a)
+        return self.ops.residual_forward(h, self.mlp.forward(self.ln2.forward(h))), cache
+
     def backward(self, dout, dstate):
         """dout (N, C) -> dx (N, C) (dout is consumed: gradients are accumulated into it),
         and the gradient of the incoming positional state."""
@@ -235,6 +247,37 @@ class Block:
             self.ln2.backward(self.mlp.backward(self.drop2.backward(dout)), dout))
         da, dstate = self.mixer.backward(self.drop1.backward(dh), dstate)
         return self.ln1.backward(da, dh), dstate
+
+
+class DecodeCache(namedtuple("DecodeCache", "length layers frontier ops")):
+    """What :meth:`Transformer.decode` keeps of the tokens decoded so far: ``length``
+    positions, and per block its mixer's cache, a tuple of arrays (B, capacity, ...) whose
+    first ``length`` positions are these tokens' (attention: the rotated keys and the values
+    (B, capacity, H, D); LSTM: the hidden states and cells (B, capacity, C)); a decode writes
+    its new positions into them in place while they have room. ``frontier`` ([int], shared by
+    the caches on the same arrays): how many positions have been written into them; a decode
+    from a cache that is not at its arrays' frontier (another decode went on from it) copies
+    them first, so a cache stays valid whatever is decoded from it. ``ops``: the model's
+    backend."""
+
+    __slots__ = ()
+
+    def select(self, rows, length=None, room=0):
+        """The cache of the sequences ``rows`` (an index array, repeats allowed: one cached
+        prefix for many continuations) cut to their first ``length`` positions (all: None),
+        in new arrays with room for ``room`` more positions."""
+        length = self.length if length is None else length
+        if not 1 <= length <= self.length:
+            raise ValueError(f"length must be in [1, {self.length}], got {length}")
+        layers = []
+        for layer in self.layers:
+            arrays = []
+            for a in layer:
+                part = a[rows, :length]
+                arrays.append(self.ops.zeros(part.shape[:1] + (length + room,) + part.shape[2:]))
+                arrays[-1][:, :length] = part
+            layers.append(tuple(arrays))
+        return DecodeCache(length, tuple(layers), [length], self.ops)
 
 
 def check_tokens(tokens):
@@ -342,6 +385,38 @@ class Transformer:
                                 h.reshape(batch, steps, -1)).reshape(batch, -1)
         self.logits = self.head.forward(h)
         return self.logits.reshape(batch, 1 if pool else steps, -1)
+
+    def decode(self, tokens, cache=None):
+        """Incremental decoding: tokens int (B, T) that follow the positions of ``cache`` (a
+        :class:`DecodeCache` of the same B sequences from the last call; None: a sequence's
+        start) -> (logits (B, T, V), the cache extended by these tokens). The logits are
+        :meth:`forward`'s last T rows on the whole sequence (without coordinates and dropout;
+        to rounding: the attention of the new tokens runs on the cached keys), at a cost in
+        the new tokens only (attention: also linear in the cached ones). Mixers and schemes
+        without a decoding path (``decode``, ``angles_at``, ``embed_at``) raise
+        NotImplementedError. Keeps nothing for backward()."""
+        tokens = self.ops.as_indices(check_tokens(tokens), "tokens")
+        batch, steps = tokens.shape
+        start = 0 if cache is None else cache.length
+        if cache is not None and cache.layers[0][0].shape[0] != batch:
+            raise ValueError(f"tokens have {batch} sequences, the cache "
+                             f"{cache.layers[0][0].shape[0]}")
+        if cache is not None and cache.frontier[0] != start:  # another decode went on from it
+            cache = DecodeCache(start, tuple(tuple(a[:, :start].copy() for a in layer)
+                                             for layer in cache.layers), [start], self.ops)
+        for block in self.blocks:
+            block.mixer.scheme.coordinates = None
+        x = self.blocks[0].mixer.scheme.embed_at(self.embed.forward(tokens.reshape(-1)), batch,
+                                                 steps, start)
+        layers = []
+        for i, block in enumerate(self.blocks):
+            x, layer = block.decode(x, batch, steps, None if cache is None else cache.layers[i],
+                                    start)
+            layers.append(layer)
+        logits = self.head.forward(self.ln_f.forward(x)).reshape(batch, steps, -1)
+        frontier = [0] if cache is None else cache.frontier
+        frontier[0] = start + steps
+        return logits, DecodeCache(start + steps, tuple(layers), frontier, self.ops)
 
     def loss(self, tokens, targets, mask, coordinates=None, prefix=None, pool=None):
         """Masked next-token cross-entropy plus the bottlenecks' auxiliary losses (none

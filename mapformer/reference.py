@@ -206,6 +206,28 @@ def attention_backward(dout, q, k, v, scale=None, dtype=np.float64, mask="causal
     return _einsum("bhij,bjhd->bihd", ds, k), _einsum("bhij,bihd->bjhd", ds, q), dv
 
 
+def attention_decode_forward(q, k, v, scale=None, keys=None, dtype=np.float64):
+    """q (B, Tq, H, D), k, v (B, Tmax, H, D), Tq <= keys <= Tmax -> out (B, Tq, H, D), lse
+    (B, H, Tq).
+
+    The last Tq rows of causal attention over Tk = keys positions (all of k's when None),
+    the first Tk of k, v (incremental decoding: the cached positions, then the block's own):
+    query i sits at position Tk - Tq + i and attends the keys j <= Tk - Tq + i."""
+    if keys is not None:
+        k, v = k[:, :keys], v[:, :keys]
+    q, k, v = _cast(dtype, q, k, v)
+    Tq, Tk, D = q.shape[1], k.shape[1], q.shape[3]
+    if Tq > Tk:
+        raise ValueError(f"q's {Tq} positions exceed k's {Tk}")
+    scale = _default_scale(D, scale)
+    s = _einsum("bihd,bjhd->bhij", q, k) * scale
+    s = np.where(np.arange(Tk) <= np.arange(Tk - Tq, Tk)[:, None], s, -np.inf)
+    m = s.max(-1, keepdims=True)
+    lse = m[..., 0] + np.log(np.exp(s - m).sum(-1))
+    p = np.exp(s - lse[..., None])
+    return _einsum("bhij,bjhd->bihd", p, v), lse
+
+
 # ---- path integration --------------------------------------------------------------------
 def wrap_angle(theta):
     """Reduce angles to [-pi, pi): theta - 2 pi floor(theta / (2 pi) + 1/2)."""

@@ -112,6 +112,9 @@ def good_call(op, rng):
                     db_proj=f32(rng, C)), s
     if op == "attention_forward":
         return dict(q=bthd(), k=bthd(), v=bthd(), scale=None, **masked()), s
+    if op == "attention_decode_forward":
+        return dict(q=f32(rng, B, int(rng.integers(1, T + 1)), H, D), k=bthd(), v=bthd(),
+                    scale=None), s
     if op == "attention_backward":
         q, k, v, m = bthd(), bthd(), bthd(), masked()
         out, lse = _C.attention_forward(q, k, v, **m)

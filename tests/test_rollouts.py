@@ -1,6 +1,7 @@
 """The map-free baselines' rollout planner (mapformer/rollouts.py) with an oracle whose
 predictions are the room's, and with a tiny transformer end to end."""
 import numpy as np
+import pytest
 
 from mapformer import rollouts
 from mapformer.models import ModelConfig, Transformer
@@ -106,3 +107,61 @@ def test_each_plan_once():
     plans = rollouts.rollout_plans(Oracle(room, w.pos[0, 0]), w.tokens(CONFIG.n_obs)[0], 4,
                                    CONFIG.n_obs, rollouts=200, seed=1)
     assert len(plans) == len({tuple(p) for p in plans}) > 0
+
+
+class OracleDecoder(rollouts.Decoder):
+    """The Oracle as a Decoder: its cache is the tokens so far (rows and prefixes taken as a
+    DecodeCache's are), so the decoded rollouts' bookkeeping runs on a model that finds
+    plans."""
+
+    class Cache:
+        def __init__(self, tokens):
+            self.tokens, self.length = tokens, tokens.shape[1]
+
+        def select(self, rows, length=None, room=0):
+            return OracleDecoder.Cache(self.tokens[rows, :length])
+
+    def __init__(self, room, start):
+        self.oracle = Oracle(room, start)
+
+    def __call__(self, tokens, cache=None):
+        tokens = np.asarray(tokens)
+        seen = tokens if cache is None else np.concatenate([cache.tokens, tokens], 1)
+        return self.oracle(seen)[:, -tokens.shape[1]:], self.Cache(seen)
+
+
+def test_decoded_rollouts_give_the_recomputed_plans_with_the_oracle():
+    room, w = problem(n=4)
+    tokens = w.tokens(CONFIG.n_obs)
+    for i in range(len(tokens)):
+        want = rollouts.rollout_plans(Oracle(room, w.pos[i, 0]), tokens[i], 4, CONFIG.n_obs,
+                                      rollouts=60, seed=i)
+        got = rollouts.rollout_plans(OracleDecoder(room, w.pos[i, 0]), tokens[i], 4,
+                                     CONFIG.n_obs, rollouts=60, seed=i)
+        assert got == want and (want or w.pos[i, 4].tolist() == w.pos[i, 20].tolist())
+
+
+@pytest.mark.parametrize("mixer,positional", [("attention", "rope"), ("lstm", "none")])
+def test_decoded_rollouts_are_the_recomputed(mixer, positional):
+    """Random small models (weights x 4: predictions that depend on the context): the
+    rollouts' greedy predictions and the accepted plans with the cache are the recomputed
+    ones (tests/test_decode.py: their logits agree within 1e-5 (1 + max |logit|))."""
+    room, w = problem(n=4)
+    tokens = w.tokens(CONFIG.n_obs)
+    model = Transformer(ModelConfig(vocab_size=CONFIG.vocab_size, d_model=32, n_heads=2,
+                                    n_layers=2, mlp_ratio=2, mixer=mixer,
+                                    positional=positional), seed=3)
+    model.params.data *= 4
+    predict = rollouts.greedy_predictor(model, CONFIG.n_obs)
+    decoder = rollouts.greedy_decoder(model, CONFIG.n_obs)
+    found, symbols = 0, set()
+    for i in range(len(tokens)):
+        actions = np.random.default_rng(i).integers(0, rooms.N_ACTIONS, (30, 16))
+        want = rollouts._Recomputed(predict, tokens[i, :9], actions, CONFIG.n_obs)
+        got = rollouts._Decoded(decoder, tokens[i, :9], actions, CONFIG.n_obs)
+        assert np.array_equal(got.predicted[:, :-1], want.predicted[:, :-1])
+        symbols |= set(want.predicted[:, :-1].ravel().tolist())
+        plans = rollouts.rollout_plans(predict, tokens[i], 4, CONFIG.n_obs, 60, seed=i)
+        assert rollouts.rollout_plans(decoder, tokens[i], 4, CONFIG.n_obs, 60, seed=i) == plans
+        found += len(plans)
+    assert len(symbols) > 1 and (mixer == "lstm" or found > 0)

@@ -1,5 +1,6 @@
 """The 2D aliased rooms of TDB: the room's aliasing, walls, walks that follow the ground-truth
-graph, and fixed seeds."""
+graph, and fixed seeds; the aliased cube (its adjacency against the cube's geometry) and the
+in-context rooms (palettes, colours, base targets)."""
 import networkx as nx
 import numpy as np
 import pytest
@@ -79,7 +80,105 @@ def test_ground_truth_graph():
 
 
 @pytest.mark.parametrize("bad", [dict(height=0), dict(patch=5), dict(n_obs=100),
-                                 dict(steps=1.5)])
+                                 dict(steps=1.5), dict(topology="torus"),
+                                 dict(topology="cube", patch=0), dict(colours=3),
+                                 dict(colours=2.5)])
 def test_bad_configs(bad):
-    with pytest.raises(ValueError, match=next(iter(bad)) if "patch" not in bad else "patch"):
+    match = "cube" if bad.get("topology") == "cube" else \
+        next(iter(bad)) if "patch" not in bad else "patch"
+    with pytest.raises(ValueError, match=match):
         rooms.RoomsConfig(**{**dict(height=6, width=8), **bad})
+
+
+# ---- the aliased cube ---------------------------------------------------------------------
+CUBE = rooms.RoomsConfig(height=4, width=4, n_obs=12, patch=0, steps=300, seed=1,
+                         topology="cube")
+
+
+def test_cube_has_six_faces_of_cells_and_every_symbol():
+    room = rooms.make_room(CUBE)
+    assert room.obs.shape == (8, 12) and CUBE.cells == 96 == room.transitions.shape[0]
+    assert sorted(np.unique(room.obs)) == list(range(12)) and room.patches is None
+    assert rooms.RoomsConfig(height=6, width=6, patch=0, n_obs=12, topology="cube").cells == 216
+
+
+def test_cube_adjacency_is_the_surface_geometry():
+    """Brute force from the 3D centres: two face cells are neighbours iff their centres are 1
+    apart on one face or sqrt(1/2) apart across an edge; every cell has 4 distinct
+    neighbours (a closed surface: no walls), the relation is symmetric, each action from a
+    cell reaches a different one, and corner cells (24: three per corner) have two
+    neighbours on other faces."""
+    e = 4
+    room = rooms.make_room(CUBE)
+    centres = rooms.cube_centres(e)
+    face, rest = np.divmod(np.arange(6 * e * e), e * e)
+    i, j = np.divmod(rest, e)
+    layout = ((face // 3) * e + i) * (3 * e) + (face % 3) * e + j  # cell id of centre n
+    dist = np.linalg.norm(centres[:, None] - centres[None], axis=-1)
+    same_face = face[:, None] == face[None]
+    want = (same_face & np.isclose(dist, 1)) | (~same_face & np.isclose(dist, np.sqrt(0.5)))
+    got = np.zeros_like(want)
+    position = np.empty(6 * e * e, np.int64)
+    position[layout] = np.arange(6 * e * e)
+    for a in range(rooms.N_ACTIONS):
+        got[np.arange(6 * e * e), position[room.transitions[layout, a]]] = True
+    assert np.array_equal(got, want) and (want.sum(1) == 4).all()
+    assert all(len(set(row)) == 4 for row in room.transitions)
+    off_face = (want & ~same_face).sum(1)
+    assert (off_face == 2).sum() == 24 and (off_face == 1).sum() == 6 * 4 * (e - 2)
+
+
+def test_cube_walks_follow_its_graph_and_execute():
+    from mapformer import cogmap
+    room = rooms.make_room(CUBE)
+    w = rooms.walks(CUBE, room, 5, 0)
+    graph = rooms.ground_truth_graph(room)
+    assert graph.number_of_nodes() == 96 and graph.number_of_edges() == 96 * 4
+    assert not any(u == v for u, v in graph.edges())  # no walls
+    width = room.obs.shape[1]
+    for n in range(5):
+        for t in range(CUBE.steps - 1):
+            u, v = (int(x) for x in rooms.node_of(w.pos[n, t:t + 2], width))
+            assert graph.edges[u, v, int(w.actions[n, t])]["action"] == w.actions[n, t]
+        assert np.array_equal(w.obs[n], room.obs[w.pos[n, :, 0], w.pos[n, :, 1]])
+        assert cogmap.execute(room, w.pos[n, 0], w.actions[n, :-1]) == tuple(w.pos[n, -1])
+    # 300 steps on 96 cells: the walks cover most of the surface, across faces
+    assert len(np.unique(rooms.node_of(w.pos, width))) > 80
+
+
+# ---- in-context rooms -----------------------------------------------------------------------
+ICL = rooms.RoomsConfig(height=6, width=8, n_obs=4, patch=3, steps=50, seed=3, colours=30)
+
+
+def test_palettes_recolour_the_base_layout():
+    room = rooms.make_room(ICL)
+    assert np.array_equal(room.obs, rooms.make_room(SMALL).obs)  # the same base layout
+    pal = rooms.palettes(ICL, 200, 5)
+    assert pal.shape == (200, 4) and pal.min() >= 0 and pal.max() < 30
+    assert all(len(set(p)) == 4 for p in pal) and len({tuple(p) for p in pal}) > 190
+    assert np.array_equal(pal, rooms.palettes(ICL, 200, 5))
+    w = rooms.walks(ICL, room, 40, 1, palettes=pal)
+    assert np.array_equal(w.colours, pal[w.palette[:, None], w.obs])
+    assert len(set(w.palette.tolist())) > 30 and ICL.vocab_size == 34
+    tokens = w.tokens(ICL.n_symbols)
+    assert np.array_equal(tokens[:, 0::2], w.colours)
+    assert np.array_equal(tokens[:, 1::2], w.actions + 30)
+    # without palettes the walk is the base room's, positions and actions the same draws
+    base = rooms.walks(ICL, room, 40, 1)
+    assert np.array_equal(base.pos, w.pos) and base.colours is None
+    with pytest.raises(ValueError, match="colours"):
+        rooms.palettes(SMALL, 3, 0)
+
+
+def test_base_targets_rank_the_colours_seen_so_far():
+    colours = np.random.default_rng(0).integers(0, 30, (7, 40))
+    got = rooms.base_targets(colours)
+    for n in range(7):
+        for t in range(40):
+            seen = sorted(set(colours[n, :t + 1].tolist()))
+            assert got[n, t] == seen.index(colours[n, t])
+    # a walk of one room: ranks within its O colours, the first observation ranked 0
+    room = rooms.make_room(ICL)
+    w = rooms.walks(ICL, room, 10, 2, palettes=rooms.palettes(ICL, 10, 3))
+    ranks = rooms.base_targets(w.colours)
+    assert ranks.max() < 4 and (ranks[:, 0] == 0).all()

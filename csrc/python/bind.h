@@ -151,6 +151,7 @@ int mf_even_head_dim(const MfCall *c, const char *why);
  * (module.c: the kernel-set functions and info). */
 #define MF_FAMILIES(X)                                                                       \
     X(kernels) X(embedding) X(linear) X(layernorm) X(elementwise) X(mlp) X(attention)        \
+    X(attention_decode)                                                                      \
     X(rotary) X(softmax_xent) X(optim) X(cope) X(tape) X(conj_attention) X(scan) X(ape)      \
     X(vq) X(lstm) X(sln) X(b4) X(nc)
 #define MF_DECLARE_FAMILY(family) extern PyMethodDef mf_##family##_methods[];

@@ -21,10 +21,17 @@ e.g. the transduction tasks' source and separator) or, when the task gives none,
 ``attn_prefix``. The kernels are the same tiled ones for every mask (no T x T matrix). With
 an ``attention`` scheme the scheme must list the mask in its ``masks`` (APE without distance
 decay does; CoPE and TAPE are causal only).
+
+Incremental decoding (:meth:`CausalAttention.decode`): the new tokens' queries attend the
+cached keys and values (the ``attention_decode`` op), for schemes of kind ``none`` (their
+positions, if any, are in the embeddings: ``scheme.embed_at``) and angle schemes that give
+the angles of positions at an offset (``scheme.angles_at``: rope), with the causal mask only;
+the cache holds the keys as the softmax compares them (rotated) and the values.
 """
 from ..schemes import get_scheme
 from . import QKVMixer, register_mixer
-from .base import MASK_OPTIONS, QUERY_SCALE_OPTIONS, mask_arguments
+from .base import MASK_OPTIONS, QUERY_SCALE_OPTIONS, extend, mask_arguments
+
 
 @register_mixer
 class CausalAttention(QKVMixer):
@@ -61,6 +68,27 @@ class CausalAttention(QKVMixer):
 
     def backward(self, dy, dstate=None):
         return self.attend_backward(self.output_backward(dy), dstate)
+
+    def decode(self, x, batch, steps, cache, start):
+        """x (N, C) of ``steps`` new tokens per sequence after ``start`` positions of
+        ``cache`` ((keys, values) (B, capacity, H, D), or None) -> (y (N, C), (keys, values)
+        holding start + steps positions); no traces, no gradient."""
+        kind = self.scheme.kind
+        if kind == "attention" or (kind == "angles"
+                                   and not hasattr(self.scheme, "angles_at")):
+            raise NotImplementedError(f"positional scheme {self.scheme.name!r} has no "
+                                      "incremental decoding")
+        if self.config.options["attn_mask"] != "causal":
+            raise NotImplementedError(f"attn_mask {self.config.options['attn_mask']!r} has no "
+                                      "incremental decoding (causal only)")
+        q, k, v = self.project(x, batch, steps, start)
+        if kind == "angles":
+            q, k = self.ops.rotary_forward(q, k, self.scheme.angles_at(x, batch, steps, start))
+        keys, values = (None, None) if cache is None else cache
+        keys = extend(self.ops, keys, k, start)
+        values = extend(self.ops, values, v, start)
+        attn, _ = self.ops.attention_decode_forward(q, keys, values, None, start + steps)
+        return self.out.forward(attn.reshape(batch * steps, -1)), (keys, values)
 
     def attend_content(self, x, batch, steps, state):
         self.q_att, self.k_att = self.qh, self.kh

@@ -18,6 +18,14 @@ A mixer is a class registered with :func:`mapformer.mixers.register_mixer`:
 - ``prefix``: set by the model before every forward: the task's prefix length of each
   sequence (B,) or None, read by the attention mixers' ``attn_mask='prefix'``
   (:data:`MASK_OPTIONS`);
+- ``decode(x, batch, steps, cache, start) -> (y, cache)``, optional (incremental decoding,
+  no gradient): x, y (N, C) the rows of ``steps`` new tokens per sequence after ``start``
+  positions that ``cache`` holds (None when start = 0); y is what ``forward`` gives these
+  rows on the whole sequence, and the returned cache holds every position so far: a tuple of
+  arrays (B, capacity, ...) (position axis 1), the first start + steps positions valid, so
+  that rows and a prefix of positions can be taken from it
+  (:class:`mapformer.models.DecodeCache`); the new positions are written in place
+  (:func:`extend`) where the arrays have room. The default raises NotImplementedError;
 - ``flops(config, batch, steps)``: matmul flops of one forward of its own products (its
   scheme counts its own).
 
@@ -102,6 +110,24 @@ class Mixer:
     def initial_state(self, batch, steps):
         return self.scheme.initial_state(batch, steps)
 
+    def decode(self, x, batch, steps, cache, start):
+        raise NotImplementedError(f"mixer {self.name!r} has no incremental decoding")
+
+
+def extend(ops, buffer, new, start):
+    """A decoding cache's array: buffer (B, capacity, ...) or None, new (B, steps, ...) ->
+    the buffer with ``new`` at positions start .. start + steps - 1: written in place when it
+    has room, else into a new buffer of max(2 start, start + steps) positions (the first
+    ``start`` copied)."""
+    steps = new.shape[1]
+    if buffer is None or buffer.shape[1] < start + steps:
+        grown = ops.zeros((new.shape[0], max(2 * start, start + steps)) + new.shape[2:])
+        if buffer is not None:
+            grown[:, :start] = buffer[:, :start]
+        buffer = grown
+    buffer[:, start:start + steps] = new
+    return buffer
+
 
 class QKVMixer(Mixer):
     """Query, key, value and output projections (C -> C, heads split), shared by the attention
@@ -118,7 +144,7 @@ class QKVMixer(Mixer):
             raise ValueError("attn_log_scale must be 0 (off) or a training length >= 2, got 1 "
                              "(log 1 = 0)")
         self.config, self.ops = config, ops
-        self.factors = {}  # steps -> the query factors (T, 1, 1) in the backend's arrays
+        self.factors = {}  # (start, steps) -> the query factors (T, 1, 1), backend arrays
         self.q = Linear(store, f"{name}.q", c, c, ops) if content_qk else None
         self.k = Linear(store, f"{name}.k", c, c, ops) if content_qk else None
         self.v = Linear(store, f"{name}.v", c, c, ops)
@@ -126,9 +152,10 @@ class QKVMixer(Mixer):
 
     scale_content = True  # project() scales the content queries (see scale_queries)
 
-    def project(self, x, batch, steps):
+    def project(self, x, batch, steps, start=0):
         """x (N, C) -> q, k, v (B, T, H, D); q, k are None without content projections; q
-        times the query factors when ``scale_content``. When the scheme has a change of basis
+        times the query factors when ``scale_content`` (of positions start .. start + T - 1:
+        ``start`` > 0 when decoding after a cache). When the scheme has a change of basis
         (``self.scheme.basis()`` (H, D, D), ape_seq), each head's q and k are mapped by it,
         folded into the projections' weights."""
         shape = (batch, steps, self.config.n_heads, self.config.head_dim)
@@ -137,18 +164,19 @@ class QKVMixer(Mixer):
             return None, None, v
         self.basis = self.scheme.basis()
         q = self.q.forward(x, self.basis).reshape(shape)
-        return (self.scale_queries(q) if self.scale_content else q,
+        return (self.scale_queries(q, start) if self.scale_content else q,
                 self.k.forward(x, self.basis).reshape(shape), v)
 
-    def scale_queries(self, q):
-        """q (B, T, H, D) -> q times the query factors of position t (q itself when they are
-        all 1). Keeps the factors for :meth:`scale_queries_backward`."""
+    def scale_queries(self, q, start=0):
+        """q (B, T, H, D) of positions start .. start + T - 1 -> q times the query factors of
+        each position (q itself when they are all 1). Keeps the factors for
+        :meth:`scale_queries_backward`."""
         steps = q.shape[1]
-        if steps not in self.factors:
-            factors = query_scales(self.config.options, steps)
-            self.factors[steps] = None if factors is None else self.ops.asarray(
-                factors.reshape(steps, 1, 1))
-        self.scales = self.factors[steps]
+        if (start, steps) not in self.factors:
+            factors = query_scales(self.config.options, start + steps)
+            self.factors[start, steps] = None if factors is None else self.ops.asarray(
+                factors[start:].reshape(steps, 1, 1))
+        self.scales = self.factors[start, steps]
         return q if self.scales is None else self.ops.mul(q, self.scales)
 
     def scale_queries_backward(self, dq):

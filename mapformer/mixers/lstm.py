@@ -12,6 +12,7 @@ import numpy as np
 from ..nn import Linear
 from ..schemes import get_scheme
 from . import Mixer, register_mixer
+from .base import extend
 
 
 def _uniform(bound):
@@ -54,6 +55,20 @@ class LSTMMixer(Mixer):
         self.h, self.c, self.gates = self.ops.lstm_forward(self.x, self.w_ih.value,
                                                            self.w_hh.value, self.b.value)
         return self.out.forward(self.h.reshape(batch * steps, -1)), state
+
+    def decode(self, x, batch, steps, cache, start):
+        """x (N, C) of ``steps`` new tokens per sequence after ``start`` positions of
+        ``cache`` ((h, c) (B, capacity, C) the hidden states and cells so far, or None) ->
+        (y (N, C), (h, c) holding start + steps positions): the recurrence goes on from the
+        state at position start - 1. No traces, no gradient."""
+        hs, cs = (None, None) if cache is None else cache
+        h0 = c0 = None
+        if cache is not None:
+            h0, c0 = self.ops.asarray(hs[:, start - 1]), self.ops.asarray(cs[:, start - 1])
+        h, c, _ = self.ops.lstm_forward(x.reshape(batch, steps, -1), self.w_ih.value,
+                                        self.w_hh.value, self.b.value, h0, c0)
+        y = self.out.forward(h.reshape(batch * steps, -1))
+        return y, (extend(self.ops, hs, h, start), extend(self.ops, cs, c, start))
 
     def backward(self, dy, dstate=None):
         dh = self.out.backward(dy).reshape(self.h.shape)

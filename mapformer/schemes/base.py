@@ -27,7 +27,12 @@ A scheme is a class registered with :func:`mapformer.schemes.register_scheme`:
   (H, D, D) the mixer folds into its query and key projections (None by default; ape_seq);
 - ``embed(x, batch, steps)`` / ``embed_backward(dx)``: what the model does to the token
   embeddings x (N, C) before the first block, called on the first layer's scheme only (the
-  identity by default; :class:`AdditiveScheme` adds its positional code);
+  identity by default; :class:`AdditiveScheme` adds its positional code); ``embed_at(x,
+  batch, steps, start)`` the same for tokens at positions from ``start`` (incremental
+  decoding; by default only for schemes whose ``embed`` is the identity);
+- ``angles_at(x, batch, steps, start)``, optional, angle schemes: the angles of the tokens at
+  positions start .. start + steps - 1 (incremental decoding; rope has it, schemes whose
+  angles depend on the whole history, such as MapWM's path integration, do not);
 - ``flops(config, batch, steps)``: matmul flops of one forward of its own products;
 - ``coordinates``: set by the model before every forward: the tokens' coordinates (B, T, n)
   as the task supplies them (navigation: the agent's cell after each step; see
@@ -96,6 +101,18 @@ class Scheme:
         """dx (N, C): the gradient of :meth:`embed`'s output -> gradients into this scheme's
         parameters (+=); dx itself passes on to the token embeddings unchanged (embed adds a
         code that does not depend on x). By default nothing."""
+
+    def embed_at(self, x, batch, steps, start):
+        """:meth:`embed` of the tokens at positions start .. start + steps - 1 (incremental
+        decoding, without coordinates): x itself for a scheme that leaves the embeddings
+        alone; NotImplementedError for one that changes them and does not say how at an
+        offset."""
+        if start == 0:
+            return self.embed(x, batch, steps)
+        if type(self).embed is not Scheme.embed:
+            raise NotImplementedError(f"positional scheme {self.name!r} has no incremental "
+                                      "decoding of its embeddings")
+        return x
 
     @classmethod
     def flops(cls, config, batch, steps):

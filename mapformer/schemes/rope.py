@@ -60,6 +60,14 @@ class RoPE(AngleScheme):
         self.theta = self.ops.path_integration_forward(self.ones[steps], self.omega.value)
         return self.theta
 
+    def angles_at(self, x, batch, steps, start):
+        """The angles of positions start .. start + steps - 1 (incremental decoding), (1,
+        steps, H, NB): path integration of Delta = (start + 1, 1, 1, ...), whose running sums
+        are the positions + 1, exact as :meth:`angles`' (the same bits as its rows)."""
+        delta = self.ops.ones((1, steps) + self.frequencies.shape)
+        delta[:, 0] = start + 1
+        return self.ops.path_integration_forward(delta, self.frequencies)
+
     def angles_backward(self, dtheta, dx):
         """No dependence on x; trainable frequencies get this layer's share (+=)."""
         if self.omega is not None:

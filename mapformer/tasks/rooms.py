@@ -12,6 +12,25 @@ by their seeds.
 The ground truth for the cognitive-map metrics is a networkx MultiDiGraph: one node per cell
 (id r W + c, with its observation and position), one edge per action from every cell (key
 and attribute ``action``), walls as self-loops.
+
+Two options of the same generator (TDB appendix I.1 and section 4.5 / appendix L):
+- ``topology="cube"``, the aliased cube: the cells are the faces' cells of an E x E x E cube's
+  surface (E = height = width; 6 E^2 cells, 216 for the paper's E = 6; the paper gives no
+  more than "edge size 6", the face-cell reading is the research note's recommendation), each
+  face with its own frame, actions in face-local directions (0 up, 1 down, 2 left, 3 right in
+  the face's (i, j)); a step over an edge lands on the adjacent face (the cell whose centre is
+  half a cell past the edge and half a cell down), where the face's own frame takes over: the
+  dynamics are those of a closed surface, no walls, three faces at each corner (non-Euclidean).
+  Colours iid from O (no patch: the aliasing is the colours'). Positions are (r, c) in a 2 E x
+  3 E grid of the faces side by side (face f at block (f // 3, f % 3); not a net: adjacency
+  comes from ``Room.transitions``), so cell ids, walks and graphs work as for a room.
+- ``colours=K > 0``, the in-context rooms: one base layout (the room of the config: H x W,
+  O symbols, the aliased patch), recoloured per room by an injective map phi from the O
+  symbols to K colours (:func:`palettes`: same partition of cells, new colours; K = 30 in the
+  paper). A walk of :func:`walks` with ``palettes`` takes one of them at random and observes
+  ``colours`` = phi(symbol); :meth:`Walks.tokens` then tokenises colours (vocabulary K + 4),
+  and :func:`base_targets` gives the paper's "training in base" targets: the rank of x_n
+  among the distinct colours seen in x_1 .. x_n (0 = lowest).
 """
 from dataclasses import dataclass
 
@@ -22,10 +41,16 @@ N_ACTIONS = 4
 MOVES = np.array([(-1, 0), (1, 0), (0, -1), (0, 1)])  # up, down, left, right
 
 
+TOPOLOGIES = ("room", "cube")
+
+
 @dataclass(frozen=True)
 class RoomsConfig:
-    """height, width: the room's cells; n_obs: observation symbols (O); patch: the side of
-    the aliased patch (p; 0: none); steps: observations per walk (N); seed: the room's."""
+    """height, width: the room's cells (the cube: both its edge E); n_obs: observation symbols
+    (O); patch: the side of the aliased patch (p; 0: none; the cube has none); steps:
+    observations per walk (N); seed: the room's; topology: 'room' (a flat grid with walls)
+    or 'cube' (the surface of a cube); colours: 0, or K > n_obs colours of the in-context
+    rooms' palettes (see the module)."""
 
     height: int = 15
     width: int = 20
@@ -33,6 +58,8 @@ class RoomsConfig:
     patch: int = 4
     steps: int = 400
     seed: int = 0
+    topology: str = "room"
+    colours: int = 0
 
     def __post_init__(self):
         for name in ("height", "width", "n_obs", "steps"):
@@ -41,15 +68,34 @@ class RoomsConfig:
                 raise ValueError(f"{name} must be an integer >= 1, got {value!r}")
         if not isinstance(self.patch, int) or self.patch < 0:
             raise ValueError(f"patch must be an integer >= 0, got {self.patch!r}")
+        if self.topology not in TOPOLOGIES:
+            raise ValueError(f"topology must be one of {TOPOLOGIES}, got {self.topology!r}")
+        if self.topology == "cube" and (self.height != self.width or self.patch):
+            raise ValueError(f"a cube has one edge (height = width) and no patch, got "
+                             f"{self.height} x {self.width}, patch {self.patch}")
         if self.patch and not _two_windows_fit(self.height, self.width, self.patch):
             raise ValueError(f"two {self.patch} x {self.patch} patches do not fit apart in a "
                              f"{self.height} x {self.width} room")
-        if self.n_obs > self.height * self.width:
+        if self.n_obs > self.cells:
             raise ValueError(f"n_obs ({self.n_obs}) must be at most the room's cells")
+        if not isinstance(self.colours, int) or not (self.colours == 0
+                                                     or self.colours >= self.n_obs):
+            raise ValueError(f"colours must be 0 (off) or an integer >= n_obs ({self.n_obs}), "
+                             f"got {self.colours!r}")
+
+    @property
+    def cells(self):
+        """Cells of the room (a cube: 6 E^2)."""
+        return self.height * self.width * (6 if self.topology == "cube" else 1)
+
+    @property
+    def n_symbols(self):
+        """Observation ids in the tokens: the colours of in-context rooms, else O."""
+        return self.colours or self.n_obs
 
     @property
     def vocab_size(self):
-        return self.n_obs + N_ACTIONS
+        return self.n_symbols + N_ACTIONS
 
 
 def _two_windows_fit(h, w, p):
@@ -62,16 +108,25 @@ def _overlap(a, b, p):
 
 @dataclass(frozen=True)
 class Room:
-    """obs int (H, W): each cell's symbol; patches ((r, c), (r, c)): the top-left corners of
-    the source patch and its copy (None without aliasing)."""
+    """obs int (H, W): each cell's symbol (a cube: (2 E, 3 E), its faces side by side);
+    patches ((r, c), (r, c)): the top-left corners of the source patch and its copy (None
+    without aliasing); transitions int (H W, 4): the cell id r W + c after each action from
+    each cell (None: a flat room, :func:`step`)."""
 
     obs: np.ndarray
     patches: tuple
+    transitions: np.ndarray = None
 
 
 def make_room(config):
     """The room of ``config`` (fixed by config.seed)."""
     rng = np.random.default_rng([config.seed, 0x600D])
+    if config.topology == "cube":
+        e = config.height
+        while True:
+            obs = rng.integers(0, config.n_obs, (2 * e, 3 * e))
+            if len(np.unique(obs)) == config.n_obs:
+                return Room(obs, None, cube_transitions(e))
     h, w, p = config.height, config.width, config.patch
     while True:
         obs = rng.integers(0, config.n_obs, (h, w))
@@ -97,34 +152,129 @@ def step(pos, actions, height, width):
     return np.where(inside[..., None], nxt, pos)
 
 
+# ---- the aliased cube -----------------------------------------------------------------------
+def _cube_faces(e):
+    """The 6 faces (k, side) of the cube [0, E]^3: normal axis k, at coordinate side (0 or
+    E); face f = 2 k + (side == E). Its cell (i, j) is centred at coordinate k = side,
+    coordinate (k + 1) % 3 = i + 1/2, coordinate (k + 2) % 3 = j + 1/2."""
+    return [(k, side) for k in range(3) for side in (0, e)]
+
+
+def cube_centres(e):
+    """(6 E^2, 3) the 3D centres of the cube's face cells, in cell id order (face f, then
+    (i, j) row-major within it)."""
+    centres = []
+    for k, side in _cube_faces(e):
+        for i in range(e):
+            for j in range(e):
+                point = np.empty(3)
+                point[k], point[(k + 1) % 3], point[(k + 2) % 3] = side, i + 0.5, j + 0.5
+                centres.append(point)
+    return np.array(centres)
+
+
+def cube_transitions(e):
+    """int (6 E^2, 4) in the room's cell ids (r W + c of the (2 E, 3 E) layout): the cell after
+    each action (MOVES in the face's (i, j)) from each face cell. A step that leaves the face
+    goes over the edge: from centre p with outward normal n, in direction d, the new centre is
+    p + d / 2 - n / 2, on the face whose outward normal is d."""
+    faces = _cube_faces(e)
+    centres = cube_centres(e)
+    lookup = {tuple(p): n for n, p in enumerate(centres)}
+    out = np.empty((len(centres), N_ACTIONS), np.int64)
+    for n, p in enumerate(centres):
+        k, side = faces[n // (e * e)]
+        normal = np.zeros(3)
+        normal[k] = 1.0 if side == e else -1.0
+        for a, (di, dj) in enumerate(MOVES):
+            d = np.zeros(3)
+            d[(k + 1) % 3], d[(k + 2) % 3] = di, dj
+            q = p + d
+            if not ((0 < q) & (q < e) | (np.arange(3) == k)).all():  # over an edge
+                q = p + d / 2 - normal / 2
+            out[n, a] = lookup[tuple(q)]
+    # face f, cell (i, j) -> row (f // 3) E + i, column (f % 3) E + j of the layout
+    face, rest = np.divmod(np.arange(len(centres)), e * e)
+    i, j = np.divmod(rest, e)
+    layout = ((face // 3) * e + i) * (3 * e) + (face % 3) * e + j
+    relabelled = np.empty_like(out)
+    relabelled[layout] = layout[out]
+    return relabelled
+
+
+def move(room, pos, actions):
+    """pos int (..., 2), actions int (...) -> the positions after the actions in ``room``:
+    :func:`step` in a flat room, its ``transitions`` otherwise (a cube)."""
+    h, w = room.obs.shape
+    if room.transitions is None:
+        return step(pos, actions, h, w)
+    nxt = room.transitions[node_of(pos, w), actions]
+    return np.stack(np.divmod(nxt, w), -1)
+
+
+# ---- walks ------------------------------------------------------------------------------------
 @dataclass
 class Walks:
-    """obs, actions int (n, N); pos int (n, N, 2): the cell at each observation."""
+    """obs, actions int (n, N); pos int (n, N, 2): the cell at each observation; colours int
+    (n, N) or None: in-context rooms, what the agent sees (its room's palette of obs);
+    palette int (n,) or None: which palette each walk's room has."""
 
     obs: np.ndarray
     actions: np.ndarray
     pos: np.ndarray
+    colours: np.ndarray = None
+    palette: np.ndarray = None
 
     def tokens(self, n_obs):
-        """(n, 2N) int32: x_1, a_1, ..., x_N, a_N with action ids offset by n_obs."""
+        """(n, 2N) int32: x_1, a_1, ..., x_N, a_N with action ids offset by n_obs (the
+        config's n_symbols); x the colours where the walks have them, else obs."""
         n, steps = self.obs.shape
         out = np.empty((n, 2 * steps), np.int32)
-        out[:, 0::2] = self.obs
+        out[:, 0::2] = self.obs if self.colours is None else self.colours
         out[:, 1::2] = self.actions + n_obs
         return out
 
 
-def walks(config, room, n_walks, rng):
+def walks(config, room, n_walks, rng, palettes=None):
     """n_walks random walks of config.steps observations in ``room``; rng a NumPy Generator
-    or a seed."""
+    or a seed. ``palettes`` (R, O) (:func:`palettes`): in-context rooms, each walk in a room
+    drawn uniformly from them (its colours and palette index in the Walks)."""
     rng = np.random.default_rng(rng)
-    h, w, steps = config.height, config.width, config.steps
+    (h, w), steps = room.obs.shape, config.steps
     actions = rng.integers(0, N_ACTIONS, (n_walks, steps))
     pos = np.empty((n_walks, steps, 2), np.int64)
     pos[:, 0] = np.stack([rng.integers(0, h, n_walks), rng.integers(0, w, n_walks)], -1)
     for t in range(1, steps):
-        pos[:, t] = step(pos[:, t - 1], actions[:, t - 1], h, w)
-    return Walks(room.obs[pos[..., 0], pos[..., 1]], actions, pos)
+        pos[:, t] = move(room, pos[:, t - 1], actions[:, t - 1])
+    obs = room.obs[pos[..., 0], pos[..., 1]]
+    if palettes is None:
+        return Walks(obs, actions, pos)
+    palettes = np.asarray(palettes)
+    which = rng.integers(0, len(palettes), n_walks)
+    return Walks(obs, actions, pos, palettes[which[:, None], obs], which)
+
+
+# ---- in-context rooms ---------------------------------------------------------------------
+def palettes(config, n_rooms, rng):
+    """(n_rooms, O) int: each row an injective map phi from the O symbols to config.colours
+    colours (O of them, drawn without replacement): one recoloured room each."""
+    if not config.colours:
+        raise ValueError("palettes need config.colours > 0 (in-context rooms)")
+    rng = np.random.default_rng(rng)
+    return np.array([rng.choice(config.colours, config.n_obs, replace=False)
+                     for _ in range(n_rooms)])
+
+
+def base_targets(colours):
+    """colours int (n, N) -> int (n, N): x~_n, the rank (0 = lowest) of colour x_n among the
+    distinct colours of x_1 .. x_n (TDB section 4.5, "training in base"; the same x~ may
+    name different colours over a walk)."""
+    colours = np.asarray(colours)
+    seen = np.zeros(colours.shape + (int(colours.max()) + 1,), bool)
+    np.put_along_axis(seen, colours[..., None], True, -1)
+    seen = np.logical_or.accumulate(seen, axis=1)          # colours seen up to n
+    below = np.cumsum(seen, -1) - seen                     # seen colours below each colour
+    return np.take_along_axis(below, colours[..., None], -1)[..., 0]
 
 
 def node_of(pos, width):
@@ -134,14 +284,14 @@ def node_of(pos, width):
 
 def ground_truth_graph(room):
     """networkx MultiDiGraph of the room: node r W + c (attributes obs, pos), one edge per
-    action from every node (key = attribute action), walls as self-loops."""
+    action from every node (key = attribute action), walls as self-loops (a cube has none)."""
     h, w = room.obs.shape
     graph = nx.MultiDiGraph()
     cells = np.stack(np.meshgrid(np.arange(h), np.arange(w), indexing="ij"), -1).reshape(-1, 2)
     for r, c in cells:
         graph.add_node(int(r * w + c), obs=int(room.obs[r, c]), pos=(int(r), int(c)))
     for a in range(N_ACTIONS):
-        nxt = step(cells, np.full(len(cells), a), h, w)
+        nxt = move(room, cells, np.full(len(cells), a))
         for u, v in zip(node_of(cells, w), node_of(nxt, w)):
             graph.add_edge(int(u), int(v), key=a, action=a)
     return graph

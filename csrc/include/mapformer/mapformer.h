@@ -110,6 +110,15 @@ int attention_forward(const MfAttentionParams *p);
 int64_t attention_backward_scratch_floats(const MfAttentionParams *p);
 int attention_backward(const MfAttentionParams *p);
 
+/* ---- attention_decode.c: causal attention of new queries on cached keys (decoding) ------- */
+/* out[b,i,h] = sum_{j <= Tk - Tq + i} softmax_j(scale q_i . k_j) v_j and its lse[b,h,i]: the
+ * last Tq rows of causal attention over Tk positions, q holding only those rows, k and v the
+ * first Tk of their Tmax positions. Forward only;
+ * p->scratch of at least attention_decode_forward_scratch_floats(p) floats (64-byte aligned;
+ * 0 when p's sizes are invalid): MfAttentionDecodeParams, mapformer/params.h. */
+int64_t attention_decode_forward_scratch_floats(const MfAttentionDecodeParams *p);
+int attention_decode_forward(const MfAttentionDecodeParams *p);
+
 /* ---- path_integration.c: theta = wrap(omega * cumsum_t(delta)), cumsum in double -------- */
 /* theta, delta (B, T, H, NB); omega (H, NB).
  * wrap(a) = a - 2 pi floor(a / (2 pi) + 1/2), in [-pi, pi) */

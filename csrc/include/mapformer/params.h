@@ -112,6 +112,19 @@ typedef struct {
     int64_t scratch_floats;
 } MfAttentionParams;
 
+/* attention_decode: a block of Tq new queries on the keys of Tk >= Tq positions (incremental
+ * decoding); query i sits at position Tk - Tq + i; forward only */
+typedef struct {
+    float *out, *lse;          /* (B, Tq, H, D), (B, H, Tq) */
+    const float *q;            /* (B, Tq, H, D) */
+    const float *k, *v;        /* (B, Tmax, H, D): the cached positions, then the block's,
+                                * in the first Tk of Tmax (a cache with room to grow) */
+    int64_t B, Tq, Tk, Tmax, H, D; /* Tq <= Tk <= Tmax; D even in [16, 128] */
+    float scale;               /* usually 1/sqrt(D) */
+    float *scratch;
+    int64_t scratch_floats;
+} MfAttentionDecodeParams;
+
 /* conj_attention: MapEM's conjunctive attention; mode an MfConjMode, mask an MfMask */
 typedef struct {
     float *out, *lse;                    /* forward (B, T, H, D), (M, B, H, T): M = 2 for
