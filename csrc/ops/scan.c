@@ -96,11 +96,36 @@ MF_INLINE void vsincos_vers(const vf *x, vf *s, vf *c, vf *v) {
     *v = VSELECT((q & 3) == 0, 0.5f * z - pq, 1.0f - *c);
 }
 
-/* *m = expm1(x) and *d = expm1(x) - x given *e = exp(x) (vexp's, a few ulps): for |x| < 1,
- * d = x^2 Q(x), Q(x) = sum_k x^k / (k + 2)! to x^9 / 11! (the rest is below 2.3e-9, 0.04 ulp
- * of Q >= 0.36) and m = x + d; for |x| >= 1, m = e - 1 (within (|x| + 3) ulps of e^x / |e^x - 1|
- * <= 1.6 ulps... of it) and d is not computed (left as x^2 Q(x), meaningless there) */
-MF_INLINE void vexpm1_e(vf *m, vf *d, const vf *x, const vf *e) {
+/* *e = exp(x) and *m = expm1(x), both to about 1 ulp (plus the |x| ulps of x's own rounding),
+ * from one Cody-Waite reduction x = n ln2 + r (ln2 in two parts, |r| <= ln2 / 2): expm1(r) =
+ * r + r^2 Q(r) by Taylor to r^8 / 8! (the rest below 1.6e-9 r^2), then e = 2^n + 2^n expm1(r)
+ * and m = 2^n expm1(r) + (2^n - 1) (exact products, one rounding each; no cancellation for
+ * n = +-1, and m = expm1(r) for n = 0). x is clamped to [-88, 88]: e is 0 below (where
+ * exp(x) is subnormal; m = -1), finite above. Separate multiplies and adds. */
+MF_INLINE void vexp_expm1(const vf *x, vf *e, vf *m) {
+    vf v = *x;
+    v = VSELECT(v < VSPLAT(-88.0f), VSPLAT(-88.0f), v);
+    v = VSELECT(v > VSPLAT(88.0f), VSPLAT(88.0f), v);
+    const vf t = v * MF_LOG2E + 12582912.0f; /* 1.5 * 2^23: round(v log2 e) in its low bits */
+    const vf n = t - 12582912.0f;
+    const vf r = (v - n * MF_LN2_HI) - n * MF_LN2_LO;
+    vf q = VSPLAT(2.48015873015873e-5f);   /* 1 / 8! */
+    q = q * r + 1.984126984126984e-4f;     /* 1 / 7! */
+    q = q * r + 1.388888888888889e-3f;     /* 1 / 6! */
+    q = q * r + 8.333333333333333e-3f;     /* 1 / 5! */
+    q = q * r + 4.166666666666667e-2f;     /* 1 / 4! */
+    q = q * r + 1.666666666666667e-1f;     /* 1 / 3! */
+    q = q * r + 0.5f;
+    const vf pm = r + (r * r) * q;
+    const vf s = (vf)(((vi)t - 0x4B400000 + 127) << 23); /* 2^n; 0 for n = -127 */
+    const vf sp = s * pm;
+    *e = s + sp;
+    *m = sp + (s - 1.0f);
+}
+
+/* *d = expm1(x) - x = x^2 Q(x) for |x| < 1, Q(x) = sum_k x^k / (k + 2)! by Taylor to
+ * x^9 / 11! (the rest below 2.3e-9, 0.04 ulp of Q >= 0.36) */
+MF_INLINE void vexpm1_minus_x(vf *d, const vf *x) {
     const vf v = *x;
     vf q = VSPLAT(2.505210838544172e-8f);  /* 1 / 11! */
     q = q * v + 2.755731922398589e-7f;      /* 1 / 10! */
@@ -113,8 +138,6 @@ MF_INLINE void vexpm1_e(vf *m, vf *d, const vf *x, const vf *e) {
     q = q * v + 1.666666666666667e-1f;      /* 1 / 3! */
     q = q * v + 0.5f;
     *d = (v * v) * q;
-    const vf a = VSELECT(v < 0.0f, -v, v);
-    *m = VSELECT(a < VSPLAT(1.0f), v + *d, *e - 1.0f);
 }
 /* ---- end of the helpers ---- */
 
@@ -139,12 +162,12 @@ MF_INLINE void x_minus_sin(vf *d, const vf *x) {
  *        = (e^z - phi) conj(z) / |z|^2                  for |z| >= 1,
  *   and the series 1 + z / 2, 1 / 2 + z / 3 for |z|^2 < 2^-24 (z = 0: no 0 / 0).
  * Bound (Re z <= 0): see the header comment. */
-MF_INLINE void zoh_factors(const vf *zr_, const vf *zi_, const vf *e_, const vf *sn_,
-                           const vf *cs_, const vf *vs_, int cx, int deriv, vf *pr, vf *pi,
-                           vf *qr, vf *qi) {
-    const vf zr = *zr_, e = *e_;
-    vf m1, d2;
-    vexpm1_e(&m1, &d2, &zr, &e);
+MF_INLINE void zoh_factors(const vf *zr_, const vf *zi_, const vf *e_, const vf *m1_,
+                           const vf *sn_, const vf *cs_, const vf *vs_, int cx, int deriv,
+                           vf *pr, vf *pi, vf *qr, vf *qi) {
+    const vf zr = *zr_, e = *e_, m1 = *m1_;
+    vf d2 = VZERO;
+    if (deriv) vexpm1_minus_x(&d2, &zr);
     if (cx) {
         const vf zi = *zi_, sn = *sn_, cs = *cs_, vs = *vs_;
         const vf n1r = m1 - e * vs, n1i = e * sn;
@@ -344,22 +367,23 @@ MF_INLINE void step_keep(const Group *g, vf *h, vf *hb, vf *ab, const vf *r, con
 }
 
 /* state k's decay a = e^z and ZOH factors phi(z) (and phi'(z) with `deriv`) of the step,
- * z = delta A + i delta_angle omega: the decay's bits are decay()'s */
+ * z = delta A + i delta_angle omega: e^{delta A} and expm1(delta A) from one reduction
+ * (vexp_expm1), the rotation as decay()'s */
 MF_INLINE void zoh_parts(const Group *g, const vf *dt, const vf *ang, int64_t k, int cx,
                          int deriv, vf *ar, vf *ai, vf *pr, vf *pi, vf *qr, vf *qi) {
-    vf e = *dt * g->A2[k];
-    vexp2(&e);
     const vf zr = *dt * g->A[k];
+    vf e, m1;
+    vexp_expm1(&zr, &e, &m1);
     if (cx) {
         const vf zi = *ang * g->W[k];
         vf sn, cs, vs;
         vsincos_vers(&zi, &sn, &cs, &vs);
         *ar = e * cs;
         *ai = e * sn;
-        zoh_factors(&zr, &zi, &e, &sn, &cs, &vs, 1, deriv, pr, pi, qr, qi);
+        zoh_factors(&zr, &zi, &e, &m1, &sn, &cs, &vs, 1, deriv, pr, pi, qr, qi);
     } else {
         *ar = e;
-        zoh_factors(&zr, NULL, &e, NULL, NULL, NULL, 0, deriv, pr, pi, qr, qi);
+        zoh_factors(&zr, NULL, &e, &m1, NULL, NULL, NULL, 0, deriv, pr, pi, qr, qi);
     }
 }
 
