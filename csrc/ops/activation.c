@@ -6,7 +6,7 @@
  *             y = x              (x > 20);    dx = dy      (Mamba's / PyTorch's threshold)
  * SiLU's sigmoid is simd.h's vsigmoid (the core's one exponential), compiled for AVX-512,
  * AVX2 and baseline x86-64 (target_clones). softplus is max(x, 0) + log1p(exp(-|x|)) in
- * vector code (an exp with Cody-Waite reduction over vexp2, Cephes' logf polynomial with Goldberg's log1p correction: no
+ * vector code (simd.h's vexp_nonpositive: Cody-Waite reduction over vexp2; Cephes' logf polynomial with Goldberg's log1p correction: no
  * cancellation for large |x|) and the same sigmoid for its derivative.
  */
 #include <math.h>
@@ -77,20 +77,6 @@ MF_INLINE void vlog_1_2(vf *x) {
     p = p * f + 3.3333331174e-1f;
     vf y = p * f * z + e * -2.12194440e-4f - 0.5f * z;
     *x = (f + y) + e * 0.693359375f;
-}
-
-/* *x = exp(*x) for *x <= 0 to a few ulps: Cody-Waite reduction x = n ln2 + r (ln2 in two
- * parts, |r| <= ln2 / 2), 2^(r log2 e) by vexp2, times 2^n put into the exponent bits (vexp's
- * single product x log2 e would lose |x| ulps); 0 below -87 (where exp(x) is subnormal) */
-MF_INLINE void vexp_nonpositive(vf *x) {
-    const vf v = VSELECT(*x < VSPLAT(-87.0f), VSPLAT(-87.0f), *x);
-    const vf t = v * MF_LOG2E + 12582912.0f; /* 1.5 * 2^23: round(v log2 e) in its low bits */
-    const vf n = t - 12582912.0f;
-    vf r = (v - n * 0.693145751953125f) - n * 1.428606765330187e-6f;
-    r = r * MF_LOG2E;
-    vexp2(&r);
-    const vi scale = ((vi)t - 0x4B400000 + 127) << 23; /* 2^n, n >= -126 */
-    *x = VSELECT(*x < VSPLAT(-87.0f), VSPLAT(0.0f), r * (vf)scale);
 }
 
 /* softplus(x) = max(x, 0) + log1p(exp(-|x|)); log1p(u) = log(w) u / (w - 1), w = 1 + u

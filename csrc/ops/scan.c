@@ -24,8 +24,8 @@
  *   ddelta_t = x_t dr_t + sum_k Re(dz) A,  ddelta_angle_t = sum_k Im(dz) omega,
  *   dA += sum_t Re(dz) delta_t,  domega += sum_t Im(dz) delta_angle_t,  dD += sum_t gy x.
  * Memory: O(B E S (T / chunk)) saved + O(threads * chunk * S * MF_VW) scratch (h_{t-1} and
- * a_t of each step of a chunk, so the reverse sweep takes the decays and rotations of the
- * recompute instead of evaluating them again), never O(B T E S).
+ * a_t of each step of a chunk, and ZOH's phi, phi', so the reverse sweep takes the decays,
+ * rotations and factors of the recompute instead of evaluating them again), never O(B T E S).
  *
  * Vectorisation: over channels. A group is MF_VW channels of one batch row, one per lane
  * (x, delta, dy rows of (B, T, E) are contiguous in e; lanes past E are zero), and each state
@@ -44,9 +44,24 @@
  * The (b, t, e) rows are strided by E, a new page every few steps, which the hardware
  * prefetchers do not follow: they are prefetched SCAN_AHEAD steps ahead, both ends of the
  * group's segment (NumPy's 16-byte aligned rows straddle two cache lines every other group).
- * dA, domega, dD are summed in float over runs of SCAN_RUN steps, the runs in double. ZOH's
- * phi, phi' are evaluated lane by lane in double (zoh_phi), in the recompute and again in the
- * sweep.
+ * dA, domega, dD are summed in float over runs of SCAN_RUN steps, the runs in double.
+ * ZOH: phi and phi' in float vectors (zoh_factors), from e^{delta A} and expm1(delta A) of one
+ * reduction (simd.h vexp_expm1; the decay's modulus comes from it, not from vexp2 as Euler's)
+ * and the rotation's sin, cos and 1 - cos (vsincos_vers): e^z - 1 = (expm1(zr) - e^zr (1 -
+ * cos zi)) + i e^zr sin zi and e^z - 1 - z (expm1(zr) - zr by series, zi - sin zi by series)
+ * have no cancellation, so phi = (e^z - 1) / z holds a few ulps for every z, and phi' = phi -
+ * (e^z - 1 - z) / z^2 below |z| = 1, (e^z - phi) / z above (where each is a difference of
+ * values of its size); 1 + z / 2, 1 / 2 + z / 3 for |z|^2 < 2^-24 (no 0 / 0 in lanes past E).
+ * Error bound (first order, u = 2^-24, exact z with Re z <= 0, where |phi| <= 1, |phi'| <=
+ * 1/2): e^zr, expm1(zr) within 1 and 2 u, sin, cos 1 u, 1 - cos zi 3 u, so each of e^z - 1's
+ * parts within 4.5 u (|expm1(zr)| + e^zr (1 - cos zi)) and 2.5 u e^zr |sin zi|; with |expm1
+ * zr| <= |zr|, 1 - cos zi <= |zi| that is at most 9.75 u |z|^2 in (e^z - 1) conj(z), plus
+ * 1.5 u for 1 / |z|^2 and the products: |phi - phi^| <= 12 u per component. phi' (|z| < 1):
+ * e^z - 1 - z within 5 u |z|^2 (d, e^zr (1 - cos zi), expm1 sin, zi - sin zi bounded by |z|^2
+ * / 2, |z|^2 / 2, |zr zi|, |zi|^3 / 6), 8.3 u after conj(z)^2 / |z|^4, so 21 u with phi's; (|z|
+ * >= 1): (e^z within 2.5 u + phi's 12 u) / |z| and the products: 21.5 u. tests/test_scan.py
+ * checks 12 u and 22 u against float64 over a grid of z (it measures about 5.5 u for both).
+ * The backward's recompute keeps phi and phi' of each step beside h_{t-1} and a_t.
  *
  * Parallel layout: a work item is one batch row b and a block of SCAN_EB channels (a fixed
  * size, so the bits do not depend on the thread count); within it the groups of MF_VW
@@ -54,7 +69,6 @@
  * into its own (T, S) slice of scratch, and the blocks are summed in a fixed order; dA,
  * domega, dD are summed in double per (b, e) and then over b in a fixed order.
  */
-#include <math.h>
 #include <stdint.h>
 
 #include "mapformer/clones.h"
@@ -72,74 +86,6 @@
 #define SCAN_AHEAD 16           /* steps ahead that the (b, t, e) rows are prefetched */
 #define ALIGNED __attribute__((aligned(64)))
 
-/* ---- helpers to move to simd.h ---- */
-/* *s = sin x, *c = cos x (vsincos's bits) and *v = 1 - cos x without cancellation: where x
- * reduces to quadrant 0 mod 4 (cos x = 1 - r^2 / 2 + ...) it is r^2 / 2 - r^4 (...) from
- * the polynomial, elsewhere 1 - cos x >= 1 - cos(pi / 4) */
-MF_INLINE void vsincos_vers(const vf *x, vf *s, vf *c, vf *v) {
-    const vf xv = *x;
-    const vf t = xv * 0.636619772367581343f + 12582912.0f;
-    const vf n = t - 12582912.0f;
-    const vf r = ((xv - n * 1.5703125f) - n * 4.837512969970703125e-4f) -
-                 n * 7.54978995489188216e-8f;
-    const vf z = r * r;
-    const vf ps = r + r * z * (-1.6666654611e-1f + z * (8.3321608736e-3f + z *
-                                                        -1.9515295891e-4f));
-    const vf pq = z * z * (4.166664568298827e-2f + z * (-1.388731625493765e-3f + z *
-                                                         2.443315711809948e-5f));
-    const vf pc = 1.0f - 0.5f * z + pq;
-    const vi q = (vi)t - 0x4B400000, sign = (vi)VSPLAT(-0.0f);
-    const vi odd = (q & 1) != 0;
-    const vf ss = VSELECT(odd, pc, ps), cc = VSELECT(odd, ps, pc);
-    *s = (vf)((vi)ss ^ (((q & 2) != 0) & sign));
-    *c = (vf)((vi)cc ^ ((((q + 1) & 2) != 0) & sign));
-    *v = VSELECT((q & 3) == 0, 0.5f * z - pq, 1.0f - *c);
-}
-
-/* *e = exp(x) and *m = expm1(x), both to about 1 ulp (plus the |x| ulps of x's own rounding),
- * from one Cody-Waite reduction x = n ln2 + r (ln2 in two parts, |r| <= ln2 / 2): expm1(r) =
- * r + r^2 Q(r) by Taylor to r^8 / 8! (the rest below 1.6e-9 r^2), then e = 2^n + 2^n expm1(r)
- * and m = 2^n expm1(r) + (2^n - 1) (exact products, one rounding each; no cancellation for
- * n = +-1, and m = expm1(r) for n = 0). x is clamped to [-88, 88]: e is 0 below (where
- * exp(x) is subnormal; m = -1), finite above. Separate multiplies and adds. */
-MF_INLINE void vexp_expm1(const vf *x, vf *e, vf *m) {
-    vf v = *x;
-    v = VSELECT(v < VSPLAT(-88.0f), VSPLAT(-88.0f), v);
-    v = VSELECT(v > VSPLAT(88.0f), VSPLAT(88.0f), v);
-    const vf t = v * MF_LOG2E + 12582912.0f; /* 1.5 * 2^23: round(v log2 e) in its low bits */
-    const vf n = t - 12582912.0f;
-    const vf r = (v - n * MF_LN2_HI) - n * MF_LN2_LO;
-    vf q = VSPLAT(2.48015873015873e-5f);   /* 1 / 8! */
-    q = q * r + 1.984126984126984e-4f;     /* 1 / 7! */
-    q = q * r + 1.388888888888889e-3f;     /* 1 / 6! */
-    q = q * r + 8.333333333333333e-3f;     /* 1 / 5! */
-    q = q * r + 4.166666666666667e-2f;     /* 1 / 4! */
-    q = q * r + 1.666666666666667e-1f;     /* 1 / 3! */
-    q = q * r + 0.5f;
-    const vf pm = r + (r * r) * q;
-    const vf s = (vf)(((vi)t - 0x4B400000 + 127) << 23); /* 2^n; 0 for n = -127 */
-    const vf sp = s * pm;
-    *e = s + sp;
-    *m = sp + (s - 1.0f);
-}
-
-/* *d = expm1(x) - x = x^2 Q(x) for |x| < 1, Q(x) = sum_k x^k / (k + 2)! by Taylor to
- * x^9 / 11! (the rest below 2.3e-9, 0.04 ulp of Q >= 0.36) */
-MF_INLINE void vexpm1_minus_x(vf *d, const vf *x) {
-    const vf v = *x;
-    vf q = VSPLAT(2.505210838544172e-8f);  /* 1 / 11! */
-    q = q * v + 2.755731922398589e-7f;      /* 1 / 10! */
-    q = q * v + 2.755731922398589e-6f;      /* 1 / 9! */
-    q = q * v + 2.48015873015873e-5f;       /* 1 / 8! */
-    q = q * v + 1.984126984126984e-4f;      /* 1 / 7! */
-    q = q * v + 1.388888888888889e-3f;      /* 1 / 6! */
-    q = q * v + 8.333333333333333e-3f;      /* 1 / 5! */
-    q = q * v + 4.166666666666667e-2f;      /* 1 / 4! */
-    q = q * v + 1.666666666666667e-1f;      /* 1 / 3! */
-    q = q * v + 0.5f;
-    *d = (v * v) * q;
-}
-/* ---- end of the helpers ---- */
 
 /* x - sin x for |x| < 1: x^3 (1/3! - x^2 / 5! + ... + x^8 / 11!) (the rest below 1.6e-10 x^3) */
 MF_INLINE void x_minus_sin(vf *d, const vf *x) {
@@ -480,7 +426,7 @@ typedef struct {
     float *dx, *ddelta, *ddangle; /* at (b, 0, e0), stride E; ddangle NULL for the real scan */
     float *dBm, *dCm;             /* (T, S) of this item, accumulated over its groups */
     double *dA, *dW, *dD;         /* (n, K), (n, K), (n,) at (b, e0) */
-    float *buf;                   /* scratch: chunk * 2 S vectors (h_{t-1} and a_t per step) */
+    float *buf; /* scratch: chunk * 2 S vectors (h_{t-1}, a_t per step); 4 S with ZOH's phi, phi' */
 } GroupGrad;
 
 /* the float runs of dA, domega, dD into their double sums (lane by lane) */
@@ -667,8 +613,8 @@ static int scan_forward(const MfScanParams *p, int cx) {
 }
 
 /* scratch of the backward: per thread chunk * 2 S vectors (h_{t-1} and a_t of each step of
- * a chunk); dB, dC partials (B, nblk, T, S) each; dA, domega partials (B, E, K) doubles each;
- * dD partials (B, E) doubles */
+ * a chunk; 4 S with ZOH's phi and phi'); dB, dC partials (B, nblk, T, S) each; dA, domega
+ * partials (B, E, K) doubles each; dD partials (B, E) doubles */
 static int64_t per_thread(const MfScanParams *p, int cx) {
     const int64_t S = cx ? 2 * p->K : p->K;
     return mf_scratch_size(p->chunk * (p->bbar == MF_BBAR_ZOH ? 4 : 2) * S * MF_VW);
