@@ -51,7 +51,8 @@
  * cos zi)) + i e^zr sin zi and e^z - 1 - z (expm1(zr) - zr by series, zi - sin zi by series)
  * have no cancellation, so phi = (e^z - 1) / z holds a few ulps for every z, and phi' = phi -
  * (e^z - 1 - z) / z^2 below |z| = 1, (e^z - phi) / z above (where each is a difference of
- * values of its size); 1 + z / 2, 1 / 2 + z / 3 for |z|^2 < 2^-24 (no 0 / 0 in lanes past E).
+ * values of its size); phi = 1 for |z|^2 < 2^-100, phi' = 1 / 2 + z / 3 for |z|^2 < 2^-24 (no
+ * 0 / 0 in lanes past E).
  * Error bound (first order, u = 2^-24, exact z with Re z <= 0, where |phi| <= 1, |phi'| <=
  * 1/2): e^zr, expm1(zr) within 1 and 2 u, sin, cos 1 u, 1 - cos zi 3 u, so each of e^z - 1's
  * parts within 4.5 u (|expm1(zr)| + e^zr (1 - cos zi)) and 2.5 u e^zr |sin zi|; with |expm1
@@ -106,7 +107,8 @@ MF_INLINE void x_minus_sin(vf *d, const vf *x) {
  *   phi = (e^z - 1) conj(z) / |z|^2,
  *   phi' = phi - (e^z - 1 - z) conj(z)^2 / |z|^4        for |z| < 1 (phi - phi_2),
  *        = (e^z - phi) conj(z) / |z|^2                  for |z| >= 1,
- *   and the series 1 + z / 2, 1 / 2 + z / 3 for |z|^2 < 2^-24 (z = 0: no 0 / 0).
+ *   and phi = 1 for |z|^2 < 2^-100 (within 2^-51; z = 0: no 0 / 0), phi' = 1 / 2 + z / 3 for
+ *   |z|^2 < 2^-24 (within |z|^2 / 8; 1 / |z|^4 stays finite above).
  * Bound (Re z <= 0): see the header comment. */
 MF_INLINE void zoh_factors(const vf *zr_, const vf *zi_, const vf *e_, const vf *m1_,
                            const vf *sn_, const vf *cs_, const vf *vs_, int cx, int deriv,
@@ -118,12 +120,13 @@ MF_INLINE void zoh_factors(const vf *zr_, const vf *zi_, const vf *e_, const vf 
         const vf zi = *zi_, sn = *sn_, cs = *cs_, vs = *vs_;
         const vf n1r = m1 - e * vs, n1i = e * sn;
         const vf m2 = zr * zr + zi * zi;
-        const vi tiny = m2 < VSPLAT(0x1p-24f);
-        const vf inv = 1.0f / VSELECT(tiny, VSPLAT(1.0f), m2);
+        const vf inv = 1.0f / m2; /* inf at z = 0: the NaN lanes are selected away */
         const vf p_r = (n1r * zr + n1i * zi) * inv, p_i = (n1i * zr - n1r * zi) * inv;
-        *pr = VSELECT(tiny, 1.0f + 0.5f * zr, p_r);
-        *pi = VSELECT(tiny, 0.5f * zi, p_i);
+        const vi zero = m2 < VSPLAT(0x1p-100f);
+        *pr = VSELECT(zero, VSPLAT(1.0f), p_r);
+        *pi = VAND(~zero, p_i);
         if (!deriv) return;
+        const vi tiny = m2 < VSPLAT(0x1p-24f);
         vf s3;
         x_minus_sin(&s3, &zi);
         const vf n2r = d2 - e * vs, n2i = m1 * sn - s3;
@@ -137,11 +140,11 @@ MF_INLINE void zoh_factors(const vf *zr_, const vf *zi_, const vf *e_, const vf 
         *qi = VSELECT(tiny, zi * (1.0f / 3.0f), VSELECT(small, si, li));
     } else { /* the complex arithmetic at zi = 0, sn = 0, cs = 1, vs = 0: the same bits */
         const vf m2 = zr * zr;
-        const vi tiny = m2 < VSPLAT(0x1p-24f);
-        const vf inv = 1.0f / VSELECT(tiny, VSPLAT(1.0f), m2);
+        const vf inv = 1.0f / m2;
         const vf p_r = (m1 * zr) * inv;
-        *pr = VSELECT(tiny, 1.0f + 0.5f * zr, p_r);
+        *pr = VSELECT(m2 < VSPLAT(0x1p-100f), VSPLAT(1.0f), p_r);
         if (!deriv) return;
+        const vi tiny = m2 < VSPLAT(0x1p-24f);
         const vf sr = p_r - (d2 * m2) * (inv * inv);
         const vf lr = ((e - p_r) * zr) * inv;
         *qr = VSELECT(tiny, 0.5f + zr * (1.0f / 3.0f), VSELECT(m2 < VSPLAT(1.0f), sr, lr));
