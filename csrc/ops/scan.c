@@ -62,7 +62,9 @@
  * / 2, |z|^2 / 2, |zr zi|, |zi|^3 / 6), 8.3 u after conj(z)^2 / |z|^4, so 21 u with phi's; (|z|
  * >= 1): (e^z within 2.5 u + phi's 12 u) / |z| and the products: 21.5 u. tests/test_scan.py
  * checks 12 u and 22 u against float64 over a grid of z (it measures about 5.5 u for both).
- * The backward's recompute keeps phi and phi' of each step beside h_{t-1} and a_t.
+ * The backward's recompute keeps phi and phi' of each step beside h_{t-1} and a_t. Speed (1
+ * thread, B 16, T 64, E 128, K 8, /tmp-free script in the commit message): the complex
+ * forward about 1.65x Euler's, the backward 1.9x (the scalar double version was 21x).
  *
  * Parallel layout: a work item is one batch row b and a block of SCAN_EB channels (a fixed
  * size, so the bits do not depend on the thread count); within it the groups of MF_VW
@@ -86,7 +88,6 @@
 #define SCAN_RUN 16             /* steps summed in float before dA, domega, dD take them */
 #define SCAN_AHEAD 16           /* steps ahead that the (b, t, e) rows are prefetched */
 #define ALIGNED __attribute__((aligned(64)))
-
 
 /* x - sin x for |x| < 1: x^3 (1/3! - x^2 / 5! + ... + x^8 / 11!) (the rest below 1.6e-10 x^3) */
 MF_INLINE void x_minus_sin(vf *d, const vf *x) {

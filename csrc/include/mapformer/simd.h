@@ -123,6 +123,37 @@ MF_INLINE void vstore_part(float *p, const vf *x, int64_t n) {
     for (int64_t l = 0; l < n; l++) p[l] = (*x)[l];
 }
 
+/* The elementwise loop over n floats: the full vectors (m = MF_VW lanes valid, a constant the
+ * compiler folds), then the last partial one (m = n - i); the body (a statement list) reads
+ * the lanes at i through VLOADN and writes through VSTOREN: unaligned full vectors, or
+ * vload_part / vstore_part of the first m lanes. */
+#define MF_VLOOP(n, ...)                       \
+    do {                                       \
+        int64_t i = 0;                         \
+        for (; i + MF_VW <= (n); i += MF_VW) { \
+            const int64_t m = MF_VW;           \
+            __VA_ARGS__                        \
+        }                                      \
+        if (i < (n)) {                         \
+            const int64_t m = (n) - i;         \
+            __VA_ARGS__                        \
+        }                                      \
+    } while (0)
+#define VLOADN(v, p)                \
+    do {                            \
+        if (m == MF_VW)             \
+            (v) = VLOADU(p);        \
+        else                        \
+            vload_part(&(v), p, m); \
+    } while (0)
+#define VSTOREN(p, v)                \
+    do {                             \
+        if (m == MF_VW)              \
+            VSTOREU(p, v);           \
+        else                         \
+            vstore_part(p, &(v), m); \
+    } while (0)
+
 /* *x = 2^*x: Cephes exp2f, about 2 ulp. n = round(x) by the 1.5 * 2^23 trick, 2^f on
  * [-1/2, 1/2] by a degree-6 polynomial, 2^n put into the exponent bits. x is clamped to
  * [-127, 127]: lanes below -126.5 (and -inf) give 0, lanes above 127 give 2^127 (finite),
