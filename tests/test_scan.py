@@ -369,7 +369,12 @@ def test_scan_same_bits_for_thread_counts(tmp_path):
         "outs2 = _C.selective_scan_backward(dy, x, dl, A, Br, Cr, D, st2, *g2, bbar='zoh')\n"
         "w, b, dw, db = f(E, 4), f(E), np.zeros((E, 4), np.float32), np.zeros(E, np.float32)\n"
         "cv = [_C.causal_conv1d_forward(x, w, b), _C.causal_conv1d_backward(dy, x, w, dw, db)]\n"
-        "np.savez(sys.argv[1], y, st, *outs, *g, y2, st2, *outs2, *g2, *cv, dw, db)\n"))
+        "y3, st3 = _C.complex_scan_forward(x, dl, da, A, om, Bm, Cm, D, chunk=16, bbar='zoh')\n"
+        "g3 = [np.zeros_like(A), np.zeros_like(om), np.zeros_like(D)]\n"
+        "outs3 = _C.complex_scan_backward(dy, x, dl, da, A, om, Bm, Cm, D, st3, *g3, chunk=16,\n"
+        "                                 bbar='zoh')\n"
+        "np.savez(sys.argv[1], y, st, *outs, *g, y2, st2, *outs2, *g2, *cv, dw, db, y3, st3,\n"
+        "         *outs3, *g3)\n"))
 
 
 def test_scan_bad_input(rng):
