@@ -553,7 +553,9 @@ def scan_benches(C, B=128, T=256, E=256, N=16, numpy_batch=2, copy_mb=512, seed=
     copyto: memcpy) whose GB/s is the machine's memory bandwidth in this run, which the
     summary compares the scans' GB/s against. The NumPy side is mapformer.reference's scan
     with dtype float32 (its sequential loop over t on (B, E, K) complex arrays) on
-    ``numpy_batch`` rows, its time scaled to B.
+    ``numpy_batch`` rows, its time scaled to B. The "zoh" rows are the same four with
+    bbar="zoh" (zero-order hold: phi(z) = (e^z - 1) / z per step and state, phi' in the
+    backward; no NumPy side), to set against the Euler rows.
 
     With M = B*T*E, P = B*T*N, Q = B*NC*E*N (the saved chunk states):
       bytes  forward   x, delta (, delta_angle) in; B, C in; y, states out   4 (3M + 2P + Q)
@@ -607,6 +609,32 @@ def scan_benches(C, B=128, T=256, E=256, N=16, numpy_batch=2, copy_mb=512, seed=
 
     scale = {"numpy_scale": B / nb}
     f32ref = dict(dtype=np.float32)
+    zb = dict(bbar="zoh")
+    y_rz, st_rz = C.selective_scan_forward(*real_in, **zb)
+    y_cz, st_cz = C.complex_scan_forward(*cx_in, **zb)
+
+    def check_zoh():
+        close(y_rz[:nb], ref.selective_scan_forward(*real_small, **zb)[0], "zoh scan y")
+        close(y_cz[:nb], ref.complex_scan_forward(*cx_small, **zb)[0], "zoh complex scan y")
+
+    # zero-order hold (bbar="zoh"): the same scans with phi(z), phi'(z) (against Euler's rows)
+    zoh = [
+        OpBench("selective_scan_forward zoh", sizes, lambda: 6.0 * M * N,
+                lambda: 4.0 * (3 * M + 2 * P + Q),
+                lambda: C.selective_scan_forward(*real_in, **zb), None, check_zoh),
+        OpBench("selective_scan_backward zoh", sizes, lambda: 22.0 * M * N,
+                lambda: 4.0 * (5 * M + 4 * P + Q),
+                lambda: C.selective_scan_backward(dy, *real_in, st_rz, np.zeros_like(A_real),
+                                                  np.zeros_like(D), **zb), None, check_zoh),
+        OpBench("complex_scan_forward zoh", sizes, lambda: 10.0 * M * N,
+                lambda: 4.0 * (4 * M + 2 * P + Q),
+                lambda: C.complex_scan_forward(*cx_in, **zb), None, check_zoh),
+        OpBench("complex_scan_backward zoh", sizes, lambda: 32.0 * M * N,
+                lambda: 4.0 * (7 * M + 4 * P + Q),
+                lambda: C.complex_scan_backward(dy, *cx_in, st_cz, np.zeros_like(A_cx),
+                                                np.zeros_like(omega), np.zeros_like(D), **zb),
+                None, check_zoh),
+    ]
     return [
         OpBench(f"memcpy {copy_mb} MB", dict(MB=copy_mb), lambda: 0.0,
                 lambda: 2.0 * src.nbytes, lambda: np.copyto(dst, src), None, lambda: None,
@@ -630,6 +658,7 @@ def scan_benches(C, B=128, T=256, E=256, N=16, numpy_batch=2, copy_mb=512, seed=
                                                 np.zeros_like(omega), np.zeros_like(D)),
                 lambda: ref.complex_scan_backward(dy[:nb], *cx_small, **f32ref), check_cx,
                 extra=scale),
+        *zoh,
     ]
 
 

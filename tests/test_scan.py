@@ -210,6 +210,70 @@ def test_scan_with_zero_decay_and_angle(rng):
         check_scan(inp, randn(rng, 2, 17, 3), 4, bbar)
 
 
+def zoh_factors_exact(z):
+    """phi(z) = (e^z - 1) / z and phi'(z) = (e^z - phi) / z in float64 (complex): e^z - 1
+    without cancellation, and Taylor series of both below |z| = 1/2 (to z^16: the rest below
+    1e-19)."""
+    zr, zi = z.real, z.imag
+    n1 = np.expm1(zr) * np.cos(zi) - 2 * np.sin(zi / 2) ** 2 + 1j * np.exp(zr) * np.sin(zi)
+    small = np.abs(z) < 0.5
+    zs = np.where(small, 1.0, z)
+    fact = np.cumprod([1.0] + list(range(1, 20)))  # fact[n] = n!
+    phi_series = sum(z ** n / fact[n + 1] for n in range(17))
+    dphi_series = sum((n + 1) * z ** n / fact[n + 2] for n in range(17))
+    phi = np.where(small, phi_series, n1 / zs)
+    return phi, np.where(small, dphi_series, (np.exp(z) - phi) / zs)
+
+
+def test_zoh_factors_error_bound():
+    """The C scans' phi(z) and phi'(z) (float vectors, scan.c's zoh_factors) within the bound
+    derived in scan.c's header, 12 u and 22 u per component (u = 2^-24) for Re z <= 0, over a
+    grid of z: 0, the series' edge |z|^2 = 2^-24, the branches at |zr| = ln 2 / 2, |z| = 1,
+    the quadrants of the rotation, strong decays. Read through a one-step scan: with x = delta
+    = delta_angle = 1 the op's z is (A, omega) exactly, y = Re or Im of phi (B' = 1, C' = 1 or
+    -i, D = 0) and the backward's dA = Re phi', domega = -Im phi' (dy = 1 on the first row)."""
+    zr = np.concatenate([np.linspace(-30, 0, 121), -np.geomspace(1e-9, 2, 80),
+                         np.linspace(-1.1, 0, 56), [0.0, -2.0 ** -12, -0.3466, -0.3467]])
+    zi = np.concatenate([np.linspace(-13, 13, 105), np.geomspace(1e-9, 2, 60),
+                         -np.geomspace(1e-9, 2, 60), np.linspace(-1.1, 1.1, 45),
+                         [0.0, 2.0 ** -12, np.pi / 4, 3 * np.pi / 4, 2 * np.pi]])
+    ZR, ZI = (g.ravel().astype(np.float32) for g in np.meshgrid(zr, zi))
+    E = ZR.size
+    ones = np.ones((2, 1, E), np.float32)
+    A, om = ZR.reshape(E, 1).copy(), ZI.reshape(E, 1).copy()
+    Bm = np.zeros((2, 1, 2), np.float32)
+    Bm[:, :, 0] = 1
+    Cm = np.zeros((2, 1, 2), np.float32)
+    Cm[0, 0, 0] = Cm[1, 0, 1] = 1
+    D = np.zeros(E, np.float32)
+    dy = np.zeros((2, 1, E), np.float32)
+    dy[0] = 1
+    u = 2.0 ** -24
+    phi, dphi = zoh_factors_exact(ZR.astype(np.float64) + 1j * ZI.astype(np.float64))
+    y, st = _C.complex_scan_forward(ones, ones, ones, A, om, Bm, Cm, D, chunk=1, bbar="zoh")
+    g = [np.zeros_like(A), np.zeros_like(om), np.zeros_like(D)]
+    _C.complex_scan_backward(dy, ones, ones, ones, A, om, Bm, Cm, D, st, *g, chunk=1,
+                             bbar="zoh")
+    assert_within(y[0, 0], phi.real, 12 * u, "Re phi")
+    assert_within(y[1, 0], phi.imag, 12 * u, "Im phi")
+    assert_within(g[0][:, 0], dphi.real, 22 * u, "Re phi'")
+    assert_within(-g[1][:, 0], dphi.imag, 22 * u, "Im phi'")
+    # the real scan's (zi = 0): the same arithmetic
+    r = np.ascontiguousarray(zr.astype(np.float32))
+    n = r.size
+    one = np.ones((1, 1, n), np.float32)
+    yr, sr = _C.selective_scan_forward(one, one, r.reshape(n, 1), np.ones((1, 1, 1), np.float32),
+                                       np.ones((1, 1, 1), np.float32), np.zeros(n, np.float32),
+                                       chunk=1, bbar="zoh")
+    gr = [np.zeros((n, 1), np.float32), np.zeros(n, np.float32)]
+    _C.selective_scan_backward(one, one, one, r.reshape(n, 1), np.ones((1, 1, 1), np.float32),
+                               np.ones((1, 1, 1), np.float32), np.zeros(n, np.float32), sr,
+                               *gr, chunk=1, bbar="zoh")
+    phr, dphr = zoh_factors_exact(r.astype(np.float64) + 0j)
+    assert_within(yr[0, 0], phr.real, 12 * u, "phi (real scan)")
+    assert_within(gr[0][:, 0], dphr.real, 22 * u, "phi' (real scan)")
+
+
 @pytest.mark.parametrize("cx", [False, True], ids=["real", "complex"])
 @pytest.mark.parametrize("bbar", ["euler", "zoh"])
 def test_scan_reference_gradients(cx, bbar):
@@ -305,7 +369,12 @@ def test_scan_same_bits_for_thread_counts(tmp_path):
         "outs2 = _C.selective_scan_backward(dy, x, dl, A, Br, Cr, D, st2, *g2, bbar='zoh')\n"
         "w, b, dw, db = f(E, 4), f(E), np.zeros((E, 4), np.float32), np.zeros(E, np.float32)\n"
         "cv = [_C.causal_conv1d_forward(x, w, b), _C.causal_conv1d_backward(dy, x, w, dw, db)]\n"
-        "np.savez(sys.argv[1], y, st, *outs, *g, y2, st2, *outs2, *g2, *cv, dw, db)\n"))
+        "y3, st3 = _C.complex_scan_forward(x, dl, da, A, om, Bm, Cm, D, chunk=16, bbar='zoh')\n"
+        "g3 = [np.zeros_like(A), np.zeros_like(om), np.zeros_like(D)]\n"
+        "outs3 = _C.complex_scan_backward(dy, x, dl, da, A, om, Bm, Cm, D, st3, *g3, chunk=16,\n"
+        "                                 bbar='zoh')\n"
+        "np.savez(sys.argv[1], y, st, *outs, *g, y2, st2, *outs2, *g2, *cv, dw, db, y3, st3,\n"
+        "         *outs3, *g3)\n"))
 
 
 def test_scan_bad_input(rng):

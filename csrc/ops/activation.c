@@ -6,8 +6,9 @@
  *             y = x              (x > 20);    dx = dy      (Mamba's / PyTorch's threshold)
  * SiLU's sigmoid is simd.h's vsigmoid (the core's one exponential), compiled for AVX-512,
  * AVX2 and baseline x86-64 (target_clones). softplus is max(x, 0) + log1p(exp(-|x|)) in
- * vector code (an exp with Cody-Waite reduction over vexp2, Cephes' logf polynomial with Goldberg's log1p correction: no
- * cancellation for large |x|) and the same sigmoid for its derivative.
+ * vector code (simd.h's vexp_nonpositive: Cody-Waite reduction over vexp2; Cephes' logf
+ * polynomial with Goldberg's log1p correction: no cancellation for large |x|) and the same
+ * sigmoid for its derivative. The loops are simd.h's MF_VLOOP.
  */
 #include <math.h>
 #include <stdint.h>
@@ -21,39 +22,16 @@
 #define ACT_CHUNK 8192 /* elements per OpenMP work item */
 #define SOFTPLUS_THRESHOLD 20.0f
 
-/* full vectors through unaligned loads, the last partial one through vload_part: BODY reads
- * the lanes at i (m of them valid) and stores its result */
-#define ACT_LOOP(BODY)                                          \
-    int64_t i = 0;                                              \
-    for (; i + MF_VW <= n; i += MF_VW) {                        \
-        const int64_t m = MF_VW;                                \
-        BODY                                                    \
-    }                                                           \
-    if (i < n) {                                                \
-        const int64_t m = n - i;                                \
-        BODY                                                    \
-    }
-#define LOAD(v, p)                 \
-    if (m == MF_VW)                \
-        v = VLOADU(p);             \
-    else                           \
-        vload_part(&v, p, m);
-#define STORE(p, v)                \
-    if (m == MF_VW)                \
-        VSTOREU(p, v);             \
-    else                           \
-        vstore_part(p, &v, m);
-
 MF_CLONES
 static void silu_kernel(float *restrict y, const float *restrict x, int64_t n) {
-    ACT_LOOP(vf v; LOAD(v, x + i) vf s = v; vsigmoid(&s); s = v * s; STORE(y + i, s))
+    MF_VLOOP(n, vf v; VLOADN(v, x + i); vf s = v; vsigmoid(&s); s = v * s; VSTOREN(y + i, s););
 }
 
 MF_CLONES
 static void silu_grad_kernel(float *restrict dx, const float *restrict dy,
                              const float *restrict x, int64_t n) {
-    ACT_LOOP(vf v; vf d; LOAD(v, x + i) LOAD(d, dy + i) vf s = v; vsigmoid(&s);
-             d = d * (s * (1.0f + v * (1.0f - s))); STORE(dx + i, d))
+    MF_VLOOP(n, vf v; vf d; VLOADN(v, x + i); VLOADN(d, dy + i); vf s = v; vsigmoid(&s);
+             d = d * (s * (1.0f + v * (1.0f - s))); VSTOREN(dx + i, d););
 }
 
 /* *x = log(*x) for *x in [1, 2]: Cephes logf (w = m 2^e with m in [sqrt(1/2), sqrt(2)), a degree-8
@@ -79,40 +57,26 @@ MF_INLINE void vlog_1_2(vf *x) {
     *x = (f + y) + e * 0.693359375f;
 }
 
-/* *x = exp(*x) for *x <= 0 to a few ulps: Cody-Waite reduction x = n ln2 + r (ln2 in two
- * parts, |r| <= ln2 / 2), 2^(r log2 e) by vexp2, times 2^n put into the exponent bits (vexp's
- * single product x log2 e would lose |x| ulps); 0 below -87 (where exp(x) is subnormal) */
-MF_INLINE void vexp_nonpositive(vf *x) {
-    const vf v = VSELECT(*x < VSPLAT(-87.0f), VSPLAT(-87.0f), *x);
-    const vf t = v * MF_LOG2E + 12582912.0f; /* 1.5 * 2^23: round(v log2 e) in its low bits */
-    const vf n = t - 12582912.0f;
-    vf r = (v - n * 0.693145751953125f) - n * 1.428606765330187e-6f;
-    r = r * MF_LOG2E;
-    vexp2(&r);
-    const vi scale = ((vi)t - 0x4B400000 + 127) << 23; /* 2^n, n >= -126 */
-    *x = VSELECT(*x < VSPLAT(-87.0f), VSPLAT(0.0f), r * (vf)scale);
-}
-
 /* softplus(x) = max(x, 0) + log1p(exp(-|x|)); log1p(u) = log(w) u / (w - 1), w = 1 + u
  * (exact to about an ulp however small u is; u itself where w rounds to 1); x above the
  * threshold: x */
 MF_CLONES
 static void softplus_kernel(float *restrict y, const float *restrict x, int64_t n) {
-    ACT_LOOP(vf v; LOAD(v, x + i) vf u = VSELECT(v < VSPLAT(0.0f), v, -v);
+    MF_VLOOP(n, vf v; VLOADN(v, x + i); vf u = VSELECT(v < VSPLAT(0.0f), v, -v);
              vexp_nonpositive(&u);
              const vf w = 1.0f + u; const vi one = w == VSPLAT(1.0f);
              const vf d = VSELECT(one, VSPLAT(1.0f), w - 1.0f); vf l = w; vlog_1_2(&l);
              l = VSELECT(one, u, l * (u / d));
              l = VSELECT(v > VSPLAT(0.0f), v + l, l);
-             l = VSELECT(v > VSPLAT(SOFTPLUS_THRESHOLD), v, l); STORE(y + i, l))
+             l = VSELECT(v > VSPLAT(SOFTPLUS_THRESHOLD), v, l); VSTOREN(y + i, l););
 }
 
 MF_CLONES
 static void softplus_grad_kernel(float *restrict dx, const float *restrict dy,
                                  const float *restrict x, int64_t n) {
-    ACT_LOOP(vf v; vf d; LOAD(v, x + i) LOAD(d, dy + i) vf s = v; vsigmoid(&s);
+    MF_VLOOP(n, vf v; vf d; VLOADN(v, x + i); VLOADN(d, dy + i); vf s = v; vsigmoid(&s);
              s = VSELECT(v > VSPLAT(SOFTPLUS_THRESHOLD), VSPLAT(1.0f), s); d = d * s;
-             STORE(dx + i, d))
+             VSTOREN(dx + i, d););
 }
 
 /* run kernel over n elements in ACT_CHUNK pieces on the OpenMP team */

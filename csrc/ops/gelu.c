@@ -30,19 +30,8 @@
 #define MF_GELU_CHUNK 8192
 
 /* y (n,) = gelu(x) through FN (vgelu or vgelu_erf) */
-#define GELU_LOOP(FN)                       \
-    int64_t i = 0;                          \
-    for (; i + MF_VW <= n; i += MF_VW) {    \
-        vf v = VLOADU(x + i);               \
-        FN(&v);                             \
-        VSTOREU(y + i, v);                  \
-    }                                       \
-    if (i < n) {                            \
-        vf v;                               \
-        vload_part(&v, x + i, n - i);       \
-        FN(&v);                             \
-        vstore_part(y + i, &v, n - i);      \
-    }
+#define GELU_LOOP(FN) \
+    MF_VLOOP(n, vf v; VLOADN(v, x + i); FN(&v); VSTOREN(y + i, v););
 
 MF_CLONES
 void mf_gelu_kernel(float *restrict y, const float *restrict x, int64_t n) { GELU_LOOP(vgelu) }
@@ -54,23 +43,10 @@ void mf_gelu_erf_kernel(float *restrict y, const float *restrict x, int64_t n) {
 
 /* out (n,) = d * gelu'(x) (out may be d), and y (n,) = gelu(x) unless y is NULL; GRAD is
  * vgelu_grad or vgelu_erf_grad */
-#define GELU_GRAD_LOOP(GRAD)                               \
-    int64_t i = 0;                                         \
-    for (; i + MF_VW <= n; i += MF_VW) {                   \
-        vf g, dv = VLOADU(d + i);                          \
-        const vf v = VLOADU(x + i);                        \
-        GRAD(&g, &dv, &v);                                 \
-        VSTOREU(out + i, dv);                              \
-        if (y != NULL) VSTOREU(y + i, g);                  \
-    }                                                      \
-    if (i < n) {                                           \
-        vf g, dv, v;                                       \
-        vload_part(&dv, d + i, n - i);                     \
-        vload_part(&v, x + i, n - i);                      \
-        GRAD(&g, &dv, &v);                                 \
-        vstore_part(out + i, &dv, n - i);                  \
-        if (y != NULL) vstore_part(y + i, &g, n - i);      \
-    }
+#define GELU_GRAD_LOOP(GRAD)                                            \
+    MF_VLOOP(n, vf g; vf dv; vf v; VLOADN(dv, d + i); VLOADN(v, x + i); \
+             GRAD(&g, &dv, &v); VSTOREN(out + i, dv);                   \
+             if (y != NULL) VSTOREN(y + i, g););
 
 MF_INLINE void gelu_grad_loop(float *y, float *out, const float *d, const float *x,
                               int64_t n) {

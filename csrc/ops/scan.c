@@ -24,8 +24,8 @@
  *   ddelta_t = x_t dr_t + sum_k Re(dz) A,  ddelta_angle_t = sum_k Im(dz) omega,
  *   dA += sum_t Re(dz) delta_t,  domega += sum_t Im(dz) delta_angle_t,  dD += sum_t gy x.
  * Memory: O(B E S (T / chunk)) saved + O(threads * chunk * S * MF_VW) scratch (h_{t-1} and
- * a_t of each step of a chunk, so the reverse sweep takes the decays and rotations of the
- * recompute instead of evaluating them again), never O(B T E S).
+ * a_t of each step of a chunk, and ZOH's phi, phi', so the reverse sweep takes the decays,
+ * rotations and factors of the recompute instead of evaluating them again), never O(B T E S).
  *
  * Vectorisation: over channels. A group is MF_VW channels of one batch row, one per lane
  * (x, delta, dy rows of (B, T, E) are contiguous in e; lanes past E are zero), and each state
@@ -44,9 +44,28 @@
  * The (b, t, e) rows are strided by E, a new page every few steps, which the hardware
  * prefetchers do not follow: they are prefetched SCAN_AHEAD steps ahead, both ends of the
  * group's segment (NumPy's 16-byte aligned rows straddle two cache lines every other group).
- * dA, domega, dD are summed in float over runs of SCAN_RUN steps, the runs in double. ZOH's
- * phi, phi' are evaluated lane by lane in double (zoh_phi), in the recompute and again in the
- * sweep.
+ * dA, domega, dD are summed in float over runs of SCAN_RUN steps, the runs in double.
+ * ZOH: phi and phi' in float vectors (zoh_factors), from e^{delta A} and expm1(delta A) of one
+ * reduction (simd.h vexp_expm1; the decay's modulus comes from it, not from vexp2 as Euler's)
+ * and the rotation's sin, cos and 1 - cos (vsincos_vers): e^z - 1 = (expm1(zr) - e^zr (1 -
+ * cos zi)) + i e^zr sin zi and e^z - 1 - z (expm1(zr) - zr by series, zi - sin zi by series)
+ * have no cancellation, so phi = (e^z - 1) / z holds a few ulps for every z, and phi' = phi -
+ * (e^z - 1 - z) / z^2 below |z| = 1, (e^z - phi) / z above (where each is a difference of
+ * values of its size); phi = 1 for |z|^2 < 2^-100, phi' = 1 / 2 + z / 3 for |z|^2 < 2^-24 (no
+ * 0 / 0 in lanes past E).
+ * Error bound (first order, u = 2^-24, exact z with Re z <= 0, where |phi| <= 1, |phi'| <=
+ * 1/2): e^zr, expm1(zr) within 1 and 2 u, sin, cos 1 u, 1 - cos zi 3 u, so each of e^z - 1's
+ * parts within 4.5 u (|expm1(zr)| + e^zr (1 - cos zi)) and 2.5 u e^zr |sin zi|; with |expm1
+ * zr| <= |zr|, 1 - cos zi <= |zi| that is at most 9.75 u |z|^2 in (e^z - 1) conj(z), plus
+ * 1.5 u for 1 / |z|^2 and the products: |phi - phi^| <= 12 u per component. phi' (|z| < 1):
+ * e^z - 1 - z within 5 u |z|^2 (d, e^zr (1 - cos zi), expm1 sin, zi - sin zi bounded by |z|^2
+ * / 2, |z|^2 / 2, |zr zi|, |zi|^3 / 6), 8.3 u after conj(z)^2 / |z|^4, so 21 u with phi's; (|z|
+ * >= 1): (e^z within 2.5 u + phi's 12 u) / |z| and the products: 21.5 u. tests/test_scan.py
+ * checks 12 u and 22 u against float64 over a grid of z (it measures about 5.5 u for both).
+ * The backward's recompute keeps phi and phi' of each step beside h_{t-1} and a_t. Speed (1
+ * thread, CPU time, B 16, T 64, E 128, K 8; benchmarks/bench_ops.py's scan family has zoh
+ * rows): the complex forward about 1.65x Euler's, its backward 1.9x; the real scan's forward
+ * 1.85x, backward 1.9x (phi, phi' lane by lane in double took 21x and 55-65x).
  *
  * Parallel layout: a work item is one batch row b and a block of SCAN_EB channels (a fixed
  * size, so the bits do not depend on the thread count); within it the groups of MF_VW
@@ -54,7 +73,6 @@
  * into its own (T, S) slice of scratch, and the blocks are summed in a fixed order; dA,
  * domega, dD are summed in double per (b, e) and then over b in a fixed order.
  */
-#include <math.h>
 #include <stdint.h>
 
 #include "mapformer/clones.h"
@@ -72,41 +90,66 @@
 #define SCAN_AHEAD 16           /* steps ahead that the (b, t, e) rows are prefetched */
 #define ALIGNED __attribute__((aligned(64)))
 
-/* phi(z) = (e^z - 1) / z and phi'(z) = (e^z - phi) / z in double, from float z; series
- * below |z| = 1e-2, e^z - 1 by expm1 and 2 sin^2(zi / 2) (no cancellation) above */
-static void zoh_phi(double zr, double zi, float *pr, float *pi, float *qr, float *qi) {
-    const double m2 = zr * zr + zi * zi;
-    double Pr, Pi, Qr, Qi;
-    if (m2 < 1e-4) {
-        static const double pc[5] = {1.0, 1.0 / 2, 1.0 / 6, 1.0 / 24, 1.0 / 120};
-        static const double qc[5] = {1.0 / 2, 1.0 / 3, 1.0 / 8, 1.0 / 30, 1.0 / 144};
-        Pr = pc[4], Pi = 0.0, Qr = qc[4], Qi = 0.0;
-        for (int i = 3; i >= 0; i--) { /* Horner in complex: v = v z + c */
-            double t = Pr * zr - Pi * zi;
-            Pi = Pr * zi + Pi * zr;
-            Pr = t + pc[i];
-            t = Qr * zr - Qi * zi;
-            Qi = Qr * zi + Qi * zr;
-            Qr = t + qc[i];
-        }
-    } else {
-        const double er = exp(zr), c = cos(zi), s = sin(zi), h = sin(0.5 * zi);
-        const double nr = expm1(zr) * c - 2.0 * h * h, ni = er * s; /* e^z - 1 */
-        Pr = (nr * zr + ni * zi) / m2;
-        Pi = (ni * zr - nr * zi) / m2;
-        const double wr = er * c - Pr, wi = er * s - Pi; /* e^z - phi */
-        Qr = (wr * zr + wi * zi) / m2;
-        Qi = (wi * zr - wr * zi) / m2;
-    }
-    *pr = (float)Pr, *pi = (float)Pi, *qr = (float)Qr, *qi = (float)Qi;
+/* x - sin x for |x| < 1: x^3 (1/3! - x^2 / 5! + ... + x^8 / 11!) (the rest below 1.6e-10 x^3) */
+MF_INLINE void x_minus_sin(vf *d, const vf *x) {
+    const vf v = *x, w = v * v;
+    vf p = VSPLAT(2.505210838544172e-8f); /* 1 / 11! */
+    p = p * w - 2.755731922398589e-6f;    /* 1 / 9! */
+    p = p * w + 1.984126984126984e-4f;    /* 1 / 7! */
+    p = p * w - 8.333333333333333e-3f;    /* 1 / 5! */
+    p = p * w + 1.666666666666667e-1f;    /* 1 / 3! */
+    *d = (v * w) * p;
 }
 
-/* phi and phi' of the lanes of z = zr + i zi (zoh_phi lane by lane) */
-static void zoh_lanes(const vf *zr, const vf *zi, vf *pr, vf *pi, vf *qr, vf *qi) {
-    for (int l = 0; l < MF_VW; l++) {
-        float a, b, c, d;
-        zoh_phi((double)(*zr)[l], (double)(*zi)[l], &a, &b, &c, &d);
-        (*pr)[l] = a, (*pi)[l] = b, (*qr)[l] = c, (*qi)[l] = d;
+/* Zero-order hold's factors of the lanes of z = zr + i zi (zi = 0 for the real scan, cx = 0):
+ * phi = (e^z - 1) / z into (*pr, *pi) and, with `deriv`, phi' = (e^z - phi) / z into (*qr,
+ * *qi), from the step's e = e^zr, (cs, sn) = e^{i zi} and vs = 1 - cos zi (the decay's).
+ *   e^z - 1     = (expm1(zr) - e vs) + i e sn           (no cancellation: each term exact to
+ *   e^z - 1 - z = (d(zr) - e vs) + i (expm1(zr) sn - (zi - sin zi))    a few ulps)
+ *   phi = (e^z - 1) conj(z) / |z|^2,
+ *   phi' = phi - (e^z - 1 - z) conj(z)^2 / |z|^4        for |z| < 1 (phi - phi_2),
+ *        = (e^z - phi) conj(z) / |z|^2                  for |z| >= 1,
+ *   and phi = 1 for |z|^2 < 2^-100 (within 2^-51; z = 0: no 0 / 0), phi' = 1 / 2 + z / 3 for
+ *   |z|^2 < 2^-24 (within |z|^2 / 8; 1 / |z|^4 stays finite above).
+ * Bound (Re z <= 0): see the header comment. */
+MF_INLINE void zoh_factors(const vf *zr_, const vf *zi_, const vf *e_, const vf *m1_,
+                           const vf *sn_, const vf *cs_, const vf *vs_, int cx, int deriv,
+                           vf *pr, vf *pi, vf *qr, vf *qi) {
+    const vf zr = *zr_, e = *e_, m1 = *m1_;
+    vf d2 = VZERO;
+    if (deriv) vexpm1_minus_x(&d2, &zr);
+    if (cx) {
+        const vf zi = *zi_, sn = *sn_, cs = *cs_, vs = *vs_;
+        const vf n1r = m1 - e * vs, n1i = e * sn;
+        const vf m2 = zr * zr + zi * zi;
+        const vf inv = 1.0f / m2; /* inf at z = 0: the NaN lanes are selected away */
+        const vf p_r = (n1r * zr + n1i * zi) * inv, p_i = (n1i * zr - n1r * zi) * inv;
+        const vi zero = m2 < VSPLAT(0x1p-100f);
+        *pr = VSELECT(zero, VSPLAT(1.0f), p_r);
+        *pi = VAND(~zero, p_i);
+        if (!deriv) return;
+        const vi tiny = m2 < VSPLAT(0x1p-24f);
+        vf s3;
+        x_minus_sin(&s3, &zi);
+        const vf n2r = d2 - e * vs, n2i = m1 * sn - s3;
+        const vf wr = zr * zr - zi * zi, wi = -(2.0f * zr * zi); /* conj(z)^2 */
+        const vf i2 = inv * inv;
+        const vf sr = p_r - (n2r * wr - n2i * wi) * i2, si = p_i - (n2i * wr + n2r * wi) * i2;
+        const vf ur = e * cs - p_r, ui = e * sn - p_i;
+        const vf lr = (ur * zr + ui * zi) * inv, li = (ui * zr - ur * zi) * inv;
+        const vi small = m2 < VSPLAT(1.0f);
+        *qr = VSELECT(tiny, 0.5f + zr * (1.0f / 3.0f), VSELECT(small, sr, lr));
+        *qi = VSELECT(tiny, zi * (1.0f / 3.0f), VSELECT(small, si, li));
+    } else { /* the complex arithmetic at zi = 0, sn = 0, cs = 1, vs = 0: the same bits */
+        const vf m2 = zr * zr;
+        const vf inv = 1.0f / m2;
+        const vf p_r = (m1 * zr) * inv;
+        *pr = VSELECT(m2 < VSPLAT(0x1p-100f), VSPLAT(1.0f), p_r);
+        if (!deriv) return;
+        const vi tiny = m2 < VSPLAT(0x1p-24f);
+        const vf sr = p_r - (d2 * m2) * (inv * inv);
+        const vf lr = ((e - p_r) * zr) * inv;
+        *qr = VSELECT(tiny, 0.5f + zr * (1.0f / 3.0f), VSELECT(m2 < VSPLAT(1.0f), sr, lr));
     }
 }
 
@@ -227,18 +270,8 @@ MF_INLINE void decay(const Group *g, const vf *dt, const vf *ang, int64_t k, vf 
     }
 }
 
-/* the step's decays a (S vectors: a[k], or (ar, ai) at (2k, 2k+1)) */
-MF_INLINE void decays(const Group *g, const vf *dt, const vf *ang, vf *a, int cx) {
-    for (int64_t k = 0; k < g->K; k++) {
-        if (cx)
-            decay(g, dt, ang, k, &a[2 * k], &a[2 * k + 1], 1);
-        else
-            decay(g, dt, ang, k, &a[k], NULL, 0);
-    }
-}
-
 /* Euler's step with its decays formed on the fly (the forward: nothing kept), the same
- * arithmetic as decays() then step() */
+ * arithmetic as step_keep */
 MF_INLINE void step_euler(const Group *g, vf *h, const vf *r, const vf *dt, const vf *ang,
                           const float *Bt, const float *Ct, int cx, vf *out) {
     vf acc = VZERO;
@@ -284,33 +317,62 @@ MF_INLINE void step_keep(const Group *g, vf *h, vf *hb, vf *ab, const vf *r, con
     }
 }
 
-/* h_t = a h_{t-1} + r phi(z) beta_t in place (a: the step's decays, as decays() makes them;
- * for ZOH, z = dt A + i ang W) and the readout sum_k <c_t, h_t> (lanes: channels) */
-MF_INLINE void step(const Group *g, const vf *a, vf *h, const vf *r, const vf *dt,
-                    const vf *ang, const float *Bt, const float *Ct, int cx, int zoh,
-                    vf *out) {
+/* state k's decay a = e^z and ZOH factors phi(z) (and phi'(z) with `deriv`) of the step,
+ * z = delta A + i delta_angle omega: e^{delta A} and expm1(delta A) from one reduction
+ * (vexp_expm1), the rotation as decay()'s */
+MF_INLINE void zoh_parts(const Group *g, const vf *dt, const vf *ang, int64_t k, int cx,
+                         int deriv, vf *ar, vf *ai, vf *pr, vf *pi, vf *qr, vf *qi) {
+    const vf zr = *dt * g->A[k];
+    vf e, m1;
+    vexp_expm1(&zr, &e, &m1);
+    if (cx) {
+        const vf zi = *ang * g->W[k];
+        vf sn, cs, vs;
+        vsincos_vers(&zi, &sn, &cs, &vs);
+        *ar = e * cs;
+        *ai = e * sn;
+        zoh_factors(&zr, &zi, &e, &m1, &sn, &cs, &vs, 1, deriv, pr, pi, qr, qi);
+    } else {
+        *ar = e;
+        zoh_factors(&zr, NULL, &e, &m1, NULL, NULL, NULL, 0, deriv, pr, pi, qr, qi);
+    }
+}
+
+/* ZOH's step h_t = a h_{t-1} + r phi(z) beta_t in place, the readout sum_k <c_t, h_t> into
+ * *out (lanes: channels) unless out is NULL; with `kb` (the backward's recompute) it keeps
+ * h_{t-1}, a, phi, phi' of each state in kb[0 .. 4S) and moves h on only when `advance` */
+MF_INLINE void step_zoh(const Group *g, vf *h, const vf *r, const vf *dt, const vf *ang,
+                        const float *Bt, const float *Ct, int cx, vf *out, vf *kb,
+                        int advance) {
+    const int64_t S = g->S;
     vf acc = VZERO;
     for (int64_t k = 0; k < g->K; k++) {
-        vf sr = *r, si = VZERO;
-        if (zoh) {
-            vf zr = *dt * g->A[k], zi = cx ? *ang * g->W[k] : VZERO, pr, pi, qr, qi;
-            zoh_lanes(&zr, &zi, &pr, &pi, &qr, &qi);
-            sr = *r * pr, si = *r * pi;
-        }
+        vf ar, ai = VZERO, pr, pi = VZERO, qr = VZERO, qi = VZERO;
+        zoh_parts(g, dt, ang, k, cx, kb != NULL, &ar, &ai, &pr, &pi, &qr, &qi);
+        const vf sr = *r * pr, si = *r * pi;
         if (cx) {
-            const vf ar = a[2 * k], ai = a[2 * k + 1], h0 = h[2 * k], h1 = h[2 * k + 1];
+            const vf h0 = h[2 * k], h1 = h[2 * k + 1];
             const float br = Bt[2 * k], bi = Bt[2 * k + 1];
-            const vf nr = ar * h0 - ai * h1 + (zoh ? sr * br - si * bi : sr * br);
-            const vf ni = ar * h1 + ai * h0 + (zoh ? sr * bi + si * br : sr * bi);
+            if (kb) {
+                kb[2 * k] = h0, kb[2 * k + 1] = h1;
+                kb[S + 2 * k] = ar, kb[S + 2 * k + 1] = ai;
+                kb[2 * S + 2 * k] = pr, kb[2 * S + 2 * k + 1] = pi;
+                kb[3 * S + 2 * k] = qr, kb[3 * S + 2 * k + 1] = qi;
+            }
+            if (!advance) continue;
+            const vf nr = ar * h0 - ai * h1 + (sr * br - si * bi);
+            const vf ni = ar * h1 + ai * h0 + (sr * bi + si * br);
             h[2 * k] = nr, h[2 * k + 1] = ni;
-            acc += Ct[2 * k] * nr + Ct[2 * k + 1] * ni;
+            if (out) acc += Ct[2 * k] * nr + Ct[2 * k + 1] * ni;
         } else {
-            const vf nr = a[k] * h[k] + sr * Bt[k];
+            if (kb) kb[k] = h[k], kb[S + k] = ar, kb[2 * S + k] = pr, kb[3 * S + k] = qr;
+            if (!advance) continue;
+            const vf nr = ar * h[k] + sr * Bt[k];
             h[k] = nr;
-            acc += Ct[k] * nr;
+            if (out) acc += Ct[k] * nr;
         }
     }
-    *out = acc;
+    if (out) *out = acc;
 }
 
 /* states (B, NC, E, S) at chunk ci of the group's channels from / into the state vectors */
@@ -328,7 +390,7 @@ static void get_state(const Group *g, const float *states, int64_t ci, vf *h) {
 }
 
 MF_INLINE void forward_body(const Group *g, float *y, float *states, int cx, int zoh) {
-    vf h[SCAN_MAXS], a[SCAN_MAXS];
+    vf h[SCAN_MAXS];
     const int64_t E = g->E, S = g->S;
     const float *const rows[4] = {g->x, g->delta, g->dangle, y};
     for (int64_t j = 0; j < S; j++) h[j] = VZERO;
@@ -342,8 +404,7 @@ MF_INLINE void forward_body(const Group *g, float *y, float *states, int cx, int
         const vf r = dt * xv;
         vf yv;
         if (zoh) {
-            decays(g, &dt, &ang, a, cx);
-            step(g, a, h, &r, &dt, &ang, g->Bm + t * S, g->Cm + t * S, cx, 1, &yv);
+            step_zoh(g, h, &r, &dt, &ang, g->Bm + t * S, g->Cm + t * S, cx, &yv, NULL, 1);
         } else {
             step_euler(g, h, &r, &dt, &ang, g->Bm + t * S, g->Cm + t * S, cx, &yv);
         }
@@ -370,7 +431,7 @@ typedef struct {
     float *dx, *ddelta, *ddangle; /* at (b, 0, e0), stride E; ddangle NULL for the real scan */
     float *dBm, *dCm;             /* (T, S) of this item, accumulated over its groups */
     double *dA, *dW, *dD;         /* (n, K), (n, K), (n,) at (b, e0) */
-    float *buf;                   /* scratch: chunk * 2 S vectors (h_{t-1} and a_t per step) */
+    float *buf; /* scratch: chunk * 2 S vectors (h_{t-1}, a_t per step); 4 S with ZOH's phi, phi' */
 } GroupGrad;
 
 /* the float runs of dA, domega, dD into their double sums (lane by lane) */
@@ -416,7 +477,7 @@ MF_INLINE void backward_body(const Group *g, const float *dy, const float *state
             for (int64_t j = 0; j < S; j++) h[j] = VZERO;
         }
         for (int64_t t = t0; t < t1; t++) { /* recompute, keeping h_{t-1} and a_t */
-            vf *hb = buf + (t - t0) * 2 * S, *ab = hb + S;
+            vf *hb = buf + (t - t0) * (zoh ? 4 : 2) * S, *ab = hb + S;
             if (t + SCAN_AHEAD < t1)
                 prefetch_rows(fw_rows, 3, t + SCAN_AHEAD, E, g->n);
             vf xv, dt, ang = VZERO;
@@ -424,19 +485,14 @@ MF_INLINE void backward_body(const Group *g, const float *dy, const float *state
             load_lanes(&dt, g->delta + t * E, g->n);
             if (cx) load_lanes(&ang, g->dangle + t * E, g->n);
             const vf r = dt * xv;
-            if (!zoh) {
+            if (zoh)
+                step_zoh(g, h, &r, &dt, &ang, g->Bm + t * S, NULL, cx, NULL, hb, t + 1 < t1);
+            else
                 step_keep(g, h, hb, ab, &r, &dt, &ang, g->Bm + t * S, cx, t + 1 < t1);
-                continue;
-            }
-            for (int64_t j = 0; j < S; j++) hb[j] = h[j];
-            decays(g, &dt, &ang, ab, cx);
-            if (t + 1 < t1) {
-                vf unused;
-                step(g, ab, h, &r, &dt, &ang, g->Bm + t * S, g->Cm + t * S, cx, 1, &unused);
-            }
         }
         for (int64_t t = t1 - 1; t >= t0; t--) { /* the reverse sweep */
-            const vf *hp = buf + (t - t0) * 2 * S, *ab = hp + S;
+            const vf *hp = buf + (t - t0) * (zoh ? 4 : 2) * S, *ab = hp + S, *ph = ab + S,
+                     *dph = ph + S;
             if (t - SCAN_AHEAD >= t0) prefetch_rows(bw_rows, 7, t - SCAN_AHEAD, E, g->n);
             vf xv, dt, ang = VZERO, gy;
             load_lanes(&xv, g->x + t * E, g->n);
@@ -449,8 +505,8 @@ MF_INLINE void backward_body(const Group *g, const float *dy, const float *state
             for (int64_t k = 0; k < K; k++) {
                 vf pr = VSPLAT(1.0f), pi = VZERO, qr = VZERO, qi = VZERO;
                 if (zoh) {
-                    vf zr = dt * g->A[k], zi = cx ? ang * g->W[k] : VZERO;
-                    zoh_lanes(&zr, &zi, &pr, &pi, &qr, &qi);
+                    pr = ph[cx ? 2 * k : k], qr = dph[cx ? 2 * k : k];
+                    if (cx) pi = ph[2 * k + 1], qi = dph[2 * k + 1];
                 }
                 if (cx) {
                     const vf ar = ab[2 * k], ai = ab[2 * k + 1];
@@ -562,11 +618,11 @@ static int scan_forward(const MfScanParams *p, int cx) {
 }
 
 /* scratch of the backward: per thread chunk * 2 S vectors (h_{t-1} and a_t of each step of
- * a chunk); dB, dC partials (B, nblk, T, S) each; dA, domega partials (B, E, K) doubles each;
- * dD partials (B, E) doubles */
+ * a chunk; 4 S with ZOH's phi and phi'); dB, dC partials (B, nblk, T, S) each; dA, domega
+ * partials (B, E, K) doubles each; dD partials (B, E) doubles */
 static int64_t per_thread(const MfScanParams *p, int cx) {
     const int64_t S = cx ? 2 * p->K : p->K;
-    return mf_scratch_size(p->chunk * 2 * S * MF_VW);
+    return mf_scratch_size(p->chunk * (p->bbar == MF_BBAR_ZOH ? 4 : 2) * S * MF_VW);
 }
 
 static int64_t shared_floats(const MfScanParams *p, int cx) {

@@ -123,12 +123,44 @@ MF_INLINE void vstore_part(float *p, const vf *x, int64_t n) {
     for (int64_t l = 0; l < n; l++) p[l] = (*x)[l];
 }
 
+/* The elementwise loop over n floats: the full vectors (m = MF_VW lanes valid, a constant the
+ * compiler folds), then the last partial one (m = n - i); the body (a statement list) reads
+ * the lanes at i through VLOADN and writes through VSTOREN: unaligned full vectors, or
+ * vload_part / vstore_part of the first m lanes. */
+#define MF_VLOOP(n, ...)                       \
+    do {                                       \
+        int64_t i = 0;                         \
+        for (; i + MF_VW <= (n); i += MF_VW) { \
+            const int64_t m = MF_VW;           \
+            __VA_ARGS__                        \
+        }                                      \
+        if (i < (n)) {                         \
+            const int64_t m = (n) - i;         \
+            __VA_ARGS__                        \
+        }                                      \
+    } while (0)
+#define VLOADN(v, p)                \
+    do {                            \
+        if (m == MF_VW)             \
+            (v) = VLOADU(p);        \
+        else                        \
+            vload_part(&(v), p, m); \
+    } while (0)
+#define VSTOREN(p, v)                \
+    do {                             \
+        if (m == MF_VW)              \
+            VSTOREU(p, v);           \
+        else                         \
+            vstore_part(p, &(v), m); \
+    } while (0)
+
 /* *x = 2^*x: Cephes exp2f, about 2 ulp. n = round(x) by the 1.5 * 2^23 trick, 2^f on
  * [-1/2, 1/2] by a degree-6 polynomial, 2^n put into the exponent bits. x is clamped to
  * [-127, 127]: lanes below -126.5 (and -inf) give 0, lanes above 127 give 2^127 (finite),
  * NaN stays NaN. The polynomial is written with separate multiplies
- * and adds, so every width, ISA and compiler gives the same bits. This is the core's only
- * exponential: vexp, the GELU and every softmax and sigmoid go through it. */
+ * and adds, so every width, ISA and compiler gives the same bits. vexp, the GELU and every
+ * softmax and sigmoid go through it; vexp_expm1 (an exp with its expm1, the scans' ZOH) and
+ * vexp_nonpositive (softplus) reduce by ln 2 themselves. */
 MF_INLINE void vexp2(vf *x) {
     vf y = *x;
     y = VSELECT(y < VSPLAT(-127.0f), VSPLAT(-127.0f), y);
@@ -147,6 +179,8 @@ MF_INLINE void vexp2(vf *x) {
 }
 
 #define MF_LOG2E 1.4426950408889634f
+#define MF_LN2_HI 0.693145751953125f      /* ln 2's top 16 bits: n MF_LN2_HI is exact */
+#define MF_LN2_LO 1.428606765330187e-06f  /* ln 2 - MF_LN2_HI */
 
 /* *x = exp(*x) through vexp2 (0 below about -88, 2^127-capped above 88) */
 MF_INLINE void vexp(vf *x) {
@@ -161,28 +195,96 @@ MF_INLINE void vsigmoid(vf *x) {
     *x = 1.0f / (1.0f + e);
 }
 
+/* *e = exp(x) and *m = expm1(x), both to about 1 ulp (plus the |x| ulps of x's own rounding),
+ * from one Cody-Waite reduction x = n ln2 + r (ln2 in two parts, |r| <= ln2 / 2): expm1(r) =
+ * r + r^2 Q(r) by Taylor to r^8 / 8! (the rest below 1.6e-9 r^2), then e = 2^n + 2^n expm1(r)
+ * and m = 2^n expm1(r) + (2^n - 1) (exact products, one rounding each; no cancellation for
+ * n = +-1, and m = expm1(r) for n = 0). x is clamped to [-88, 88]: e is 0 below (where
+ * exp(x) is subnormal; m = -1), finite above. Separate multiplies and adds. */
+MF_INLINE void vexp_expm1(const vf *x, vf *e, vf *m) {
+    vf v = *x;
+    v = VSELECT(v < VSPLAT(-88.0f), VSPLAT(-88.0f), v);
+    v = VSELECT(v > VSPLAT(88.0f), VSPLAT(88.0f), v);
+    const vf t = v * MF_LOG2E + 12582912.0f; /* 1.5 * 2^23: round(v log2 e) in its low bits */
+    const vf n = t - 12582912.0f;
+    const vf r = (v - n * MF_LN2_HI) - n * MF_LN2_LO;
+    vf q = VSPLAT(2.48015873015873e-5f);   /* 1 / 8! */
+    q = q * r + 1.984126984126984e-4f;     /* 1 / 7! */
+    q = q * r + 1.388888888888889e-3f;     /* 1 / 6! */
+    q = q * r + 8.333333333333333e-3f;     /* 1 / 5! */
+    q = q * r + 4.166666666666667e-2f;     /* 1 / 4! */
+    q = q * r + 1.666666666666667e-1f;     /* 1 / 3! */
+    q = q * r + 0.5f;
+    const vf pm = r + (r * r) * q;
+    const vf s = (vf)(((vi)t - 0x4B400000 + 127) << 23); /* 2^n; 0 for n = -127 */
+    const vf sp = s * pm;
+    *e = s + sp;
+    *m = sp + (s - 1.0f);
+}
+
+/* *d = expm1(x) - x = x^2 Q(x) for |x| < 1, Q(x) = sum_k x^k / (k + 2)! by Taylor to
+ * x^9 / 11! (the rest below 2.3e-9, 0.04 ulp of Q >= 0.36) */
+MF_INLINE void vexpm1_minus_x(vf *d, const vf *x) {
+    const vf v = *x;
+    vf q = VSPLAT(2.505210838544172e-8f);  /* 1 / 11! */
+    q = q * v + 2.755731922398589e-7f;      /* 1 / 10! */
+    q = q * v + 2.755731922398589e-6f;      /* 1 / 9! */
+    q = q * v + 2.48015873015873e-5f;       /* 1 / 8! */
+    q = q * v + 1.984126984126984e-4f;      /* 1 / 7! */
+    q = q * v + 1.388888888888889e-3f;      /* 1 / 6! */
+    q = q * v + 8.333333333333333e-3f;      /* 1 / 5! */
+    q = q * v + 4.166666666666667e-2f;      /* 1 / 4! */
+    q = q * v + 1.666666666666667e-1f;      /* 1 / 3! */
+    q = q * v + 0.5f;
+    *d = (v * v) * q;
+}
+
+/* *x = exp(*x) for *x <= 0 to a few ulps: Cody-Waite reduction x = n ln2 + r (ln2 in two
+ * parts, |r| <= ln2 / 2), 2^(r log2 e) by vexp2, times 2^n put into the exponent bits (vexp's
+ * single product x log2 e would lose |x| ulps); 0 below -87 (where exp(x) is subnormal) */
+MF_INLINE void vexp_nonpositive(vf *x) {
+    const vf v = VSELECT(*x < VSPLAT(-87.0f), VSPLAT(-87.0f), *x);
+    const vf t = v * MF_LOG2E + 12582912.0f; /* 1.5 * 2^23: round(v log2 e) in its low bits */
+    const vf n = t - 12582912.0f;
+    vf r = (v - n * MF_LN2_HI) - n * MF_LN2_LO;
+    r = r * MF_LOG2E;
+    vexp2(&r);
+    const vi scale = ((vi)t - 0x4B400000 + 127) << 23; /* 2^n, n >= -126 */
+    *x = VSELECT(*x < VSPLAT(-87.0f), VSPLAT(0.0f), r * (vf)scale);
+}
+
 /* *s = sin(*x), *c = cos(*x), branch-free: Cody-Waite reduction by pi/2 (three-part constant,
  * exact products for |x| < 2^15 pi/2), Cephes' sinf/cosf polynomials on [-pi/4, pi/4] (about
  * 1 ulp), the quadrant by selects and sign flips. For |x| < 2^22 (the rounding trick); the
  * scans' per-step angles are far smaller. Separate multiplies and adds: the same bits on every
  * width, ISA and compiler. */
-MF_INLINE void vsincos(const vf *x, vf *s, vf *c) {
-    const vf v = *x;
-    const vf t = v * 0.636619772367581343f + 12582912.0f; /* 1.5 * 2^23: round(v 2/pi) */
+/* vsincos and *v = 1 - cos x (the versine) without cancellation, to about 1.5 ulps: where x
+ * reduces to quadrant 0 mod 4 (cos x = 1 - r^2 / 2 + r^4 P(r^2)) it is r^2 / 2 - r^4 P(r^2)
+ * from the polynomial, elsewhere 1 - cos x >= 1 - cos(pi / 4) (cos x within an ulp: 1 - cos x
+ * within 3) */
+MF_INLINE void vsincos_vers(const vf *x, vf *s, vf *c, vf *v) {
+    const vf xv = *x;
+    const vf t = xv * 0.636619772367581343f + 12582912.0f;
     const vf n = t - 12582912.0f;
-    const vf r = ((v - n * 1.5703125f) - n * 4.837512969970703125e-4f) -
+    const vf r = ((xv - n * 1.5703125f) - n * 4.837512969970703125e-4f) -
                  n * 7.54978995489188216e-8f;
     const vf z = r * r;
     const vf ps = r + r * z * (-1.6666654611e-1f + z * (8.3321608736e-3f + z *
                                                         -1.9515295891e-4f));
-    const vf pc = 1.0f - 0.5f * z + z * z * (4.166664568298827e-2f + z *
-                                              (-1.388731625493765e-3f + z *
-                                               2.443315711809948e-5f));
+    const vf pq = z * z * (4.166664568298827e-2f + z * (-1.388731625493765e-3f + z *
+                                                         2.443315711809948e-5f));
+    const vf pc = 1.0f - 0.5f * z + pq;
     const vi q = (vi)t - 0x4B400000, sign = (vi)VSPLAT(-0.0f);
     const vi odd = (q & 1) != 0;
     const vf ss = VSELECT(odd, pc, ps), cc = VSELECT(odd, ps, pc);
     *s = (vf)((vi)ss ^ (((q & 2) != 0) & sign));
     *c = (vf)((vi)cc ^ ((((q + 1) & 2) != 0) & sign));
+    *v = VSELECT((q & 3) == 0, 0.5f * z - pq, 1.0f - *c);
+}
+
+MF_INLINE void vsincos(const vf *x, vf *s, vf *c) {
+    vf v;
+    vsincos_vers(x, s, c, &v);
 }
 
 /* -2 sqrt(2/pi) log2(e): exp(-2u) = 2^(MF_GELU_EXP2 (x + 0.044715 x^3)) */
@@ -222,8 +324,6 @@ MF_INLINE void vgelu_grad(vf *g, vf *dy, const vf *x) {
  * (Cody-Waite), so it keeps a few ulp at any |x| where vexp's x log2(e) would lose |x|^2 / 2
  * ulp. Measured through gelu_forward/backward against float64 math.erf (tests/test_gelu.py):
  * a few ulp, plus the condition of Phi at large negative x (about x^2 ulp of x's rounding). */
-#define MF_LN2_HI 0.693145751953125f      /* ln 2's top 16 bits: n MF_LN2_HI is exact */
-#define MF_LN2_LO 1.428606765330187e-06f  /* ln 2 - MF_LN2_HI */
 #define MF_INV_SQRT2 0.7071067811865476f
 #define MF_INV_SQRT2PI 0.3989422804014327f
 
