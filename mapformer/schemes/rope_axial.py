@@ -11,7 +11,7 @@ import numpy as np
 
 from . import register_scheme
 from .coordinates import COORD_DIMS
-from .gridpe import GridPE
+from .gridpe import FrequencyAngles
 from .rope import ROPE_BASE
 
 
@@ -29,7 +29,7 @@ def axial_frequencies(base, n_heads, n_blocks, n):
 
 
 @register_scheme
-class AxialRoPE(GridPE):
+class AxialRoPE(FrequencyAngles):
     """GridPE's machinery (theta = f . x, a linear map of the coordinates) with the axial
     frequency vectors. Traces: ``theta`` (TB, T, H, NB); ``frequencies`` (H, NB, n)."""
 
