@@ -91,7 +91,7 @@ def test_deep_starts_near_one_and_its_gradient_matches_finite_differences():
     factors = m.blocks[0].mixer.scheme.factors
     assert factors.shape == (2, 10, 2, 16) and 0 < np.abs(factors - 1).max() < 0.2
     m.backward()
-    for name in ("blocks.0.mixer.scheme.deep_in.weight", "blocks.1.mixer.scheme.deep_out.bias"):
+    for name in ("blocks.0.mixer.scheme.deep_in.bias", "blocks.1.mixer.scheme.deep_out.bias"):
         param = m.params.params[name]
         grad = param.grad.copy()
         np.testing.assert_allclose(grad, numerical_grad(loss, param.value), rtol=1e-5,
@@ -157,3 +157,40 @@ def test_oracle_coordinates_learn_navigation(positional):
     result = train(cfg, train_config, progress=False, log=lambda *a: None)["eval"]
     assert 0.4 < result["iid"]["floor"] < 0.6
     assert result["iid"]["accuracy"] >= 0.95, result
+
+
+def test_reproduce_gridpe_writes_its_analyses_and_one_json_per_run(tmp_path, capsys,
+                                                                    monkeypatch):
+    """--scale tiny: the Fig. 3 plot and analysis.json (the ratio check passed), one JSON per
+    (task, row, seed), skipped on a rerun with the same configs."""
+    import importlib.util
+    import json
+    import os
+    from pathlib import Path
+
+    for name in ("OMP_NUM_THREADS", "OPENBLAS_NUM_THREADS"):  # the script sets them if unset
+        monkeypatch.setenv(name, os.environ.get(name, "1"))
+    path = Path(__file__).resolve().parents[1] / "benchmarks" / "reproduce_gridpe.py"
+    spec = importlib.util.spec_from_file_location("reproduce_gridpe", path)
+    script = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(script)
+    argv = ["--scale", "tiny", "--rows", "gridpe_complex,learned_abs", "--seeds", "2",
+            "--sequences", "16", "--out", str(tmp_path)]
+    first = script.main(argv)
+    runs = [f"navigation-{row}-seed{s}.json" for row in ("gridpe_complex", "learned_abs")
+            for s in (0, 1)]
+    assert sorted(p.name for p in tmp_path.iterdir()) == sorted(
+        ["analysis.json", "fig3_decay.png", *runs])
+    analysis = json.loads((tmp_path / "analysis.json").read_text())
+    assert analysis["fig3"]["ring_means"]["0"] == pytest.approx(1.0)
+    assert analysis["optimal_ratio"]["2"]["argmin R=10"] == pytest.approx(math.exp(0.5),
+                                                                          abs=1e-4)
+    record = json.loads((tmp_path / "navigation-gridpe_complex-seed1.json").read_text())
+    assert record["model"]["options"]["gridpe_variant"] == "complex"
+    assert record["model"]["options"]["coord_dims"] == 2 and record["train"]["seed"] == 1
+    assert "| navigation | gridpe_complex | yes | " in capsys.readouterr().out
+    again = script.main(argv)
+    assert all(r.get("cached") for r in again)
+    assert [r["eval"] for r in again] == [r["eval"] for r in first]
+    with pytest.raises(ValueError, match="unknown row 'alibi'"):
+        script.row_of("alibi")
