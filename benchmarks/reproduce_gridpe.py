@@ -24,8 +24,9 @@ Three parts, each written to ``results/gridpe/<scale>/`` (``--out``):
    (``--rows``): ``gridpe_rotate``, ``gridpe_complex``, ``gridpe_merge``, ``gridpe_deep``
    (``--gridpe-variant``), ``learned_abs`` (the token index: ViT's table), ``sinusoidal`` (nD,
    on the coordinates), ``rope_axial`` (on the coordinates) by default; also ``ape_grid``
-   (coordinates), ``mapwm`` (no coordinates: MapFormer's model), ``rope`` (the token index), or
-   any registered scheme by name. Each (task, row, seed) is written as JSON to
+   (coordinates), ``gridpe_rotate_index`` (gridpe on the token index, ``coord_source``
+   'index': the scheme without the oracle), ``mapwm`` (no coordinates: MapFormer's model),
+   ``rope`` (the token index), or any registered scheme by name. Each (task, row, seed) is written as JSON to
    ``<task>-<row>-seed<k>.json`` as soon as it finishes, and a rerun skips the runs found
    there with the same configs (an interrupted table resumes).
 
@@ -100,6 +101,8 @@ ROWS = {
     "sinusoidal": Row("sinusoidal"),
     "rope_axial": Row("rope_axial"),
     "ape_grid": Row("ape_grid"),
+    "gridpe_rotate_index": Row("gridpe", (("gridpe_variant", "rotate"),
+                                          ("coord_source", "index"), ("coord_dims", 1))),
     "mapwm": Row("mapwm", preset="mapwm"),
     "rope": Row("rope"),
 }
@@ -283,7 +286,7 @@ def format_table(records, tasks, names, scale_name):
             runs = [r for r in records if (r["task"], r["row"]) == (task, name)]
             if not runs:
                 continue
-            reads = "coord_dims" in runs[0]["model"]["options"]  # the scheme reads them
+            reads = runs[0]["model"]["options"].get("coord_source") == "task"
             cells = [mean_ci([r["eval"][s]["accuracy"] for r in runs]) for s in SETS]
             lines.append(f"| {task} | {name} | {'yes' if reads else 'no'} | "
                          + " | ".join(cells) + f" | {len(runs)} |")

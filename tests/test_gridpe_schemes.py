@@ -3,7 +3,8 @@ displacement only, complex's scores are its per-channel cosine kernel, merge add
 code to the embeddings and leaves the attention alone, deep's MLP starts at factors near 1 and
 its gradient matches finite differences; the C backend against float64 for each variant; the
 neuron count's optimum; and, on navigation with the generator's true coordinates, gridpe and
-ape_grid learn to recall (the oracle upper bound for MapWM)."""
+ape_grid learn to recall (the oracle upper bound for MapWM), and gridpe on the token index
+(``coord_source`` 'index') does not; 'index' ignores the task's coordinates."""
 import math
 
 import numpy as np
@@ -144,19 +145,50 @@ def test_neuron_count_is_least_at_e_to_the_one_over_n():
 NAVIGATION = dict(dims=2, steps=24, grid_size=6, p_empty=0.5, n_objects=8)
 
 
-@pytest.mark.parametrize("positional", ["gridpe", "ape_grid"])
-def test_oracle_coordinates_learn_navigation(positional):
-    """Told where the agent is (the generator's cells, navigation.token_coordinates), both
-    recall every revisited object after 120 steps (about 4 s each); the always-blank floor is
-    about 0.5."""
+def learn(positional, **options):
     train_config = TrainConfig(**NAVIGATION, sequences=120 * 32, batch_size=32,
                                eval_sequences=128, seed=0, lr=3e-3)
     cfg = ModelConfig.for_task("rope", train_config.task_config(), d_model=32, n_heads=2,
-                               positional=positional)
-    assert cfg.options["coord_dims"] == 2
-    result = train(cfg, train_config, progress=False, log=lambda *a: None)["eval"]
+                               positional=positional, **options)
+    return cfg, train(cfg, train_config, progress=False, log=lambda *a: None)["eval"]
+
+
+@pytest.mark.parametrize("positional", ["gridpe", "ape_grid"])
+def test_oracle_coordinates_learn_navigation(positional):
+    """Told where the agent is (the generator's cells, navigation.token_coordinates), both
+    recall every revisited object after 120 steps (a few seconds each); the always-blank
+    floor is about 0.5."""
+    cfg, result = learn(positional)
+    assert cfg.options["coord_dims"] == 2 and cfg.options["coord_source"] == "task"
     assert 0.4 < result["iid"]["floor"] < 0.6
     assert result["iid"]["accuracy"] >= 0.95, result
+
+
+def test_gridpe_on_the_token_index_does_not():
+    """coord_source 'index': the same scheme on the token index (what it has without the
+    oracle) stays far below (0.67 measured; RoPE-like, it can learn the revisits right after
+    a reversal)."""
+    cfg, result = learn("gridpe", coord_source="index", coord_dims=1)
+    assert cfg.options["coord_dims"] == 1
+    assert result["iid"]["accuracy"] <= 0.85, result
+
+
+@pytest.mark.parametrize("positional", ["gridpe", "ape_grid", "rope_axial", "sinusoidal"])
+def test_coord_source_index_ignores_the_task_coordinates(positional):
+    tokens = np.random.default_rng(0).integers(0, 9, (2, 8))
+    coords = np.random.default_rng(1).integers(0, 5, (2, 8, 2))
+    options = {"coord_dims": 1, "coord_source": "index"}
+    if positional == "ape_grid":
+        options["ape_no_init"] = True
+    cfg = ModelConfig(vocab_size=9, d_model=32, n_heads=2, positional=positional,
+                      options=options)
+    with_coords = Transformer(cfg, seed=0, backend="numpy").forward(tokens, coords)
+    without = Transformer(cfg, seed=0, backend="numpy").forward(tokens)
+    np.testing.assert_array_equal(with_coords, without)
+    two = ModelConfig(vocab_size=9, d_model=32, n_heads=2, positional=positional,
+                      options={**options, "coord_dims": 2})
+    with pytest.raises(ValueError, match="coord_source 'index' reads the token index"):
+        Transformer(two, seed=0, backend="numpy").forward(tokens, coords)
 
 
 def test_reproduce_gridpe_writes_its_analyses_and_one_json_per_run(tmp_path, capsys,

@@ -56,12 +56,13 @@ from ..nn import Linear, constant_init
 from ..registry import Option
 from . import AngleScheme, AttentionScheme, register_scheme
 from .absolute import SINUSOIDAL_SCALE
-from .coordinates import COORD_DIMS, coordinates_or_index
+from .coordinates import COORD_DIMS, COORD_SOURCE, coordinates_or_index
 
 VARIANTS = ("rotate", "complex", "merge", "deep")
 
 GRIDPE_OPTIONS = (
     COORD_DIMS,
+    COORD_SOURCE,
     Option("gridpe_scales", int, 0, "GridPE's number of scales S (0: as many as the head's "
            "planes allow, floor(D / 2 / (n + 1)))", minimum=0),
     Option("gridpe_ratio", float, 0.0, "GridPE's scale ratio r (0: e^(1/n), the paper's "

@@ -10,7 +10,7 @@ of the simplex's n + 1."""
 import numpy as np
 
 from . import register_scheme
-from .coordinates import COORD_DIMS
+from .coordinates import COORD_DIMS, COORD_SOURCE
 from .gridpe import FrequencyAngles
 from .rope import ROPE_BASE
 
@@ -34,7 +34,7 @@ class AxialRoPE(FrequencyAngles):
     frequency vectors. Traces: ``theta`` (TB, T, H, NB); ``frequencies`` (H, NB, n)."""
 
     name = "rope_axial"
-    options = (ROPE_BASE, COORD_DIMS)
+    options = (ROPE_BASE, COORD_DIMS, COORD_SOURCE)
 
     @classmethod
     def frequency_vectors(cls, config):
