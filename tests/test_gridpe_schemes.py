@@ -124,6 +124,11 @@ def test_variant_and_width_are_checked():
     with pytest.raises(ValueError, match="head_dim must be <= 64"):
         Transformer(ModelConfig(vocab_size=9, d_model=160, n_heads=2, positional="gridpe",
                                 options={"gridpe_variant": "complex"}))
+    # 5 scales of 3 directions: more than rotate's 12 planes per head, within complex's 24
+    with pytest.raises(ValueError, match=r"S \(n \+ 1\) <= K = 12 components"):
+        model("rotate", gridpe_scales=5)
+    assert model("complex", gridpe_scales=5).blocks[0].mixer.scheme.frequencies.shape == (
+        2, 24, 2)
 
 
 def test_neuron_count_is_least_at_e_to_the_one_over_n():

@@ -63,8 +63,9 @@ VARIANTS = ("rotate", "complex", "merge", "deep")
 GRIDPE_OPTIONS = (
     COORD_DIMS,
     COORD_SOURCE,
-    Option("gridpe_scales", int, 0, "GridPE's number of scales S (0: as many as the head's "
-           "planes allow, floor(D / 2 / (n + 1)))", minimum=0),
+    Option("gridpe_scales", int, 0, "GridPE's number of scales S (0: as many as the code's "
+           "K components allow, floor(K / (n + 1)); K = D / 2 for rotate and deep, D for "
+           "complex, C / 2 for merge)", minimum=0),
     Option("gridpe_ratio", float, 0.0, "GridPE's scale ratio r (0: e^(1/n), the paper's "
            "optimum)", minimum=0),
     Option("gridpe_omega_max", float, math.pi, "GridPE's fastest frequency (radians per unit "
@@ -95,8 +96,9 @@ def gridpe_frequencies(n_heads, n_blocks, n, scales=0, ratio=0.0, omega_max=math
     (u_j turned by h 120 / H degrees in 2D), the blocks past S (n + 1) zero."""
     scales = scales or n_blocks // (n + 1)
     if scales < 1 or scales * (n + 1) > n_blocks:
-        raise ValueError(f"gridpe needs 1 <= S (n + 1) <= D / 2 = {n_blocks} planes, got "
-                         f"S = {scales}, n = {n}")
+        raise ValueError(f"gridpe needs 1 <= S (n + 1) <= K = {n_blocks} components (rotate, "
+                         f"deep: D / 2 planes; complex: D; merge: C / 2), got S = {scales}, "
+                         f"n = {n} (gridpe_scales, coord_dims)")
     ratio = ratio or math.exp(1.0 / n)
     freq = np.zeros((n_heads, n_blocks, n))
     base = simplex_directions(n)
