@@ -6,8 +6,9 @@ perplexity printed beside the paper's.
     python benchmarks/reproduce_ape.py --scale cpu --seeds 3 --tasks reverse --rows rope,ape_seq
 
 Rows (``--rows``, comma-separated): the named rows of ROWS (``sinusoidal``, ``learned_abs``,
-``rope``, ``rope_tuned``, ``ape_seq``, ``ape_seq_no_init``, ``none``) or any registered
-positional scheme's name (so later baselines plug in), each run with the attention mixer.
+``rope``, ``rope_tuned``, ``ape_seq``, ``ape_seq_no_init``, ``none``, and the prefix-LM
+rows ``rope_prefix``, ``ape_seq_prefix``, ``none_prefix``) or any registered positional
+scheme's name (so later baselines plug in), each run with the attention mixer.
 Default: sinusoidal, rope, ape_seq, none. Our ``learned_abs`` is the paper's "Absolute",
 ``rope`` its "RoPE frozen", ``rope_tuned`` (``rope_trainable``) "RoPE tuned", ``ape_seq`` its
 "APE w/ init" (RoPE's rotations at the start), ``ape_seq_no_init`` "APE w/o init"; the paper's decay of the logits (0.98^distance) is not applied (add
@@ -16,9 +17,11 @@ Default: sinusoidal, rope, ape_seq, none. Our ``learned_abs`` is the paper's "Ab
 skips the runs found there with the same configs (so an interrupted table resumes).
 
 Formulation (:mod:`mapformer.tasks.transduction`): one causal decoder over ``source SEP
-target`` (the library's attention kernels have only a causal mask), loss and metrics on the
-target tokens, where the paper trains an encoder-decoder (bidirectional encoder,
-cross-attention) with teacher forcing. Metrics: perplexity on the target tokens of the test
+target``, loss and metrics on the target tokens, where the paper trains an encoder-decoder
+(bidirectional encoder, cross-attention) with teacher forcing. The ``*_prefix`` rows run the
+same decoder as a prefix LM (``attn_mask=prefix``: source and separator read
+bidirectionally, the target causally), the nearest the library comes to the paper's
+bidirectional encoder without cross-attention. Metrics: perplexity on the target tokens of the test
 split (the paper's), exact match (every target token right, teacher-forced), both also on the
 ``ood_long`` set (sources twice as long as in training: length generalisation, not in the
 paper).
@@ -99,6 +102,9 @@ ROWS = {
     "ape_seq": Row("ape_seq", paper="APE w/ init"),
     "ape_seq_no_init": Row("ape_seq", (("ape_no_init", True),), paper="APE w/o init"),
     "none": Row("none"),
+    "rope_prefix": Row("rope", (("attn_mask", "prefix"),), paper="RoPE frozen"),
+    "ape_seq_prefix": Row("ape_seq", (("attn_mask", "prefix"),), paper="APE w/ init"),
+    "none_prefix": Row("none", (("attn_mask", "prefix"),)),
 }
 PAPER_COLUMN = {"relative": "Relative"}  # a scheme that may be registered later
 

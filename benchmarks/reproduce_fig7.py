@@ -1,7 +1,8 @@
 """Reproduce the MapFormer paper's Fig. 7 (appendix 10.4): `python benchmarks/reproduce_fig7.py
 --scale cpu` (or `--scale paper`, or `--scale tiny` to check the script). Writes
 results/fig7_<scale>.json (every run: panel, model, width, seed, final evaluation, the
-evaluations through training) and results/fig7_<scale>.png.
+evaluations through training) after every run, and results/fig7_<scale>.png; a rerun skips the
+runs that file already holds (so a scale can span several sittings).
 
 Fig. 7a: MapEM-b2 (`mapem`), -b4, -NC (blocks of 4, K = 6; NC-L), -SLN, all MapEM-s
 (positional scores only), on 2D navigation, IID accuracy against model width (the paper's
@@ -61,25 +62,36 @@ def main(argv=None):
     p.add_argument("--out", default=str(ROOT / "results"))
     args = p.parse_args(argv)
     s = SCALES[args.scale]
-    runs = []
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
+    path = out / f"fig7_{args.scale}.json"
+    runs = json.loads(path.read_text())["runs"] if path.exists() else []
+    done = {(r["panel"], r["model"], r["width"], r["seed"]) for r in runs}
+
+    def record(run_):
+        runs.append(run_)
+        path.write_text(json.dumps({"scale": args.scale, "settings": s, "runs": runs},
+                                   indent=1))
     with tempfile.TemporaryDirectory() as tmp:
         for seed in range(args.seeds):
             if "a" in args.panels.split(","):
                 for label, (positional, options) in FIG7A.items():
                     for width in s["widths"]:
+                        if ("7a", label, width, seed) in done:
+                            continue
                         tc = TrainConfig(task="navigation", dims=2, steps=s["a_steps"],
                                          grid_size=s["a_grid"], sequences=s["a_sequences"],
                                          batch_size=s["batch"], seed=seed)
                         final, _ = run(MAPEM_S["mixer"], positional,
                                        {**MAPEM_S["options"], **options}, width, tc, tmp)
-                        runs.append(dict(panel="7a", model=label, width=width, seed=seed,
-                                         eval=final))
+                        record(dict(panel="7a", model=label, width=width, seed=seed,
+                                    eval=final))
                         print(f"7a {label} width {width} seed {seed}: iid "
                               f"{final['iid']['accuracy']:.3f}", flush=True)
             if "bd" in args.panels.split(","):
                 for label, (mixer, positional, options) in FIG7BD.items():
+                    if ("7bd", label, s["bd_width"], seed) in done:
+                        continue
                     tc = TrainConfig(task="rotation4d", sequences=s["bd_sequences"],
                                      batch_size=s["batch"], seed=seed,
                                      eval_every=s["eval_every"])
@@ -87,13 +99,10 @@ def main(argv=None):
                     if mixer == "conjunctive":
                         opts.update(MAPEM_S["options"])
                     final, curve = run(mixer, positional, opts, s["bd_width"], tc, tmp)
-                    runs.append(dict(panel="7bd", model=label, width=s["bd_width"], seed=seed,
-                                     eval=final, curve=curve))
+                    record(dict(panel="7bd", model=label, width=s["bd_width"], seed=seed,
+                                eval=final, curve=curve))
                     print(f"7b-d {label} seed {seed}: iid {final['iid']['accuracy']:.3f} "
                           f"ood (2x length) {final['ood_sparse']['accuracy']:.3f}", flush=True)
-            path = out / f"fig7_{args.scale}.json"
-            path.write_text(json.dumps({"scale": args.scale, "settings": s, "runs": runs},
-                                       indent=1))
     plot(runs, out / f"fig7_{args.scale}.png")
     return runs
 

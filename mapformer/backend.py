@@ -100,8 +100,22 @@ def _tape_mix_backward(de_new, e_att, gate_logits, w, dw):
 
 
 def _conj_attention_backward(dout, qx, kx, qp, kp, v, out, lse, mode="score_product",
-                             scale=None):
-    return ref.conj_attention_backward(dout, qx, kx, qp, kp, v, mode, scale)
+                             scale=None, *, mask="causal", prefix=None):
+    return ref.conj_attention_backward(dout, qx, kx, qp, kp, v, mode, scale, mask=mask,
+                                       prefix=prefix)
+
+
+def _attention_forward(q, k, v, scale=None, *, mask="causal", prefix=None):
+    return ref.attention_forward(q, k, v, scale, mask=mask, prefix=prefix)
+
+
+def _attention_backward(dout, q, k, v, out, lse, scale=None, *, mask="causal", prefix=None):
+    return ref.attention_backward(dout, q, k, v, scale, mask=mask, prefix=prefix)
+
+
+def _conj_attention_forward(qx, kx, qp, kp, v, mode="score_product", scale=None, *,
+                            mask="causal", prefix=None):
+    return ref.conj_attention_forward(qx, kx, qp, kp, v, mode, scale, mask=mask, prefix=prefix)
 
 
 def _causal_conv1d_backward(dy, x, weight, dweight, dbias):
@@ -282,9 +296,8 @@ NUMPY = SimpleNamespace(
     mlp_backward=_mlp_backward,
     residual_forward=ref.residual_forward,
     residual_backward=_residual_backward,
-    attention_forward=ref.attention_forward,
-    attention_backward=lambda dout, q, k, v, out, lse, scale=None: ref.attention_backward(
-        dout, q, k, v, scale),
+    attention_forward=_attention_forward,
+    attention_backward=_attention_backward,
     path_integration_forward=ref.path_integration_forward,
     path_integration_backward=_path_integration_backward,
     rotary_forward=ref.rotary_forward,
@@ -295,7 +308,7 @@ NUMPY = SimpleNamespace(
     b4_backward=_b4_backward,
     nc_forward=ref.nc_forward,
     nc_backward=_nc_backward,
-    conj_attention_forward=ref.conj_attention_forward,
+    conj_attention_forward=_conj_attention_forward,
     conj_attention_backward=_conj_attention_backward,
     cope_forward=ref.cope_forward,
     cope_backward=_cope_backward,

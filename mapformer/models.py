@@ -277,6 +277,12 @@ def check_targets(targets, mask, shape):
                              "finite weight >= 0")
 
 
+def mean_weights(shape):
+    """The weights of a mean over T tokens as a (1, T) row or a (T, 1) column (float64, each
+    1 / T): the pooling of Transformer.forward(pool='mean') and its backward."""
+    return np.full(shape, 1.0 / max(shape))
+
+
 class Transformer:
     """Token embedding (plus the positional code of an additive scheme: the first block's
     ``scheme.embed``), ``n_layers`` blocks, final LayerNorm and a linear head.
@@ -303,32 +309,47 @@ class Transformer:
         for block in self.blocks:
             block.drop1.training = block.drop2.training = mode
 
-    def forward(self, tokens, coordinates=None):
-        """tokens int (B, T) -> logits (B, T, V). Keeps the activations for backward().
+    def forward(self, tokens, coordinates=None, prefix=None, pool=None):
+        """tokens int (B, T) -> logits (B, T, V), or (B, 1, V) with ``pool='mean'``: the logits
+        of the mean over the tokens of the final (layer-normed) features, a sequence
+        classifier's (the head is linear, so they are the mean of the tokens' logits). Keeps
+        the activations for backward().
         coordinates (B, T, n): the tokens' positions as the task knows them (navigation: the
         agent's cell), given to every positional scheme (``scheme.coordinates``); None: the
-        schemes that read them use the token index."""
+        schemes that read them use the token index. prefix int (B,): each sequence's prefix
+        length (a prefix LM's source), read by attention with ``attn_mask='prefix'``
+        (``mixer.prefix``; None: its ``attn_prefix``)."""
         tokens = self.ops.as_indices(check_tokens(tokens), "tokens")
         batch, steps = tokens.shape
         if coordinates is not None:
             coordinates = self.ops.asarray(check_coordinates(coordinates, (batch, steps)))
         for block in self.blocks:
             block.mixer.scheme.coordinates = coordinates
+            block.mixer.prefix = prefix
         x = self.blocks[0].mixer.scheme.embed(self.embed.forward(tokens.reshape(-1)), batch,
                                               steps)
         state = self.blocks[0].initial_state(batch, steps)
         for block in self.blocks:
             x, state = block.forward(x, batch, steps, state)
         self.final_state = state
-        self.logits = self.head.forward(self.ln_f.forward(x))
-        return self.logits.reshape(batch, steps, -1)
+        h = self.ln_f.forward(x)
+        if pool not in (None, "mean"):
+            raise ValueError(f"pool must be None or 'mean', got {pool!r}")
+        self.pooled = None
+        if pool == "mean":  # (1, T) @ (B, T, C) -> (B, 1, C): the weights are sizes only
+            self.pooled = (batch, steps)
+            h = self.ops.matmul(self.ops.asarray(mean_weights((1, steps))),
+                                h.reshape(batch, steps, -1)).reshape(batch, -1)
+        self.logits = self.head.forward(h)
+        return self.logits.reshape(batch, 1 if pool else steps, -1)
 
-    def loss(self, tokens, targets, mask, coordinates=None):
+    def loss(self, tokens, targets, mask, coordinates=None, prefix=None, pool=None):
         """Masked next-token cross-entropy plus the bottlenecks' auxiliary losses (none
         without a bottleneck): tokens, targets int (B, T), mask bool (B, T) -> mean loss over
-        the masked positions (float); coordinates as for :meth:`forward`. Keeps what
+        the masked positions (float); coordinates, prefix, pool as for :meth:`forward` (with
+        ``pool='mean'`` targets and mask are (B, 1): a class per sequence). Keeps what
         backward() needs."""
-        logits = self.forward(tokens, coordinates)
+        logits = self.forward(tokens, coordinates, prefix, pool)
         check_targets(targets, mask, logits.shape[:2])
         self.targets = self.ops.as_indices(targets, "targets").reshape(-1)
         self.mask = self.ops.asarray(mask).reshape(-1)
@@ -341,6 +362,10 @@ class Transformer:
         scale = 1.0 / max(float(self.mask.sum()), 1.0)
         dx = self.head.backward(
             self.ops.softmax_xent_backward(self.logits, self.targets, self.mask, scale))
+        if self.pooled is not None:  # every token gets 1/T of the pooled features' gradient
+            batch, steps = self.pooled
+            dx = self.ops.matmul(self.ops.asarray(mean_weights((steps, 1))),
+                                 dx.reshape(batch, 1, -1)).reshape(batch * steps, -1)
         dx = self.ln_f.backward(dx)
         # the last block's output state feeds nothing: its gradient is zero
         dstate = None if self.final_state is None else self.ops.zeros_like(self.final_state)

@@ -151,30 +151,54 @@ def residual_backward(dout, dtype=np.float64):
     return dout, dout
 
 
-# ---- causal attention --------------------------------------------------------------------
-def attention_forward(q, k, v, scale=None, dtype=np.float64):
+# ---- attention: causal, none or prefix mask ---------------------------------------------
+MASKS = ("causal", "none", "prefix")
+
+
+def attention_mask(B, T, mask="causal", prefix=None):
+    """The keys each query sees, (B, 1, T, T) bool [b, 0, i, j]: j <= max(i, P_b - 1) with
+    P_b = 0 for "causal" (j <= i), T for "none" (every key) and prefix[b] (B,) in [0, T] for
+    "prefix" (a prefix LM: full attention within the first P_b tokens, causal after them)."""
+    if mask not in MASKS:
+        raise ValueError(f"mask must be one of {MASKS}, got {mask!r}")
+    if (mask == "prefix") != (prefix is not None):
+        raise ValueError("prefix (B,) is required with mask='prefix' and read only then")
+    P = {"causal": np.zeros(B, np.int64), "none": np.full(B, T, np.int64)}.get(mask)
+    if P is None:
+        P = np.asarray(prefix, dtype=np.int64).reshape(B)
+        if np.any((P < 0) | (P > T)):
+            raise ValueError(f"prefix must lie in [0, T = {T}], got {P}")
+    i = np.arange(T)
+    lim = np.maximum(i[None, :], P[:, None] - 1)  # (B, T): the last key query i sees
+    return (i[None, None, :] <= lim[:, :, None])[:, None]
+
+
+def attention_forward(q, k, v, scale=None, dtype=np.float64, mask="causal", prefix=None):
     """q, k, v (B, T, H, D) -> out (B, T, H, D), lse (B, H, T).
 
-    out[b, i, h] = sum_{j <= i} softmax_j(scale * q_i . k_j) v_j (causal);
-    lse[b, h, i] = log sum_{j <= i} exp(scale * q_i . k_j). scale defaults to 1/sqrt(D)."""
+    out[b, i, h] = sum_{j seen} softmax_j(scale * q_i . k_j) v_j, the keys j seen by query i
+    as attention_mask(mask, prefix) says (default causal, j <= i);
+    lse[b, h, i] = log sum_{j seen} exp(scale * q_i . k_j). scale defaults to 1/sqrt(D)."""
     q, k, v = _cast(dtype, q, k, v)
-    T, D = q.shape[1], q.shape[3]
+    B, T, D = q.shape[0], q.shape[1], q.shape[3]
     scale = _default_scale(D, scale)
     s = _einsum("bihd,bjhd->bhij", q, k) * scale
-    s = np.where(np.tril(np.ones((T, T), dtype=bool)), s, -np.inf)
+    s = np.where(attention_mask(B, T, mask, prefix), s, -np.inf)
     m = s.max(-1, keepdims=True)
     lse = m[..., 0] + np.log(np.exp(s - m).sum(-1))
     p = np.exp(s - lse[..., None])
     return _einsum("bhij,bjhd->bihd", p, v), lse
 
 
-def attention_backward(dout, q, k, v, scale=None, dtype=np.float64):
-    """dout, q, k, v (B, T, H, D) -> dq, dk, dv (B, T, H, D)."""
+def attention_backward(dout, q, k, v, scale=None, dtype=np.float64, mask="causal",
+                       prefix=None):
+    """dout, q, k, v (B, T, H, D) -> dq, dk, dv (B, T, H, D), under the same mask."""
     dout, q, k, v = _cast(dtype, dout, q, k, v)
     scale = _default_scale(q.shape[3], scale)
-    out, lse = attention_forward(q, k, v, scale, dtype=dtype)
+    out, lse = attention_forward(q, k, v, scale, dtype=dtype, mask=mask, prefix=prefix)
     s = _einsum("bihd,bjhd->bhij", q, k) * scale
-    p = np.tril(np.exp(s - lse[..., None]))
+    seen = attention_mask(q.shape[0], q.shape[1], mask, prefix)
+    p = np.where(seen, np.exp(s - lse[..., None]), 0.0)
     dv = _einsum("bhij,bihd->bjhd", p, dout)
     dp = _einsum("bihd,bjhd->bhij", dout, v)
     delta = _einsum("bihd,bihd->bhi", dout, out)
@@ -484,16 +508,16 @@ def tape_mix_backward(de_new, e_att, gate_logits, w, dtype=np.float64):
 CONJ_MODES = ("score_product", "softmax_product", "sum")
 
 
-def _conj_parts(qx, kx, qp, kp, mode, scale):
+def _conj_parts(qx, kx, qp, kp, mode, scale, mask="causal", prefix=None):
     """The score matrices of conjunctive attention, (B, H, T, T) each: returns
     (sx, sp, zx, zp, z, causal) with sX = qx kx^T, sP = qp kp^T (unmasked), zx = scale sX and
-    zp = scale sP (-inf above the diagonal), z the logits of the one softmax of score_product
-    (scale sX sP) or sum (scale (sX + sP)), -inf above the diagonal (None for
-    softmax_product), and causal the (T, T) mask of keys j <= i."""
+    zp = scale sP (-inf where the mask hides the key), z the logits of the one softmax of
+    score_product (scale sX sP) or sum (scale (sX + sP)), -inf where hidden (None for
+    softmax_product), and causal the (B, 1, T, T) mask of the keys seen (attention_mask: by
+    default j <= i)."""
     if mode not in CONJ_MODES:
         raise ValueError(f"mode must be one of {CONJ_MODES}, got {mode!r}")
-    T = qx.shape[1]
-    causal = np.tril(np.ones((T, T), dtype=bool))
+    causal = attention_mask(qx.shape[0], qx.shape[1], mask, prefix)
     sx = _einsum("bihd,bjhd->bhij", qx, kx)
     sp = _einsum("bihd,bjhd->bhij", qp, kp)
     z = {"score_product": scale * sx * sp, "sum": scale * (sx + sp)}.get(mode)
@@ -509,7 +533,7 @@ def _log_softmax_parts(z):
 
 
 def conj_attention_forward(qx, kx, qp, kp, v, mode="score_product", scale=None,
-                           dtype=np.float64):
+                           dtype=np.float64, mask="causal", prefix=None):
     """qx, kx, qp, kp, v (B, T, H, D) -> out (B, T, H, D), lse (M, B, H, T).
 
     MapEM's conjunctive attention (MapFormer paper, sec. 3.5.1, eq. 13), causal, per (b, h),
@@ -522,10 +546,11 @@ def conj_attention_forward(qx, kx, qp, kp, v, mode="score_product", scale=None,
         M = 2, lse[0] = log sum_j exp(scale sX), lse[1] = log sum_j exp(scale sP).
       "sum": A = softmax_j(scale (sX + sP)): plain attention on [qx, qp] and [kx, kp];
         M = 1.
-    out_i = sum_{j <= i} A_ij v_j. scale defaults to 1/sqrt(D)."""
+    out_i = sum_{j <= i} A_ij v_j. scale defaults to 1/sqrt(D). mask, prefix: the keys each
+    query sees, as attention_mask (default causal)."""
     qx, kx, qp, kp, v = _cast(dtype, qx, kx, qp, kp, v)
     scale = _default_scale(qx.shape[3], scale)
-    _, _, zx, zp, z, _ = _conj_parts(qx, kx, qp, kp, mode, scale)
+    _, _, zx, zp, z, _ = _conj_parts(qx, kx, qp, kp, mode, scale, mask, prefix)
     if mode == "softmax_product":
         (ax, lse_x), (ap, lse_p) = _log_softmax_parts(zx), _log_softmax_parts(zp)
         a, lse = ax * ap, np.stack([lse_x, lse_p])
@@ -536,7 +561,7 @@ def conj_attention_forward(qx, kx, qp, kp, v, mode="score_product", scale=None,
 
 
 def conj_attention_backward(dout, qx, kx, qp, kp, v, mode="score_product", scale=None,
-                            dtype=np.float64):
+                            dtype=np.float64, mask="causal", prefix=None):
     """dout, qx, kx, qp, kp, v (B, T, H, D) -> dqx, dkx, dqp, dkp, dv (B, T, H, D).
 
     With dA_ij = dout_i . v_j and Dv_i = dout_i . out_i = sum_j A_ij dA_ij:
@@ -547,10 +572,10 @@ def conj_attention_backward(dout, qx, kx, qp, kp, v, mode="score_product", scale
         and likewise dzP = A dA - AP Dv; dsX = scale dzX, dsP = scale dzP.
       "sum": dsX = dsP = scale A (dA - Dv).
     Then dqx = dsX kx, dkx = dsX^T qx, dqp = dsP kp, dkp = dsP^T qp, dv = A^T dout
-    (every score gradient is 0 above the diagonal)."""
+    (every score gradient is 0 where the mask hides the key)."""
     dout, qx, kx, qp, kp, v = _cast(dtype, dout, qx, kx, qp, kp, v)
     scale = _default_scale(qx.shape[3], scale)
-    sx, sp, zx, zp, z, causal = _conj_parts(qx, kx, qp, kp, mode, scale)
+    sx, sp, zx, zp, z, causal = _conj_parts(qx, kx, qp, kp, mode, scale, mask, prefix)
     da = _einsum("bihd,bjhd->bhij", dout, v)
     if mode == "softmax_product":
         (ax, _), (ap, _) = _log_softmax_parts(zx), _log_softmax_parts(zp)

@@ -19,10 +19,11 @@ import numpy as np
 from tqdm.auto import tqdm
 
 from .models import ModelConfig, Transformer
-from .tasks import navigation, rotation4d, selective_copy, transduction
+from .tasks import digits, navigation, rotation4d, selective_copy, transduction
 
 TASKS = {"navigation": navigation, "selective_copy": selective_copy,
-         "rotation4d": rotation4d, **{op: transduction for op in transduction.OPERATIONS}}
+         "rotation4d": rotation4d, **{op: transduction for op in transduction.OPERATIONS},
+         **{name: digits for name in digits.VARIANTS}}
 SCHEDULES = ("linear", "cosine")
 EVAL_SETS = ("iid", "ood_dense", "ood_sparse")
 PRESETS = EVAL_SETS + ("table3",)  # training presets: navigation's "table3" has its own OOD sets
@@ -38,8 +39,10 @@ class TrainConfig:
     lr 3e-4, weight decay 0.05, batch 128, gradient clipping at 1.0, linear decay to 0 and
     no warmup, on the 2D ``iid`` preset (128 steps, p_empty 0.5, grid 64).
 
-    task: 'navigation', 'rotation4d', 'selective_copy' or one of APE's sequence
-    transductions 'copy', 'repeat', 'reverse'; preset: 'iid', 'ood_dense', 'ood_sparse' or
+    task: 'navigation', 'rotation4d', 'selective_copy', one of APE's sequence
+    transductions 'copy', 'repeat', 'reverse', or the image classifications 'digits' (8x8
+    digits, 64 pixel tokens) and 'digits16' (pasted at random offsets on a 16x16 canvas; see
+    :mod:`mapformer.tasks.digits`); preset: 'iid', 'ood_dense', 'ood_sparse' or
     (navigation) 'table3', the SSM comparison's 16-step training set (transduction: 'iid'
     only).
     dims, steps, grid_size, p_empty, n_objects: navigation (see
@@ -142,6 +145,8 @@ class TrainConfig:
             vocab = {"n_objects": self.n_objects, "planes": self.planes}
         elif self.task in transduction.OPERATIONS:
             shape, vocab = ("mean_length",), {"n_symbols": self.n_symbols}
+        elif self.task in digits.VARIANTS:
+            return digits.preset(name, canvas=digits.VARIANTS[self.task])
         else:
             shape, vocab = ("n_copy", "n_blanks"), {"n_symbols": self.n_symbols}
         overrides = {k: v for k, v in vocab.items() if v is not None}
@@ -273,7 +278,25 @@ def task_module(task):
         return rotation4d
     if isinstance(task, transduction.TransductionConfig):
         return transduction
+    if isinstance(task, digits.DigitsConfig):
+        return digits
     return navigation if isinstance(task, navigation.NavigationConfig) else selective_copy
+
+
+def batch_prefix(module, batch):
+    """The task's prefix length of each sequence of ``batch``, int (B,) (transduction: its
+    source and separator, the part a prefix LM reads bidirectionally; what attention with
+    ``attn_mask='prefix'`` sees in full), or None when the task module defines none
+    (``attention_prefix(batch)``)."""
+    read = getattr(module, "attention_prefix", None)
+    return None if read is None else read(batch)
+
+
+def batch_pool(module):
+    """How the model pools its features for the task module: 'mean' for classification
+    tasks (one class per sequence: the module's ``POOL``), else None (a prediction per
+    token)."""
+    return getattr(module, "POOL", None)
 
 
 def masked_accuracy(logits, batch):
@@ -312,8 +335,10 @@ def evaluate(model, tasks, sequences=256, seed=0, batch_size=32):
             n = int(batch.mask.sum())
             if n == 0:
                 continue
+            module = task_module(task)
             loss_sum += model.loss(batch.tokens, batch.targets, batch.mask,
-                                   task_module(task).token_coordinates(batch)) * n
+                                   module.token_coordinates(batch),
+                                   batch_prefix(module, batch), batch_pool(module)) * n
             pred = model.ops.to_numpy(model.logits).reshape(batch.mask.shape + (-1,)).argmax(-1)
             correct = (pred == batch.targets) & batch.mask
             hits += int(correct.sum())
@@ -612,7 +637,8 @@ def train(model_config, train_config, out_dir=None, resume=None, progress=True, 
                                     np.random.default_rng([train_config.seed, step]))
             loss = model.loss(batch.tokens, batch.targets,
                               module.loss_mask(batch, train_config.loss_positions),
-                              module.token_coordinates(batch))
+                              module.token_coordinates(batch), batch_prefix(module, batch),
+                              batch_pool(module))
             model.backward()
             lr = learning_rate(train_config, step)
             norm = optimizer.step(lr)

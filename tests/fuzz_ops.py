@@ -48,7 +48,9 @@ WRITTEN = {
     "nc_backward": {"dstart"},
 }
 IDS = {"embedding_forward": ("tokens", "V"), "embedding_backward": ("tokens", "V"),
-       "softmax_xent_forward": ("targets", "V"), "softmax_xent_backward": ("targets", "V")}
+       "softmax_xent_forward": ("targets", "V"), "softmax_xent_backward": ("targets", "V"),
+       **{op: ("prefix", "T+1") for op in ("attention_forward", "attention_backward",
+                                           "conj_attention_forward", "conj_attention_backward")}}
 MODULE_FUNCTIONS = ("cpu_level", "info", "kernel_sets", "kernels", "release_pool", "set_kernels")
 
 
@@ -63,10 +65,16 @@ def good_call(op, rng):
     N, C, F, V = (int(rng.integers(1, 8)), int(rng.integers(1, 9)), int(rng.integers(1, 12)),
                   int(rng.integers(2, 9)))
     P = int(rng.integers(1, 40))
-    s = dict(B=B, T=T, H=H, D=D, N=N, C=C, F=F, V=V, P=P)
+    s = dict(B=B, T=T, H=H, D=D, N=N, C=C, F=F, V=V, P=P, **{"T+1": T + 1})
 
     def bthd():
         return f32(rng, B, T, H, D)
+
+    def masked():
+        """the attention ops' mask and prefix, drawn"""
+        mask = str(rng.choice(["causal", "none", "prefix"]))
+        prefix = rng.integers(0, T + 1, B).astype(np.int32) if mask == "prefix" else None
+        return dict(mask=mask, prefix=prefix)
 
     if op == "embedding_forward":
         return dict(tokens=rng.integers(0, V, N).astype(np.int32), weight=f32(rng, V, C)), s
@@ -103,11 +111,11 @@ def good_call(op, rng):
                     dw_fc=f32(rng, F, C), db_fc=f32(rng, F), dw_proj=f32(rng, C, F),
                     db_proj=f32(rng, C)), s
     if op == "attention_forward":
-        return dict(q=bthd(), k=bthd(), v=bthd(), scale=None), s
+        return dict(q=bthd(), k=bthd(), v=bthd(), scale=None, **masked()), s
     if op == "attention_backward":
-        q, k, v = bthd(), bthd(), bthd()
-        out, lse = _C.attention_forward(q, k, v)
-        return dict(dout=bthd(), q=q, k=k, v=v, out=out, lse=lse, scale=None), s
+        q, k, v, m = bthd(), bthd(), bthd(), masked()
+        out, lse = _C.attention_forward(q, k, v, **m)
+        return dict(dout=bthd(), q=q, k=k, v=v, out=out, lse=lse, scale=None, **m), s
     if op == "rotary_forward":
         return dict(q=bthd(), k=bthd(), theta=f32(rng, 1, T, H, D // 2)), s
     if op == "rotary_backward":
@@ -229,12 +237,12 @@ def good_call(op, rng):
     mode = str(rng.choice(["score_product", "softmax_product", "sum"]))
     if op == "conj_attention_forward":
         return dict(qx=bthd(), kx=bthd(), qp=bthd(), kp=bthd(), v=bthd(), mode=mode,
-                    scale=None), s
+                    scale=None, **masked()), s
     if op == "conj_attention_backward":
-        qx, kx, qp, kp, v = bthd(), bthd(), bthd(), bthd(), bthd()
-        out, lse = _C.conj_attention_forward(qx, kx, qp, kp, v, mode=mode)
+        qx, kx, qp, kp, v, m = bthd(), bthd(), bthd(), bthd(), bthd(), masked()
+        out, lse = _C.conj_attention_forward(qx, kx, qp, kp, v, mode=mode, **m)
         return dict(dout=bthd(), qx=qx, kx=kx, qp=qp, kp=kp, v=v, out=out, lse=lse,
-                    mode=mode, scale=None), s
+                    mode=mode, scale=None, **m), s
     raise KeyError(op)
 
 
@@ -247,7 +255,7 @@ BAD_SCALARS = [float("nan"), float("inf"), -float("inf"), 2**2000, -(2**2000), 1
                2**63, -(2**63) - 1, -1, 0, "1", b"x", [1.0], None, True, np.float64("nan"),
                np.int64(-5), 3.5e38, -3.5e38]
 SCALAR_NAMES = {"scale", "eps", "lr", "step", "beta1", "beta2", "weight_decay", "max_norm",
-                "mode", "gamma"}
+                "mode", "gamma", "mask"}
 BAD_MODES = ["score_product\0junk", "", "sum\0", "SUM", "score_product ", 3, None, b"sum"]
 
 
@@ -342,7 +350,7 @@ def mutate(op, kwargs, sizes, rng):
     elif kind == 12:
         scalars = [k for k in kwargs if k in SCALAR_NAMES] or ["scale"]
         s = str(rng.choice(scalars))
-        if s == "mode":
+        if s in ("mode", "mask"):
             kwargs[s] = BAD_MODES[int(rng.integers(0, len(BAD_MODES)))]
         else:
             kwargs[s] = BAD_SCALARS[int(rng.integers(0, len(BAD_SCALARS)))]

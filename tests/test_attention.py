@@ -28,20 +28,20 @@ def make(rng, B, T, H, D):
     return [randn(rng, B, T, H, D) for _ in range(4)]
 
 
-def attention_float32(q, k, v, dout, scale=None, fused=True):
+def attention_float32(q, k, v, dout, scale=None, fused=True, mask="causal", prefix=None):
     """The op's computation in float32 NumPy, full T x T matrices: the forward, then the
     backward from what the forward saves (out and the float32 lse, from which it recomputes
     the probabilities, as the op does): out, lse, dq, dk, dv; products as conftest.matmul32
     with `fused`. Its error against the float64 reference is the error float32 arithmetic
-    makes on this problem."""
+    makes on this problem. mask, prefix: the keys each query sees (reference.attention_mask)."""
     f32 = np.float32
-    T, D = q.shape[1], q.shape[3]
+    B, T, D = q.shape[0], q.shape[1], q.shape[3]
     scale = f32(1 / np.sqrt(D) if scale is None else scale)
     heads = lambda x: np.ascontiguousarray(x.transpose(0, 2, 1, 3))  # noqa: E731
     t = lambda x: x.transpose(0, 1, 3, 2)  # noqa: E731
     mm = lambda a, b: matmul32(a, b, fused)  # noqa: E731
     qh, kh, vh, dh = (heads(x) for x in (q, k, v, dout))
-    causal = np.tril(np.ones((T, T), dtype=bool))
+    causal = ref.attention_mask(B, T, mask, prefix)
     s = np.where(causal, mm(qh, t(kh)) * scale, f32(-np.inf))
     m = s.max(-1, keepdims=True)
     e = np.exp(s - m)
@@ -53,16 +53,16 @@ def attention_float32(q, k, v, dout, scale=None, fused=True):
             heads(mm(t(p), dh)))
 
 
-def attention_magnitudes(q, k, v, dout, scale=None):
+def attention_magnitudes(q, k, v, dout, scale=None, mask="causal", prefix=None):
     """For out, lse, dq, dk, dv: the size of the terms float32 rounds on the way to each
     result, the reference's formulas in float64 with every term's absolute value (dS's terms
     are scale A dA and scale A Dv, which cancel exactly for a query with one key)."""
-    T, D = q.shape[1], q.shape[3]
+    B, T, D = q.shape[0], q.shape[1], q.shape[3]
     scale = 1 / np.sqrt(D) if scale is None else scale
     heads = lambda x: np.ascontiguousarray(x.transpose(0, 2, 1, 3), np.float64)  # noqa
     t = lambda x: x.transpose(0, 1, 3, 2)  # noqa: E731
     qh, kh, vh, dh = (heads(x) for x in (q, k, v, dout))
-    s = np.where(np.tril(np.ones((T, T), dtype=bool)), qh @ t(kh) * scale, -np.inf)
+    s = np.where(ref.attention_mask(B, T, mask, prefix), qh @ t(kh) * scale, -np.inf)
     e = np.exp(s - s.max(-1, keepdims=True))
     a = e / e.sum(-1, keepdims=True)
     big = abs(scale) * a * (np.abs(dh @ t(vh)) + np.abs((dh * (a @ vh)).sum(-1, keepdims=True)))
@@ -70,21 +70,24 @@ def attention_magnitudes(q, k, v, dout, scale=None):
                                               t(big) @ np.abs(qh), t(a) @ np.abs(dh))]
 
 
-def check(q, k, v, dout, scale=None):
+def check(q, k, v, dout, scale=None, mask="causal", prefix=None):
     """C forward and backward against the reference, each result within twice float32
-    NumPy's error (plus a few ulps); inputs must come back unchanged."""
+    NumPy's error (plus a few ulps); inputs must come back unchanged. mask, prefix: the
+    op's."""
+    m = dict(mask=mask, prefix=prefix)
     before = [a.copy() for a in (q, k, v, dout)]
-    out, lse = _C.attention_forward(q, k, v, scale)
+    out, lse = _C.attention_forward(q, k, v, scale, **m)
     B, T, H, D = q.shape
     assert out.dtype == np.float32 and out.shape == (B, T, H, D) and out.flags.c_contiguous
     assert lse.dtype == np.float32 and lse.shape == (B, H, T) and lse.flags.c_contiguous
     lse_before = lse.copy()
-    dq, dk, dv = _C.attention_backward(dout, q, k, v, out, lse, scale)
+    dq, dk, dv = _C.attention_backward(dout, q, k, v, out, lse, scale, **m)
     for g in (dq, dk, dv):
         assert g.dtype == np.float32 and g.shape == (B, T, H, D) and g.flags.c_contiguous
-    want = (*ref.attention_forward(q, k, v, scale), *ref.attention_backward(dout, q, k, v, scale))
-    base = attention_float32(q, k, v, dout, scale, kernel_fuses_multiply_add(_C.kernels()))
-    mout, mdq, mdk, mdv = attention_magnitudes(q, k, v, dout, scale)
+    want = (*ref.attention_forward(q, k, v, scale, **m),
+            *ref.attention_backward(dout, q, k, v, scale, **m))
+    base = attention_float32(q, k, v, dout, scale, kernel_fuses_multiply_add(_C.kernels()), **m)
+    mout, mdq, mdk, mdv = attention_magnitudes(q, k, v, dout, scale, **m)
     for got, w, b, mag, name in zip((out, lse, dq, dk, dv), want, base,
                                     (mout, None, mdq, mdk, mdv), ("out", "lse", "dq", "dk", "dv")):
         assert_float32_accurate(got, w, b, name, mag)
@@ -194,7 +197,9 @@ class Params(ctypes.Structure):  # MfAttentionParams
     _fields_ = [(name, F) for name in ("out", "lse", "dq", "dk", "dv", "q", "k", "v", "dout",
                                         "o", "lse_in")] + \\
                [(name, ctypes.c_int64) for name in "BTHD"] + \\
-               [("scale", ctypes.c_float), ("scratch", F), ("scratch_floats", ctypes.c_int64)]
+               [("scale", ctypes.c_float), ("mask", ctypes.c_int),
+                ("prefix", ctypes.POINTER(ctypes.c_int32)), ("scratch", F),
+                ("scratch_floats", ctypes.c_int64)]
 
 
 lib = ctypes.CDLL(_C.__file__)

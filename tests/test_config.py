@@ -9,7 +9,8 @@ from mapformer.models import MODELS, ModelConfig, Transformer, forward_flops
 from mapformer.tasks import navigation, selective_copy
 
 # every attention mixer's query-scaling options, at their defaults
-SCALING = {"attn_scale": 1.0, "attn_log_scale": 0, "attn_log_clamp": True}
+SCALING = {"attn_scale": 1.0, "attn_log_scale": 0, "attn_log_clamp": True,
+           "attn_mask": "causal", "attn_prefix": 0}
 PRESET_PARTS = {  # the preset names the reproduction tables and users know
     "rope": ("attention", "rope", {**SCALING, "rope_base": 10000.0, "rope_trainable": False}),
     "mapwm": ("attention", "mapwm", {**SCALING, "delta_rank": 2, "omega_max": math.pi,

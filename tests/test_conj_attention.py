@@ -113,21 +113,22 @@ def test_reference_rejects_unknown_mode(rng):
 
 # ---- the C op against the reference ---------------------------------------------------------
 
-def conj_float32(qx, kx, qp, kp, v, dout, mode, scale=None, fused=True):
+def conj_float32(qx, kx, qp, kp, v, dout, mode, scale=None, fused=True, mask="causal",
+                 prefix=None):
     """The op's computation in float32 NumPy, full T x T matrices: the forward, then the
     backward from what the forward saves (out and the float32 lse, from which it recomputes
     the probabilities, as the op does): out, lse, dqx, dkx, dqp, dkp, dv; products as
     conftest.matmul32 with `fused`. Its error against the float64 reference is the error
-    float32 arithmetic makes on this problem."""
+    float32 arithmetic makes on this problem. mask, prefix: the keys each query sees."""
     f32 = np.float32
-    T, D = qx.shape[1], qx.shape[3]
+    B, T, D = qx.shape[0], qx.shape[1], qx.shape[3]
     scale = f32(1 / np.sqrt(D) if scale is None else scale)
     heads = lambda x: np.ascontiguousarray(x.transpose(0, 2, 1, 3))  # noqa: E731
     t = lambda x: x.transpose(0, 1, 3, 2)  # noqa: E731
     mm = lambda a, b: matmul32(a, b, fused)  # noqa: E731
     qx, kx, qp, kp, v, dout = (heads(x) for x in (qx, kx, qp, kp, v, dout))
     sx, sp = mm(qx, t(kx)), mm(qp, t(kp))
-    causal = np.tril(np.ones((T, T), dtype=bool))
+    causal = ref.attention_mask(B, T, mask, prefix)
 
     def softmax(z):
         z = np.where(causal, z, f32(-np.inf))
@@ -160,18 +161,18 @@ def conj_float32(qx, kx, qp, kp, v, dout, mode, scale=None, fused=True):
             heads(mm(t(dsp), qp)), heads(mm(t(a), dout)))
 
 
-def conj_magnitudes(qx, kx, qp, kp, v, dout, mode, scale=None):
+def conj_magnitudes(qx, kx, qp, kp, v, dout, mode, scale=None, mask="causal", prefix=None):
     """For out, dqx, dkx, dqp, dkp, dv: the size of the terms float32 rounds on the way to
     each result, the reference's formulas in float64 with every term's absolute value (the
     score gradients' terms, e.g. scale A dA and scale A Dv, cancel exactly for a query with one
     key)."""
-    T, D = qx.shape[1], qx.shape[3]
+    B, T, D = qx.shape[0], qx.shape[1], qx.shape[3]
     scale = 1 / np.sqrt(D) if scale is None else scale
     heads = lambda x: np.ascontiguousarray(x.transpose(0, 2, 1, 3), np.float64)  # noqa
     t = lambda x: x.transpose(0, 1, 3, 2)  # noqa: E731
     qx, kx, qp, kp, v, dout = (heads(x) for x in (qx, kx, qp, kp, v, dout))
     sx, sp = qx @ t(kx), qp @ t(kp)
-    causal = np.tril(np.ones((T, T), dtype=bool))
+    causal = ref.attention_mask(B, T, mask, prefix)
 
     def softmax(z):
         z = np.where(causal, z, -np.inf)
@@ -194,25 +195,27 @@ def conj_magnitudes(qx, kx, qp, kp, v, dout, mode, scale=None):
                                               t(mp) @ np.abs(qp), t(a) @ np.abs(dout))]
 
 
-def check(mode, qx, kx, qp, kp, v, dout, scale=None):
+def check(mode, qx, kx, qp, kp, v, dout, scale=None, mask="causal", prefix=None):
     """C forward and backward against the reference, each result within twice float32
-    NumPy's error (plus a few ulps); inputs must come back unchanged."""
+    NumPy's error (plus a few ulps); inputs must come back unchanged. mask, prefix: the
+    op's."""
+    m = dict(mask=mask, prefix=prefix)
     inputs = (qx, kx, qp, kp, v, dout)
     before = [a.copy() for a in inputs]
-    out, lse = _C.conj_attention_forward(qx, kx, qp, kp, v, mode, scale)
+    out, lse = _C.conj_attention_forward(qx, kx, qp, kp, v, mode, scale, **m)
     B, T, H, D = qx.shape
     M = 2 if mode == "softmax_product" else 1
     assert out.dtype == np.float32 and out.shape == (B, T, H, D) and out.flags.c_contiguous
     assert lse.dtype == np.float32 and lse.shape == (M, B, H, T) and lse.flags.c_contiguous
     lse_before, out_before = lse.copy(), out.copy()
-    grads = _C.conj_attention_backward(dout, qx, kx, qp, kp, v, out, lse, mode, scale)
+    grads = _C.conj_attention_backward(dout, qx, kx, qp, kp, v, out, lse, mode, scale, **m)
     for g in grads:
         assert g.dtype == np.float32 and g.shape == (B, T, H, D) and g.flags.c_contiguous
-    want = (*ref.conj_attention_forward(qx, kx, qp, kp, v, mode, scale),
-            *ref.conj_attention_backward(dout, qx, kx, qp, kp, v, mode, scale))
+    want = (*ref.conj_attention_forward(qx, kx, qp, kp, v, mode, scale, **m),
+            *ref.conj_attention_backward(dout, qx, kx, qp, kp, v, mode, scale, **m))
     base = conj_float32(qx, kx, qp, kp, v, dout, mode, scale,
-                        kernel_fuses_multiply_add(_C.kernels()))
-    mout, *mgrads = conj_magnitudes(qx, kx, qp, kp, v, dout, mode, scale)
+                        kernel_fuses_multiply_add(_C.kernels()), **m)
+    mout, *mgrads = conj_magnitudes(qx, kx, qp, kp, v, dout, mode, scale, **m)
     for got, w, b, mag, name in zip((out, lse, *grads), want, base, (mout, None, *mgrads),
                                     ("out", "lse", "dqx", "dkx", "dqp", "dkp", "dv")):
         assert_float32_accurate(got, w, b, name, mag)

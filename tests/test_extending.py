@@ -27,7 +27,8 @@ TASK = dict(dims=1, steps=6, grid_size=4, n_objects=3)
 RATE = "blocks.0.mixer.scheme.rate"
 HERE = Path(__file__).resolve().parent
 
-SCALING = {"attn_scale": 1.0, "attn_log_scale": 0, "attn_log_clamp": True}  # defaults
+SCALING = {"attn_scale": 1.0, "attn_log_scale": 0, "attn_log_clamp": True,
+           "attn_mask": "causal", "attn_prefix": 0}  # defaults
 
 
 def code_without_docstrings(source):

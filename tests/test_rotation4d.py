@@ -121,3 +121,8 @@ def test_reproduce_fig7_runs_at_tiny_scale(tmp_path):
     for r in runs:  # one evaluation per optimizer step (eval_every 1), 2 steps
         assert [step for step, _ in r["curve"]] == [1, 2]
         assert 0 <= r["eval"]["ood_sparse"]["accuracy"] <= 1
+    # a rerun skips the runs the file holds and trains only the missing seed
+    again = module.main(["--scale", "tiny", "--seeds", "2", "--panels", "bd",
+                         "--out", str(tmp_path)])
+    assert again[:4] == saved["runs"]
+    assert [(r["model"], r["seed"]) for r in again[4:]] == [(m, 1) for m in module.FIG7BD]

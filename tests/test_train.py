@@ -19,7 +19,8 @@ from mapformer.train import (CHECKPOINT_VERSION, TrainConfig, check_resume, deca
 TINY_TASK = dict(dims=1, steps=12, grid_size=6, p_empty=0.5, n_objects=5)
 QUIET = dict(progress=False, log=lambda *a: None)
 
-SCALING = {"attn_scale": 1.0, "attn_log_scale": 0, "attn_log_clamp": True}  # defaults
+SCALING = {"attn_scale": 1.0, "attn_log_scale": 0, "attn_log_clamp": True,
+           "attn_mask": "causal", "attn_prefix": 0}  # defaults
 
 
 def tiny_configs(**train_fields):

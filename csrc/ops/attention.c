@@ -1,7 +1,11 @@
-/* Causal softmax attention, tiled like FlashAttention-2: the entry points.
+/* Softmax attention, tiled like FlashAttention-2: the entry points.
  *
- *   out[b,i,h] = sum_{j <= i} softmax_j(scale * q_i . k_j) v_j
- *   lse[b,h,i] = log sum_{j <= i} exp(scale * q_i . k_j)
+ *   out[b,i,h] = sum_{j <= lim} softmax_j(scale * q_i . k_j) v_j
+ *   lse[b,h,i] = log sum_{j <= lim} exp(scale * q_i . k_j)
+ *
+ * with lim = max(i, P_b - 1) by the mask (mapformer.h, MfMask): P_b = 0 causal (the default),
+ * T none (full attention), prefix[b] prefix (a prefix LM: full attention within the first P_b
+ * tokens, causal after them).
  *
  * Forward saves lse (B, H, T), one float per query row; the caller keeps out. No T x T matrix
  * exists in either direction: scores live in block x block tiles of per-thread scratch.
@@ -10,13 +14,14 @@
  *   dv = P^T dout, dk = dS^T q, dq = dS k.
  * Gradient rule: dq, dk, dv are activation gradients, written (=).
  *
- * This file checks the sizes, the pointers and the caller's scratch, and runs the job on the
- * active kernel set (mf_kernels(), read once per call): plain attention is the conjunctive
- * attention kernels' MF_ATTN_PLAIN kind, one score product per tile
+ * This file checks the sizes, the mask and prefix, the pointers and the caller's scratch, and
+ * runs the job on the active kernel set (mf_kernels(), read once per call): plain attention is
+ * the conjunctive attention kernels' MF_ATTN_PLAIN kind, one score product per tile
  * (csrc/ops/kernels/attention.h at 16, 8 or 4 floats, or the OpenBLAS tiles of
  * csrc/ops/portable/attention_blas.c). MF_EINVAL for D odd or outside [16, 128], any size < 1,
- * a non-finite scale, a NULL pointer, outputs overlapping each other or an input, or scratch
- * that is NULL, not 64-byte aligned or smaller than one thread's share; with less scratch than
+ * a non-finite scale, an unknown mask, a prefix NULL or outside [0, T] (MF_MASK_PREFIX), a
+ * NULL pointer, outputs overlapping each other or an input, or scratch that is NULL, not
+ * 64-byte aligned or smaller than one thread's share; with less scratch than
  * the team needs, fewer threads run. Every output has the same bits for any thread count. */
 #include <stddef.h>
 
@@ -30,6 +35,9 @@ static int make_job(const MfAttentionParams *p, int backward, MfAttnJob *j) {
     const int status = mf_attn_check_sizes(p->B, p->T, p->H, p->D, p->scale);
     if (status != MF_OK) return status;
     mf_attn_job_init(j, p->B, p->T, p->H, p->D, p->scale, MF_ATTN_PLAIN);
+    if (mf_attn_check_mask(p->mask, p->prefix, p->B, p->T) != MF_OK) return MF_EINVAL;
+    j->mask = p->mask;
+    j->prefix = p->prefix;
     j->qx = p->q;
     j->kx = p->k;
     j->v = p->v;

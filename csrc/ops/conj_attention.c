@@ -1,6 +1,8 @@
-/* Conjunctive attention (MapEM, MapFormer paper sec. 3.5.1, eq. 13), causal, tiled like
+/* Conjunctive attention (MapEM, MapFormer paper sec. 3.5.1, eq. 13), tiled like
  * FlashAttention-2: the entry points. Per (b, h), with content scores sX = qx kx^T and
- * positional scores sP = qp kp^T (T x T, only j <= i), one of three modes (MfConjMode):
+ * positional scores sP = qp kp^T (T x T, only the keys j the mask shows query i: j <= i when
+ * causal, the default; every j for MF_MASK_NONE; j <= max(i, P_b - 1) for MF_MASK_PREFIX,
+ * mapformer.h), one of three modes (MfConjMode):
  *
  *   score_product (0):   A = softmax_j(scale sX * sP)                 lse   = log sum_j exp(..)
  *   softmax_product (1): A = softmax_j(scale sX) * softmax_j(scale sP) lseX, lseP of each
@@ -22,14 +24,15 @@
  *   dqx = dsX kx, dkx = dsX^T qx, dqp = dsP kp, dkp = dsP^T qp, dv = A^T dout.
  * Gradient rule: all five gradients are activation gradients, written (=).
  *
- * This file checks the sizes, the mode, the pointers and the caller's scratch, and runs the
- * job on the active kernel set (mf_kernels(), read once per call): csrc/ops/kernels/attention.h
- * at 16, 8 or 4 floats, or the OpenBLAS tiles of csrc/ops/portable/attention_blas.c, which
- * serve plain attention (attention.c) too. Products per (query block, key block): forward 3
- * (5 for softmax_product), backward 8. MF_EINVAL for D odd or outside [16, 128], any size < 1,
- * a non-finite scale, an unknown mode, a NULL pointer, outputs overlapping each other or an
- * input, or scratch that is NULL, not 64-byte aligned or smaller than one thread's share; with
- * less scratch than the team needs, fewer threads run. Every output has the same bits for any
+ * This file checks the sizes, the mode, the mask and prefix, the pointers and the caller's
+ * scratch, and runs the job on the active kernel set (mf_kernels(), read once per call):
+ * csrc/ops/kernels/attention.h at 16, 8 or 4 floats, or the OpenBLAS tiles of
+ * csrc/ops/portable/attention_blas.c, which serve plain attention (attention.c) too. Products
+ * per (query block, key block): forward 3 (5 for softmax_product), backward 8. MF_EINVAL for
+ * D odd or outside [16, 128], any size < 1, a non-finite scale, an unknown mode or mask, a
+ * prefix NULL or outside [0, T], a NULL pointer, outputs overlapping each other or an input,
+ * or scratch that is NULL, not 64-byte aligned or smaller than one thread's share; with less
+ * scratch than the team needs, fewer threads run. Every output has the same bits for any
  * thread count. */
 #include <stddef.h>
 
@@ -48,6 +51,9 @@ static int make_job(const MfConjAttentionParams *p, int backward, MfAttnJob *j) 
     const int status = mf_attn_check_sizes(p->B, p->T, p->H, p->D, p->scale);
     if (status != MF_OK) return status;
     mf_attn_job_init(j, p->B, p->T, p->H, p->D, p->scale, p->mode);
+    if (mf_attn_check_mask(p->mask, p->prefix, p->B, p->T) != MF_OK) return MF_EINVAL;
+    j->mask = p->mask;
+    j->prefix = p->prefix;
     j->qx = p->qx;
     j->kx = p->kx;
     j->qp = p->qp;

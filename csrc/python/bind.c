@@ -808,6 +808,22 @@ int mf_check_ids(const int32_t *ids, int64_t n, int64_t V, const char *name) {
     return 0;
 }
 
+const char *const mf_mask_names[] = {"causal", "none", "prefix", NULL};
+
+int mf_check_mask(int mask, const int32_t *prefix, int64_t B, int64_t T) {
+    if (mask == MF_MASK_PREFIX && prefix == NULL) {
+        PyErr_SetString(PyExc_ValueError,
+                        "prefix (int32 (B,), the prefix lengths) is required with mask='prefix'");
+        return -1;
+    }
+    if (mask != MF_MASK_PREFIX && prefix != NULL) {
+        PyErr_Format(PyExc_ValueError, "prefix is read only with mask='prefix', got mask='%s'",
+                     mf_mask_names[mask]);
+        return -1;
+    }
+    return prefix != NULL ? mf_check_ids(prefix, B, T + 1, "prefix") : 0;
+}
+
 int mf_head_dim_and_scale(int64_t D, const char *arrays, float *scale) {
     if (D % 2 != 0 || D < 16 || D > 128) {
         PyErr_Format(PyExc_ValueError,

@@ -129,6 +129,11 @@ size_t mf_pool_clear(void);
 /* the attention ops' head dim: ValueError unless D is even and in [16, 128] (`arrays` names
  * the arrays whose last axis it is); a NaN *scale (None) becomes 1/sqrt(D) */
 int mf_head_dim_and_scale(int64_t D, const char *arrays, float *scale);
+/* the attention masks' names, by MfMask value ("causal", "none", "prefix"), NULL-terminated */
+extern const char *const mf_mask_names[];
+/* the attention ops' mask and prefix: ValueError naming `prefix` when it is missing with
+ * mask='prefix', given with another mask, or has an entry outside [0, T] */
+int mf_check_mask(int mask, const int32_t *prefix, int64_t B, int64_t T);
 /* ValueError unless D is even, naming the array that fixed it (`why`: what the pairs are) */
 int mf_even_head_dim(const MfCall *c, const char *why);
 

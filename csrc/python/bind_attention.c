@@ -1,4 +1,5 @@
-/* Binding of csrc/ops/attention.c: causal softmax attention, forward and backward. */
+/* Binding of csrc/ops/attention.c: softmax attention (causal, none or prefix mask), forward
+ * and backward. */
 #include "bind.h"
 
 #define P(f) offsetof(MfAttentionParams, f)
@@ -7,14 +8,22 @@ static const MfSize sizes[] = {{"B", P(B)}, {"T", P(T)}, {"H", P(H)}, {"D", P(D)
 static int check(MfCall *c, void *params) {
     MfAttentionParams *p = params;
     (void)c;
+    if (mf_check_mask(p->mask, p->prefix, p->B, p->T) < 0) return -1;
     return mf_head_dim_and_scale(p->D, "q, k, v", &p->scale);
 }
+
+#define MASK(pos) {"mask", pos, MF_CHOICE, MF_OPTIONAL | MF_KWONLY, .field = P(mask), \
+                   .choices = mf_mask_names}
+#define PREFIX(pos) {"prefix", pos, MF_IN, MF_OPTIONAL | MF_NONE | MF_KWONLY, "B", \
+                     .field = P(prefix), .dtype = MF_I32}
 
 static const MfArg forward_args[] = {
     {"q", 1, MF_IN, 0, "B T H D", .field = P(q)},
     {"k", 2, MF_IN, 0, "B T H D", .field = P(k)},
     {"v", 3, MF_IN, 0, "B T H D", .field = P(v)},
     {"scale", 4, MF_FLOAT, MF_OPTIONAL | MF_NONE, .field = P(scale), MF_FINITE},
+    MASK(5),
+    PREFIX(6),
     {"out", 0, MF_OUT, 0, "B T H D", .field = P(out)},
     {"lse", 0, MF_OUT, 0, "B H T", .field = P(lse)},
     {0}};
@@ -32,6 +41,8 @@ static const MfArg backward_args[] = {
     {"out", 5, MF_IN, 0, "B T H D", .field = P(o)},
     {"lse", 6, MF_IN, 0, "B H T", .field = P(lse_in)},
     {"scale", 7, MF_FLOAT, MF_OPTIONAL | MF_NONE, .field = P(scale), MF_FINITE},
+    MASK(8),
+    PREFIX(9),
     {"dq", 0, MF_OUT, 0, "B T H D", .field = P(dq)},
     {"dk", 0, MF_OUT, 0, "B T H D", .field = P(dk)},
     {"dv", 0, MF_OUT, 0, "B T H D", .field = P(dv)},
@@ -46,16 +57,21 @@ MF_DEFINE(attention_backward, backward)
 
 PyMethodDef mf_attention_methods[] = {
     MF_METHOD(attention_forward,
-     "attention_forward(q, k, v, scale=None) -> (out, lse)\n\n"
-     "Causal softmax attention: out[b, i, h] = sum_{j <= i} softmax_j(scale q_i . k_j) v_j.\n"
+     "attention_forward(q, k, v, scale=None, *, mask='causal', prefix=None) -> (out, lse)\n\n"
+     "Softmax attention: out[b, i, h] = sum_{j <= lim} softmax_j(scale q_i . k_j) v_j, where\n"
+     "lim = max(i, P_b - 1): P_b = 0 for mask='causal' (j <= i), T for 'none' (every key)\n"
+     "and prefix[b] for 'prefix' (a prefix LM: full attention within the first prefix[b]\n"
+     "tokens, causal after them).\n"
      "q, k, v: float32 C-contiguous (B, T, H, D), head dim D even in [16, 128].\n"
      "scale: float, default 1/sqrt(D).\n"
+     "prefix: int32 (B,) in [0, T], with mask='prefix' only.\n"
      "Returns out float32 (B, T, H, D) and lse float32 (B, H, T), the log-sum-exp of each\n"
      "query's scaled scores: the only thing attention_backward needs besides out."),
     MF_METHOD(attention_backward,
-     "attention_backward(dout, q, k, v, out, lse, scale=None) -> (dq, dk, dv)\n\n"
-     "Gradients of causal attention given dout, the gradient of out.\n"
+     "attention_backward(dout, q, k, v, out, lse, scale=None, *, mask='causal', prefix=None)\n"
+     "-> (dq, dk, dv)\n\n"
+     "Gradients of attention given dout, the gradient of out.\n"
      "dout, q, k, v, out: float32 C-contiguous (B, T, H, D); lse: float32 (B, H, T) from\n"
-     "attention_forward with the same scale (default 1/sqrt(D)).\n"
+     "attention_forward with the same scale (default 1/sqrt(D)), mask and prefix.\n"
      "Returns new float32 arrays dq, dk, dv (B, T, H, D)."),
     {NULL, NULL, 0, NULL}};

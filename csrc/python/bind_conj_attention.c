@@ -1,4 +1,5 @@
-/* Binding of csrc/ops/conj_attention.c: MapEM's conjunctive attention, forward and backward. */
+/* Binding of csrc/ops/conj_attention.c: MapEM's conjunctive attention (causal, none or prefix
+ * mask), forward and backward. */
 #include "bind.h"
 
 #define P(f) offsetof(MfConjAttentionParams, f)
@@ -14,11 +15,16 @@ static int prepare(MfCall *c, void *params) {
 static int check(MfCall *c, void *params) {
     MfConjAttentionParams *p = params;
     (void)c;
+    if (mf_check_mask(p->mask, p->prefix, p->B, p->T) < 0) return -1;
     return mf_head_dim_and_scale(p->D, "qx, kx, qp, kp, v", &p->scale);
 }
 
 #define MODE(pos) {"mode", pos, MF_CHOICE, MF_OPTIONAL, .field = P(mode), .choices = modes}
 #define SCALE(pos) {"scale", pos, MF_FLOAT, MF_OPTIONAL | MF_NONE, .field = P(scale), MF_FINITE}
+#define MASK(pos) {"mask", pos, MF_CHOICE, MF_OPTIONAL | MF_KWONLY, .field = P(mask), \
+                   .choices = mf_mask_names}
+#define PREFIX(pos) {"prefix", pos, MF_IN, MF_OPTIONAL | MF_NONE | MF_KWONLY, "B", \
+                     .field = P(prefix), .dtype = MF_I32}
 
 static const MfArg forward_args[] = {
     {"qx", 1, MF_IN, 0, "B T H D", .field = P(qx)},
@@ -28,6 +34,8 @@ static const MfArg forward_args[] = {
     {"v", 5, MF_IN, 0, "B T H D", .field = P(v)},
     MODE(6),
     SCALE(7),
+    MASK(8),
+    PREFIX(9),
     {"out", 0, MF_OUT, 0, "B T H D", .field = P(out)},
     {"lse", 0, MF_OUT, 0, "M B H T", .field = P(lse)},
     {0}};
@@ -49,6 +57,8 @@ static const MfArg backward_args[] = {
     {"lse", 8, MF_IN, 0, "M B H T", .field = P(lse_in)},
     MODE(9),
     SCALE(10),
+    MASK(11),
+    PREFIX(12),
     {"dqx", 0, MF_OUT, 0, "B T H D", .field = P(dqx)},
     {"dkx", 0, MF_OUT, 0, "B T H D", .field = P(dkx)},
     {"dqp", 0, MF_OUT, 0, "B T H D", .field = P(dqp)},
@@ -67,10 +77,13 @@ MF_DEFINE(conj_attention_backward, backward)
 
 PyMethodDef mf_conj_attention_methods[] = {
     MF_METHOD(conj_attention_forward,
-     "conj_attention_forward(qx, kx, qp, kp, v, mode='score_product', scale=None) -> (out, lse)\n"
+     "conj_attention_forward(qx, kx, qp, kp, v, mode='score_product', scale=None, *,\n"
+     "                       mask='causal', prefix=None) -> (out, lse)\n"
      "\n"
-     "MapEM's conjunctive attention, causal. With content scores sX = qx kx^T and positional\n"
-     "scores sP = qp kp^T (per batch and head, keys j <= query i):\n"
+     "MapEM's conjunctive attention. With content scores sX = qx kx^T and positional\n"
+     "scores sP = qp kp^T (per batch and head, keys j <= max(i, P_b - 1) for query i:\n"
+     "P_b = 0 for mask='causal', T for 'none', prefix[b] (int32 (B,) in [0, T]) for\n"
+     "'prefix', as attention_forward):\n"
      "  'score_product'   A = softmax_j(scale sX * sP)\n"
      "  'softmax_product' A = softmax_j(scale sX) * softmax_j(scale sP) (rows sum to < 1)\n"
      "  'sum'             A = softmax_j(scale (sX + sP))\n"
@@ -82,11 +95,13 @@ PyMethodDef mf_conj_attention_methods[] = {
      "the only thing conj_attention_backward needs besides out."),
     MF_METHOD(conj_attention_backward,
      "conj_attention_backward(dout, qx, kx, qp, kp, v, out, lse, mode='score_product',\n"
-     "                        scale=None) -> (dqx, dkx, dqp, dkp, dv)\n"
+     "                        scale=None, *, mask='causal', prefix=None)\n"
+     "-> (dqx, dkx, dqp, dkp, dv)\n"
      "\n"
      "Gradients of conjunctive attention given dout, the gradient of out.\n"
      "dout, qx, kx, qp, kp, v, out: float32 C-contiguous (B, T, H, D); lse: float32\n"
-     "(M, B, H, T) from conj_attention_forward with the same mode and scale (M = 2 for\n"
+     "(M, B, H, T) from conj_attention_forward with the same mode, scale, mask and prefix\n"
+     "(M = 2 for\n"
      "'softmax_product', else 1).\n"
      "Returns new float32 arrays dqx, dkx, dqp, dkp, dv (B, T, H, D)."),
     {NULL, NULL, 0, NULL}};

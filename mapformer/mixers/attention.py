@@ -1,4 +1,4 @@
-"""``attention``: causal softmax attention over heads, with a positional scheme.
+"""``attention``: softmax attention over heads (causal by default), with a positional scheme.
 
 How positions enter depends on the scheme's kind:
 - ``none``: softmax(q k^T / sqrt(D)) v on the content queries and keys (MapEM-o, NoPE);
@@ -12,11 +12,19 @@ Options (every attention mixer's, :data:`mapformer.mixers.base.QUERY_SCALE_OPTIO
 logits, by a factor (a temperature, constant or growing with log i beyond the training
 length). With an ``attention`` scheme the scaled query is what the scheme receives (CoPE's
 gates read it too, so there it is more than a temperature).
+
+``attn_mask`` (:data:`mapformer.mixers.base.MASK_OPTIONS`): which keys a query sees. ``causal`` (the default: keys
+j <= i, a decoder); ``none`` (every key: an encoder, e.g. an image classifier that pools over
+the tokens); ``prefix`` (a prefix LM: full attention within the first P tokens, the source,
+causal after them), P given per sequence by the task (``Transformer.forward(prefix=...)``,
+e.g. the transduction tasks' source and separator) or, when the task gives none, the fixed
+``attn_prefix``. The kernels are the same tiled ones for every mask (no T x T matrix). With
+an ``attention`` scheme the scheme must list the mask in its ``masks`` (APE without distance
+decay does; CoPE and TAPE are causal only).
 """
 from ..schemes import get_scheme
 from . import QKVMixer, register_mixer
-from .base import QUERY_SCALE_OPTIONS
-
+from .base import MASK_OPTIONS, QUERY_SCALE_OPTIONS, mask_arguments
 
 @register_mixer
 class CausalAttention(QKVMixer):
@@ -28,12 +36,17 @@ class CausalAttention(QKVMixer):
 
     name = "attention"
     accepts = ("none", "angles", "attention")
-    options = QUERY_SCALE_OPTIONS
+    options = QUERY_SCALE_OPTIONS + MASK_OPTIONS
     traces = ("vh", "attn", "lse", "q_att", "k_att")
-
     def __init__(self, store, name, config, ops, out_std):
         super().__init__(store, name, config, ops, out_std)
         self.scheme = get_scheme(config.positional)(store, f"{name}.scheme", config, ops)
+        mask = config.options["attn_mask"]
+        if self.scheme.kind == "attention" and mask not in getattr(self.scheme, "masks",
+                                                                   ("causal",)):
+            raise ValueError(f"attn_mask {mask!r} is not supported by positional scheme "
+                             f"{config.positional!r}, which runs its own attention (its masks: "
+                             f"{getattr(self.scheme, 'masks', ('causal',))})")
         self.attend, self.attend_backward = {
             "none": (self.attend_content, self.attend_content_backward),
             "angles": (self.attend_rotated, self.attend_rotated_backward),
@@ -41,6 +54,7 @@ class CausalAttention(QKVMixer):
         }[self.scheme.kind]
 
     def forward(self, x, batch, steps, state=None):
+        self.mask = mask_arguments(self.config.options, self.prefix, batch, steps)
         self.qh, self.kh, self.vh = self.project(x, batch, steps)
         attn, state = self.attend(x, batch, steps, state)
         return self.output(attn), state
@@ -50,29 +64,32 @@ class CausalAttention(QKVMixer):
 
     def attend_content(self, x, batch, steps, state):
         self.q_att, self.k_att = self.qh, self.kh
-        attn, self.lse = self.ops.attention_forward(self.q_att, self.k_att, self.vh)
+        attn, self.lse = self.ops.attention_forward(self.q_att, self.k_att, self.vh,
+                                                    **self.mask)
         return attn, state
 
     def attend_content_backward(self, dattn, dstate):
         dq, dk, dv = self.ops.attention_backward(dattn, self.q_att, self.k_att, self.vh,
-                                                 self.attn, self.lse)
+                                                 self.attn, self.lse, **self.mask)
         return self.project_backward(dq, dk, dv), dstate
 
     def attend_rotated(self, x, batch, steps, state):
         self.theta = self.scheme.angles(x, batch, steps)
         self.q_att, self.k_att = self.ops.rotary_forward(self.qh, self.kh, self.theta)
-        attn, self.lse = self.ops.attention_forward(self.q_att, self.k_att, self.vh)
+        attn, self.lse = self.ops.attention_forward(self.q_att, self.k_att, self.vh,
+                                                    **self.mask)
         return attn, state
 
     def attend_rotated_backward(self, dattn, dstate):
         dq_att, dk_att, dv = self.ops.attention_backward(dattn, self.q_att, self.k_att, self.vh,
-                                                         self.attn, self.lse)
+                                                         self.attn, self.lse, **self.mask)
         dq, dk, dtheta = self.ops.rotary_backward(dq_att, dk_att, self.qh, self.kh, self.theta)
         dx = self.project_backward(dq, dk, dv)
         self.scheme.angles_backward(dtheta, dx)
         return dx, dstate
 
     def attend_by_scheme(self, x, batch, steps, state):
+        self.scheme.mask = self.mask
         return self.scheme.attend(x, self.qh, self.kh, self.vh, batch, steps, state)
 
     def attend_by_scheme_backward(self, dattn, dstate):

@@ -15,6 +15,9 @@ A mixer is a class registered with :func:`mapformer.mixers.register_mixer`:
   (None but for schemes with an initial state), passed through when the mixer has no use
   for it; backward accumulates (+=) into its parameters' gradients;
 - ``initial_state(batch, steps)``: its scheme's;
+- ``prefix``: set by the model before every forward: the task's prefix length of each
+  sequence (B,) or None, read by the attention mixers' ``attn_mask='prefix'``
+  (:data:`MASK_OPTIONS`);
 - ``flops(config, batch, steps)``: matmul flops of one forward of its own products (its
   scheme counts its own).
 
@@ -40,6 +43,37 @@ QUERY_SCALE_OPTIONS = (
            "L at every position (the literature's log-n scaling, which changes training)"),
 )
 
+# every attention mixer's mask options (attention, conjunctive)
+MASKS = ("causal", "none", "prefix")
+MASK_OPTIONS = (
+    Option("attn_mask", str, "causal", "which keys a query sees: causal (j <= i), none "
+           "(every key: an encoder), prefix (full attention within the first P tokens, causal "
+           "after: a prefix LM; P from the task per sequence, else attn_prefix); for a task: "
+           "its attention_mask (none for the image classifiers), else causal",
+           choices=MASKS, from_task=lambda task: getattr(task, "attention_mask", "causal")),
+    Option("attn_prefix", int, 0, "with attn_mask prefix: the prefix length P when the task "
+           "gives none per sequence (a fixed source length; clipped to the sequence)",
+           minimum=0),
+)
+
+
+def mask_arguments(options, prefix, batch, steps):
+    """The attention ops' mask keywords for ``options`` (attn_mask, attn_prefix): {} for causal
+    (the ops' default), {"mask": "none"}, or {"mask": "prefix", "prefix": int32 (B,)} with
+    ``prefix`` (the task's per-sequence lengths, (B,) ints, or None: attn_prefix for every
+    sequence), clipped to [0, steps]."""
+    mask = options["attn_mask"]
+    if mask == "causal":
+        return {}
+    if mask == "none":
+        return {"mask": "none"}
+    lengths = np.full(batch, options["attn_prefix"]) if prefix is None else np.asarray(prefix)
+    if lengths.shape != (batch,):
+        raise ValueError(f"prefix must have shape ({batch},) (one length per sequence), got "
+                         f"{lengths.shape}")
+    return {"mask": "prefix",
+            "prefix": np.ascontiguousarray(np.clip(lengths, 0, steps), dtype=np.int32)}
+
 
 def query_scales(options, steps):
     """Per-position logit factors (T,) float64 of the options QUERY_SCALE_OPTIONS for T =
@@ -63,6 +97,7 @@ class Mixer:
     accepts = ()
     options = ()
     traces = ()
+    prefix = None  # set by the model before every forward: the task's prefix lengths (B,)
 
     def initial_state(self, batch, steps):
         return self.scheme.initial_state(batch, steps)

@@ -10,12 +10,15 @@ The query-scaling options (``attn_scale``, ``attn_log_scale``, ``attn_log_clamp`
 :class:`mapformer.mixers.base.QKVMixer`) multiply every logit of row i by the same factor:
 they scale the positional query, and the content query too unless the mode is score_product
 (whose logit is the product of the two scores).
+
+``attn_mask``, ``attn_prefix`` (:data:`mapformer.mixers.base.MASK_OPTIONS`): which keys a query
+sees, causal by default, as for ``attention``.
 """
 from ..reference import CONJ_MODES
 from ..registry import Option
 from ..schemes import get_scheme
 from . import QKVMixer, register_mixer
-from .base import QUERY_SCALE_OPTIONS
+from .base import MASK_OPTIONS, QUERY_SCALE_OPTIONS, mask_arguments
 
 MODE = Option("mapem_mode", str, "score_product",
               "how MapEM-os combines content and positional scores: score_product (softmax of "
@@ -37,7 +40,7 @@ class ConjunctiveAttention(QKVMixer):
 
     name = "conjunctive"
     accepts = ("positions",)
-    options = (MODE, SCORES) + QUERY_SCALE_OPTIONS
+    options = (MODE, SCORES) + QUERY_SCALE_OPTIONS + MASK_OPTIONS
     traces = ("vh", "attn", "lse", "qx", "kx", "qp", "kp")
 
     def __init__(self, store, name, config, ops, out_std):
@@ -47,14 +50,16 @@ class ConjunctiveAttention(QKVMixer):
         self.scheme = get_scheme(config.positional)(store, f"{name}.scheme", config, ops)
 
     def forward(self, x, batch, steps, state=None):
+        self.mask = mask_arguments(self.config.options, self.prefix, batch, steps)
         self.qx, self.kx, self.vh = self.project(x, batch, steps)
         qp, self.kp = self.scheme.positions(x, batch, steps)
         self.qp = self.scale_queries(qp)
         if self.qx is None:
-            attn, self.lse = self.ops.attention_forward(self.qp, self.kp, self.vh)
+            attn, self.lse = self.ops.attention_forward(self.qp, self.kp, self.vh, **self.mask)
         else:
             attn, self.lse = self.ops.conj_attention_forward(self.qx, self.kx, self.qp, self.kp,
-                                                             self.vh, mode=self.mode)
+                                                             self.vh, mode=self.mode,
+                                                             **self.mask)
         return self.output(attn), state
 
     def backward(self, dy, dstate=None):
@@ -62,11 +67,11 @@ class ConjunctiveAttention(QKVMixer):
         if self.qx is None:
             dqx = dkx = None
             dqp, dkp, dv = self.ops.attention_backward(dattn, self.qp, self.kp, self.vh,
-                                                       self.attn, self.lse)
+                                                       self.attn, self.lse, **self.mask)
         else:
             dqx, dkx, dqp, dkp, dv = self.ops.conj_attention_backward(
                 dattn, self.qx, self.kx, self.qp, self.kp, self.vh, self.attn, self.lse,
-                mode=self.mode)
+                mode=self.mode, **self.mask)
         dx = self.project_backward(dqx, dkx, dv)
         self.scheme.positions_backward(self.scale_queries_backward(dqp), dkp, dx)
         return dx, dstate

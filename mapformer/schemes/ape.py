@@ -81,6 +81,7 @@ class APE(AttentionScheme):
 
     kind = "attention"
     traces = ("q_att", "k_att", "maps")
+    masks = ("causal", "none", "prefix")  # the mixer's attn_mask values it runs (self.mask)
 
     @classmethod
     def axes(cls, config):
@@ -126,13 +127,13 @@ class APE(AttentionScheme):
         self.q, self.k, self.v = q, k, v
         self.q_att = ops.ape_apply_forward(q, shared.maps, self.index)
         self.k_att = ops.ape_apply_forward(k, shared.maps, self.index)
-        self.out, self.lse = ops.attention_forward(self.q_att, self.k_att, v)
+        self.out, self.lse = ops.attention_forward(self.q_att, self.k_att, v, **self.mask)
         return self.out, state
 
     def attend_backward(self, dout, dstate):
         shared, ops = self.shared, self.ops
         dq_att, dk_att, dv = ops.attention_backward(dout, self.q_att, self.k_att, self.v,
-                                                    self.out, self.lse)
+                                                    self.out, self.lse, **self.mask)
         dq = ops.ape_apply_backward(dq_att, self.q, shared.maps, self.index, shared.dmaps)
         dk = ops.ape_apply_backward(dk_att, self.k, shared.maps, self.index, shared.dmaps)
         if self.owner:  # the first layer's backward runs last: every layer's dmaps are in
@@ -210,6 +211,8 @@ class APESequence(AttentionScheme):
         super().__init__(store, name, config, ops)
         h, d = config.n_heads, config.head_dim
         self.decay = config.options["ape_decay"]
+        # the decay's factors gamma^(i - j) are for keys j <= i only: causal with a decay
+        self.masks = ("causal",) if self.decay != 1.0 else ("causal", "none", "prefix")
         shared = _SHARED.setdefault(store, {})
         self.owner = self.name not in shared
         if self.owner:
@@ -254,13 +257,13 @@ class APESequence(AttentionScheme):
         self.q_att, self.k_att = ops.rotary_forward(q, k, self.theta)
         if self.decay != 1.0:
             self.q_att, self.k_att = ops.ape_decay_forward(self.q_att, self.k_att, self.decay)
-        self.out, self.lse = ops.attention_forward(self.q_att, self.k_att, v)
+        self.out, self.lse = ops.attention_forward(self.q_att, self.k_att, v, **self.mask)
         return self.out, state
 
     def attend_backward(self, dout, dstate):
         shared, ops = self.shared, self.ops
         dq_att, dk_att, dv = ops.attention_backward(dout, self.q_att, self.k_att, self.v,
-                                                    self.out, self.lse)
+                                                    self.out, self.lse, **self.mask)
         if self.decay != 1.0:
             dq_att, dk_att = ops.ape_decay_backward(dq_att, dk_att, self.decay)
         dq, dk, dtheta = ops.rotary_backward(dq_att, dk_att, self.q, self.k, self.theta)

@@ -33,6 +33,11 @@ A scheme is a class registered with :func:`mapformer.schemes.register_scheme`:
   as the task supplies them (navigation: the agent's cell after each step; see
   ``Transformer.forward``), in the backend's float dtype, or None (the task gives none: the
   token index is the position). Schemes that do not read it ignore it.
+- ``mask``, ``masks`` (kind ``"attention"``): ``mask`` is set by the attention mixer before
+  every ``attend``: the attention ops' mask keywords of its ``attn_mask`` option ({} when
+  causal; ``mapformer.mixers.attention.mask_arguments``); a scheme that passes them on to its
+  attention lists the mask names it supports in ``masks`` (default: causal only, and the
+  mixer refuses any other).
 
 Tensor arithmetic goes through ``ops`` (the backend), never NumPy directly: a scheme runs
 unchanged on every backend. Shapes: B batch, T tokens, H heads, D head dim, NB = D / 2
@@ -120,6 +125,8 @@ class AttentionScheme(Scheme, ABC):
     (None but for schemes with an :meth:`initial_state`)."""
 
     kind = "attention"
+    masks = ("causal",)
+    mask = {}  # the mixer's mask keywords for the attention ops, set before attend
 
     @abstractmethod
     def attend(self, x, q, k, v, batch, steps, state):

@@ -5,15 +5,19 @@ from ..tasks import navigation
 
 
 def task_dims(task):
-    """The dimension of a task's coordinates: navigation's dims, else 1 (the token index)."""
-    return task.dims if isinstance(task, navigation.NavigationConfig) else 1
+    """The dimension of a task's coordinates: navigation's dims, a task's own ``coord_dims``
+    (digits: 2, the pixel's row and column), else 1 (the token index)."""
+    if isinstance(task, navigation.NavigationConfig):
+        return task.dims
+    return getattr(task, "coord_dims", 1)
 
 
 def task_extent(task):
-    """Positions a task's coordinates take per axis: navigation's grid side, else its
-    sequence length."""
-    return (task.grid_size if isinstance(task, navigation.NavigationConfig)
-            else task.seq_len)
+    """Positions a task's coordinates take per axis: navigation's grid side, a task's own
+    ``coord_extent`` (digits: the canvas side), else its sequence length."""
+    if isinstance(task, navigation.NavigationConfig):
+        return task.grid_size
+    return getattr(task, "coord_extent", task.seq_len)
 
 
 COORD_DIMS = Option("coord_dims", int, 1, "dimensions n of the token coordinates the task "

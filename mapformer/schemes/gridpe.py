@@ -173,7 +173,8 @@ def linear_angles(scheme, steps):
 @register_scheme
 class GridPE(AttentionScheme):
     """The four variants (module docstring). Kind ``attention``: it runs the attention on the
-    mixer's q, k, v, after what its variant does to them. Parameters: ``deep`` only,
+    mixer's q, k, v, after what its variant does to them, under the mixer's mask (every
+    ``attn_mask``: causal, none for the image tasks, prefix). Parameters: ``deep`` only,
     ``deep_in`` and ``deep_out`` (C -> C each). Traces: ``theta`` the last forward's angles
     (TB, T, H, D / 2) (rotate, deep), (TB, T, H, D) (complex), (TB, T, C / 2) (merge);
     ``frequencies`` (H, K, n) (merge: (1, C / 2, n)); ``q_att``, ``k_att`` the queries and keys
@@ -182,6 +183,7 @@ class GridPE(AttentionScheme):
     name = "gridpe"
     options = GRIDPE_OPTIONS
     traces = ("theta", "frequencies", "q_att", "k_att", "factors")
+    masks = ("causal", "none", "prefix")  # the mixer's attn_mask values it runs (self.mask)
 
     def __init__(self, store, name, config, ops):
         super().__init__(store, name, config, ops)
@@ -255,7 +257,7 @@ class GridPE(AttentionScheme):
         else:
             self.q_att, self.k_att = q, k
         self.out, self.lse = ops.attention_forward(self.q_att, self.k_att, self.v_att,
-                                                   self.scale)
+                                                   self.scale, **self.mask)
         if variant == "complex":
             return ops.gridpe_complex_backward(self.out, self.zero), state
         return self.out, state
@@ -265,7 +267,7 @@ class GridPE(AttentionScheme):
         if variant == "complex":
             dout = ops.gridpe_complex_forward(dout, self.zero)
         dq, dk, dv = ops.attention_backward(dout, self.q_att, self.k_att, self.v_att, self.out,
-                                            self.lse, self.scale)
+                                            self.lse, self.scale, **self.mask)
         if variant == "rotate":
             dq, dk, _ = ops.rotary_backward(dq, dk, self.q, self.k, self.theta)
         elif variant == "complex":

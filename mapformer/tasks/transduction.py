@@ -19,9 +19,11 @@ clipped to [ceil(mean - 4 std), floor(mean + 4 std)], at least 1), length_std = 
 / 10 by default (the paper's ratio), mean 32 at cpu scale; 20 symbols for all three tasks
 (the paper's code draws repeat and reverse over 19 and wraps copy in SOS/EOS: we use no
 SOS/EOS); the same train_size (6000) and data seed (42). **Formulation (not the paper's):**
-one causal decoder over ``w SEP y``; the library's attention kernels have only a causal
-mask, so the source is read causally too (no bidirectional encoder, no cross-attention), and
-the first target token is predicted from the separator (the paper's decoder is given it).
+one decoder over ``w SEP y``, causal by default, so the source is read causally too (no
+bidirectional encoder, no cross-attention); with the attention option ``attn_mask=prefix``
+the source and separator are read bidirectionally (a prefix LM: :func:`attention_prefix`
+gives each sequence's n + 1) and the target causally. The first target token is predicted
+from the separator (the paper's decoder is given it).
 
 Layout for next-token prediction, one sequence (n source, m target tokens): the full
 sequence is ``w_0 .. w_{n-1}, SEP, y_0 .. y_{m-1}`` (n + 1 + m tokens), the input is all of it
@@ -31,9 +33,9 @@ and every metric are on the target tokens only.
 
 Padding. Lengths vary within a batch: every row is padded on the right with the padding
 token (as input and as target, mask False) to the batch's longest row, so a batch is (B, L)
-with L = max(n_b + m_b). Since every mixer is causal, a real column never sees a padding
-column (they all come after it): padding changes no logit and no loss of a real position,
-exactly. ``seq_len`` is the longest input a config can produce (the bound, not every batch's
+with L = max(n_b + m_b). Since every mixer is causal (or, with the prefix mask, sees only
+the source beyond the causal keys), a real column never sees a padding column (they all come
+after it): padding changes no logit and no loss of a real position, exactly. ``seq_len`` is the longest input a config can produce (the bound, not every batch's
 width).
 
 Splits. A source's split is a hash of its symbols and length (60 / 20 / 20 buckets: train,
@@ -346,6 +348,16 @@ def loss_mask(batch: TransductionBatch, positions: str) -> np.ndarray:
         return np.arange(batch.tokens.shape[1])[None, :] < last
     raise ValueError(f"loss_positions {positions!r} is not defined for transduction (use "
                      "'revisits', its target tokens, or 'all')")
+
+
+def attention_prefix(batch: TransductionBatch) -> np.ndarray:
+    """int64 (B,): each sequence's source and separator, n_b + 1 columns: what a prefix LM
+    (attention with ``attn_mask='prefix'``) reads bidirectionally. The separator's column,
+    whose target is y_0, then sees the whole source; every target column stays causal, so no
+    target token is visible before it is predicted. (With ``loss_positions='all'`` the
+    source's own next-token targets are visible inside the prefix: that part of the loss is
+    trivial under this mask.)"""
+    return batch.lengths + 1
 
 
 def token_coordinates(batch: TransductionBatch) -> None:

@@ -89,8 +89,18 @@ int residual_forward(const MfResidualParams *p);
 /* dx += dout, both (n,): the residual stream's gradient reaching one branch input */
 int residual_backward(const MfResidualParams *p);
 
-/* ---- attention.c: causal softmax attention, tiled (FlashAttention-2); only lse is saved --- */
-/* out[b,i,h] = sum_{j <= i} softmax_j(scale q_i . k_j) v_j, lse[b,h,i] = log sum_j exp(..).
+/* ---- attention.c: softmax attention, tiled (FlashAttention-2); only lse is saved ---------- */
+/* The attention masks (MfAttentionParams.mask, MfConjAttentionParams.mask): query i of batch
+ * row b attends to key j when j <= max(i, P_b - 1), with P_b = 0 (causal), T (none: full
+ * attention) or prefix[b] in [0, T] (prefix: full attention within the first P_b tokens, the
+ * source of a prefix LM, causal after them). The keys a query sees are always a prefix of the
+ * sequence, never empty. */
+typedef enum {
+    MF_MASK_CAUSAL = 0,
+    MF_MASK_NONE = 1,
+    MF_MASK_PREFIX = 2,
+} MfMask;
+/* out[b,i,h] = sum_{j seen} softmax_j(scale q_i . k_j) v_j, lse[b,h,i] = log sum_j exp(..).
  * Forward reads q, k, v, scale and writes out, lse; backward reads dout, q, k, v, o (forward's
  * out), lse_in (forward's lse) and writes dq, dk, dv (=). Both take p->scratch of at least
  * <op>_scratch_floats(p) floats (64-byte aligned; 0 when p's sizes are invalid): MfAttentionParams,
@@ -204,8 +214,9 @@ int tape_mix_forward(const MfTapeMixParams *p);
 int tape_mix_backward(const MfTapeMixParams *p);
 int64_t tape_mix_backward_scratch_floats(const MfTapeMixParams *p);
 
-/* ---- conj_attention.c: MapEM's conjunctive attention, causal, tiled; only lse is saved ---- */
-/* Content scores sX = qx kx^T and positional scores sP = qp kp^T (causal) combine by mode:
+/* ---- conj_attention.c: MapEM's conjunctive attention, tiled; only lse is saved ------------ */
+/* Content scores sX = qx kx^T and positional scores sP = qp kp^T (under the mask, MfMask)
+ * combine by mode:
  *   MF_CONJ_SCORE_PRODUCT   A = softmax(scale sX * sP)               (lse: M = 1)
  *   MF_CONJ_SOFTMAX_PRODUCT A = softmax(scale sX) * softmax(scale sP) (lse_X, lse_P: M = 2)
  *   MF_CONJ_SUM             A = softmax(scale (sX + sP))              (lse: M = 1)

@@ -97,7 +97,7 @@ typedef struct {
     int64_t n;
 } MfResidualParams;
 
-/* attention: causal softmax attention; only the row log-sum-exp is saved */
+/* attention: softmax attention, causal or another MfMask; only the row log-sum-exp is saved */
 typedef struct {
     float *out, *lse;          /* forward (B, T, H, D), (B, H, T) */
     float *dq, *dk, *dv;       /* backward (B, T, H, D) each (=) */
@@ -106,11 +106,13 @@ typedef struct {
     const float *lse_in;       /* backward (B, H, T) */
     int64_t B, T, H, D;        /* D even in [16, 128] */
     float scale;               /* usually 1/sqrt(D) */
+    int mask;                  /* an MfMask (mapformer.h); 0 = MF_MASK_CAUSAL */
+    const int32_t *prefix;     /* MF_MASK_PREFIX: (B,) prefix lengths in [0, T]; else unused */
     float *scratch;
     int64_t scratch_floats;
 } MfAttentionParams;
 
-/* conj_attention: MapEM's conjunctive attention, causal; mode an MfConjMode (mapformer.h) */
+/* conj_attention: MapEM's conjunctive attention; mode an MfConjMode, mask an MfMask */
 typedef struct {
     float *out, *lse;                    /* forward (B, T, H, D), (M, B, H, T): M = 2 for
                                           * softmax_product, else 1 */
@@ -121,6 +123,8 @@ typedef struct {
     int64_t B, T, H, D;                  /* D even in [16, 128] */
     float scale;
     int mode;
+    int mask;                            /* an MfMask (mapformer.h); 0 = MF_MASK_CAUSAL */
+    const int32_t *prefix;               /* MF_MASK_PREFIX: (B,) in [0, T]; else unused */
     float *scratch;
     int64_t scratch_floats;
 } MfConjAttentionParams;

@@ -9,7 +9,10 @@
  *   MF_ATTN_TABLE  the name of the MfAttnKernels it defines (kernels/attention_sets.h)
  * Everything else is static, so the copies of the sets do not clash.
  *
- * The tiling (FlashAttention-2), per head (b, h), blocks of BT queries and BT keys, causal:
+ * The tiling (FlashAttention-2), per head (b, h), blocks of BT queries and BT keys, under the
+ * job's mask (attention_sets.h: query i sees keys j <= max(i, P_b - 1), P_b = 0 when causal):
+ * a query block visits the key blocks up to its own or the last one P_b reaches; a pair of
+ * blocks is open, the causal diagonal, or cut by P_b (mf_attn_block_mask):
  *  - forward: a task is a head and a pair of query blocks nb-1-p and p (every task costs about
  *    nb + 1 key blocks, so a static schedule balances). The block's queries are packed
  *    transposed once, Q^T (D, BT), and scores kept transposed, S^T[key][query], so the online
@@ -22,9 +25,10 @@
  *    scratch (MR keys x NV vectors of D) and adds dS K into dq in place.
  *  - the products' broadcast operands are read in place, and so are their vector operands (V,
  *    K, q, dout rows) when D is whole vectors; otherwise those are packed, zero-padded.
- *  - on a diagonal block only the vectors and k-ranges under the causal mask are computed;
+ *  - on a causal diagonal block only the vectors and k-ranges under the mask are computed;
  *    register tiles that run past the block's last row use clamped rows and are stored in
- *    scratch but never read.
+ *    scratch but never read. A block cut by P_b (at most one key block per query block) is
+ *    computed whole, its hidden scores -inf (forward) and probabilities 0 (backward).
  * Scores are base 2 (c2 = scale log2 e folded in) and exponentials are simd.h's vexp2. Each
  * task prefetches the rows the next task will need into L2, a few rows per tile. */
 #ifndef MF_ATTN_BT
@@ -209,13 +213,14 @@ MF_INLINE void pf_step(Prefetch *pf) {
 enum { SC_ONE, SC_PROD, SC_SUM, SC_EXP };
 
 /* S^T[c][r] for keys c0 <= c < c0 + MR (rows past nc repeat key nc - 1 and are not stored)
- * and the query vectors g0 .. g0+nv of the block; above the diagonal (diag) -inf, or 0 for
- * SC_EXP. Except for SC_EXP, mrun[r] = max(mrun[r], S^T[c][r]) over these keys; SC_EXP reads
- * ma = mrun and mb = mrun + BT. */
+ * and the query vectors g0 .. g0+nv of the block; when diag (an MF_BLOCK_ mask), the keys
+ * c >= kfree hidden from the queries r < c + koff: -inf, or 0 for SC_EXP (the causal
+ * diagonal: koff = kfree = 0). Except for SC_EXP, mrun[r] = max(mrun[r], S^T[c][r]) over
+ * these keys; SC_EXP reads ma = mrun and mb = mrun + BT. */
 MF_INLINE void fwd_scores(int kind, int nv, int64_t g0, float *ST, float *mrun,
                           const float *const ka[MR], const float *QaT,
                           const float *const kb[MR], const float *QbT, int64_t D, int64_t c0,
-                          int64_t nc, int diag, float c2) {
+                          int64_t nc, int diag, int64_t koff, int64_t kfree, float c2) {
     vf acc[MR][NV];
     zero_acc(acc);
     mk(acc, nv, ka, 1, QaT + VW * g0, BT, 0, D);
@@ -243,7 +248,8 @@ MF_INLINE void fwd_scores(int kind, int nv, int64_t g0, float *ST, float *mrun,
                 x = (VLOAD(st) * c2 - mx) + (acc[m][v] * c2 - mb);
             else
                 x = acc[m][v] * c2;
-            const vi masked = BELOW(g0 + v, c0 + m); /* query r < key c */
+            /* query r < key c + koff, for keys c >= kfree */
+            const vi masked = BELOW(g0 + v, c0 + m < kfree ? 0 : c0 + m + koff);
             if (kind == SC_EXP) {
                 vexp2(&x);
                 if (diag) x = VAND(~masked, x);
@@ -258,12 +264,13 @@ MF_INLINE void fwd_scores(int kind, int nv, int64_t g0, float *ST, float *mrun,
 }
 
 /* Scores of key block [0, nc) (rows of stride ld from ka, kb) against the packed query block:
- * MR keys at a time, the query vectors wholly above the diagonal skipped, the rest in tiles
- * of NV vectors; pf_step once per MR keys. SC_ONE reads only ka and QaT (the callers pass
- * them twice). */
+ * MR keys at a time, on the causal diagonal the query vectors wholly above it skipped, the
+ * rest in tiles of NV vectors (diag, koff, kfree: fwd_scores); pf_step once per MR keys.
+ * SC_ONE reads only ka and QaT (the callers pass them twice). */
 MF_INLINE void fwd_score_block(int kind, float *ST, float *mrun, const float *ka,
                                const float *QaT, const float *kb, const float *QbT, int64_t ld,
-                               int64_t D, int64_t nc, int diag, float c2, Prefetch *pf) {
+                               int64_t D, int64_t nc, int diag, int64_t koff, int64_t kfree,
+                               float c2, Prefetch *pf) {
     for (int64_t c0 = 0; c0 < nc; c0 += MR) {
         pf_step(pf);
         const float *kac[MR], *kbc[MR];
@@ -271,8 +278,9 @@ MF_INLINE void fwd_score_block(int kind, float *ST, float *mrun, const float *ka
             kac[m] = ka + min64(c0 + m, nc - 1) * ld;
             kbc[m] = kb + min64(c0 + m, nc - 1) * ld;
         }
-        for (int64_t g0 = diag ? c0 / VW : 0; g0 < NVB; g0 += NV) {
-#define MF_SCORES(n) fwd_scores(kind, n, g0, ST, mrun, kac, QaT, kbc, QbT, D, c0, nc, diag, c2)
+        for (int64_t g0 = diag == MF_BLOCK_CAUSAL ? c0 / VW : 0; g0 < NVB; g0 += NV) {
+#define MF_SCORES(n) \
+    fwd_scores(kind, n, g0, ST, mrun, kac, QaT, kbc, QbT, D, c0, nc, diag, koff, kfree, c2)
             NV_SWITCH(min64(NV, NVB - g0), MF_SCORES)
 #undef MF_SCORES
         }
@@ -281,15 +289,16 @@ MF_INLINE void fwd_score_block(int kind, float *ST, float *mrun, const float *ka
 
 /* The online softmax step of one key block down the columns (queries) of S^T, VW queries at a
  * time: with mrun the running max including this block, S^T[c][r] = 2^(S^T[c][r] - mrun[r])
- * for keys c < nc (on a diagonal block, those up to the vector's last query's tile),
+ * for keys c < nc (on a causal diagonal block, those up to the vector's last query's tile),
  * alpha[r] = 2^(mx[r] - mrun[r]), l[r] = l[r] alpha[r] + sum_c S^T[c][r], mx[r] = mrun[r].
  * -inf scores give 0. */
 MF_INLINE void fwd_softmax_cols(float *ST, float *mx, float *l, float *alpha,
                                 const float *mrun, int64_t nc, int diag) {
     for (int64_t w = 0; w < NVB; w++) {
-        /* on the diagonal, the keys up to the end of the last register tile of queries that
-         * reaches into this vector: those fwd_pv reads (the ones past a query are 0) */
-        const int64_t cend = diag ? min64(nc, ((VW * w + VW - 1) / MR + 1) * MR) : nc;
+        /* on the causal diagonal, the keys up to the end of the last register tile of queries
+         * that reaches into this vector: those fwd_pv reads (the ones past a query are 0) */
+        const int64_t cend =
+            diag == MF_BLOCK_CAUSAL ? min64(nc, ((VW * w + VW - 1) / MR + 1) * MR) : nc;
         const vf mnew = VLOAD(mrun + VW * w);
         vf a = VLOAD(mx + VW * w) - mnew, sum = VZERO;
         vexp2(&a);
@@ -321,9 +330,9 @@ MF_INLINE void fwd_pv(int nv, float *O, const float *ST, const float *V, int64_t
         for (int v = 0; v < nv; v++) VSTORE(O + (r0 + m) * Dp + d0 + VW * v, acc[m][v]);
 }
 
-/* O = alpha O + P V for the query rows < nr (keys c <= r on a diagonal block); V's rows (nc,
- * stride ld) read in place, or packed to Vs when D is not whole vectors. pf_step once per MR
- * queries. */
+/* O = alpha O + P V for the query rows < nr (keys c <= r on a causal diagonal block); V's
+ * rows (nc, stride ld) read in place, or packed to Vs when D is not whole vectors. pf_step
+ * once per MR queries. */
 MF_INLINE void fwd_pv_block(float *O, const float *ST, float *Vs, const float *alpha,
                             const float *v, int64_t ld, int64_t D, int64_t Dp, int64_t nr,
                             int64_t nc, int diag, Prefetch *pf) {
@@ -331,7 +340,7 @@ MF_INLINE void fwd_pv_block(float *O, const float *ST, float *Vs, const float *a
     const float *V = vector_rows(Vs, v, ld, nc, D, &ldv);
     for (int64_t r0 = 0; r0 < nr; r0 += MR) {
         pf_step(pf);
-        const int64_t kn = diag ? min64(nc, r0 + MR) : nc;
+        const int64_t kn = diag == MF_BLOCK_CAUSAL ? min64(nc, r0 + MR) : nc;
         for (int64_t d0 = 0; d0 < Dp; d0 += VW * NV) {
 #define MF_PV(n) fwd_pv(n, O, ST, V, ldv, alpha, Dp, d0, r0, kn)
             NV_SWITCH(min64(NV, (Dp - d0) / VW), MF_PV)
@@ -385,8 +394,9 @@ static int64_t fwd_blocks(const MfAttnJob *p) { return (p->T + BT - 1) / BT; }
 static int64_t fwd_npair(const MfAttnJob *p) { return (fwd_blocks(p) + 1) / 2; }
 static int64_t fwd_tasks(const MfAttnJob *p) { return p->B * p->H * fwd_npair(p); }
 
-/* One query block (rows i0 .. i0+nr of head (b, h)) against key blocks 0 .. ib, in `kind` (a
- * compile-time constant at every call). */
+/* One query block (rows i0 .. i0+nr of head (b, h)) against the key blocks it sees (0 .. ib,
+ * or further when the mask's P_b reaches further), in `kind` (a compile-time constant at
+ * every call). */
 MF_INLINE void fwd_block(int kind, const MfAttnJob *p, const FwdScratch *s, Prefetch *pf,
                          int64_t b, int64_t h, int64_t ib) {
     const int64_t T = p->T, D = p->D, Dp = padded(D), ld = p->ld;
@@ -407,19 +417,20 @@ MF_INLINE void fwd_block(int kind, const MfAttnJob *p, const FwdScratch *s, Pref
         l[r] = lP[r] = 0.0f;
     }
     float *lse = p->lse + (b * p->H + h) * T + i0;
+    const int64_t P = mf_attn_prefix(p, b), jlast = mf_attn_last_key_block(ib, BT, T, P);
 
     if (kind == MF_CONJ_SOFTMAX_PRODUCT) {
         /* pass 1: the log-sum-exp of each branch (the exponentials in ST are discarded) */
-        for (int64_t jb = 0; jb <= ib; jb++) {
+        for (int64_t jb = 0; jb <= jlast; jb++) {
             const int64_t j0 = jb * BT, nc = min64(BT, T - j0);
-            const int diag = jb == ib;
+            const int diag = mf_attn_block_mask(i0, j0, nc, P);
             memcpy(mrun, mx, BT * sizeof(float));
             fwd_score_block(SC_ONE, ST, mrun, kx + j0 * ld, s->QxT, kx + j0 * ld, s->QxT,
-                            ld, D, nc, diag, c2, pf);
+                            ld, D, nc, diag, j0 - i0, P - j0, c2, pf);
             fwd_softmax_cols(ST, mx, l, alpha, mrun, nc, diag);
             memcpy(mrun, mxP, BT * sizeof(float));
             fwd_score_block(SC_ONE, ST, mrun, kp + j0 * ld, s->QpT, kp + j0 * ld, s->QpT,
-                            ld, D, nc, diag, c2, pf);
+                            ld, D, nc, diag, j0 - i0, P - j0, c2, pf);
             fwd_softmax_cols(ST, mxP, lP, alpha, mrun, nc, diag);
         }
         /* pass 2: O += A' V with A' = 2^((c2 sX - mx) + (c2 sP - mxP)) = A lX lP, no
@@ -433,11 +444,11 @@ MF_INLINE void fwd_block(int kind, const MfAttnJob *p, const FwdScratch *s, Pref
             alpha[r] = 1.0f;
         }
         memcpy(mrun, mx, BT * sizeof(float));
-        for (int64_t jb = 0; jb <= ib; jb++) {
+        for (int64_t jb = 0; jb <= jlast; jb++) {
             const int64_t j0 = jb * BT, nc = min64(BT, T - j0);
-            const int diag = jb == ib;
+            const int diag = mf_attn_block_mask(i0, j0, nc, P);
             fwd_score_block(SC_EXP, ST, mrun, kx + j0 * ld, s->QxT, kp + j0 * ld, s->QpT, ld, D,
-                            nc, diag, c2, pf);
+                            nc, diag, j0 - i0, P - j0, c2, pf);
             fwd_pv_block(O, ST, s->Vs, alpha, v + j0 * ld, ld, D, Dp, nr, nc, diag, pf);
         }
         for (int64_t r = 0; r < nr; r++) l[r] = 1.0f / (l[r] * lP[r]);
@@ -448,12 +459,12 @@ MF_INLINE void fwd_block(int kind, const MfAttnJob *p, const FwdScratch *s, Pref
     const int sc = kind == MF_ATTN_PLAIN           ? SC_ONE
                    : kind == MF_CONJ_SCORE_PRODUCT ? SC_PROD
                                                    : SC_SUM;
-    for (int64_t jb = 0; jb <= ib; jb++) {
+    for (int64_t jb = 0; jb <= jlast; jb++) {
         const int64_t j0 = jb * BT, nc = min64(BT, T - j0);
-        const int diag = jb == ib;
+        const int diag = mf_attn_block_mask(i0, j0, nc, P);
         memcpy(mrun, mx, BT * sizeof(float));
         fwd_score_block(sc, ST, mrun, kx + j0 * ld, s->QxT, (two ? kp : kx) + j0 * ld,
-                        two ? s->QpT : s->QxT, ld, D, nc, diag, c2, pf);
+                        two ? s->QpT : s->QxT, ld, D, nc, diag, j0 - i0, P - j0, c2, pf);
         fwd_softmax_cols(ST, mx, l, alpha, mrun, nc, diag);
         fwd_pv_block(O, ST, s->Vs, alpha, v + j0 * ld, ld, D, Dp, nr, nc, diag, pf);
     }
@@ -497,7 +508,10 @@ MF_INLINE void fwd_task(int kind, const MfAttnJob *p, float *scr, int64_t t) {
     /* pf_step runs once per MR keys of each score pass and once per MR queries of the PV
      * pass of every key block: 2 passes, or 4 for softmax_product */
     const int64_t passes = kind == MF_CONJ_SOFTMAX_PRODUCT ? 4 : 2;
-    pf_plan(&pf, ((ib1 + 1) + (pr != ib1 ? pr + 1 : 0)) * (passes * BT / MR));
+    const int64_t P = mf_attn_prefix(p, bh / p->H);
+    const int64_t blocks = mf_attn_last_key_block(ib1, BT, p->T, P) + 1 +
+                           (pr != ib1 ? mf_attn_last_key_block(pr, BT, p->T, P) + 1 : 0);
+    pf_plan(&pf, blocks * (passes * BT / MR));
     fwd_block(kind, p, &s, &pf, bh / p->H, bh % p->H, ib1);
     if (pr != ib1) fwd_block(kind, p, &s, &pf, bh / p->H, bh % p->H, pr);
 }
@@ -515,7 +529,8 @@ static int fwd_entry(const MfAttnJob *p, float *scr, int64_t t) {
 /* ---- backward ------------------------------------------------------------------------------ */
 
 /* For query rows r0 .. r0+MR of block i against the key vectors g0 .. g0+nv of block j, in
- * `kind`: P[r][c] = A_rc (0 above the diagonal), GX[r][c] = dsX_rc, GP[r][c] = dsP_rc (GP is
+ * `kind`: P[r][c] = A_rc (when diag, an MF_BLOCK_ mask, 0 for the keys c > lim[m], the last
+ * key row r0 + m sees), GX[r][c] = dsX_rc, GP[r][c] = dsP_rc (GP is
  * GX in sum mode; unused in plain attention, whose dS is GX). la, lb: the rows' base-2 lse as
  * float pairs, la[m] + la[MR + m] (lb: softmax_product's P branch; see split_lse); dvr: Dv of
  * the rows. Rows past nr are computed on clamped pointers and stored (scratch rows < BT) but
@@ -524,7 +539,8 @@ MF_INLINE void bwd_scores(int kind, int nv, int64_t g0, float *P, float *GX, flo
                           const float *const qxr[MR], const float *const qpr[MR],
                           const float *const dor[MR], const float *KxT, const float *KpT,
                           const float *VT, const float *la, const float *lb, const float *dvr,
-                          int64_t D, int64_t r0, int diag, float c2, float scale) {
+                          const int64_t lim[MR], int64_t D, int64_t r0, int diag, float c2,
+                          float scale) {
     const int64_t c = VW * g0; /* the tile's first key */
     vf acc[MR][NV];
     zero_acc(acc);
@@ -537,7 +553,7 @@ MF_INLINE void bwd_scores(int kind, int nv, int64_t g0, float *P, float *GX, flo
                 if (kind == MF_CONJ_SOFTMAX_PRODUCT) {
                     x = (x * c2 - la[m]) - la[MR + m];
                     vexp2(&x);
-                    if (diag) x = VAND(~ABOVE(g0 + v, r0 + m), x); /* key c > query r */
+                    if (diag) x = VAND(~ABOVE(g0 + v, lim[m]), x); /* key c > lim */
                 }
                 VSTORE(GX + (r0 + m) * BT + c + VW * v, x);
             }
@@ -549,7 +565,7 @@ MF_INLINE void bwd_scores(int kind, int nv, int64_t g0, float *P, float *GX, flo
     for (int m = 0; m < MR; m++) {
         for (int v = 0; v < nv; v++) {
             const int64_t e = (r0 + m) * BT + c + VW * v;
-            const vi masked = ABOVE(g0 + v, r0 + m); /* key c > query r */
+            const vi masked = ABOVE(g0 + v, lim[m]); /* key c > lim */
             vf a = acc[m][v];
             if (kind == MF_CONJ_SOFTMAX_PRODUCT) {
                 a = (a * c2 - lb[m]) - lb[MR + m];
@@ -710,6 +726,7 @@ MF_INLINE void bwd_task(int kind, const MfAttnJob *p, const BwdScratch *s, Prefe
     const float c2 = p->c2, scale = p->scale;
     const double to2 = 1.0 / p->to_lse; /* lse to base 2: c2 / scale */
     float *Dv = s->Dv, *la = s->la, *lb = s->lb;
+    const int64_t P = mf_attn_prefix(p, b);
 
     const int64_t Dv8 = D / VW * VW;
     for (int64_t t = 0; t < T; t++) {
@@ -738,9 +755,9 @@ MF_INLINE void bwd_task(int kind, const MfAttnJob *p, const BwdScratch *s, Prefe
         if (two) memset(s->dKp, 0, (size_t)(BT * Dp) * sizeof(float));
         memset(s->dV, 0, (size_t)(BT * Dp) * sizeof(float));
 
-        for (int64_t ib = jb; ib < nb; ib++) {
+        for (int64_t ib = mf_attn_first_query_block(jb, BT, P); ib < nb; ib++) {
             const int64_t i0 = ib * BT, nr = min64(BT, T - i0);
-            const int diag = ib == jb;
+            const int diag = mf_attn_block_mask(i0, j0, nc, P);
             const float *Qx = vector_rows(s->Qxs, qx + i0 * ld, ld, nr, D, &ldqx);
             const float *Qp = two ? vector_rows(s->Qps, qp + i0 * ld, ld, nr, D, &ldqp) : NULL;
             const float *dO = vector_rows(s->dOs, dout + i0 * ld, ld, nr, D, &lddo);
@@ -749,8 +766,10 @@ MF_INLINE void bwd_task(int kind, const MfAttnJob *p, const BwdScratch *s, Prefe
                 pf_step(pf);
                 const float *qxr[MR], *qpr[MR], *dor[MR];
                 float l2a[2 * MR], l2b[2 * MR], dvr[MR];
+                int64_t lim[MR]; /* the last key of the block row r0 + m sees */
                 for (int m = 0; m < MR; m++) {
                     const int64_t r = min64(r0 + m, nr - 1);
+                    lim[m] = r0 + m + i0 - j0 > P - 1 - j0 ? r0 + m + i0 - j0 : P - 1 - j0;
                     qxr[m] = qx + (i0 + r) * ld; /* broadcast operands: in place */
                     qpr[m] = two ? qp + (i0 + r) * ld : NULL;
                     dor[m] = dout + (i0 + r) * ld;
@@ -760,31 +779,32 @@ MF_INLINE void bwd_task(int kind, const MfAttnJob *p, const BwdScratch *s, Prefe
                     l2b[MR + m] = kind == MF_CONJ_SOFTMAX_PRODUCT ? lb[T + i0 + r] : 0.0f;
                     dvr[m] = Dv[i0 + r];
                 }
-                /* key vectors wholly above the diagonal skipped */
-                const int64_t vhi = diag ? min64(NVB, (r0 + MR - 1) / VW + 1) : NVB;
+                /* key vectors wholly above the causal diagonal skipped */
+                const int64_t vhi =
+                    diag == MF_BLOCK_CAUSAL ? min64(NVB, (r0 + MR - 1) / VW + 1) : NVB;
                 for (int64_t g0 = 0; g0 < vhi; g0 += NV) {
 #define MF_SCORES(n)                                                                         \
     bwd_scores(kind, n, g0, s->P, s->GX, s->GP, qxr, qpr, dor, s->KxT, s->KpT, s->VT, l2a, \
-               l2b, dvr, D, r0, diag, c2, scale)
+               l2b, dvr, lim, D, r0, diag, c2, scale)
                     NV_SWITCH(min64(NV, vhi - g0), MF_SCORES)
 #undef MF_SCORES
                 }
             }
 
             /* dV += A^T dout_i, dKx += dsX^T qx_i, dKp += dsP^T qp_i: queries r >= c only on
-             * the diagonal */
+             * the causal diagonal */
             for (int64_t c0 = 0; c0 < nc; c0 += MR) {
                 pf_step(pf);
-                const int64_t k0 = diag ? c0 : 0;
+                const int64_t k0 = diag == MF_BLOCK_CAUSAL ? c0 : 0;
                 bwd_dkv_rows(s->dV, s->P, dO, lddo, Dp, c0, k0, nr);
                 bwd_dkv_rows(s->dKx, s->GX, Qx, ldqx, Dp, c0, k0, nr);
                 if (two) bwd_dkv_rows(s->dKp, s->GP, Qp, ldqp, Dp, c0, k0, nr);
             }
 
-            /* dqx_i += dsX Kx_j, dqp_i += dsP Kp_j: keys c <= r only on the diagonal */
+            /* dqx_i += dsX Kx_j, dqp_i += dsP Kp_j: keys c <= r only on the causal diagonal */
             for (int64_t r0 = 0; r0 < nr; r0 += MR) {
                 pf_step(pf);
-                const int64_t kn = diag ? min64(nc, r0 + MR) : nc;
+                const int64_t kn = diag == MF_BLOCK_CAUSAL ? min64(nc, r0 + MR) : nc;
                 bwd_dq_rows(dqx + i0 * ld, ld, s->GX, Kx, ldkx, Dp, D, kn, r0, nr);
                 if (two) bwd_dq_rows(dqp + i0 * ld, ld, s->GP, Kp, ldkp, Dp, D, kn, r0, nr);
             }

@@ -39,7 +39,44 @@ typedef struct {
     double to_lse;                       /* scale / c2 (ln 2 up to c2's rounding), the
                                           * factor from a base-2 log-sum-exp to lse */
     int kind;                            /* MF_ATTN_PLAIN or an MfConjMode */
+    int mask;                            /* an MfMask */
+    const int32_t *prefix;               /* MF_MASK_PREFIX: (B,) */
 } MfAttnJob;
+
+/* P_b of batch row b (mapformer.h, MfMask): query i sees the keys j <= max(i, P_b - 1); 0
+ * (causal), T (none) or prefix[b] clamped to [0, T] (the entries check it; a kernel indexes
+ * only with what it clamps itself). */
+static inline int64_t mf_attn_prefix(const MfAttnJob *j, int64_t b) {
+    if (j->mask == MF_MASK_NONE) return j->T;
+    if (j->mask != MF_MASK_PREFIX) return 0;
+    const int64_t P = j->prefix[b];
+    return P < 0 ? 0 : P > j->T ? j->T : P;
+}
+
+/* How a (query block, key block) pair is masked, the blocks starting at rows i0 and j0, the
+ * key block nc rows long, the keys before P seen by every query (a pair with no key seen is
+ * never visited: j0 > i0 and j0 >= P):
+ *   MF_BLOCK_OPEN     no mask (keys before the queries, or all keys before P)
+ *   MF_BLOCK_CAUSAL   the causal diagonal block (i0 = j0 >= P)
+ *   MF_BLOCK_PREFIX   a block that P cuts: key c is hidden from query r when
+ *                     j0 + c > max(i0 + r, P - 1) */
+enum { MF_BLOCK_OPEN = 0, MF_BLOCK_CAUSAL = 1, MF_BLOCK_PREFIX = 2 };
+static inline int mf_attn_block_mask(int64_t i0, int64_t j0, int64_t nc, int64_t P) {
+    if (j0 < i0 || j0 + nc <= P) return MF_BLOCK_OPEN;
+    return j0 == i0 && j0 >= P ? MF_BLOCK_CAUSAL : MF_BLOCK_PREFIX;
+}
+
+/* the key blocks (of bt rows) query block ib sees: 0 .. mf_attn_last_key_block */
+static inline int64_t mf_attn_last_key_block(int64_t ib, int64_t bt, int64_t T, int64_t P) {
+    const int64_t nb = (T + bt - 1) / bt, jp = P > 0 ? (P - 1) / bt : 0;
+    const int64_t last = ib > jp ? ib : jp;
+    return last < nb ? last : nb - 1;
+}
+
+/* the first query block (of bt rows) that sees key block jb */
+static inline int64_t mf_attn_first_query_block(int64_t jb, int64_t bt, int64_t P) {
+    return jb * bt < P ? 0 : jb;
+}
 
 /* One kernel set: forward task count; floats of scratch one thread needs (forward, backward);
  * forward task t and backward task t (head t) on a thread's scratch. Tasks return an
@@ -80,7 +117,17 @@ static inline int mf_attn_check_sizes(int64_t B, int64_t T, int64_t H, int64_t D
     return MF_OK;
 }
 
-/* The job's sizes and scalars; the caller sets the pointers. */
+/* MF_OK when mask is an MfMask and, for MF_MASK_PREFIX, prefix (B,) is given with every
+ * entry in [0, T]; else MF_EINVAL */
+static inline int mf_attn_check_mask(int mask, const int32_t *prefix, int64_t B, int64_t T) {
+    if (mask == MF_MASK_CAUSAL || mask == MF_MASK_NONE) return MF_OK;
+    if (mask != MF_MASK_PREFIX || prefix == NULL) return MF_EINVAL;
+    for (int64_t b = 0; b < B; b++)
+        if (prefix[b] < 0 || prefix[b] > T) return MF_EINVAL;
+    return MF_OK;
+}
+
+/* The job's sizes and scalars (the causal mask); the caller sets the pointers and mask. */
 static inline void mf_attn_job_init(MfAttnJob *j, int64_t B, int64_t T, int64_t H, int64_t D,
                                     float scale, int kind) {
     *j = (MfAttnJob){0};

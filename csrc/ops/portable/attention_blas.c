@@ -6,7 +6,8 @@
  * BTB = 32 keeps every sgemm at m n k <= 32 * 32 * 128 = 2^17, under OpenBLAS's threading
  * threshold, so calls from several OpenMP threads never start BLAS threads.
  * Products per (query block, key block): forward 2 (plain), 3 (score_product, sum) or 5
- * (softmax_product: two passes); backward 5 (plain) or 8. */
+ * (softmax_product: two passes); backward 5 (plain) or 8. The mask (attention_sets.h) gives
+ * every query row the keys up to max(i, P_b - 1): in a tile, the first cend of the row. */
 #define MF_VW 4
 
 #include <math.h>
@@ -45,7 +46,7 @@ static float exp2_one(float x) {
 }
 
 /* The online softmax step of one row of base-2 scores s: with m = max(*mx, s[c < cend]),
- * s[c] = 2^(s[c] - m) for the causal keys c < cend and 0 for cend <= c < nc,
+ * s[c] = 2^(s[c] - m) for the keys the row sees, c < cend, and 0 for cend <= c < nc,
  * *l = *l a + sum_c s[c], *mx = m; returns a = 2^(*mx before - m) (0 when it was -inf), the
  * factor of the row's earlier sums. */
 MF_INLINE void exp_chunk(float *s, int64_t n, float m, vf *sum) {
@@ -156,6 +157,12 @@ static int blas_scores(const MfAttnJob *p, float *S, float *S2, int64_t off, int
     return mf_sgemm(0, 1, nr, nc, D, second == 2 ? 1.0f : c2, qp, ld, kp, ld, 0.0f, S2, BTB);
 }
 
+/* the keys of key block j0 (nc long) that query i sees under P: the first cend */
+static inline int64_t row_cend(int64_t i, int64_t j0, int64_t nc, int64_t P) {
+    const int64_t n = (i > P - 1 ? i : P - 1) - j0 + 1;
+    return n < 0 ? 0 : n > nc ? nc : n;
+}
+
 static int64_t fwd_nb(const MfAttnJob *p) { return (p->T + BTB - 1) / BTB; }
 static int64_t fwd_npair(const MfAttnJob *p) { return (fwd_nb(p) + 1) / 2; }
 static int64_t fwd_tasks(const MfAttnJob *p) { return p->B * p->H * fwd_npair(p); }
@@ -173,6 +180,7 @@ static int fwd(const MfAttnJob *p, float *scr, int64_t t) {
     const int64_t b = bh / p->H, h = bh % p->H, off = b * T * ld + h * D;
     const int64_t plane = p->B * p->H * T;
     const float c2 = p->c2;
+    const int64_t P = mf_attn_prefix(p, b);
     float *S = scr;            /* (BTB, BTB): scores then probabilities [query][key] */
     float *S2 = S + BTB * BTB; /* (BTB, BTB): positional scores (score_product, pass 1) */
     float *O = S2 + BTB * BTB; /* (BTB, D): unnormalised output */
@@ -184,18 +192,19 @@ static int fwd(const MfAttnJob *p, float *scr, int64_t t) {
         if (half == 1 && ib == fwd_nb(p) - 1 - pr) break;
         const int64_t i0 = ib * BTB, nr = min64(BTB, T - i0);
         float *lse = p->lse + bh * T + i0;
+        const int64_t jlast = mf_attn_last_key_block(ib, BTB, T, P);
         memset(O, 0, (size_t)(nr * D) * sizeof(float));
         for (int64_t r = 0; r < nr; r++) {
             mx[r] = mxP[r] = -INFINITY;
             l[r] = lP[r] = 0.0f;
         }
         if (kind == MF_CONJ_SOFTMAX_PRODUCT) {
-            for (int64_t jb = 0; jb <= ib; jb++) { /* pass 1: both log-sum-exps */
+            for (int64_t jb = 0; jb <= jlast; jb++) { /* pass 1: both log-sum-exps */
                 const int64_t j0 = jb * BTB, nc = min64(BTB, T - j0);
                 int st = blas_scores(p, S, S2, off, i0, nr, j0, nc, second);
                 if (st != MF_OK) return st;
                 for (int64_t r = 0; r < nr; r++) {
-                    const int64_t cend = jb == ib ? r + 1 : nc;
+                    const int64_t cend = row_cend(i0 + r, j0, nc, P);
                     row_softmax_step(S + r * BTB, cend, nc, mx + r, l + r);
                     row_softmax_step(S2 + r * BTB, cend, nc, mxP + r, lP + r);
                 }
@@ -204,14 +213,14 @@ static int fwd(const MfAttnJob *p, float *scr, int64_t t) {
                 lse[r] = lse_of(p, mx[r], l[r]);
                 lse[plane + r] = lse_of(p, mxP[r], lP[r]);
             }
-            for (int64_t jb = 0; jb <= ib; jb++) { /* pass 2: O += A V, A lX lP first */
+            for (int64_t jb = 0; jb <= jlast; jb++) { /* pass 2: O += A V, A lX lP first */
                 const int64_t j0 = jb * BTB, nc = min64(BTB, T - j0);
                 int st = blas_scores(p, S, S2, off, i0, nr, j0, nc, second);
                 if (st != MF_OK) return st;
                 for (int64_t r = 0; r < nr; r++) {
                     float *s = S + r * BTB;
                     const float *s2 = S2 + r * BTB;
-                    const int64_t cend = jb == ib ? r + 1 : nc;
+                    const int64_t cend = row_cend(i0 + r, j0, nc, P);
                     int64_t c = 0;
                     for (; c + MF_VW <= cend; c += MF_VW)
                         exp_pair_chunk(s + c, s2 + c, MF_VW, mx[r], mxP[r]);
@@ -229,13 +238,13 @@ static int fwd(const MfAttnJob *p, float *scr, int64_t t) {
             }
             continue;
         }
-        for (int64_t jb = 0; jb <= ib; jb++) {
+        for (int64_t jb = 0; jb <= jlast; jb++) {
             const int64_t j0 = jb * BTB, nc = min64(BTB, T - j0);
             int st = blas_scores(p, S, S2, off, i0, nr, j0, nc, second);
             if (st != MF_OK) return st;
             for (int64_t r = 0; r < nr; r++) {
                 float *s = S + r * BTB, *o = O + r * D;
-                const int64_t cend = jb == ib ? r + 1 : nc; /* causal: key c <= query r */
+                const int64_t cend = row_cend(i0 + r, j0, nc, P); /* the keys r sees */
                 if (kind == MF_CONJ_SCORE_PRODUCT)
                     for (int64_t c = 0; c < cend; c++) s[c] = s[c] * S2[r * BTB + c] * c2;
                 const float a = row_softmax_step(s, cend, nc, mx + r, l + r);
@@ -266,6 +275,7 @@ static int bwd(const MfAttnJob *p, float *scr, int64_t bh) {
     float *dqx = p->dqx + off, *dqp = two ? p->dqp + off : NULL;
     const float c2 = p->c2, scale = p->scale;
     const double to2 = 1.0 / p->to_lse;
+    const int64_t Pb = mf_attn_prefix(p, b);
     float *P = scr;             /* (BTB, BTB) each, [query][key]: A; dA = dout V^T; */
     float *dA = P + BTB * BTB;  /* sX or AX, then dsX; sP or AP, then dsP */
     float *GX = dA + BTB * BTB;
@@ -290,7 +300,7 @@ static int bwd(const MfAttnJob *p, float *scr, int64_t bh) {
     for (int64_t jb = 0; jb < nb; jb++) {
         const int64_t j0 = jb * BTB, nc = min64(BTB, T - j0);
         memset(dKx, 0, (size_t)(3 * BTB * D) * sizeof(float)); /* dKx, dKp and dV */
-        for (int64_t ib = jb; ib < nb; ib++) {
+        for (int64_t ib = mf_attn_first_query_block(jb, BTB, Pb); ib < nb; ib++) {
             const int64_t i0 = ib * BTB, nr = min64(BTB, T - i0);
             int st = blas_scores(p, GX, GP, off, i0, nr, j0, nc, second);
             if (st != MF_OK) return st;
@@ -299,7 +309,7 @@ static int bwd(const MfAttnJob *p, float *scr, int64_t bh) {
                 const float l2 = la[i0 + r], l2lo = la[T + i0 + r];
                 const float l2p = kind == MF_CONJ_SOFTMAX_PRODUCT ? lb[i0 + r] : 0.0f;
                 const float l2plo = kind == MF_CONJ_SOFTMAX_PRODUCT ? lb[T + i0 + r] : 0.0f;
-                const int64_t cend = ib == jb ? r + 1 : nc;
+                const int64_t cend = row_cend(i0 + r, j0, nc, Pb);
                 int64_t c = 0;
                 for (; c + MF_VW <= cend; c += MF_VW)
                     p_chunk(kind, pr + c, x + c, y + c, MF_VW, l2, l2lo, l2p, l2plo, c2);
