@@ -30,13 +30,15 @@ Three parts, each written to ``results/gridpe/<scale>/`` (``--out``):
    ``<task>-<row>-seed<k>.json`` as soon as it finishes, and a rerun skips the runs found
    there with the same configs (an interrupted table resumes).
 
-Tasks (``--tasks``): ``navigation`` only here. The paper's own comparison is on images
-(ImageNet-100 with PVT and ViT: not available offline, days on this CPU); the digits image
-tasks of issue 12 are another branch's. Hook: a task is an entry of TASKS, a function of the
-scale giving the TrainConfig fields (the task's name and sizes); add e.g. ``"digits"`` and
-``"digits_shift"`` there once ``mapformer train --task`` knows them, with IMAGE_ROWS (the
-variants, ``learned_abs``, ``sinusoidal``, ``rope_axial``, ``ape_grid``) as their rows; the
-rest of the script (runs, JSON, table) is task-agnostic but for ``--rows``' default.
+Tasks (``--tasks``, default ``navigation``): ``navigation`` as above; ``digits`` and
+``digits16`` (:mod:`mapformer.tasks.digits`: scikit-learn's 8x8 digits as 64 pixel tokens with
+their (row, column), or pasted at random offsets on a 16x16 canvas; a non-causal classifier
+with mean pooling, the tasks' own defaults), accuracy on the test (``iid``) and dev splits
+(all 360 / 180 images at cpu and paper scale), rows IMAGE_ROWS (the default rows and
+``ape_grid``). They stand in for the paper's ImageNet-100 (PVT and ViT: not available
+offline, days on this CPU). A task is an entry of TASKS: a function of the scale giving its
+TrainConfig fields, its default rows and its evaluation sets; the rest of the script is
+task-agnostic.
 
 Scales:
 - ``paper``: the MapFormer paper's 2D presets (128 steps, grid 64, p_empty 0.5; OOD-dense and
@@ -58,9 +60,13 @@ one thread on the shared 2-core machine under heavy load (load average 8-10): gr
 gridpe_deep 0.155 s, learned_abs 0.122 s, sinusoidal 0.126 s, rope_axial 0.131 s (optional
 rows: ape_grid 0.164 s, mapwm 0.124 s); a 30-step run of the script gave the same per step,
 evaluation included. The default 7 rows take 1.09 s per step together, so 3 seeds x 2,000
-steps is about 6,600 s: about 1.8 hours for the table (21 runs), plus a few seconds for the
-analyses; less on a quieter machine. Not run at full size here; ``--scale tiny`` proves the
-script.
+steps is about 6,600 s: about 1.8 hours for the navigation table (21 runs), plus a few
+seconds for the analyses; less on a quieter machine. The image tasks, from 20-step runs of
+the script (load average 5-8): digits about 0.11 s per step (gridpe_complex 0.25 s), so its
+8 rows x 3 seeds x 2,000 steps about 1.7 hours; digits16 (256 tokens) about 0.6 s per step
+(gridpe_complex 1.3 s), about 9 hours at 2,000 steps: run it with ``--sequences 32000`` (500
+steps, about 2.3 hours) or fewer rows. Not run at full size here; ``--scale tiny`` proves
+the script.
 """
 import argparse
 import json
@@ -108,7 +114,7 @@ ROWS = {
 }
 DEFAULT_ROWS = ("gridpe_rotate", "gridpe_complex", "gridpe_merge", "gridpe_deep", "learned_abs",
                 "sinusoidal", "rope_axial")
-IMAGE_ROWS = DEFAULT_ROWS + ("ape_grid",)  # for the digits tasks, once they exist
+IMAGE_ROWS = DEFAULT_ROWS + ("ape_grid",)  # the digits tasks' default rows
 
 
 @dataclass(frozen=True)
@@ -140,7 +146,20 @@ def navigation_fields(scale):
                 p_empty=0.5)
 
 
-TASKS = {"navigation": navigation_fields}  # the digits tasks plug in here (module docstring)
+def digits_fields(canvas):
+    """TrainConfig fields of the digits image task on a canvas of this side (8: the image,
+    16: pasted at random offsets); the tasks' own model defaults (non-causal attention, mean
+    pooling, 2D pixel coordinates) come with them."""
+    def fields(scale):  # the whole test split (360 images) at cpu and paper scale
+        return dict(task="digits" if canvas == 8 else f"digits{canvas}",
+                    eval_sequences=360 if scale.eval_sequences >= 256 else scale.eval_sequences)
+    return fields
+
+
+# task -> (TrainConfig fields of a scale, its default rows, its evaluation sets)
+TASKS = {"navigation": (navigation_fields, DEFAULT_ROWS, ("iid", "ood_dense", "ood_sparse")),
+         "digits": (digits_fields(8), IMAGE_ROWS, ("iid", "dev")),
+         "digits16": (digits_fields(16), IMAGE_ROWS, ("iid", "dev"))}
 
 
 def row_of(name):
@@ -155,9 +174,9 @@ def row_of(name):
 
 def configs(task, row, scale, seed, sequences):
     """(ModelConfig, TrainConfig) of one run."""
-    train_config = TrainConfig(**TASKS[task](scale), sequences=sequences,
-                               batch_size=scale.batch_size, lr=scale.lr, seed=seed,
-                               eval_sequences=scale.eval_sequences, log_every=100)
+    fields = dict(sequences=sequences, batch_size=scale.batch_size, lr=scale.lr, seed=seed,
+                  eval_sequences=scale.eval_sequences, log_every=100)
+    train_config = TrainConfig(**{**fields, **TASKS[task][0](scale)})
     model_config = ModelConfig.for_task(
         row.preset, train_config.task_config(), positional=row.scheme, d_model=scale.d_model,
         n_heads=scale.n_heads, n_layers=scale.n_layers, **dict(row.options))
@@ -263,7 +282,6 @@ def analyses(scale, out_dir):
 # ---- part 3: the table ---------------------------------------------------------------------
 T975 = {2: 12.706, 3: 4.303, 4: 3.182, 5: 2.776, 6: 2.571, 7: 2.447, 8: 2.365, 9: 2.306,
         10: 2.262}
-SETS = ("iid", "ood_dense", "ood_sparse")
 
 
 def mean_ci(values):
@@ -275,21 +293,21 @@ def mean_ci(values):
     return f"{values.mean():.3f} ± {half:.3f}"
 
 
-def format_table(records, tasks, names, scale_name):
-    lines = [f"**GridPE variants and baselines, scale {scale_name}: recall accuracy (mean ± "
-             "95% CI over seeds); coordinates: the generator's true cells given to the "
-             "scheme**", "",
-             "| task | row | coordinates | " + " | ".join(SETS) + " | seeds |",
-             "|---|---|---|" + "---|" * len(SETS) + "---|"]
-    for task in tasks:
-        for name in names:
-            runs = [r for r in records if (r["task"], r["row"]) == (task, name)]
-            if not runs:
-                continue
-            reads = runs[0]["model"]["options"].get("coord_source") == "task"
-            cells = [mean_ci([r["eval"][s]["accuracy"] for r in runs]) for s in SETS]
-            lines.append(f"| {task} | {name} | {'yes' if reads else 'no'} | "
-                         + " | ".join(cells) + f" | {len(runs)} |")
+def format_table(records, task, names, scale_name):
+    """Markdown: one line per row of ``task``, accuracy on each of its evaluation sets."""
+    sets = TASKS[task][2]
+    lines = [f"**{task}, scale {scale_name}: accuracy (mean ± 95% CI over seeds); "
+             "coordinates: the task's true ones given to the scheme**", "",
+             "| row | coordinates | " + " | ".join(sets) + " | seeds |",
+             "|---|---|" + "---|" * len(sets) + "---|"]
+    for name in names:
+        runs = [r for r in records if (r["task"], r["row"]) == (task, name)]
+        if not runs:
+            continue
+        reads = runs[0]["model"]["options"].get("coord_source") == "task"
+        cells = [mean_ci([r["eval"][s]["accuracy"] for r in runs]) for s in sets]
+        lines.append(f"| {name} | {'yes' if reads else 'no'} | " + " | ".join(cells)
+                     + f" | {len(runs)} |")
     return "\n".join(lines)
 
 
@@ -300,9 +318,11 @@ def main(argv=None):
     parser.add_argument("--seeds", type=int, default=3, help="seeds per row (0, 1, ...)")
     parser.add_argument("--rows", default=None,
                         help="comma-separated rows: " + ", ".join(ROWS) + ", or any "
-                        "registered scheme (default: " + ", ".join(DEFAULT_ROWS) + ")")
-    parser.add_argument("--tasks", default=",".join(TASKS),
-                        help="comma-separated among " + ", ".join(TASKS))
+                        "registered scheme (default: navigation " + ", ".join(DEFAULT_ROWS)
+                        + "; digits " + ", ".join(IMAGE_ROWS) + ")")
+    parser.add_argument("--tasks", default="navigation",
+                        help="comma-separated among " + ", ".join(TASKS)
+                        + " (default: navigation)")
     parser.add_argument("--sequences", type=int, default=None,
                         help="override the scale's training sequences (not a reproduction)")
     parser.add_argument("--no-table", action="store_true", help="the analyses only")
@@ -311,15 +331,16 @@ def main(argv=None):
     args = parser.parse_args(argv)
     scale = SCALES[args.scale]
     sequences = args.sequences or scale.steps * scale.batch_size
-    names = [n.strip() for n in args.rows.split(",")] if args.rows else list(DEFAULT_ROWS)
     tasks = [t.strip() for t in args.tasks.split(",")]
-    try:
-        rows = {name: row_of(name) for name in names}
-    except ValueError as exc:
-        parser.error(str(exc))
     bad = [t for t in tasks if t not in TASKS]
     if bad:
         parser.error(f"unknown tasks {bad}: the tasks are {list(TASKS)}")
+    names = {t: [n.strip() for n in args.rows.split(",")] if args.rows else list(TASKS[t][1])
+             for t in tasks}
+    try:
+        rows = {name: row_of(name) for t in tasks for name in names[t]}
+    except ValueError as exc:
+        parser.error(str(exc))
     if args.seeds < 1:
         parser.error("--seeds must be >= 1")
     out_dir = Path(args.out or Path(__file__).resolve().parents[1] / "results" / "gridpe"
@@ -329,17 +350,18 @@ def main(argv=None):
     analyses(scale, out_dir)
     records = []
     for task in ([] if args.no_table else tasks):
-        for name, row in rows.items():
+        for name in names[task]:
             for seed in range(args.seeds):
-                r = run(task, name, row, scale, seed, sequences, out_dir)
+                r = run(task, name, rows[name], scale, seed, sequences, out_dir)
                 records.append(r)
                 print(f"  {task} {name} seed {seed}: "
-                      + "   ".join(f"{s} {r['eval'][s]['accuracy']:.3f}" for s in SETS)
+                      + "   ".join(f"{s} {r['eval'][s]['accuracy']:.3f}"
+                                   for s in TASKS[task][2])
                       + f"   ({r['wall_s']:.0f}s, {r['wall_s'] / r['steps']:.3f} s/step"
                       + (", from an earlier run)" if r.get("cached") else ")"), flush=True)
-    if records:
+    for task in tasks if records else []:
         print()
-        print(format_table(records, tasks, list(rows), args.scale))
+        print(format_table(records, task, names[task], args.scale))
     print(f"\ntotal {time.perf_counter() - t0:.0f}s")
     return records
 

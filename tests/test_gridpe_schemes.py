@@ -199,7 +199,7 @@ def test_coord_source_index_ignores_the_task_coordinates(positional):
 def test_reproduce_gridpe_writes_its_analyses_and_one_json_per_run(tmp_path, capsys,
                                                                     monkeypatch):
     """--scale tiny: the Fig. 3 plot and analysis.json (the ratio check passed), one JSON per
-    (task, row, seed), skipped on a rerun with the same configs."""
+    (task, row, seed) for navigation and digits, skipped on a rerun with the same configs."""
     import importlib.util
     import json
     import os
@@ -211,11 +211,12 @@ def test_reproduce_gridpe_writes_its_analyses_and_one_json_per_run(tmp_path, cap
     spec = importlib.util.spec_from_file_location("reproduce_gridpe", path)
     script = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(script)
-    argv = ["--scale", "tiny", "--rows", "gridpe_complex,learned_abs", "--seeds", "2",
-            "--sequences", "16", "--out", str(tmp_path)]
+    argv = ["--scale", "tiny", "--tasks", "navigation,digits", "--rows",
+            "gridpe_complex,learned_abs", "--seeds", "2", "--sequences", "16", "--out",
+            str(tmp_path)]
     first = script.main(argv)
-    runs = [f"navigation-{row}-seed{s}.json" for row in ("gridpe_complex", "learned_abs")
-            for s in (0, 1)]
+    runs = [f"{task}-{row}-seed{s}.json" for task in ("navigation", "digits")
+            for row in ("gridpe_complex", "learned_abs") for s in (0, 1)]
     assert sorted(p.name for p in tmp_path.iterdir()) == sorted(
         ["analysis.json", "fig3_decay.png", *runs])
     analysis = json.loads((tmp_path / "analysis.json").read_text())
@@ -225,9 +226,36 @@ def test_reproduce_gridpe_writes_its_analyses_and_one_json_per_run(tmp_path, cap
     record = json.loads((tmp_path / "navigation-gridpe_complex-seed1.json").read_text())
     assert record["model"]["options"]["gridpe_variant"] == "complex"
     assert record["model"]["options"]["coord_dims"] == 2 and record["train"]["seed"] == 1
-    assert "| navigation | gridpe_complex | yes | " in capsys.readouterr().out
+    digits = json.loads((tmp_path / "digits-gridpe_complex-seed0.json").read_text())
+    assert digits["model"]["options"]["attn_mask"] == "none" and set(digits["eval"]) == {
+        "iid", "dev"}
+    out = capsys.readouterr().out
+    assert "**navigation, scale tiny" in out and "**digits, scale tiny" in out
+    assert "| gridpe_complex | yes | " in out and "| learned_abs | no | " in out
     again = script.main(argv)
     assert all(r.get("cached") for r in again)
     assert [r["eval"] for r in again] == [r["eval"] for r in first]
     with pytest.raises(ValueError, match="unknown row 'alibi'"):
         script.row_of("alibi")
+
+
+@pytest.mark.parametrize("variant", ["rotate", "complex", "merge", "deep"])
+def test_variants_on_digits_attend_both_ways(variant):
+    """On the digits task (2D pixel coordinates, attn_mask 'none' from the task) the first
+    token's output depends on the last token (no causal mask), and the C backend agrees with
+    float64."""
+    from mapformer.tasks import digits
+    task = digits.preset("iid")
+    batch = digits.generate(task, 2, np.random.default_rng(0))
+    coords = digits.token_coordinates(batch)
+    outs = []
+    for backend in ("numpy", "c"):
+        cfg = ModelConfig.for_task("rope", task, d_model=32, n_heads=2, n_layers=1,
+                                   positional="gridpe", gridpe_variant=variant)
+        assert cfg.options["attn_mask"] == "none" and cfg.options["coord_dims"] == 2
+        m = Transformer(cfg, seed=0, backend=backend)
+        changed = batch.tokens.copy()
+        changed[:, -1] = (changed[:, -1] + 5) % 17
+        outs.append((m.forward(batch.tokens, coords), m.forward(changed, coords)))
+    assert np.abs(outs[0][0][:, 0] - outs[0][1][:, 0]).max() > 1e-6
+    np.testing.assert_allclose(outs[1][0], outs[0][0], rtol=0, atol=2e-4)
