@@ -177,7 +177,7 @@ class GridPE(AttentionScheme):
     ``attn_mask``: causal, none for the image tasks, prefix). Parameters: ``deep`` only,
     ``deep_in`` and ``deep_out`` (C -> C each). Traces: ``theta`` the last forward's angles
     (TB, T, H, D / 2) (rotate, deep), (TB, T, H, D) (complex), (TB, T, C / 2) (merge);
-    ``frequencies`` (H, K, n) (merge: (1, C / 2, n)); ``q_att``, ``k_att`` the queries and keys
+    ``frequencies`` (H, K, n) (merge: (C / 2, n)); ``q_att``, ``k_att`` the queries and keys
     the softmax compared ((B, T, H, 2 D) for complex); ``factors`` (TB, T, H, D) deep's m."""
 
     name = "gridpe"
