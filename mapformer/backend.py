@@ -337,6 +337,8 @@ NUMPY = SimpleNamespace(
     ape_apply_backward=_ape_apply_backward,
     ape_decay_forward=ref.ape_decay_forward,
     ape_decay_backward=ref.ape_decay_backward,
+    gridpe_complex_forward=ref.gridpe_complex_forward,
+    gridpe_complex_backward=ref.gridpe_complex_backward,
     **_ape_powers(np.float64),
     adamw_step=_adamw_step,
     global_norm=ref.global_norm,

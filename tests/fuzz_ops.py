@@ -196,6 +196,11 @@ def good_call(op, rng):
         if op == "ape_apply_forward":
             return args, s
         return dict(dy=bthd(), **args, dmaps=f32(rng, A, P, H, E, E)), s
+    if op == "gridpe_complex_forward":
+        return dict(x=f32(rng, B, T, H, D // 2),
+                    theta=f32(rng, int(rng.choice([1, B])), T, H, D // 2)), s
+    if op == "gridpe_complex_backward":
+        return dict(dy=bthd(), theta=f32(rng, int(rng.choice([1, B])), T, H, D // 2)), s
     if op in ("ape_decay_forward", "ape_decay_backward"):
         names = ("q", "k") if op == "ape_decay_forward" else ("dq_out", "dk_out")
         return dict(zip(names, (bthd(), bthd())), gamma=float(rng.choice([0.5, 0.98, 1.0]))), s

@@ -29,7 +29,7 @@ import numpy as np
 from ..nn import normal_init
 from ..registry import Option
 from . import AdditiveScheme, register_scheme, shared_once
-from .coordinates import COORD_DIMS, coordinates_or_index
+from .coordinates import COORD_DIMS, COORD_SOURCE, coordinates_or_index, task_coordinates
 
 
 def longest_sequence(task):
@@ -61,7 +61,7 @@ class Sinusoidal(AdditiveScheme):
     """Traces: ``sinusoids`` (TB, T, C) the last forward's code."""
 
     name = "sinusoidal"
-    options = (COORD_DIMS, SINUSOIDAL_SCALE)
+    options = (COORD_DIMS, COORD_SOURCE, SINUSOIDAL_SCALE)
     traces = ("sinusoids",)
 
     def __init__(self, store, name, config, ops):
@@ -78,7 +78,7 @@ class Sinusoidal(AdditiveScheme):
     def code(self, batch, steps):
         """theta = -(f . x) per pair, then (0, s) turned by theta: (s sin, s cos) of f . x;
         computed once per length when the positions are the token index."""
-        if self.coordinates is None and steps in self.by_steps:
+        if task_coordinates(self) is None and steps in self.by_steps:
             self.sinusoids = self.by_steps[steps]
             return self.sinusoids
         positions = coordinates_or_index(self, steps)
@@ -89,7 +89,7 @@ class Sinusoidal(AdditiveScheme):
         code, _ = self.ops.rotary_forward(self.unit, self.unit,
                                           theta.reshape(tb, steps, pairs, 1))
         self.sinusoids = code.reshape(tb, steps, 2 * pairs)
-        if self.coordinates is None:
+        if task_coordinates(self) is None:
             self.by_steps[steps] = self.sinusoids
         return self.sinusoids
 

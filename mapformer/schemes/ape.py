@@ -37,7 +37,8 @@ from .. import reference
 from ..nn import constant_init, normal_init
 from ..registry import Option
 from . import AttentionScheme, register_scheme
-from .coordinates import COORD_DIMS, coordinates_or_index, task_extent
+from .coordinates import (COORD_DIMS, COORD_SOURCE, coordinates_or_index, task_coordinates,
+                          task_extent)
 from .rope import ROPE_BASE, rope_frequencies
 
 APE_NO_INIT = Option("ape_no_init", bool, False, "APE generators start near the identity "
@@ -285,7 +286,7 @@ class APEGrid(APE):
     gives none and n = 1), maps W_a^x_a per axis a on chunk a of the head."""
 
     name = "ape_grid"
-    options = (ROPE_BASE, APE_NO_INIT, COORD_DIMS, APE_POSITIONS)
+    options = (ROPE_BASE, APE_NO_INIT, COORD_DIMS, COORD_SOURCE, APE_POSITIONS)
 
     @classmethod
     def axes(cls, config):
@@ -295,7 +296,7 @@ class APEGrid(APE):
         coordinates = coordinates_or_index(self, steps)
         extent = self.config.options["ape_positions"]
         return self.ops.as_indices(coordinates), (max(extent, steps)
-                                                  if self.coordinates is None else extent)
+                                                  if task_coordinates(self) is None else extent)
 
 
 APE_TREE_DEPTH = Option("ape_tree_depth", int, 6, "levels below the root ape_tree tabulates "

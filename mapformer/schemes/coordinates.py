@@ -25,12 +25,31 @@ COORD_DIMS = Option("coord_dims", int, 1, "dimensions n of the token coordinates
                     from_task=task_dims)
 
 
+COORD_SOURCE = Option("coord_source", str, "task", "where a scheme's positions come from: "
+                      "task (the coordinates the task supplies, e.g. navigation's true cells: "
+                      "an oracle) or index (the token index, with coord_dims 1)",
+                      choices=("task", "index"))
+
+
+def task_coordinates(scheme):
+    """The task's coordinates (B, T, n) when the scheme reads them (``coord_source`` 'task',
+    the default, and the task gives some), else None (the token index is the position)."""
+    if scheme.config.options.get("coord_source", "task") == "index":
+        return None
+    return scheme.coordinates
+
+
 def coordinates_or_index(scheme, steps):
     """(TB, T, n) coordinates: the task's (TB = B), or the token index 0..T-1 as (1, T, 1)
-    when the task gives none (only for n = 1: ValueError otherwise, naming the scheme)."""
+    when the task gives none or ``coord_source`` is 'index' (only for n = 1: ValueError
+    otherwise, naming the scheme)."""
     n = scheme.config.options["coord_dims"]
-    coordinates = scheme.coordinates
+    coordinates = task_coordinates(scheme)
     if coordinates is None:
+        if scheme.config.options.get("coord_source") == "index" and n != 1:
+            raise ValueError(f"positional scheme {scheme.name!r} with coord_source 'index' "
+                             f"reads the token index (1D) but has coord_dims = {n}: set "
+                             "coord_dims = 1 (--coord-dims 1)")
         if n != 1:
             raise ValueError(f"positional scheme {scheme.name!r} with coord_dims = {n} needs "
                              "the tokens' coordinates (B, T, n): pass coordinates= to "

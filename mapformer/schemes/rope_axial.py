@@ -10,8 +10,8 @@ of the simplex's n + 1."""
 import numpy as np
 
 from . import register_scheme
-from .coordinates import COORD_DIMS
-from .gridpe import GridPE
+from .coordinates import COORD_DIMS, COORD_SOURCE
+from .gridpe import FrequencyAngles
 from .rope import ROPE_BASE
 
 
@@ -29,12 +29,12 @@ def axial_frequencies(base, n_heads, n_blocks, n):
 
 
 @register_scheme
-class AxialRoPE(GridPE):
+class AxialRoPE(FrequencyAngles):
     """GridPE's machinery (theta = f . x, a linear map of the coordinates) with the axial
     frequency vectors. Traces: ``theta`` (TB, T, H, NB); ``frequencies`` (H, NB, n)."""
 
     name = "rope_axial"
-    options = (ROPE_BASE, COORD_DIMS)
+    options = (ROPE_BASE, COORD_DIMS, COORD_SOURCE)
 
     @classmethod
     def frequency_vectors(cls, config):

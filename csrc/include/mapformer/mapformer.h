@@ -170,6 +170,15 @@ int ape_decay_forward(const MfApeDecayParams *p);
 /* dq (=) = gamma^(t - c) dq_out, dk (=) = gamma^(c - t) dk_out (gamma is a constant) */
 int ape_decay_backward(const MfApeDecayParams *p);
 
+/* ---- gridpe.c: GridPE's complex form (one angle per real channel) ----------------------- */
+/* y[b,t,h,2d] = x[b,t,h,d] cos theta[tb,t,h,d], y[b,t,h,2d+1] = x[b,t,h,d] sin theta[tb,t,h,d]:
+ * y_m . y'_n = sum_d x_d x'_d cos(theta_d(m) - theta_d(n)). x (B, T, H, W/2), y (B, T, H, W),
+ * theta (TB, T, H, W/2) with TB = 1 (broadcast) or B; cos and sin in double */
+int gridpe_complex_forward(const MfGridpeParams *p);
+/* dx (B, T, H, W/2) (=) = cos theta dy[2d] + sin theta dy[2d+1]; dy (B, T, H, W); theta as
+ * above (fixed: no theta gradient) */
+int gridpe_complex_backward(const MfGridpeParams *p);
+
 /* ---- softmax_xent.c: masked softmax cross-entropy ----------------------------------------- */
 /* losses (N,) = -log softmax(logits)[target] (every row); *loss = sum(mask*losses)/sum(mask)
  * (0 when sum(mask) == 0), accumulated in double. logits (N, V), targets (N,), mask (N,) */

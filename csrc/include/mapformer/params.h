@@ -233,6 +233,17 @@ typedef struct {
     int64_t B, T, H, D;
 } MfApeDecayParams;
 
+/* gridpe_complex: GridPE's complex form, one angle per real channel: y (B, T, H, W) holds
+ * (x cos theta, x sin theta) of each channel of x (B, T, H, W/2) interleaved */
+typedef struct {
+    float *y;               /* forward (B, T, H, W) */
+    float *dx;              /* backward (B, T, H, W/2) (=) */
+    const float *x;         /* forward (B, T, H, W/2) */
+    const float *dy;        /* backward (B, T, H, W) */
+    const float *theta;     /* (TB, T, H, W/2) */
+    int64_t B, T, H, W, TB; /* W even; TB = 1 (broadcast over b) or B */
+} MfGridpeParams;
+
 /* softmax_xent: masked softmax cross-entropy over V classes */
 typedef struct {
     float *losses;           /* forward (N,): -log softmax(logits)[target], every row */
