@@ -1,8 +1,9 @@
 """Reproduce the MapFormer paper's Fig. 7 (appendix 10.4): `python benchmarks/reproduce_fig7.py
 --scale cpu` (or `--scale paper`, or `--scale tiny` to check the script). Writes
 results/fig7_<scale>.json (every run: panel, model, width, seed, final evaluation, the
-evaluations through training) after every run, and results/fig7_<scale>.png; a rerun skips the
-runs that file already holds (so a scale can span several sittings).
+evaluations through training) after every run, and results/fig7_<scale>.png, and prints the
+figure's numbers as markdown tables (mean ± std over seeds); a rerun skips the runs that file
+already holds (so a scale can span several sittings; with every run done it only prints).
 
 Fig. 7a: MapEM-b2 (`mapem`), -b4, -NC (blocks of 4, K = 6; NC-L), -SLN, all MapEM-s
 (positional scores only), on 2D navigation, IID accuracy against model width (the paper's
@@ -104,7 +105,40 @@ def main(argv=None):
                     print(f"7b-d {label} seed {seed}: iid {final['iid']['accuracy']:.3f} "
                           f"ood (2x length) {final['ood_sparse']['accuracy']:.3f}", flush=True)
     plot(runs, out / f"fig7_{args.scale}.png")
+    print(summary(runs))
     return runs
+
+
+def summary(runs):
+    """Markdown: 7a's final IID accuracy per model and width, 7b-d's final IID and OOD (2x
+    length) accuracy per model; mean +- std over the seeds (their number in each cell). A
+    panel without runs is left out."""
+    import numpy as np
+
+    def cell(values):
+        return f"{np.mean(values):.3f} ± {np.std(values):.3f} ({len(values)})"
+
+    tables = []
+    widths = sorted({r["width"] for r in runs if r["panel"] == "7a"})
+    if widths:
+        lines = ["| Fig. 7a model | " + " | ".join(f"d_model {w}" for w in widths) + " |",
+                 "|---|" + "---|" * len(widths)]
+        for label in FIG7A:
+            rows = [r for r in runs if r["panel"] == "7a" and r["model"] == label]
+            if rows:
+                lines.append(f"| {label} | " + " | ".join(
+                    cell([r["eval"]["iid"]["accuracy"] for r in rows if r["width"] == w])
+                    for w in widths) + " |")
+        tables.append("\n".join(lines))
+    if any(r["panel"] == "7bd" for r in runs):
+        lines = ["| Fig. 7b-d model | IID (16 steps) | OOD (32 steps) |", "|---|---|---|"]
+        for label in FIG7BD:
+            rows = [r for r in runs if r["panel"] == "7bd" and r["model"] == label]
+            if rows:
+                lines.append(f"| {label} | {cell([r['eval']['iid']['accuracy'] for r in rows])}"
+                             f" | {cell([r['eval']['ood_sparse']['accuracy'] for r in rows])} |")
+        tables.append("\n".join(lines))
+    return "\n\n".join(tables)
 
 
 def plot(runs, path):

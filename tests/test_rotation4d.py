@@ -126,3 +126,7 @@ def test_reproduce_fig7_runs_at_tiny_scale(tmp_path):
                          "--out", str(tmp_path)])
     assert again[:4] == saved["runs"]
     assert [(r["model"], r["seed"]) for r in again[4:]] == [(m, 1) for m in module.FIG7BD]
+    table = module.summary(again).splitlines()
+    assert len(table) == 2 + 4 and all(f"| {m} |" in line for m, line in zip(module.FIG7BD, table[2:]))
+    r0, r1 = (r["eval"]["iid"]["accuracy"] for r in (again[0], again[4]))
+    assert f"{(r0 + r1) / 2:.3f} ± {abs(r0 - r1) / 2:.3f} (2)" in table[2]
