@@ -76,12 +76,17 @@ def _pointer(a):
     return data.ptr if hasattr(data, "ptr") else a.ctypes.data
 
 
-def ops(lib, xp, stream=lambda: None):
+def ops(lib, xp, stream=lambda: None, params_h=None):
     """SimpleNamespace of the ops in :data:`FAMILIES` with the C backend's signatures (see
     mapformer._C's docstrings), running ``lib``'s kernels on arrays of ``xp`` on the stream
     handle ``stream()`` returns (an int or None). Arguments are made C-contiguous float32
-    (int32 ids, uint8 masks); an op's error status raises ValueError naming the op."""
-    path = next(p for p in PARAMS_H if os.path.exists(p))
+    (int32 ids, uint8 masks); an op's error status raises ValueError naming the op.
+    params_h: the params.h that ``lib`` was compiled with (default: the copy a CUDA build
+    installs beside this module, else the source tree's)."""
+    path = params_h or next((p for p in PARAMS_H if os.path.exists(p)), None)
+    if path is None:
+        raise RuntimeError(f"mapformer.cuda: no params.h beside the package or in a source "
+                           f"tree (a CUDA build installs one): {HOW_TO_BUILD}")
     structs = parse_params(path)
     f32 = lambda a: xp.ascontiguousarray(xp.asarray(a), dtype=xp.float32)  # noqa: E731
     i32 = lambda a: xp.ascontiguousarray(xp.asarray(a), dtype=xp.int32)  # noqa: E731

@@ -7,13 +7,13 @@ import numpy as np
 import pytest
 
 from conftest import assert_close, randn
-from cuda_emulation import Emulation, build
+from cuda_emulation import PARAMS_H, Emulation, build
 from mapformer import _C, backend, cuda
 
 
 @pytest.fixture(scope="module")
 def emulated():
-    return cuda.ops(Emulation(build()).lib, np)
+    return cuda.ops(Emulation(build()).lib, np, params_h=PARAMS_H)
 
 
 def gpu():
@@ -178,3 +178,9 @@ def test_cuda_backend_says_how_to_get_it():
                                            "no CUDA device|cannot run a model yet"):
         backend.get("cuda")
     assert "MAPFORMER_CUDA=on pip install '.[cuda]'" in cuda.HOW_TO_BUILD
+
+
+def test_missing_params_h_says_how_to_build(monkeypatch):
+    monkeypatch.setattr(cuda, "PARAMS_H", ["/nonexistent/params.h"])
+    with pytest.raises(RuntimeError, match="MAPFORMER_CUDA=on"):
+        cuda.ops(None, np)
