@@ -51,7 +51,6 @@ rows x 3 seeds) about 1.75 hours. Not run at full
 size here; a tiny run proves the script.
 """
 import argparse
-import json
 import math
 import os
 import sys
@@ -69,7 +68,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from mapformer.models import ModelConfig  # noqa: E402
 from mapformer.schemes import SCHEMES  # noqa: E402
 from mapformer.tasks import transduction  # noqa: E402
-from mapformer.train import TrainConfig, train  # noqa: E402
+from mapformer.reproduce import train_or_load  # noqa: E402
+from mapformer.train import TrainConfig  # noqa: E402
 
 TASKS = transduction.OPERATIONS
 COLUMNS = ("Sinusoidal", "Absolute", "Relative", "RoPE frozen", "RoPE tuned", "APE w/ init",
@@ -156,26 +156,10 @@ def configs(task, row, scale, seed, sequences):
 
 def run(task, name, row, scale, seed, sequences, out_dir):
     """Train one (task, row, seed), or read it from out_dir when its JSON holds the same
-    configs; returns the record."""
+    configs (:func:`mapformer.reproduce.train_or_load`); returns the record."""
     model_config, train_config = configs(task, row, scale, seed, sequences)
-    path = out_dir / f"{task}-{name}-seed{seed}.json"
-    if path.exists():
-        record = json.loads(path.read_text())
-        if (record["model"], record["train"]) == (model_config.to_dict(),
-                                                  train_config.to_dict()):
-            record["cached"] = True
-            return record
-        raise ValueError(f"{path} holds a run of other configs: remove it or use another --out")
-    result = train(model_config, train_config, progress=False, log=lambda *a: None)
-    record = {"task": task, "row": name, "seed": seed, "model": model_config.to_dict(),
-              "train": train_config.to_dict(), "eval": result["eval"],
-              "final_train_loss": result["loss"], "wall_s": result["wall_s"],
-              "steps": result["steps"]}
-    out_dir.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_suffix(".tmp")
-    tmp.write_text(json.dumps(record, indent=1))
-    tmp.replace(path)
-    return record
+    return train_or_load(out_dir / f"{task}-{name}-seed{seed}.json", model_config,
+                         train_config, task=task, row=name, seed=seed)
 
 
 T975 = {2: 12.706, 3: 4.303, 4: 3.182, 5: 2.776, 6: 2.571, 7: 2.447, 8: 2.365, 9: 2.306,

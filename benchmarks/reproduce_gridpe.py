@@ -69,7 +69,6 @@ steps, about 2.3 hours) or fewer rows. Not run at full size here; ``--scale tiny
 the script.
 """
 import argparse
-import json
 import math
 import os
 import sys
@@ -88,7 +87,8 @@ from mapformer.models import ModelConfig  # noqa: E402
 from mapformer.schemes import SCHEMES  # noqa: E402
 from mapformer.schemes.gridpe import (code_kernel, gridpe_frequencies,  # noqa: E402
                                       neuron_count)
-from mapformer.train import TrainConfig, train  # noqa: E402
+from mapformer.reproduce import train_or_load, write_json  # noqa: E402
+from mapformer.train import TrainConfig  # noqa: E402
 
 
 @dataclass(frozen=True)
@@ -185,30 +185,11 @@ def configs(task, row, scale, seed, sequences):
 
 def run(task, name, row, scale, seed, sequences, out_dir):
     """Train one (task, row, seed), or read it from out_dir when its JSON holds the same
-    configs; returns the record."""
+    configs (:func:`mapformer.reproduce.train_or_load`); returns the record."""
     model_config, train_config = configs(task, row, scale, seed, sequences)
-    path = out_dir / f"{task}-{name}-seed{seed}.json"
-    if path.exists():
-        record = json.loads(path.read_text())
-        if (record["model"], record["train"]) == (model_config.to_dict(),
-                                                  train_config.to_dict()):
-            record["cached"] = True
-            return record
-        raise ValueError(f"{path} holds a run of other configs: remove it or use another --out")
-    result = train(model_config, train_config, progress=False, log=lambda *a: None)
-    record = {"task": task, "row": name, "seed": seed, "model": model_config.to_dict(),
-              "train": train_config.to_dict(), "eval": result["eval"],
-              "final_train_loss": result["loss"], "wall_s": result["wall_s"],
-              "steps": result["steps"]}
-    write_json(path, record)
-    return record
+    return train_or_load(out_dir / f"{task}-{name}-seed{seed}.json", model_config,
+                         train_config, task=task, row=name, seed=seed)
 
-
-def write_json(path, record):
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_suffix(".tmp")
-    tmp.write_text(json.dumps(record, indent=1))
-    tmp.replace(path)
 
 
 # ---- parts 1 and 2: the code's distance decay, the optimal ratio -------------------------

@@ -354,3 +354,31 @@ def write_record(path, table_id, args, scale, sequences, records, text):
          "sequences": sequences, "eval_sequences": args.eval_sequences, "runs": records,
          "markdown": text}, indent=1))
     tmp.replace(path)
+
+
+def write_json(path, record):
+    """Write ``record`` to ``path`` as JSON atomically (a temporary file, then a rename)."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_suffix(".tmp")
+    tmp.write_text(json.dumps(record, indent=1))
+    tmp.replace(path)
+
+
+def train_or_load(path, model_config, train_config, **fields):
+    """One run of a resumable reproduction: the record at ``path`` when it holds the same
+    configs (marked ``cached``), else train and write it there. The record: ``fields`` (e.g.
+    task, row, seed), both configs, the final evaluation and loss, wall time and steps. A
+    record of other configs at ``path`` is a ValueError."""
+    if path.exists():
+        record = json.loads(path.read_text())
+        if (record["model"], record["train"]) == (model_config.to_dict(),
+                                                  train_config.to_dict()):
+            record["cached"] = True
+            return record
+        raise ValueError(f"{path} holds a run of other configs: remove it or use another --out")
+    result = train(model_config, train_config, progress=False, log=lambda *a: None)
+    record = {**fields, "model": model_config.to_dict(), "train": train_config.to_dict(),
+              "eval": result["eval"], "final_train_loss": result["loss"],
+              "wall_s": result["wall_s"], "steps": result["steps"]}
+    write_json(path, record)
+    return record
