@@ -17,8 +17,9 @@ sinusoidal, rope_tuned, ape_seq, ape_tree (table b). Our ``learned_abs`` is the 
 ``ape_seq`` its "APE w/ init" (RoPE's rotations at the start), ``ape_seq_no_init`` "APE w/o
 init"; the paper's decay of the logits (0.98^distance) is not applied (add ``--ape-decay
 0.98`` to the ape_seq rows of table a; ape_tree has no decay). Each (task, row, seed) is
-written as JSON to ``results/ape_table_a/<scale>/<task>-<row>-seed<k>.json`` as soon as it finishes, and a rerun
-skips the runs found there with the same configs (so an interrupted table resumes).
+written as JSON to ``results/ape_table_a/<scale>/<task>-<row>-seed<k>.json`` as soon as it
+finishes, and a rerun skips the runs found there with the same configs (so an interrupted
+table resumes).
 
 Formulation (:mod:`mapformer.tasks.transduction`): one causal decoder over ``source SEP
 target``, loss and metrics on the target tokens, where the paper trains an encoder-decoder
