@@ -473,7 +473,7 @@ def _split(config: TreeConfig, split: str, count: int):
 
 @functools.lru_cache(maxsize=16)
 def _serialised(config: TreeConfig, split: str, count: int):
-    x, y = _split(config, split, count)
+    x, y = _split(replace(config, order="breadth"), split, count)  # the trees: any order
     out = serialise(x, "breadth") + serialise(y, config.order)
     for array in out:
         array.setflags(write=False)
