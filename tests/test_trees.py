@@ -156,7 +156,8 @@ def test_config_checks_and_task_options():
     config = trees.TreeConfig(operation="ops")
     assert (config.n_labels, config.vocab_size, config.min_depth, config.max_depth) == (
         128, 130, 3, 7)
-    assert (config.max_level, config.width, config.tree_levels) == (8, 512, 8)
+    assert (config.max_level, config.width, config.tree_levels) == (7, 256, 7)
+    assert trees.TreeConfig(operation="rotate").max_level == 8  # rotations grow one deeper
     with pytest.raises(ValueError, match="operation"):
         trees.TreeConfig(operation="flip")
     with pytest.raises(ValueError, match="order"):
@@ -166,7 +167,7 @@ def test_config_checks_and_task_options():
     task = TrainConfig(task="tree_ops", tree_depth=4, tree_order="depth").task_config()
     assert (task.operation, task.mean_depth, task.order) == ("ops", 4, "depth")
     model = ModelConfig.for_task("rope", task, positional="ape_tree")
-    assert model.options["ape_tree_depth"] == task.tree_levels == 7
+    assert model.options["ape_tree_depth"] == task.tree_levels == 6
     grid = ModelConfig.for_task("rope", task, positional="ape_grid")
     assert grid.options["coord_source"] == "index"  # heap numbers are for ape_tree only
 

@@ -110,8 +110,9 @@ class TreeConfig:
         depth_std: spread of the depth, >= 0.
         max_nodes: the most nodes of a source or target tree (larger examples are redrawn).
         max_level: the deepest level (root 0) of a source or target node (deeper examples
-            are redrawn; rotation outputs can be deeper than their inputs); a negative value,
-            the default, means max_depth + 1.
+            are redrawn); a negative value, the default, means max_depth, or max_depth + 1
+            for rotate (whose outputs can be deeper than their inputs; about 2% of the
+            rotations are then redrawn at mean depth 5).
         train_size, data_seed, eval_split: as :class:`transduction.TransductionConfig`.
     """
 
@@ -144,7 +145,8 @@ class TreeConfig:
         if isinstance(self.max_level, bool) or not isinstance(self.max_level, numbers.Integral):
             raise ValueError(f"max_level must be an integer, got {self.max_level!r}")
         if self.max_level < 0:
-            object.__setattr__(self, "max_level", self.max_depth + 1)
+            object.__setattr__(self, "max_level",
+                               self.max_depth + (self.operation == "rotate"))
         if self.max_level < self.max_depth:
             raise ValueError(f"max_level must be >= max_depth = {self.max_depth}, got "
                              f"{self.max_level}")
