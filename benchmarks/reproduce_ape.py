@@ -60,10 +60,14 @@ trees, 2 layers, d_model 64, 2 heads of 32, batch 32, 900 steps (28,800 trees, 4
 the paper trains 400), lr 1e-3 with 11 warmup steps (the paper's 5/400), cosine, no dropout,
 256 evaluation trees. Time estimate (cpu): a training step measured on this shared 2-core
 machine at load average 4 with one thread (100-step runs, evaluation included): 0.05-0.07
-s (sinusoidal, rope_tuned, ape_seq), 0.11-0.14 s (ape_tree, whose 512-map table is built
-every step); with the default rows about 0.08 s per step on average, so a run is about 75 s
-and the table's 96 runs (4 tasks x 2 orders x 4 rows x 3 seeds) about 2 hours. Not run at
-full size here; a tiny run proves the script.
+s (sinusoidal, rope_tuned, ape_seq), 0.11-0.14 s (ape_tree, whose table of 2^(levels + 1)
+maps, 256 or 512 for rotation, is built every step); with the default rows about 0.08 s per
+step on average, so a run is about 75 s and the table's 96 runs (4 tasks x 2 orders x 4 rows
+x 3 seeds) about 2 hours (under heavier load, 0.09 s and 0.22 s per step were measured: about
+3 hours). Not run at full size here; a tiny run proves the script. At 300 steps (a third of
+the cpu scale, one seed) tree_rotate depth-first reached test perplexity 9.6 (rope_tuned) and
+8.0 (ape_tree), far from the paper's 2.60 and 1.01: 900 steps may well be too few to separate
+the rows; ``--sequences`` raises it.
 
 Threads: the script runs with one OpenMP and one OpenBLAS thread unless OMP_NUM_THREADS /
 OPENBLAS_NUM_THREADS are set. At this size one thread is faster: on the shared 2-core
