@@ -7,8 +7,8 @@ other flag is a field of :class:`mapformer.models.ModelConfig` or
 bottleneck (same names, dashes for underscores); an option flag is accepted only when one of
 the chosen components declares it. Run with ``-h`` for the list. Defaults are the library's
 (the paper's recipe) unless stated; options with a task default (omega_grid, cope_positions,
-coord_dims, ape_positions) take it from the training task. ``--import MODULE`` (before the command) imports a module
-first, so that the schemes, mixers or bottlenecks it registers can be picked.
+coord_dims, coord_source, ape_positions, ape_tree_depth) take it from the training task.
+``--import MODULE`` (before the command) imports a module first, so that the schemes, mixers or bottlenecks it registers can be picked.
 """
 import argparse
 import importlib
@@ -25,7 +25,7 @@ from .mixers import MIXERS
 from .plots import learning_curves
 from .models import MODELS, ModelConfig, components, options_of, preset_parts
 from .schemes import SCHEMES
-from .tasks import navigation
+from .tasks import navigation, trees
 from .train import (PRESETS, SCHEDULES, TASKS, TrainConfig, eval_seed, evaluate, format_eval,
                     load_checkpoint, train)
 
@@ -34,7 +34,10 @@ MODEL_FIELDS = [f for f in fields(ModelConfig)
 TRAIN_FIELDS = list(fields(TrainConfig))
 PARTS = {"mixer": MIXERS, "positional": SCHEMES, "bottleneck": BOTTLENECKS}
 FIELD_HELP = {
-    "task": "the task (copy, repeat, reverse: APE's sequence transductions)",
+    "task": "the task (copy, repeat, reverse: APE's sequence transductions; tree_copy, "
+            "tree_rotate, tree_c3, tree_ops: its tree transductions)",
+    "tree_depth": "tree tasks: the mean tree depth (the paper's 7)",
+    "tree_order": "tree tasks: the target's order, breadth(-first) or depth(-first, pre-order)",
     "mean_length": "copy, repeat, reverse: the mean source length (the paper's 100)",
     "preset": "the task's preset",
     "steps": "override the preset's walk length T (tokens = 2T)",
@@ -74,7 +77,8 @@ def flag(name):
 
 
 FIELD_CHOICES = {"task": sorted(TASKS), "preset": list(PRESETS), "schedule": list(SCHEDULES),
-                 "loss_positions": list(navigation.LOSS_POSITIONS)}
+                 "loss_positions": list(navigation.LOSS_POSITIONS),
+                 "tree_order": list(trees.ORDERS)}
 
 
 def add_field_flags(parser, config_fields):

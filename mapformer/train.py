@@ -19,11 +19,12 @@ import numpy as np
 from tqdm.auto import tqdm
 
 from .models import ModelConfig, Transformer
-from .tasks import digits, navigation, rotation4d, selective_copy, transduction
+from .tasks import digits, navigation, rotation4d, selective_copy, transduction, trees
 
 TASKS = {"navigation": navigation, "selective_copy": selective_copy,
          "rotation4d": rotation4d, **{op: transduction for op in transduction.OPERATIONS},
-         **{name: digits for name in digits.VARIANTS}}
+         **{name: digits for name in digits.VARIANTS},
+         **{name: trees for name in trees.TASK_NAMES}}
 SCHEDULES = ("linear", "cosine")
 EVAL_SETS = ("iid", "ood_dense", "ood_sparse")
 PRESETS = EVAL_SETS + ("table3",)  # training presets: navigation's "table3" has its own OOD sets
@@ -42,14 +43,17 @@ class TrainConfig:
     task: 'navigation', 'rotation4d', 'selective_copy', one of APE's sequence
     transductions 'copy', 'repeat', 'reverse', or the image classifications 'digits' (8x8
     digits, 64 pixel tokens) and 'digits16' (pasted at random offsets on a 16x16 canvas; see
-    :mod:`mapformer.tasks.digits`); preset: 'iid', 'ood_dense', 'ood_sparse' or
-    (navigation) 'table3', the SSM comparison's 16-step training set (transduction: 'iid'
-    only).
+    :mod:`mapformer.tasks.digits`), or APE's tree transductions 'tree_copy', 'tree_rotate',
+    'tree_c3', 'tree_ops' (see :mod:`mapformer.tasks.trees`); preset: 'iid', 'ood_dense',
+    'ood_sparse' or (navigation) 'table3', the SSM comparison's 16-step training set
+    (transduction, trees: 'iid' only).
     dims, steps, grid_size, p_empty, n_objects: navigation (see
     :func:`mapformer.tasks.navigation.preset`); n_copy, n_blanks, n_symbols: selective copy
     (see :func:`mapformer.tasks.selective_copy.preset`); steps, p_empty, n_objects, planes:
     4D-rotation navigation (see :mod:`mapformer.tasks.rotation4d`); mean_length, n_symbols:
-    transduction (see :mod:`mapformer.tasks.transduction`). None keeps the preset's value.
+    transduction (see :mod:`mapformer.tasks.transduction`); tree_depth (the mean depth),
+    tree_order ('breadth' or 'depth', the target's order): the tree tasks. None keeps the
+    preset's value.
     ood_dense, ood_sparse: overrides ("field=value,...", e.g. "steps=256,p_empty=0.9") of the
     OOD test sets, which are derived from the training task by the paper's ratios (see
     :meth:`eval_tasks`). sequences: training sequences in all (rounded up to whole batches).
@@ -78,6 +82,8 @@ class TrainConfig:
     n_blanks: int = None
     n_symbols: int = None
     mean_length: int = None
+    tree_depth: int = None
+    tree_order: str = None
     ood_dense: str = None
     ood_sparse: str = None
     sequences: int = 200_000
@@ -147,6 +153,8 @@ class TrainConfig:
             shape, vocab = ("mean_length",), {"n_symbols": self.n_symbols}
         elif self.task in digits.VARIANTS:
             return digits.preset(name, canvas=digits.VARIANTS[self.task])
+        elif self.task in trees.TASK_NAMES:
+            shape, vocab = ("tree_depth",), {"order": self.tree_order}
         else:
             shape, vocab = ("n_copy", "n_blanks"), {"n_symbols": self.n_symbols}
         overrides = {k: v for k, v in vocab.items() if v is not None}
@@ -158,6 +166,10 @@ class TrainConfig:
             return rotation4d.preset(name, **overrides)
         if self.task in transduction.OPERATIONS:
             return transduction.preset(name, operation=self.task, **overrides)
+        if self.task in trees.TASK_NAMES:
+            if "tree_depth" in overrides:
+                overrides["mean_depth"] = overrides.pop("tree_depth")
+            return trees.preset(name, operation=trees.TASK_NAMES[self.task], **overrides)
         return selective_copy.preset(name, **overrides)
 
     def eval_tasks(self):
@@ -272,14 +284,16 @@ class AdamW:
 
 
 def task_module(task):
-    """The module (navigation, rotation4d, selective_copy or transduction) that generates
-    batches of a task config."""
+    """The module (navigation, rotation4d, selective_copy, transduction, digits or trees)
+    that generates batches of a task config."""
     if isinstance(task, rotation4d.Rotation4DConfig):
         return rotation4d
     if isinstance(task, transduction.TransductionConfig):
         return transduction
     if isinstance(task, digits.DigitsConfig):
         return digits
+    if isinstance(task, trees.TreeConfig):
+        return trees
     return navigation if isinstance(task, navigation.NavigationConfig) else selective_copy
 
 
