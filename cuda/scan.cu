@@ -39,6 +39,8 @@
 #define SCAN_EB 64   /* channels per backward block, a multiple of SCAN_EC */
 #define SCAN_MAXS 256 /* state floats per channel, as the C op */
 
+namespace { /* this file's own helpers (other kernel files may use the same names) */
+
 struct Cx {
     float r, i;
 };
@@ -143,6 +145,8 @@ template <bool CX>
 __device__ __forceinline__ Cx pair_at(const float *v, int64_t row, int64_t k) {
     return CX ? Cx{v[row + 2 * k], v[row + 2 * k + 1]} : Cx{v[row + k], 0.0f};
 }
+
+} // namespace
 
 template <bool CX, bool ZOH>
 __global__ void scan_forward_kernel(MfScanParams p) {
