@@ -13,8 +13,9 @@ import pytest
 import test_b4 as b4_tests
 import test_nc as nc_tests
 import test_sln as sln_tests
-from conftest import U32, assert_within, gamma, randn
-from cuda_emulation import Emulation, build
+from conftest import U32, assert_close, assert_within, gamma, randn
+from cuda_emulation import PARAMS_H, Emulation, build
+from mapformer import _C, cuda
 from mapformer import reference as ref
 from test_cuda_ops import empty, run
 from test_scan import normwise, run_ref, scan_inputs
@@ -96,25 +97,27 @@ def check_scan(emu, inp, dy, chunk, bbar):
             normwise(grads[name], g, 2 * n, f"d{name}")
 
 
-# (B, T, E, K): one of everything; odd sizes; a partial channel block and time tile; more
-# channels than a backward block (SCAN_EB = 64) with a partial one
-SCAN_SIZES = [(1, 1, 1, 1), (2, 13, 5, 3), (1, 37, 11, 2), (2, 18, 67, 1)]
+# (B, T, E, K, chunks): one of everything; chunks of one step; odd sizes with chunks shorter
+# than a time tile (SCAN_NT = 16) and one chunk; several tiles with a partial channel block;
+# more channels than a backward block (SCAN_EB = 64), with a partial one
+SCAN_SIZES = [(1, 1, 1, 1, (1, 256)), (1, 4, 3, 2, (1,)), (2, 13, 5, 3, (5, 256)),
+              (1, 37, 11, 2, (256,)), (1, 18, 67, 1, (7,))]
 
 
-@pytest.mark.parametrize("B,T,E,K", SCAN_SIZES)
+@pytest.mark.parametrize("B,T,E,K,chunks", SCAN_SIZES)
 @pytest.mark.parametrize("cx", [False, True], ids=["real", "complex"])
 @pytest.mark.parametrize("bbar", ["euler", "zoh"])
-def test_scan(emu, rng, B, T, E, K, cx, bbar):
+def test_scan(emu, rng, B, T, E, K, chunks, cx, bbar):
     inp = scan_inputs(rng, B, T, E, K, cx)
     dy = randn(rng, B, T, E)
-    for chunk in ((1, 5, 256) if T * E < 300 else (7,)):
+    for chunk in chunks:
         check_scan(emu, inp, dy, chunk, bbar)
 
 
 @pytest.mark.parametrize("bbar", ["euler", "zoh"])
 def test_complex_scan_signed_angle(emu, rng, bbar):
-    inp = scan_inputs(rng, 2, 21, 6, 3, True, signed=True)
-    check_scan(emu, inp, randn(rng, 2, 21, 6), 8, bbar)
+    inp = scan_inputs(rng, 1, 21, 6, 3, True, signed=True)
+    check_scan(emu, inp, randn(rng, 1, 21, 6), 8, bbar)
 
 
 def test_scan_zero_decay_small_steps(emu, rng):
@@ -226,3 +229,80 @@ def test_group_ops_bad_sizes(emu, rng):
     # nothing to do: no launch, no write
     assert emu.call("nc_forward_cuda", "MfNcParams", p=p, B=1, T=0, H=1, NB=1, D=4, F=6) == 0
     assert np.isnan(p).all()
+
+
+# ---- the Python wrappers (mapformer.cuda.ops) against the C backend -------------------------
+@pytest.fixture(scope="module")
+def emulated(emu):
+    return cuda.ops(emu.lib, np, params_h=PARAMS_H)
+
+
+def compare_with_c(ops, rng, dev, host):
+    """The scan and group ops of ``ops`` against mapformer._C on small inputs."""
+    B, T, E, K = 2, 9, 5, 2
+    for cx in (False, True):
+        inp = scan_inputs(rng, B, T, E, K, cx)
+        dy = randn(rng, B, T, E)
+        args = list(inp.values())
+        name = "complex_scan" if cx else "selective_scan"
+        for bbar in ("euler", "zoh"):
+            y, st = getattr(ops, f"{name}_forward")(*map(dev, args), chunk=4, bbar=bbar)
+            y_c, st_c = getattr(_C, f"{name}_forward")(*args, chunk=4, bbar=bbar)
+            assert_close(host(y), y_c, "reduction", f"{name} y")
+            assert_close(host(st), st_c, "reduction", f"{name} states")
+            shapes = [inp[k].shape for k in (("A", "omega", "D") if cx else ("A", "D"))]
+            params = [dev(np.ones(s, np.float32)) for s in shapes]
+            params_c = [np.ones(s, np.float32) for s in shapes]
+            got = getattr(ops, f"{name}_backward")(dev(dy), *map(dev, args), st, *params,
+                                                   chunk=4, bbar=bbar)
+            want = getattr(_C, f"{name}_backward")(dy, *args, st_c, *params_c, chunk=4,
+                                                   bbar=bbar)
+            for a, e in zip(list(got) + params, list(want) + params_c):
+                assert_close(host(a), e, "gradient", f"{name} backward {bbar}")
+    Bg, Tg, H, NB = 2, 5, 2, 3
+    delta, gen, start = sln_tests.inputs(rng, Bg, Tg, H, NB)
+    dp = randn(rng, Bg, Tg, H, 2 * NB)
+    assert_close(host(ops.sln_forward(dev(delta), dev(gen), dev(start), 3.0)),
+                 _C.sln_forward(delta, gen, start, 3.0), "reduction", "sln")
+    dg, ds, dg_c, ds_c = (np.zeros_like(a) for a in (gen, start, gen, start))
+    dgd, dsd = dev(dg), dev(ds)
+    assert_close(host(ops.sln_backward(dev(dp), dev(delta), dev(gen), dev(start), dgd, dsd, 3.0)),
+                 _C.sln_backward(dp, delta, gen, start, dg_c, ds_c, 3.0), "gradient", "dsln")
+    assert_close(host(dgd), dg_c, "gradient", "sln dgen")
+    assert_close(host(dsd), ds_c, "gradient", "sln dstart")
+    delta, gen, start = b4_tests.inputs(rng, Bg, Tg, H, NB)
+    dp = randn(rng, Bg, Tg, H, 4 * NB)
+    assert_close(host(ops.b4_forward(dev(delta), dev(gen), dev(start))),
+                 _C.b4_forward(delta, gen, start), "reduction", "b4")
+    dg, ds, dg_c, ds_c = (np.zeros_like(a) for a in (gen, start, gen, start))
+    dgd, dsd = dev(dg), dev(ds)
+    assert_close(host(ops.b4_backward(dev(dp), dev(delta), dev(gen), dev(start), dgd, dsd)),
+                 _C.b4_backward(dp, delta, gen, start, dg_c, ds_c), "gradient", "db4")
+    assert_close(host(dgd), dg_c, "gradient", "b4 dgen")
+    assert_close(host(dsd), ds_c, "gradient", "b4 dstart")
+    w, start = nc_tests.inputs(rng, Bg, Tg, H, NB)
+    assert_close(host(ops.nc_forward(dev(w), dev(start))), _C.nc_forward(w, start),
+                 "reduction", "nc")
+    ds, ds_c = np.zeros_like(start), np.zeros_like(start)
+    dsd = dev(ds)
+    assert_close(host(ops.nc_backward(dev(dp), dev(w), dev(start), dsd)),
+                 _C.nc_backward(dp, w, start, ds_c), "gradient", "dnc")
+    assert_close(host(dsd), ds_c, "gradient", "nc dstart")
+
+
+def test_emulated_ops_match_the_c_backend(emulated, rng):
+    compare_with_c(emulated, rng, lambda a: a, np.asarray)
+    with pytest.raises(ValueError, match="^selective_scan_forward_cuda: status 1"):
+        emulated.selective_scan_forward(*(np.ones((1, 2, 1), np.float32),) * 2,
+                                        np.ones((1, 1), np.float32),
+                                        *(np.ones((1, 2, 1), np.float32),) * 2,
+                                        np.ones(1, np.float32), chunk=0)
+
+
+def test_gpu_ops_match_the_c_backend(rng):
+    try:
+        lib, cupy = cuda.load()
+    except RuntimeError as error:
+        pytest.skip(f"no GPU: {error}")
+    ops = cuda.ops(lib, cupy, lambda: cupy.cuda.get_current_stream().ptr)
+    compare_with_c(ops, rng, cupy.asarray, cupy.asnumpy)
