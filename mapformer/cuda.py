@@ -23,7 +23,8 @@ PARAMS_H = [os.path.join(HERE, "params.h"),
             os.path.join(os.path.dirname(HERE), "csrc", "include", "mapformer", "params.h")]
 FAMILIES = ("gelu", "activation (silu, softplus)", "layernorm", "rotary", "path_integration",
             "embedding", "softmax_xent", "adamw", "attention", "linear", "mlp", "residual",
-            "grad_norm", "tape_rotate", "ape_decay", "causal_conv1d")
+            "grad_norm", "tape_rotate", "ape_decay", "causal_conv1d",
+            "selective_scan", "complex_scan", "sln", "b4", "nc")
 HOW_TO_BUILD = ("build the CUDA kernels and install CuPy: MAPFORMER_CUDA=on pip install "
                 "'.[cuda]' (needs the CUDA Toolkit's nvcc; cupy-cuda13x, or '.[cuda12]' for a "
                 "CUDA 12 toolkit and driver)")
@@ -353,6 +354,116 @@ def ops(lib, xp, stream=lambda: None, params_h=None):
              dbias=dbias, dy=f32(dy), x=x, weight=weight, B=B, T=T, E=E, W=W)
         return dx
 
+    def scan(cx):
+        """selective_scan (cx False) or complex_scan's forward and backward"""
+        name = "complex_scan" if cx else "selective_scan"
+
+        def fields(x, delta, dangle, A, omega, Bm, Cm, D, chunk, bbar):
+            if bbar not in ("euler", "zoh"):
+                raise ValueError(f"bbar must be 'euler' or 'zoh', got {bbar!r}")
+            x, A = f32(x), f32(A)
+            (B, T, E), K = x.shape, A.shape[1]
+            f = dict(x=x, delta=f32(delta), A=A, Bm=f32(Bm), Cm=f32(Cm), D=f32(D), B=B, T=T,
+                     E=E, K=K, chunk=chunk, bbar=int(bbar == "zoh"))
+            if cx:
+                f.update(delta_angle=f32(dangle), omega=f32(omega))
+            return f
+
+        def forward(x, delta, dangle, A, omega, Bm, Cm, D, chunk, bbar):
+            f = fields(x, delta, dangle, A, omega, Bm, Cm, D, chunk, bbar)
+            B, T, E, S = f["B"], f["T"], f["E"], f["Bm"].shape[2]
+            y, states = empty(B, T, E), empty(B, -(-T // max(chunk, 1)), E, S)
+            call(f"{name}_forward_cuda", "MfScanParams", y=y, states=states, **f)
+            return y, states
+
+        def backward(dy, x, delta, dangle, A, omega, Bm, Cm, D, states, dA, domega, dD, chunk,
+                     bbar):
+            f = fields(x, delta, dangle, A, omega, Bm, Cm, D, chunk, bbar)
+            B, T, E, S = f["B"], f["T"], f["E"], f["Bm"].shape[2]
+            params = structs["MfScanParams"](**{k: v for k, v in f.items() if k in SIZES})
+            size = getattr(lib, f"{name}_backward_scratch_floats_cuda")
+            size.argtypes, size.restype = [ctypes.POINTER(structs["MfScanParams"])], ctypes.c_int64
+            n = size(ctypes.byref(params))
+            out = dict(dx=empty(B, T, E), ddelta=empty(B, T, E), dBm=empty(B, T, S),
+                       dCm=empty(B, T, S))
+            if cx:
+                out.update(ddelta_angle=empty(B, T, E), domega=domega)
+            call(f"{name}_backward_cuda", "MfScanParams", dA=dA, dD=dD, dy=f32(dy),
+                 states_in=f32(states), scratch=empty(max(n, 1)), scratch_floats=n, **out, **f)
+            grads = (out["dx"], out["ddelta"]) + ((out["ddelta_angle"],) if cx else ())
+            return grads + (out["dBm"], out["dCm"])
+        return forward, backward
+
+    SIZES = ("B", "T", "E", "K", "chunk", "bbar")
+    real_scan, real_scan_backward = scan(False)
+    complex_forward, complex_backward = scan(True)
+
+    def selective_scan_forward(x, delta, A, B, C, D, *, chunk=256, bbar="euler"):
+        return real_scan(x, delta, None, A, None, B, C, D, chunk, bbar)
+
+    def selective_scan_backward(dy, x, delta, A, B, C, D, states, dA, dD, *, chunk=256,
+                                bbar="euler"):
+        return real_scan_backward(dy, x, delta, None, A, None, B, C, D, states, dA, None, dD,
+                                  chunk, bbar)
+
+    def complex_scan_forward(x, delta, delta_angle, A, omega, B, C, D, *, chunk=256,
+                             bbar="euler"):
+        return complex_forward(x, delta, delta_angle, A, omega, B, C, D, chunk, bbar)
+
+    def complex_scan_backward(dy, x, delta, delta_angle, A, omega, B, C, D, states, dA, domega,
+                              dD, *, chunk=256, bbar="euler"):
+        return complex_backward(dy, x, delta, delta_angle, A, omega, B, C, D, states, dA,
+                                domega, dD, chunk, bbar)
+
+    def group_sizes(delta, start, per_block):
+        delta = f32(delta)
+        B, T, H, NB = delta.shape
+        return delta, dict(B=B, T=T, H=H, NB=NB, D=per_block * NB, F=6 if per_block == 4 else 4)
+
+    def sln_forward(delta, gen, start, clamp=10.0):
+        delta, sizes = group_sizes(delta, start, 2)
+        p = empty(sizes["B"], sizes["T"], sizes["H"], sizes["D"])
+        call("sln_forward_cuda", "MfSlnParams", p=p, delta=delta, gen=f32(gen),
+             start=f32(start), clamp=clamp, **sizes)
+        return p
+
+    def sln_backward(dp, delta, gen, start, dgen, dstart, clamp=10.0):
+        delta, sizes = group_sizes(delta, start, 2)
+        ddelta = empty(*delta.shape)
+        call("sln_backward_cuda", "MfSlnParams", ddelta=ddelta, dgen=dgen, dstart=dstart,
+             dp=f32(dp), delta=delta, gen=f32(gen), start=f32(start), clamp=clamp, **sizes)
+        return ddelta
+
+    def b4_forward(delta, gen, start):
+        delta, sizes = group_sizes(delta, start, 4)
+        p = empty(sizes["B"], sizes["T"], sizes["H"], sizes["D"])
+        call("b4_forward_cuda", "MfB4Params", p=p, delta=delta, gen=f32(gen), start=f32(start),
+             **sizes)
+        return p
+
+    def b4_backward(dp, delta, gen, start, dgen, dstart):
+        delta, sizes = group_sizes(delta, start, 4)
+        ddelta = empty(*delta.shape)
+        call("b4_backward_cuda", "MfB4Params", ddelta=ddelta, dgen=dgen, dstart=dstart,
+             dp=f32(dp), delta=delta, gen=f32(gen), start=f32(start), **sizes)
+        return ddelta
+
+    def nc_forward(w, start):
+        w = f32(w)
+        B, T, H, NB, F = w.shape
+        p = empty(B, T, H, 4 * NB)
+        call("nc_forward_cuda", "MfNcParams", p=p, w=w, start=f32(start), B=B, T=T, H=H, NB=NB,
+             D=4 * NB, F=F)
+        return p
+
+    def nc_backward(dp, w, start, dstart):
+        w = f32(w)
+        B, T, H, NB, F = w.shape
+        dw = empty(B, T, H, NB, F)
+        call("nc_backward_cuda", "MfNcParams", dw=dw, dstart=dstart, dp=f32(dp), w=w,
+             start=f32(start), B=B, T=T, H=H, NB=NB, D=4 * NB, F=F)
+        return dw
+
     return SimpleNamespace(
         gelu_forward=gelu_forward, gelu_backward=gelu_backward, silu_forward=silu_forward,
         silu_backward=silu_backward, softplus_forward=softplus_forward,
@@ -369,7 +480,12 @@ def ops(lib, xp, stream=lambda: None, params_h=None):
         clip_grad_norm=clip_grad_norm, tape_rotate_forward=tape_rotate_forward,
         tape_rotate_backward=tape_rotate_backward, ape_decay_forward=ape_decay_forward,
         ape_decay_backward=ape_decay_backward, causal_conv1d_forward=causal_conv1d_forward,
-        causal_conv1d_backward=causal_conv1d_backward)
+        causal_conv1d_backward=causal_conv1d_backward,
+        selective_scan_forward=selective_scan_forward,
+        selective_scan_backward=selective_scan_backward,
+        complex_scan_forward=complex_scan_forward, complex_scan_backward=complex_scan_backward,
+        sln_forward=sln_forward, sln_backward=sln_backward, b4_forward=b4_forward,
+        b4_backward=b4_backward, nc_forward=nc_forward, nc_backward=nc_backward)
 
 
 def gpu_ops():
