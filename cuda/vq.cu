@@ -29,7 +29,7 @@
  * backward needs none. */
 #include "gemm.cuh"
 
-#define VQ_THREADS 256
+#define VQ_THREADS 128
 
 static int vq_valid(const MfVqParams *p) {
     return p->N >= 1 && p->M >= 1 && p->K >= 1 && p->D >= 1 && p->K <= INT32_MAX;
