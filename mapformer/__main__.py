@@ -62,7 +62,6 @@ FIELD_HELP = {
 }
 
 
-BACKEND_FLAG = ("--backend",)
 BACKEND_HELP = dict(default="c", choices=("c", "cuda"),
                     help="run the model on the C core (default) or the CUDA kernels (a CUDA "
                          "build, CuPy and a GPU: pip install '.[cuda]'); checkpoints load on "
@@ -135,7 +134,7 @@ def build_parser():
     tr.add_argument("--resume", default=None, help="checkpoint to continue from")
     tr.add_argument("--no-progress", action="store_true", help="no progress line")
     tr.add_argument("--json", action="store_true", help="print the final results as JSON")
-    tr.add_argument(*BACKEND_FLAG, **BACKEND_HELP)
+    tr.add_argument("--backend", **BACKEND_HELP)
     model = tr.add_argument_group("model")
     model.add_argument("--model", default="mapwm", choices=list(MODELS),
                        help="the paper's model: a preset of mixer, positional scheme and "
@@ -150,7 +149,7 @@ def build_parser():
                     help="sequences per preset (default: the run's eval_sequences)")
     ev.add_argument("--seed", type=int, default=None, help="evaluation seed")
     ev.add_argument("--json", action="store_true", help="print the results as JSON")
-    ev.add_argument(*BACKEND_FLAG, **BACKEND_HELP)
+    ev.add_argument("--backend", **BACKEND_HELP)
     sub.add_parser("info", help="the version, the kernel set in use, the BLAS, the thread "
                    "count and the output pool: the first thing a bug report needs")
     pl = sub.add_parser("plot", help="learning curves of training runs side by side, as a PNG")
