@@ -116,6 +116,24 @@ def test_checkpoints_load_across_backends(emulated, tmp_path):
     assert np.array_equal(again.params.data, c_model.params.data)
 
 
+def test_lstm_vq_model_matches_the_c_backend(emulated, rng):
+    """The LSTM mixer and the VQ bottleneck (cuda/lstm.cu, cuda/vq.cu) in a model: the C
+    backend's loss and gradients."""
+    tokens, targets = rng.integers(0, 9, (2, 3)), rng.integers(0, 9, (2, 3))
+    mask = np.ones((2, 3), bool)
+    cfg = ModelConfig(vocab_size=9, d_model=32, n_heads=2, mixer="lstm", positional="none",
+                      bottleneck="vq")
+    model, c_model = Transformer(cfg, seed=1, backend=emulated), Transformer(cfg, seed=1)
+    assert model.loss(tokens, targets, mask) == pytest.approx(
+        c_model.loss(tokens, targets, mask), rel=2e-5)
+    model.backward()
+    c_model.backward()
+    for name, p in c_model.params.params.items():
+        np.testing.assert_allclose(model.params.params[name].grad, p.grad, rtol=1e-3,
+                                   atol=1e-3 * float(np.abs(p.grad).max()) + 1e-7,
+                                   err_msg=f"gradient of {name}")
+
+
 def test_command_line_backend_cuda(emulated, tmp_path, monkeypatch, capsys):
     """``train --backend cuda`` trains on the CUDA backend (here the emulated one, standing in
     for the GPU's) and ``eval --backend c`` reads its checkpoint."""
