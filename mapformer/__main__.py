@@ -19,6 +19,7 @@ from pathlib import Path
 
 import numpy as np
 
+from . import backend as backends
 from . import registry
 from .bottlenecks import BOTTLENECKS
 from .mixers import MIXERS
@@ -62,6 +63,12 @@ FIELD_HELP = {
     "eval_every": "optimizer steps between evaluations (0: at the end only)",
     "checkpoint_every": "optimizer steps between checkpoints (0: at the end only)",
 }
+
+
+BACKEND_HELP = dict(default="c", choices=("c", "cuda"),
+                    help="run the model on the C core (default) or the CUDA kernels (a CUDA "
+                         "build, CuPy and a GPU: pip install '.[cuda]'); checkpoints load on "
+                         "either")
 
 
 def parse_bool(text):
@@ -131,6 +138,7 @@ def build_parser():
     tr.add_argument("--resume", default=None, help="checkpoint to continue from")
     tr.add_argument("--no-progress", action="store_true", help="no progress line")
     tr.add_argument("--json", action="store_true", help="print the final results as JSON")
+    tr.add_argument("--backend", **BACKEND_HELP)
     model = tr.add_argument_group("model")
     model.add_argument("--model", default="mapwm", choices=list(MODELS),
                        help="the paper's model: a preset of mixer, positional scheme and "
@@ -145,6 +153,7 @@ def build_parser():
                     help="sequences per preset (default: the run's eval_sequences)")
     ev.add_argument("--seed", type=int, default=None, help="evaluation seed")
     ev.add_argument("--json", action="store_true", help="print the results as JSON")
+    ev.add_argument("--backend", **BACKEND_HELP)
     sub.add_parser("info", help="the version, the kernel set in use, the BLAS, the thread "
                    "count and the output pool: the first thing a bug report needs")
     pl = sub.add_parser("plot", help="learning curves of training runs side by side, as a PNG")
@@ -255,11 +264,16 @@ def main(argv=None):
     import_modules(argv)
     parser = build_parser()
     args = parser.parse_args(argv)
+    if hasattr(args, "backend"):
+        try:
+            args.backend = backends.get(args.backend)
+        except RuntimeError as exc:  # no CUDA build, CuPy or device
+            fail(str(exc), 2)
     try:
         return run(parser, args)
     except FloatingPointError as exc:
         fail(str(exc), 1)
-    except (ValueError, OSError) as exc:  # CheckpointError is a ValueError
+    except (ValueError, OSError, backends.MissingKernel) as exc:  # CheckpointError: ValueError
         fail(str(exc), 2)
 
 
@@ -272,7 +286,7 @@ def run(parser, args):
         except ValueError as exc:
             parser.error(str(exc))
         result = train(config, train_config, out_dir=args.out, resume=args.resume,
-                       progress=not args.no_progress)
+                       progress=not args.no_progress, backend=args.backend)
         if args.json:
             print(json.dumps({k: v for k, v in result.items() if k != "model"}))
     elif args.command == "info":
@@ -291,7 +305,7 @@ def run(parser, args):
             parser.error(str(exc))
         print(f"wrote {args.out}")
     else:
-        model, _, train_config, step = load_checkpoint(args.checkpoint)
+        model, _, train_config, step = load_checkpoint(args.checkpoint, args.backend)
         results = evaluate(model, train_config.eval_tasks(),
                            args.sequences or train_config.eval_sequences,
                            eval_seed(train_config) if args.seed is None else args.seed,

@@ -24,7 +24,7 @@ PARAMS_H = [os.path.join(HERE, "params.h"),
 FAMILIES = ("gelu", "activation (silu, softplus)", "layernorm", "rotary", "path_integration",
             "embedding", "softmax_xent", "adamw", "attention", "linear", "mlp", "residual",
             "grad_norm", "tape_rotate", "ape_decay", "causal_conv1d",
-            "selective_scan", "complex_scan", "sln", "b4", "nc")
+            "selective_scan", "complex_scan", "sln", "b4", "nc", "vq", "lstm")
 HOW_TO_BUILD = ("build the CUDA kernels and install CuPy: MAPFORMER_CUDA=on pip install "
                 "'.[cuda]' (needs the CUDA Toolkit's nvcc; cupy-cuda13x, or '.[cuda12]' for a "
                 "CUDA 12 toolkit and driver)")
@@ -464,6 +464,55 @@ def ops(lib, xp, stream=lambda: None, params_h=None):
              start=f32(start), B=B, T=T, H=H, NB=NB, D=4 * NB, F=F)
         return dw
 
+    # vq and lstm (cuda/vq.cu, cuda/lstm.cu)
+    def vq_forward(z, codebook):
+        z, codebook = f32(z), f32(codebook)
+        (N, M, D), K = z.shape, codebook.shape[1]
+        codes, indices = empty(N, M, D), xp.empty((N, M), xp.int32)
+        dist, total = empty(N, M), xp.zeros(1, xp.float64)
+        scratch = empty(M * K + N * K)
+        call("vq_forward_cuda", "MfVqParams", codes=codes, indices=indices, dist=dist,
+             total=total, z=z, codebook=codebook, N=N, M=M, K=K, D=D, scratch=scratch,
+             scratch_floats=scratch.size)
+        return codes, indices, dist, float(total[0])
+
+    def vq_backward(dcodes, z, codebook, indices, dcodebook, codebook_weight,
+                    commitment_weight):
+        z, codebook, indices = f32(z), f32(codebook), i32(indices)
+        (N, M, D), K = z.shape, codebook.shape[1]
+        if indices.shape != (N, M) or int(indices.min()) < 0 or int(indices.max()) >= K:
+            raise ValueError(f"vq_backward: indices must be (N, M) = {(N, M)} ids in [0, {K})")
+        dz = empty(N, M, D)
+        call("vq_backward_cuda", "MfVqParams", dz=dz, dcodebook=dcodebook, dcodes=f32(dcodes),
+             indices_in=indices, z=z, codebook=codebook, N=N, M=M, K=K, D=D,
+             codebook_weight=codebook_weight, commitment_weight=commitment_weight)
+        return dz
+
+    def optional(a):
+        return None if a is None else f32(a)
+
+    def lstm_forward(x, w_ih, w_hh, b, h0=None, c0=None):
+        x = f32(x)
+        (B, T, C), H = x.shape, w_hh.shape[1]
+        h, c, gates = empty(B, T, H), empty(B, T, H), empty(B, T, 4 * H)
+        call("lstm_forward_cuda", "MfLstmParams", h=h, c=c, gates=gates, x=x, h0=optional(h0),
+             c0=optional(c0), w_ih=f32(w_ih), w_hh=f32(w_hh), b=f32(b), B=B, T=T, C=C, H=H)
+        return h, c, gates
+
+    def lstm_backward(dh, x, w_ih, w_hh, h, c, gates, dw_ih, dw_hh, db, h0=None, c0=None):
+        x = f32(x)
+        (B, T, C), H = x.shape, w_hh.shape[1]
+        dx, dh0, dc0 = empty(B, T, C), empty(B, H), empty(B, H)
+        scratch = empty(B * T * 5 * H + 2 * B * H)
+        call("lstm_backward_cuda", "MfLstmParams", dx=dx, dw_ih=dw_ih, dw_hh=dw_hh, db=db,
+             dh0=dh0, dc0=dc0, dh=f32(dh), x=x, h_in=f32(h), c_in=f32(c), gates_in=f32(gates),
+             h0=optional(h0), c0=optional(c0), w_ih=f32(w_ih), w_hh=f32(w_hh), B=B, T=T, C=C,
+             H=H, scratch=scratch, scratch_floats=scratch.size)
+        return dx, dh0, dc0
+
+    vq_lstm = SimpleNamespace(vq_forward=vq_forward, vq_backward=vq_backward,
+                            lstm_forward=lstm_forward, lstm_backward=lstm_backward)
+
     return SimpleNamespace(
         gelu_forward=gelu_forward, gelu_backward=gelu_backward, silu_forward=silu_forward,
         silu_backward=silu_backward, softplus_forward=softplus_forward,
@@ -485,7 +534,8 @@ def ops(lib, xp, stream=lambda: None, params_h=None):
         selective_scan_backward=selective_scan_backward,
         complex_scan_forward=complex_scan_forward, complex_scan_backward=complex_scan_backward,
         sln_forward=sln_forward, sln_backward=sln_backward, b4_forward=b4_forward,
-        b4_backward=b4_backward, nc_forward=nc_forward, nc_backward=nc_backward)
+        b4_backward=b4_backward, nc_forward=nc_forward, nc_backward=nc_backward,
+        **vars(vq_lstm))
 
 
 def gpu_ops():

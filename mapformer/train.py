@@ -441,8 +441,9 @@ def save_checkpoint(path, model, optimizer, train_config, step):
     to_numpy = model.ops.to_numpy
     try:
         with open(tmp, "wb") as f:
-            np.savez(f, meta=json.dumps(meta), params=to_numpy(model.params.data),
-                     m=to_numpy(optimizer.m), v=to_numpy(optimizer.v))
+            np.savez(f, meta=json.dumps(meta), **{  # host float32, whatever the backend
+                name: np.asarray(to_numpy(a), np.float32) for name, a in (
+                    ("params", model.params.data), ("m", optimizer.m), ("v", optimizer.v))})
             f.flush()
             os.fsync(f.fileno())
         tmp.replace(path)
@@ -500,7 +501,8 @@ def checkpoint_meta(path):
 
 
 def load_checkpoint(path, backend="c"):
-    """Load a checkpoint: returns (model, optimizer, train_config, step). Every field is
+    """Load a checkpoint onto ``backend`` (any: a checkpoint holds host float32 arrays,
+    whichever backend saved it): returns (model, optimizer, train_config, step). Every field is
     checked (CheckpointError naming it): the configs, the step (an int in [0, total steps]),
     the parameter names, the arrays' dtype (float32) and shape (P,), finite parameters and
     moments, v >= 0, and the dropout generator's state."""
@@ -596,14 +598,15 @@ def check_scored_positions(train_config, task, module, start):
 
 
 def train(model_config, train_config, out_dir=None, resume=None, progress=True, log=print,
-          eval_tasks=None):
+          eval_tasks=None, backend="c"):
     """Train a model on ``train_config``'s task and evaluate it.
 
     model_config: ModelConfig (vocab_size must equal the task's). out_dir: where
     ``checkpoint.npz`` and ``metrics.jsonl`` go (None: nothing written). resume: a checkpoint
     to continue from (its configs must equal these). eval_tasks: {name: task config} (default: the three presets, see
-    TrainConfig.eval_tasks). Returns a dict with the final evaluation, the last training
-    loss, wall time, steps, sequences and the model."""
+    TrainConfig.eval_tasks). backend: the model's ('c', 'cuda', 'numpy' or a backend object:
+    mapformer.backend.get). Returns a dict with the final evaluation, the last training loss,
+    wall time, steps, sequences and the model."""
     task = train_config.task_config()
     module = task_module(task)
     eval_tasks = eval_tasks or train_config.eval_tasks()
@@ -617,12 +620,12 @@ def train(model_config, train_config, out_dir=None, resume=None, progress=True, 
                          f"{task.vocab_size} ({task})")
     if resume:
         check_resume(resume, model_config, train_config)
-        model, optimizer, _, start = load_checkpoint(resume)
+        model, optimizer, _, start = load_checkpoint(resume, backend)
         if model_config.dropout > 0 and checkpoint_meta(resume).get("dropout_rng") is None:
             log(f"warning: {resume} (version 2) does not hold the dropout generator's state: "
                 "the resumed run's dropout masks differ from the uninterrupted run's")
     else:
-        model = Transformer(model_config, seed=train_config.seed)
+        model = Transformer(model_config, seed=train_config.seed, backend=backend)
         optimizer, start = AdamW(model, train_config), 0
     total = train_config.total_steps
     check_scored_positions(train_config, task, module, start)
