@@ -333,7 +333,12 @@ def main(table_id, argv=None):
                     for metric in table["metrics"]) + f"  ({record['wall_s']:.0f}s"
                     + (", from the earlier record)" if held else ")"), flush=True)
                 if out:
-                    write_record(out, table_id, args, scale, sequences, records, tables())
+                    # runs of the earlier record not reached yet stay in the file too, so an
+                    # interrupted rerun loses nothing
+                    reached = {(r["part"], r["row"], r["seed"]) for r in records}
+                    write_record(out, table_id, args, scale, sequences, records + [
+                        r for r in done if (r["part"], r["row"], r["seed"]) not in reached],
+                        tables())
     text = tables()
     print()
     print(text)

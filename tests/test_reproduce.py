@@ -4,6 +4,7 @@ import json
 
 import pytest
 
+from mapformer import reproduce
 from mapformer.reproduce import COLUMNS, METRICS, TABLES, format_table, main
 
 
@@ -58,7 +59,7 @@ def test_format_table_mean_spread_and_paper():
     assert f"| {row.label} | 0.20 ± 0.10 (0.11) | 0.20 ± 0.00 (0.08) | 0.30 ± 0.00 (0.07) |" in text
 
 
-def test_table3_records_every_run_and_resumes(tmp_path, capsys):
+def test_table3_records_every_run_and_resumes(tmp_path, capsys, monkeypatch):
     """Table 3's task sets are its own (OOD-sparse 2x, not 4x, the training steps); the
     record is written after each run and --resume reuses the runs it holds."""
     part = TABLES["3"]["scales"]["cpu"].parts["2D"]
@@ -81,5 +82,11 @@ def test_table3_records_every_run_and_resumes(tmp_path, capsys):
         ("Mamba", 0), ("Mamba", 1), ("MAMPa", 0)]
     assert record["runs"][:2] == runs
     assert "| Mamba | " in record["markdown"] and "| MAMPa | " in record["markdown"]
+    # a rerun interrupted before it reaches a held run keeps that run in the file
+    monkeypatch.setattr(reproduce, "run_row", lambda *a, **k: (_ for _ in ()).throw(
+        KeyboardInterrupt))
+    with pytest.raises(KeyboardInterrupt):
+        main("3", ["--seeds", "3", "--resume", *common[:-3], "Mamba,MAMPa", *common[-2:]])
+    assert json.loads(out.read_text())["runs"] == record["runs"]
     with pytest.raises(ValueError, match="use another --out"):
         main("3", ["--seeds", "1", "--resume", *common[:1], "64", *common[2:]])
