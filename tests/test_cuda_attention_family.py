@@ -75,3 +75,90 @@ def test_conj_attention_refuses_bad_input(emu, rng):
     back = dict(dqx=q, dkx=q, dqp=q, dkp=q, dv=q, qx=q, kx=q, qp=q, kp=q, v=q, dout=q, o=q,
                 lse_in=q, B=1, T=4, H=1, D=16, scale=0.25, scratch=q)
     assert emu.call("conj_attention_backward_cuda", struct, scratch_floats=3, **back) == 1
+
+
+# Tq past one query block (64 rows), Tk past several key tiles (32 rows), room left in the
+# cache (Tmax > Tk), one decoding step (Tq = 1)
+DECODE_SIZES = [(1, 1, 1, 1, 1, 16), (2, 1, 37, 40, 3, 16), (1, 70, 75, 75, 1, 18),
+                (1, 5, 9, 12, 2, 128)]
+
+
+@pytest.mark.parametrize("B,Tq,Tk,Tmax,H,D", DECODE_SIZES)
+def test_attention_decode(emu, rng, B, Tq, Tk, Tmax, H, D):
+    q, k, v = randn(rng, B, Tq, H, D), randn(rng, B, Tmax, H, D), randn(rng, B, Tmax, H, D)
+    scale = 1.0 / np.sqrt(D)
+    out, lse = run(emu, "attention_decode_forward_cuda", "MfAttentionDecodeParams",
+                   lambda: dict(out=empty(B, Tq, H, D), lse=empty(B, H, Tq), q=q, k=k, v=v, B=B,
+                                Tq=Tq, Tk=Tk, Tmax=Tmax, H=H, D=D, scale=scale),
+                   ["out", "lse"])
+    rout, rlse = ref.attention_decode_forward(q, k, v, scale, keys=Tk)
+    assert_close(out, rout, "reduction", "out")
+    assert_close(lse, rlse, "reduction", "lse")
+
+
+def test_attention_decode_refuses_bad_sizes(emu, rng):
+    q = randn(rng, 1, 4, 1, 16)
+    base = dict(out=q, lse=q, q=q, k=q, v=q, B=1, H=1, D=16, scale=0.25)
+    fn, struct = "attention_decode_forward_cuda", "MfAttentionDecodeParams"
+    assert emu.call(fn, struct, Tq=3, Tk=2, Tmax=4, **base) == 1  # Tq > Tk
+    assert emu.call(fn, struct, Tq=1, Tk=5, Tmax=4, **base) == 1  # Tk > Tmax
+    assert emu.call(fn, struct, Tq=1, Tk=4, Tmax=4, **{**base, "D": 15}) == 1
+
+
+@pytest.mark.parametrize("B,T,H,W,TB", [(1, 1, 1, 2, 1), (3, 7, 2, 10, 3), (2, 33, 3, 6, 1)])
+def test_gridpe_complex(emu, rng, B, T, H, W, TB):
+    x, theta, dy = randn(rng, B, T, H, W // 2), randn(rng, TB, T, H, W // 2, scale=5.0), \
+        randn(rng, B, T, H, W)
+    sizes = dict(B=B, T=T, H=H, W=W, TB=TB, theta=theta)
+    (y,) = run(emu, "gridpe_complex_forward_cuda", "MfGridpeParams",
+               lambda: dict(y=empty(B, T, H, W), x=x, **sizes), ["y"])
+    assert_close(y, ref.gridpe_complex_forward(x, theta), "default", "y")
+    (dx,) = run(emu, "gridpe_complex_backward_cuda", "MfGridpeParams",
+                lambda: dict(dx=empty(B, T, H, W // 2), dy=dy, **sizes), ["dx"])
+    assert_close(dx, ref.gridpe_complex_backward(dy, theta), "default", "dx")
+    assert emu.call("gridpe_complex_forward_cuda", "MfGridpeParams", y=y, x=x,
+                    **{**sizes, "TB": 2 if B != 2 else 3}) == 1
+
+
+# rows past one 256-thread block, H = 1 (no mixing partner), odd H
+@pytest.mark.parametrize("B,T,H,D", [(1, 1, 1, 2), (2, 9, 3, 6), (3, 50, 2, 4)])
+def test_tape_mix(emu, rng, B, T, H, D):
+    e, gl, w = randn(rng, B, T, H, D), randn(rng, B, T, H, scale=3.0), randn(rng, H, H)
+    de_new = randn(rng, B, T, H, D)
+    sizes = dict(B=B, T=T, H=H, D=D, e_att=e, gate_logits=gl, w=w)
+    (e_new,) = run(emu, "tape_mix_forward_cuda", "MfTapeMixParams",
+                   lambda: dict(e_new=empty(B, T, H, D), **sizes), ["e_new"])
+    # sums over H heads (conftest: "reduction")
+    assert_close(e_new, ref.tape_mix_forward(e, gl, w), "reduction", "e_new")
+    dw0 = randn(rng, H, H)
+    de_att, dgate, dw = run(emu, "tape_mix_backward_cuda", "MfTapeMixParams",
+                            lambda: dict(de_att=empty(B, T, H, D), dgate_logits=empty(B, T, H),
+                                         dw=dw0.copy(), de_new=de_new, **sizes),
+                            ["de_att", "dgate_logits", "dw"])
+    rde, rdg, rdw = ref.tape_mix_backward(de_new, e, gl, w)
+    assert_close(de_att, rde, "reduction", "de_att")
+    assert_close(dgate, rdg, "reduction", "dgate_logits")
+    # dw sums over B T rows and D (conftest: "gradient"); += onto what was there
+    assert_close(dw, dw0 + rdw, "gradient", "dw")
+
+
+# A = 1 (a sequence) and A = 2 (a grid), index broadcast (TB = 1) or per sequence,
+# positions that no token uses, odd E
+@pytest.mark.parametrize("B,T,H,A,E,P,TB", [(1, 1, 1, 1, 1, 1, 1), (2, 7, 3, 2, 3, 5, 2),
+                                           (3, 20, 2, 1, 5, 9, 1)])
+def test_ape_apply(emu, rng, B, T, H, A, E, P, TB):
+    D = A * E
+    x, dy, maps = randn(rng, B, T, H, D), randn(rng, B, T, H, D), randn(rng, A, P, H, E, E)
+    index = rng.integers(0, P, (TB, T, A)).astype(np.int32)
+    sizes = dict(B=B, T=T, H=H, D=D, A=A, P=P, TB=TB, x=x, maps=maps, index=index)
+    (y,) = run(emu, "ape_apply_forward_cuda", "MfApeParams",
+               lambda: dict(y=empty(B, T, H, D), **sizes), ["y"])
+    assert_close(y, ref.ape_apply_forward(x, maps, index), "reduction", "y")
+    dmaps0 = randn(rng, A, P, H, E, E)
+    dx, dmaps = run(emu, "ape_apply_backward_cuda", "MfApeParams",
+                    lambda: dict(dx=empty(B, T, H, D), dmaps=dmaps0.copy(), dy=dy, **sizes),
+                    ["dx", "dmaps"])
+    rdx, rdmaps = ref.ape_apply_backward(dy, x, maps, index)
+    assert_close(dx, rdx, "reduction", "dx")
+    # dmaps sums over the tokens at each position (conftest: "reduction"); += onto dmaps0
+    assert_close(dmaps, dmaps0 + rdmaps, "reduction", "dmaps")
