@@ -162,3 +162,75 @@ def test_ape_apply(emu, rng, B, T, H, A, E, P, TB):
     assert_close(dx, rdx, "reduction", "dx")
     # dmaps sums over the tokens at each position (conftest: "reduction"); += onto dmaps0
     assert_close(dmaps, dmaps0 + rdmaps, "reduction", "dmaps")
+
+
+@pytest.fixture(scope="module")
+def emulated(emu):
+    from cuda_emulation import PARAMS_H
+    from mapformer import cuda
+    return cuda.ops(emu.lib, np, params_h=PARAMS_H)
+
+
+def test_wrappers_match_the_c_backend(emulated, rng):
+    """mapformer.cuda.ops' calls of this file's families (NumPy arrays, emulated kernels) give
+    what mapformer._C's same calls give."""
+    from mapformer import _C
+    B, T, H, D = 2, 9, 2, 16
+    qx, kx, qp, kp, v, dout = (randn(rng, B, T, H, D) for _ in range(6))
+    prefix = np.array([3, 0], np.int32)
+    for mode in MODES:
+        for mask in MASKS:
+            kw = dict(mask=mask, prefix=prefix if mask == "prefix" else None)
+            got = emulated.conj_attention_forward(qx, kx, qp, kp, v, mode, **kw)
+            want = _C.conj_attention_forward(qx, kx, qp, kp, v, mode, **kw)
+            for a, w in zip(got, want):
+                assert_close(a, w, "reduction", f"conj {mode} {mask}")
+            got = emulated.conj_attention_backward(dout, qx, kx, qp, kp, v, *want, mode, **kw)
+            want = _C.conj_attention_backward(dout, qx, kx, qp, kp, v, *want, mode, **kw)
+            for a, w in zip(got, want):
+                assert_close(a, w, "gradient", f"conj backward {mode} {mask}")
+    q4, k, vv = randn(rng, B, 4, H, D), randn(rng, B, T + 3, H, D), randn(rng, B, T + 3, H, D)
+    for a, w in zip(emulated.attention_decode_forward(q4, k, vv, keys=T),
+                    _C.attention_decode_forward(q4, k, vv, keys=T)):
+        assert_close(a, w, "reduction", "attention_decode")
+    gl, w = randn(rng, B, T, H), randn(rng, H, H)
+    assert_close(emulated.tape_mix_forward(qx, gl, w), _C.tape_mix_forward(qx, gl, w),
+                 "reduction", "tape_mix")
+    dw_a, dw_c = np.zeros((H, H), np.float32), np.zeros((H, H), np.float32)
+    for a, c in zip(emulated.tape_mix_backward(dout, qx, gl, w, dw_a),
+                    _C.tape_mix_backward(dout, qx, gl, w, dw_c)):
+        assert_close(a, c, "reduction", "tape_mix backward")
+    assert_close(dw_a, dw_c, "gradient", "tape_mix dw")
+    maps, index = randn(rng, 2, 5, H, 8, 8), rng.integers(0, 5, (1, T, 2)).astype(np.int32)
+    assert_close(emulated.ape_apply_forward(qx, maps, index), _C.ape_apply_forward(qx, maps, index),
+                 "reduction", "ape_apply")
+    dm_a, dm_c = np.zeros_like(maps), np.zeros_like(maps)
+    assert_close(emulated.ape_apply_backward(dout, qx, maps, index, dm_a),
+                 _C.ape_apply_backward(dout, qx, maps, index, dm_c), "reduction", "ape dx")
+    assert_close(dm_a, dm_c, "reduction", "ape dmaps")
+    theta = randn(rng, 1, T, H, D)
+    assert_close(emulated.gridpe_complex_forward(qx, theta), _C.gridpe_complex_forward(qx, theta),
+                 "default", "gridpe")
+    dy = randn(rng, B, T, H, 2 * D)
+    assert_close(emulated.gridpe_complex_backward(dy, theta),
+                 _C.gridpe_complex_backward(dy, theta), "default", "gridpe backward")
+
+
+def test_wrappers_check_what_the_kernels_cannot(emulated, rng):
+    """Device arrays the kernels cannot validate (prefix, index) and bad names are checked by
+    the wrappers, the message naming the argument."""
+    q = randn(rng, 2, 5, 1, 16)
+    with pytest.raises(ValueError, match="prefix"):
+        emulated.conj_attention_forward(q, q, q, q, q, mask="prefix",
+                                        prefix=np.array([0, 6], np.int32))
+    with pytest.raises(ValueError, match="prefix"):
+        emulated.conj_attention_forward(q, q, q, q, q, mask="prefix")
+    with pytest.raises(ValueError, match="mode"):
+        emulated.conj_attention_forward(q, q, q, q, q, "product")
+    with pytest.raises(ValueError, match="mask"):
+        emulated.conj_attention_forward(q, q, q, q, q, mask="window")
+    maps = randn(rng, 1, 3, 1, 16, 16)
+    with pytest.raises(ValueError, match="index"):
+        emulated.ape_apply_forward(q, maps, np.full((1, 5, 1), 3, np.int32))
+    with pytest.raises(ValueError, match="attention_decode_forward_cuda"):
+        emulated.attention_decode_forward(q, q[:, :3], q[:, :3])  # Tq > Tk
