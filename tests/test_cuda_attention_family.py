@@ -234,3 +234,49 @@ def test_wrappers_check_what_the_kernels_cannot(emulated, rng):
         emulated.ape_apply_forward(q, maps, np.full((1, 5, 1), 3, np.int32))
     with pytest.raises(ValueError, match="attention_decode_forward_cuda"):
         emulated.attention_decode_forward(q, q[:, :3], q[:, :3])  # Tq > Tk
+
+
+# T past one query block (64) and several key tiles (32); n_pos below T (clamped positions),
+# above T + 1 (unused logits), 1 (every position 0); D of 1 and 128
+COPE_SIZES = [(1, 1, 1, 16, 1), (2, 37, 3, 16, 5), (1, 70, 1, 8, 100), (1, 9, 2, 128, 4),
+              (2, 5, 1, 1, 3)]
+
+
+@pytest.mark.parametrize("B,T,H,D,n_pos", COPE_SIZES)
+def test_cope(emu, rng, B, T, H, D, n_pos):
+    q, k, v, dout = (randn(rng, B, T, H, D) for _ in range(4))
+    e = randn(rng, H, n_pos, D)
+    scale = 1.0 / np.sqrt(D)
+    sizes = dict(B=B, T=T, H=H, D=D, n_pos=n_pos, scale=scale, q=q, k=k, v=v, e=e)
+    fn = emu.lib.cope_backward_cuda_scratch_floats
+    nz = min(n_pos, T + 1)
+    forward_floats, backward_floats = B * H * T * nz, B * H * T * (2 * nz + 1 + 2 * T)
+    out, lse = run(emu, "cope_forward_cuda", "MfCopeParams",
+                   lambda: dict(out=empty(B, T, H, D), lse=empty(B, H, T),
+                                scratch=empty(forward_floats), scratch_floats=forward_floats,
+                                **sizes), ["out", "lse"])
+    rout, rlse = ref.cope_forward(q, k, v, e, scale)
+    assert_close(out, rout, "reduction", "out")
+    assert_close(lse, rlse, "reduction", "lse")
+    assert fn is not None
+    de0 = randn(rng, H, n_pos, D)
+    dq, dk, dv, de = run(emu, "cope_backward_cuda", "MfCopeParams",
+                         lambda: dict(dq=empty(B, T, H, D), dk=empty(B, T, H, D),
+                                      dv=empty(B, T, H, D), de=de0.copy(), dout=dout, o=out,
+                                      lse_in=lse, scratch=empty(backward_floats),
+                                      scratch_floats=backward_floats, **sizes),
+                         ["dq", "dk", "dv", "de"])
+    rdq, rdk, rdv, rde = ref.cope_backward(dout, q, k, v, e, scale)
+    assert_close(dq, rdq, "gradient", "dq")
+    assert_close(dk, rdk, "gradient", "dk")
+    assert_close(dv, rdv, "gradient", "dv")
+    assert_close(de, de0 + rde, "gradient", "de")
+
+
+def test_cope_refuses_bad_input(emu, rng):
+    q = randn(rng, 1, 4, 1, 16)
+    base = dict(out=q, lse=q, q=q, k=q, v=q, e=q, B=1, T=4, H=1, D=16, scale=0.25, scratch=q)
+    fn, struct = "cope_forward_cuda", "MfCopeParams"
+    assert emu.call(fn, struct, n_pos=2, scratch_floats=7, **base) == 1  # scratch < 8
+    assert emu.call(fn, struct, n_pos=0, scratch_floats=64, **base) == 1
+    assert emu.call(fn, struct, n_pos=2, scratch_floats=64, **{**base, "D": 129}) == 1
