@@ -24,7 +24,7 @@ PARAMS_H = [os.path.join(HERE, "params.h"),
 FAMILIES = ("gelu", "activation (silu, softplus)", "layernorm", "rotary", "path_integration",
             "embedding", "softmax_xent", "adamw", "attention", "linear", "mlp", "residual",
             "grad_norm", "tape_rotate", "ape_decay", "causal_conv1d", "conj_attention",
-            "attention_decode", "tape_mix", "ape_apply", "gridpe_complex")
+            "cope", "attention_decode", "tape_mix", "ape_apply", "gridpe_complex")
 HOW_TO_BUILD = ("build the CUDA kernels and install CuPy: MAPFORMER_CUDA=on pip install "
                 "'.[cuda]' (needs the CUDA Toolkit's nvcc; cupy-cuda13x, or '.[cuda12]' for a "
                 "CUDA 12 toolkit and driver)")
@@ -465,6 +465,35 @@ def ops(lib, xp, stream=lambda: None, params_h=None):
              T=T, H=H, W=W, TB=theta.shape[0])
         return dx
 
+    def cope_scratch(direction, fields):
+        params = structs["MfCopeParams"](**fields)
+        fn = getattr(lib, f"cope_{direction}_cuda_scratch_floats")
+        fn.argtypes = [ctypes.POINTER(structs["MfCopeParams"])]
+        fn.restype = ctypes.c_int64
+        return empty(fn(ctypes.byref(params)))
+
+    def cope_forward(q, k, v, e, scale=None):
+        q, e = f32(q), f32(e)
+        B, T, H, D = q.shape
+        sizes = dict(B=B, T=T, H=H, D=D, n_pos=e.shape[1],
+                     scale=1.0 / math.sqrt(D) if scale is None else scale)
+        out, lse, scratch = empty(B, T, H, D), empty(B, H, T), cope_scratch("forward", sizes)
+        call("cope_forward_cuda", "MfCopeParams", out=out, lse=lse, q=q, k=f32(k), v=f32(v),
+             e=e, scratch=scratch, scratch_floats=scratch.size, **sizes)
+        return out, lse
+
+    def cope_backward(dout, q, k, v, e, out, lse, de, scale=None):
+        q, e = f32(q), f32(e)
+        B, T, H, D = q.shape
+        sizes = dict(B=B, T=T, H=H, D=D, n_pos=e.shape[1],
+                     scale=1.0 / math.sqrt(D) if scale is None else scale)
+        dq, dk, dv = empty(B, T, H, D), empty(B, T, H, D), empty(B, T, H, D)
+        scratch = cope_scratch("backward", sizes)
+        call("cope_backward_cuda", "MfCopeParams", dq=dq, dk=dk, dv=dv, de=de, dout=f32(dout),
+             q=q, k=f32(k), v=f32(v), e=e, o=f32(out), lse_in=f32(lse), scratch=scratch,
+             scratch_floats=scratch.size, **sizes)
+        return dq, dk, dv
+
     return SimpleNamespace(
         gelu_forward=gelu_forward, gelu_backward=gelu_backward, silu_forward=silu_forward,
         silu_backward=silu_backward, softplus_forward=softplus_forward,
@@ -487,7 +516,8 @@ def ops(lib, xp, stream=lambda: None, params_h=None):
         attention_decode_forward=attention_decode_forward, tape_mix_forward=tape_mix_forward,
         tape_mix_backward=tape_mix_backward, ape_apply_forward=ape_apply_forward,
         ape_apply_backward=ape_apply_backward, gridpe_complex_forward=gridpe_complex_forward,
-        gridpe_complex_backward=gridpe_complex_backward)
+        gridpe_complex_backward=gridpe_complex_backward, cope_forward=cope_forward,
+        cope_backward=cope_backward)
 
 
 def gpu_ops():

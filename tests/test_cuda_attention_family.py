@@ -208,6 +208,15 @@ def test_wrappers_match_the_c_backend(emulated, rng):
     assert_close(emulated.ape_apply_backward(dout, qx, maps, index, dm_a),
                  _C.ape_apply_backward(dout, qx, maps, index, dm_c), "reduction", "ape dx")
     assert_close(dm_a, dm_c, "reduction", "ape dmaps")
+    e = randn(rng, H, 4, D)
+    got, want = emulated.cope_forward(qx, kx, v, e), _C.cope_forward(qx, kx, v, e)
+    for a, w in zip(got, want):
+        assert_close(a, w, "reduction", "cope")
+    de_a, de_c = np.zeros_like(e), np.zeros_like(e)
+    for a, w in zip(emulated.cope_backward(dout, qx, kx, v, e, *want, de_a),
+                    _C.cope_backward(dout, qx, kx, v, e, *want, de_c)):
+        assert_close(a, w, "gradient", "cope backward")
+    assert_close(de_a, de_c, "gradient", "cope de")
     theta = randn(rng, 1, T, H, D)
     assert_close(emulated.gridpe_complex_forward(qx, theta), _C.gridpe_complex_forward(qx, theta),
                  "default", "gridpe")
