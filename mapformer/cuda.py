@@ -231,15 +231,16 @@ def ops(lib, xp, stream=lambda: None, params_h=None):
              decay_mask=mask, n=params.size, lr=lr, beta1=beta1, beta2=beta2, eps=eps,
              weight_decay=weight_decay, step=step)
 
-    def attention_forward(q, k, v, scale=None):
+    def attention_forward(q, k, v, scale=None, *, mask="causal", prefix=None):
         q, k, v = f32(q), f32(k), f32(v)
         B, T, H, D = q.shape
         out, lse = empty(B, T, H, D), empty(B, H, T)
         call("attention_forward_cuda", "MfAttentionParams", out=out, lse=lse, q=q, k=k, v=v,
-             B=B, T=T, H=H, D=D, scale=1.0 / math.sqrt(D) if scale is None else scale)
+             B=B, T=T, H=H, D=D, scale=1.0 / math.sqrt(D) if scale is None else scale,
+             **mask_fields(B, T, mask, prefix))
         return out, lse
 
-    def attention_backward(dout, q, k, v, out, lse, scale=None):
+    def attention_backward(dout, q, k, v, out, lse, scale=None, *, mask="causal", prefix=None):
         q, k, v = f32(q), f32(k), f32(v)
         B, T, H, D = q.shape
         dq, dk, dv, scratch = (empty(B, T, H, D), empty(B, T, H, D), empty(B, T, H, D),
@@ -247,7 +248,7 @@ def ops(lib, xp, stream=lambda: None, params_h=None):
         call("attention_backward_cuda", "MfAttentionParams", dq=dq, dk=dk, dv=dv, q=q, k=k,
              v=v, dout=f32(dout), o=f32(out), lse_in=f32(lse), B=B, T=T, H=H, D=D,
              scale=1.0 / math.sqrt(D) if scale is None else scale, scratch=scratch,
-             scratch_floats=scratch.size)
+             scratch_floats=scratch.size, **mask_fields(B, T, mask, prefix))
         return dq, dk, dv
 
     def linear_forward(x, weight, bias=None):
@@ -359,23 +360,27 @@ def ops(lib, xp, stream=lambda: None, params_h=None):
     conj_modes = ("score_product", "softmax_product", "sum")
     masks = ("causal", "none", "prefix")
 
+    def mask_fields(B, T, mask, prefix):
+        """the struct's mask and prefix fields (attention, conj_attention); ValueError naming a
+        bad one (the kernels cannot check the device array prefix: its range is checked here)"""
+        if mask not in masks:
+            raise ValueError(f"mask must be one of {masks}, got {mask!r}")
+        if mask != "prefix":
+            return dict(mask=masks.index(mask), prefix=None)
+        if prefix is None:
+            raise ValueError("prefix is required with mask='prefix'")
+        prefix = i32(prefix)
+        if prefix.shape != (B,) or int(prefix.min()) < 0 or int(prefix.max()) > T:
+            raise ValueError(f"prefix must be (B,) = ({B},) int32 in [0, T = {T}]")
+        return dict(mask=masks.index(mask), prefix=prefix)
+
     def conj_fields(qx, mode, scale, mask, prefix):
-        """the struct's size, mode, mask and prefix fields; ValueError naming a bad one (the
-        kernels cannot check the device array prefix: its range is checked here)"""
+        """the struct's size, mode, mask and prefix fields; ValueError naming a bad one"""
         B, T, H, D = qx.shape
         if mode not in conj_modes:
             raise ValueError(f"mode must be one of {conj_modes}, got {mode!r}")
-        if mask not in masks:
-            raise ValueError(f"mask must be one of {masks}, got {mask!r}")
-        if mask == "prefix":
-            if prefix is None:
-                raise ValueError("prefix is required with mask='prefix'")
-            prefix = i32(prefix)
-            if prefix.shape != (B,) or int(prefix.min()) < 0 or int(prefix.max()) > T:
-                raise ValueError(f"prefix must be (B,) = ({B},) int32 in [0, T = {T}]")
         return dict(B=B, T=T, H=H, D=D, scale=1.0 / math.sqrt(D) if scale is None else scale,
-                    mode=conj_modes.index(mode), mask=masks.index(mask),
-                    prefix=prefix if mask == "prefix" else None)
+                    mode=conj_modes.index(mode), **mask_fields(B, T, mask, prefix))
 
     def conj_attention_forward(qx, kx, qp, kp, v, mode="score_product", scale=None, *,
                                mask="causal", prefix=None):

@@ -289,3 +289,47 @@ def test_cope_refuses_bad_input(emu, rng):
     assert emu.call(fn, struct, n_pos=2, scratch_floats=7, **base) == 1  # scratch < 8
     assert emu.call(fn, struct, n_pos=0, scratch_floats=64, **base) == 1
     assert emu.call(fn, struct, n_pos=2, scratch_floats=64, **{**base, "D": 129}) == 1
+
+
+@pytest.mark.parametrize("mask", ["none", "prefix"])
+def test_attention_masks(emu, rng, mask):
+    """cuda/attention.cu's masks none and prefix (P_b of 0, inside the first key tile, past the
+    first dk/dv block of 64 keys, T), forward and backward, against the reference."""
+    B, T, H, D = (1, 37, 2, 16) if mask == "none" else (4, 70, 1, 16)
+    prefix = np.array([0, 5, 67, 70], np.int32) if mask == "prefix" else None
+    q, k, v, dout = (randn(rng, B, T, H, D) for _ in range(4))
+    scale = 1.0 / np.sqrt(D)
+    sizes = dict(B=B, T=T, H=H, D=D, scale=scale, mask=MASKS[mask], prefix=prefix)
+    out, lse = run(emu, "attention_forward_cuda", "MfAttentionParams",
+                   lambda: dict(out=empty(B, T, H, D), lse=empty(B, H, T), q=q, k=k, v=v,
+                                **sizes), ["out", "lse"])
+    rout, rlse = ref.attention_forward(q, k, v, scale, mask=mask, prefix=prefix)
+    assert_close(out, rout, "reduction", "out")
+    assert_close(lse, rlse, "reduction", "lse")
+    floats = B * H * T
+    dq, dk, dv = run(emu, "attention_backward_cuda", "MfAttentionParams",
+                     lambda: dict(dq=empty(B, T, H, D), dk=empty(B, T, H, D),
+                                  dv=empty(B, T, H, D), q=q, k=k, v=v, dout=dout, o=out,
+                                  lse_in=lse, scratch=empty(floats), scratch_floats=floats,
+                                  **sizes), ["dq", "dk", "dv"])
+    for name, a, w in zip(("dq", "dk", "dv"), (dq, dk, dv),
+                          ref.attention_backward(dout, q, k, v, scale, mask=mask,
+                                                 prefix=prefix)):
+        assert_close(a, w, "gradient", name)
+
+
+def test_attention_mask_wrappers(emulated, rng):
+    """ops.attention_forward / backward with mask and prefix give mapformer._C's results."""
+    from mapformer import _C
+    q, k, v, dout = (randn(rng, 2, 11, 1, 16) for _ in range(4))
+    prefix = np.array([4, 11], np.int32)
+    for mask in ("causal", "none", "prefix"):
+        kw = dict(mask=mask, prefix=prefix if mask == "prefix" else None)
+        want = _C.attention_forward(q, k, v, **kw)
+        for a, w in zip(emulated.attention_forward(q, k, v, **kw), want):
+            assert_close(a, w, "reduction", f"attention {mask}")
+        for a, w in zip(emulated.attention_backward(dout, q, k, v, *want, **kw),
+                        _C.attention_backward(dout, q, k, v, *want, **kw)):
+            assert_close(a, w, "gradient", f"attention backward {mask}")
+    with pytest.raises(ValueError, match="prefix"):
+        emulated.attention_forward(q, k, v, mask="prefix", prefix=np.array([-1, 3], np.int32))
