@@ -245,7 +245,8 @@ __global__ void cope_de_kernel(MfCopeParams p, CopeBack s) {
         float t = 0.0f;
         for (int64_t b = 0; b < p.B; b++)
             for (int64_t i = 0; i < p.T; i++)
-                t += s.dz[((b * p.H + h) * p.T + i) * s.nz + n] * p.q[cope_row(p, b * p.H + h, i) + d];
+                t += s.dz[((b * p.H + h) * p.T + i) * s.nz + n]
+                     * p.q[cope_row(p, b * p.H + h, i) + d];
         p.de[(h * p.n_pos + n) * p.D + d] += t;
     }
 }

@@ -138,7 +138,8 @@ __global__ void tape_mix_dw_kernel(MfTapeMixParams p) {
 }
 
 static int tape_mix_bad(const MfTapeMixParams *p) {
-    return p->B < 1 || p->T < 1 || p->H < 1 || p->D < 2 || p->D % 2 != 0 || p->H * p->H > MF_MAX_GRID
+    return p->B < 1 || p->T < 1 || p->H < 1 || p->D < 2 || p->D % 2 != 0
+           || p->H * p->H > MF_MAX_GRID
            || p->e_att == NULL || p->gate_logits == NULL || p->w == NULL;
 }
 
