@@ -73,7 +73,7 @@ static __global__ void mf_column_sums_kernel(float *out, const float *a, int64_t
     }
 }
 
-static int mf_add_column_sums(float *out, const float *a, int64_t N, int64_t C,
+static inline int mf_add_column_sums(float *out, const float *a, int64_t N, int64_t C,
                               cudaStream_t stream) {
     const unsigned grid = mf_blocks(C, 256);
     return MF_LAUNCH(mf_column_sums_kernel, dim3(grid < MF_MAX_GRID ? grid : MF_MAX_GRID),

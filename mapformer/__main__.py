@@ -7,8 +7,8 @@ other flag is a field of :class:`mapformer.models.ModelConfig` or
 bottleneck (same names, dashes for underscores); an option flag is accepted only when one of
 the chosen components declares it. Run with ``-h`` for the list. Defaults are the library's
 (the paper's recipe) unless stated; options with a task default (omega_grid, cope_positions,
-coord_dims, ape_positions) take it from the training task. ``--import MODULE`` (before the command) imports a module
-first, so that the schemes, mixers or bottlenecks it registers can be picked.
+coord_dims, coord_source, ape_positions, ape_tree_depth) take it from the training task.
+``--import MODULE`` (before the command) imports a module first, so that the schemes, mixers or bottlenecks it registers can be picked.
 """
 import argparse
 import importlib
@@ -19,13 +19,14 @@ from pathlib import Path
 
 import numpy as np
 
+from . import backend as backends
 from . import registry
 from .bottlenecks import BOTTLENECKS
 from .mixers import MIXERS
 from .plots import learning_curves
 from .models import MODELS, ModelConfig, components, options_of, preset_parts
 from .schemes import SCHEMES
-from .tasks import navigation
+from .tasks import navigation, trees
 from .train import (PRESETS, SCHEDULES, TASKS, TrainConfig, eval_seed, evaluate, format_eval,
                     load_checkpoint, train)
 
@@ -34,7 +35,10 @@ MODEL_FIELDS = [f for f in fields(ModelConfig)
 TRAIN_FIELDS = list(fields(TrainConfig))
 PARTS = {"mixer": MIXERS, "positional": SCHEMES, "bottleneck": BOTTLENECKS}
 FIELD_HELP = {
-    "task": "the task (copy, repeat, reverse: APE's sequence transductions)",
+    "task": "the task (copy, repeat, reverse: APE's sequence transductions; tree_copy, "
+            "tree_rotate, tree_c3, tree_ops: its tree transductions)",
+    "tree_depth": "tree tasks: the mean tree depth (the paper's 7)",
+    "tree_order": "tree tasks: the target's order, breadth(-first) or depth(-first, pre-order)",
     "mean_length": "copy, repeat, reverse: the mean source length (the paper's 100)",
     "preset": "the task's preset",
     "steps": "override the preset's walk length T (tokens = 2T)",
@@ -61,6 +65,12 @@ FIELD_HELP = {
 }
 
 
+BACKEND_HELP = dict(default="c", choices=("c", "cuda"),
+                    help="run the model on the C core (default) or the CUDA kernels (a CUDA "
+                         "build, CuPy and a GPU: pip install '.[cuda]'); checkpoints load on "
+                         "either")
+
+
 def parse_bool(text):
     if text.lower() in ("1", "true", "yes"):
         return True
@@ -74,7 +84,8 @@ def flag(name):
 
 
 FIELD_CHOICES = {"task": sorted(TASKS), "preset": list(PRESETS), "schedule": list(SCHEDULES),
-                 "loss_positions": list(navigation.LOSS_POSITIONS)}
+                 "loss_positions": list(navigation.LOSS_POSITIONS),
+                 "tree_order": list(trees.ORDERS)}
 
 
 def add_field_flags(parser, config_fields):
@@ -127,6 +138,7 @@ def build_parser():
     tr.add_argument("--resume", default=None, help="checkpoint to continue from")
     tr.add_argument("--no-progress", action="store_true", help="no progress line")
     tr.add_argument("--json", action="store_true", help="print the final results as JSON")
+    tr.add_argument("--backend", **BACKEND_HELP)
     model = tr.add_argument_group("model")
     model.add_argument("--model", default="mapwm", choices=list(MODELS),
                        help="the paper's model: a preset of mixer, positional scheme and "
@@ -141,6 +153,7 @@ def build_parser():
                     help="sequences per preset (default: the run's eval_sequences)")
     ev.add_argument("--seed", type=int, default=None, help="evaluation seed")
     ev.add_argument("--json", action="store_true", help="print the results as JSON")
+    ev.add_argument("--backend", **BACKEND_HELP)
     sub.add_parser("info", help="the version, the kernel set in use, the BLAS, the thread "
                    "count and the output pool: the first thing a bug report needs")
     pl = sub.add_parser("plot", help="learning curves of training runs side by side, as a PNG")
@@ -251,11 +264,16 @@ def main(argv=None):
     import_modules(argv)
     parser = build_parser()
     args = parser.parse_args(argv)
+    if hasattr(args, "backend"):
+        try:
+            args.backend = backends.get(args.backend)
+        except RuntimeError as exc:  # no CUDA build, CuPy or device
+            fail(str(exc), 2)
     try:
         return run(parser, args)
     except FloatingPointError as exc:
         fail(str(exc), 1)
-    except (ValueError, OSError) as exc:  # CheckpointError is a ValueError
+    except (ValueError, OSError, backends.MissingKernel) as exc:  # CheckpointError: ValueError
         fail(str(exc), 2)
 
 
@@ -268,7 +286,7 @@ def run(parser, args):
         except ValueError as exc:
             parser.error(str(exc))
         result = train(config, train_config, out_dir=args.out, resume=args.resume,
-                       progress=not args.no_progress)
+                       progress=not args.no_progress, backend=args.backend)
         if args.json:
             print(json.dumps({k: v for k, v in result.items() if k != "model"}))
     elif args.command == "info":
@@ -287,7 +305,7 @@ def run(parser, args):
             parser.error(str(exc))
         print(f"wrote {args.out}")
     else:
-        model, _, train_config, step = load_checkpoint(args.checkpoint)
+        model, _, train_config, step = load_checkpoint(args.checkpoint, args.backend)
         results = evaluate(model, train_config.eval_tasks(),
                            args.sequences or train_config.eval_sequences,
                            eval_seed(train_config) if args.seed is None else args.seed,

@@ -1,8 +1,12 @@
-"""The two backends a model can run on, with one calling convention.
+"""The backends a model can run on, with one calling convention.
 
 ``C`` is the extension ``mapformer._C`` (float32). ``NUMPY`` wraps ``mapformer.reference``
 (float64) in the same signatures, so a model built on it is a pure NumPy reference model of
 the same architecture: the golden test trains both and compares every loss and gradient.
+``get("cuda")`` builds the CUDA backend (:func:`cuda_backend`: the kernels of cuda/*.cu
+through :mod:`mapformer.cuda` on CuPy arrays, float32), whose ``xp`` is CuPy; the same
+function over the kernels compiled for the CPU emulation with NumPy as ``xp`` is how it is
+tested without a GPU.
 
 Conventions shared by both (see ``csrc/include/mapformer/mapformer.h``): parameter gradients
 passed in (``dweight``, ``dbias``, ``domega``) are accumulated in place; an activation
@@ -12,6 +16,7 @@ A backend also owns allocation and the tensor arithmetic between ops (:func:`arr
 layers never call NumPy on activations or gradients, so a backend whose arrays live elsewhere
 (CuPy on a GPU) can run the same layers by supplying its own.
 """
+import inspect
 from types import SimpleNamespace
 
 import numpy as np
@@ -150,32 +155,35 @@ def _ape_apply_backward(dy, x, maps, index, dmaps):
     return dx
 
 
-def _ape_powers(dtype):
+def _ape_powers(dtype, xp=np, to_numpy=np.asarray):
     """APE's generator-side arithmetic (parameters only: expm of H small skew matrices, their
-    powers and the way back), float64 NumPy on every backend, returned in ``dtype``:
-    ape_powers_forward(generator, steps) -> maps and ape_tree_forward(generator, depth) ->
-    maps; ape_powers_backward / ape_tree_backward(dmaps, generator, dgenerator) accumulate
-    (+=) into dgenerator; ape_basis_forward(generator) -> (expm(A - A^T), eig: the skew's
-    eigendecomposition, saved for the backward) and ape_basis_backward(dbasis, eig,
-    dgenerator) (+=): ape_seq's change of basis."""
+    powers and the way back), float64 NumPy on the host on every backend, returned as ``xp``
+    arrays of ``dtype``: ape_powers_forward(generator, steps) -> maps and
+    ape_tree_forward(generator, depth) -> maps; ape_powers_backward / ape_tree_backward(dmaps,
+    generator, dgenerator) accumulate (+=) into dgenerator; ape_basis_forward(generator) ->
+    (expm(A - A^T), eig: the skew's eigendecomposition, saved for the backward) and
+    ape_basis_backward(dbasis, eig, dgenerator) (+=): ape_seq's change of basis."""
+    def out(a):
+        return xp.ascontiguousarray(xp.asarray(np.asarray(a, dtype=dtype)))
+
     def forward(generator, steps):
-        return np.ascontiguousarray(ref.ape_powers_forward(generator, steps), dtype=dtype)
+        return out(ref.ape_powers_forward(to_numpy(generator), steps))
 
     def backward(dmaps, generator, dgenerator):
-        dgenerator += ref.ape_powers_backward(dmaps, generator).astype(dtype)
+        dgenerator += out(ref.ape_powers_backward(to_numpy(dmaps), to_numpy(generator)))
 
     def tree_forward(generator, depth):
-        return np.ascontiguousarray(ref.ape_tree_forward(generator, depth), dtype=dtype)
+        return out(ref.ape_tree_forward(to_numpy(generator), depth))
 
     def tree_backward(dmaps, generator, dgenerator):
-        dgenerator += ref.ape_tree_backward(dmaps, generator).astype(dtype)
+        dgenerator += out(ref.ape_tree_backward(to_numpy(dmaps), to_numpy(generator)))
 
     def basis_forward(generator):
-        eig = ref.skew_eig(generator)
-        return np.ascontiguousarray(ref.ape_basis_forward(generator, eig), dtype=dtype), eig
+        eig = ref.skew_eig(to_numpy(generator))
+        return out(ref.ape_basis_forward(to_numpy(generator), eig)), eig
 
     def basis_backward(dbasis, eig, dgenerator):
-        dgenerator += ref.ape_basis_backward(dbasis, None, eig).astype(dtype)
+        dgenerator += out(ref.ape_basis_backward(to_numpy(dbasis), None, eig))
 
     return dict(ape_powers_forward=forward, ape_powers_backward=backward,
                 ape_tree_forward=tree_forward, ape_tree_backward=tree_backward,
@@ -223,9 +231,10 @@ def as_indices(a, name="ids"):
     return np.ascontiguousarray(a, dtype=np.int32)
 
 
-def array_ops(float_dtype):
-    """{name: function}: allocation and the arithmetic between ops, on NumPy arrays of
-    ``float_dtype``; every backend has these names and signatures.
+def array_ops(float_dtype, xp=np, to_numpy=np.asarray):
+    """{name: function}: allocation and the arithmetic between ops, on arrays of the array
+    module ``xp`` (NumPy, or CuPy for the CUDA backend) of ``float_dtype``; every backend has
+    these names and signatures. ``to_numpy``: xp's array -> a NumPy array (host memory).
 
     zeros(shape, dtype=None), ones(shape), zeros_like(a): new arrays (dtype: the backend's).
     asarray(a): a C-contiguous array of the backend's dtype (a copy only when needed);
@@ -241,13 +250,14 @@ def array_ops(float_dtype):
     leading axes of ``shape``, into ``out`` when it has that shape (a buffer kept across
     steps), else into a new array.
     dropout(x, p, rng) -> (y, mask): inverted dropout, mask (x's shape) drawn from the NumPy
-    Generator ``rng``; dropout_backward(dy, mask) -> dx."""
+    Generator ``rng`` (on the host: the same masks on every backend); dropout_backward(dy,
+    mask) -> dx."""
     def zeros(shape, dtype=None):
-        return np.zeros(shape, dtype or float_dtype)
+        return xp.zeros(shape, dtype or float_dtype)
 
     def broadcast_rows(row, shape, out=None):
         if out is None or out.shape != tuple(shape):
-            out = np.empty(shape, float_dtype)
+            out = xp.empty(shape, float_dtype)
         out[...] = row
         return out
 
@@ -255,20 +265,21 @@ def array_ops(float_dtype):
         dst += src
 
     def dropout(x, p, rng):
-        mask = (rng.random(x.shape) >= p).astype(x.dtype) / (1.0 - p)
+        mask = xp.asarray((rng.random(x.shape) >= p).astype(x.dtype) / (1.0 - p))
         return x * mask, mask
 
     return dict(
         zeros=zeros,
-        ones=lambda shape: np.ones(shape, float_dtype),
-        zeros_like=np.zeros_like,
-        asarray=lambda a: np.ascontiguousarray(a, dtype=float_dtype),
-        as_indices=as_indices,
-        to_numpy=np.asarray,
+        ones=lambda shape: xp.ones(shape, float_dtype),
+        zeros_like=xp.zeros_like,
+        asarray=lambda a: xp.ascontiguousarray(xp.asarray(a), dtype=float_dtype),
+        as_indices=(as_indices if xp is np else
+                    lambda a, name="ids": xp.asarray(as_indices(to_numpy(a), name))),
+        to_numpy=to_numpy,
         add_=add_,
-        mul=np.multiply,
-        exp=np.exp,
-        matmul=np.matmul,
+        mul=xp.multiply,
+        exp=xp.exp,
+        matmul=xp.matmul,
         sum_leading=lambda a, n: a.sum(tuple(range(n))),
         broadcast_rows=broadcast_rows,
         dropout=dropout,
@@ -346,21 +357,92 @@ NUMPY = SimpleNamespace(
 )
 
 BACKENDS = {"c": C, "numpy": NUMPY}
+KERNEL_OPS = sorted(name for name, value in vars(C).items() if name.endswith(
+    ("_forward", "_backward")) or name in ("adamw_step", "global_norm", "clip_grad_norm"))
+
+
+class MissingKernel(NotImplementedError):
+    """A model on the CUDA backend called an op whose family has no CUDA kernel yet (the
+    message names the op and its family)."""
+
+
+def family_of(op):
+    """The op family of an op's name: attention_forward -> 'attention', adamw_step ->
+    'adamw'."""
+    for suffix in ("_forward", "_backward", "_step"):
+        if op.endswith(suffix):
+            return op[:-len(suffix)]
+    return op
+
+
+class KernelBackend(SimpleNamespace):
+    """A backend whose ops are whatever a kernel library supplies (:func:`cuda_backend`):
+    the C backend's ops that it lacks raise :class:`MissingKernel` naming the op and its
+    family when a model calls them, so a model runs on it exactly when its families all have
+    kernels."""
+
+    def __getattr__(self, name):  # only for names the backend does not have
+        if name in KERNEL_OPS:
+            raise MissingKernel(
+                f"the {self.__dict__.get('name', 'cuda')} backend has no kernel for op {name} "
+                f"(family {family_of(name)!r}): this model uses it; kernels exist for "
+                f"{', '.join(self.__dict__.get('families', ()))}; use backend='c'")
+        raise AttributeError(f"backend has no attribute {name!r}")
+
+
+def _masked(name, function):
+    """An attention kernel without the C op's ``mask`` / ``prefix`` keywords, given them: the
+    causal mask (the default) runs, another raises MissingKernel."""
+    def op(*args, mask="causal", prefix=None, **kwargs):
+        if mask != "causal":
+            raise MissingKernel(f"the CUDA kernel of {name} (family {family_of(name)!r}) is "
+                                f"causal only: attn_mask {mask!r} has none yet; use "
+                                "backend='c'")
+        return function(*args, **kwargs)
+    return op
+
+
+def cuda_backend(kernels, xp, to_numpy, families=(), name="cuda"):
+    """The CUDA backend: float32 ``xp`` arrays (CuPy on a GPU; NumPy with the kernels
+    compiled for the CPU emulation, how it is tested without one), the tensor arithmetic
+    between ops (:func:`array_ops`) and APE's parameter-side arithmetic on the host
+    (:func:`_ape_powers`) in ``xp``, and every op of ``kernels`` (a namespace of ops with the
+    C backend's signatures: :func:`mapformer.cuda.ops`), taken by name, so a family whose
+    wrapper is added there runs here with nothing else to change. The C backend's ops that
+    ``kernels`` lacks raise :class:`MissingKernel` naming their family when called.
+    ``to_numpy``: xp array -> NumPy array (checkpoints and metrics go to the host through
+    it). ``families``: the kernel families, for the messages."""
+    ops = {**array_ops(np.float32, xp, to_numpy), **_ape_powers(np.float32, xp, to_numpy)}
+    for op, function in vars(kernels).items():
+        if op in ("attention_forward", "attention_backward", "conj_attention_forward",
+                  "conj_attention_backward") and \
+                "mask" not in inspect.signature(function).parameters:
+            function = _masked(op, function)
+        ops[op] = function
+    return KernelBackend(name=name, dtype=np.float32, xp=xp, families=tuple(families), **ops)
+
+
+def _gpu_backend():
+    """The CUDA backend on the GPU (CuPy arrays, CuPy's current stream); RuntimeError saying
+    how to get a CUDA build, CuPy or a device when one is missing."""
+    from . import cuda
+
+    lib, cupy = cuda.load()
+    kernels = cuda.ops(lib, cupy, lambda: cupy.cuda.get_current_stream().ptr)
+    return cuda_backend(kernels, cupy, cupy.asnumpy, cuda.FAMILIES)
 
 
 def get(name):
-    """The backend called ``name`` ('c' or 'numpy'). 'cuda' raises RuntimeError: without a
-    CUDA build (or CuPy, or a GPU) a message saying how to get one; with one, that its kernels
-    (mapformer.cuda.FAMILIES, usable through mapformer.cuda.gpu_ops()) do not yet cover a
-    model's ops."""
-    if name == "cuda":
-        from . import cuda
-
-        cuda.load()
-        raise RuntimeError("the CUDA backend cannot run a model yet: kernels exist for "
-                           f"{', '.join(cuda.FAMILIES)} only (mapformer.cuda.gpu_ops()); use "
-                           "backend='c'")
+    """The backend called ``name``: 'c' (the C core, float32), 'numpy' (the float64
+    reference) or 'cuda' (the CUDA kernels on CuPy arrays, float32; RuntimeError saying how
+    to get a CUDA build, CuPy or a device when one is missing). A backend object itself (e.g.
+    :func:`cuda_backend` of emulated kernels) is returned as it is."""
+    if not isinstance(name, str):
+        return name
+    if name == "cuda" and "cuda" not in BACKENDS:
+        BACKENDS["cuda"] = _gpu_backend()
     try:
         return BACKENDS[name]
     except KeyError:
-        raise ValueError(f"backend must be one of {sorted(BACKENDS)}, got {name!r}") from None
+        raise ValueError(f"backend must be one of {sorted(set(BACKENDS) | {'cuda'})}, got "
+                         f"{name!r}") from None

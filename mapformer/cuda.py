@@ -23,7 +23,8 @@ PARAMS_H = [os.path.join(HERE, "params.h"),
             os.path.join(os.path.dirname(HERE), "csrc", "include", "mapformer", "params.h")]
 FAMILIES = ("gelu", "activation (silu, softplus)", "layernorm", "rotary", "path_integration",
             "embedding", "softmax_xent", "adamw", "attention", "linear", "mlp", "residual",
-            "grad_norm", "tape_rotate", "ape_decay", "causal_conv1d", "conj_attention",
+            "grad_norm", "tape_rotate", "ape_decay", "causal_conv1d",
+            "selective_scan", "complex_scan", "sln", "b4", "nc", "vq", "lstm", "conj_attention",
             "cope", "attention_decode", "tape_mix", "ape_apply", "gridpe_complex")
 HOW_TO_BUILD = ("build the CUDA kernels and install CuPy: MAPFORMER_CUDA=on pip install "
                 "'.[cuda]' (needs the CUDA Toolkit's nvcc; cupy-cuda13x, or '.[cuda12]' for a "
@@ -499,6 +500,165 @@ def ops(lib, xp, stream=lambda: None, params_h=None):
              scratch_floats=scratch.size, **sizes)
         return dq, dk, dv
 
+    def scan(cx):
+        """selective_scan (cx False) or complex_scan's forward and backward"""
+        name = "complex_scan" if cx else "selective_scan"
+
+        def fields(x, delta, dangle, A, omega, Bm, Cm, D, chunk, bbar):
+            if bbar not in ("euler", "zoh"):
+                raise ValueError(f"bbar must be 'euler' or 'zoh', got {bbar!r}")
+            x, A = f32(x), f32(A)
+            (B, T, E), K = x.shape, A.shape[1]
+            f = dict(x=x, delta=f32(delta), A=A, Bm=f32(Bm), Cm=f32(Cm), D=f32(D), B=B, T=T,
+                     E=E, K=K, chunk=chunk, bbar=int(bbar == "zoh"))
+            if cx:
+                f.update(delta_angle=f32(dangle), omega=f32(omega))
+            return f
+
+        def forward(x, delta, dangle, A, omega, Bm, Cm, D, chunk, bbar):
+            f = fields(x, delta, dangle, A, omega, Bm, Cm, D, chunk, bbar)
+            B, T, E, S = f["B"], f["T"], f["E"], f["Bm"].shape[2]
+            y, states = empty(B, T, E), empty(B, -(-T // max(chunk, 1)), E, S)
+            call(f"{name}_forward_cuda", "MfScanParams", y=y, states=states, **f)
+            return y, states
+
+        def backward(dy, x, delta, dangle, A, omega, Bm, Cm, D, states, dA, domega, dD, chunk,
+                     bbar):
+            f = fields(x, delta, dangle, A, omega, Bm, Cm, D, chunk, bbar)
+            B, T, E, S = f["B"], f["T"], f["E"], f["Bm"].shape[2]
+            params = structs["MfScanParams"](**{k: v for k, v in f.items() if k in SIZES})
+            size = getattr(lib, f"{name}_backward_scratch_floats_cuda")
+            size.argtypes, size.restype = [ctypes.POINTER(structs["MfScanParams"])], ctypes.c_int64
+            n = size(ctypes.byref(params))
+            out = dict(dx=empty(B, T, E), ddelta=empty(B, T, E), dBm=empty(B, T, S),
+                       dCm=empty(B, T, S))
+            if cx:
+                out.update(ddelta_angle=empty(B, T, E), domega=domega)
+            call(f"{name}_backward_cuda", "MfScanParams", dA=dA, dD=dD, dy=f32(dy),
+                 states_in=f32(states), scratch=empty(max(n, 1)), scratch_floats=n, **out, **f)
+            grads = (out["dx"], out["ddelta"]) + ((out["ddelta_angle"],) if cx else ())
+            return grads + (out["dBm"], out["dCm"])
+        return forward, backward
+
+    SIZES = ("B", "T", "E", "K", "chunk", "bbar")
+    real_scan, real_scan_backward = scan(False)
+    complex_forward, complex_backward = scan(True)
+
+    def selective_scan_forward(x, delta, A, B, C, D, *, chunk=256, bbar="euler"):
+        return real_scan(x, delta, None, A, None, B, C, D, chunk, bbar)
+
+    def selective_scan_backward(dy, x, delta, A, B, C, D, states, dA, dD, *, chunk=256,
+                                bbar="euler"):
+        return real_scan_backward(dy, x, delta, None, A, None, B, C, D, states, dA, None, dD,
+                                  chunk, bbar)
+
+    def complex_scan_forward(x, delta, delta_angle, A, omega, B, C, D, *, chunk=256,
+                             bbar="euler"):
+        return complex_forward(x, delta, delta_angle, A, omega, B, C, D, chunk, bbar)
+
+    def complex_scan_backward(dy, x, delta, delta_angle, A, omega, B, C, D, states, dA, domega,
+                              dD, *, chunk=256, bbar="euler"):
+        return complex_backward(dy, x, delta, delta_angle, A, omega, B, C, D, states, dA,
+                                domega, dD, chunk, bbar)
+
+    def group_sizes(delta, start, per_block):
+        delta = f32(delta)
+        B, T, H, NB = delta.shape
+        return delta, dict(B=B, T=T, H=H, NB=NB, D=per_block * NB, F=6 if per_block == 4 else 4)
+
+    def sln_forward(delta, gen, start, clamp=10.0):
+        delta, sizes = group_sizes(delta, start, 2)
+        p = empty(sizes["B"], sizes["T"], sizes["H"], sizes["D"])
+        call("sln_forward_cuda", "MfSlnParams", p=p, delta=delta, gen=f32(gen),
+             start=f32(start), clamp=clamp, **sizes)
+        return p
+
+    def sln_backward(dp, delta, gen, start, dgen, dstart, clamp=10.0):
+        delta, sizes = group_sizes(delta, start, 2)
+        ddelta = empty(*delta.shape)
+        call("sln_backward_cuda", "MfSlnParams", ddelta=ddelta, dgen=dgen, dstart=dstart,
+             dp=f32(dp), delta=delta, gen=f32(gen), start=f32(start), clamp=clamp, **sizes)
+        return ddelta
+
+    def b4_forward(delta, gen, start):
+        delta, sizes = group_sizes(delta, start, 4)
+        p = empty(sizes["B"], sizes["T"], sizes["H"], sizes["D"])
+        call("b4_forward_cuda", "MfB4Params", p=p, delta=delta, gen=f32(gen), start=f32(start),
+             **sizes)
+        return p
+
+    def b4_backward(dp, delta, gen, start, dgen, dstart):
+        delta, sizes = group_sizes(delta, start, 4)
+        ddelta = empty(*delta.shape)
+        call("b4_backward_cuda", "MfB4Params", ddelta=ddelta, dgen=dgen, dstart=dstart,
+             dp=f32(dp), delta=delta, gen=f32(gen), start=f32(start), **sizes)
+        return ddelta
+
+    def nc_forward(w, start):
+        w = f32(w)
+        B, T, H, NB, F = w.shape
+        p = empty(B, T, H, 4 * NB)
+        call("nc_forward_cuda", "MfNcParams", p=p, w=w, start=f32(start), B=B, T=T, H=H, NB=NB,
+             D=4 * NB, F=F)
+        return p
+
+    def nc_backward(dp, w, start, dstart):
+        w = f32(w)
+        B, T, H, NB, F = w.shape
+        dw = empty(B, T, H, NB, F)
+        call("nc_backward_cuda", "MfNcParams", dw=dw, dstart=dstart, dp=f32(dp), w=w,
+             start=f32(start), B=B, T=T, H=H, NB=NB, D=4 * NB, F=F)
+        return dw
+
+    # vq and lstm (cuda/vq.cu, cuda/lstm.cu)
+    def vq_forward(z, codebook):
+        z, codebook = f32(z), f32(codebook)
+        (N, M, D), K = z.shape, codebook.shape[1]
+        codes, indices = empty(N, M, D), xp.empty((N, M), xp.int32)
+        dist, total = empty(N, M), xp.zeros(1, xp.float64)
+        scratch = empty(M * K + N * K)
+        call("vq_forward_cuda", "MfVqParams", codes=codes, indices=indices, dist=dist,
+             total=total, z=z, codebook=codebook, N=N, M=M, K=K, D=D, scratch=scratch,
+             scratch_floats=scratch.size)
+        return codes, indices, dist, float(total[0])
+
+    def vq_backward(dcodes, z, codebook, indices, dcodebook, codebook_weight,
+                    commitment_weight):
+        z, codebook, indices = f32(z), f32(codebook), i32(indices)
+        (N, M, D), K = z.shape, codebook.shape[1]
+        if indices.shape != (N, M) or int(indices.min()) < 0 or int(indices.max()) >= K:
+            raise ValueError(f"vq_backward: indices must be (N, M) = {(N, M)} ids in [0, {K})")
+        dz = empty(N, M, D)
+        call("vq_backward_cuda", "MfVqParams", dz=dz, dcodebook=dcodebook, dcodes=f32(dcodes),
+             indices_in=indices, z=z, codebook=codebook, N=N, M=M, K=K, D=D,
+             codebook_weight=codebook_weight, commitment_weight=commitment_weight)
+        return dz
+
+    def optional(a):
+        return None if a is None else f32(a)
+
+    def lstm_forward(x, w_ih, w_hh, b, h0=None, c0=None):
+        x = f32(x)
+        (B, T, C), H = x.shape, w_hh.shape[1]
+        h, c, gates = empty(B, T, H), empty(B, T, H), empty(B, T, 4 * H)
+        call("lstm_forward_cuda", "MfLstmParams", h=h, c=c, gates=gates, x=x, h0=optional(h0),
+             c0=optional(c0), w_ih=f32(w_ih), w_hh=f32(w_hh), b=f32(b), B=B, T=T, C=C, H=H)
+        return h, c, gates
+
+    def lstm_backward(dh, x, w_ih, w_hh, h, c, gates, dw_ih, dw_hh, db, h0=None, c0=None):
+        x = f32(x)
+        (B, T, C), H = x.shape, w_hh.shape[1]
+        dx, dh0, dc0 = empty(B, T, C), empty(B, H), empty(B, H)
+        scratch = empty(B * T * 5 * H + 2 * B * H)
+        call("lstm_backward_cuda", "MfLstmParams", dx=dx, dw_ih=dw_ih, dw_hh=dw_hh, db=db,
+             dh0=dh0, dc0=dc0, dh=f32(dh), x=x, h_in=f32(h), c_in=f32(c), gates_in=f32(gates),
+             h0=optional(h0), c0=optional(c0), w_ih=f32(w_ih), w_hh=f32(w_hh), B=B, T=T, C=C,
+             H=H, scratch=scratch, scratch_floats=scratch.size)
+        return dx, dh0, dc0
+
+    vq_lstm = SimpleNamespace(vq_forward=vq_forward, vq_backward=vq_backward,
+                            lstm_forward=lstm_forward, lstm_backward=lstm_backward)
+
     return SimpleNamespace(
         gelu_forward=gelu_forward, gelu_backward=gelu_backward, silu_forward=silu_forward,
         silu_backward=silu_backward, softplus_forward=softplus_forward,
@@ -516,13 +676,18 @@ def ops(lib, xp, stream=lambda: None, params_h=None):
         tape_rotate_backward=tape_rotate_backward, ape_decay_forward=ape_decay_forward,
         ape_decay_backward=ape_decay_backward, causal_conv1d_forward=causal_conv1d_forward,
         causal_conv1d_backward=causal_conv1d_backward,
+        selective_scan_forward=selective_scan_forward,
+        selective_scan_backward=selective_scan_backward,
+        complex_scan_forward=complex_scan_forward, complex_scan_backward=complex_scan_backward,
+        sln_forward=sln_forward, sln_backward=sln_backward, b4_forward=b4_forward,
+        b4_backward=b4_backward, nc_forward=nc_forward, nc_backward=nc_backward,
         conj_attention_forward=conj_attention_forward,
         conj_attention_backward=conj_attention_backward,
         attention_decode_forward=attention_decode_forward, tape_mix_forward=tape_mix_forward,
         tape_mix_backward=tape_mix_backward, ape_apply_forward=ape_apply_forward,
         ape_apply_backward=ape_apply_backward, gridpe_complex_forward=gridpe_complex_forward,
         gridpe_complex_backward=gridpe_complex_backward, cope_forward=cope_forward,
-        cope_backward=cope_backward)
+        cope_backward=cope_backward, **vars(vq_lstm))
 
 
 def gpu_ops():

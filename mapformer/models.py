@@ -330,7 +330,8 @@ class Transformer:
     """Token embedding (plus the positional code of an additive scheme: the first block's
     ``scheme.embed``), ``n_layers`` blocks, final LayerNorm and a linear head.
 
-    ``backend`` is 'c' (the C core, float32) or 'numpy' (the float64 reference ops).
+    ``backend`` is 'c' (the C core, float32), 'numpy' (the float64 reference ops), 'cuda'
+    (the CUDA kernels on CuPy arrays, float32: mapformer.backend.get) or a backend object.
     All parameters live in ``self.params`` (a :class:`ParameterStore`)."""
 
     def __init__(self, config, seed=0, backend="c"):

@@ -320,7 +320,7 @@ def with_options(model, **options):
     ``attn_log_clamp``): evaluate a trained model at another temperature."""
     values = model.config.to_dict()
     values["options"] = {**values["options"], **options}
-    other = Transformer(ModelConfig.from_dict(values), backend=model.ops.name)
+    other = Transformer(ModelConfig.from_dict(values), backend=model.ops)
     if other.params.size != model.params.size:
         raise ValueError(f"options {sorted(options)} change the parameters: not a view of the "
                          "same model")

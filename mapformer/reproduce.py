@@ -294,14 +294,23 @@ def main(table_id, argv=None):
           + (f"; sequences overridden to {sequences}" if args.sequences else ""))
     out = args.out or (default_out.format(scale=args.scale) if default_out else None)
     done = previous_runs(out, args.scale, sequences) if args.resume else []
-    measured, records = {}, []
+    # the earlier record's runs of rows not run now stay in the record and the table
+    running = {(p, r.label) for p in scale.parts for r in rows}
+    records = [r for r in done if (r["part"], r["row"]) not in running]
+    measured = {}
+    for record in records:
+        measured.setdefault(record["part"], {}).setdefault(record["row"], []).append(
+            {m: record[m] for m in METRICS})
+    every_row = table["rows"] + table.get("ablation", [])
     t0 = time.perf_counter()
 
     def tables():
+        shown = [r for r in every_row
+                 if r in rows or any(r.label in m for m in measured.values())]
         return "\n\n".join(format_table(
             f"{table['title']}, {METRICS[metric]} (scale {args.scale}, {args.seeds} seeds, "
             f"{sequences} training sequences per run; paper in parentheses)",
-            list(scale.parts), rows, measured, table["paper"], metric)
+            list(scale.parts), shown, measured, table["paper"], metric)
             for metric in table["metrics"])
 
     for part_name, part in scale.parts.items():

@@ -19,11 +19,12 @@ import numpy as np
 from tqdm.auto import tqdm
 
 from .models import ModelConfig, Transformer
-from .tasks import digits, navigation, rotation4d, selective_copy, transduction
+from .tasks import digits, navigation, rotation4d, selective_copy, transduction, trees
 
 TASKS = {"navigation": navigation, "selective_copy": selective_copy,
          "rotation4d": rotation4d, **{op: transduction for op in transduction.OPERATIONS},
-         **{name: digits for name in digits.VARIANTS}}
+         **{name: digits for name in digits.VARIANTS},
+         **{name: trees for name in trees.TASK_NAMES}}
 SCHEDULES = ("linear", "cosine")
 EVAL_SETS = ("iid", "ood_dense", "ood_sparse")
 PRESETS = EVAL_SETS + ("table3",)  # training presets: navigation's "table3" has its own OOD sets
@@ -42,14 +43,17 @@ class TrainConfig:
     task: 'navigation', 'rotation4d', 'selective_copy', one of APE's sequence
     transductions 'copy', 'repeat', 'reverse', or the image classifications 'digits' (8x8
     digits, 64 pixel tokens) and 'digits16' (pasted at random offsets on a 16x16 canvas; see
-    :mod:`mapformer.tasks.digits`); preset: 'iid', 'ood_dense', 'ood_sparse' or
-    (navigation) 'table3', the SSM comparison's 16-step training set (transduction: 'iid'
-    only).
+    :mod:`mapformer.tasks.digits`), or APE's tree transductions 'tree_copy', 'tree_rotate',
+    'tree_c3', 'tree_ops' (see :mod:`mapformer.tasks.trees`); preset: 'iid', 'ood_dense',
+    'ood_sparse' or (navigation) 'table3', the SSM comparison's 16-step training set
+    (transduction, trees: 'iid' only).
     dims, steps, grid_size, p_empty, n_objects: navigation (see
     :func:`mapformer.tasks.navigation.preset`); n_copy, n_blanks, n_symbols: selective copy
     (see :func:`mapformer.tasks.selective_copy.preset`); steps, p_empty, n_objects, planes:
     4D-rotation navigation (see :mod:`mapformer.tasks.rotation4d`); mean_length, n_symbols:
-    transduction (see :mod:`mapformer.tasks.transduction`). None keeps the preset's value.
+    transduction (see :mod:`mapformer.tasks.transduction`); tree_depth (the mean depth),
+    tree_order ('breadth' or 'depth', the target's order): the tree tasks. None keeps the
+    preset's value.
     ood_dense, ood_sparse: overrides ("field=value,...", e.g. "steps=256,p_empty=0.9") of the
     OOD test sets, which are derived from the training task by the paper's ratios (see
     :meth:`eval_tasks`). sequences: training sequences in all (rounded up to whole batches).
@@ -78,6 +82,8 @@ class TrainConfig:
     n_blanks: int = None
     n_symbols: int = None
     mean_length: int = None
+    tree_depth: int = None
+    tree_order: str = None
     ood_dense: str = None
     ood_sparse: str = None
     sequences: int = 200_000
@@ -147,6 +153,8 @@ class TrainConfig:
             shape, vocab = ("mean_length",), {"n_symbols": self.n_symbols}
         elif self.task in digits.VARIANTS:
             return digits.preset(name, canvas=digits.VARIANTS[self.task])
+        elif self.task in trees.TASK_NAMES:
+            shape, vocab = ("tree_depth",), {"order": self.tree_order}
         else:
             shape, vocab = ("n_copy", "n_blanks"), {"n_symbols": self.n_symbols}
         overrides = {k: v for k, v in vocab.items() if v is not None}
@@ -158,6 +166,10 @@ class TrainConfig:
             return rotation4d.preset(name, **overrides)
         if self.task in transduction.OPERATIONS:
             return transduction.preset(name, operation=self.task, **overrides)
+        if self.task in trees.TASK_NAMES:
+            if "tree_depth" in overrides:
+                overrides["mean_depth"] = overrides.pop("tree_depth")
+            return trees.preset(name, operation=trees.TASK_NAMES[self.task], **overrides)
         return selective_copy.preset(name, **overrides)
 
     def eval_tasks(self):
@@ -272,14 +284,16 @@ class AdamW:
 
 
 def task_module(task):
-    """The module (navigation, rotation4d, selective_copy or transduction) that generates
-    batches of a task config."""
+    """The module (navigation, rotation4d, selective_copy, transduction, digits or trees)
+    that generates batches of a task config."""
     if isinstance(task, rotation4d.Rotation4DConfig):
         return rotation4d
     if isinstance(task, transduction.TransductionConfig):
         return transduction
     if isinstance(task, digits.DigitsConfig):
         return digits
+    if isinstance(task, trees.TreeConfig):
+        return trees
     return navigation if isinstance(task, navigation.NavigationConfig) else selective_copy
 
 
@@ -427,8 +441,9 @@ def save_checkpoint(path, model, optimizer, train_config, step):
     to_numpy = model.ops.to_numpy
     try:
         with open(tmp, "wb") as f:
-            np.savez(f, meta=json.dumps(meta), params=to_numpy(model.params.data),
-                     m=to_numpy(optimizer.m), v=to_numpy(optimizer.v))
+            np.savez(f, meta=json.dumps(meta), **{  # host float32, whatever the backend
+                name: np.asarray(to_numpy(a), np.float32) for name, a in (
+                    ("params", model.params.data), ("m", optimizer.m), ("v", optimizer.v))})
             f.flush()
             os.fsync(f.fileno())
         tmp.replace(path)
@@ -486,7 +501,8 @@ def checkpoint_meta(path):
 
 
 def load_checkpoint(path, backend="c"):
-    """Load a checkpoint: returns (model, optimizer, train_config, step). Every field is
+    """Load a checkpoint onto ``backend`` (any: a checkpoint holds host float32 arrays,
+    whichever backend saved it): returns (model, optimizer, train_config, step). Every field is
     checked (CheckpointError naming it): the configs, the step (an int in [0, total steps]),
     the parameter names, the arrays' dtype (float32) and shape (P,), finite parameters and
     moments, v >= 0, and the dropout generator's state."""
@@ -582,14 +598,15 @@ def check_scored_positions(train_config, task, module, start):
 
 
 def train(model_config, train_config, out_dir=None, resume=None, progress=True, log=print,
-          eval_tasks=None):
+          eval_tasks=None, backend="c"):
     """Train a model on ``train_config``'s task and evaluate it.
 
     model_config: ModelConfig (vocab_size must equal the task's). out_dir: where
     ``checkpoint.npz`` and ``metrics.jsonl`` go (None: nothing written). resume: a checkpoint
     to continue from (its configs must equal these). eval_tasks: {name: task config} (default: the three presets, see
-    TrainConfig.eval_tasks). Returns a dict with the final evaluation, the last training
-    loss, wall time, steps, sequences and the model."""
+    TrainConfig.eval_tasks). backend: the model's ('c', 'cuda', 'numpy' or a backend object:
+    mapformer.backend.get). Returns a dict with the final evaluation, the last training loss,
+    wall time, steps, sequences and the model."""
     task = train_config.task_config()
     module = task_module(task)
     eval_tasks = eval_tasks or train_config.eval_tasks()
@@ -603,12 +620,12 @@ def train(model_config, train_config, out_dir=None, resume=None, progress=True, 
                          f"{task.vocab_size} ({task})")
     if resume:
         check_resume(resume, model_config, train_config)
-        model, optimizer, _, start = load_checkpoint(resume)
+        model, optimizer, _, start = load_checkpoint(resume, backend)
         if model_config.dropout > 0 and checkpoint_meta(resume).get("dropout_rng") is None:
             log(f"warning: {resume} (version 2) does not hold the dropout generator's state: "
                 "the resumed run's dropout masks differ from the uninterrupted run's")
     else:
-        model = Transformer(model_config, seed=train_config.seed)
+        model = Transformer(model_config, seed=train_config.seed, backend=backend)
         optimizer, start = AdamW(model, train_config), 0
     total = train_config.total_steps
     check_scored_positions(train_config, task, module, start)

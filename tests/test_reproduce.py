@@ -74,5 +74,12 @@ def test_table3_records_every_run_and_resumes(tmp_path, capsys):
     runs = json.loads(out.read_text())["runs"]
     assert [r["seed"] for r in runs] == [0, 1] and runs[0] == first[0]
     assert "from the earlier record" in capsys.readouterr().out
+    # running another row with --resume keeps the earlier rows' runs, in the record and table
+    main("3", ["--seeds", "1", "--resume", *common[:-3], "MAMPa", *common[-2:]])
+    record = json.loads(out.read_text())
+    assert [(r["row"], r["seed"]) for r in record["runs"]] == [
+        ("Mamba", 0), ("Mamba", 1), ("MAMPa", 0)]
+    assert record["runs"][:2] == runs
+    assert "| Mamba | " in record["markdown"] and "| MAMPa | " in record["markdown"]
     with pytest.raises(ValueError, match="use another --out"):
         main("3", ["--seeds", "1", "--resume", *common[:1], "64", *common[2:]])

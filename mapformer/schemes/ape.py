@@ -299,8 +299,15 @@ class APEGrid(APE):
                                                   if task_coordinates(self) is None else extent)
 
 
+def tree_levels(task):
+    """Levels ape_tree tabulates for a task: its ``tree_levels`` (the tree tasks' deepest
+    node), else 6."""
+    return getattr(task, "tree_levels", 6)
+
+
 APE_TREE_DEPTH = Option("ape_tree_depth", int, 6, "levels below the root ape_tree tabulates "
-                        "(heap numbers 1 .. 2^(depth+1) - 1)", minimum=1)
+                        "(heap numbers 1 .. 2^(depth+1) - 1; for a task: its deepest node)",
+                        minimum=1, from_task=tree_levels)
 
 
 def tree_rope_generator(base, n_heads, dim):

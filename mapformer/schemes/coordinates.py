@@ -25,10 +25,16 @@ COORD_DIMS = Option("coord_dims", int, 1, "dimensions n of the token coordinates
                     from_task=task_dims)
 
 
+def task_coord_source(task):
+    """Where a scheme's positions come from on a task: the task's own ``coord_source`` (the
+    tree tasks: 'index', their heap numbers are for ape_tree), else 'task'."""
+    return getattr(task, "coord_source", "task")
+
+
 COORD_SOURCE = Option("coord_source", str, "task", "where a scheme's positions come from: "
                       "task (the coordinates the task supplies, e.g. navigation's true cells: "
                       "an oracle) or index (the token index, with coord_dims 1)",
-                      choices=("task", "index"))
+                      choices=("task", "index"), from_task=task_coord_source)
 
 
 def task_coordinates(scheme):

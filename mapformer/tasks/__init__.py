@@ -6,6 +6,8 @@ selective_copy: Mamba's selective copying (MapFormer, section 5.1), with the pap
 presets; its generic names (PRESETS, preset, generate, ...) live in the submodule.
 transduction: APE's sequence copy / repeat / reverse (section 4, appendix 9) as a causal
 prefix-LM, variable lengths padded, fixed train/dev/test splits (submodule names only).
+trees: APE's tree copy / rotation / C3 reduction / tree operations (appendix 9) as a prefix-LM,
+tokens carrying their heap numbers (submodule names only).
 """
 
 from .navigation import (
@@ -21,7 +23,7 @@ from .navigation import (
     preset,
     recall_accuracy,
 )
-from . import selective_copy, transduction
+from . import selective_copy, transduction, trees
 from .selective_copy import (
     SelectiveCopyBatch,
     SelectiveCopyConfig,
@@ -47,4 +49,5 @@ __all__ = [
     "sequence_accuracy",
     "token_accuracy",
     "transduction",
+    "trees",
 ]

@@ -1,0 +1,308 @@
+"""The CUDA scan and group kernels (cuda/scan.cu, sln.cu, b4.cu, nc.cu) executed on the CPU
+under the emulation of CUDA's model (tests/cuda_emulation.py) against the float64 reference,
+forward and backward, on awkward sizes (1, odd, prime; partial channel blocks and time tiles,
+chunks of 1, shorter and longer than a tile), under the three block schedules (the serial
+orders must give the same bits: test_cuda_ops.run). Tolerances: the scans' normwise bound of
+tests/test_scan.py (gamma(4 (T + K)) of the largest value, twice that for gradients); the group
+ops the C op tests' categories."""
+import ctypes
+
+import numpy as np
+import pytest
+
+import test_b4 as b4_tests
+import test_nc as nc_tests
+import test_sln as sln_tests
+from conftest import U32, assert_close, assert_within, gamma, randn
+from cuda_emulation import PARAMS_H, Emulation, build
+from mapformer import _C, cuda
+from mapformer import reference as ref
+from test_cuda_ops import empty, run
+from test_scan import normwise, run_ref, scan_inputs
+
+
+@pytest.fixture(scope="module")
+def emu():
+    e = Emulation(build())
+    yield e
+    e.schedule("concurrent")
+
+
+def scratch_floats(emu, function, **fields):
+    """The library's <op>_scratch_floats_cuda of the struct with these fields."""
+    params = emu.structs["MfScanParams"]()
+    for key, value in fields.items():
+        setattr(params, key, value)
+    fn = getattr(emu.lib, function)
+    fn.argtypes = [ctypes.POINTER(emu.structs["MfScanParams"])]
+    fn.restype = ctypes.c_int64
+    return fn(ctypes.byref(params))
+
+
+START = 0.25  # the parameter gradients' values before the backward
+
+
+def run_cuda_scan(emu, inp, dy, chunk, bbar):
+    """The kernels' forward and backward: y, states, and the gradients as a dict named as
+    test_scan.run_ref's (the parameter gradients start from nonzero values: +=)."""
+    cx = "omega" in inp
+    name = "complex_scan" if cx else "selective_scan"
+    B, T, E = inp["x"].shape
+    K = inp["A"].shape[1]
+    S = inp["B"].shape[2]
+    NC = -(-T // chunk)
+    sizes = dict(B=B, T=T, E=E, K=K, chunk=chunk, bbar=int(bbar == "zoh"))
+    common = dict(x=inp["x"], delta=inp["delta"], A=inp["A"], Bm=inp["B"], Cm=inp["C"],
+                  D=inp["D"], **sizes)
+    if cx:
+        common.update(delta_angle=inp["delta_angle"], omega=inp["omega"])
+    y, states = run(emu, f"{name}_forward_cuda", "MfScanParams",
+                    lambda: dict(y=empty(B, T, E), states=empty(B, NC, E, S), **common),
+                    ["y", "states"])
+    n = scratch_floats(emu, f"{name}_backward_scratch_floats_cuda", **sizes)
+    assert n > 0
+    start = {k: np.full(inp[k].shape, START, np.float32)
+             for k in (("A", "omega", "D") if cx else ("A", "D"))}
+    outs = ["dx", "ddelta", "dBm", "dCm", "dA", "dD"] + (["ddelta_angle", "domega"] if cx else [])
+
+    def make():
+        f = dict(dx=empty(B, T, E), ddelta=empty(B, T, E), dBm=empty(B, T, S),
+                 dCm=empty(B, T, S), dA=start["A"].copy(), dD=start["D"].copy(), dy=dy,
+                 states_in=states, scratch=empty(n), scratch_floats=n, **common)
+        if cx:
+            f.update(ddelta_angle=empty(B, T, E), domega=start["omega"].copy())
+        return f
+    got = dict(zip(outs, run(emu, f"{name}_backward_cuda", "MfScanParams", make, outs)))
+    grads = {"x": got["dx"], "delta": got["ddelta"], "B": got["dBm"], "C": got["dCm"],
+             "A": got["dA"], "D": got["dD"]}
+    if cx:
+        grads.update(delta_angle=got["ddelta_angle"], omega=got["domega"])
+    return y, states, grads
+
+
+def check_scan(emu, inp, dy, chunk, bbar):
+    T, K = inp["x"].shape[1], inp["A"].shape[1]
+    y, states, grads = run_cuda_scan(emu, inp, dy, chunk, bbar)
+    ry, rstates, rgrads = run_ref(inp, dy, chunk, bbar)
+    n = 4 * (T + K)
+    normwise(y, ry, n, "y")
+    normwise(states, rstates, n, "states")
+    assert set(grads) == set(rgrads)
+    for name, g in rgrads.items():
+        if name in ("A", "omega", "D"):  # += START: one more float32 rounding
+            scale = np.abs(g).max()
+            assert_within(grads[name], g + START,
+                          gamma(2 * n) * scale + 2 * U32 * np.abs(g + START), f"d{name} (+=)")
+        else:
+            normwise(grads[name], g, 2 * n, f"d{name}")
+
+
+# (B, T, E, K, chunks): one of everything; chunks of one step; odd sizes with chunks shorter
+# than a time tile (SCAN_NT = 16) and one chunk; several tiles with a partial channel block;
+# more channels than a backward block (SCAN_EB = 64), with a partial one
+SCAN_SIZES = [(1, 1, 1, 1, (1, 256)), (1, 4, 3, 2, (1,)), (2, 13, 5, 3, (5, 256)),
+              (1, 37, 11, 2, (256,)), (1, 18, 67, 1, (7,))]
+
+
+@pytest.mark.parametrize("B,T,E,K,chunks", SCAN_SIZES)
+@pytest.mark.parametrize("cx", [False, True], ids=["real", "complex"])
+@pytest.mark.parametrize("bbar", ["euler", "zoh"])
+def test_scan(emu, rng, B, T, E, K, chunks, cx, bbar):
+    inp = scan_inputs(rng, B, T, E, K, cx)
+    dy = randn(rng, B, T, E)
+    for chunk in chunks:
+        check_scan(emu, inp, dy, chunk, bbar)
+
+
+@pytest.mark.parametrize("bbar", ["euler", "zoh"])
+def test_complex_scan_signed_angle(emu, rng, bbar):
+    inp = scan_inputs(rng, 1, 21, 6, 3, True, signed=True)
+    check_scan(emu, inp, randn(rng, 1, 21, 6), 8, bbar)
+
+
+def test_scan_zero_decay_small_steps(emu, rng):
+    """A = 0 (a pure rotation) and steps near zero: ZOH's series branch."""
+    inp = scan_inputs(rng, 1, 17, 3, 2, True)
+    inp["A"][:] = 0
+    inp["delta"][0, :5] = 1e-4
+    for bbar in ("euler", "zoh"):
+        check_scan(emu, inp, randn(rng, 1, 17, 3), 4, bbar)
+
+
+def test_scan_bad_sizes_and_scratch(emu, rng):
+    inp = scan_inputs(rng, 1, 4, 2, 2, False)
+    sizes = dict(B=1, T=4, E=2, K=2, chunk=2, bbar=0)
+    assert scratch_floats(emu, "selective_scan_backward_scratch_floats_cuda",
+                          **{**sizes, "K": 257}) == 0
+    common = dict(x=inp["x"], delta=inp["delta"], A=inp["A"], Bm=inp["B"], Cm=inp["C"],
+                  D=inp["D"])
+    y, st = empty(1, 4, 2), empty(1, 2, 2, 2)
+    for bad in (dict(chunk=0), dict(T=0), dict(bbar=2), dict(K=257)):
+        assert emu.call("selective_scan_forward_cuda", "MfScanParams", y=y, states=st,
+                        **common, **{**sizes, **bad}) == 1, bad
+    n = scratch_floats(emu, "selective_scan_backward_scratch_floats_cuda", **sizes)
+    g = [empty(1, 4, 2), empty(1, 4, 2), empty(1, 4, 2), empty(1, 4, 2),
+         np.zeros((2, 2), np.float32), np.zeros(2, np.float32)]
+    assert emu.call("selective_scan_backward_cuda", "MfScanParams", dx=g[0], ddelta=g[1],
+                    dBm=g[2], dCm=g[3], dA=g[4], dD=g[5], dy=y, states_in=st,
+                    scratch=empty(n), scratch_floats=n - 1, **common, **sizes) == 1
+
+
+# ---- sln, b4, nc: one thread per sequence forward, a block per (h, k) over b backward -------
+# (B, T, H, NB): ones; odd and prime; more batch rows than a backward block's 32 threads
+GROUP_SIZES = [(1, 1, 1, 1), (3, 7, 2, 3), (2, 13, 3, 5), (37, 3, 1, 2)]
+
+
+@pytest.mark.parametrize("B,T,H,NB", GROUP_SIZES)
+def test_sln(emu, rng, B, T, H, NB):
+    delta, gen, start = sln_tests.inputs(rng, B, T, H, NB)
+    sizes = dict(B=B, T=T, H=H, NB=NB, D=2 * NB, F=4, clamp=3.0)
+    (p,) = run(emu, "sln_forward_cuda", "MfSlnParams",
+               lambda: dict(p=empty(B, T, H, 2 * NB), delta=delta, gen=gen, start=start,
+                            **sizes), ["p"])
+    expected = ref.sln_forward(delta, gen, start, 3.0)
+    assert_within(p, expected, sln_tests.magnitude_bound(expected), "p")
+    dp = randn(rng, B, T, H, 2 * NB)
+    ddelta, dgen, dstart = run(
+        emu, "sln_backward_cuda", "MfSlnParams",
+        lambda: dict(ddelta=empty(B, T, H, NB), dgen=np.full_like(gen, 0.5),
+                     dstart=np.full_like(start, -0.25), dp=dp, delta=delta, gen=gen,
+                     start=start, **sizes), ["ddelta", "dgen", "dstart"])
+    e_ddelta, e_dgen, e_dstart = ref.sln_backward(dp, delta, gen, start, 3.0)
+    bound = sln_tests.magnitude_bound
+    assert_within(ddelta, e_ddelta, 2 * bound(e_ddelta), "ddelta")
+    assert_within(dgen, e_dgen + 0.5, 2 * bound(np.abs(e_dgen) + 0.5), "dgen (+=)")
+    assert_within(dstart, e_dstart - 0.25, 2 * bound(np.abs(e_dstart) + 0.25), "dstart (+=)")
+
+
+@pytest.mark.parametrize("B,T,H,NB", GROUP_SIZES)
+def test_b4(emu, rng, B, T, H, NB):
+    delta, gen, start = b4_tests.inputs(rng, B, T, H, NB)
+    sizes = dict(B=B, T=T, H=H, NB=NB, D=4 * NB, F=6)
+    (p,) = run(emu, "b4_forward_cuda", "MfB4Params",
+               lambda: dict(p=empty(B, T, H, 4 * NB), delta=delta, gen=gen, start=start,
+                            **sizes), ["p"])
+    expected = ref.b4_forward(delta, gen, start)
+    assert_within(p, expected, b4_tests.bound(expected, 1), "p")
+    dp = randn(rng, B, T, H, 4 * NB)
+    ddelta, dgen, dstart = run(
+        emu, "b4_backward_cuda", "MfB4Params",
+        lambda: dict(ddelta=empty(B, T, H, NB), dgen=np.full_like(gen, 0.5),
+                     dstart=np.full_like(start, -0.25), dp=dp, delta=delta, gen=gen,
+                     start=start, **sizes), ["ddelta", "dgen", "dstart"])
+    e_ddelta, e_dgen, e_dstart = ref.b4_backward(dp, delta, gen, start)
+    bound = b4_tests.bound
+    assert_within(ddelta, e_ddelta, bound(e_ddelta, T), "ddelta")
+    assert_within(dgen, e_dgen + 0.5, bound(np.abs(e_dgen) + 0.5, B * T), "dgen (+=)")
+    assert_within(dstart, e_dstart - 0.25, bound(np.abs(e_dstart) + 0.25, B * T),
+                  "dstart (+=)")
+
+
+@pytest.mark.parametrize("B,T,H,NB", GROUP_SIZES)
+def test_nc(emu, rng, B, T, H, NB):
+    w, start = nc_tests.inputs(rng, B, T, H, NB)
+    sizes = dict(B=B, T=T, H=H, NB=NB, D=4 * NB, F=6)
+    (p,) = run(emu, "nc_forward_cuda", "MfNcParams",
+               lambda: dict(p=empty(B, T, H, 4 * NB), w=w, start=start, **sizes), ["p"])
+    expected = ref.nc_forward(w, start)
+    dp = randn(rng, B, T, H, 4 * NB)
+    bp, bw, bs = nc_tests.bounds(w, start, dp)
+    assert_within(p, expected, bp + U32 * np.abs(expected), "p")
+    dw, dstart = run(emu, "nc_backward_cuda", "MfNcParams",
+                     lambda: dict(dw=empty(B, T, H, NB, 6), dstart=np.full_like(start, -0.25),
+                                  dp=dp, w=w, start=start, **sizes), ["dw", "dstart"])
+    e_dw, e_dstart = ref.nc_backward(dp, w, start)
+    assert_within(dw, e_dw, bw + U32 * np.abs(e_dw), "dw")
+    assert_within(dstart, e_dstart - 0.25, bs + 2 * U32 * (np.abs(e_dstart) + 0.25),
+                  "dstart (+=)")
+
+
+def test_group_ops_bad_sizes(emu, rng):
+    delta, gen, start = sln_tests.inputs(rng, 1, 2, 1, 2)
+    p = empty(1, 2, 1, 4)
+    sizes = dict(B=1, T=2, H=1, NB=2, D=4, F=4, clamp=3.0)
+    for bad in (dict(D=5), dict(F=6), dict(clamp=0.0), dict(T=-1)):
+        assert emu.call("sln_forward_cuda", "MfSlnParams", p=p, delta=delta, gen=gen,
+                        start=start, **{**sizes, **bad}) == 1, bad
+    for fn, struct in (("b4_forward_cuda", "MfB4Params"), ("nc_forward_cuda", "MfNcParams")):
+        assert emu.call(fn, struct, p=p, B=1, T=2, H=1, NB=1, D=4, F=4) == 1
+    # nothing to do: no launch, no write
+    assert emu.call("nc_forward_cuda", "MfNcParams", p=p, B=1, T=0, H=1, NB=1, D=4, F=6) == 0
+    assert np.isnan(p).all()
+
+
+# ---- the Python wrappers (mapformer.cuda.ops) against the C backend -------------------------
+@pytest.fixture(scope="module")
+def emulated(emu):
+    return cuda.ops(emu.lib, np, params_h=PARAMS_H)
+
+
+def compare_with_c(ops, rng, dev, host):
+    """The scan and group ops of ``ops`` against mapformer._C on small inputs."""
+    B, T, E, K = 2, 9, 5, 2
+    for cx in (False, True):
+        inp = scan_inputs(rng, B, T, E, K, cx)
+        dy = randn(rng, B, T, E)
+        args = list(inp.values())
+        name = "complex_scan" if cx else "selective_scan"
+        for bbar in ("euler", "zoh"):
+            y, st = getattr(ops, f"{name}_forward")(*map(dev, args), chunk=4, bbar=bbar)
+            y_c, st_c = getattr(_C, f"{name}_forward")(*args, chunk=4, bbar=bbar)
+            assert_close(host(y), y_c, "reduction", f"{name} y")
+            assert_close(host(st), st_c, "reduction", f"{name} states")
+            shapes = [inp[k].shape for k in (("A", "omega", "D") if cx else ("A", "D"))]
+            params = [dev(np.ones(s, np.float32)) for s in shapes]
+            params_c = [np.ones(s, np.float32) for s in shapes]
+            got = getattr(ops, f"{name}_backward")(dev(dy), *map(dev, args), st, *params,
+                                                   chunk=4, bbar=bbar)
+            want = getattr(_C, f"{name}_backward")(dy, *args, st_c, *params_c, chunk=4,
+                                                   bbar=bbar)
+            for a, e in zip(list(got) + params, list(want) + params_c):
+                assert_close(host(a), e, "gradient", f"{name} backward {bbar}")
+    Bg, Tg, H, NB = 2, 5, 2, 3
+    delta, gen, start = sln_tests.inputs(rng, Bg, Tg, H, NB)
+    dp = randn(rng, Bg, Tg, H, 2 * NB)
+    assert_close(host(ops.sln_forward(dev(delta), dev(gen), dev(start), 3.0)),
+                 _C.sln_forward(delta, gen, start, 3.0), "reduction", "sln")
+    dg, ds, dg_c, ds_c = (np.zeros_like(a) for a in (gen, start, gen, start))
+    dgd, dsd = dev(dg), dev(ds)
+    assert_close(host(ops.sln_backward(dev(dp), dev(delta), dev(gen), dev(start), dgd, dsd, 3.0)),
+                 _C.sln_backward(dp, delta, gen, start, dg_c, ds_c, 3.0), "gradient", "dsln")
+    assert_close(host(dgd), dg_c, "gradient", "sln dgen")
+    assert_close(host(dsd), ds_c, "gradient", "sln dstart")
+    delta, gen, start = b4_tests.inputs(rng, Bg, Tg, H, NB)
+    dp = randn(rng, Bg, Tg, H, 4 * NB)
+    assert_close(host(ops.b4_forward(dev(delta), dev(gen), dev(start))),
+                 _C.b4_forward(delta, gen, start), "reduction", "b4")
+    dg, ds, dg_c, ds_c = (np.zeros_like(a) for a in (gen, start, gen, start))
+    dgd, dsd = dev(dg), dev(ds)
+    assert_close(host(ops.b4_backward(dev(dp), dev(delta), dev(gen), dev(start), dgd, dsd)),
+                 _C.b4_backward(dp, delta, gen, start, dg_c, ds_c), "gradient", "db4")
+    assert_close(host(dgd), dg_c, "gradient", "b4 dgen")
+    assert_close(host(dsd), ds_c, "gradient", "b4 dstart")
+    w, start = nc_tests.inputs(rng, Bg, Tg, H, NB)
+    assert_close(host(ops.nc_forward(dev(w), dev(start))), _C.nc_forward(w, start),
+                 "reduction", "nc")
+    ds, ds_c = np.zeros_like(start), np.zeros_like(start)
+    dsd = dev(ds)
+    assert_close(host(ops.nc_backward(dev(dp), dev(w), dev(start), dsd)),
+                 _C.nc_backward(dp, w, start, ds_c), "gradient", "dnc")
+    assert_close(host(dsd), ds_c, "gradient", "nc dstart")
+
+
+def test_emulated_ops_match_the_c_backend(emulated, rng):
+    compare_with_c(emulated, rng, lambda a: a, np.asarray)
+    with pytest.raises(ValueError, match="^selective_scan_forward_cuda: status 1"):
+        emulated.selective_scan_forward(*(np.ones((1, 2, 1), np.float32),) * 2,
+                                        np.ones((1, 1), np.float32),
+                                        *(np.ones((1, 2, 1), np.float32),) * 2,
+                                        np.ones(1, np.float32), chunk=0)
+
+
+def test_gpu_ops_match_the_c_backend(rng):
+    try:
+        lib, cupy = cuda.load()
+    except RuntimeError as error:
+        pytest.skip(f"no GPU: {error}")
+    ops = cuda.ops(lib, cupy, lambda: cupy.cuda.get_current_stream().ptr)
+    compare_with_c(ops, rng, cupy.asarray, cupy.asnumpy)
