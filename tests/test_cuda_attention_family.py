@@ -333,3 +333,21 @@ def test_attention_mask_wrappers(emulated, rng):
             assert_close(a, w, "gradient", f"attention backward {mask}")
     with pytest.raises(ValueError, match="prefix"):
         emulated.attention_forward(q, k, v, mask="prefix", prefix=np.array([-1, 3], np.int32))
+
+
+@pytest.mark.parametrize("preset,attn_mask", [("mapem_os", "none"), ("cope", "causal"),
+                                              ("mapem_o", "prefix")])
+def test_models_run_on_the_kernels(emulated, preset, attn_mask):
+    """Models on the CUDA backend built from the emulated kernels (conjunctive attention:
+    MapEM-os; CoPE; attention with a prefix mask: MapEM-o): two training steps give the C
+    backend's loss, logits, gradients and update (test_cuda_model.compare_steps)."""
+    from test_cuda_model import TASK, compare_steps
+    from mapformer import backend as backends
+    from mapformer import cuda
+    from mapformer.models import ModelConfig, Transformer
+    from mapformer.train import TrainConfig
+    ops = backends.cuda_backend(emulated, np, np.asarray, cuda.FAMILIES)
+    train_config = TrainConfig(**TASK, sequences=4, batch_size=2, lr=1e-2)
+    cfg = ModelConfig.for_task(preset, train_config.task_config(), d_model=32, n_heads=2,
+                               n_layers=1, attn_mask=attn_mask)
+    compare_steps(Transformer(cfg, seed=4, backend=ops), Transformer(cfg, seed=4), train_config)
