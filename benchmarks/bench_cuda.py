@@ -4,7 +4,8 @@ checked against the C core (mapformer._C) on the same inputs before it is timed.
   ms       median of --repeats calls after --warmup, timed with CUDA events on CuPy's current
            stream (outputs allocated by each call, as the ops do);
   TFLOP/s  flops / ms for attention (causal: the forward's two products over the lower
-           triangle, 2 B H T^2 D; the backward's five, 5 B H T^2 D), linear and mlp
+           triangle, 2 B H T^2 D; the backward's five, 5 B H T^2 D), conj_attention (4 and
+           8 B H T^2 D), cope's forward (counted as attention's), linear and mlp
            (2 N Cin Cout per product);
   GB/s     compulsory bytes (every input read and every output written once, 4 B a float) /
            ms for the memory-bound ops.
@@ -47,6 +48,10 @@ def benches(ops, dev, sizes):
     out_c, lse_c = _C.attention_forward(q, k, v)
     out, lse = ops.attention_forward(dq, dk, dv)
     ddout = dev(dout)
+    conj_c = _C.conj_attention_forward(q, k, q, k, v)
+    conj = ops.conj_attention_forward(dq, dk, dq, dk, dv)
+    e = r(H, 64, D)
+    de = dev(e)
     x, w, b = r(N, C), r(4 * C, C), r(4 * C)
     w_proj, b_proj = r(C, 4 * C), r(C)
     dx, dw, db, dwp, dbp = dev(x), dev(w), dev(b), dev(w_proj), dev(b_proj)
@@ -76,6 +81,21 @@ def benches(ops, dev, sizes):
          lambda: max(relative_error(host(a), e) for a, e in zip(
              ops.attention_backward(ddout, dq, dk, dv, out, lse),
              _C.attention_backward(dout, q, k, v, out_c, lse_c)))),
+        # conjunctive attention (score_product): four products over the lower triangle
+        # forward, eight backward, 2 B H T^2 D / 2 each
+        ("conj_attention_forward", 4 * att, 4 * (6 * B * T * H * D + B * H * T),
+         lambda: ops.conj_attention_forward(dq, dk, dq, dk, dv),
+         lambda: relative_error(host(ops.conj_attention_forward(dq, dk, dq, dk, dv)[0]),
+                                _C.conj_attention_forward(q, k, q, k, v)[0])),
+        ("conj_attention_backward", 8 * att, 4 * (13 * B * T * H * D + B * H * T),
+         lambda: ops.conj_attention_backward(ddout, dq, dk, dq, dk, dv, *conj),
+         lambda: max(relative_error(host(a), e) for a, e in zip(
+             ops.conj_attention_backward(ddout, dq, dk, dq, dk, dv, *conj),
+             _C.conj_attention_backward(dout, q, k, q, k, v, *conj_c)))),
+        ("cope_forward", 2 * att, 4 * (4 * B * T * H * D + B * H * T),
+         lambda: ops.cope_forward(dq, dk, dv, de),
+         lambda: relative_error(host(ops.cope_forward(dq, dk, dv, de)[0]),
+                                _C.cope_forward(q, k, v, e)[0])),
         ("linear_forward", 2 * N * C * 4 * C, 4 * (N * C + 4 * C * C + 4 * N * C),
          lambda: ops.linear_forward(dx, dw, db),
          lambda: relative_error(host(ops.linear_forward(dx, dw, db)),

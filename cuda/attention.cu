@@ -1,6 +1,9 @@
-/* Causal softmax attention on the GPU (other masks are refused: MF_EINVAL), tiled as FlashAttention-2 (Dao 2023): the T x T score
- * matrix is never stored; the forward keeps only the row log-sum-exp.
- *   forward:  out_i = sum_{j <= i} softmax_j(scale q_i . k_j) v_j, lse_i = log sum_j exp(...)
+/* Softmax attention on the GPU, tiled as FlashAttention-2 (Dao 2023): the T x T score matrix is
+ * never stored; the forward keeps only the row log-sum-exp. Query i sees the keys
+ * j <= max(i, P_b - 1) (the C op's masks, MfMask): P_b = 0 causal, T none, prefix[b] for the
+ * prefix mask (a device array the host check cannot read: the kernels clamp it to [0, T], the
+ * Python wrapper checks its range).
+ *   forward:  out_i = sum_{j seen} softmax_j(scale q_i . k_j) v_j, lse_i = log sum_j exp(...)
  *   backward: p_ij = exp(scale q_i . k_j - lse_i), delta_i = dout_i . out_i,
  *             ds_ij = p_ij (dout_i . v_j - delta_i) scale,
  *             dq_i = sum_j ds_ij k_j, dk_j = sum_i ds_ij q_i, dv_j = sum_i p_ij dout_i (=)
@@ -12,8 +15,8 @@
  * rescaled once per tile (FlashAttention-2's loop order: queries outside, keys inside).
  * Backward without atomics (deterministic): delta by one kernel into the caller's scratch
  * (B, H, T); dq by a query-row kernel shaped as the forward; dk and dv by a key-row kernel,
- * one thread per key row, looping over the query tiles at or after its own (Q, dout, lse and
- * delta tiles in shared memory).
+ * one thread per key row, looping over the query tiles that see it (from its own, or from the
+ * first for keys inside the prefix; Q, dout, lse and delta tiles in shared memory).
  * First version: per-thread rows in local memory and scalar dot products, no tensor cores;
  * its speed is unmeasured (no GPU was available). */
 #include "common.cuh"
@@ -29,6 +32,17 @@ __device__ __forceinline__ int64_t att_row(const MfAttentionParams &p, int64_t b
     return ((b * p.T + t) * p.H + h) * p.D;
 }
 
+/* P_b: the keys j < P_b are seen by every query of batch b */
+__device__ __forceinline__ int64_t att_prefix(const MfAttentionParams &p, int64_t bh) {
+    if (p.mask == MF_MASK_NONE) return p.T;
+    if (p.mask != MF_MASK_PREFIX) return 0;
+    const int64_t P = p.prefix[bh / p.H];
+    return P < 0 ? 0 : (P > p.T ? p.T : P);
+}
+
+/* the last key query i sees */
+__device__ __forceinline__ int64_t att_last(int64_t i, int64_t P) { return i > P - 1 ? i : P - 1; }
+
 /* rows [t0, t0 + rows) of x for head bh into s (rows x D), zeros past T; the whole block */
 __device__ __forceinline__ void att_load(float *s, const float *x, const MfAttentionParams &p,
                                          int64_t bh, int64_t t0, int64_t rows) {
@@ -42,8 +56,10 @@ __global__ void attention_forward_kernel(MfAttentionParams p) {
     MF_DYNAMIC_SHARED(float, smem); /* K tile, V tile: ATT_BC x D each */
     float *ks = smem, *vs = smem + ATT_BC * p.D;
     const int64_t bh = blockIdx.y, i0 = (int64_t)blockIdx.x * ATT_BR, i = i0 + threadIdx.x;
-    const int64_t D = p.D, last = (i0 + ATT_BR < p.T ? i0 + ATT_BR : p.T) - 1;
+    const int64_t D = p.D, P = att_prefix(p, bh);
+    const int64_t last = att_last((i0 + ATT_BR < p.T ? i0 + ATT_BR : p.T) - 1, P);
     const bool row = i < p.T;
+    const int64_t lim = att_last(i, P);
     float q[ATT_MAX_D], acc[ATT_MAX_D], s[ATT_BC];
     for (int64_t d = 0; d < D; d++) {
         q[d] = row ? p.q[att_row(p, bh, i) + d] * p.scale : 0.0f;
@@ -54,8 +70,8 @@ __global__ void attention_forward_kernel(MfAttentionParams p) {
         att_load(ks, p.k, p, bh, j0, ATT_BC);
         att_load(vs, p.v, p, bh, j0, ATT_BC);
         __syncthreads();
-        if (row && j0 <= i) {
-            const int64_t n = i - j0 + 1 < ATT_BC ? i - j0 + 1 : ATT_BC; /* causal */
+        if (row && j0 <= lim) {
+            const int64_t n = lim - j0 + 1 < ATT_BC ? lim - j0 + 1 : ATT_BC; /* the mask */
             float mt = m;
             for (int64_t jj = 0; jj < n; jj++) {
                 float dot = 0.0f;
@@ -96,8 +112,10 @@ __global__ void attention_dq_kernel(MfAttentionParams p, const float *delta) {
     MF_DYNAMIC_SHARED(float, smem); /* K tile, V tile: ATT_BC x D each */
     float *ks = smem, *vs = smem + ATT_BC * p.D;
     const int64_t bh = blockIdx.y, i0 = (int64_t)blockIdx.x * ATT_BR, i = i0 + threadIdx.x;
-    const int64_t D = p.D, last = (i0 + ATT_BR < p.T ? i0 + ATT_BR : p.T) - 1;
+    const int64_t D = p.D, P = att_prefix(p, bh);
+    const int64_t last = att_last((i0 + ATT_BR < p.T ? i0 + ATT_BR : p.T) - 1, P);
     const bool row = i < p.T;
+    const int64_t lim = att_last(i, P);
     float q[ATT_MAX_D], g[ATT_MAX_D], dq[ATT_MAX_D];
     for (int64_t d = 0; d < D; d++) {
         q[d] = row ? p.q[att_row(p, bh, i) + d] * p.scale : 0.0f;
@@ -109,8 +127,8 @@ __global__ void attention_dq_kernel(MfAttentionParams p, const float *delta) {
         att_load(ks, p.k, p, bh, j0, ATT_BC);
         att_load(vs, p.v, p, bh, j0, ATT_BC);
         __syncthreads();
-        if (row && j0 <= i) {
-            const int64_t n = i - j0 + 1 < ATT_BC ? i - j0 + 1 : ATT_BC;
+        if (row && j0 <= lim) {
+            const int64_t n = lim - j0 + 1 < ATT_BC ? lim - j0 + 1 : ATT_BC;
             for (int64_t jj = 0; jj < n; jj++) {
                 float s = 0.0f, dp = 0.0f;
                 for (int64_t d = 0; d < D; d++) {
@@ -131,7 +149,7 @@ __global__ void attention_dkdv_kernel(MfAttentionParams p, const float *delta) {
     MF_DYNAMIC_SHARED(float, smem); /* Q tile, dout tile: ATT_BQ x D each; lse, delta tiles */
     float *qs = smem, *gs = smem + ATT_BQ * p.D, *ls = gs + ATT_BQ * p.D, *ds_ = ls + ATT_BQ;
     const int64_t bh = blockIdx.y, j0 = (int64_t)blockIdx.x * ATT_BK, j = j0 + threadIdx.x;
-    const int64_t D = p.D;
+    const int64_t D = p.D, P = att_prefix(p, bh);
     const bool row = j < p.T;
     float k[ATT_MAX_D], v[ATT_MAX_D], dk[ATT_MAX_D], dv[ATT_MAX_D];
     for (int64_t d = 0; d < D; d++) {
@@ -139,8 +157,9 @@ __global__ void attention_dkdv_kernel(MfAttentionParams p, const float *delta) {
         v[d] = row ? p.v[att_row(p, bh, j) + d] : 0.0f;
         dk[d] = dv[d] = 0.0f;
     }
-    /* query tiles from the one holding row j0 (earlier rows see none of this block's keys) */
-    for (int64_t i0 = j0 - j0 % ATT_BQ; i0 < p.T; i0 += ATT_BQ) {
+    /* query tiles from the one holding row j0 (earlier rows see none of this block's keys
+     * unless some of them lie in the prefix: then from the first) */
+    for (int64_t i0 = j0 < P ? 0 : j0 - j0 % ATT_BQ; i0 < p.T; i0 += ATT_BQ) {
         att_load(qs, p.q, p, bh, i0, ATT_BQ);
         att_load(gs, p.dout, p, bh, i0, ATT_BQ);
         for (int64_t r = threadIdx.x; r < ATT_BQ; r += blockDim.x) {
@@ -152,7 +171,7 @@ __global__ void attention_dkdv_kernel(MfAttentionParams p, const float *delta) {
         if (row) {
             for (int64_t ii = 0; ii < ATT_BQ; ii++) {
                 const int64_t i = i0 + ii;
-                if (i < j || i >= p.T) continue;
+                if (i >= p.T || (i < j && j >= P)) continue;
                 float s = 0.0f, dp = 0.0f;
                 for (int64_t d = 0; d < D; d++) {
                     s += qs[ii * D + d] * k[d];
@@ -175,10 +194,12 @@ __global__ void attention_dkdv_kernel(MfAttentionParams p, const float *delta) {
         }
 }
 
-/* causal only: the none and prefix masks (MfMask) of the C op are not in these kernels yet */
+/* masks causal, none, and prefix with its array */
 static int attention_check(const MfAttentionParams *p) {
+    const bool mask = p->mask == MF_MASK_CAUSAL || p->mask == MF_MASK_NONE
+                      || (p->mask == MF_MASK_PREFIX && p->prefix != NULL);
     return p->B < 1 || p->T < 1 || p->H < 1 || p->D < 16 || p->D > ATT_MAX_D || p->D % 2 != 0
-                   || !isfinite(p->scale) || p->B * p->H > 65535 || p->mask != MF_MASK_CAUSAL
+                   || !isfinite(p->scale) || p->B * p->H > 65535 || !mask
                ? MF_EINVAL
                : MF_OK;
 }

@@ -24,7 +24,8 @@ PARAMS_H = [os.path.join(HERE, "params.h"),
 FAMILIES = ("gelu", "activation (silu, softplus)", "layernorm", "rotary", "path_integration",
             "embedding", "softmax_xent", "adamw", "attention", "linear", "mlp", "residual",
             "grad_norm", "tape_rotate", "ape_decay", "causal_conv1d",
-            "selective_scan", "complex_scan", "sln", "b4", "nc", "vq", "lstm")
+            "selective_scan", "complex_scan", "sln", "b4", "nc", "vq", "lstm", "conj_attention",
+            "cope", "attention_decode", "tape_mix", "ape_apply", "gridpe_complex")
 HOW_TO_BUILD = ("build the CUDA kernels and install CuPy: MAPFORMER_CUDA=on pip install "
                 "'.[cuda]' (needs the CUDA Toolkit's nvcc; cupy-cuda13x, or '.[cuda12]' for a "
                 "CUDA 12 toolkit and driver)")
@@ -231,15 +232,16 @@ def ops(lib, xp, stream=lambda: None, params_h=None):
              decay_mask=mask, n=params.size, lr=lr, beta1=beta1, beta2=beta2, eps=eps,
              weight_decay=weight_decay, step=step)
 
-    def attention_forward(q, k, v, scale=None):
+    def attention_forward(q, k, v, scale=None, *, mask="causal", prefix=None):
         q, k, v = f32(q), f32(k), f32(v)
         B, T, H, D = q.shape
         out, lse = empty(B, T, H, D), empty(B, H, T)
         call("attention_forward_cuda", "MfAttentionParams", out=out, lse=lse, q=q, k=k, v=v,
-             B=B, T=T, H=H, D=D, scale=1.0 / math.sqrt(D) if scale is None else scale)
+             B=B, T=T, H=H, D=D, scale=1.0 / math.sqrt(D) if scale is None else scale,
+             **mask_fields(B, T, mask, prefix))
         return out, lse
 
-    def attention_backward(dout, q, k, v, out, lse, scale=None):
+    def attention_backward(dout, q, k, v, out, lse, scale=None, *, mask="causal", prefix=None):
         q, k, v = f32(q), f32(k), f32(v)
         B, T, H, D = q.shape
         dq, dk, dv, scratch = (empty(B, T, H, D), empty(B, T, H, D), empty(B, T, H, D),
@@ -247,7 +249,7 @@ def ops(lib, xp, stream=lambda: None, params_h=None):
         call("attention_backward_cuda", "MfAttentionParams", dq=dq, dk=dk, dv=dv, q=q, k=k,
              v=v, dout=f32(dout), o=f32(out), lse_in=f32(lse), B=B, T=T, H=H, D=D,
              scale=1.0 / math.sqrt(D) if scale is None else scale, scratch=scratch,
-             scratch_floats=scratch.size)
+             scratch_floats=scratch.size, **mask_fields(B, T, mask, prefix))
         return dq, dk, dv
 
     def linear_forward(x, weight, bias=None):
@@ -353,6 +355,150 @@ def ops(lib, xp, stream=lambda: None, params_h=None):
         call("causal_conv1d_backward_cuda", "MfConv1dParams", dx=dx, dweight=dweight,
              dbias=dbias, dy=f32(dy), x=x, weight=weight, B=B, T=T, E=E, W=W)
         return dx
+
+    # ---- the attention family's other ops (cuda/conj_attention.cu, attention_decode.cu,
+    # tape.cu's tape_mix, ape.cu's ape_apply, gridpe.cu) ----
+    conj_modes = ("score_product", "softmax_product", "sum")
+    masks = ("causal", "none", "prefix")
+
+    def mask_fields(B, T, mask, prefix):
+        """the struct's mask and prefix fields (attention, conj_attention); ValueError naming a
+        bad one (the kernels cannot check the device array prefix: its range is checked here)"""
+        if mask not in masks:
+            raise ValueError(f"mask must be one of {masks}, got {mask!r}")
+        if mask != "prefix":
+            return dict(mask=masks.index(mask), prefix=None)
+        if prefix is None:
+            raise ValueError("prefix is required with mask='prefix'")
+        prefix = i32(prefix)
+        if prefix.shape != (B,) or int(prefix.min()) < 0 or int(prefix.max()) > T:
+            raise ValueError(f"prefix must be (B,) = ({B},) int32 in [0, T = {T}]")
+        return dict(mask=masks.index(mask), prefix=prefix)
+
+    def conj_fields(qx, mode, scale, mask, prefix):
+        """the struct's size, mode, mask and prefix fields; ValueError naming a bad one"""
+        B, T, H, D = qx.shape
+        if mode not in conj_modes:
+            raise ValueError(f"mode must be one of {conj_modes}, got {mode!r}")
+        return dict(B=B, T=T, H=H, D=D, scale=1.0 / math.sqrt(D) if scale is None else scale,
+                    mode=conj_modes.index(mode), **mask_fields(B, T, mask, prefix))
+
+    def conj_attention_forward(qx, kx, qp, kp, v, mode="score_product", scale=None, *,
+                               mask="causal", prefix=None):
+        qx = f32(qx)
+        B, T, H, D = qx.shape
+        fields = conj_fields(qx, mode, scale, mask, prefix)
+        out, lse = empty(B, T, H, D), empty(2 if mode == "softmax_product" else 1, B, H, T)
+        call("conj_attention_forward_cuda", "MfConjAttentionParams", out=out, lse=lse, qx=qx,
+             kx=f32(kx), qp=f32(qp), kp=f32(kp), v=f32(v), **fields)
+        return out, lse
+
+    def conj_attention_backward(dout, qx, kx, qp, kp, v, out, lse, mode="score_product",
+                                scale=None, *, mask="causal", prefix=None):
+        qx = f32(qx)
+        B, T, H, D = qx.shape
+        fields = conj_fields(qx, mode, scale, mask, prefix)
+        grads = [empty(B, T, H, D) for _ in range(5)]
+        scratch = empty(B * H * T)
+        call("conj_attention_backward_cuda", "MfConjAttentionParams",
+             **dict(zip(("dqx", "dkx", "dqp", "dkp", "dv"), grads)), qx=qx, kx=f32(kx),
+             qp=f32(qp), kp=f32(kp), v=f32(v), dout=f32(dout), o=f32(out), lse_in=f32(lse),
+             scratch=scratch, scratch_floats=scratch.size, **fields)
+        return tuple(grads)
+
+    def attention_decode_forward(q, k, v, scale=None, keys=None):
+        q, k, v = f32(q), f32(k), f32(v)
+        (B, Tq, H, D), Tmax = q.shape, k.shape[1]
+        out, lse = empty(B, Tq, H, D), empty(B, H, Tq)
+        call("attention_decode_forward_cuda", "MfAttentionDecodeParams", out=out, lse=lse, q=q,
+             k=k, v=v, B=B, Tq=Tq, Tk=Tmax if keys is None else keys, Tmax=Tmax, H=H, D=D,
+             scale=1.0 / math.sqrt(D) if scale is None else scale)
+        return out, lse
+
+    def tape_mix_forward(e_att, gate_logits, w):
+        e_att = f32(e_att)
+        B, T, H, D = e_att.shape
+        e_new = empty(B, T, H, D)
+        call("tape_mix_forward_cuda", "MfTapeMixParams", e_new=e_new, e_att=e_att,
+             gate_logits=f32(gate_logits), w=f32(w), B=B, T=T, H=H, D=D)
+        return e_new
+
+    def tape_mix_backward(de_new, e_att, gate_logits, w, dw):
+        e_att = f32(e_att)
+        B, T, H, D = e_att.shape
+        de_att, dgate_logits = empty(B, T, H, D), empty(B, T, H)
+        call("tape_mix_backward_cuda", "MfTapeMixParams", de_att=de_att,
+             dgate_logits=dgate_logits, dw=dw, de_new=f32(de_new), e_att=e_att,
+             gate_logits=f32(gate_logits), w=f32(w), B=B, T=T, H=H, D=D)
+        return de_att, dgate_logits
+
+    def ape_fields(x, maps, index):
+        """sizes and index; ValueError naming index when an entry is outside [0, P) (the
+        kernels cannot check the device array)"""
+        index = i32(index)
+        (B, T, H, D), (A, P) = x.shape, maps.shape[:2]
+        if index.size and (int(index.min()) < 0 or int(index.max()) >= P):
+            raise ValueError(f"index entries must be in [0, P = {P})")
+        return dict(B=B, T=T, H=H, D=D, A=A, P=P, TB=index.shape[0], index=index)
+
+    def ape_apply_forward(x, maps, index):
+        x, maps = f32(x), f32(maps)
+        y = empty(*x.shape)
+        call("ape_apply_forward_cuda", "MfApeParams", y=y, x=x, maps=maps,
+             **ape_fields(x, maps, index))
+        return y
+
+    def ape_apply_backward(dy, x, maps, index, dmaps):
+        x, maps = f32(x), f32(maps)
+        dx = empty(*x.shape)
+        call("ape_apply_backward_cuda", "MfApeParams", dx=dx, dmaps=dmaps, dy=f32(dy), x=x,
+             maps=maps, **ape_fields(x, maps, index))
+        return dx
+
+    def gridpe_complex_forward(x, theta):
+        x, theta = f32(x), f32(theta)
+        B, T, H, E = x.shape
+        y = empty(B, T, H, 2 * E)
+        call("gridpe_complex_forward_cuda", "MfGridpeParams", y=y, x=x, theta=theta, B=B, T=T,
+             H=H, W=2 * E, TB=theta.shape[0])
+        return y
+
+    def gridpe_complex_backward(dy, theta):
+        dy, theta = f32(dy), f32(theta)
+        B, T, H, W = dy.shape
+        dx = empty(B, T, H, W // 2)
+        call("gridpe_complex_backward_cuda", "MfGridpeParams", dx=dx, dy=dy, theta=theta, B=B,
+             T=T, H=H, W=W, TB=theta.shape[0])
+        return dx
+
+    def cope_scratch(direction, fields):
+        params = structs["MfCopeParams"](**fields)
+        fn = getattr(lib, f"cope_{direction}_cuda_scratch_floats")
+        fn.argtypes = [ctypes.POINTER(structs["MfCopeParams"])]
+        fn.restype = ctypes.c_int64
+        return empty(fn(ctypes.byref(params)))
+
+    def cope_forward(q, k, v, e, scale=None):
+        q, e = f32(q), f32(e)
+        B, T, H, D = q.shape
+        sizes = dict(B=B, T=T, H=H, D=D, n_pos=e.shape[1],
+                     scale=1.0 / math.sqrt(D) if scale is None else scale)
+        out, lse, scratch = empty(B, T, H, D), empty(B, H, T), cope_scratch("forward", sizes)
+        call("cope_forward_cuda", "MfCopeParams", out=out, lse=lse, q=q, k=f32(k), v=f32(v),
+             e=e, scratch=scratch, scratch_floats=scratch.size, **sizes)
+        return out, lse
+
+    def cope_backward(dout, q, k, v, e, out, lse, de, scale=None):
+        q, e = f32(q), f32(e)
+        B, T, H, D = q.shape
+        sizes = dict(B=B, T=T, H=H, D=D, n_pos=e.shape[1],
+                     scale=1.0 / math.sqrt(D) if scale is None else scale)
+        dq, dk, dv = empty(B, T, H, D), empty(B, T, H, D), empty(B, T, H, D)
+        scratch = cope_scratch("backward", sizes)
+        call("cope_backward_cuda", "MfCopeParams", dq=dq, dk=dk, dv=dv, de=de, dout=f32(dout),
+             q=q, k=f32(k), v=f32(v), e=e, o=f32(out), lse_in=f32(lse), scratch=scratch,
+             scratch_floats=scratch.size, **sizes)
+        return dq, dk, dv
 
     def scan(cx):
         """selective_scan (cx False) or complex_scan's forward and backward"""
@@ -535,7 +681,13 @@ def ops(lib, xp, stream=lambda: None, params_h=None):
         complex_scan_forward=complex_scan_forward, complex_scan_backward=complex_scan_backward,
         sln_forward=sln_forward, sln_backward=sln_backward, b4_forward=b4_forward,
         b4_backward=b4_backward, nc_forward=nc_forward, nc_backward=nc_backward,
-        **vars(vq_lstm))
+        conj_attention_forward=conj_attention_forward,
+        conj_attention_backward=conj_attention_backward,
+        attention_decode_forward=attention_decode_forward, tape_mix_forward=tape_mix_forward,
+        tape_mix_backward=tape_mix_backward, ape_apply_forward=ape_apply_forward,
+        ape_apply_backward=ape_apply_backward, gridpe_complex_forward=gridpe_complex_forward,
+        gridpe_complex_backward=gridpe_complex_backward, cope_forward=cope_forward,
+        cope_backward=cope_backward, **vars(vq_lstm))
 
 
 def gpu_ops():

@@ -309,7 +309,8 @@ def test_attention_refuses_bad_sizes(emu, rng):
                 scale=0.25, scratch=q)
     assert emu.call("attention_backward_cuda", "MfAttentionParams", scratch_floats=3,
                     **base) == 1
-    for mask in (1, 2):  # none, prefix: the C op's masks, not in the CUDA kernels yet
+    for mask in (2, 3):  # prefix without its array; no such mask
+        # (the masks themselves: test_cuda_attention_family.py)
         assert emu.call("attention_forward_cuda", "MfAttentionParams", out=q, lse=q, q=q, k=q,
                         v=q, B=1, T=4, H=1, D=16, scale=0.25, mask=mask) == 1
         assert emu.call("attention_backward_cuda", "MfAttentionParams", scratch_floats=64,
