@@ -240,28 +240,42 @@ def draw_sources(config: TransductionConfig, count: int, rng: np.random.Generato
     return sources, lengths
 
 
+def distinct_rows(draw, count: int, shortfall) -> tuple[np.ndarray, ...]:
+    """The first ``count`` distinct rows of repeated ``draw()`` calls: each returns a tuple of
+    arrays with one row per candidate (already filtered to the split), the first array's rows
+    the key; duplicates of an earlier key are dropped (first occurrences kept, in order).
+    ValueError(shortfall(found)) once three rounds in a row add nothing new. (Shared by the
+    transduction and tree tasks' splits.)"""
+    kept = None
+    stalled = 0
+    while kept is None or len(kept[0]) < count:
+        if stalled == 3:  # three rounds found no new row: (nearly) all are drawn
+            raise ValueError(shortfall(len(kept[0])))
+        new = draw()
+        before = 0 if kept is None else len(kept[0])
+        kept = new if kept is None else tuple(np.concatenate(ab) for ab in zip(kept, new))
+        _, first = np.unique(kept[0], axis=0, return_index=True)
+        first = np.sort(first)  # duplicates dropped, the first occurrences in order
+        kept = tuple(a[first] for a in kept)
+        stalled = stalled + 1 if len(kept[0]) == before else 0
+    return tuple(a[:count] for a in kept)
+
+
 @functools.lru_cache(maxsize=16)
 def _split_sources(config: TransductionConfig, split: str, count: int):
     if split not in SPLITS:
         raise ValueError(f"split must be one of {SPLITS}, got {split!r}")
     rng = np.random.default_rng([config.data_seed, SPLITS.index(split)])
-    kept = np.empty((0, config.max_length), dtype=np.int32)
-    stalled = 0
-    while len(kept) < count:
-        if stalled == 3:  # three rounds found no new source: (nearly) all are drawn
-            raise ValueError(
-                f"fewer than {count} distinct {split} sources of length {config.min_length} "
-                f"to {config.max_length} over {config.n_symbols} symbols exist (found "
-                f"{len(kept)}): lower train_size or the evaluation sequences, or lengthen "
-                "the sources")
+
+    def draw():
         sources, lengths = draw_sources(config, CHUNK, rng)
-        sources = sources[np.isin(split_of(sources, lengths), BUCKETS[split])]
-        before = len(kept)
-        kept = np.concatenate([kept, sources])
-        _, first = np.unique(kept, axis=0, return_index=True)
-        kept = kept[np.sort(first)]  # duplicates dropped, the first occurrences in order
-        stalled = stalled + 1 if len(kept) == before else 0
-    kept = kept[:count]
+        return (sources[np.isin(split_of(sources, lengths), BUCKETS[split])],)
+
+    (kept,) = distinct_rows(draw, count, lambda found: (
+        f"fewer than {count} distinct {split} sources of length {config.min_length} "
+        f"to {config.max_length} over {config.n_symbols} symbols exist (found "
+        f"{found}): lower train_size or the evaluation sequences, or lengthen "
+        "the sources"))
     kept.setflags(write=False)
     return kept, (kept != config.pad_id).sum(axis=1).astype(np.int64)
 
@@ -337,16 +351,18 @@ def eval_set(config: TransductionConfig, n_sequences: int, seed: int = 0,
             for i in range(0, n_sequences, batch_size)]
 
 
-def loss_mask(batch: TransductionBatch, positions: str) -> np.ndarray:
+def loss_mask(batch: TransductionBatch, positions: str, tasks: str = "transduction"
+              ) -> np.ndarray:
     """bool (B, L): the columns a training loss is taken on. "revisits" (the scored
     positions): the target tokens, ``batch.mask``; "all": every column but padding (the
-    source's next-token loss too)."""
+    source's next-token loss too). ``tasks`` names the tasks in the error message (the tree
+    tasks share this)."""
     if positions == "revisits":
         return batch.mask
     if positions == "all":  # the real columns: 0 .. n + m - 1
         last = (batch.lengths + batch.mask.sum(axis=1))[:, None]
         return np.arange(batch.tokens.shape[1])[None, :] < last
-    raise ValueError(f"loss_positions {positions!r} is not defined for transduction (use "
+    raise ValueError(f"loss_positions {positions!r} is not defined for {tasks} (use "
                      "'revisits', its target tokens, or 'all')")
 
 

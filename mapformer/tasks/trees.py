@@ -83,7 +83,10 @@ from dataclasses import dataclass, replace
 
 import numpy as np
 
-from .transduction import BUCKETS, SPLITS, split_of
+from . import transduction
+from .transduction import BUCKETS, SPLITS, _check_int, distinct_rows, split_of
+# the prefix LM's n_b + 1 columns and the metrics are transduction's:
+from .transduction import attention_prefix, eval_metrics  # noqa: F401
 
 OPERATIONS = ("copy", "rotate", "c3", "ops")
 TASK_NAMES = {f"tree_{op}": op for op in OPERATIONS}
@@ -92,11 +95,6 @@ ORDERS = ("breadth", "depth")
 LABELS = {"copy": (10, 10), "rotate": (10, 10), "c3": (3, 1), "ops": (64, 60)}
 """(leaf labels, operator labels) per operation; ops adds 4 meta-operators."""
 CHUNK = 2048  # candidates drawn per round when building a split (fixed: prefixes agree)
-
-
-def _check_int(name: str, value, low: int) -> None:
-    if isinstance(value, bool) or not isinstance(value, numbers.Integral) or value < low:
-        raise ValueError(f"{name} must be an integer >= {low}, got {value!r}")
 
 
 @dataclass(frozen=True)
@@ -451,26 +449,18 @@ def _split(config: TreeConfig, split: str, count: int):
         raise ValueError(f"split must be one of {SPLITS}, got {split!r}")
     rng = np.random.default_rng([config.data_seed, SPLITS.index(split)])
     w = config.width
-    xs = np.empty((0, w), dtype=np.int16)
-    ys = np.empty((0, w), dtype=np.int16)
-    stalled = 0
-    while len(xs) < count:
-        if stalled == 3:
-            raise ValueError(f"fewer than {count} distinct {split} trees found ({len(xs)}): "
-                             "lower train_size or the evaluation sequences, or deepen the "
-                             "trees")
+
+    def draw():
         x, y, bad = examples(config, CHUNK, rng)
         bucket = split_of((x + 1).astype(np.int64), np.full(len(x), w, dtype=np.int64))
         keep = (np.isin(bucket, BUCKETS[split]) & ~bad
                 & ((x >= 0).sum(axis=1) <= config.max_nodes)
                 & ((y >= 0).sum(axis=1) <= config.max_nodes))
-        before = len(xs)
-        xs, ys = np.concatenate([xs, x[keep]]), np.concatenate([ys, y[keep]])
-        _, first = np.unique(xs, axis=0, return_index=True)
-        first = np.sort(first)
-        xs, ys = xs[first], ys[first]
-        stalled = stalled + 1 if len(xs) == before else 0
-    return xs[:count], ys[:count]
+        return x[keep], y[keep]
+
+    return distinct_rows(draw, count, lambda found: (
+        f"fewer than {count} distinct {split} trees found ({found}): lower train_size or the "
+        "evaluation sequences, or deepen the trees"))
 
 
 @functools.lru_cache(maxsize=16)
@@ -567,27 +557,10 @@ def eval_set(config: TreeConfig, n_sequences: int, seed: int = 0,
 
 
 def loss_mask(batch: TreeBatch, positions: str) -> np.ndarray:
-    """bool (B, L): 'revisits' the target tokens, 'all' every real column."""
-    if positions == "revisits":
-        return batch.mask
-    if positions == "all":
-        last = (batch.lengths + batch.mask.sum(axis=1))[:, None]
-        return np.arange(batch.tokens.shape[1])[None, :] < last
-    raise ValueError(f"loss_positions {positions!r} is not defined for the tree tasks (use "
-                     "'revisits', its target tokens, or 'all')")
-
-
-def attention_prefix(batch: TreeBatch) -> np.ndarray:
-    """int64 (B,): the source and separator, n_b + 1 columns (read bidirectionally with
-    ``attn_mask='prefix'``)."""
-    return batch.lengths + 1
+    """bool (B, L): 'revisits' the target tokens, 'all' every real column (as transduction's)."""
+    return transduction.loss_mask(batch, positions, "the tree tasks")
 
 
 def token_coordinates(batch: TreeBatch) -> np.ndarray:
     """int32 (B, L, 1): the tokens' heap numbers (0: separator, padding)."""
     return batch.coordinates
-
-
-def eval_metrics(loss: float, exact: int, sequences: int) -> dict:
-    """{"perplexity": exp(mean target cross-entropy), "sequence_accuracy": exact match}."""
-    return {"perplexity": math.exp(loss), "sequence_accuracy": exact / max(sequences, 1)}
