@@ -207,19 +207,25 @@ def test_one_training_step_through_the_cli(tmp_path, capsys):
         assert again[name]["sequence_accuracy"] == result["eval"][name]["sequence_accuracy"]
 
 
-def test_reproduce_ape_writes_one_json_per_run_and_skips_them_on_rerun(tmp_path, capsys,
-                                                                       monkeypatch):
+def load_reproduce_ape(monkeypatch):
+    """benchmarks/reproduce_ape.py as a module, its thread counts pinned (1 unless set; the
+    script sets them if unset). Also the tree tasks' tests'."""
     import importlib.util
     import os
     from pathlib import Path
 
-    for name in ("OMP_NUM_THREADS", "OPENBLAS_NUM_THREADS"):  # the script sets them if unset
+    for name in ("OMP_NUM_THREADS", "OPENBLAS_NUM_THREADS"):
         monkeypatch.setenv(name, os.environ.get(name, "1"))
-
     path = Path(__file__).resolve().parents[1] / "benchmarks" / "reproduce_ape.py"
     spec = importlib.util.spec_from_file_location("reproduce_ape", path)
     ape = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(ape)
+    return ape
+
+
+def test_reproduce_ape_writes_one_json_per_run_and_skips_them_on_rerun(tmp_path, capsys,
+                                                                       monkeypatch):
+    ape = load_reproduce_ape(monkeypatch)
     argv = ["--tasks", "reverse", "--rows", "rope,ape_seq_no_init", "--seeds", "2",
             "--sequences", "8", "--eval-sequences", "4", "--out", str(tmp_path)]
     first = ape.main(argv)

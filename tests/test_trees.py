@@ -210,16 +210,9 @@ def test_cli_trains_and_evaluates_a_tree_task(tmp_path, capsys):
 
 
 def test_reproduce_ape_table_b_writes_one_json_per_run(tmp_path, capsys, monkeypatch):
-    import importlib.util
-    import os
-    from pathlib import Path
+    from test_transduction import load_reproduce_ape
 
-    for name in ("OMP_NUM_THREADS", "OPENBLAS_NUM_THREADS"):
-        monkeypatch.setenv(name, os.environ.get(name, "1"))
-    path = Path(__file__).resolve().parents[1] / "benchmarks" / "reproduce_ape.py"
-    spec = importlib.util.spec_from_file_location("reproduce_ape", path)
-    ape = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(ape)
+    ape = load_reproduce_ape(monkeypatch)
     argv = ["--tasks", "tree_c3", "--orders", "depth", "--rows", "ape_tree,ape_seq",
             "--seeds", "1", "--sequences", "4", "--eval-sequences", "4", "--out",
             str(tmp_path)]
