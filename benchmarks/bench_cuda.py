@@ -124,64 +124,81 @@ def benches(ops, dev, sizes):
     ]
 
 
-def main():
-    p = argparse.ArgumentParser(description=__doc__,
-                                formatter_class=argparse.RawDescriptionHelpFormatter)
+def add_common_arguments(p, repeats, warmup):
+    """The options every CUDA benchmark script shares: --emulate, --tiny, --repeats,
+    --warmup, --max-error."""
     p.add_argument("--emulate", action="store_true",
                    help="run the CPU emulation build on NumPy arrays (a check, not a speed)")
     p.add_argument("--tiny", action="store_true", help="tiny sizes (with --emulate)")
+    p.add_argument("--repeats", type=int, default=repeats)
+    p.add_argument("--warmup", type=int, default=warmup)
+    p.add_argument("--max-error", type=float, default=1e-3,
+                   help="largest error relative to the C core's largest |value| allowed")
+
+
+def backend(emulate):
+    """(ops, dev, host, sync, device): the emulation build on NumPy arrays (emulate) or the
+    GPU through CuPy; dev / host move an array there / back, device names the machine."""
+    if emulate:
+        sys.path.insert(0, os.path.join(ROOT, "tests"))
+        from cuda_emulation import Emulation, build
+
+        return (cuda.ops(Emulation(build()).lib, np), np.asarray, np.asarray, lambda: None,
+                "CPU emulation (not a GPU speed)")
+    ops = cuda.gpu_ops()
+    import cupy
+
+    return (ops, cupy.asarray, cupy.asnumpy, cupy.cuda.get_current_stream().synchronize,
+            cupy.cuda.runtime.getDeviceProperties(0)["name"].decode())
+
+
+def measure(name, call, check, a, sync):
+    """(ms, error): check() against the C core (SystemExit past a.max_error), then the median
+    of a.repeats calls after a.warmup (CUDA events, or the wall clock with a.emulate)."""
+    error = check()
+    if not error <= a.max_error:
+        raise SystemExit(f"{name}: error {error:.3g} against the C core > {a.max_error}")
+    for _ in range(a.warmup):
+        call()
+    sync()
+    times = []
+    for _ in range(a.repeats):
+        if a.emulate:
+            t0 = time.perf_counter()
+            call()
+            times.append(1e3 * (time.perf_counter() - t0))
+        else:
+            import cupy
+
+            start, end = cupy.cuda.Event(), cupy.cuda.Event()
+            start.record()
+            call()
+            end.record()
+            end.synchronize()
+            times.append(cupy.cuda.get_elapsed_time(start, end))
+    return float(np.median(times)), error
+
+
+def main():
+    p = argparse.ArgumentParser(description=__doc__,
+                                formatter_class=argparse.RawDescriptionHelpFormatter)
+    add_common_arguments(p, repeats=20, warmup=3)
     p.add_argument("--batch", type=int, default=64)
     p.add_argument("--seq", type=int, default=256)
     p.add_argument("--heads", type=int, default=4)
     p.add_argument("--head-dim", type=int, default=64)
     p.add_argument("--rows", type=int, default=16384, help="linear, mlp, elementwise: rows N")
     p.add_argument("--width", type=int, default=256, help="linear, mlp: width C (F = 4C)")
-    p.add_argument("--repeats", type=int, default=20)
-    p.add_argument("--warmup", type=int, default=3)
-    p.add_argument("--max-error", type=float, default=1e-3,
-                   help="largest error relative to the C core's largest |value| allowed")
     a = p.parse_args()
     sizes = dict(batch=a.batch, seq=a.seq, heads=a.heads, head_dim=a.head_dim, rows=a.rows,
                  width=a.width)
     if a.tiny:
         sizes = dict(batch=1, seq=37, heads=2, head_dim=16, rows=40, width=16)
         a.repeats, a.warmup = 2, 1
-    if a.emulate:
-        sys.path.insert(0, os.path.join(ROOT, "tests"))
-        from cuda_emulation import Emulation, build
-
-        ops, dev, sync = cuda.ops(Emulation(build()).lib, np), np.asarray, lambda: None
-        device = "CPU emulation (not a GPU speed)"
-    else:
-        ops = cuda.gpu_ops()
-        import cupy
-
-        dev, sync = cupy.asarray, cupy.cuda.get_current_stream().synchronize
-        device = cupy.cuda.runtime.getDeviceProperties(0)["name"].decode()
+    ops, dev, _, sync, device = backend(a.emulate)
     results = []
     for name, flops, nbytes, call, check in benches(ops, dev, sizes):
-        error = check()
-        if not error <= a.max_error:
-            raise SystemExit(f"{name}: error {error:.3g} against the C core > {a.max_error}")
-        for _ in range(a.warmup):
-            call()
-        sync()
-        times = []
-        for _ in range(a.repeats):
-            if a.emulate:
-                t0 = time.perf_counter()
-                call()
-                times.append(1e3 * (time.perf_counter() - t0))
-            else:
-                import cupy
-
-                start, end = cupy.cuda.Event(), cupy.cuda.Event()
-                start.record()
-                call()
-                end.record()
-                end.synchronize()
-                times.append(cupy.cuda.get_elapsed_time(start, end))
-        ms = float(np.median(times))
+        ms, error = measure(name, call, check, a, sync)
         row = dict(op=name, ms=round(ms, 4), error=error)
         if flops:
             row["TFLOP/s"] = round(flops / ms / 1e9, 3)

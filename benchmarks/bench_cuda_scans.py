@@ -18,19 +18,13 @@ import argparse
 import json
 import os
 import sys
-import time
 
 import numpy as np
 
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-sys.path.insert(0, ROOT)
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
-from mapformer import _C, cuda  # noqa: E402
-
-
-def relative_error(got, want):
-    got, want = np.asarray(got, np.float64), np.asarray(want, np.float64)
-    return float(np.abs(got - want).max() / max(np.abs(want).max(), 1e-30))
+from bench_cuda import add_common_arguments, backend, measure, relative_error  # noqa: E402
+from mapformer import _C  # noqa: E402  (bench_cuda put the repository on sys.path)
 
 
 def benches(ops, dev, host, s):
@@ -111,9 +105,7 @@ def benches(ops, dev, host, s):
 def main():
     p = argparse.ArgumentParser(description=__doc__,
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--emulate", action="store_true",
-                   help="run the CPU emulation build on NumPy arrays (a check, not a speed)")
-    p.add_argument("--tiny", action="store_true", help="tiny sizes (with --emulate)")
+    add_common_arguments(p, repeats=10, warmup=2)
     p.add_argument("--batch", type=int, default=16)
     p.add_argument("--seq", type=int, default=1024)
     p.add_argument("--channels", type=int, default=256, help="scans: channels E")
@@ -122,54 +114,16 @@ def main():
     p.add_argument("--chunk", type=int, default=256)
     p.add_argument("--heads", type=int, default=4, help="sln, b4, nc: heads H")
     p.add_argument("--blocks", type=int, default=16, help="sln, b4, nc: blocks NB per head")
-    p.add_argument("--repeats", type=int, default=10)
-    p.add_argument("--warmup", type=int, default=2)
-    p.add_argument("--max-error", type=float, default=1e-3,
-                   help="largest error relative to the C core's largest |value| allowed")
     a = p.parse_args()
     sizes = dict(batch=a.batch, seq=a.seq, channels=a.channels, states=a.states,
                  chunk=a.chunk, heads=a.heads, blocks=a.blocks)
     if a.tiny:
         sizes = dict(batch=2, seq=19, channels=9, states=4, chunk=8, heads=2, blocks=3)
         a.repeats, a.warmup = 1, 0
-    if a.emulate:
-        sys.path.insert(0, os.path.join(ROOT, "tests"))
-        from cuda_emulation import Emulation, build
-
-        ops, dev, sync = cuda.ops(Emulation(build()).lib, np), np.asarray, lambda: None
-        host = np.asarray
-        device = "CPU emulation (not a GPU speed)"
-    else:
-        ops = cuda.gpu_ops()
-        import cupy
-
-        dev, host = cupy.asarray, cupy.asnumpy
-        sync = cupy.cuda.get_current_stream().synchronize
-        device = cupy.cuda.runtime.getDeviceProperties(0)["name"].decode()
+    ops, dev, host, sync, device = backend(a.emulate)
     results = []
     for name, steps, call, check in benches(ops, dev, host, sizes):
-        error = check()
-        if not error <= a.max_error:
-            raise SystemExit(f"{name}: error {error:.3g} against the C core > {a.max_error}")
-        for _ in range(a.warmup):
-            call()
-        sync()
-        times = []
-        for _ in range(a.repeats):
-            if a.emulate:
-                t0 = time.perf_counter()
-                call()
-                times.append(1e3 * (time.perf_counter() - t0))
-            else:
-                import cupy
-
-                start, end = cupy.cuda.Event(), cupy.cuda.Event()
-                start.record()
-                call()
-                end.record()
-                end.synchronize()
-                times.append(cupy.cuda.get_elapsed_time(start, end))
-        ms = float(np.median(times))
+        ms, error = measure(name, call, check, a, sync)
         row = dict(op=name, ms=round(ms, 4), **{"Gsteps/s": round(steps / ms / 1e6, 3)},
                    error=error)
         results.append(row)
