@@ -52,15 +52,7 @@ __global__ void attention_decode_forward_kernel(MfAttentionDecodeParams p) {
                 s[jj] = dot;
                 mt = fmaxf(mt, dot);
             }
-            const float corr = expf(m - mt); /* 0 on the first tile (m = -inf) */
-            l *= corr;
-            for (int64_t d = 0; d < D; d++) acc[d] *= corr;
-            for (int64_t jj = 0; jj < n; jj++) {
-                const float e = expf(s[jj] - mt);
-                l += e;
-                for (int64_t d = 0; d < D; d++) acc[d] += e * vs[jj * D + d];
-            }
-            m = mt;
+            mf_softmax_tile(m, l, acc, mt, s, vs, n, D, false);
         }
         __syncthreads();
     }

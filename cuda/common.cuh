@@ -92,4 +92,24 @@ __device__ T mf_block_reduce(T v, T *buf, Op op) {
     return r;
 }
 
+/* One key tile of the online softmax (FlashAttention-2), for one query row: the running max m
+ * and sum l and the output accumulator acc (D floats) rescaled from m to the tile's max mt
+ * (>= m and every s[j]; the factor is 0 on the first tile, m = -inf), then for each of the n
+ * scores e = exp(s[j] - mt) added to l and e v_j (row j of vs, n x D) to acc, j from 0 up or,
+ * with reverse, from n - 1 down (the sums' bits follow the order); m becomes mt. */
+__device__ __forceinline__ void mf_softmax_tile(float &m, float &l, float *acc, float mt,
+                                                const float *s, const float *vs, int64_t n,
+                                                int64_t D, bool reverse) {
+    const float corr = expf(m - mt);
+    l *= corr;
+    for (int64_t d = 0; d < D; d++) acc[d] *= corr;
+    for (int64_t k = 0; k < n; k++) {
+        const int64_t jj = reverse ? n - 1 - k : k;
+        const float e = expf(s[jj] - mt);
+        l += e;
+        for (int64_t d = 0; d < D; d++) acc[d] += e * vs[jj * D + d];
+    }
+    m = mt;
+}
+
 #endif

@@ -137,15 +137,7 @@ __global__ void conj_attention_forward_kernel(MfConjAttentionParams p) {
                     sx[jj] = cj_score(p, sx[jj], sp[jj]);
                     mt = fmaxf(mt, sx[jj]);
                 }
-                const float corr = expf(m - mt); /* 0 on the first tile (m = -inf) */
-                l *= corr;
-                for (int64_t d = 0; d < D; d++) acc[d] *= corr;
-                for (int64_t jj = 0; jj < n; jj++) {
-                    const float e = expf(sx[jj] - mt);
-                    l += e;
-                    for (int64_t d = 0; d < D; d++) acc[d] += e * vs[jj * D + d];
-                }
-                m = mt;
+                mf_softmax_tile(m, l, acc, mt, sx, vs, n, D, false);
             }
         }
         __syncthreads();

@@ -106,15 +106,7 @@ __global__ void cope_forward_kernel(MfCopeParams p, const float *z, int64_t nz) 
                 a[jj] = cope_key(s, &pos, zrow, p.n_pos).a;
                 mt = fmaxf(mt, a[jj]);
             }
-            const float corr = expf(m - mt);
-            l *= corr;
-            for (int64_t d = 0; d < D; d++) acc[d] *= corr;
-            for (int64_t jj = n - 1; jj >= 0; jj--) {
-                const float e = expf(a[jj] - mt);
-                l += e;
-                for (int64_t d = 0; d < D; d++) acc[d] += e * vs[jj * D + d];
-            }
-            m = mt;
+            mf_softmax_tile(m, l, acc, mt, a, vs, n, D, true);
         }
         __syncthreads();
     }
