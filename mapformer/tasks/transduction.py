@@ -80,6 +80,16 @@ def _check_int(name: str, value, low: int) -> None:
         raise ValueError(f"{name} must be an integer >= {low}, got {value!r}")
 
 
+def check_split_fields(config) -> None:
+    """ValueError unless config.train_size >= 1, config.data_seed >= 0 and config.eval_split
+    is 'dev' or 'test' (the fields of every task whose data are fixed splits: transduction,
+    trees)."""
+    _check_int("train_size", config.train_size, 1)
+    _check_int("data_seed", config.data_seed, 0)
+    if config.eval_split not in ("dev", "test"):
+        raise ValueError(f"eval_split must be 'dev' or 'test', got {config.eval_split!r}")
+
+
 @dataclass(frozen=True)
 class TransductionConfig:
     """One transduction dataset.
@@ -108,10 +118,7 @@ class TransductionConfig:
             raise ValueError(f"operation must be one of {OPERATIONS}, got {self.operation!r}")
         _check_int("mean_length", self.mean_length, 1)
         _check_int("n_symbols", self.n_symbols, 1)
-        _check_int("train_size", self.train_size, 1)
-        _check_int("data_seed", self.data_seed, 0)
-        if self.eval_split not in ("dev", "test"):
-            raise ValueError(f"eval_split must be 'dev' or 'test', got {self.eval_split!r}")
+        check_split_fields(self)
         std = self.length_std
         if isinstance(std, bool) or not isinstance(std, numbers.Real) or not math.isfinite(std):
             raise ValueError(f"length_std must be a finite number, got {std!r}")

@@ -84,7 +84,7 @@ from dataclasses import dataclass, replace
 import numpy as np
 
 from . import transduction
-from .transduction import BUCKETS, SPLITS, _check_int, distinct_rows, split_of
+from .transduction import BUCKETS, SPLITS, _check_int, check_split_fields, distinct_rows, split_of
 # the prefix LM's n_b + 1 columns and the metrics are transduction's:
 from .transduction import attention_prefix, eval_metrics  # noqa: F401
 
@@ -131,10 +131,7 @@ class TreeConfig:
             raise ValueError(f"order must be one of {ORDERS}, got {self.order!r}")
         _check_int("mean_depth", self.mean_depth, 2)
         _check_int("max_nodes", self.max_nodes, 3)
-        _check_int("train_size", self.train_size, 1)
-        _check_int("data_seed", self.data_seed, 0)
-        if self.eval_split not in ("dev", "test"):
-            raise ValueError(f"eval_split must be 'dev' or 'test', got {self.eval_split!r}")
+        check_split_fields(self)
         std = self.depth_std
         if (isinstance(std, bool) or not isinstance(std, numbers.Real) or not math.isfinite(std)
                 or std < 0):
