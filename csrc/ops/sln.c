@@ -31,48 +31,9 @@
 #include <math.h>
 
 #include "mapformer/mapformer.h"
+#include "mapformer/sln_coef.h"
 
 #define SLN_MIN_PARALLEL 16384 /* B*T*H*NB below this runs on one thread */
-
-typedef struct {
-    double C, S, dC_dphi, dS_dphi, dC_dq, dS_dq;
-} SlnCoef;
-
-static SlnCoef sln_coef(double phi, double q, double clamp) {
-    SlnCoef r;
-    const double x = phi * phi * q;
-    if (x > clamp * clamp) {
-        const double sq = sqrt(q);
-        r.C = cosh(clamp);
-        r.S = copysign(sinh(clamp) / sq, phi);
-        r.dC_dphi = r.dS_dphi = r.dC_dq = 0.0;
-        r.dS_dq = -r.S / (2.0 * q);
-        return r;
-    }
-    if (fabs(x) < 1e-3) {
-        const double f = 1.0 + x * (1.0 / 2 + x * (1.0 / 24 + x * (1.0 / 720)));
-        const double g = 1.0 + x * (1.0 / 6 + x * (1.0 / 120 + x * (1.0 / 5040)));
-        const double gp = 1.0 / 6 + x * (1.0 / 60 + x * (1.0 / 1680 + x * (1.0 / 90720)));
-        r.C = f;
-        r.S = phi * g;
-        r.dS_dq = phi * phi * phi * gp;
-    } else {
-        if (x > 0) {
-            const double sq = sqrt(q);
-            r.C = cosh(phi * sq);
-            r.S = sinh(phi * sq) / sq;
-        } else {
-            const double sq = sqrt(-q);
-            r.C = cos(phi * sq);
-            r.S = sin(phi * sq) / sq;
-        }
-        r.dS_dq = (phi * r.C - r.S) / (2.0 * q);
-    }
-    r.dC_dphi = q * r.S;
-    r.dS_dphi = r.C;
-    r.dC_dq = 0.5 * phi * r.S;
-    return r;
-}
 
 static int sln_check(const MfSlnParams *p) {
     if (p->B < 0 || p->T < 0 || p->H < 0 || p->NB < 0 || p->D != 2 * p->NB || p->F != 4 ||
