@@ -72,13 +72,7 @@ __global__ void attention_forward_kernel(MfAttentionParams p) {
         __syncthreads();
         if (row && j0 <= lim) {
             const int64_t n = lim - j0 + 1 < ATT_BC ? lim - j0 + 1 : ATT_BC; /* the mask */
-            float mt = m;
-            for (int64_t jj = 0; jj < n; jj++) {
-                float dot = 0.0f;
-                for (int64_t d = 0; d < D; d++) dot += q[d] * ks[jj * D + d];
-                s[jj] = dot;
-                mt = fmaxf(mt, dot);
-            }
+            const float mt = mf_tile_scores(s, q, ks, n, D, m);
             mf_softmax_tile(m, l, acc, mt, s, vs, n, D, false);
         }
         __syncthreads();

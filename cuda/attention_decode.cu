@@ -45,13 +45,7 @@ __global__ void attention_decode_forward_kernel(MfAttentionDecodeParams p) {
         __syncthreads();
         if (row && j0 <= t) {
             const int64_t n = t - j0 + 1 < DEC_BC ? t - j0 + 1 : DEC_BC;
-            float mt = m;
-            for (int64_t jj = 0; jj < n; jj++) {
-                float dot = 0.0f;
-                for (int64_t d = 0; d < D; d++) dot += q[d] * ks[jj * D + d];
-                s[jj] = dot;
-                mt = fmaxf(mt, dot);
-            }
+            const float mt = mf_tile_scores(s, q, ks, n, D, m);
             mf_softmax_tile(m, l, acc, mt, s, vs, n, D, false);
         }
         __syncthreads();

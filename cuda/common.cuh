@@ -92,6 +92,19 @@ __device__ T mf_block_reduce(T v, T *buf, Op op) {
     return r;
 }
 
+/* The scores of one key tile for one query row: s[j] = q . k_j (row j of ks, n x D) for
+ * j < n; returns the larger of m and every s[j] (the tile's running max). */
+__device__ __forceinline__ float mf_tile_scores(float *s, const float *q, const float *ks,
+                                                int64_t n, int64_t D, float m) {
+    for (int64_t jj = 0; jj < n; jj++) {
+        float dot = 0.0f;
+        for (int64_t d = 0; d < D; d++) dot += q[d] * ks[jj * D + d];
+        s[jj] = dot;
+        m = fmaxf(m, dot);
+    }
+    return m;
+}
+
 /* One key tile of the online softmax (FlashAttention-2), for one query row: the running max m
  * and sum l and the output accumulator acc (D floats) rescaled from m to the tile's max mt
  * (>= m and every s[j]; the factor is 0 on the first tile, m = -inf), then for each of the n
