@@ -17,6 +17,7 @@ from conftest import U32, assert_close, assert_within, gamma, randn
 from cuda_emulation import PARAMS_H, Emulation, build
 from mapformer import _C, cuda
 from mapformer import reference as ref
+from test_cuda_backend import gpu
 from test_cuda_ops import empty, run
 from test_scan import normwise, run_ref, scan_inputs
 
@@ -300,9 +301,5 @@ def test_emulated_ops_match_the_c_backend(emulated, rng):
 
 
 def test_gpu_ops_match_the_c_backend(rng):
-    try:
-        lib, cupy = cuda.load()
-    except RuntimeError as error:
-        pytest.skip(f"no GPU: {error}")
-    ops = cuda.ops(lib, cupy, lambda: cupy.cuda.get_current_stream().ptr)
+    ops, cupy = gpu()
     compare_with_c(ops, rng, cupy.asarray, cupy.asnumpy)
