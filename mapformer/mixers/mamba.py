@@ -13,7 +13,8 @@ product (:func:`x_proj_forward`: their weights stacked, (R + 2S, E)) and one bac
 three thin products of R, S and S columns each read u (N, E) and ran at 26-43 GFLOP/s, against
 54 for the stacked one (benchmarks/bench_x_proj.py: 62.6 ms forward + backward at the training
 step's shape against 38.3, one thread). A_log and D take no weight decay, as in Mamba. The
-Block around it is this library's pre-LayerNorm block (with its MLP). :mod:`mapformer.mixers.mampa` is the same block with rotation-scaling 2x2 state blocks.
+Block around it is this library's pre-LayerNorm block (with its MLP).
+:mod:`mapformer.mixers.mampa` is the same block with rotation-scaling 2x2 state blocks.
 """
 import math
 
