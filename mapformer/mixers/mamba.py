@@ -9,12 +9,11 @@ in every channel (S4D-real), skip D (init 1); y * SiLU(z); out-projection back t
 B_bar is Euler's Delta B (Mamba's code) unless ``zoh`` (eq. 8 of the MapFormer paper).
 Mamba's one in_proj (C -> 2E) and x_proj (E -> R + 2S) are written as separate projections of
 the same input (in_x, in_z; x_dt, x_B, x_C): the same maps. x_dt, x_B and x_C run as one
-product (:func:`x_proj_forward`: their weights stacked, (R + 2S, E)) and one backward: the
-three thin products of R, S and S columns each read u (N, E) and ran at 26-43 GFLOP/s, against
-54 for the stacked one (benchmarks/bench_x_proj.py: 62.6 ms forward + backward at the training
-step's shape against 38.3, one thread). A_log and D take no weight decay, as in Mamba. The
-Block around it is this library's pre-LayerNorm block (with its MLP).
-:mod:`mapformer.mixers.mampa` is the same block with rotation-scaling 2x2 state blocks.
+product (:func:`x_proj_forward`: their weights stacked, (R + 2S, E)) and one backward: three
+thin products of R, S and S columns each read u (N, E) (benchmarks/bench_x_proj.py: 62.6 ms
+forward + backward at the training step's shape against 38.3, one thread). A_log and D take no
+weight decay, as in Mamba. The Block around it is this library's pre-LayerNorm block (with its
+MLP). :mod:`mapformer.mixers.mampa` is the same block with rotation-scaling 2x2 state blocks.
 """
 import math
 
