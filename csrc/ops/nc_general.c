@@ -51,9 +51,10 @@ static int ncg_check(const MfNcGeneralParams *p) {
     return MF_OK;
 }
 
-/* c = a b (n x n, row-major, stride n) */
-static void mat_mul(double *restrict c, const double *restrict a, const double *restrict b,
-                    int n) {
+/* c = a b (n x n, row-major, stride n); inlined for a constant n, the loops unrolled */
+__attribute__((always_inline)) static inline void mat_mul_n(double *restrict c,
+                                                            const double *restrict a,
+                                                            const double *restrict b, int n) {
     for (int i = 0; i < n; i++) {
         double row[NCG_MAXB] = {0};
         for (int k = 0; k < n; k++) {
@@ -65,8 +66,9 @@ static void mat_mul(double *restrict c, const double *restrict a, const double *
 }
 
 /* c = a b + d e */
-static void mat_mul2(double *restrict c, const double *restrict a, const double *restrict b,
-                     const double *restrict d, const double *restrict e, int n) {
+__attribute__((always_inline)) static inline void mat_mul2_n(
+    double *restrict c, const double *restrict a, const double *restrict b,
+    const double *restrict d, const double *restrict e, int n) {
     for (int i = 0; i < n; i++) {
         double row[NCG_MAXB] = {0};
         for (int k = 0; k < n; k++) {
@@ -75,6 +77,31 @@ static void mat_mul2(double *restrict c, const double *restrict a, const double 
         }
         memcpy(c + i * n, row, (size_t)n * sizeof(double));
     }
+}
+
+/* the same operations in the same order for every n: the common sizes get their own copy */
+#define NCG_SIZES(CALL) \
+    switch (n) { \
+    case 2: CALL(2); break; \
+    case 3: CALL(3); break; \
+    case 4: CALL(4); break; \
+    case 6: CALL(6); break; \
+    case 8: CALL(8); break; \
+    default: CALL(n); break; \
+    }
+
+static void mat_mul(double *restrict c, const double *restrict a, const double *restrict b,
+                    int n) {
+#define NCG_MUL(m) mat_mul_n(c, a, b, m)
+    NCG_SIZES(NCG_MUL)
+#undef NCG_MUL
+}
+
+static void mat_mul2(double *restrict c, const double *restrict a, const double *restrict b,
+                     const double *restrict d, const double *restrict e, int n) {
+#define NCG_MUL2(m) mat_mul2_n(c, a, b, d, e, m)
+    NCG_SIZES(NCG_MUL2)
+#undef NCG_MUL2
 }
 
 /* the squarings s for X (n x n) */
