@@ -292,3 +292,16 @@ def test_cli_trains_mapem_nc_with_a_generic_block(tmp_path, capsys):
     result = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
     assert result["steps"] == 2
     assert all(0.0 <= result["eval"][n]["accuracy"] <= 1.0 for n in ("iid", "ood_sparse"))
+
+
+def test_cuda_backend_names_the_missing_nc_general_kernel():
+    """nc_general has no CUDA kernel: a backend of kernels without it raises MissingKernel
+    naming the op and its family (mapformer.cuda.FAMILIES does not list it)."""
+    from types import SimpleNamespace
+
+    from mapformer import backend as backends
+    from mapformer import cuda
+    assert "nc_general" not in cuda.FAMILIES
+    ops = backends.cuda_backend(SimpleNamespace(), np, np.asarray, cuda.FAMILIES)
+    with pytest.raises(backends.MissingKernel, match="nc_general_forward .family 'nc_general'"):
+        ops.nc_general_forward
