@@ -160,7 +160,8 @@ for i, (B, T, H, NB, b, K) in enumerate([(4, 129, 2, 4, 3, 3), (3, 100, 3, 5, 4,
     dp = rng.standard_normal((B, T, H, NB * b)).astype(np.float32)
     dgen, dstart = np.zeros_like(gen), np.zeros_like(start)
     out[f"dtheta{i}"] = _C.nc_general_backward(dp, theta, gen, start, dgen, dstart)
-    out[f"p{i}"], out[f"dgen{i}"], out[f"dstart{i}"] = _C.nc_general_forward(theta, gen, start), dgen, dstart
+    out[f"p{i}"] = _C.nc_general_forward(theta, gen, start)
+    out[f"dgen{i}"], out[f"dstart{i}"] = dgen, dstart
 np.savez(sys.argv[1], **out)
 """
     assert_same_bits_for_thread_counts(tmp_path, script)
