@@ -833,6 +833,8 @@ def groups_benches(C, B=128, T=256, H=2, D=64, seed=0):
     sln               2x2 trace-free blocks, (B, T, H, D/2) Delta, positions (B, T, H, D)
     b4                4x4 blocks, (B, T, H, D/4) Delta
     nc                4x4 blocks, ordered product of per-token steps (B, T, H, D/4, 6)
+    nc_general b K    b x b blocks, the same product through exp(sum_i theta_i S_i) by
+                      scaling and squaring (B, T, H, D/b, K), K = b(b-1)/2: b 4 and b 8
     Bytes: the arrays read and written; no NumPy side (the references loop in Python)."""
     rng = np.random.default_rng(seed)
     f32 = lambda *s: (0.3 * rng.standard_normal(s)).astype(np.float32)  # noqa: E731
@@ -859,6 +861,19 @@ def groups_benches(C, B=128, T=256, H=2, D=64, seed=0):
         C.nc_forward(w, start)
         C.nc_backward(dp, w, start, np.zeros_like(start))
 
+    def general(b):
+        k = b * (b - 1) // 2
+        a = rng.standard_normal((H, D // b, k, b, b)) / k ** 0.5
+        gen = (a - np.swapaxes(a, -1, -2)).astype(np.float32)
+        theta = f32(B, T, H, D // b, k)
+
+        def run():
+            C.nc_general_forward(theta, gen, start)
+            C.nc_general_backward(dp, theta, gen, start, np.zeros_like(gen),
+                                  np.zeros_like(start))
+        return OpBench(f"nc_general b {b} K {k} fwd+bwd", sizes, lambda: 0,
+                       lambda: 4 * rows * (D // b * k * 2 + D * 2), run, None, check)
+
     def check():
         assert np.isfinite(C.nc_forward(w, start)).all()
 
@@ -871,6 +886,8 @@ def groups_benches(C, B=128, T=256, H=2, D=64, seed=0):
                 None, check),
         OpBench("nc fwd+bwd", sizes, lambda: 0, lambda: 4 * rows * (n4 * 12 + D * 2), nc,
                 None, check),
+        general(4),
+        general(8),
     ]
 
 

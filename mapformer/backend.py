@@ -92,6 +92,13 @@ def _nc_backward(dp, w, start, dstart):
     return dw
 
 
+def _nc_general_backward(dp, theta, gen, start, dgen, dstart):
+    dtheta, ggen, gstart = ref.nc_general_backward(dp, theta, gen, start)
+    dgen += ggen
+    dstart += gstart
+    return dtheta
+
+
 def _cope_backward(dout, q, k, v, e, out, lse, de, scale=None):
     dq, dk, dv, ge = ref.cope_backward(dout, q, k, v, e, scale)
     de += ge
@@ -320,6 +327,8 @@ NUMPY = SimpleNamespace(
     b4_backward=_b4_backward,
     nc_forward=ref.nc_forward,
     nc_backward=_nc_backward,
+    nc_general_forward=ref.nc_general_forward,
+    nc_general_backward=_nc_general_backward,
     conj_attention_forward=_conj_attention_forward,
     conj_attention_backward=_conj_attention_backward,
     cope_forward=ref.cope_forward,

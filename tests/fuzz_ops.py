@@ -46,6 +46,7 @@ WRITTEN = {
     "sln_backward": {"dgen", "dstart"},
     "b4_backward": {"dgen", "dstart"},
     "nc_backward": {"dstart"},
+    "nc_general_backward": {"dgen", "dstart"},
 }
 IDS = {"embedding_forward": ("tokens", "V"), "embedding_backward": ("tokens", "V"),
        "softmax_xent_forward": ("targets", "V"), "softmax_xent_backward": ("targets", "V"),
@@ -237,6 +238,12 @@ def good_call(op, rng):
         return nc, s
     if op == "nc_backward":
         return dict(dp=bthd(), **nc, dstart=f32(rng, H, D)), s
+    ncg = dict(theta=f32(rng, B, T, H, NB2, 3), gen=f32(rng, H, NB2, 3, 2, 2),
+               start=f32(rng, H, D))
+    if op == "nc_general_forward":
+        return ncg, s
+    if op == "nc_general_backward":
+        return dict(dp=bthd(), **ncg, dgen=f32(rng, H, NB2, 3, 2, 2), dstart=f32(rng, H, D)), s
     mode = str(rng.choice(["score_product", "softmax_product", "sum"]))
     if op == "conj_attention_forward":
         return dict(qx=bthd(), kx=bthd(), qp=bthd(), kp=bthd(), v=bthd(), mode=mode,

@@ -2,17 +2,22 @@
 appendix 10.4.2, "MapEM-NC-L" / "MapEM-NC-NL"), for the conjunctive mixer (kind
 ``positions``).
 
-Blocks of 4. Every token t gives each block a step generator S_t in so(4) and the positions
-are the ordered product Q_P[t] = K_P[t] = exp(S_t) exp(S_{t-1}) ... exp(S_1) p* (the op
-``nc_forward``, csrc/ops/nc.c: exp(S_t) q = qexp(u_t) q qexp(v_t) on quaternions, float32),
-one start vector
-p* per head. The paper's S_t = sum_i theta_t,i S_i with K = b(b-1)/2 = 6 learned generators per
-block and theta_t a linear map (NC-L) or an MLP (NC-NL) of the token: with K = 6 the S_i are
-(generically) a basis of so(4), so the composite token -> S_t is any linear map (NC-L) or any
-such MLP (NC-NL), and this scheme learns that composite directly, as the coordinates
-(u_t, v_t) of S_t = L(u_t) + R(v_t). Other K, and generic block sizes, are not implemented.
+Blocks of b = ``nc_block`` coordinates (default 4). Every token t gives each block a step
+generator X_t = sum_i theta_t,i S_i from K = ``nc_generators`` generators (0: b(b-1)/2, a basis
+of so(b)) and the positions are the ordered product
+Q_P[t] = K_P[t] = exp(X_t) exp(X_{t-1}) ... exp(X_1) p*, one start vector p* per head, with
+theta_t a linear map (NC-L) or an MLP (NC-NL) of the token.
 
-``nc_map``: ``linear`` (NC-L: (u_t, v_t) = W x_t) or ``mlp`` (NC-NL: W_2 GELU(W_1 x_t + b_1),
+b = 4, K = 6 (the default): the S_i are (generically) a basis of so(4), so the composite
+token -> X_t is any linear map (NC-L) or any such MLP (NC-NL), and this scheme learns that
+composite directly, as the coordinates (u_t, v_t) of X_t = L(u_t) + R(v_t) (the op
+``nc_forward``, csrc/ops/nc.c: exp(X_t) q = qexp(u_t) q qexp(v_t) on quaternions, float32).
+Any other (b, K): learned generators S_i = A_i - A_i^T per head and block (``gen`` stores A,
+initialised N(0, 1/K) so that X_t's entries have the variance of the quaternion path's,
+2 theta^2), through the op ``nc_general`` (csrc/ops/nc_general.c: exp by scaling and squaring,
+in double).
+
+``nc_map``: ``linear`` (NC-L: theta_t = W x_t) or ``mlp`` (NC-NL: W_2 GELU(W_1 x_t + b_1),
 hidden width ``nc_hidden``, 0 meaning 4 d_model, the width a public PyTorch reproduction uses).
 """
 from ..nn import Linear
@@ -25,13 +30,31 @@ NC_OPTIONS = (
            "linear (NC-L) or mlp (NC-NL)", choices=("linear", "mlp")),
     Option("nc_hidden", int, 0, "MapEM-NC-NL: the MLP's hidden width (0: 4 d_model)",
            minimum=0),
+    Option("nc_block", int, 4, "MapEM-NC: the block size b (2 to 16; head_dim a multiple of "
+           "b)", minimum=2),
+    Option("nc_generators", int, 0, "MapEM-NC: the learned generators K per block (0: "
+           "b(b-1)/2); b = 4 with K = 6 is the quaternion path", minimum=0),
 )
+MAX_BLOCK = 16  # the op nc_general's largest block
+
+
+def block_and_generators(options):
+    """(b, K) of the options, K = 0 meaning b(b-1)/2."""
+    b = options["nc_block"]
+    return b, options["nc_generators"] or b * (b - 1) // 2
+
+
+def generator_init(rng, shape):
+    """A (H, NB, K, b, b) ~ N(0, 1/K): S = A - A^T has off-diagonal entries of variance 2/K."""
+    return rng.standard_normal(shape) / shape[2] ** 0.5
 
 
 @register_scheme
 class MapEMNCPositions(Scheme):
-    """Parameters: ``steps`` (Linear C -> H NB 6, NC-L) or ``hidden`` and ``steps`` (NC-NL),
-    ``start`` p* (H, D); NB = D / 4. Traces: ``w`` (B, T, H, NB, 6) the step generators."""
+    """Parameters: ``steps`` (Linear C -> H NB K, NC-L) or ``hidden`` and ``steps`` (NC-NL),
+    ``start`` p* (H, D), and for (b, K) other than (4, 6) ``gen`` A (H, NB, K, b, b) with
+    S_i = A_i - A_i^T; NB = D / b. Traces: ``w`` (B, T, H, NB, K) the step coordinates
+    ((u_t, v_t) on the quaternion path)."""
 
     name = "mapem_nc"
     kind = "positions"
@@ -40,12 +63,17 @@ class MapEMNCPositions(Scheme):
 
     def __init__(self, store, name, config, ops):
         super().__init__(store, name, config, ops)
-        if config.head_dim % 4:
-            raise ValueError(f"positional scheme 'mapem_nc' needs a head dim divisible by 4, "
-                             f"got {config.head_dim}")
+        b, k = block_and_generators(config.options)
+        if b > MAX_BLOCK:
+            raise ValueError(f"nc_block must be at most {MAX_BLOCK} for positional scheme "
+                             f"'mapem_nc', got {b}")
+        if config.head_dim % b:
+            raise ValueError(f"positional scheme 'mapem_nc' needs a head dim divisible by "
+                             f"nc_block = {b}, got head dim {config.head_dim}")
         c, h = config.d_model, config.n_heads
-        self.shape = (h, config.head_dim // 4, 6)
-        width = h * self.shape[1] * 6
+        self.shape = (h, config.head_dim // b, k)
+        self.quaternion = (b, k) == (4, 6)
+        width = h * self.shape[1] * k
         self.hidden = None
         if config.options["nc_map"] == "mlp":
             n = config.options["nc_hidden"] or 4 * c
@@ -55,6 +83,10 @@ class MapEMNCPositions(Scheme):
                             std=0.5 / c ** 0.5)
         self.start = store.declare(f"{name}.start", (h, config.head_dim), start_vector_init,
                                    decay=False)
+        self.gen = None
+        if not self.quaternion:
+            self.gen = store.declare(f"{name}.gen", self.shape + (b, b), generator_init,
+                                     decay=False)
 
     def positions(self, x, batch, steps):
         """x (N, C) -> Q_P = K_P (B, T, H, D)."""
@@ -62,13 +94,25 @@ class MapEMNCPositions(Scheme):
             self.pre = self.hidden.forward(x)
             x = self.ops.gelu_forward(self.pre)
         self.w = self.steps.forward(x).reshape((batch, steps) + self.shape)
-        p = self.ops.nc_forward(self.w, self.start.value)
+        if self.quaternion:
+            p = self.ops.nc_forward(self.w, self.start.value)
+            return p, p
+        a = self.gen.value
+        self.skew = (a - a.swapaxes(-1, -2)).copy()  # S = A - A^T
+        p = self.ops.nc_general_forward(self.w, self.skew, self.start.value)
         return p, p
 
     def positions_backward(self, dqp, dkp, dx):
-        """dqp, dkp (B, T, H, D) -> gradients into the map and p*, and dx (+=)."""
+        """dqp, dkp (B, T, H, D) -> gradients into the map, the generators and p*, and dx
+        (+=)."""
         self.ops.add_(dqp, dkp)  # Q_P = K_P: one gradient (dqp is the mixer's fresh output)
-        dw = self.ops.nc_backward(dqp, self.w, self.start.value, self.start.grad)
+        if self.quaternion:
+            dw = self.ops.nc_backward(dqp, self.w, self.start.value, self.start.grad)
+        else:
+            dskew = self.ops.zeros_like(self.skew)
+            dw = self.ops.nc_general_backward(dqp, self.w, self.skew, self.start.value, dskew,
+                                              self.start.grad)
+            self.gen.grad += dskew - dskew.swapaxes(-1, -2)  # dA = dS - dS^T
         dw = dw.reshape(dx.shape[0], -1)
         if self.hidden is None:
             self.steps.backward(dw, dx)
@@ -78,8 +122,9 @@ class MapEMNCPositions(Scheme):
 
     @classmethod
     def flops(cls, config, batch, steps):
-        """The map's products: 2 N C (H NB 6) (linear), 2 N n (C + H NB 6) (mlp)."""
-        c, out = config.d_model, config.n_heads * (config.head_dim // 4) * 6
+        """The map's products: 2 N C (H NB K) (linear), 2 N n (C + H NB K) (mlp)."""
+        b, k = block_and_generators(config.options)
+        c, out = config.d_model, config.n_heads * (config.head_dim // b) * k
         if config.options["nc_map"] == "linear":
             return 2 * batch * steps * c * out
         n = config.options["nc_hidden"] or 4 * c

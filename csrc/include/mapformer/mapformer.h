@@ -154,6 +154,15 @@ int nc_forward(const MfNcParams *p);
 int nc_backward(const MfNcParams *p);
 int64_t nc_backward_scratch_floats(const MfNcParams *p);
 
+/* ---- nc_general.c: MapEM-NC for any block size b (2..16) and K generators --------------- */
+/* p_t = exp(X_t) p_{t-1}, p_0 = start, X_t = sum_i theta_t,i S_i; exp by scaling and squaring
+ * of a degree-12 Taylor polynomial in double */
+int nc_general_forward(const MfNcGeneralParams *p);
+/* dtheta (=), dgen +=, dstart +=: reverse-time adjoint, exp's Frechet adjoint.
+ * Scratch: nc_general_backward_scratch_floats(p) floats (0 for sizes out of range). */
+int nc_general_backward(const MfNcGeneralParams *p);
+int64_t nc_general_backward_scratch_floats(const MfNcGeneralParams *p);
+
 /* ---- ape.c: APE's per-token orthogonal maps on q or k ------------------------------------ */
 /* y[b,t,h,aE+i] = sum_j maps[a, index[tb,t,a], h, i, j] x[b,t,h,aE+j]; y, x (B, T, H, D);
  * maps (A, P, H, E, E), E = D / A; index (TB, T, A) with TB = 1 (broadcast) or B */

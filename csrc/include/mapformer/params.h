@@ -198,6 +198,22 @@ typedef struct {
     int64_t scratch_floats;
 } MfNcParams;
 
+/* nc_general: MapEM-NC positions for any block size b and K generators per block, per block
+ * the ordered product p_t = exp(X_t) ... exp(X_1) p*, X_t = sum_i theta_t,i S_i */
+typedef struct {
+    float *p;             /* forward (B, T, H, D) */
+    float *dtheta;        /* backward (B, T, H, NB, K) (=) */
+    float *dgen;          /* backward (H, NB, K, b, b) += */
+    float *dstart;        /* backward (H, D) += */
+    const float *dp;      /* backward (B, T, H, D) */
+    const float *theta;   /* (B, T, H, NB, K): each token's coordinates */
+    const float *gen;     /* (H, NB, K, b, b): the generators S_i (skew-symmetric in MapEM-NC) */
+    const float *start;   /* (H, D) */
+    int64_t B, T, H, D, NB, K, b; /* D = NB b, 2 <= b <= 16, K >= 1 */
+    float *scratch;       /* backward */
+    int64_t scratch_floats;
+} MfNcGeneralParams;
+
 /* rotary: rotate pairs (x[2i], x[2i+1]) of q and k by theta_i */
 typedef struct {
     float *q_out, *k_out;           /* forward (B, T, H, D) */
