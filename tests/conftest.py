@@ -112,6 +112,22 @@ def numerical_grad(f, x, eps=1e-6):
     return grad
 
 
+def assert_sampled_param_grads(model, loss, names, rng, count=5, eps=1e-6):
+    """`count` random entries of each named parameter of `model` (its .grad filled by a
+    backward of the float64 scalar `loss()`): the gradient against central differences."""
+    for name in names:
+        param = model.params.params[name]
+        flat, grad = param.value.reshape(-1), param.grad.reshape(-1)
+        for i in rng.choice(flat.size, count, replace=False):
+            old = flat[i]
+            flat[i] = old + eps
+            up = loss()
+            flat[i] = old - eps
+            down = loss()
+            flat[i] = old
+            assert np.isclose(grad[i], (up - down) / (2 * eps), rtol=1e-5, atol=1e-8), (name, i)
+
+
 @pytest.fixture(params=_C.kernel_sets())
 def kernel(request):
     """Run a test of an op with hand-written kernels (attention, conjunctive attention, linear,

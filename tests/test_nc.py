@@ -7,8 +7,9 @@ import numpy as np
 import pytest
 
 from conftest import (U32, assert_array_argument_checked, assert_no_leaks,
-                      assert_same_bits_for_thread_counts, assert_unchanged, assert_within,
-                      copies, expect_error, numerical_grad, randn, raises_naming)
+                      assert_sampled_param_grads, assert_same_bits_for_thread_counts,
+                      assert_unchanged, assert_within, copies, expect_error, numerical_grad,
+                      randn, raises_naming)
 from mapformer import _C
 from mapformer import reference as ref
 from test_sln import expm
@@ -198,17 +199,7 @@ def test_mapem_nc_gradients_match_finite_differences(nc_map):
     names = ["blocks.0.mixer.scheme.steps.weight", "blocks.0.mixer.scheme.start"]
     if nc_map == "mlp":
         names.append("blocks.0.mixer.scheme.hidden.weight")
-    for name in names:
-        param = model.params.params[name]
-        flat, grad = param.value.reshape(-1), param.grad.reshape(-1)
-        for i in rng.choice(flat.size, 5, replace=False):
-            old = flat[i]
-            flat[i] = old + 1e-6
-            up = loss()
-            flat[i] = old - 1e-6
-            down = loss()
-            flat[i] = old
-            assert np.isclose(grad[i], (up - down) / 2e-6, rtol=1e-5, atol=1e-8), (name, i)
+    assert_sampled_param_grads(model, loss, names, rng)
 
 
 def test_cli_trains_mapem_nc_on_rotation4d(tmp_path, capsys):

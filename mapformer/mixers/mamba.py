@@ -55,40 +55,39 @@ def dt_bias_init(dt_min=1e-3, dt_max=1e-1, floor=1e-4):
     return init
 
 
+def stacked_rows(layers):
+    """Each bias-free Linear of ``layers``: its rows (a slice) of their stacked weight."""
+    rows, start = [], 0
+    for layer in layers:
+        width = layer.weight.value.shape[0]
+        rows.append(slice(start, start + width))
+        start += width
+    return rows
+
+
 def x_proj_forward(ops, u2, layers):
     """u2 (N, E) through the bias-free Linears ``layers`` (E -> widths) as one product of their
-    stacked weights: -> (the stacked weight, each layer's contiguous output (N, width))."""
-    rows = [layer.weight.value.shape[0] for layer in layers]
-    w = ops.zeros((sum(rows), u2.shape[1]))
-    start = 0
+    stacked weight: -> (the stacked weight (sum of widths, E), each layer's contiguous output
+    (N, width))."""
+    rows = stacked_rows(layers)
+    w = ops.zeros((rows[-1].stop, u2.shape[1]))
     for layer, r in zip(layers, rows):
-        w[start:start + r] = layer.weight.value
-        start += r
+        w[r] = layer.weight.value
     y = ops.linear_forward(u2, w, None)
-    outs, start = [], 0
-    for r in rows:
-        outs.append(ops.asarray(y[:, start:start + r]))
-        start += r
-    return w, outs
+    return w, [ops.asarray(y[:, r]) for r in rows]
 
 
 def x_proj_backward(ops, w, u2, layers, dys, du):
-    """The stacked product's backward: dys (N, width) per layer (None: zero), their products
+    """The stacked product's backward: dys (N, width), one per layer; their products
     accumulated into du (N, E), each layer's weight gradient += its rows of the stacked one."""
+    rows = stacked_rows(layers)
     dy = ops.zeros((u2.shape[0], w.shape[0]))
-    start = 0
-    for layer, g in zip(layers, dys):
-        r = layer.weight.value.shape[0]
-        if g is not None:
-            dy[:, start:start + r] = g
-        start += r
+    for g, r in zip(dys, rows):
+        dy[:, r] = g
     dw = ops.zeros_like(w)
     ops.linear_backward(dy, u2, w, dw, None, du)
-    start = 0
-    for layer in layers:
-        r = layer.weight.value.shape[0]
-        ops.add_(layer.weight.grad, dw[start:start + r])
-        start += r
+    for layer, r in zip(layers, rows):
+        ops.add_(layer.weight.grad, dw[r])
 
 
 @register_mixer
