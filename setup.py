@@ -67,18 +67,38 @@ def isa_flags(source):
     return next((flags for suffix, flags in ISA_FLAGS.items() if source.endswith(suffix)), [])
 
 
+def up_to_date(obj, source, depends, command):
+    """Whether ``obj`` was built by this exact ``command`` (its record, ``obj + ".cmd"``) and is
+    newer than ``source`` and every header in ``depends``."""
+    record = obj + ".cmd"
+    if not (os.path.exists(obj) and os.path.exists(record)):
+        return False
+    with open(record) as f:
+        if f.read() != command:
+            return False
+    built = os.path.getmtime(obj)
+    return all(os.path.getmtime(path) < built for path in [source, *depends])
+
+
 def compile_in_parallel(compiler):
     """Make ``compiler.compile`` compile its sources on every core (setuptools compiles the
-    sources of one extension one after another)."""
+    sources of one extension one after another) and skip an object that is up to date (same
+    command, newer than its source and every header), so that editing one .c file recompiles
+    that file alone; ``build_ext --force`` recompiles everything."""
     def compile(sources, output_dir=None, macros=None, include_dirs=None, debug=0,
                 extra_preargs=None, extra_postargs=None, depends=None):
         macros, objects, extra_postargs, pp_opts, build = compiler._setup_compile(
             output_dir, macros, include_dirs, sources, depends, extra_postargs)
         cc_args = compiler._get_cc_args(pp_opts, debug, extra_preargs)
+        command = repr((compiler.compiler_so, cc_args, extra_postargs))
 
         def one(obj):
             source, suffix = build[obj]
+            if not compiler.force and up_to_date(obj, source, depends or [], command):
+                return
             compiler._compile(obj, source, suffix, cc_args, extra_postargs, pp_opts)
+            with open(obj + ".cmd", "w") as f:
+                f.write(command)
 
         with ThreadPoolExecutor(os.cpu_count() or 1) as pool:
             list(pool.map(one, [obj for obj in objects if obj in build]))
