@@ -36,7 +36,9 @@ TRAIN_FIELDS = list(fields(TrainConfig))
 PARTS = {"mixer": MIXERS, "positional": SCHEMES, "bottleneck": BOTTLENECKS}
 FIELD_HELP = {
     "task": "the task (copy, repeat, reverse: APE's sequence transductions; tree_copy, "
-            "tree_rotate, tree_c3, tree_ops: its tree transductions)",
+            "tree_rotate, tree_c3, tree_ops: its tree transductions; grid_copy, "
+            "grid_transpose, grid_rotate90, grid_flip: 2D grid transductions)",
+    "grid_side": "grid tasks: the mean grid side (sides within +-1 of it; default 5)",
     "tree_depth": "tree tasks: the mean tree depth (the paper's 7)",
     "tree_order": "tree tasks: the target's order, breadth(-first) or depth(-first, pre-order)",
     "mean_length": "copy, repeat, reverse: the mean source length (the paper's 100)",

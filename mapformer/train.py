@@ -19,12 +19,13 @@ import numpy as np
 from tqdm.auto import tqdm
 
 from .models import ModelConfig, Transformer
-from .tasks import digits, navigation, rotation4d, selective_copy, transduction, trees
+from .tasks import digits, grid2d, navigation, rotation4d, selective_copy, transduction, trees
 
 TASKS = {"navigation": navigation, "selective_copy": selective_copy,
          "rotation4d": rotation4d, **{op: transduction for op in transduction.OPERATIONS},
          **{name: digits for name in digits.VARIANTS},
-         **{name: trees for name in trees.TASK_NAMES}}
+         **{name: trees for name in trees.TASK_NAMES},
+         **{name: grid2d for name in grid2d.TASK_NAMES}}
 SCHEDULES = ("linear", "cosine")
 EVAL_SETS = ("iid", "ood_dense", "ood_sparse")
 PRESETS = EVAL_SETS + ("table3",)  # training presets: navigation's "table3" has its own OOD sets
@@ -44,15 +45,18 @@ class TrainConfig:
     transductions 'copy', 'repeat', 'reverse', or the image classifications 'digits' (8x8
     digits, 64 pixel tokens) and 'digits16' (pasted at random offsets on a 16x16 canvas; see
     :mod:`mapformer.tasks.digits`), or APE's tree transductions 'tree_copy', 'tree_rotate',
-    'tree_c3', 'tree_ops' (see :mod:`mapformer.tasks.trees`); preset: 'iid', 'ood_dense',
+    'tree_c3', 'tree_ops' (see :mod:`mapformer.tasks.trees`), or the 2D grid transductions
+    'grid_copy', 'grid_transpose', 'grid_rotate90', 'grid_flip' (see
+    :mod:`mapformer.tasks.grid2d`); preset: 'iid', 'ood_dense',
     'ood_sparse' or (navigation) 'table3', the SSM comparison's 16-step training set
-    (transduction, trees: 'iid' only).
+    (transduction, trees, grids: 'iid' only).
     dims, steps, grid_size, p_empty, n_objects: navigation (see
     :func:`mapformer.tasks.navigation.preset`); n_copy, n_blanks, n_symbols: selective copy
     (see :func:`mapformer.tasks.selective_copy.preset`); steps, p_empty, n_objects, planes:
     4D-rotation navigation (see :mod:`mapformer.tasks.rotation4d`); mean_length, n_symbols:
     transduction (see :mod:`mapformer.tasks.transduction`); tree_depth (the mean depth),
-    tree_order ('breadth' or 'depth', the target's order): the tree tasks. None keeps the
+    tree_order ('breadth' or 'depth', the target's order): the tree tasks; grid_side (the
+    mean grid side, sides within +-1 of it), n_symbols: the grid tasks. None keeps the
     preset's value.
     ood_dense, ood_sparse: overrides ("field=value,...", e.g. "steps=256,p_empty=0.9") of the
     OOD test sets, which are derived from the training task by the paper's ratios (see
@@ -84,6 +88,7 @@ class TrainConfig:
     mean_length: int = None
     tree_depth: int = None
     tree_order: str = None
+    grid_side: int = None
     ood_dense: str = None
     ood_sparse: str = None
     sequences: int = 200_000
@@ -155,6 +160,8 @@ class TrainConfig:
             return digits.preset(name, canvas=digits.VARIANTS[self.task])
         elif self.task in trees.TASK_NAMES:
             shape, vocab = ("tree_depth",), {"order": self.tree_order}
+        elif self.task in grid2d.TASK_NAMES:
+            shape, vocab = ("grid_side",), {"n_symbols": self.n_symbols}
         else:
             shape, vocab = ("n_copy", "n_blanks"), {"n_symbols": self.n_symbols}
         overrides = {k: v for k, v in vocab.items() if v is not None}
@@ -170,6 +177,10 @@ class TrainConfig:
             if "tree_depth" in overrides:
                 overrides["mean_depth"] = overrides.pop("tree_depth")
             return trees.preset(name, operation=trees.TASK_NAMES[self.task], **overrides)
+        if self.task in grid2d.TASK_NAMES:
+            if "grid_side" in overrides:
+                overrides["mean_side"] = overrides.pop("grid_side")
+            return grid2d.preset(name, operation=grid2d.TASK_NAMES[self.task], **overrides)
         return selective_copy.preset(name, **overrides)
 
     def eval_tasks(self):
@@ -284,8 +295,8 @@ class AdamW:
 
 
 def task_module(task):
-    """The module (navigation, rotation4d, selective_copy, transduction, digits or trees)
-    that generates batches of a task config."""
+    """The module (navigation, rotation4d, selective_copy, transduction, digits, trees or
+    grid2d) that generates batches of a task config."""
     if isinstance(task, rotation4d.Rotation4DConfig):
         return rotation4d
     if isinstance(task, transduction.TransductionConfig):
@@ -294,6 +305,8 @@ def task_module(task):
         return digits
     if isinstance(task, trees.TreeConfig):
         return trees
+    if isinstance(task, grid2d.GridConfig):
+        return grid2d
     return navigation if isinstance(task, navigation.NavigationConfig) else selective_copy
 
 

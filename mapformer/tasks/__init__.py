@@ -8,6 +8,8 @@ transduction: APE's sequence copy / repeat / reverse (section 4, appendix 9) as 
 prefix-LM, variable lengths padded, fixed train/dev/test splits (submodule names only).
 trees: APE's tree copy / rotation / C3 reduction / tree operations (appendix 9) as a prefix-LM,
 tokens carrying their heap numbers (submodule names only).
+grid2d: 2D grid copy / transpose / rotate90 / flip as a prefix-LM, tokens carrying their
+(row, column) on the page (submodule names only).
 """
 
 from .navigation import (
@@ -23,7 +25,7 @@ from .navigation import (
     preset,
     recall_accuracy,
 )
-from . import selective_copy, transduction, trees
+from . import grid2d, selective_copy, transduction, trees
 from .selective_copy import (
     SelectiveCopyBatch,
     SelectiveCopyConfig,
@@ -41,6 +43,7 @@ __all__ = [
     "eval_set",
     "fixed_map",
     "generate",
+    "grid2d",
     "preset",
     "recall_accuracy",
     "selective_copy",
