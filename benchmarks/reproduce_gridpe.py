@@ -3,6 +3,7 @@ encoding in transformers with a grid cell-inspired framework"):
 
     python benchmarks/reproduce_gridpe.py --scale cpu --seeds 3
     python benchmarks/reproduce_gridpe.py --scale cpu --rows gridpe_rotate,rope_axial,mapwm
+    python benchmarks/reproduce_gridpe.py --scale cpu --seeds 3 --tasks grid_transpose
 
 Three parts, each written to ``results/gridpe/<scale>/`` (``--out``):
 
@@ -36,9 +37,16 @@ their (row, column), or pasted at random offsets on a 16x16 canvas; a non-causal
 with mean pooling, the tasks' own defaults), accuracy on the test (``iid``) and dev splits
 (all 360 / 180 images at cpu and paper scale), rows IMAGE_ROWS (the default rows and
 ``ape_grid``). They stand in for the paper's ImageNet-100 (PVT and ViT: not available
-offline, days on this CPU). A task is an entry of TASKS: a function of the scale giving its
-TrainConfig fields, its default rows and its evaluation sets; the rest of the script is
-task-agnostic.
+offline, days on this CPU). ``grid_transpose``, ``grid_rotate90``, ``grid_flip`` and
+``grid_copy`` (:mod:`mapformer.tasks.grid2d`: a random grid of 20 symbols, sides 4 to 6, and
+its transpose / clockwise rotation / row flip / copy, written row by row with newlines, every
+token at its (row, column) on the page, the target below the source) are prefix LMs
+(``attn_mask`` prefix for every row, TASK_OPTIONS), rows GRID_ROWS (``rope`` on the token
+index, ``rope_axial``, ``ape_grid``, ``gridpe_rotate`` and 2D ``sinusoidal`` on the page
+coordinates), accuracy and exact match (every target token right, teacher-forced) on the test
+split (``iid``) and on larger grids (``ood_large``, sides 7 to 9). A task is an entry of
+TASKS: a function of the scale giving its TrainConfig fields, its default rows and its
+evaluation sets; the rest of the script is task-agnostic.
 
 Scales:
 - ``paper``: the MapFormer paper's 2D presets (128 steps, grid 64, p_empty 0.5; OOD-dense and
@@ -65,8 +73,11 @@ seconds for the analyses; less on a quieter machine. The image tasks, from 20-st
 the script (load average 5-8): digits about 0.11 s per step (gridpe_complex 0.25 s), so its
 8 rows x 3 seeds x 2,000 steps about 1.7 hours; digits16 (256 tokens) about 0.6 s per step
 (gridpe_complex 1.3 s), about 9 hours at 2,000 steps: run it with ``--sequences 32000`` (500
-steps, about 2.3 hours) or fewer rows. Not run at full size here; ``--scale tiny`` proves
-the script.
+steps, about 2.3 hours) or fewer rows. The grid tasks (batch 64 of up to 84 tokens, prefix
+mask), medians of 6 training steps with one thread at load average 2: rope, rope_axial,
+gridpe_rotate and sinusoidal 0.075 s, ape_grid 0.098 s, 0.40 s per step for the 5 rows, so 3
+seeds x 2,000 steps is about 2,400 s: about 40 minutes per grid task (15 runs), more under
+load. Not run at full size here; ``--scale tiny`` proves the script.
 """
 import argparse
 import math
@@ -115,6 +126,7 @@ ROWS = {
 DEFAULT_ROWS = ("gridpe_rotate", "gridpe_complex", "gridpe_merge", "gridpe_deep", "learned_abs",
                 "sinusoidal", "rope_axial")
 IMAGE_ROWS = DEFAULT_ROWS + ("ape_grid",)  # the digits tasks' default rows
+GRID_ROWS = ("rope", "rope_axial", "ape_grid", "gridpe_rotate", "sinusoidal")  # grid tasks'
 
 
 @dataclass(frozen=True)
@@ -156,10 +168,24 @@ def digits_fields(canvas):
     return fields
 
 
+def grid_fields(operation):
+    """TrainConfig fields of a 2D grid transduction (:mod:`mapformer.tasks.grid2d`): sides
+    4 to 6 at cpu and paper scale (the task's default), 3 to 5 at tiny."""
+    def fields(scale):
+        return dict(task=f"grid_{operation}", grid_side=3 if scale.nav_grid < 8 else 5)
+    return fields
+
+
 # task -> (TrainConfig fields of a scale, its default rows, its evaluation sets)
 TASKS = {"navigation": (navigation_fields, DEFAULT_ROWS, ("iid", "ood_dense", "ood_sparse")),
          "digits": (digits_fields(8), IMAGE_ROWS, ("iid", "dev")),
-         "digits16": (digits_fields(16), IMAGE_ROWS, ("iid", "dev"))}
+         "digits16": (digits_fields(16), IMAGE_ROWS, ("iid", "dev")),
+         **{f"grid_{op}": (grid_fields(op), GRID_ROWS, ("iid", "ood_large"))
+            for op in ("transpose", "rotate90", "flip", "copy")}}
+# task -> model options every row of it takes: the grid transductions are prefix LMs (the
+# source and separator read bidirectionally, the target causally)
+TASK_OPTIONS = {f"grid_{op}": {"attn_mask": "prefix"}
+                for op in ("transpose", "rotate90", "flip", "copy")}
 
 
 def row_of(name):
@@ -179,7 +205,8 @@ def configs(task, row, scale, seed, sequences):
     train_config = TrainConfig(**{**fields, **TASKS[task][0](scale)})
     model_config = ModelConfig.for_task(
         row.preset, train_config.task_config(), positional=row.scheme, d_model=scale.d_model,
-        n_heads=scale.n_heads, n_layers=scale.n_layers, **dict(row.options))
+        n_heads=scale.n_heads, n_layers=scale.n_layers,
+        **{**TASK_OPTIONS.get(task, {}), **dict(row.options)})
     return model_config, train_config
 
 
@@ -275,18 +302,27 @@ def mean_ci(values):
 
 
 def format_table(records, task, names, scale_name):
-    """Markdown: one line per row of ``task``, accuracy on each of its evaluation sets."""
+    """Markdown: one line per row of ``task``, accuracy on each of its evaluation sets (and
+    exact match, for the tasks that report it: the grid transductions)."""
     sets = TASKS[task][2]
-    lines = [f"**{task}, scale {scale_name}: accuracy (mean ± 95% CI over seeds); "
-             "coordinates: the task's true ones given to the scheme**", "",
-             "| row | coordinates | " + " | ".join(sets) + " | seeds |",
-             "|---|---|" + "---|" * len(sets) + "---|"]
+    ours = [r for r in records if r["task"] == task]
+    metrics = ["accuracy"] + (["sequence_accuracy"] if ours and "sequence_accuracy"
+                              in ours[0]["eval"][sets[0]] else [])
+    columns = [(s, m) for s in sets for m in metrics]
+    lines = [f"**{task}, scale {scale_name}: " + " and ".join(
+                 "exact match" if m == "sequence_accuracy" else m for m in metrics)
+             + " (mean ± 95% CI over seeds); coordinates: the task's true ones given to the "
+             "scheme**", "",
+             "| row | coordinates | " + " | ".join(
+                 s + (" exact" if m == "sequence_accuracy" else "") for s, m in columns)
+             + " | seeds |",
+             "|---|---|" + "---|" * len(columns) + "---|"]
     for name in names:
-        runs = [r for r in records if (r["task"], r["row"]) == (task, name)]
+        runs = [r for r in ours if r["row"] == name]
         if not runs:
             continue
         reads = runs[0]["model"]["options"].get("coord_source") == "task"
-        cells = [mean_ci([r["eval"][s]["accuracy"] for r in runs]) for s in sets]
+        cells = [mean_ci([r["eval"][s][m] for r in runs]) for s, m in columns]
         lines.append(f"| {name} | {'yes' if reads else 'no'} | " + " | ".join(cells)
                      + f" | {len(runs)} |")
     return "\n".join(lines)
@@ -300,7 +336,8 @@ def main(argv=None):
     parser.add_argument("--rows", default=None,
                         help="comma-separated rows: " + ", ".join(ROWS) + ", or any "
                         "registered scheme (default: navigation " + ", ".join(DEFAULT_ROWS)
-                        + "; digits " + ", ".join(IMAGE_ROWS) + ")")
+                        + "; digits " + ", ".join(IMAGE_ROWS) + "; grid tasks "
+                        + ", ".join(GRID_ROWS) + ")")
     parser.add_argument("--tasks", default="navigation",
                         help="comma-separated among " + ", ".join(TASKS)
                         + " (default: navigation)")
@@ -337,6 +374,8 @@ def main(argv=None):
                 records.append(r)
                 print(f"  {task} {name} seed {seed}: "
                       + "   ".join(f"{s} {r['eval'][s]['accuracy']:.3f}"
+                                   + (f" (exact {r['eval'][s]['sequence_accuracy']:.3f})"
+                                      if "sequence_accuracy" in r["eval"][s] else "")
                                    for s in TASKS[task][2])
                       + f"   ({r['wall_s']:.0f}s, {r['wall_s'] / r['steps']:.3f} s/step"
                       + (", from an earlier run)" if r.get("cached") else ")"), flush=True)

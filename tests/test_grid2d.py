@@ -186,3 +186,30 @@ def test_cli_trains_a_grid_task(capsys):
     result = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
     assert set(result["eval"]) == {"iid", "dev", "ood_large"}
     assert math.isfinite(result["eval"]["ood_large"]["perplexity"])
+
+
+def test_reproduce_gridpe_runs_a_grid_task(tmp_path, capsys, monkeypatch):
+    """--scale tiny --tasks grid_transpose: one JSON per (row, seed), prefix LMs, the rows'
+    coordinates (rope: the token index; rope_axial: the page), exact match in the table."""
+    import importlib.util
+    import os
+    from pathlib import Path
+
+    for name in ("OMP_NUM_THREADS", "OPENBLAS_NUM_THREADS"):
+        monkeypatch.setenv(name, os.environ.get(name, "1"))
+    path = Path(__file__).resolve().parents[1] / "benchmarks" / "reproduce_gridpe.py"
+    spec = importlib.util.spec_from_file_location("reproduce_gridpe", path)
+    script = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(script)
+    script.main(["--scale", "tiny", "--tasks", "grid_transpose", "--rows", "rope,rope_axial",
+                 "--seeds", "1", "--sequences", "16", "--out", str(tmp_path)])
+    out = capsys.readouterr().out
+    assert "| row | coordinates | iid | iid exact | ood_large | ood_large exact | seeds |" in out
+    axial = json.loads((tmp_path / "grid_transpose-rope_axial-seed0.json").read_text())
+    rope = json.loads((tmp_path / "grid_transpose-rope-seed0.json").read_text())
+    assert axial["model"]["options"]["coord_dims"] == 2
+    assert axial["model"]["options"]["attn_mask"] == rope["model"]["options"]["attn_mask"] \
+        == "prefix"
+    assert "coord_dims" not in rope["model"]["options"]  # rope reads the token index
+    assert axial["train"]["grid_side"] == 3 and set(axial["eval"]) >= {"iid", "ood_large"}
+    assert 0.0 <= axial["eval"]["ood_large"]["sequence_accuracy"] <= 1.0
