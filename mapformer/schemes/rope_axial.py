@@ -6,13 +6,20 @@ frequencies of a head of D / n, theta[tb, t, h, a m + i] = base^(-i / m) x_a[tb,
 sum over the axes of RoPE's relative terms, a function of the displacement y - x only. The
 same layout as ``ape_grid``'s chunks at its RoPE initialisation (which is this scheme, with
 trainable generators), and GridPE's angles with one wave direction per axis (e_a) in place
-of the simplex's n + 1."""
+of the simplex's n + 1.
+
+With ``rope_trainable`` (as ``rope``'s "RoPE tuned") each pair's frequency is a parameter
+omega (H, NB), from the values above, shared by every layer (declared by the first); pair
+a m + i still turns with axis a alone, theta[tb, t, h, a m + i] = omega[h, a m + i]
+x_a[tb, t], so scores stay functions of the displacement. The gradient: d omega[h, p] =
+sum over tokens of dtheta[tb, t, h, p] x_a(p)[tb, t], the linear op's weight gradient masked
+to each pair's axis (every layer adds its share)."""
 import numpy as np
 
-from . import register_scheme
-from .coordinates import COORD_DIMS, COORD_SOURCE
+from . import register_scheme, shared_once
+from .coordinates import COORD_DIMS, COORD_SOURCE, coordinates_or_index
 from .gridpe import FrequencyAngles
-from .rope import ROPE_BASE
+from .rope import ROPE_BASE, ROPE_TRAINABLE
 
 
 def axial_frequencies(base, n_heads, n_blocks, n):
@@ -31,10 +38,41 @@ def axial_frequencies(base, n_heads, n_blocks, n):
 @register_scheme
 class AxialRoPE(FrequencyAngles):
     """GridPE's machinery (theta = f . x, a linear map of the coordinates) with the axial
-    frequency vectors. Traces: ``theta`` (TB, T, H, NB); ``frequencies`` (H, NB, n)."""
+    frequency vectors. Parameter (``rope_trainable`` only, declared by the first layer):
+    ``omega`` (H, NB). Traces: ``theta`` (TB, T, H, NB); ``frequencies`` (H, NB, n) (the
+    initial ones; with ``rope_trainable`` omega is the current)."""
 
     name = "rope_axial"
-    options = (ROPE_BASE, COORD_DIMS, COORD_SOURCE)
+    options = (ROPE_BASE, ROPE_TRAINABLE, COORD_DIMS, COORD_SOURCE)
+
+    def __init__(self, store, name, config, ops):
+        super().__init__(store, name, config, ops)
+        self.omega = None
+        if config.options["rope_trainable"]:
+            initial = self.frequencies.sum(axis=-1)  # (H, NB): each pair's one nonzero entry
+            self.omega = shared_once(store, self.name, lambda: store.declare(
+                f"{name}.omega", initial.shape, lambda rng, shape: initial, decay=False))
+            # (H NB, n): 1 where pair p turns with axis a
+            self.axis_mask = ops.asarray((self.frequencies != 0).reshape(self.weight.shape))
+
+    def angles(self, x, batch, steps):
+        if self.omega is not None:  # the weight (H NB, n) from the current omega
+            self.weight = self.ops.mul(self.omega.value.reshape(-1, 1), self.axis_mask)
+        return super().angles(x, batch, steps)
+
+    def angles_backward(self, dtheta, dx):
+        """No dependence on x; trainable frequencies get this layer's share (+=)."""
+        if self.omega is None:
+            return
+        tb, steps = dtheta.shape[:2]
+        coordinates = coordinates_or_index(self, steps)
+        n = coordinates.shape[2]
+        dweight = self.ops.zeros(self.weight.shape)
+        self.ops.linear_backward(dtheta.reshape(tb * steps, -1),
+                                 coordinates.reshape(coordinates.shape[0] * steps, n),
+                                 self.weight, dweight)
+        self.ops.add_(self.omega.grad, self.ops.mul(dweight, self.axis_mask).sum(axis=1)
+                      .reshape(self.omega.shape))
 
     @classmethod
     def frequency_vectors(cls, config):
