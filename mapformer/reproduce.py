@@ -378,15 +378,26 @@ def write_json(path, record):
     tmp.replace(path)
 
 
+def recorded_configs(record):
+    """(model dict, train dict) of a run's record as the current library reads them: a field
+    or option added since the record was written takes its default (so the record of a run
+    that the new field does not change still matches); None when they no longer parse."""
+    try:
+        return (ModelConfig.from_dict(record["model"]).to_dict(),
+                TrainConfig.from_dict(record["train"]).to_dict())
+    except (ValueError, TypeError, KeyError):
+        return None
+
+
 def train_or_load(path, model_config, train_config, **fields):
     """One run of a resumable reproduction: the record at ``path`` when it holds the same
-    configs (marked ``cached``), else train and write it there. The record: ``fields`` (e.g.
-    task, row, seed), both configs, the final evaluation and loss, wall time and steps. A
-    record of other configs at ``path`` is a ValueError."""
+    configs (marked ``cached``; fields and options added to the library since it was written
+    compare at their defaults, :func:`recorded_configs`), else train and write it there. The
+    record: ``fields`` (e.g. task, row, seed), both configs, the final evaluation and loss,
+    wall time and steps. A record of other configs at ``path`` is a ValueError."""
     if path.exists():
         record = json.loads(path.read_text())
-        if (record["model"], record["train"]) == (model_config.to_dict(),
-                                                  train_config.to_dict()):
+        if recorded_configs(record) == (model_config.to_dict(), train_config.to_dict()):
             record["cached"] = True
             return record
         raise ValueError(f"{path} holds a run of other configs: remove it or use another --out")

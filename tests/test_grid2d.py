@@ -213,3 +213,26 @@ def test_reproduce_gridpe_runs_a_grid_task(tmp_path, capsys, monkeypatch):
     assert "coord_dims" not in rope["model"]["options"]  # rope reads the token index
     assert axial["train"]["grid_side"] == 3 and set(axial["eval"]) >= {"iid", "ood_large"}
     assert 0.0 <= axial["eval"]["ood_large"]["sequence_accuracy"] <= 1.0
+
+
+def test_records_written_before_grid_side_and_rope_trainable_still_match(tmp_path):
+    """A reproduction's JSON written before TrainConfig.grid_side and rope_axial's
+    rope_trainable existed (both at their defaults here) is read back, not retrained; a
+    record of other configs is still refused."""
+    from mapformer.reproduce import train_or_load
+
+    train_config = TrainConfig(dims=2, steps=4, grid_size=4, sequences=8, batch_size=8,
+                               eval_sequences=2)
+    model_config = ModelConfig.for_task("rope", train_config.task_config(), d_model=32,
+                                        n_heads=2, positional="rope_axial")
+    old_model = model_config.to_dict()
+    old_model["options"] = {k: v for k, v in old_model["options"].items()
+                            if k != "rope_trainable"}
+    old_train = {k: v for k, v in train_config.to_dict().items() if k != "grid_side"}
+    path = tmp_path / "run.json"
+    path.write_text(json.dumps({"model": old_model, "train": old_train, "eval": {}}))
+    assert train_or_load(path, model_config, train_config)["cached"] is True
+    other = ModelConfig.for_task("rope", train_config.task_config(), d_model=32, n_heads=2,
+                                 positional="rope_axial", rope_trainable=True)
+    with pytest.raises(ValueError, match="holds a run of other configs"):
+        train_or_load(path, other, train_config)
