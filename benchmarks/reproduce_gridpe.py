@@ -76,8 +76,11 @@ the script (load average 5-8): digits about 0.11 s per step (gridpe_complex 0.25
 steps, about 2.3 hours) or fewer rows. The grid tasks (batch 64 of up to 84 tokens, prefix
 mask), medians of 6 training steps with one thread at load average 2: rope, rope_axial,
 gridpe_rotate and sinusoidal 0.075 s, ape_grid 0.098 s, 0.40 s per step for the 5 rows, so 3
-seeds x 2,000 steps is about 2,400 s: about 40 minutes per grid task (15 runs), more under
-load. Not run at full size here; ``--scale tiny`` proves the script.
+seeds x 2,000 steps is at least 2,400 s: 40 minutes per grid task (15 runs), more under
+load; the script's own 300-step runs took 0.084-0.15 s per step with optimizer and
+evaluation (load average 3-5), so about 45-70 minutes per task; ``--sequences 96000`` (1,500
+steps) keeps a task near 40 minutes. Not run at full size here; ``--scale tiny`` proves the
+script.
 """
 import argparse
 import math
