@@ -415,11 +415,11 @@ def test_scan_bad_input(rng):
 
 
 def test_complex_scan_rotation_is_sin_cos_of_the_step_angle():
-    """simd.h's vsincos through the complex scan: with A = 0, omega = 1, one state and
-    h_0 = (1, 0), the state after step 1 is (cos, sin) of that step's angle, exactly as
-    vsincos returns them (e^0 = 1, no other rounding). Against float64 on |angle| <= 300 and
-    near multiples of pi/2: within 2 ulps of the value, plus 1e-11 (the reduction by a
-    three-part pi/2, near a zero)."""
+    """The Euler rotation (scan.c's vsincos_fused) through the complex scan: with A = 0,
+    omega = 1, one state and h_0 = (1, 0), the state after step 1 is (cos, sin) of that step's
+    angle, exactly as vsincos_fused returns them (e^0 = 1, no other rounding). Against float64
+    on |angle| <= 300 and near multiples of pi/2: within 2 ulps of the value, plus 1e-11 (the
+    reduction by a three-part pi/2, near a zero)."""
     rng = np.random.default_rng(11)
     near = (np.arange(-400, 400) * (np.pi / 2)).astype(np.float32)
     th = np.concatenate([rng.uniform(-300, 300, 12000), rng.uniform(-4, 4, 4000), near,

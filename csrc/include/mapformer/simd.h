@@ -69,6 +69,18 @@ typedef int32_t vi __attribute__((vector_size(4 * MF_VW)));
 #define VFMA(a, b, c) ((a) * (b) + (c))
 #endif
 
+/* VFMAF(a, b, c) = a * b + c with one rounding on every target (unlike VFMA): fmaf lane by
+ * lane, which the compiler makes one vector FMA where the code is compiled for a target that
+ * has them (mapformer/clones.h MF_CLONES_FMA, aarch64) and a libm call per lane elsewhere. */
+#define VFMAF(a, b, c)                                                    \
+    __extension__({                                                       \
+        const vf fa_ = (a), fb_ = (b), fc_ = (c);                         \
+        vf fr_;                                                           \
+        for (int fl_ = 0; fl_ < MF_VW; fl_++)                             \
+            fr_[fl_] = __builtin_fmaf(fa_[fl_], fb_[fl_], fc_[fl_]);      \
+        fr_;                                                              \
+    })
+
 /* lane indices 0 .. MF_VW-1 */
 #if MF_VW == 16
 #define VLANES ((vi){0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15})
@@ -175,6 +187,26 @@ MF_INLINE void vexp2(vf *x) {
     p = p * f + 6.931472028550421e-1f;
     p = p * f + 1.0f;
     const vi e = ((vi)t - 0x4B400000 + 127) << 23; /* 2^round(y); 0.0f for round(y) = -127 */
+    *x = p * (vf)e;
+}
+
+/* vexp2 with the polynomial's multiply-adds fused (VFMAF): other bits than vexp2's, the same
+ * on every target; for loops compiled with MF_CLONES_FMA (the selective scans), where it
+ * takes 6 fewer vector operations of about 20 */
+MF_INLINE void vexp2_fused(vf *x) {
+    vf y = *x;
+    y = VSELECT(y < VSPLAT(-127.0f), VSPLAT(-127.0f), y);
+    y = VSELECT(y > VSPLAT(127.0f), VSPLAT(127.0f), y);
+    const vf t = y + 12582912.0f;
+    const vf f = y - (t - 12582912.0f);
+    vf p = VSPLAT(1.535336188319500e-4f);
+    p = VFMAF(p, f, VSPLAT(1.339887440266574e-3f));
+    p = VFMAF(p, f, VSPLAT(9.618437357674640e-3f));
+    p = VFMAF(p, f, VSPLAT(5.550332471162809e-2f));
+    p = VFMAF(p, f, VSPLAT(2.402264791363012e-1f));
+    p = VFMAF(p, f, VSPLAT(6.931472028550421e-1f));
+    p = VFMAF(p, f, VSPLAT(1.0f));
+    const vi e = ((vi)t - 0x4B400000 + 127) << 23;
     *x = p * (vf)e;
 }
 
