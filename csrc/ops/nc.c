@@ -6,10 +6,10 @@
  * c_t = qexp(v_t): the forward carries p_t = a_t p_{t-1} c_t (p_0 = p*), two quaternion
  * products a step instead of a 4x4 matrix product, renormalised to |p*| every step by one
  * Newton step for the inverse norm, q (3 - |q|^2 / |p*|^2) / 2, p_{t-1}'s factor applied to
- * p_t (vq_renorm_factor; no square root or division on the sequential chain; a relative error e of the squared norm becomes about e^2, so the norm
- * stays within a few ulp of |p*| at any length). Equivalently p_t = A_t p* C_t with the prefix
- * products A_t = a_t A_{t-1}, C_t = C_{t-1} c_t (A_0 = C_0 = 1), which the backward carries
- * (unit, renormalised the same way).
+ * p_t (vq_renorm_factor; no square root or division on the sequential chain; a relative
+ * error e of the squared norm becomes about e^2, so the norm stays within a few ulp of |p*|
+ * at any length). Equivalently p_t = A_t p* C_t with the prefix products A_t = a_t A_{t-1},
+ * C_t = C_{t-1} c_t (A_0 = C_0 = 1).
  * The caller supplies (u_t, v_t) per token and block: with K = 6 generators (a basis of so(4))
  * the paper's theta_t -> sum_i theta_t,i S_i composed with a linear map or an MLP of the token
  * is the same function class as a linear map or an MLP straight to (u_t, v_t).
@@ -19,18 +19,28 @@
  * sequential loop over t is the cheaper one, and that is what this op runs.
  *
  * Backward (g_t = dp_t). With the body-frame sums E_t = sum_{tau >= t} conj(A_tau) g_tau
- * conj(C_tau) (a plain reverse cumulative sum), the adjoints of the two prefix products are
- * lam_t = A_t E_t conj(p*) and mu_t = conj(p*) E_t C_t (they satisfy the reverse-time
- * recursions lam_t = g_t conj(p* C_t) + conj(a_{t+1}) lam_{t+1} and
- * mu_t = conj(A_t p*) g_t + mu_{t+1} conj(c_{t+1}) for unit a, c), so
- *   da_t = lam_t conj(A_{t-1}),  dc_t = conj(C_{t-1}) mu_t,  dw_t = J(u_t)^T da_t, J(v_t)^T dc_t
- *   dp* += E_1
- * with J the Jacobian of qexp, taken through the trivialised derivative (dexp_t): only the
- * rotations conj(a_t) da_t = A_{t-1} (E_t conj(p*)) conj(A_{t-1}) and
- * dc_t conj(c_t) = conj(C_{t-1}) (conj(p*) E_t) C_{t-1} of two 3-vectors enter. The backward first runs the forward
- * chain again, keeping A_t, C_t, w_t and qexp's coefficients (sinc, k, cos) of every step in
- * the thread's scratch (NC_SAVED = 20 vectors a step: 160 KB per thread at T = 256 and 8
- * lanes), then sweeps t in reverse: nothing is recovered by inverting steps.
+ * conj(C_tau), dp* += E_1 and dw_t = J(u_t)^T da_t, J(v_t)^T dc_t, J the Jacobian of qexp
+ * taken through the trivialised derivative: only the rotated 3-vectors
+ *   Z_t = vec(A_{t-1} E_t conj(p*) conj(A_{t-1})) (= conj(a_t) da_t),
+ *   W_t = vec(conj(C_{t-1}) conj(p*) E_t C_{t-1}) (= dc_t conj(c_t))
+ * enter. They obey reverse-time recursions with no prefix product in them (unit a, c):
+ *   Z_t = conj(a_t) (Z_{t+1} + vec(g_t conj(p_t))) a_t,
+ *   W_t = c_t (W_{t+1} + vec(conj(p_t) g_t)) conj(c_t)
+ * and the transposed trivialised derivative of the rotated vector composes with the rotation
+ * into one map of the same form: for y = Z_{t+1} + vec(g_t conj(p_t)) and a = (cos n, sinc n u),
+ *   dw_u = sinc cos y + k (u.y) u + sinc^2 y x u,   Z_t = (1 - 2 sinc^2 n^2) y + 2 sinc^2 (u.y) u
+ *          + 2 sinc cos y x u  (k = (1 - sinc cos) / n^2; for v: v x y in place of y x u),
+ * so a step of each side shares one dot and one cross product between its gradient and its
+ * rotation (side_step). p* enters linearly: the backward runs the chain from
+ * phat = p* / |p*| (1 where |p*|^2 <= 1e-30) and scales dw's coefficients by |p*|; the scalar
+ * part of Z's quaternion is sig_t = sum_{tau >= t} g_tau . phat_tau (rotations keep it), and
+ * E_1 = (sig_1, Z_1) phat, exact for p* = 0 too. The backward first runs the chain of phat_t
+ * again (one pair of quaternion products a step, renormalised as the forward), keeping phat_t,
+ * w_t and the six coefficients of each side for every step in the thread's scratch
+ * (NC_SAVED = 22 vectors a step: 176 KB per thread at T = 256 and 8 lanes), then sweeps t in
+ * reverse: nothing is recovered by inverting steps. (Carrying A_t, C_t and E_t instead costs
+ * two quaternion products more a step: 11.9 ms against 10.0 ms for the backward at B 128,
+ * T 256, H 2, NB 16, one thread.)
  *
  * Vectorisation (mapformer/simd.h, MF_VW = MF_CLONES_VW lanes): a group is MF_VW consecutive
  * (h, k) blocks of one batch row, one per lane; every quaternion is 4 vectors, w_t 6. The
@@ -108,10 +118,11 @@ MF_INLINE int vany(const vi *m) {
 }
 
 /* *a = qexp(w) = (cos n, sinc(n) w) for the pure quaternion w = (w[0], w[1], w[2]), n = |w|;
- * *sc = sinc n and, when k is not NULL, *k = (1 - sinc n cos n) / n^2 (qexp's Jacobian, see
- * dexp_t). Lanes with n^2 < NC_POLY2: their Taylor series in n^2 (cos and sinc to n^12, k to
- * n^14: the next terms are below 4e-9 there), no square root, division or reduction; any other lane
- * (only when there is one): sqrt, vsincos and a division. */
+ * *sc = sinc n, when k is not NULL *k = (1 - sinc n cos n) / n^2 (qexp's Jacobian, see
+ * side_coefs), when n2o is not NULL *n2o = n^2. Lanes with n^2 < NC_POLY2: their Taylor
+ * series in n^2 (cos and sinc to n^12, k to n^14: the next terms are below 4e-9 there), no
+ * square root, division or reduction; any other lane (only when there is one): sqrt, vsincos
+ * and a division. */
 MF_INLINE void vqexp(vq *a, vf *sc, vf *k, vf *n2o, const vf *w) {
     const vf n2 = (w[0] * w[0] + w[1] * w[1]) + w[2] * w[2];
     if (n2o) *n2o = n2;
@@ -296,7 +307,8 @@ int nc_forward(const MfNcParams *p) {
  * hp = |p*| / 2: the rotation (conj(a) x a for u, c x conj(c) for v) is
  * alpha x + beta (w.x) w + gamma X with X = x x u (u) or v x x (v), alpha = 1 - beta m,
  * beta = 2 s^2, gamma = 2 s c; dw = c1 x + c2 (w.x) w + c3 X, c1 = |p*| s c, c2 = |p*| k,
- * c3 = |p*| s^2 (dexp_t of the rotated vector: see backward_group) */
+ * c3 = |p*| s^2 (the transposed trivialised derivative of the rotated vector: see the
+ * header) */
 MF_INLINE void side_coefs(vf *o, const vf *s, const vf *c, const vf *k, const vf *m,
                           const vf *hp) {
     const vf beta = 2.0f * (*s * *s), gamma = 2.0f * (*s * *c);
