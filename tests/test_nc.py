@@ -79,15 +79,18 @@ def chain_error(w):
 def bounds(w, start, dp):
     """Elementwise float32 bounds of the op against the float64 reference (chain_error E_A):
     p_t: |p*| U32 (E_A(t) + 16), plus its own rounding;
-    dw_t = J^T (A_t E_t conj(p*) conj(A_{t-1})), E_t = sum_{tau >= t} conj(A_tau) g_tau
-    conj(C_tau): each term of E_t is off by at most |g_tau| U32 (E_A(tau) + 16), the float sum
-    of at most T terms by gamma_T of their magnitudes, the three products by the chain errors of
-    A_t, A_{t-1} (C_t, C_{t-1}) and 3 gamma_4; with G = sum_tau |g_tau| and E = max_t E_A(t),
-    |err da| <= |p*| G U32 (3 E + T + 40); J^T multiplies by at most 1 + |w| + |w|^2 (as
-    sinc cos z + k (w.z) w + sinc^2 w x z, k = (1 - sinc cos) / n^2 <= 2/3, |sinc^2 w| < 1) and
-    its own coefficients (k's series to degree 7 in |w|^2: gamma_14 of magnitudes near 1) add
-    16 ulp of |z| <= |p*| G to each of the three terms.
-    dp* = sum_b E_1: G U32 (E + T + 16) per row, summed in double."""
+    dw_t = |p*| (c1 y + c2 (w.y) w + c3 X) with y = Z_{t+1} + vec(g_t conj(phat_t)) and
+    Z_t = conj(a_t) y a_t (for u; W_t the same with c_t for v), phat_t = p_t / |p*| (the chain
+    from p* / |p*|): each term vec(g_tau conj(phat_tau)) is off by at most |g_tau| U32
+    (E_A(tau) + 16), each rotation of Z (coefficients from the same qexp, whose error E_A counts
+    per step) adds at most its step's share of E_A(T) times |Z| <= G = sum_tau |g_tau|, the
+    float sums of at most T terms gamma_T of their magnitudes; with E = max_t E_A(t) this is
+    within |p*| G U32 (3 E + T + 40) (the bound of the earlier form of the backward, through
+    the prefix products A_t, C_t, kept); the gradient's map multiplies by at most
+    1 + |w| + |w|^2 (as sinc cos y + k (w.y) w + sinc^2 w x y, k = (1 - sinc cos) / n^2 <= 2/3,
+    |sinc^2 w| < 1) and its own coefficients (k's series to degree 7 in |w|^2: gamma_14 of
+    magnitudes near 1) add 16 ulp of |y| <= |p*| G to each of the three terms.
+    dp* = sum_b E_1, E_1 = (sig_1, Z_1) phat: G U32 (E + T + 16) per row, summed in double."""
     B, T, H, NB, _ = w.shape
     ea = chain_error(w)  # (B, T, H, NB)
     s = np.linalg.norm(start.astype(np.float64).reshape(H, NB, 4), axis=-1)
@@ -120,6 +123,24 @@ def test_c_op_matches_reference(rng, B, T, H, NB):
     assert_within(dw, e_dw, bw + U32 * np.abs(e_dw), "dw")
     assert_within(dstart, e_dstart - 0.25, bs + 2 * U32 * (np.abs(e_dstart) + 0.25),
                   "dstart (+=)")
+
+
+def test_zero_start_blocks(rng):
+    """A block with p* = 0 (the backward runs its chain from p* / |p*|, from 1 there): p and
+    dw are 0 on it, dp* is still E_1 = sum_t conj(A_t) g_t conj(C_t)."""
+    w, start = inputs(rng, 2, 9, 1, 3)
+    start[0, 4:8] = 0.0
+    dp = randn(rng, 2, 9, 1, 12)
+    p = _C.nc_forward(w, start)
+    assert np.all(p[..., 4:8] == 0.0)
+    dstart = np.zeros_like(start)
+    dw = _C.nc_backward(dp, w, start, dstart)
+    assert np.all(dw[:, :, :, 1] == 0.0)
+    e_dw, e_dstart = ref.nc_backward(dp, w, start)
+    bp, bw, bs = bounds(w, start, dp)
+    assert_within(dw, e_dw, bw + U32 * np.abs(e_dw), "dw")
+    assert_within(dstart, e_dstart, bs + 2 * U32 * np.abs(e_dstart), "dstart")
+    assert np.abs(e_dstart[0, 4:8]).max() > 0.1
 
 
 def test_rotations_stay_orthogonal_over_long_sequences(rng):

@@ -6,10 +6,10 @@
  * c_t = qexp(v_t): the forward carries p_t = a_t p_{t-1} c_t (p_0 = p*), two quaternion
  * products a step instead of a 4x4 matrix product, renormalised to |p*| every step by one
  * Newton step for the inverse norm, q (3 - |q|^2 / |p*|^2) / 2, p_{t-1}'s factor applied to
- * p_t (vq_renorm_factor; no square root or division on the sequential chain; a relative error e of the squared norm becomes about e^2, so the norm
- * stays within a few ulp of |p*| at any length). Equivalently p_t = A_t p* C_t with the prefix
- * products A_t = a_t A_{t-1}, C_t = C_{t-1} c_t (A_0 = C_0 = 1), which the backward carries
- * (unit, renormalised the same way).
+ * p_t (vq_renorm_factor; no square root or division on the sequential chain; a relative
+ * error e of the squared norm becomes about e^2, so the norm stays within a few ulp of |p*|
+ * at any length). Equivalently p_t = A_t p* C_t with the prefix products A_t = a_t A_{t-1},
+ * C_t = C_{t-1} c_t (A_0 = C_0 = 1).
  * The caller supplies (u_t, v_t) per token and block: with K = 6 generators (a basis of so(4))
  * the paper's theta_t -> sum_i theta_t,i S_i composed with a linear map or an MLP of the token
  * is the same function class as a linear map or an MLP straight to (u_t, v_t).
@@ -19,18 +19,28 @@
  * sequential loop over t is the cheaper one, and that is what this op runs.
  *
  * Backward (g_t = dp_t). With the body-frame sums E_t = sum_{tau >= t} conj(A_tau) g_tau
- * conj(C_tau) (a plain reverse cumulative sum), the adjoints of the two prefix products are
- * lam_t = A_t E_t conj(p*) and mu_t = conj(p*) E_t C_t (they satisfy the reverse-time
- * recursions lam_t = g_t conj(p* C_t) + conj(a_{t+1}) lam_{t+1} and
- * mu_t = conj(A_t p*) g_t + mu_{t+1} conj(c_{t+1}) for unit a, c), so
- *   da_t = lam_t conj(A_{t-1}),  dc_t = conj(C_{t-1}) mu_t,  dw_t = J(u_t)^T da_t, J(v_t)^T dc_t
- *   dp* += E_1
- * with J the Jacobian of qexp, taken through the trivialised derivative (dexp_t): only the
- * rotations conj(a_t) da_t = A_{t-1} (E_t conj(p*)) conj(A_{t-1}) and
- * dc_t conj(c_t) = conj(C_{t-1}) (conj(p*) E_t) C_{t-1} of two 3-vectors enter. The backward first runs the forward
- * chain again, keeping A_t, C_t, w_t and qexp's coefficients (sinc, k, cos) of every step in
- * the thread's scratch (NC_SAVED = 20 vectors a step: 160 KB per thread at T = 256 and 8
- * lanes), then sweeps t in reverse: nothing is recovered by inverting steps.
+ * conj(C_tau), dp* += E_1 and dw_t = J(u_t)^T da_t, J(v_t)^T dc_t, J the Jacobian of qexp
+ * taken through the trivialised derivative: only the rotated 3-vectors
+ *   Z_t = vec(A_{t-1} E_t conj(p*) conj(A_{t-1})) (= conj(a_t) da_t),
+ *   W_t = vec(conj(C_{t-1}) conj(p*) E_t C_{t-1}) (= dc_t conj(c_t))
+ * enter. They obey reverse-time recursions with no prefix product in them (unit a, c):
+ *   Z_t = conj(a_t) (Z_{t+1} + vec(g_t conj(p_t))) a_t,
+ *   W_t = c_t (W_{t+1} + vec(conj(p_t) g_t)) conj(c_t)
+ * and the transposed trivialised derivative of the rotated vector composes with the rotation
+ * into one map of the same form: for y = Z_{t+1} + vec(g_t conj(p_t)) and a = (cos n, sinc n u),
+ *   dw_u = sinc cos y + k (u.y) u + sinc^2 y x u,   Z_t = (1 - 2 sinc^2 n^2) y + 2 sinc^2 (u.y) u
+ *          + 2 sinc cos y x u  (k = (1 - sinc cos) / n^2; for v: v x y in place of y x u),
+ * so a step of each side shares one dot and one cross product between its gradient and its
+ * rotation (side_step). p* enters linearly: the backward runs the chain from
+ * phat = p* / |p*| (1 where |p*|^2 <= 1e-30) and scales dw's coefficients by |p*|; the scalar
+ * part of Z's quaternion is sig_t = sum_{tau >= t} g_tau . phat_tau (rotations keep it), and
+ * E_1 = (sig_1, Z_1) phat, exact for p* = 0 too. The backward first runs the chain of phat_t
+ * again (one pair of quaternion products a step, renormalised as the forward), keeping phat_t,
+ * w_t and the six coefficients of each side for every step in the thread's scratch
+ * (NC_SAVED = 22 vectors a step: 176 KB per thread at T = 256 and 8 lanes), then sweeps t in
+ * reverse: nothing is recovered by inverting steps. (Carrying A_t, C_t and E_t instead costs
+ * two quaternion products more a step: 11.9 ms against 10.0 ms for the backward at B 128,
+ * T 256, H 2, NB 16, one thread.)
  *
  * Vectorisation (mapformer/simd.h, MF_VW = MF_CLONES_VW lanes): a group is MF_VW consecutive
  * (h, k) blocks of one batch row, one per lane; every quaternion is 4 vectors, w_t 6. The
@@ -62,7 +72,7 @@
 
 #define NC_MIN_PARALLEL 8192 /* B*T*H*NB below this runs on one thread */
 #define NC_POLY2 2.25f       /* |w|^2 below which qexp is its Taylor series (|w| < 1.5) */
-#define NC_SAVED 20 /* vectors kept per step by the backward: A, C, w, sc and k x 2, cos x 2 */
+#define NC_SAVED 22 /* vectors kept per step by the backward: phat_t, w, 6 coefficients x 2 */
 #define NC_CHUNK 8 /* steps whose qexp the forward evaluates before their products */
 #define NC_ROWS ((6 + MF_VW - 1) / MF_VW * MF_VW) /* transpose rows for 6 (or 4) features */
 #define NC_AHEAD 8            /* steps ahead that the (b, t) rows are prefetched */
@@ -80,10 +90,6 @@ MF_INLINE void vq_mul(vq *r, const vq *a, const vq *b) {
     const vf y = (a->w * b->y - a->x * b->z) + (a->y * b->w + a->z * b->x);
     const vf z = (a->w * b->z + a->x * b->y) - (a->y * b->x - a->z * b->w);
     r->w = w, r->x = x, r->y = y, r->z = z;
-}
-
-MF_INLINE void vq_conj(vq *r, const vq *a) {
-    r->w = a->w, r->x = -a->x, r->y = -a->y, r->z = -a->z;
 }
 
 /* *f = (3 - |q|^2) / 2: one Newton step for 1 / |q| from 1. The chains apply q_{t-1}'s factor
@@ -112,12 +118,14 @@ MF_INLINE int vany(const vi *m) {
 }
 
 /* *a = qexp(w) = (cos n, sinc(n) w) for the pure quaternion w = (w[0], w[1], w[2]), n = |w|;
- * *sc = sinc n and, when k is not NULL, *k = (1 - sinc n cos n) / n^2 (qexp's Jacobian, see
- * dexp_t). Lanes with n^2 < NC_POLY2: their Taylor series in n^2 (cos and sinc to n^12, k to
- * n^14: the next terms are below 4e-9 there), no square root, division or reduction; any other lane
- * (only when there is one): sqrt, vsincos and a division. */
-MF_INLINE void vqexp(vq *a, vf *sc, vf *k, const vf *w) {
+ * *sc = sinc n, when k is not NULL *k = (1 - sinc n cos n) / n^2 (qexp's Jacobian, see
+ * side_coefs), when n2o is not NULL *n2o = n^2. Lanes with n^2 < NC_POLY2: their Taylor
+ * series in n^2 (cos and sinc to n^12, k to n^14: the next terms are below 4e-9 there), no
+ * square root, division or reduction; any other lane (only when there is one): sqrt, vsincos
+ * and a division. */
+MF_INLINE void vqexp(vq *a, vf *sc, vf *k, vf *n2o, const vf *w) {
     const vf n2 = (w[0] * w[0] + w[1] * w[1]) + w[2] * w[2];
+    if (n2o) *n2o = n2;
     vf c = VSPLAT(1.0f / 479001600);
     c = c * n2 - 1.0f / 3628800, c = c * n2 + 1.0f / 40320, c = c * n2 - 1.0f / 720;
     c = c * n2 + 1.0f / 24, c = c * n2 - 0.5f, c = c * n2 + 1.0f;
@@ -145,30 +153,6 @@ MF_INLINE void vqexp(vq *a, vf *sc, vf *k, const vf *w) {
     *sc = s;
     if (k) *k = q;
     a->w = c, a->x = s * w[0], a->y = s * w[1], a->z = s * w[2];
-}
-
-/* out = J(w)^T (a z) for the left factor a = qexp(w) (sign 1), J(w)^T (z a) for the right one
- * (sign -1), z a pure quaternion (3 vectors), J the Jacobian of qexp at w: the transposed
- * trivialised derivative of the exponential,
- *   sinc(n) cos(n) z + k (w . z) w + sign sinc(n)^2 w x z,   k = (1 - sinc n cos n) / n^2
- * (scc = sinc cos, sc2 = sinc^2); the scalar part of a^-1 da (or dc c^-1) does not enter */
-MF_INLINE void dexp_t(vf *out, const vf *w, const vf *scc, const vf *sc2, const vf *k,
-                      const vf *z, float sign) {
-    const vf kd = *k * (w[0] * z[0] + w[1] * z[1] + w[2] * z[2]), s2 = sign * *sc2;
-    out[0] = (*scc * z[0] + kd * w[0]) + s2 * (w[1] * z[2] - w[2] * z[1]);
-    out[1] = (*scc * z[1] + kd * w[1]) + s2 * (w[2] * z[0] - w[0] * z[2]);
-    out[2] = (*scc * z[2] + kd * w[2]) + s2 * (w[0] * z[1] - w[1] * z[0]);
-}
-
-/* out = q x conj(q) for the pure quaternion x (3 vectors) and a unit q (its rotation),
- * conj(q) x q when sign is -1: x + q.w t + q.v x t, t = 2 q.v x x */
-MF_INLINE void vq_rotate(vf *out, const vq *q, const vf *x, float sign) {
-    const vf qx = sign * q->x, qy = sign * q->y, qz = sign * q->z;
-    const vf tx = 2.0f * (qy * x[2] - qz * x[1]), ty = 2.0f * (qz * x[0] - qx * x[2]),
-             tz = 2.0f * (qx * x[1] - qy * x[0]);
-    out[0] = (x[0] + q->w * tx) + (qy * tz - qz * ty);
-    out[1] = (x[1] + q->w * ty) + (qz * tx - qx * tz);
-    out[2] = (x[2] + q->w * tz) + (qx * ty - qy * tx);
 }
 
 /* x[r] = row r of an MF_VW x MF_VW tile -> x[c] = its column c, in registers (simd.h's
@@ -247,10 +231,6 @@ MF_INLINE void vq_load(vq *q, const float *src, int64_t n, int64_t avail) {
     q->w = v[0], q->x = v[1], q->y = v[2], q->z = v[3];
 }
 
-MF_INLINE void vq_one(vq *q) {
-    q->w = VSPLAT(1.0f), q->x = q->y = q->z = VZERO;
-}
-
 static int nc_check(const MfNcParams *p) {
     if (p->B < 0 || p->T < 0 || p->H < 0 || p->NB < 0 || p->D != 4 * p->NB || p->F != 6)
         return MF_EINVAL;
@@ -290,8 +270,8 @@ static void forward_group(const MfNcParams *p, const Shape *sh, int64_t b, int64
             if (t + NC_AHEAD < sh->T) prefetch_floats(p->w + 6 * (row + NC_AHEAD * nb), 6 * n, 0);
             vf w[6], sc;
             tile_load(w, p->w + 6 * row, n, 6, sh->wlen - 6 * row);
-            vqexp(&steps[2 * (t - t0)], &sc, NULL, w);
-            vqexp(&steps[2 * (t - t0) + 1], &sc, NULL, w + 3);
+            vqexp(&steps[2 * (t - t0)], &sc, NULL, NULL, w);
+            vqexp(&steps[2 * (t - t0) + 1], &sc, NULL, NULL, w + 3);
         }
         for (int64_t t = t0; t < t1; t++) {
             const int64_t row = (b * sh->T + t) * nb + j0;
@@ -319,38 +299,76 @@ int nc_forward(const MfNcParams *p) {
     return MF_OK;
 }
 
-/* the saved vectors of step t in buf: A (4), C (4), w (6), sc_u, k_u, sc_v, k_v, cos |u|, cos |v| */
+/* the saved vectors of step t in buf: phat (4), w (6), then for u and for v the rotation's
+ * (alpha, beta, gamma) and the gradient's (c1, c2, c3) (side_step) */
 #define SAVED(buf, t) ((buf) + (t) * NC_SAVED * MF_VW)
+
+/* qexp's coefficients of one side, from sinc s, cos c, k and n^2 = m of the step and
+ * hp = |p*| / 2: the rotation (conj(a) x a for u, c x conj(c) for v) is
+ * alpha x + beta (w.x) w + gamma X with X = x x u (u) or v x x (v), alpha = 1 - beta m,
+ * beta = 2 s^2, gamma = 2 s c; dw = c1 x + c2 (w.x) w + c3 X, c1 = |p*| s c, c2 = |p*| k,
+ * c3 = |p*| s^2 (the transposed trivialised derivative of the rotated vector: see the
+ * header) */
+MF_INLINE void side_coefs(vf *o, const vf *s, const vf *c, const vf *k, const vf *m,
+                          const vf *hp) {
+    const vf beta = 2.0f * (*s * *s), gamma = 2.0f * (*s * *c);
+    o[0] = 1.0f - beta * *m, o[1] = beta, o[2] = gamma;
+    o[3] = *hp * gamma, o[4] = (*hp + *hp) * *k, o[5] = *hp * beta;
+}
+
+/* one reverse step of one side: y = Z_{t+1} + h_t (3 vectors, replaced by Z_t), w the side's
+ * generator, o its coefficients (side_coefs), sign 1 for u (X = y x u), -1 for v (X = v x y);
+ * dw = the side's gradient (3 vectors) */
+MF_INLINE void side_step(vf *y, vf *dw, const vf *w, const vf *o, float sign) {
+    const vf wy = (w[0] * y[0] + w[1] * y[1]) + w[2] * y[2];
+    const vf x0 = sign * (y[1] * w[2] - y[2] * w[1]), x1 = sign * (y[2] * w[0] - y[0] * w[2]),
+             x2 = sign * (y[0] * w[1] - y[1] * w[0]);
+    const vf rb = o[1] * wy, gb = o[4] * wy;
+    dw[0] = (o[3] * y[0] + gb * w[0]) + o[5] * x0;
+    dw[1] = (o[3] * y[1] + gb * w[1]) + o[5] * x1;
+    dw[2] = (o[3] * y[2] + gb * w[2]) + o[5] * x2;
+    y[0] = (o[0] * y[0] + rb * w[0]) + o[2] * x0;
+    y[1] = (o[0] * y[1] + rb * w[1]) + o[2] * x1;
+    y[2] = (o[0] * y[2] + rb * w[2]) + o[2] * x2;
+}
 
 MF_CLONES
 static void backward_group(const MfNcParams *p, const Shape *sh, int64_t b, int64_t j0,
                            float *buf, float *ds) {
     const int64_t n = sh->nblk - j0 < MF_VW ? sh->nblk - j0 : MF_VW, nb = sh->nblk;
     const int64_t T = sh->T;
-    vq s, A, C;
+    vq s;
     vq_load(&s, p->start + 4 * j0, n, 4 * (nb - j0));
-    vq_one(&A);
-    vq_one(&C);
-    for (int64_t t = 0; t < T; t++) { /* the forward chain again */
+    /* phat = p* / |p*| (1 where |p*|^2 <= 1e-30: the lanes' dw is 0 by hp = 0), hp = |p*| / 2 */
+    const vf s2 = (s.w * s.w + s.x * s.x) + (s.y * s.y + s.z * s.z);
+    const vi live = s2 > VSPLAT(1e-30f);
+    vf r;
+    const vf s2l = VSELECT(live, s2, VSPLAT(1.0f));
+    vsqrt(&r, &s2l);
+    const vf ri = VSELECT(live, 1.0f / r, VZERO), hp = VSELECT(live, 0.5f * r, VZERO);
+    vq q = {VSELECT(live, s.w * ri, VSPLAT(1.0f)), s.x * ri, s.y * ri, s.z * ri};
+    const vq phat = q;
+    for (int64_t t = 0; t < T; t++) { /* the forward chain again, from phat */
         const int64_t row = (b * T + t) * nb + j0;
         vf *v = (vf *)SAVED(buf, t);
         if (t + NC_AHEAD < T) prefetch_floats(p->w + 6 * (row + NC_AHEAD * nb), 6 * n, 0);
-        tile_load(v + 8, p->w + 6 * row, n, 6, sh->wlen - 6 * row);
+        tile_load(v + 4, p->w + 6 * row, n, 6, sh->wlen - 6 * row);
         vq a, c;
-        vqexp(&a, v + 14, v + 15, v + 8);
-        vqexp(&c, v + 16, v + 17, v + 11);
-        v[18] = a.w, v[19] = c.w;
-        vf fa, fc;
-        vq_renorm_factor(&fa, &A);
-        vq_renorm_factor(&fc, &C);
-        vq_mul(&A, &a, &A);
-        vq_scale(&A, &fa);
-        vq_mul(&C, &C, &c);
-        vq_scale(&C, &fc);
-        v[0] = A.w, v[1] = A.x, v[2] = A.y, v[3] = A.z;
-        v[4] = C.w, v[5] = C.x, v[6] = C.y, v[7] = C.z;
+        vf sa, ka, ma, sv, kv, mv;
+        vqexp(&a, &sa, &ka, &ma, v + 4);
+        vqexp(&c, &sv, &kv, &mv, v + 7);
+        side_coefs(v + 10, &sa, &a.w, &ka, &ma, &hp);
+        side_coefs(v + 16, &sv, &c.w, &kv, &mv, &hp);
+        vf f;
+        vq_renorm_factor(&f, &q);
+        vq_mul(&q, &a, &q);
+        vq_mul(&q, &q, &c);
+        vq_scale(&q, &f);
+        v[0] = q.w, v[1] = q.x, v[2] = q.y, v[3] = q.z;
     }
-    vq E = {VZERO, VZERO, VZERO, VZERO};
+    /* Z_t = vec(A_{t-1} E_t conj(phat) conj(A_{t-1})), W_t = vec(conj(C_{t-1}) conj(phat) E_t
+     * C_{t-1}) and sig_t = sum_{tau >= t} g_tau . phat_tau (the scalar part of Z's quaternion) */
+    vf Z[3] = {VZERO, VZERO, VZERO}, W[3] = {VZERO, VZERO, VZERO}, sig = VZERO;
     for (int64_t t = T - 1; t >= 0; t--) {
         const int64_t row = (b * T + t) * nb + j0;
         const vf *v = (const vf *)SAVED(buf, t);
@@ -358,42 +376,25 @@ static void backward_group(const MfNcParams *p, const Shape *sh, int64_t b, int6
             prefetch_floats(p->dp + 4 * (row - NC_AHEAD * nb), 4 * n, 0);
             prefetch_floats(p->dw + 6 * (row - NC_AHEAD * nb), 6 * n, 1);
         }
-        const vq At = {v[0], v[1], v[2], v[3]}, Ct = {v[4], v[5], v[6], v[7]};
-        vq Ap, Cp; /* A_{t-1}, C_{t-1} */
-        if (t > 0) {
-            const vf *u = (const vf *)SAVED(buf, t - 1);
-            Ap.w = u[0], Ap.x = u[1], Ap.y = u[2], Ap.z = u[3];
-            Cp.w = u[4], Cp.x = u[5], Cp.y = u[6], Cp.z = u[7];
-        } else {
-            vq_one(&Ap);
-            vq_one(&Cp);
-        }
-        vq g, q, r;
+        vq g;
         vq_load(&g, p->dp + 4 * row, n, sh->plen - 4 * row);
-        vq_conj(&q, &At); /* E += conj(A_t) g conj(C_t) */
-        vq_mul(&q, &q, &g);
-        vq_conj(&r, &Ct);
-        vq_mul(&q, &q, &r);
-        E.w += q.w, E.x += q.x, E.y += q.y, E.z += q.z;
-        vf X[3], Y[3]; /* vec(E conj(p*)), vec(conj(p*) E): the same but the cross product's sign */
-        {
-            const vf sw = s.w, sx = s.x, sy = s.y, sz = s.z;
-            const vf vx = sw * E.x - E.w * sx, vy = sw * E.y - E.w * sy, vz = sw * E.z - E.w * sz;
-            const vf cx = E.y * sz - E.z * sy, cy = E.z * sx - E.x * sz, cz = E.x * sy - E.y * sx;
-            X[0] = vx - cx, X[1] = vy - cy, X[2] = vz - cz;
-            Y[0] = vx + cx, Y[1] = vy + cy, Y[2] = vz + cz;
-        }
-        /* a_t^-1 da_t = A_{t-1} E conj(p*) conj(A_{t-1}), dc_t c_t^-1 = conj(C_{t-1}) conj(p*) E
-         * C_{t-1}: rotations of X and Y (their scalar parts do not enter dw) */
-        vf za[3], zc[3], dw[6];
-        vq_rotate(za, &Ap, X, 1.0f);
-        vq_rotate(zc, &Cp, Y, -1.0f);
-        const vf scca = v[14] * v[18], sc2a = v[14] * v[14];
-        const vf sccc = v[16] * v[19], sc2c = v[16] * v[16];
-        dexp_t(dw, v + 8, &scca, &sc2a, v + 15, za, 1.0f);
-        dexp_t(dw + 3, v + 11, &sccc, &sc2c, v + 17, zc, -1.0f);
+        /* h = vec(g conj(phat_t)), h' = vec(conj(phat_t) g): the same but the cross product's
+         * sign */
+        const vf pw = v[0], px = v[1], py = v[2], pz = v[3];
+        sig += (g.w * pw + g.x * px) + (g.y * py + g.z * pz);
+        const vf vx = pw * g.x - g.w * px, vy = pw * g.y - g.w * py, vz = pw * g.z - g.w * pz;
+        const vf cx = g.y * pz - g.z * py, cy = g.z * px - g.x * pz, cz = g.x * py - g.y * px;
+        Z[0] += vx - cx, Z[1] += vy - cy, Z[2] += vz - cz;
+        W[0] += vx + cx, W[1] += vy + cy, W[2] += vz + cz;
+        vf dw[6];
+        side_step(Z, dw, v + 4, v + 10, 1.0f);
+        side_step(W, dw + 3, v + 7, v + 16, -1.0f);
         tile_store(p->dw + 6 * row, dw, n, 6);
     }
+    /* E_1 = (sig, Z_1) phat */
+    const vq zq = {sig, Z[0], Z[1], Z[2]};
+    vq E;
+    vq_mul(&E, &zq, &phat);
     VSTORE(ds, E.w);
     VSTORE(ds + MF_VW, E.x);
     VSTORE(ds + 2 * MF_VW, E.y);
