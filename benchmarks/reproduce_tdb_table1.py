@@ -7,8 +7,9 @@ trained as the vanilla one, its map extracted from its path-integrated angles
     python benchmarks/reproduce_tdb_table1.py --scale cpu     # or paper, tiny
 
 Each (row, seed) is written to ``--out``/<row>_seed<k>.json as it finishes (a TDB's or
-mapwm_angles' weights to <row>_seed<k>.npz: ``python -m mapformer map`` draws its map); a
-rerun skips the ones already there, and the table (beside the paper's numbers) is printed
+mapwm_angles' weights to <row>_seed<k>.npz as its training ends: ``python -m mapformer map``
+draws its map); a rerun skips the ones already there, evaluates without retraining a run whose
+weights are there but whose .json is not, and the table (beside the paper's numbers) is printed
 from every file present.
 
 Scales (the paper: 15 x 20 room, O = 4, one 4 x 4 patch twice, walks of 400, 2048 training
@@ -41,7 +42,7 @@ import numpy as np
 from mapformer import cogmap, rollouts as rollout_planner
 from mapformer.models import ModelConfig, Transformer
 from mapformer.tasks import rooms
-from mapformer.tdb import TDB, TDBConfig, save_checkpoint, vanilla_targets
+from mapformer.tdb import TDB, TDBConfig, load_checkpoint, save_checkpoint, vanilla_targets
 from mapformer.train import AdamW, TrainConfig
 
 # the paper's Table 1: TestAccu, ImpFallback, RatioSP, NormGED (None: not reported)
@@ -131,6 +132,16 @@ def run(row, scale, seed, log, checkpoint=None, restart_dead=0, rollouts=100,
     test_walks = rooms.walks(config, room, scale.test_walks, [seed, 2])
     n_obs = config.n_obs
     tokens = train_walks.tokens(n_obs)
+    C = scale.context
+    meta = {"room": asdict(config), "seed": seed, "train_walks": scale.train_walks,
+            "test_walks": scale.test_walks, "context": C}
+    if checkpoint is not None and Path(checkpoint).exists():  # trained, not yet evaluated
+        model, saved = load_checkpoint(checkpoint)
+        if {k: saved.get(k) for k in meta} != meta:
+            raise ValueError(f"{checkpoint}: saved for {saved}, this run is {meta}")
+        log(f"    {row} seed {seed}: weights from {checkpoint}, evaluating")
+        return evaluate(row, model, saved, saved["train_s"], config, room, train_walks,
+                        test_walks, n_obs, scale, rollouts, angle_tolerance, plan_problems)
     model = make_model(row, scale, n_obs, seed, restart_dead)
     opt = AdamW(model, TrainConfig(lr=scale.lr, weight_decay=0.0, clip=1.0))
     rng = np.random.default_rng([seed, 3])
@@ -146,15 +157,20 @@ def run(row, scale, seed, log, checkpoint=None, restart_dead=0, rollouts=100,
             usage = model.vq.usage() if isinstance(model, TDB) else None
             log(f"    {row} seed {seed} step {it + 1}: loss {loss:.4f}"
                 + (f" perplexity {usage['perplexity']} dead {usage['dead']}" if usage else ""))
-    model.train(False)
-    result = {"row": row, "seed": seed, "scale": asdict(scale), "train_s":
-              time.perf_counter() - t0,
-              "TestAccu": test_accuracy(model, test_walks.tokens(n_obs), n_obs, scale.batch)}
-    C = scale.context
-    meta = {"room": asdict(config), "seed": seed, "train_walks": scale.train_walks,
-            "test_walks": scale.test_walks, "context": C}
+    meta["train_s"] = time.perf_counter() - t0
     if checkpoint is not None and (isinstance(model, TDB) or row == "mapwm_angles"):
         save_checkpoint(model, checkpoint, **meta)
+    return evaluate(row, model, meta, meta["train_s"], config, room, train_walks, test_walks,
+                    n_obs, scale, rollouts, angle_tolerance, plan_problems)
+
+
+def evaluate(row, model, meta, train_s, config, room, train_walks, test_walks, n_obs, scale,
+             rollouts, angle_tolerance, plan_problems):
+    """A trained model's row of the table: TestAccu and its map's or its rollouts' metrics."""
+    model.train(False)
+    seed, C = meta["seed"], meta["context"]
+    result = {"row": row, "seed": seed, "scale": asdict(scale), "train_s": train_s,
+              "TestAccu": test_accuracy(model, test_walks.tokens(n_obs), n_obs, scale.batch)}
     if isinstance(model, TDB):
         _, _, metrics = cogmap.evaluate_map(model, meta, C)
         result.update(metrics)

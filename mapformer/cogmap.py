@@ -7,7 +7,8 @@ training walks and their actions:
    slots, 0.25) are clustered: greedily by frequency, the most frequent unassigned tuple
    absorbing every unassigned tuple within the distance (the paper does not say whether its
    merging is transitive; this one is not);
-2. counts C[i, a, k] of (cluster i, action a, next cluster k) over consecutive steps; edge
+2. counts C[i, a, k] of (cluster i, action a, next cluster k) over consecutive steps (kept
+   sparse, :class:`Transitions`: a poorly trained bottleneck gives tens of thousands); edge
    i -> k labelled with argmax_a C[i, a, k], kept iff that count >= ``threshold`` (0.1) x the
    largest count;
 3. nodes with fewer than 2 distinct in- or out-neighbours (self excluded) are dropped (one
@@ -54,29 +55,98 @@ def cluster_tuples(tuples, counts, d_hamming=0.25):
     return cluster
 
 
+@dataclass(frozen=True)
+class Transitions:
+    """Sparse transition counts: the E distinct (source, action, target) triples seen, sorted
+    lexicographically, each int64 (E,), with their counts (E,); dense form C[i, a, k] by
+    :meth:`dense` (n_states x n_actions x n_states: small maps only)."""
+
+    source: np.ndarray
+    action: np.ndarray
+    target: np.ndarray
+    count: np.ndarray
+    n_states: int
+    n_actions: int
+
+    def dense(self):
+        c = np.zeros((self.n_states, self.n_actions, self.n_states), np.int64)
+        c[self.source, self.action, self.target] = self.count
+        return c
+
+    def probabilities(self):
+        """(E,) p(target | source, action) of each triple: its count over its (source,
+        action) row's total."""
+        row = self.source * self.n_actions + self.action
+        if not len(row):
+            return np.zeros(0)
+        first = np.r_[0, np.flatnonzero(np.diff(row)) + 1]  # rows are contiguous (sorted)
+        totals = np.add.reduceat(self.count, first)
+        return self.count / np.repeat(totals, np.diff(np.r_[first, len(row)]))
+
+
 def transition_counts(states, actions, n_states, n_actions=rooms.N_ACTIONS):
-    """states int (W, N) (-1: none), actions int (W, N) -> C (n_states, n_actions, n_states):
-    counts of (s_n, a_n, s_{n+1}) over consecutive steps of every walk."""
+    """states int (W, N) (-1: none), actions int (W, N) -> :class:`Transitions`: counts of
+    (s_n, a_n, s_{n+1}) over consecutive steps of every walk, stored sparse (the map of a
+    badly clustered run has tens of thousands of states)."""
     s, a, t = states[:, :-1].ravel(), actions[:, :-1].ravel(), states[:, 1:].ravel()
     ok = (s >= 0) & (t >= 0)
-    counts = np.zeros((n_states, n_actions, n_states), np.int64)
-    np.add.at(counts, (s[ok], a[ok], t[ok]), 1)
-    return counts
+    key = (s[ok].astype(np.int64) * n_actions + a[ok]) * n_states + t[ok]
+    key, count = np.unique(key, return_counts=True)
+    row, target = np.divmod(key, n_states)
+    source, action = np.divmod(row, n_actions)
+    return Transitions(source, action, target, count.astype(np.int64), int(n_states),
+                       int(n_actions))
 
 
-def graph_from_counts(counts, threshold=0.1):
-    """DiGraph over the states with an edge i -> k (attribute action = argmax_a, count) where
-    that count >= threshold x the largest count."""
-    best = counts.max(1)
+def graph_from_counts(transitions, threshold=0.1):
+    """DiGraph over the states with an edge i -> k (attribute action = argmax_a C[i, a, k],
+    the lowest action on ties, and its count) where that count >= threshold x the largest
+    count. transitions: :class:`Transitions`."""
+    tr = transitions
     graph = nx.DiGraph()
-    graph.add_nodes_from(range(counts.shape[0]))
-    cmax = counts.max() if counts.size else 0
+    graph.add_nodes_from(range(tr.n_states))
+    cmax = tr.count.max() if tr.count.size else 0
     if cmax == 0:
         return graph
-    for i, k in zip(*np.nonzero(best >= threshold * cmax)):
-        graph.add_edge(int(i), int(k), action=int(counts[i, :, k].argmax()),
-                       count=int(best[i, k]))
+    order = np.lexsort((tr.action, -tr.count, tr.target, tr.source))  # best action first
+    s, t = tr.source[order], tr.target[order]
+    first = np.r_[True, (s[1:] != s[:-1]) | (t[1:] != t[:-1])]
+    best = order[first]
+    for e in best[tr.count[best] >= threshold * cmax]:
+        graph.add_edge(int(tr.source[e]), int(tr.target[e]), action=int(tr.action[e]),
+                       count=int(tr.count[e]))
     return graph
+
+
+def nearest_kept(transitions, states, kept):
+    """For each of ``states`` (Q,), the node of ``kept`` (sorted, K) whose transition
+    distributions p(k | i, a) (0 for an unseen (i, a)) are nearest in L1 summed over a and k,
+    the first on ties -> (nodes (Q,), distances (Q,)). Sparse: L1(i, j) = |p_i| + |p_j| -
+    2 sum min(p_i, p_j) over the (a, k) both have, |p_i| the number of actions seen from i."""
+    tr = transitions
+    kept = np.asarray(kept, np.int64)
+    p = tr.probabilities()
+    rows = np.unique(tr.source * tr.n_actions + tr.action)
+    mass = np.bincount(rows // tr.n_actions, minlength=tr.n_states).astype(np.float64)
+    slot = np.full(tr.n_states, -1, np.int64)
+    slot[kept] = np.arange(len(kept))
+    mine = slot[tr.source] >= 0  # the kept nodes' entries, sorted by (action, target)
+    key = tr.action * tr.n_states + tr.target
+    by_key = np.flatnonzero(mine)[np.argsort(key[mine], kind="stable")]
+    kept_key, kept_slot, kept_p = key[by_key], slot[tr.source[by_key]], p[by_key]
+    starts = np.searchsorted(tr.source, states, "left")
+    ends = np.searchsorted(tr.source, states, "right")
+    nodes = np.empty(len(states), np.int64)
+    distances = np.empty(len(states))
+    for q, (i, lo, hi) in enumerate(zip(states, starts, ends)):
+        dist = mass[kept] + mass[i]
+        for e in range(lo, hi):
+            a, b = np.searchsorted(kept_key, key[e], "left"), np.searchsorted(kept_key, key[e],
+                                                                             "right")
+            dist[kept_slot[a:b]] -= 2 * np.minimum(kept_p[a:b], p[e])  # one entry a node
+        best = int(dist.argmin())
+        nodes[q], distances[q] = kept[best], dist[best]
+    return nodes, distances
 
 
 def prune_degree(graph, minimum=2):
@@ -154,11 +224,9 @@ def extract_map(indices, actions, d_hamming=0.25, threshold=0.1, n_actions=rooms
     kept = sorted(graph)
     node_of_cluster = np.array([alias.get(i, i) if alias.get(i, i) in graph else -1
                                 for i in range(n_clusters)])
-    if kept:
-        p = c / np.maximum(c.sum(-1, keepdims=True), 1)  # p(k | i, a), 0 for unseen (i, a)
-        for i in np.nonzero(node_of_cluster < 0)[0]:
-            dist = np.abs(p[kept] - p[i]).sum((1, 2))
-            node_of_cluster[i] = kept[int(dist.argmin())]
+    orphans = np.flatnonzero(node_of_cluster < 0)
+    if kept and len(orphans):
+        node_of_cluster[orphans] = nearest_kept(c, orphans, kept)[0]
     node_of = node_of_cluster[cluster]
     lookup = {tuple(int(x) for x in t): int(n) for t, n in zip(tuples, node_of)}
     return CogMap(graph, tuples, node_of, lookup)

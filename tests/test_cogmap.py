@@ -30,9 +30,68 @@ def test_graph_from_counts_thresholds_and_labels():
     counts[0, 1, 1] = 5
     counts[1, 3, 2] = 10   # exactly 0.1 x max: kept
     counts[2, 0, 0] = 9    # below: dropped
-    g = cogmap.graph_from_counts(counts)
+    s, a, t = np.nonzero(counts)
+    g = cogmap.graph_from_counts(cogmap.Transitions(s, a, t, counts[s, a, t], 3, 4))
     assert set(g.edges) == {(0, 1), (1, 2)}
     assert g.edges[0, 1]["action"] == 2 and g.edges[1, 2]["action"] == 3
+    assert g.edges[0, 1]["count"] == 100
+
+
+def random_walk_states(n_states=40, walks=30, steps=25, seed=0):
+    rng = np.random.default_rng(seed)
+    states = rng.integers(-1, n_states, (walks, steps))
+    return states, rng.integers(0, 4, (walks, steps))
+
+
+def test_sparse_transition_counts_match_the_dense_count():
+    states, actions = random_walk_states()
+    dense = np.zeros((40, 4, 40), np.int64)
+    for w in range(states.shape[0]):
+        for n in range(states.shape[1] - 1):
+            if states[w, n] >= 0 and states[w, n + 1] >= 0:
+                dense[states[w, n], actions[w, n], states[w, n + 1]] += 1
+    tr = cogmap.transition_counts(states, actions, 40)
+    assert (tr.dense() == dense).all() and tr.count.sum() == dense.sum()
+    rows = dense.sum(-1, keepdims=True)
+    p = dense / np.maximum(rows, 1)
+    assert np.allclose(tr.probabilities(), p[tr.source, tr.action, tr.target], atol=1e-15)
+    # the edge labels: argmax over actions, the lowest on ties, as the dense argmax
+    g = cogmap.graph_from_counts(tr, threshold=0.0)
+    best = dense.max(1)
+    assert set(g.edges) == set(zip(*map(list, np.nonzero(best > 0))))
+    for i, k in g.edges:
+        assert g.edges[i, k]["action"] == dense[i, :, k].argmax()
+
+
+def test_nearest_kept_is_the_dense_l1_argmin():
+    states, actions = random_walk_states(seed=3)
+    tr = cogmap.transition_counts(states, actions, 40)
+    dense = tr.dense()
+    p = dense / np.maximum(dense.sum(-1, keepdims=True), 1)
+    kept = np.arange(0, 40, 3)
+    orphans = np.setdiff1d(np.arange(40), kept)
+    nodes, dist = cogmap.nearest_kept(tr, orphans, kept)
+    for i, node, d in zip(orphans, nodes, dist):
+        full = np.abs(p[kept] - p[i]).sum((1, 2))
+        assert abs(d - full.min()) < 1e-12 and abs(full[kept == node][0] - full.min()) < 1e-12
+    # a state with no transitions out is nearest the kept node with fewest actions seen
+    empty = cogmap.Transitions(*(np.zeros(0, np.int64),) * 4, 3, 4)
+    assert list(cogmap.nearest_kept(empty, np.array([2]), [0, 1])[0]) == [0]
+
+
+def test_extract_map_with_many_noise_codes_stays_sparse():
+    """Perfect codes with a third of the steps replaced by codes seen once (about 16,000
+    clusters: a dense (clusters, actions, clusters) table would need 8 GB): the room is still
+    the map, the cells keep their nodes, and every noise code is attached to a kept node."""
+    room, w, codes = perfect_codes(n_walks=800)
+    rng = np.random.default_rng(0)
+    noise = rng.random(codes.shape) < 1 / 3
+    codes = np.where(noise, 100 + np.cumsum(noise).reshape(codes.shape), codes)
+    cm = cogmap.extract_map(codes, w.actions)
+    assert len(cm.tuples) == 12 + noise.sum() > 15_000
+    assert sorted(cm.graph) == list(range(12))
+    assert set(cm.graph.edges) == set(nx.DiGraph(rooms.ground_truth_graph(room)).edges)
+    assert list(cm.node_of[:12]) == list(range(12)) and (cm.node_of[12:] >= 0).all()
 
 
 def test_merge_same_neighbours():

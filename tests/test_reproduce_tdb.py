@@ -46,3 +46,14 @@ def test_rows_run_save_and_are_skipped(tmp_path, monkeypatch, capsys):
     mapwm = next(x for x in results if x["row"] == "mapwm_angles")  # map from its angles
     assert mapwm["clusters"] >= 1 and 0.0 <= mapwm["NormGED"] <= 1.0
     assert (tmp_path / "mapwm_angles_seed0.npz").exists()
+    # weights saved but the evaluation lost: a rerun evaluates them, the same numbers
+    (tmp_path / "tdb_s3_m4_seed0.json").unlink()
+    (tmp_path / "mapwm_angles_seed0.json").unlink()
+    resumed = r.main(["--scale", "tiny", "--seeds", "1", "--rows", "tdb_s3_m4,mapwm_angles",
+                      "--out", str(tmp_path)])
+    assert capsys.readouterr().out.count("evaluating") == 2
+    before = [x for x in results if x["row"] in ("tdb_s3_m4", "mapwm_angles")]
+    after = [x for x in resumed if x["row"] in ("tdb_s3_m4", "mapwm_angles")]
+    assert len(after) == 2 and json.dumps(sorted(after, key=lambda x: x["row"]),
+                                          sort_keys=True) == json.dumps(
+        sorted(before, key=lambda x: x["row"]), sort_keys=True)
