@@ -31,12 +31,13 @@ Splits: one permutation of the 1797 images from data_seed: test the first 360, d
 from __future__ import annotations
 
 import functools
-import numbers
 from dataclasses import dataclass, replace
 from pathlib import Path
 
 import numpy as np
 
+from . import stream
+from .stream import check_int
 DATA = Path(__file__).resolve().parents[1] / "data" / "digits.npz"
 LEVELS = 17  # grey levels 0..16
 CLASSES = 10
@@ -68,9 +69,7 @@ class DigitsConfig:
 
     def __post_init__(self) -> None:
         for name, low in (("canvas", 8), ("data_seed", 0)):
-            value = getattr(self, name)
-            if isinstance(value, bool) or not isinstance(value, numbers.Integral) or value < low:
-                raise ValueError(f"{name} must be an integer >= {low}, got {value!r}")
+            check_int(name, getattr(self, name), low)
         if self.eval_split not in ("dev", "test"):
             raise ValueError(f"eval_split must be 'dev' or 'test', got {self.eval_split!r}")
 
@@ -196,9 +195,7 @@ def generate(config: DigitsConfig, batch_size: int,
     """A training batch: B = batch_size training images drawn uniformly with replacement by
     ``rng`` (a Generator, advanced in place, a seed, or None), each at a fresh random offset
     when the canvas is larger than the image."""
-    if isinstance(batch_size, bool) or not isinstance(batch_size, numbers.Integral) or \
-            batch_size < 1:
-        raise ValueError(f"batch_size must be an integer >= 1, got {batch_size!r}")
+    check_int("batch_size", batch_size, 1)
     rng = np.random.default_rng(rng)
     train = split_indices(config.data_seed, "train")
     pick = train[rng.integers(0, len(train), size=batch_size)]
@@ -208,9 +205,7 @@ def generate(config: DigitsConfig, batch_size: int,
 
 def batches(config: DigitsConfig, batch_size: int, seed: int | None = None):
     """Endless stream of training batches, reproducible from seed."""
-    rng = np.random.default_rng(None if seed is None else [seed, 0])
-    while True:
-        yield generate(config, batch_size, rng)
+    return stream.endless(generate, config, batch_size, seed)
 
 
 def eval_set(config: DigitsConfig, n_sequences: int, seed: int = 0,

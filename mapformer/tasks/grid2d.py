@@ -70,8 +70,9 @@ from dataclasses import dataclass, replace
 
 import numpy as np
 
-from . import transduction
-from .transduction import (BUCKETS, SPLITS, _check_int, check_split_fields, distinct_rows,
+from . import stream, transduction
+from .stream import check_int
+from .transduction import (BUCKETS, SPLITS, check_split_fields, distinct_rows,
                            split_of)
 # the prefix LM's n_b + 1 columns and the metrics are transduction's:
 from .transduction import attention_prefix, eval_metrics  # noqa: F401
@@ -106,12 +107,12 @@ class GridConfig:
     def __post_init__(self) -> None:
         if self.operation not in OPERATIONS:
             raise ValueError(f"operation must be one of {OPERATIONS}, got {self.operation!r}")
-        _check_int("mean_side", self.mean_side, 2)
-        _check_int("spread", self.spread, 0)
+        check_int("mean_side", self.mean_side, 2)
+        check_int("spread", self.spread, 0)
         if self.mean_side - self.spread < 2:
             raise ValueError(f"spread must leave every side >= 2: at most mean_side - 2 = "
                              f"{self.mean_side - 2}, got {self.spread}")
-        _check_int("n_symbols", self.n_symbols, 2)
+        check_int("n_symbols", self.n_symbols, 2)
         check_split_fields(self)
 
     @property
@@ -237,7 +238,7 @@ def split_grids(config: GridConfig, split: str, count: int):
     ``count`` distinct grids of ``split`` ('train', 'dev' or 'test'), a function of
     (data_seed, n_symbols, sides, split, count) only (the same for every operation); the
     first k of a larger count are the same k. Read-only (cached)."""
-    _check_int("count", count, 1)
+    check_int("count", count, 1)
     return _split(replace(config, operation="copy", train_size=1, eval_split="test"),
                   split, count)
 
@@ -319,7 +320,7 @@ def generate(config: GridConfig, batch_size: int,
     """A training batch: batch_size grids drawn uniformly (with replacement) from the config's
     ``train_size`` training grids by ``rng`` (a Generator, advanced in place, a seed, or
     None)."""
-    _check_int("batch_size", batch_size, 1)
+    check_int("batch_size", batch_size, 1)
     rng = np.random.default_rng(rng)
     grids, shapes = split_grids(config, "train", config.train_size)
     pick = rng.integers(0, config.train_size, size=batch_size)
@@ -329,17 +330,15 @@ def generate(config: GridConfig, batch_size: int,
 def batches(config: GridConfig, batch_size: int,
             seed: int | None = None) -> Iterator[GridBatch]:
     """Endless stream of training batches, reproducible from seed."""
-    rng = np.random.default_rng(None if seed is None else [seed, 0])
-    while True:
-        yield generate(config, batch_size, rng)
+    return stream.endless(generate, config, batch_size, seed)
 
 
 def eval_set(config: GridConfig, n_sequences: int, seed: int = 0,
              batch_size: int = 128) -> list[GridBatch]:
     """The first n_sequences grids of the config's ``eval_split`` in batches (``seed`` unused:
     every run is scored on the same grids)."""
-    _check_int("n_sequences", n_sequences, 1)
-    _check_int("batch_size", batch_size, 1)
+    check_int("n_sequences", n_sequences, 1)
+    check_int("batch_size", batch_size, 1)
     grids, shapes = split_grids(config, config.eval_split, n_sequences)
     return [make_batch(config, grids[i:i + batch_size], shapes[i:i + batch_size])
             for i in range(0, n_sequences, batch_size)]

@@ -38,13 +38,10 @@ from dataclasses import dataclass, replace
 
 import numpy as np
 
+from . import stream
+from .stream import check_int
 MAX_FIXED_MAP_CELLS = 10_000_000
 _MAX_KEY = 2**62
-
-
-def _check_int(name: str, value, low: int) -> None:
-    if isinstance(value, bool) or not isinstance(value, numbers.Integral) or value < low:
-        raise ValueError(f"{name} must be an integer >= {low}, got {value!r}")
 
 
 @dataclass(frozen=True)
@@ -73,12 +70,12 @@ class NavigationConfig:
     map_seed: int = 0
 
     def __post_init__(self) -> None:
-        _check_int("dims", self.dims, 1)
-        _check_int("steps", self.steps, 1)
-        _check_int("grid_size", self.grid_size, 2)
-        _check_int("n_objects", self.n_objects, 1)
-        _check_int("action_repeat", self.action_repeat, 1)
-        _check_int("map_seed", self.map_seed, 0)
+        check_int("dims", self.dims, 1)
+        check_int("steps", self.steps, 1)
+        check_int("grid_size", self.grid_size, 2)
+        check_int("n_objects", self.n_objects, 1)
+        check_int("action_repeat", self.action_repeat, 1)
+        check_int("map_seed", self.map_seed, 0)
         p = self.p_empty
         if isinstance(p, bool) or not isinstance(p, numbers.Real) or not 0.0 <= p <= 1.0:
             raise ValueError(f"p_empty must be a number in [0, 1], got {p!r}")
@@ -289,7 +286,7 @@ def generate(config: NavigationConfig, batch_size: int, rng: np.random.Generator
     Raises ValueError if batch_size < 1, or if grid_size**dims * batch_size exceeds 2**62
     (the (sequence, cell) keys would overflow int64).
     """
-    _check_int("batch_size", batch_size, 1)
+    check_int("batch_size", batch_size, 1)
     if config.n_cells * batch_size > _MAX_KEY:
         raise ValueError(
             f"grid_size**dims * batch_size must be <= 2**62, got "
@@ -336,9 +333,7 @@ def batches(config: NavigationConfig, batch_size: int, seed: int | None = None) 
     The stream is seeded with (seed, 0) and ``eval_set`` with (seed, 1), so the same seed never
     gives the same sequences in both.
     """
-    rng = np.random.default_rng(None if seed is None else [seed, 0])
-    while True:
-        yield generate(config, batch_size, rng)
+    return stream.endless(generate, config, batch_size, seed)
 
 
 def eval_set(config: NavigationConfig, n_sequences: int, seed: int, batch_size: int = 128) -> list[Batch]:
@@ -347,13 +342,7 @@ def eval_set(config: NavigationConfig, n_sequences: int, seed: int, batch_size: 
     Every batch holds batch_size sequences but the last, which holds the remainder. The set is a
     function of (config, n_sequences, seed, batch_size) only.
     """
-    _check_int("n_sequences", n_sequences, 1)
-    _check_int("batch_size", batch_size, 1)
-    rng = np.random.default_rng([seed, 1])
-    sizes = [batch_size] * (n_sequences // batch_size)
-    if n_sequences % batch_size:
-        sizes.append(n_sequences % batch_size)
-    return [generate(config, size, rng) for size in sizes]
+    return stream.generated_eval_set(generate, config, n_sequences, seed, batch_size)
 
 
 def token_coordinates(batch: Batch) -> np.ndarray:

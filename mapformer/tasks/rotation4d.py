@@ -33,7 +33,9 @@ from dataclasses import dataclass, replace
 
 import numpy as np
 
-from .navigation import Batch, _check_int, _draw_contents, blank_floor, loss_mask, \
+from . import stream
+from .stream import check_int
+from .navigation import Batch, _draw_contents, blank_floor, loss_mask, \
     recall_accuracy  # noqa: F401  (re-exported: the task interface train.py uses)
 from .navigation import LOSS_POSITIONS  # noqa: F401
 
@@ -124,8 +126,8 @@ class Rotation4DConfig:
     n_objects: int = 16
 
     def __post_init__(self) -> None:
-        _check_int("steps", self.steps, 1)
-        _check_int("n_objects", self.n_objects, 1)
+        check_int("steps", self.steps, 1)
+        check_int("n_objects", self.n_objects, 1)
         parse_planes(self.planes)
         p = self.p_empty
         if isinstance(p, bool) or not isinstance(p, numbers.Real) or not 0.0 <= p <= 1.0:
@@ -195,7 +197,7 @@ def generate(config: Rotation4DConfig, batch_size: int,
              rng: np.random.Generator | int | None = None) -> Batch:
     """A batch of B = batch_size sequences: tokens/targets/mask (B, 2T) as navigation's,
     positions (B, T, 1) the element index after every action."""
-    _check_int("batch_size", batch_size, 1)
+    check_int("batch_size", batch_size, 1)
     rng = np.random.default_rng(rng)
     _, cayley = group(config.planes)
     n, (B, T) = len(cayley), (batch_size, config.steps)
@@ -223,22 +225,14 @@ def generate(config: Rotation4DConfig, batch_size: int,
 
 def batches(config: Rotation4DConfig, batch_size: int, seed: int | None = None) -> Iterator[Batch]:
     """Endless stream of batches, seeded with (seed, 0) (``eval_set`` uses (seed, 1))."""
-    rng = np.random.default_rng(None if seed is None else [seed, 0])
-    while True:
-        yield generate(config, batch_size, rng)
+    return stream.endless(generate, config, batch_size, seed)
 
 
 def eval_set(config: Rotation4DConfig, n_sequences: int, seed: int,
              batch_size: int = 128) -> list[Batch]:
     """A fixed evaluation set of n_sequences sequences in batches of batch_size (the last
     holds the remainder), a function of its arguments only."""
-    _check_int("n_sequences", n_sequences, 1)
-    _check_int("batch_size", batch_size, 1)
-    rng = np.random.default_rng([seed, 1])
-    sizes = [batch_size] * (n_sequences // batch_size)
-    if n_sequences % batch_size:
-        sizes.append(n_sequences % batch_size)
-    return [generate(config, size, rng) for size in sizes]
+    return stream.generated_eval_set(generate, config, n_sequences, seed, batch_size)
 
 
 def token_coordinates(batch: Batch) -> None:

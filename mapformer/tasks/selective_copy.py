@@ -33,18 +33,13 @@ answer tokens are all right.
 
 from __future__ import annotations
 
-import numbers
 from collections.abc import Iterator
 from dataclasses import dataclass, replace
 
 import numpy as np
 
-
-def _check_int(name: str, value, low: int) -> None:
-    if isinstance(value, bool) or not isinstance(value, numbers.Integral) or value < low:
-        raise ValueError(f"{name} must be an integer >= {low}, got {value!r}")
-
-
+from . import stream
+from .stream import check_int
 @dataclass(frozen=True)
 class SelectiveCopyConfig:
     """One selective-copy dataset.
@@ -60,9 +55,9 @@ class SelectiveCopyConfig:
     n_symbols: int = 16
 
     def __post_init__(self) -> None:
-        _check_int("n_copy", self.n_copy, 1)
-        _check_int("n_blanks", self.n_blanks, 0)
-        _check_int("n_symbols", self.n_symbols, 1)
+        check_int("n_copy", self.n_copy, 1)
+        check_int("n_blanks", self.n_blanks, 0)
+        check_int("n_symbols", self.n_symbols, 1)
 
     @property
     def blank_id(self) -> int:
@@ -173,7 +168,7 @@ def generate(
         SelectiveCopyBatch with tokens/targets/mask (B, L) and positions (B, C).
     Raises ValueError if batch_size < 1.
     """
-    _check_int("batch_size", batch_size, 1)
+    check_int("batch_size", batch_size, 1)
     rng = np.random.default_rng(rng)
     B, C, N = batch_size, config.n_copy, config.separator_index
 
@@ -207,9 +202,7 @@ def batches(
     The stream is seeded with (seed, 0) and ``eval_set`` with (seed, 1), so the same seed never
     gives the same sequences in both.
     """
-    rng = np.random.default_rng(None if seed is None else [seed, 0])
-    while True:
-        yield generate(config, batch_size, rng)
+    return stream.endless(generate, config, batch_size, seed)
 
 
 def eval_set(
@@ -220,13 +213,7 @@ def eval_set(
     Every batch holds batch_size sequences but the last, which holds the remainder. The set is a
     function of (config, n_sequences, seed, batch_size) only.
     """
-    _check_int("n_sequences", n_sequences, 1)
-    _check_int("batch_size", batch_size, 1)
-    rng = np.random.default_rng([seed, 1])
-    sizes = [batch_size] * (n_sequences // batch_size)
-    if n_sequences % batch_size:
-        sizes.append(n_sequences % batch_size)
-    return [generate(config, size, rng) for size in sizes]
+    return stream.generated_eval_set(generate, config, n_sequences, seed, batch_size)
 
 
 def _hits(logits_or_predictions: np.ndarray, batch: SelectiveCopyBatch) -> np.ndarray:

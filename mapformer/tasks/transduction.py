@@ -69,23 +69,20 @@ from dataclasses import dataclass, replace
 
 import numpy as np
 
+from . import stream
+from .stream import check_int
 OPERATIONS = ("copy", "repeat", "reverse")
 SPLITS = ("train", "dev", "test")
 BUCKETS = {"train": range(0, 6), "dev": range(6, 8), "test": range(8, 10)}  # of 10
 CHUNK = 4096  # candidates drawn per round when building a split (fixed: prefixes agree)
 
 
-def _check_int(name: str, value, low: int) -> None:
-    if isinstance(value, bool) or not isinstance(value, numbers.Integral) or value < low:
-        raise ValueError(f"{name} must be an integer >= {low}, got {value!r}")
-
-
 def check_split_fields(config) -> None:
     """ValueError unless config.train_size >= 1, config.data_seed >= 0 and config.eval_split
     is 'dev' or 'test' (the fields of every task whose data are fixed splits: transduction,
     trees)."""
-    _check_int("train_size", config.train_size, 1)
-    _check_int("data_seed", config.data_seed, 0)
+    check_int("train_size", config.train_size, 1)
+    check_int("data_seed", config.data_seed, 0)
     if config.eval_split not in ("dev", "test"):
         raise ValueError(f"eval_split must be 'dev' or 'test', got {config.eval_split!r}")
 
@@ -116,8 +113,8 @@ class TransductionConfig:
     def __post_init__(self) -> None:
         if self.operation not in OPERATIONS:
             raise ValueError(f"operation must be one of {OPERATIONS}, got {self.operation!r}")
-        _check_int("mean_length", self.mean_length, 1)
-        _check_int("n_symbols", self.n_symbols, 1)
+        check_int("mean_length", self.mean_length, 1)
+        check_int("n_symbols", self.n_symbols, 1)
         check_split_fields(self)
         std = self.length_std
         if isinstance(std, bool) or not isinstance(std, numbers.Real) or not math.isfinite(std):
@@ -292,7 +289,7 @@ def split_sources(config: TransductionConfig, split: str, count: int):
     first ``count`` distinct sources of ``split`` ('train', 'dev' or 'test'), a function of
     (data_seed, n_symbols, length distribution, split, count) only; the first k of a larger
     count are the same k. Read-only arrays (cached)."""
-    _check_int("count", count, 1)
+    check_int("count", count, 1)
     # keyed by what the sources depend on, so the three operations share one cache entry
     return _split_sources(replace(config, operation="copy", train_size=1, eval_split="test"),
                           split, count)
@@ -331,7 +328,7 @@ def generate(config: TransductionConfig, batch_size: int,
     """A training batch: B = batch_size sequences drawn uniformly (with replacement) from the
     config's ``train_size`` training sequences by ``rng`` (a Generator, advanced in place, a
     seed, or None)."""
-    _check_int("batch_size", batch_size, 1)
+    check_int("batch_size", batch_size, 1)
     rng = np.random.default_rng(rng)
     sources, lengths = split_sources(config, "train", config.train_size)
     pick = rng.integers(0, config.train_size, size=batch_size)
@@ -341,9 +338,7 @@ def generate(config: TransductionConfig, batch_size: int,
 def batches(config: TransductionConfig, batch_size: int,
             seed: int | None = None) -> Iterator[TransductionBatch]:
     """Endless stream of training batches, reproducible from seed."""
-    rng = np.random.default_rng(None if seed is None else [seed, 0])
-    while True:
-        yield generate(config, batch_size, rng)
+    return stream.endless(generate, config, batch_size, seed)
 
 
 def eval_set(config: TransductionConfig, n_sequences: int, seed: int = 0,
@@ -351,8 +346,8 @@ def eval_set(config: TransductionConfig, n_sequences: int, seed: int = 0,
     """The first n_sequences sequences of the config's ``eval_split`` in batches of
     batch_size (the last holds the remainder). ``seed`` is not used: the split is fixed by
     the config's data_seed (every run is scored on the same sequences)."""
-    _check_int("n_sequences", n_sequences, 1)
-    _check_int("batch_size", batch_size, 1)
+    check_int("n_sequences", n_sequences, 1)
+    check_int("batch_size", batch_size, 1)
     sources, lengths = split_sources(config, config.eval_split, n_sequences)
     return [make_batch(config, sources[i:i + batch_size], lengths[i:i + batch_size])
             for i in range(0, n_sequences, batch_size)]

@@ -83,8 +83,9 @@ from dataclasses import dataclass, replace
 
 import numpy as np
 
-from . import transduction
-from .transduction import BUCKETS, SPLITS, _check_int, check_split_fields, distinct_rows, split_of
+from . import stream, transduction
+from .stream import check_int
+from .transduction import BUCKETS, SPLITS, check_split_fields, distinct_rows, split_of
 # the prefix LM's n_b + 1 columns and the metrics are transduction's:
 from .transduction import attention_prefix, eval_metrics  # noqa: F401
 
@@ -129,8 +130,8 @@ class TreeConfig:
             raise ValueError(f"operation must be one of {OPERATIONS}, got {self.operation!r}")
         if self.order not in ORDERS:
             raise ValueError(f"order must be one of {ORDERS}, got {self.order!r}")
-        _check_int("mean_depth", self.mean_depth, 2)
-        _check_int("max_nodes", self.max_nodes, 3)
+        check_int("mean_depth", self.mean_depth, 2)
+        check_int("max_nodes", self.max_nodes, 3)
         check_split_fields(self)
         std = self.depth_std
         if (isinstance(std, bool) or not isinstance(std, numbers.Real) or not math.isfinite(std)
@@ -475,7 +476,7 @@ def split_examples(config: TreeConfig, split: str, count: int):
     breadth-first, target in the config's order), as :func:`serialise`; a function of the
     config (but train_size and eval_split), the split and count; the first k of a larger
     count are the same k. Read-only (cached)."""
-    _check_int("count", count, 1)
+    check_int("count", count, 1)
     return _serialised(replace(config, train_size=1, eval_split="test"), split, count)
 
 
@@ -528,7 +529,7 @@ def generate(config: TreeConfig, batch_size: int,
              rng: np.random.Generator | int | None = None) -> TreeBatch:
     """A training batch: batch_size examples drawn uniformly (with replacement) from the
     config's ``train_size`` training examples by ``rng``."""
-    _check_int("batch_size", batch_size, 1)
+    check_int("batch_size", batch_size, 1)
     rng = np.random.default_rng(rng)
     data = split_examples(config, "train", config.train_size)
     return make_batch(config, *_rows(data, rng.integers(0, config.train_size, size=batch_size)))
@@ -537,17 +538,15 @@ def generate(config: TreeConfig, batch_size: int,
 def batches(config: TreeConfig, batch_size: int,
             seed: int | None = None) -> Iterator[TreeBatch]:
     """Endless stream of training batches, reproducible from seed."""
-    rng = np.random.default_rng(None if seed is None else [seed, 0])
-    while True:
-        yield generate(config, batch_size, rng)
+    return stream.endless(generate, config, batch_size, seed)
 
 
 def eval_set(config: TreeConfig, n_sequences: int, seed: int = 0,
              batch_size: int = 128) -> list[TreeBatch]:
     """The first n_sequences examples of the config's ``eval_split`` in batches (``seed``
     unused: every run is scored on the same examples)."""
-    _check_int("n_sequences", n_sequences, 1)
-    _check_int("batch_size", batch_size, 1)
+    check_int("n_sequences", n_sequences, 1)
+    check_int("batch_size", batch_size, 1)
     data = split_examples(config, config.eval_split, n_sequences)
     return [make_batch(config, *_rows(data, slice(i, i + batch_size)))
             for i in range(0, n_sequences, batch_size)]

@@ -1,0 +1,40 @@
+"""What the task modules share: the integer argument check, the endless training stream and
+the evaluation set of a generated task.
+
+A generated task (navigation, selective copy, 4D rotations, ...) draws its training stream from
+one generator seeded (seed, 0) and its evaluation set from one seeded (seed, 1), so the same
+seed never gives the same sequences in both. Tasks with fixed splits (transduction, trees,
+grids, digits) use :func:`endless` for training and take their evaluation sets from a split.
+"""
+import numbers
+from collections.abc import Callable, Iterator
+
+import numpy as np
+
+
+def check_int(name: str, value, low: int) -> None:
+    """ValueError naming ``name`` unless value is an integer (not a bool) >= low."""
+    if isinstance(value, bool) or not isinstance(value, numbers.Integral) or value < low:
+        raise ValueError(f"{name} must be an integer >= {low}, got {value!r}")
+
+
+def endless(generate: Callable, config, batch_size: int, seed: int | None) -> Iterator:
+    """generate(config, batch_size, rng) forever, on one rng seeded (seed, 0) (None: fresh
+    entropy): the endless training stream, reproducible from seed."""
+    rng = np.random.default_rng(None if seed is None else [seed, 0])
+    while True:
+        yield generate(config, batch_size, rng)
+
+
+def generated_eval_set(generate: Callable, config, n_sequences: int, seed: int,
+                       batch_size: int) -> list:
+    """A fixed evaluation set of n_sequences sequences: generate(config, size, rng) on one rng
+    seeded (seed, 1), in batches of batch_size but the last, which holds the remainder; a
+    function of its arguments only."""
+    check_int("n_sequences", n_sequences, 1)
+    check_int("batch_size", batch_size, 1)
+    rng = np.random.default_rng([seed, 1])
+    sizes = [batch_size] * (n_sequences // batch_size)
+    if n_sequences % batch_size:
+        sizes.append(n_sequences % batch_size)
+    return [generate(config, size, rng) for size in sizes]
