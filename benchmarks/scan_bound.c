@@ -13,8 +13,12 @@
  * Build and run from the repository root (1 thread; the figures are process CPU time, the
  * median of `repeats` calls, so that on a shared machine the time a thread waited for a core
  * is not counted):
- *   gcc -std=c11 -O3 -fopenmp -ffp-contract=off -fno-math-errno -Icsrc/include \
- *       benchmarks/scan_bound.c -o /tmp/scan_bound -lm
+ *   F="-std=c11 -O3 -fopenmp -ffp-contract=off -fno-math-errno -Icsrc/include"
+ *   gcc $F -mavx512f -mavx512dq -mavx512bw -mavx512vl -mavx2 -mfma \
+ *       -c csrc/ops/x86/scan_avx512.c -o /tmp/scan_avx512.o
+ *   gcc $F benchmarks/scan_bound.c csrc/ops/cpu.c /tmp/scan_avx512.o -o /tmp/scan_bound -lm
+ * (x86-64; the scans run on the CPU's kernel set, kernels/scan_sets.h: 16 channels per
+ * vector on AVX-512, where the exp figure, taken at scan.c's own width of 8, is no bound)
  *   OMP_NUM_THREADS=1 /tmp/scan_bound 128 256 256 16 real 5
  *   OMP_NUM_THREADS=1 /tmp/scan_bound 128 256 256 16 complex 5
  * Usage: scan_bound B T E N real|complex repeats (N state floats per channel). Prints one

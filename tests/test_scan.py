@@ -464,3 +464,46 @@ def test_scan_same_bits_at_any_alignment(rng):
             assert np.array_equal(y, y2) and np.array_equal(states, states2), off
             for name, g in grads.items():
                 assert np.array_equal(g, grads2[name]), (off, name)
+
+
+@pytest.fixture
+def restore_kernels():
+    active = _C.kernels()
+    yield
+    _C.set_kernels(active)
+
+
+@pytest.mark.parametrize("E", [5, 17, 24, 40, 70])
+def test_scan_same_bits_on_every_kernel_set(rng, restore_kernels, E):
+    """The scans run 16 channels per group on the avx512 set and 8 (x86-64) on every other:
+    the same bits on each, forward and backward (dB, dC sum over channels by one tree), real
+    and complex, Euler and ZOH; E in full groups of 8 and 16, and tails of either."""
+    for cx in (False, True):
+        for bbar in ("euler", "zoh"):
+            inp = scan_inputs(rng, 2, 19, E, 16 if E == 24 else 5, cx)
+            dy = randn(rng, 2, 19, E)
+            runs = {}
+            for kset in _C.kernel_sets():
+                _C.set_kernels(kset)
+                y, states, grads = run_c(inp, dy, 7, bbar)
+                runs[kset] = [y, states, *(grads[k] for k in sorted(grads))]
+            first, *others = runs.values()
+            for kset, outs in zip(list(runs)[1:], others):
+                for a, b in zip(first, outs):
+                    assert a.tobytes() == b.tobytes(), (kset, cx, bbar)
+
+
+def test_activations_same_bits_on_every_kernel_set(rng, restore_kernels):
+    """SiLU and softplus run 16 floats a vector on the avx512 set, 8 on the others: the same
+    bits (lengths with tails of every size, softplus past its threshold and in its tails)."""
+    for n in (1, 7, 15, 17, 33, 20011):
+        x = (rng.standard_normal(n) * 12).astype(np.float32)
+        dy = randn(rng, n)
+        runs = []
+        for kset in _C.kernel_sets():
+            _C.set_kernels(kset)
+            runs.append([_C.silu_forward(x), _C.silu_backward(dy, x), _C.softplus_forward(x),
+                         _C.softplus_backward(dy, x)])
+        for outs in runs[1:]:
+            for a, b in zip(runs[0], outs):
+                assert a.tobytes() == b.tobytes(), n

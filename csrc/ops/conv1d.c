@@ -8,7 +8,9 @@
  * size, not the thread count, so the bits do not depend on the number of threads); its loops
  * run over the contiguous channels e, which the compiler vectorises. The weight and bias
  * gradients are summed per item in double into the caller's scratch
- * (causal_conv1d_backward_scratch_floats) and the items are summed in a fixed order.
+ * (causal_conv1d_backward_scratch_floats; the weight's as (W, E), and the backward reads the
+ * weight transposed, (W, E), so that every loop runs along the contiguous e) and the items are
+ * summed in a fixed order.
  */
 #include <stdint.h>
 
@@ -36,11 +38,12 @@ static void forward_rows(float *restrict y, const float *restrict x, const float
     }
 }
 
-/* dx rows [t0, t1) of one batch row, and this item's dweight (E, W), dbias (E,) partials */
+/* dx rows [t0, t1) of one batch row, and this item's dweight (W, E) (transposed: the loops
+ * run along e), dbias (E,) partials; wt (W, E) the weight transposed */
 MF_CLONES
 static void backward_rows(float *restrict dx, double *restrict dw, double *restrict db,
                           const float *restrict dy, const float *restrict x,
-                          const float *restrict w, int64_t t0, int64_t t1, int64_t T,
+                          const float *restrict wt, int64_t t0, int64_t t1, int64_t T,
                           int64_t E, int64_t W) {
     for (int64_t i = 0; i < E * W; i++) dw[i] = 0.0;
     for (int64_t e = 0; e < E; e++) db[e] = 0.0;
@@ -54,13 +57,14 @@ static void backward_rows(float *restrict dx, double *restrict dw, double *restr
         for (int64_t j = 0; j < W; j++) {
             const int64_t t = s + W - 1 - j; /* the output x[s] feeds through weight[:, j] */
             if (t < T) {
-                const float *g = dy + t * E;
-                for (int64_t e = 0; e < E; e++) dxr[e] += w[e * W + j] * g[e];
+                const float *g = dy + t * E, *wj = wt + j * E;
+                for (int64_t e = 0; e < E; e++) dxr[e] += wj[e] * g[e];
             }
             const int64_t u = s - W + 1 + j; /* the input weight[:, j] meets at output s */
             if (u >= 0) {
                 const float *xr = x + u * E;
-                for (int64_t e = 0; e < E; e++) dw[e * W + j] += (double)dyr[e] * xr[e];
+                double *dwj = dw + j * E;
+                for (int64_t e = 0; e < E; e++) dwj[e] += (double)dyr[e] * xr[e];
             }
         }
     }
@@ -82,11 +86,12 @@ int causal_conv1d_forward(const MfConv1dParams *p) {
     return MF_OK;
 }
 
-/* the per-item partials: (B * ceil(T / CONV_TB), E * W + E) doubles */
+/* the per-item partials: (B * ceil(T / CONV_TB), W * E + E) doubles; the weight transposed,
+ * (W, E) floats */
 int64_t causal_conv1d_backward_scratch_floats(const MfConv1dParams *p) {
     if (bad_sizes(p)) return 0;
     const int64_t items = p->B * ((p->T + CONV_TB - 1) / CONV_TB);
-    return mf_scratch_size(2 * items * (p->E * p->W + p->E));
+    return mf_scratch_size(2 * items * (p->E * p->W + p->E)) + mf_scratch_size(p->E * p->W);
 }
 
 int causal_conv1d_backward(const MfConv1dParams *p) {
@@ -94,7 +99,11 @@ int causal_conv1d_backward(const MfConv1dParams *p) {
         return MF_EINVAL;
     const int64_t T = p->T, E = p->E, W = p->W, nt = (T + CONV_TB - 1) / CONV_TB;
     const int64_t items = p->B * nt, per = E * W + E;
-    double *part = (double *)p->scratch;
+    float *at = p->scratch;
+    double *part = (double *)mf_scratch_take(&at, 2 * items * per);
+    float *wt = mf_scratch_take(&at, E * W);
+    for (int64_t e = 0; e < E; e++)
+        for (int64_t j = 0; j < W; j++) wt[j * E + e] = p->weight[e * W + j];
 #pragma omp parallel if (p->B * T * E >= CONV_MIN_PARALLEL)
     {
 #pragma omp for schedule(dynamic, 1)
@@ -102,16 +111,18 @@ int causal_conv1d_backward(const MfConv1dParams *p) {
             const int64_t b = it / nt, t0 = (it % nt) * CONV_TB;
             const int64_t t1 = t0 + CONV_TB < T ? t0 + CONV_TB : T;
             backward_rows(p->dx + b * T * E, part + it * per, part + it * per + E * W,
-                          p->dy + b * T * E, p->x + b * T * E, p->weight, t0, t1, T, E, W);
+                          p->dy + b * T * E, p->x + b * T * E, wt, t0, t1, T, E, W);
         }
 #pragma omp for schedule(static)
         for (int64_t i = 0; i < per; i++) {
             double s = 0.0;
             for (int64_t it = 0; it < items; it++) s += part[it * per + i];
-            if (i < E * W)
-                p->dweight[i] = (float)((double)p->dweight[i] + s);
-            else
+            if (i < E * W) { /* weight[e, j] from the partials' (j, e) */
+                float *dw = p->dweight + (i % E) * W + i / E;
+                *dw = (float)((double)*dw + s);
+            } else {
                 p->dbias[i - E * W] = (float)((double)p->dbias[i - E * W] + s);
+            }
         }
     }
     return MF_OK;
