@@ -1,7 +1,7 @@
 /* MLP: y = gelu(x w_fc^T + b_fc) w_proj^T + b_proj (MfMlpParams, mapformer/params.h), the
  * transformer block's feed-forward branch (F = mlp_ratio * C hidden units), fused in row
  * blocks. gelu is the tanh approximation, or with p->exact = 1 the exact x Phi(x) (gelu.c's
- * two kernels and simd.h's vgelu/vgelu_erf: the same passes either way).
+ * kernels, kernels/gelu.h, and simd.h's vgelu/vgelu_erf: the same passes either way).
  *
  * Forward saves only h = x w_fc^T + b_fc (the pre-activation); backward recomputes
  * g = gelu(h) (the input of w_proj, for its gradient) in the same pass as gelu'(h), from the
@@ -21,7 +21,7 @@
  *                        y = b_proj + g w_proj^T
  *   backward, per chunk of blocks (rows.h: mf_grad_chunks), per block in order:
  *                        dh = dy w_proj
- *                        g = gelu(h), dh *= gelu'(h)              (gelu.c's kernel)
+ *                        g = gelu(h), dh *= gelu'(h)   (kernels/gelu.h, the set's)
  *                        dx = dh w_fc
  *                        dw_proj_chunk += dy^T g, dw_fc_chunk += dh^T x  (the chunk's own
  *                        scratch, written by its first block)
@@ -42,6 +42,7 @@
  */
 #include <stddef.h>
 
+#include "kernels/gelu.h"
 #include "mapformer/cpu.h"
 #include "mapformer/gemm.h"
 #include "mapformer/mapformer.h"
@@ -157,6 +158,7 @@ int mlp_backward(const MfMlpParams *p) {
     if (!valid(p)) return MF_EINVAL;
     const int64_t N = p->N, C = p->C, F = p->F;
     const int kernels = mf_kernels();
+    const MfGeluKernels *gk = mf_gelu_kernels(kernels);
     const BackwardScratch s = backward_scratch(kernels, p);
     const int threads = threads_served(p->scratch, p->scratch_floats, s.fixed, s.per_thread);
     if (threads < 1) return MF_EINVAL;
@@ -182,10 +184,7 @@ int mlp_backward(const MfMlpParams *p) {
             const MfGemmOptions to_dh = {.prefetch = hb, .prefetch_floats = rows * F};
             mf_record_status(&status, mf_gemm_nn(kernels, rows, F, C, dyb, C, w_proj_b, dhb,
                                                  F, &to_dh));
-            if (p->exact)
-                mf_gelu_erf_grad_kernel(gb, dhb, hb, rows * F);
-            else
-                mf_gelu_grad_kernel(gb, dhb, hb, rows * F);
+            (p->exact ? gk->erf_grad : gk->grad)(gb, dhb, dhb, hb, rows * F);
             /* dx (rows, C) = dh (rows, F) . w_fc (F, C), prefetching x's rows for dw_fc */
             const MfGemmOptions to_dx = {.prefetch = xb, .prefetch_floats = rows * C};
             mf_record_status(&status, mf_gemm_nn(kernels, rows, C, F, dhb, F, w_fc_b,

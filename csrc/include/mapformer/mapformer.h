@@ -63,13 +63,7 @@ int64_t layernorm_backward_scratch_floats(const MfLayernormParams *p);
 int gelu_forward(const MfGeluParams *p);
 /* dx (n,) = dy (n,) * gelu'(x (n,)) */
 int gelu_backward(const MfGeluParams *p);
-/* single-threaded loops shared with mlp.c (the bits of simd.h's vgelu, vgelu_grad):
- * y (n,) = gelu(x (n,)); and d (n,) *= gelu'(x) in place with y (n,) = gelu(x) */
-void mf_gelu_kernel(float *y, const float *x, int64_t n);
-void mf_gelu_grad_kernel(float *y, float *d, const float *x, int64_t n);
-/* the same for the exact GELU (simd.h's vgelu_erf, vgelu_erf_grad) */
-void mf_gelu_erf_kernel(float *y, const float *x, int64_t n);
-void mf_gelu_erf_grad_kernel(float *y, float *d, const float *x, int64_t n);
+/* the single-threaded kernels, shared with mlp.c and the BLAS products: csrc/ops/kernels/gelu.h */
 
 /* ---- mlp.c: y = gelu(x w_fc^T + b_fc) w_proj^T + b_proj, in row blocks (MfMlpParams) --- */
 /* forward: y (N, C); h (N, F) = x w_fc^T + b_fc saved for backward;

@@ -1,10 +1,12 @@
 /* The row-block matrix products (mapformer/gemm.h) on OpenBLAS's sgemm: the kernel set
  * MF_KERNELS_BLAS, built on every platform. The prepared weight is b itself, row-major; the
- * extras of mf_gemm_nn are separate passes (a bias fill before the product, gelu.c's kernel
- * after it), and its stream and prefetch hints are ignored. */
+ * extras of mf_gemm_nn are separate passes (a bias fill before the product, the GELU
+ * kernel of kernels/gelu.h's mf_gelu_clones after it), and its stream and prefetch hints are
+ * ignored. */
 #include <stdint.h>
 #include <string.h>
 
+#include "../kernels/gelu.h"
 #include "../kernels/gemm_sets.h"
 #include "mapformer/blas.h"
 #include "mapformer/mapformer.h"
@@ -27,13 +29,11 @@ int mf_gemm_nn_blas(int64_t m, int64_t n, int64_t k, const float *a, int64_t lda
         for (int64_t r = 0; r < m; r++) memcpy(c + r * ldc, o->bias, (size_t)n * sizeof(float));
     const float beta = o->accumulate || o->bias != NULL ? 1.0f : 0.0f;
     const int status = mf_sgemm(0, 0, m, n, k, 1.0f, a, lda, b, n, beta, c, ldc);
-    if (status == MF_OK && o->gelu != NULL)
-        for (int64_t r = 0; r < m; r++) {
-            if (o->gelu_exact)
-                mf_gelu_erf_kernel(o->gelu + r * ldc, c + r * ldc, n);
-            else
-                mf_gelu_kernel(o->gelu + r * ldc, c + r * ldc, n);
-        }
+    if (status == MF_OK && o->gelu != NULL) {
+        const MfGeluKernels *ks = mf_gelu_kernels(MF_KERNELS_BLAS);
+        for (int64_t r = 0; r < m; r++)
+            (o->gelu_exact ? ks->gelu_erf : ks->gelu)(o->gelu + r * ldc, c + r * ldc, n);
+    }
     return status;
 }
 
