@@ -247,8 +247,9 @@ def array_ops(float_dtype, xp=np, to_numpy=np.asarray):
     asarray(a): a C-contiguous array of the backend's dtype (a copy only when needed);
     as_indices(a, name="ids"): the same in int32 (tokens, targets); ValueError naming ``name``
     for a value outside int32's range (never wrapped). to_numpy(a): a NumPy array.
-    add_(dst, src): dst += src in place. mul(a, b): a * b elementwise with NumPy's
-    broadcasting (a new array; e.g. queries (B, T, H, D) by per-position factors (T, 1, 1)).
+    add_(dst, src): dst += src in place. mul(a, b, out=None): a * b elementwise with NumPy's
+    broadcasting (a new array, e.g. queries (B, T, H, D) by per-position factors (T, 1, 1); or
+    written into ``out``, which may be a or b: a gradient pass reusing a dead buffer).
     exp(a): e^a elementwise (a new array; parameters' transforms, e.g. Mamba's A =
     -exp(A_log)). matmul(a, b): the (batched) matrix product (parameters' transforms: a
     per-head basis folded into a projection's weight, nn.Linear). sum_leading(a, n): a summed

@@ -173,8 +173,12 @@ class Mamba(Mixer):
         batch, steps = self.u.shape[:2]
         n = batch * steps
         dyg = self.out.backward(dy)
-        dz = self.ops.silu_backward(dyg * self.y, self.z)
-        du, ddelta, ddt_in, dB, dC = self.scan_backward((dyg * self.gate).reshape(self.u.shape))
+        # the gate's two products in place (no new (N, E) arrays): d(y) = dyg SiLU(z) over the
+        # gate, which the backward needs no more, then dyg y over dyg
+        dys = self.ops.mul(dyg, self.gate, out=self.gate)
+        dz = self.ops.silu_backward(self.ops.mul(dyg, self.y, out=dyg), self.z)
+        self.gate = None
+        du, ddelta, ddt_in, dB, dC = self.scan_backward(dys.reshape(self.u.shape))
         ddt_in = self.dt.backward(self.ops.softplus_backward(ddelta.reshape(n, self.E),
                                                              self.dt_pre), ddt_in)
         du = du.reshape(n, self.E)
