@@ -1,10 +1,14 @@
 """Speed of the vq and lstm ops (TDB's issue): vq_forward at batch 32 x 400 positions,
 K = 1000 codes of width 256, against the machine's sgemm rate on the same product measured
 in the same run (NumPy's matmul; the issue asks for >= 70%), and the LSTM forward + backward
-against the float32 NumPy reference. Times are per-call CPU-time minima (--clock cpu,
-default) or wall-time minima.
+against the float32 NumPy reference; and the enc objective's ops (l2_normalize forward +
+backward at 32 x 200 rows of width 128, ema_update over a cpu-scale teacher's 400k
+parameters) against the NumPy arithmetic that tdb.py ran before them. Times are per-call
+CPU times (--clock cpu, default) or wall times: minima for vq and lstm, medians for enc.
+--parts picks the parts.
 
     OMP_NUM_THREADS=1 python benchmarks/bench_vq_lstm.py
+    OMP_NUM_THREADS=1 python benchmarks/bench_vq_lstm.py --parts enc --repeats 51
 """
 import argparse
 import time
@@ -15,13 +19,51 @@ from mapformer import _C
 from mapformer import reference as ref
 
 
-def best(fn, repeats, clock):
+def samples(fn, repeats, clock):
     times = []
     for _ in range(repeats):
         t = clock()
         fn()
         times.append(clock() - t)
-    return min(times)
+    return times
+
+
+def best(fn, repeats, clock):
+    return min(samples(fn, repeats, clock))
+
+
+def median(fn, repeats, clock):
+    return float(np.median(samples(fn, repeats, clock)))
+
+
+def enc_ops(rows, width, ema_size, repeats, clock, rng):
+    """The enc objective's C ops against tdb.py's former NumPy arithmetic (float32)."""
+    g = rng.standard_normal((rows, width)).astype(np.float32)
+    dy = rng.standard_normal((rows, width)).astype(np.float32)
+
+    def c_norm():
+        y, norm = _C.l2_normalize_forward(g)
+        _C.l2_normalize_backward(dy, y, norm)
+
+    def numpy_norm():
+        norm = ((g * g).sum(-1, keepdims=True) + 1e-12) ** 0.5
+        y = g / norm
+        (dy - y * (y * dy).sum(-1, keepdims=True)) / norm
+
+    t_c, t_np = median(c_norm, repeats, clock), median(numpy_norm, repeats, clock)
+    print(f"l2_normalize forward + backward {rows} x {width}: C {t_c * 1e3:.3f} ms, NumPy "
+          f"{t_np * 1e3:.3f} ms ({t_np / t_c:.1f}x)")
+    t = rng.standard_normal(ema_size).astype(np.float32)
+    src = rng.standard_normal(ema_size).astype(np.float32)
+
+    def numpy_ema():
+        t[:] *= 0.99
+        t[:] += (1.0 - 0.99) * src
+
+    t_c = median(lambda: _C.ema_update(t, src, 0.99), repeats, clock)
+    t_np = median(numpy_ema, repeats, clock)
+    print(f"ema_update over {ema_size} parameters: C {t_c * 1e3:.3f} ms, NumPy "
+          f"{t_np * 1e3:.3f} ms ({t_np / t_c:.1f}x)")
 
 
 def main(argv=None):
@@ -31,9 +73,27 @@ def main(argv=None):
     parser.add_argument("--width", type=int, default=256)
     parser.add_argument("--repeats", type=int, default=5)
     parser.add_argument("--clock", choices=("cpu", "wall"), default="cpu")
+    parser.add_argument("--parts", default="vq,lstm,enc",
+                        help="comma-separated: vq, lstm, enc (default all)")
+    parser.add_argument("--enc-rows", type=int, default=32 * 200)
+    parser.add_argument("--enc-width", type=int, default=128)
+    parser.add_argument("--ema-size", type=int, default=400_000)
     args = parser.parse_args(argv)
+    parts = set(args.parts.split(","))
+    if not parts <= {"vq", "lstm", "enc"}:
+        parser.error(f"--parts: unknown {sorted(parts - {'vq', 'lstm', 'enc'})}")
     clock = time.process_time if args.clock == "cpu" else time.perf_counter
     rng = np.random.default_rng(0)
+    if "vq" in parts:
+        vq(args, clock, rng)
+    if "lstm" in parts:
+        lstm(args, clock, rng)
+    if "enc" in parts:
+        enc_ops(args.enc_rows, args.enc_width, args.ema_size, args.repeats, clock,
+                np.random.default_rng(1))
+
+
+def vq(args, clock, rng):
     z = rng.standard_normal((args.rows, 1, args.width)).astype(np.float32)
     cb = rng.standard_normal((1, args.codes, args.width)).astype(np.float32)
     flop = 2 * args.rows * args.codes * args.width
@@ -48,6 +108,8 @@ def main(argv=None):
     t_back = best(lambda: _C.vq_backward(z, z, cb, idx, dcb, 1.0, 0.25), args.repeats, clock)
     print(f"vq_backward: {t_back * 1e3:.1f} ms")
 
+
+def lstm(args, clock, rng):
     B, T, C, H = 32, 400, 128, 128
     x = (rng.standard_normal((B, T, C)) * 0.5).astype(np.float32)
     w_ih, w_hh = ((rng.standard_normal((4 * H, n)) / np.sqrt(n)).astype(np.float32)

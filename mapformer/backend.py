@@ -218,6 +218,10 @@ def _adamw_step(params, grads, m, v, decay_mask, *, lr, step, beta1=0.9, beta2=0
                                            eps, weight_decay, step)
 
 
+def _ema_update(target, source, decay):
+    target[:] = ref.ema_update(target, source, decay)
+
+
 def _clip_grad_norm(grads, max_norm):
     clipped, norm = ref.clip_grad_norm(grads, max_norm)
     grads[:] = clipped
@@ -295,9 +299,11 @@ def array_ops(float_dtype, xp=np, to_numpy=np.asarray):
     )
 
 
+# the C ops named neither *_forward nor *_backward
+UPDATE_OPS = ("adamw_step", "global_norm", "clip_grad_norm", "ema_update")
 C = SimpleNamespace(name="c", dtype=np.float32, **array_ops(np.float32), **{
     name: getattr(_C, name) for name in dir(_C) if name.endswith(("_forward", "_backward"))
-    or name in ("adamw_step", "global_norm", "clip_grad_norm")}, **_ape_powers(np.float32))
+    or name in UPDATE_OPS}, **_ape_powers(np.float32))
 
 NUMPY = SimpleNamespace(
     name="numpy",
@@ -342,6 +348,8 @@ NUMPY = SimpleNamespace(
     lstm_backward=_lstm_backward,
     vq_forward=ref.vq_forward,
     vq_backward=_vq_backward,
+    l2_normalize_forward=ref.l2_normalize_forward,
+    l2_normalize_backward=ref.l2_normalize_backward,
     softmax_xent_forward=ref.softmax_xent_forward,
     softmax_xent_backward=ref.softmax_xent_backward,
     silu_forward=ref.silu_forward,
@@ -364,11 +372,12 @@ NUMPY = SimpleNamespace(
     adamw_step=_adamw_step,
     global_norm=ref.global_norm,
     clip_grad_norm=_clip_grad_norm,
+    ema_update=_ema_update,
 )
 
 BACKENDS = {"c": C, "numpy": NUMPY}
 KERNEL_OPS = sorted(name for name, value in vars(C).items() if name.endswith(
-    ("_forward", "_backward")) or name in ("adamw_step", "global_norm", "clip_grad_norm"))
+    ("_forward", "_backward")) or name in UPDATE_OPS)
 
 
 class MissingKernel(NotImplementedError):
@@ -378,8 +387,8 @@ class MissingKernel(NotImplementedError):
 
 def family_of(op):
     """The op family of an op's name: attention_forward -> 'attention', adamw_step ->
-    'adamw'."""
-    for suffix in ("_forward", "_backward", "_step"):
+    'adamw', ema_update -> 'ema'."""
+    for suffix in ("_forward", "_backward", "_step", "_update"):
         if op.endswith(suffix):
             return op[:-len(suffix)]
     return op

@@ -25,7 +25,8 @@ FAMILIES = ("gelu", "activation (silu, softplus)", "layernorm", "rotary", "path_
             "embedding", "softmax_xent", "adamw", "attention", "linear", "mlp", "residual",
             "grad_norm", "tape_rotate", "ape_decay", "causal_conv1d",
             "selective_scan", "complex_scan", "sln", "b4", "nc", "vq", "lstm", "conj_attention",
-            "cope", "attention_decode", "tape_mix", "ape_apply", "gridpe_complex")
+            "cope", "attention_decode", "tape_mix", "ape_apply", "gridpe_complex",
+            "l2_normalize", "ema")
 HOW_TO_BUILD = ("build the CUDA kernels and install CuPy: MAPFORMER_CUDA=on pip install "
                 "'.[cuda]' (needs the CUDA Toolkit's nvcc; cupy-cuda13x, or '.[cuda12]' for a "
                 "CUDA 12 toolkit and driver)")
@@ -656,6 +657,26 @@ def ops(lib, xp, stream=lambda: None, params_h=None):
              H=H, scratch=scratch, scratch_floats=scratch.size)
         return dx, dh0, dc0
 
+    def l2_normalize_forward(x, eps=1e-12):
+        x = f32(x)
+        N, D = x.shape
+        y, norm = empty(N, D), empty(N)
+        call("l2_normalize_forward_cuda", "MfL2NormalizeParams", y=y, norm=norm, x=x, N=N, D=D,
+             eps=eps)
+        return y, norm
+
+    def l2_normalize_backward(dy, y, norm):
+        dy = f32(dy)
+        N, D = dy.shape
+        dx = empty(N, D)
+        call("l2_normalize_backward_cuda", "MfL2NormalizeParams", dx=dx, dy=dy, y_in=f32(y),
+             norm_in=f32(norm), N=N, D=D)
+        return dx
+
+    def ema_update(target, source, decay):
+        call("ema_update_cuda", "MfEmaParams", target=target, source=f32(source), n=target.size,
+             decay=decay)
+
     vq_lstm = SimpleNamespace(vq_forward=vq_forward, vq_backward=vq_backward,
                             lstm_forward=lstm_forward, lstm_backward=lstm_backward)
 
@@ -687,7 +708,8 @@ def ops(lib, xp, stream=lambda: None, params_h=None):
         tape_mix_backward=tape_mix_backward, ape_apply_forward=ape_apply_forward,
         ape_apply_backward=ape_apply_backward, gridpe_complex_forward=gridpe_complex_forward,
         gridpe_complex_backward=gridpe_complex_backward, cope_forward=cope_forward,
-        cope_backward=cope_backward, **vars(vq_lstm))
+        cope_backward=cope_backward, l2_normalize_forward=l2_normalize_forward,
+        l2_normalize_backward=l2_normalize_backward, ema_update=ema_update, **vars(vq_lstm))
 
 
 def gpu_ops():

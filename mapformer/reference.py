@@ -1293,6 +1293,27 @@ def vq_backward(dcodes, z, codebook, indices, codebook_weight, commitment_weight
     return dz, dcodebook
 
 
+# ---- l2_normalize: rows scaled to unit length (TDB's enc objective) -------------------------
+def l2_normalize_forward(x, eps=1e-12, dtype=np.float64):
+    """x (N, D) -> (y (N, D), norm (N,)): norm = sqrt(sum_d x^2 + eps), y = x / norm."""
+    (x,) = _cast(dtype, x)
+    norm = np.sqrt((x * x).sum(-1) + eps)
+    return x / norm[:, None], norm
+
+
+def l2_normalize_backward(dy, y, norm, dtype=np.float64):
+    """dy (N, D), the forward's y (N, D) and norm (N,) -> dx (N, D) = (dy - y (y . dy)) / norm."""
+    dy, y, norm = _cast(dtype, dy, y, norm)
+    return (dy - y * (y * dy).sum(-1, keepdims=True)) / norm[:, None]
+
+
+# ---- ema: exponential moving average (TDB's teacher) ----------------------------------------
+def ema_update(target, source, decay, dtype=np.float64):
+    """target, source (P,), decay in [0, 1) -> decay target + (1 - decay) source (P,)."""
+    target, source = _cast(dtype, target, source)
+    return decay * target + (1.0 - decay) * source
+
+
 # ---- lstm: one layer, gates (i, f, g, o) -----------------------------------------------------
 def _sigmoid(x):
     return 1.0 / (1.0 + np.exp(-x))

@@ -17,7 +17,8 @@ maps (code of x_n, E(a_n)) to a vector whose L2-normalised value regresses onto 
 normalised code of x_{n+1}: L_enc = ||g/|g| - sg(t/|t|)||^2, averaged over the positions
 with a next observation (the paper sums; averaging keeps it on the cross-entropy's scale),
 added to the loss. The teacher runs without dropout; its codebook is the EMA of the
-student's. The normalisation and the EMA are NumPy arithmetic here, not C ops.
+student's. The normalisations (``l2_normalize_forward`` / ``_backward``, eps 1e-12) and the
+teacher's update (``ema_update``) are backend ops: C ops on the C backend.
 
 The vanilla transformer and the LSTM of the paper's Table 1 need no class of their own: a
 :class:`mapformer.models.Transformer` on the same tokens with targets x_{n+1} at the action
@@ -170,8 +171,7 @@ class TDB:
         if self.teacher is None:
             return
         t = self.teacher.params.data
-        t *= self.config.ema
-        self.ops.add_(t, (1.0 - self.config.ema) * self.params.data[:t.shape[0]])
+        self.ops.ema_update(t, self.params.data[:t.shape[0]], self.config.ema)
 
     def train(self, mode=True):
         for block in self.blocks:
@@ -218,13 +218,11 @@ class TDB:
         B, T = self.tokens.shape
         N, C = T // 2, self.config.d_model
         target, _ = self.teacher.encode(tokens)
-        target = target.reshape(B, N, C)
+        target, _ = self.ops.l2_normalize_forward(target, 1e-12)
         nxt = self.ops.zeros((B, N, C))
-        nxt[:, :-1] = target[:, 1:] / (((target[:, 1:] ** 2).sum(-1, keepdims=True) + 1e-12)
-                                       ** 0.5)
+        nxt[:, :-1] = target.reshape(B, N, C)[:, 1:]
         g = self.enc.forward(codes, self.embedded[:1])
-        self.enc_norm = ((g * g).sum(-1, keepdims=True) + 1e-12) ** 0.5
-        self.enc_y = g / self.enc_norm
+        self.enc_y, self.enc_norm = self.ops.l2_normalize_forward(g, 1e-12)
         mask = self.masks[0].reshape(-1, 1)
         self.enc_count = max(float(mask.sum()), 1.0)
         self.enc_diff = (self.enc_y - nxt.reshape(B * N, C)) * mask
@@ -233,8 +231,7 @@ class TDB:
     def enc_backward(self, dcode, dembedded):
         """L_enc's gradient through g/|g| and g into dcode and dembedded[0]."""
         dy = (2.0 / self.enc_count) * self.enc_diff
-        y = self.enc_y
-        dg = (dy - y * (y * dy).sum(-1, keepdims=True)) / self.enc_norm
+        dg = self.ops.l2_normalize_backward(dy, self.enc_y, self.enc_norm)
         self.ops.add_(dembedded[0], self.enc.backward(dg, dcode)[0])
 
     def backward(self):

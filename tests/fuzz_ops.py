@@ -47,6 +47,7 @@ WRITTEN = {
     "b4_backward": {"dgen", "dstart"},
     "nc_backward": {"dstart"},
     "nc_general_backward": {"dgen", "dstart"},
+    "ema_update": {"target"},
 }
 IDS = {"embedding_forward": ("tokens", "V"), "embedding_backward": ("tokens", "V"),
        "softmax_xent_forward": ("targets", "V"), "softmax_xent_backward": ("targets", "V"),
@@ -140,6 +141,13 @@ def good_call(op, rng):
         return dict(params=f32(rng, P), grads=f32(rng, P), m=f32(rng, P),
                     v=np.abs(f32(rng, P)), decay_mask=rng.random(P) < 0.5, lr=1e-3,
                     step=int(rng.integers(1, 100)), weight_decay=0.01), s
+    if op == "ema_update":
+        return dict(target=f32(rng, P), source=f32(rng, P), decay=float(rng.random())), s
+    if op == "l2_normalize_forward":
+        return dict(x=f32(rng, N, C), eps=1e-12), s
+    if op == "l2_normalize_backward":
+        y, norm = _C.l2_normalize_forward(f32(rng, N, C))
+        return dict(dy=f32(rng, N, C), y=y, norm=norm), s
     if op == "clip_grad_norm":
         return dict(grads=f32(rng, P), max_norm=1.0), s
     if op == "global_norm":
@@ -265,7 +273,7 @@ BAD_SCALARS = [float("nan"), float("inf"), -float("inf"), 2**2000, -(2**2000), 1
                2**63, -(2**63) - 1, -1, 0, "1", b"x", [1.0], None, True, np.float64("nan"),
                np.int64(-5), 3.5e38, -3.5e38]
 SCALAR_NAMES = {"scale", "eps", "lr", "step", "beta1", "beta2", "weight_decay", "max_norm",
-                "mode", "gamma", "mask"}
+                "mode", "gamma", "mask", "decay"}
 BAD_MODES = ["score_product\0junk", "", "sum\0", "SUM", "score_product ", 3, None, b"sum"]
 
 

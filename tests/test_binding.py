@@ -38,6 +38,7 @@ def _args(rng):
                                           omega=f(H, D // 2), domega=f(H, D // 2)),
         "adamw_step": dict(params=f(P), grads=f(P), m=f(P), v=np.abs(f(P)),
                            decay_mask=rng.random(P) < 0.5, lr=1e-3, step=1),
+        "ema_update": dict(target=f(P), source=f(P), decay=0.99),
         "cope_backward": dict(dout=f(B, T, H, D), q=q, k=k, v=v, e=e, out=out, lse=lse,
                               de=f(H, 3, D)),
         "tape_mix_backward": dict(de_new=f(B, T, H, D), e_att=f(B, T, H, D),
@@ -56,6 +57,7 @@ IN_PLACE = [("embedding_backward", "dweight"),
             ("mlp_backward", "db_proj"),
             ("path_integration_backward", "domega"),
             ("adamw_step", "params"), ("adamw_step", "m"), ("adamw_step", "v"),
+            ("ema_update", "target"),
             ("cope_backward", "de"),
             ("tape_mix_backward", "dw")]
 

@@ -107,6 +107,36 @@ def test_adamw(emu, rng, n):
     assert emu.call("adamw_step_cuda", "MfAdamwParams", **bad) == 1  # MF_EINVAL
 
 
+@pytest.mark.parametrize("n", ELEMENTWISE)
+def test_ema(emu, rng, n):
+    target, source = randn(rng, n), randn(rng, n, scale=3.0)
+    (got,) = run(emu, "ema_update_cuda", "MfEmaParams",
+                 lambda: dict(target=target.copy(), source=source, n=n, decay=0.99), ["target"])
+    assert_close(got, ref.ema_update(target, source, 0.99), "default", "target")
+    for decay in (1.0, -0.5, np.nan):
+        assert emu.call("ema_update_cuda", "MfEmaParams", target=target.copy(), source=source,
+                        n=n, decay=decay) == 1  # MF_EINVAL
+
+
+@pytest.mark.parametrize("N,D", [(1, 1), (3, 3), (7, 17), (4, 129), (2, 1000)])
+def test_l2_normalize(emu, rng, N, D):
+    x, dy = randn(rng, N, D, scale=2.0), randn(rng, N, D)
+    x[N // 2] = 0.0  # a zero row: y = 0, norm = sqrt(eps)
+    y, norm = run(emu, "l2_normalize_forward_cuda", "MfL2NormalizeParams",
+                  lambda: dict(y=empty(N, D), norm=empty(N), x=x, N=N, D=D, eps=1e-12),
+                  ["y", "norm"])
+    ry, rnorm = ref.l2_normalize_forward(x)
+    assert_close(y, ry, "default", "y")
+    assert_close(norm, rnorm, "default", "norm")
+    (dx,) = run(emu, "l2_normalize_backward_cuda", "MfL2NormalizeParams",
+                lambda: dict(dx=empty(N, D), dy=dy, y_in=y, norm_in=norm, N=N, D=D), ["dx"])
+    # dy - y (y . dy) may cancel: compared on the scale of its terms, |dy| / norm
+    scale = np.abs(dy).max(-1, keepdims=True) / norm[:, None]
+    assert_close(dx / scale, ref.l2_normalize_backward(dy, y, norm) / scale, "reduction", "dx")
+    assert emu.call("l2_normalize_forward_cuda", "MfL2NormalizeParams", y=empty(N, D),
+                    norm=empty(N), x=x, N=N, D=D, eps=0.0) == 1  # MF_EINVAL
+
+
 @pytest.mark.parametrize("N,C", [(1, 1), (3, 7), (5, 128), (4, 130), (2, 1000)])
 def test_layernorm(emu, rng, N, C):
     x = randn(rng, N, C, scale=2.0) + 1.5

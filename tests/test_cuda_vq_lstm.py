@@ -2,14 +2,17 @@
 against the float64 reference, forward and backward, on awkward sizes (1, odd, prime; rows,
 codes and columns that leave partial blocks and GEMM tiles), each under the three block
 schedules (the serial ones must give the same bits: test_cuda_ops.run), and through the
-Python wrappers (mapformer.cuda.ops with NumPy) against the C ops."""
+Python wrappers (mapformer.cuda.ops with NumPy) against the C ops; TDB with its enc objective
+(l2_normalize, ema: tests/test_cuda_ops.py) on the emulated backend against the C one."""
 import numpy as np
 import pytest
 
 from conftest import assert_close, randn
 from cuda_emulation import PARAMS_H, Emulation, build
 from mapformer import _C, cuda
+from mapformer import backend as backends
 from mapformer import reference as ref
+from mapformer.tdb import TDB, TDBConfig
 from test_cuda_ops import empty, run
 from test_vq import comparison_bound, exact_dist
 
@@ -166,3 +169,24 @@ def test_wrappers_match_the_c_ops(rng):
         out_c = _C.lstm_backward(dh, x, w_ih, w_hh, *want, *grads_c, h0, c0)
         for g, w in zip([*out, *grads], [*out_c, *grads_c]):
             assert_close(g, w, "gradient", "lstm backward")
+
+
+def test_tdb_enc_on_the_emulated_backend():
+    """A TDB with the enc objective (vq, the heads, l2_normalize, ema) on the CUDA backend of
+    emulated kernels: the C backend's loss, gradients and teacher update."""
+    kernels = cuda.ops(Emulation(build()).lib, np, params_h=PARAMS_H)
+    ops = backends.cuda_backend(kernels, np, np.asarray, cuda.FAMILIES)
+    cfg = TDBConfig(n_obs=5, d_model=32, n_heads=2, n_layers=1, codes=8, head_hidden=8,
+                    enc=True, ema=0.9)
+    tokens = np.random.default_rng(0).integers(0, 5, (2, 10))
+    tokens[:, 1::2] = 5 + tokens[:, 1::2] % 4
+    models = [TDB(cfg, seed=1, backend=b) for b in ("c", ops)]
+    losses = []
+    for model in models:
+        losses.append(model.loss(tokens))
+        model.backward()
+        model.update_teacher()
+    assert losses[1] == pytest.approx(losses[0], rel=1e-5)
+    assert_close(models[1].params.grad, models[0].params.grad, "gradient", "grad")
+    assert_close(models[1].teacher.params.data, models[0].teacher.params.data, "default",
+                 "teacher")

@@ -1,10 +1,10 @@
-"""C AdamW, global norm and gradient clipping against the float64 reference, and their
-argument checks."""
+"""C AdamW, global norm, gradient clipping and the EMA update against the float64 reference,
+and their argument checks."""
 import numpy as np
 import pytest
 
-from conftest import (assert_close, assert_same_bits_for_thread_counts, raises_naming,
-                      randn)
+from conftest import (assert_close, assert_float32_accurate, assert_same_bits_for_thread_counts,
+                      raises_naming, randn)
 from mapformer import _C
 from mapformer import reference as ref
 
@@ -204,3 +204,70 @@ def test_norm_bad_inputs(rng):
     with pytest.raises(TypeError):
         _C.clip_grad_norm(g, "1")
     assert np.array_equal(g, g0)
+
+
+@pytest.mark.parametrize("P", PS)
+@pytest.mark.parametrize("decay", [0.0, 0.5, 0.99, 0.999999])
+def test_ema_update(rng, P, decay):
+    target, source = randn(rng, P), randn(rng, P, scale=3.0)
+    t0, s0 = target.copy(), source.copy()
+    assert _C.ema_update(target, source, decay) is None
+    assert np.array_equal(source, s0)
+    want = ref.ema_update(t0, s0, decay)
+    # two float32 products and a sum: float32 NumPy's error (decay and 1 - decay rounded to
+    # float32 as the op rounds them) at most twice over
+    a = np.float32(decay)
+    baseline = a * t0 + np.float32(1.0 - float(a)) * s0
+    assert_float32_accurate(target, want, baseline, "target",
+                            magnitude=np.abs(t0) + np.abs(s0))
+    if decay == 0.0:
+        assert np.array_equal(target, s0)
+    again = t0.copy()
+    _C.ema_update(target=again, source=s0, decay=np.float32(decay))
+    assert np.array_equal(again, target)
+
+
+def test_ema_update_same_bits_for_any_thread_count(tmp_path):
+    assert_same_bits_for_thread_counts(tmp_path, (
+        "import sys, numpy as np\n"
+        "from mapformer import _C\n"
+        "rng = np.random.default_rng(0)\n"
+        "t = rng.standard_normal(1234567).astype(np.float32)\n"
+        "_C.ema_update(t, rng.standard_normal(t.size).astype(np.float32), 0.99)\n"
+        "np.savez(sys.argv[1], t)\n"), threads=(1, 3))
+
+
+def test_ema_update_bad_inputs(rng):
+    P = 8
+    target, source = randn(rng, P), randn(rng, P)
+    t0 = target.copy()
+    readonly = np.zeros(P, np.float32)
+    readonly.flags.writeable = False
+    cases = [
+        ("target", target.astype(np.float64), TypeError),
+        ("target", target.tolist(), TypeError),
+        ("target", target.reshape(2, 4), ValueError),
+        ("target", np.zeros(0, np.float32), ValueError),
+        ("target", randn(rng, 2 * P)[::2], ValueError),
+        ("target", readonly, ValueError),
+        ("source", source.astype(np.float16), TypeError),
+        ("source", randn(rng, P + 1), ValueError),
+        ("source", source.reshape(P, 1), ValueError),
+        ("source", randn(rng, 2 * P)[::2], ValueError),
+        ("decay", 1.0, ValueError),
+        ("decay", 1 - 1e-9, ValueError),  # 1.0 in float32
+        ("decay", -0.1, ValueError),
+        ("decay", float("nan"), ValueError),
+        ("decay", float("inf"), ValueError),
+        ("decay", "0.9", TypeError),
+        ("decay", None, TypeError),
+    ]
+    for name, bad, exc in cases:
+        with raises_naming(exc, name):
+            _C.ema_update(**{"target": target, "source": source, "decay": 0.9, name: bad})
+    buf = randn(rng, P + 1)
+    with raises_naming(ValueError, "target"):  # shares memory with source
+        _C.ema_update(buf[:P], buf[1:], 0.9)
+    with raises_naming(ValueError, "target"):
+        _C.ema_update(target, target, 0.9)
+    assert np.array_equal(target, t0)

@@ -1,8 +1,9 @@
-/* Binding of csrc/ops/adamw.c and csrc/ops/grad_norm.c. */
+/* Binding of csrc/ops/adamw.c, csrc/ops/grad_norm.c and csrc/ops/ema.c. */
 #include "bind.h"
 
 #define A(f) offsetof(MfAdamwParams, f)
 #define G(f) offsetof(MfGradNormParams, f)
+#define E(f) offsetof(MfEmaParams, f)
 
 /* params, m, v are updated in place; lr and step are required keyword-only arguments */
 static const MfArg adamw_args[] = {
@@ -63,9 +64,20 @@ static const MfArg clip_args[] = {
 static const MfOp clip = {"clip_grad_norm", clip_args, norm_sizes, sizeof(MfGradNormParams),
                           .run = MF_OP(clip_grad_norm)};
 
+/* target is updated in place; decay in [0, 1) */
+static const MfArg ema_args[] = {
+    {"target", 1, MF_INOUT, 0, "P", .field = E(target)},
+    {"source", 2, MF_IN, 0, "P", .field = E(source)},
+    {"decay", 3, MF_FLOAT, 0, .field = E(decay), .lo = 0, .hi = 1, .open = MF_HI_OPEN},
+    {0}};
+static const MfSize ema_sizes[] = {{"P", E(n)}, {NULL, 0}};
+static const MfOp ema = {"ema_update", ema_args, ema_sizes, sizeof(MfEmaParams),
+                         .run = MF_OP(ema_update)};
+
 MF_DEFINE(adamw_step, adamw)
 MF_DEFINE(global_norm, global_norm_op)
 MF_DEFINE(clip_grad_norm, clip)
+MF_DEFINE(ema_update, ema)
 
 PyMethodDef mf_optim_methods[] = {
     MF_METHOD(adamw_step,
@@ -85,4 +97,9 @@ PyMethodDef mf_optim_methods[] = {
      "Returns the norm before clipping. max_norm > 0; float('inf') computes the norm and never\n"
      "clips. A non-finite norm (NaN or inf in grads) is returned and grads are left untouched,\n"
      "so the caller can skip the step."),
+    MF_METHOD(ema_update,
+     "ema_update(target, source, decay) -> None\n\n"
+     "target = decay * target + (1 - decay) * source in place (an exponential moving average:\n"
+     "TDB's teacher). target, source float32 (P,), distinct buffers; decay in [0, 1). Float32\n"
+     "arithmetic, 1 - decay rounded once; the same bits for any thread count."),
     {NULL, NULL, 0, NULL}};

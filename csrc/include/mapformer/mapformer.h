@@ -316,4 +316,17 @@ int lstm_forward(const MfLstmParams *p);
 int64_t lstm_backward_scratch_floats(const MfLstmParams *p);
 int lstm_backward(const MfLstmParams *p);
 
+/* ---- l2_normalize.c: rows scaled to unit L2 norm (TDB's enc objective) --------------------- */
+/* y (N, D) = x / norm, norm (N,) = sqrt(sum_d x^2 + eps) (squares summed in double), saved
+ * for the backward; x (N, D); eps > 0 and finite (a zero row gives y = 0) */
+int l2_normalize_forward(const MfL2NormalizeParams *p);
+/* dx (N, D) (=) = (dy - y (y . dy)) / norm per row; dy (N, D), forward's y_in (N, D) and
+ * norm_in (N,) */
+int l2_normalize_backward(const MfL2NormalizeParams *p);
+
+/* ---- ema.c: exponential moving average in place (TDB's teacher) ----------------------------- */
+/* target (n,) = decay target + (1 - decay) source (n,), elementwise in float32 with
+ * 1 - decay rounded once; decay in [0, 1) */
+int ema_update(const MfEmaParams *p);
+
 #endif

@@ -416,4 +416,24 @@ typedef struct {
     int64_t scratch_floats;
 } MfLstmParams;
 
+/* l2_normalize: rows of width D scaled to unit length, y = x / norm,
+ * norm = sqrt(sum_d x^2 + eps) */
+typedef struct {
+    float *y, *norm;           /* forward (N, D), (N,): norm saved */
+    float *dx;                 /* backward (N, D) (=) */
+    const float *dy;           /* backward (N, D) */
+    const float *x;            /* forward (N, D) */
+    const float *y_in, *norm_in; /* backward: forward's y (N, D), norm (N,) */
+    int64_t N, D;
+    float eps;                 /* forward: > 0, finite */
+} MfL2NormalizeParams;
+
+/* ema: an exponential moving average in place, target = decay target + (1 - decay) source */
+typedef struct {
+    float *target;        /* (n,), updated */
+    const float *source;  /* (n,) */
+    int64_t n;
+    float decay;          /* in [0, 1) */
+} MfEmaParams;
+
 #endif
