@@ -1252,11 +1252,6 @@ def ape_tree_backward(dmaps, generator, dtype=np.float64):
     return ds - _swap(ds)
 
 
-    return (np.einsum("bhij,bjhd->bihd", dsx, kx), np.einsum("bhij,bihd->bjhd", dsx, qx),
-            np.einsum("bhij,bjhd->bihd", dsp, kp), np.einsum("bhij,bihd->bjhd", dsp, qp),
-            np.einsum("bhij,bihd->bjhd", a, dout))
-
-
 # ---- vq: vector quantisation, M parallel codebooks -----------------------------------------
 def vq_forward(z, codebook, dtype=np.float64):
     """z (N, M, D), codebook (M, K, D) -> (codes (N, M, D), indices int32 (N, M),
