@@ -74,7 +74,7 @@
 
 #define MF_VW MF_CLONES_VW
 #define NC_SUFFIX clones
-#define NC_ATTR MF_CLONES
+#define NC_ATTR MF_CLONES_FMA
 #include "kernels/nc.h"
 
 #define NC_MIN_PARALLEL 8192 /* B*T*H*NB below this runs on one thread */

@@ -34,25 +34,31 @@
 #define NC_POLY2 2.25f /* |w|^2 below which qexp is its Taylor series (|w| < 1.5) */
 #define NC_CHUNK 8     /* steps whose qexp the forward evaluates before their products */
 #define NC_ROWS ((6 + MF_VW - 1) / MF_VW * MF_VW) /* transpose rows for 6 (or 4) features */
-#ifndef NC_AHEAD
 #define NC_AHEAD 8     /* steps ahead that the (b, t) rows are prefetched */
-#endif
-#ifndef NC_LOC
-#define NC_LOC 3
-#endif
 #define ALIGNED __attribute__((aligned(64)))
+
+/* FMA(a, b, c) = a b + c and FMS(a, b, c) = a b - c, one rounding on every width and target
+ * (simd.h's VFMAF; the intrinsic where the file is compiled for AVX-512) */
+#if NC_PERMUTES
+#define FMA(a, b, c) ((vf)_mm512_fmadd_ps((__m512)(a), (__m512)(b), (__m512)(c)))
+#define FMS(a, b, c) ((vf)_mm512_fmsub_ps((__m512)(a), (__m512)(b), (__m512)(c)))
+#else
+#define FMA(a, b, c) VFMAF(a, b, c)
+#define FMS(a, b, c) VFMAF(a, b, -(c))
+#endif
 
 typedef struct {
     vf w, x, y, z;
 } vq;
 
-/* *r = a b, each component's four products summed as two pairs (a shorter chain of adds on
- * the sequential product) */
+/* *r = a b, each component's four products summed as two pairs, each pair a product and a
+ * fused multiply-add (a chain of a product, a fused multiply-add and an add on the sequential
+ * product) */
 MF_INLINE void vq_mul(vq *r, const vq *a, const vq *b) {
-    const vf w = (a->w * b->w - a->x * b->x) - (a->y * b->y + a->z * b->z);
-    const vf x = (a->w * b->x + a->x * b->w) + (a->y * b->z - a->z * b->y);
-    const vf y = (a->w * b->y - a->x * b->z) + (a->y * b->w + a->z * b->x);
-    const vf z = (a->w * b->z + a->x * b->y) - (a->y * b->x - a->z * b->w);
+    const vf w = FMS(a->w, b->w, a->x * b->x) - FMA(a->y, b->y, a->z * b->z);
+    const vf x = FMA(a->w, b->x, a->x * b->w) + FMS(a->y, b->z, a->z * b->y);
+    const vf y = FMS(a->w, b->y, a->x * b->z) + FMA(a->y, b->w, a->z * b->x);
+    const vf z = FMA(a->w, b->z, a->x * b->y) - FMS(a->y, b->x, a->z * b->w);
     r->w = w, r->x = x, r->y = y, r->z = z;
 }
 
@@ -62,7 +68,7 @@ MF_INLINE void vq_mul(vq *r, const vq *a, const vq *b) {
  * rounding d_t, |q_t|^2 = (1 + e)(1 + 2 d_t)(1 - e + O(e^2)) = 1 + 2 d_t + O(e^2): as
  * converged as the factor applied after the product. */
 MF_INLINE void vq_renorm_factor(vf *f, const vq *q) {
-    const vf n2 = (q->w * q->w + q->x * q->x) + (q->y * q->y + q->z * q->z);
+    const vf n2 = FMA(q->w, q->w, q->x * q->x) + FMA(q->y, q->y, q->z * q->z);
     *f = 1.5f - 0.5f * n2;
 }
 
@@ -92,24 +98,25 @@ MF_INLINE int vany(const vi *m) {
 /* *a = qexp(w) = (cos n, sinc(n) w) for the pure quaternion w = (w[0], w[1], w[2]), n = |w|;
  * *sc = sinc n, when k is not NULL *k = (1 - sinc n cos n) / n^2 (qexp's Jacobian, see
  * side_coefs), when n2o is not NULL *n2o = n^2. Lanes with n^2 < NC_POLY2: their Taylor
- * series in n^2 (cos and sinc to n^12, k to n^14: the next terms are below 4e-9 there), no
- * square root, division or reduction; any other lane (only when there is one): sqrt, vsincos
- * and a division. */
+ * series in n^2 (cos and sinc to n^12, k to n^14: the next terms are below 4e-9 there; Horner
+ * by fused multiply-adds), no square root, division or reduction; any other lane (only when
+ * there is one): sqrt, vsincos and a division. */
+#define NC_H(x, c) x = FMA(x, n2, VSPLAT(c)) /* one Horner step */
 MF_INLINE void vqexp(vq *a, vf *sc, vf *k, vf *n2o, const vf *w) {
-    const vf n2 = (w[0] * w[0] + w[1] * w[1]) + w[2] * w[2];
+    const vf n2 = FMA(w[2], w[2], FMA(w[0], w[0], w[1] * w[1]));
     if (n2o) *n2o = n2;
     vf c = VSPLAT(1.0f / 479001600);
-    c = c * n2 - 1.0f / 3628800, c = c * n2 + 1.0f / 40320, c = c * n2 - 1.0f / 720;
-    c = c * n2 + 1.0f / 24, c = c * n2 - 0.5f, c = c * n2 + 1.0f;
+    NC_H(c, -1.0f / 3628800), NC_H(c, 1.0f / 40320), NC_H(c, -1.0f / 720);
+    NC_H(c, 1.0f / 24), NC_H(c, -0.5f), NC_H(c, 1.0f);
     vf s = VSPLAT(1.0f / 6227020800);
-    s = s * n2 - 1.0f / 39916800, s = s * n2 + 1.0f / 362880, s = s * n2 - 1.0f / 5040;
-    s = s * n2 + 1.0f / 120, s = s * n2 - 1.0f / 6, s = s * n2 + 1.0f;
+    NC_H(s, -1.0f / 39916800), NC_H(s, 1.0f / 362880), NC_H(s, -1.0f / 5040);
+    NC_H(s, 1.0f / 120), NC_H(s, -1.0f / 6), NC_H(s, 1.0f);
     vf q = VZERO;
     if (k) { /* sum_{j >= 1} (-1)^(j+1) 4^j n^(2j-2) / (2j+1)!, to j = 8 */
         q = VSPLAT(-65536.0f / 355687428096000.0f);
-        q = q * n2 + 16384.0f / 1307674368000.0f, q = q * n2 - 4096.0f / 6227020800.0f;
-        q = q * n2 + 1024.0f / 39916800, q = q * n2 - 256.0f / 362880;
-        q = q * n2 + 64.0f / 5040, q = q * n2 - 16.0f / 120, q = q * n2 + 4.0f / 6;
+        NC_H(q, 16384.0f / 1307674368000.0f), NC_H(q, -4096.0f / 6227020800.0f);
+        NC_H(q, 1024.0f / 39916800), NC_H(q, -256.0f / 362880);
+        NC_H(q, 64.0f / 5040), NC_H(q, -16.0f / 120), NC_H(q, 4.0f / 6);
     }
     const vi big = n2 >= VSPLAT(NC_POLY2);
     if (vany(&big)) {
@@ -225,14 +232,14 @@ MF_INLINE void tile_store(float *dst, const vf *v, int64_t n, int F) {
 MF_INLINE void prefetch_floats(const float *x, int64_t n, int rw) {
     for (int64_t i = 0; i < n; i += 16) {
         if (rw)
-            __builtin_prefetch(x + i, 1, NC_LOC);
+            __builtin_prefetch(x + i, 1);
         else
-            __builtin_prefetch(x + i, 0, NC_LOC);
+            __builtin_prefetch(x + i, 0);
     }
     if (rw)
-        __builtin_prefetch(x + n - 1, 1, NC_LOC);
+        __builtin_prefetch(x + n - 1, 1);
     else
-        __builtin_prefetch(x + n - 1, 0, NC_LOC);
+        __builtin_prefetch(x + n - 1, 0);
 }
 
 MF_INLINE void vq_load(vq *q, const float *src, int64_t n, int64_t avail) {
@@ -267,7 +274,7 @@ void NC_FN(nc_forward_group)(const MfNcParams *p, const NcShape *sh, int64_t b, 
             const int64_t row = (b * sh->T + t) * nb + j0;
             if (t + NC_AHEAD < sh->T) prefetch_floats(p->p + 4 * (row + NC_AHEAD * nb), 4 * n, 1);
             /* p_{t-1}'s renormalisation, beside the products, applied to p_t (vq_renorm) */
-            const vf n2 = (q.w * q.w + q.x * q.x) + (q.y * q.y + q.z * q.z);
+            const vf n2 = FMA(q.w, q.w, q.x * q.x) + FMA(q.y, q.y, q.z * q.z);
             const vf f = 1.5f - 0.5f * (n2 * inv);
             vq_mul(&q, &steps[2 * (t - t0)], &q);
             vq_mul(&q, &q, &steps[2 * (t - t0) + 1]);
@@ -291,24 +298,29 @@ void NC_FN(nc_forward_group)(const MfNcParams *p, const NcShape *sh, int64_t b, 
 MF_INLINE void side_coefs(vf *o, const vf *s, const vf *c, const vf *k, const vf *m,
                           const vf *hp) {
     const vf beta = 2.0f * (*s * *s), gamma = 2.0f * (*s * *c);
-    o[0] = 1.0f - beta * *m, o[1] = beta, o[2] = gamma;
+    o[0] = FMA(-beta, *m, VSPLAT(1.0f)), o[1] = beta, o[2] = gamma;
     o[3] = *hp * gamma, o[4] = (*hp + *hp) * *k, o[5] = *hp * beta;
 }
 
 /* one reverse step of one side: y = Z_{t+1} + h_t (3 vectors, replaced by Z_t), w the side's
  * generator, o its coefficients (side_coefs), sign 1 for u (X = y x u), -1 for v (X = v x y);
  * dw = the side's gradient (3 vectors) */
-MF_INLINE void side_step(vf *y, vf *dw, const vf *w, const vf *o, float sign) {
-    const vf wy = (w[0] * y[0] + w[1] * y[1]) + w[2] * y[2];
-    const vf x0 = sign * (y[1] * w[2] - y[2] * w[1]), x1 = sign * (y[2] * w[0] - y[0] * w[2]),
-             x2 = sign * (y[0] * w[1] - y[1] * w[0]);
+MF_INLINE void side_step(vf *y, vf *dw, const vf *w, const vf *o, int sign) {
+    const vf wy = FMA(w[2], y[2], FMA(w[0], y[0], w[1] * y[1]));
+    vf x0, x1, x2;
+    if (sign > 0)
+        x0 = FMS(y[1], w[2], y[2] * w[1]), x1 = FMS(y[2], w[0], y[0] * w[2]),
+        x2 = FMS(y[0], w[1], y[1] * w[0]);
+    else
+        x0 = FMS(y[2], w[1], y[1] * w[2]), x1 = FMS(y[0], w[2], y[2] * w[0]),
+        x2 = FMS(y[1], w[0], y[0] * w[1]);
     const vf rb = o[1] * wy, gb = o[4] * wy;
-    dw[0] = (o[3] * y[0] + gb * w[0]) + o[5] * x0;
-    dw[1] = (o[3] * y[1] + gb * w[1]) + o[5] * x1;
-    dw[2] = (o[3] * y[2] + gb * w[2]) + o[5] * x2;
-    y[0] = (o[0] * y[0] + rb * w[0]) + o[2] * x0;
-    y[1] = (o[0] * y[1] + rb * w[1]) + o[2] * x1;
-    y[2] = (o[0] * y[2] + rb * w[2]) + o[2] * x2;
+    dw[0] = FMA(o[5], x0, FMA(gb, w[0], o[3] * y[0]));
+    dw[1] = FMA(o[5], x1, FMA(gb, w[1], o[3] * y[1]));
+    dw[2] = FMA(o[5], x2, FMA(gb, w[2], o[3] * y[2]));
+    y[0] = FMA(o[2], x0, FMA(rb, w[0], o[0] * y[0]));
+    y[1] = FMA(o[2], x1, FMA(rb, w[1], o[0] * y[1]));
+    y[2] = FMA(o[2], x2, FMA(rb, w[2], o[0] * y[2]));
 }
 
 NC_ATTR
@@ -360,14 +372,16 @@ void NC_FN(nc_backward_group)(const MfNcParams *p, const NcShape *sh, int64_t b,
         /* h = vec(g conj(phat_t)), h' = vec(conj(phat_t) g): the same but the cross product's
          * sign */
         const vf pw = v[0], px = v[1], py = v[2], pz = v[3];
-        sig += (g.w * pw + g.x * px) + (g.y * py + g.z * pz);
-        const vf vx = pw * g.x - g.w * px, vy = pw * g.y - g.w * py, vz = pw * g.z - g.w * pz;
-        const vf cx = g.y * pz - g.z * py, cy = g.z * px - g.x * pz, cz = g.x * py - g.y * px;
+        sig += FMA(g.w, pw, g.x * px) + FMA(g.y, py, g.z * pz);
+        const vf vx = FMS(pw, g.x, g.w * px), vy = FMS(pw, g.y, g.w * py),
+                 vz = FMS(pw, g.z, g.w * pz);
+        const vf cx = FMS(g.y, pz, g.z * py), cy = FMS(g.z, px, g.x * pz),
+                 cz = FMS(g.x, py, g.y * px);
         Z[0] += vx - cx, Z[1] += vy - cy, Z[2] += vz - cz;
         W[0] += vx + cx, W[1] += vy + cy, W[2] += vz + cz;
         vf dw[6];
-        side_step(Z, dw, v + 4, v + 10, 1.0f);
-        side_step(W, dw + 3, v + 7, v + 16, -1.0f);
+        side_step(Z, dw, v + 4, v + 10, 1);
+        side_step(W, dw + 3, v + 7, v + 16, -1);
         tile_store(p->dw + 6 * row, dw, n, 6);
     }
     /* E_1 = (sig, Z_1) phat */
