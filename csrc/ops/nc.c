@@ -35,10 +35,12 @@
  * phat = p* / |p*| (1 where |p*|^2 <= 1e-30) and scales dw's coefficients by |p*|; the scalar
  * part of Z's quaternion is sig_t = sum_{tau >= t} g_tau . phat_tau (rotations keep it), and
  * E_1 = (sig_1, Z_1) phat, exact for p* = 0 too. The backward first runs the chain of phat_t
- * again (one pair of quaternion products a step, renormalised as the forward), keeping phat_t,
- * w_t and the six coefficients of each side for every step in the thread's scratch
- * (NC_SAVED = 22 vectors a step: 176 KB per thread at T = 256 and 8 lanes), then sweeps t in
- * reverse: nothing is recovered by inverting steps. (Carrying A_t, C_t and E_t instead costs
+ * again (one pair of quaternion products a step, renormalised as the forward), keeping phat_t
+ * and w_t (transposed) for every step in the thread's scratch (NC_SAVED = 10 vectors a step
+ * and group: 320 KB per thread at T = 256, 16 lanes and a span of 2 groups), then sweeps t in
+ * reverse, taking each step's qexp again with the Jacobian's k (keeping its 12 coefficient
+ * vectors instead, 22 vectors a step, measured the same time): nothing is recovered by
+ * inverting steps. (Carrying A_t, C_t and E_t instead costs
  * two quaternion products more a step: 11.9 ms against 10.0 ms for the backward at B 128,
  * T 256, H 2, NB 16, one thread.)
  *
@@ -50,16 +52,18 @@
  * bits (elementwise float32 operations, no contraction). The (b, t) rows of w (6 floats a
  * block), p, dp and p* (4 a block) are turned into lanes in registers (the loads may read
  * past the group's last block up to the array's end, the group at the array's end is
- * gathered float by float). 16 lanes against 8 (one thread, B 128, T 256, H 2, 16 blocks of
- * 4, an AVX-512 Xeon): forward 4.2 -> 2.3-2.6 ms, backward 10.4 -> 5.5-7.2 ms.
- * All in float32. qexp per step: below |w| = 1.5 the Taylor series of cos, sinc (and the
- * Jacobian's k) in |w|^2, Horner, no square root, reduction or division; a group with a larger
+ * gathered float by float). A kernel call runs a span of NC_SPAN = 2 groups in lockstep: the
+ * span's part of each (b, t) row is contiguous (the whole row at H NB = 32 blocks and 16
+ * lanes), and its chains are independent work in the sequential loops.
+ * All in float32, with fused multiply-adds (one rounding on every width and target: simd.h's
+ * VFMAF, MF_CLONES_FMA clones). qexp per step: below |w| = 1.5 the Taylor series of cos, sinc
+ * (and the Jacobian's k) in |w|^2, Horner, no square root, reduction or division; a group with a larger
  * step also takes a vector sqrt, vsincos (Cody-Waite reduction and polynomials, about 1 ulp;
  * |w| below 2^22) and a division for those lanes. The qexp of a chunk of steps (independent
  * over t) come first, then the chunk's products, the only sequential dependence (2 quaternion
  * products, each component's four products summed in pairs, and a renormalisation a step).
  *
- * Parallel layout: a work item is (batch row b, group); the lanes do not interact, so a
+ * Parallel layout: a work item is (batch row b, span); the lanes do not interact, so a
  * block's bits do not depend on its group or thread. dp*: each item writes its E_1 to scratch,
  * summed over b in a fixed order (in double) after the items: same bits for any thread count.
  */
@@ -85,7 +89,7 @@ static int nc_check(const MfNcParams *p) {
     return MF_OK;
 }
 
-/* the group kernels of the active kernel set: 16 lanes on AVX-512, else the clones' width */
+/* the span kernels of the active kernel set: 16 lanes on AVX-512, else the clones' width */
 typedef struct {
     int64_t vw;
     void (*forward)(const MfNcParams *, const NcShape *, int64_t, int64_t);
@@ -95,10 +99,10 @@ typedef struct {
 static Kernels kernels_of(int set) {
 #if MF_X86
     if (set == MF_KERNELS_AVX512)
-        return (Kernels){16, nc_forward_group_avx512, nc_backward_group_avx512};
+        return (Kernels){16, nc_forward_span_avx512, nc_backward_span_avx512};
 #endif
     (void)set;
-    return (Kernels){MF_VW, nc_forward_group_clones, nc_backward_group_clones};
+    return (Kernels){MF_VW, nc_forward_span_clones, nc_backward_span_clones};
 }
 
 static NcShape shape_of(const MfNcParams *p, int64_t vw) {
@@ -106,6 +110,7 @@ static NcShape shape_of(const MfNcParams *p, int64_t vw) {
     s.T = p->T;
     s.nblk = p->H * p->NB;
     s.ngroups = (s.nblk + vw - 1) / vw;
+    s.nspans = (s.ngroups + NC_SPAN - 1) / NC_SPAN;
     s.wlen = p->B * p->T * s.nblk * 6;
     s.plen = p->B * p->T * s.nblk * 4;
     return s;
@@ -118,18 +123,18 @@ int nc_forward(const MfNcParams *p) {
     const Kernels k = kernels_of(mf_kernels());
     const NcShape sh = shape_of(p, k.vw);
 #pragma omp parallel for schedule(dynamic, 1) if (p->B * sh.T * sh.nblk >= NC_MIN_PARALLEL)
-    for (int64_t it = 0; it < p->B * sh.ngroups; it++)
-        k.forward(p, &sh, it / sh.ngroups, it % sh.ngroups * k.vw);
+    for (int64_t it = 0; it < p->B * sh.nspans; it++)
+        k.forward(p, &sh, it / sh.nspans, it % sh.nspans * NC_SPAN * k.vw);
     return MF_OK;
 }
 
-/* scratch of the backward: per thread T * NC_SAVED vectors; the dp* partials, 4 vectors per
- * (b, group); at the widest width, so that a change of the active set between this count and
- * the call is harmless */
+/* scratch of the backward: per thread T * NC_SPAN * NC_SAVED vectors; the dp* partials, 4
+ * vectors per (b, group); at the widest width, so that a change of the active set between this
+ * count and the call is harmless */
 #define NC_MAX_VW 16
 
 static int64_t per_thread(const MfNcParams *p) {
-    return mf_scratch_size(p->T * NC_SAVED * NC_MAX_VW);
+    return mf_scratch_size(p->T * NC_SPAN * NC_SAVED * NC_MAX_VW);
 }
 
 static int64_t shared_floats(const MfNcParams *p) {
@@ -156,9 +161,11 @@ int nc_backward(const MfNcParams *p) {
     {
         float *buf = bufs + mf_thread_id() * per_thread(p);
 #pragma omp for schedule(dynamic, 1)
-        for (int64_t it = 0; it < B * sh.ngroups; it++)
-            k.backward(p, &sh, it / sh.ngroups, it % sh.ngroups * vw, buf,
-                       parts + it * 4 * vw);
+        for (int64_t it = 0; it < B * sh.nspans; it++) {
+            const int64_t b = it / sh.nspans, span = it % sh.nspans;
+            k.backward(p, &sh, b, span * NC_SPAN * vw, buf,
+                       parts + (b * sh.ngroups + span * NC_SPAN) * 4 * vw);
+        }
     }
     /* dp* += sum over b of E_1, in b's order */
     for (int64_t j = 0; j < sh.nblk; j++) {

@@ -249,44 +249,65 @@ MF_INLINE void vq_load(vq *q, const float *src, int64_t n, int64_t avail) {
 }
 
 
-/* One group: the steps' qexp for a chunk of NC_CHUNK steps first (independent over t), then
- * the sequential products of the chunk */
-NC_ATTR
-void NC_FN(nc_forward_group)(const MfNcParams *p, const NcShape *sh, int64_t b, int64_t j0) {
-    const int64_t n = sh->nblk - j0 < MF_VW ? sh->nblk - j0 : MF_VW, nb = sh->nblk;
-    vq q; /* p_t = a_t p_{t-1} c_t, renormalised to |p*| */
-    vq_load(&q, p->start + 4 * j0, n, 4 * (nb - j0));
-    const vf s2 = (q.w * q.w + q.x * q.x) + (q.y * q.y + q.z * q.z);
-    const vf inv = VSELECT(s2 > VSPLAT(1e-30f), 1.0f / VSELECT(s2 > VSPLAT(1e-30f), s2,
-                                                              VSPLAT(1.0f)), VZERO);
-    vq steps[2 * NC_CHUNK]; /* a_t, c_t */
-    for (int64_t t0 = 0; t0 < sh->T; t0 += NC_CHUNK) {
-        const int64_t t1 = t0 + NC_CHUNK < sh->T ? t0 + NC_CHUNK : sh->T;
+/* The blocks of G (1 or 2) consecutive groups of batch row b from block j0, in lockstep (the
+ * span's rows of w and p are contiguous, which the hardware prefetchers follow, and the G
+ * chains are independent work for the core): per chunk of NC_CHUNK steps their qexp first
+ * (independent over t), then the sequential products of the chunk */
+MF_INLINE void forward_span(const MfNcParams *p, const NcShape *sh, int64_t b, int64_t j0,
+                            const int G) {
+    const int64_t nb = sh->nblk, T = sh->T;
+    int64_t n[NC_SPAN], all = 0;
+    vq q[NC_SPAN]; /* p_t = a_t p_{t-1} c_t, renormalised to |p*| */
+    vf inv[NC_SPAN];
+    for (int g = 0; g < G; g++) {
+        const int64_t j = j0 + g * MF_VW;
+        n[g] = nb - j < MF_VW ? nb - j : MF_VW, all += n[g];
+        vq_load(&q[g], p->start + 4 * j, n[g], 4 * (nb - j));
+        const vf s2 = (q[g].w * q[g].w + q[g].x * q[g].x) + (q[g].y * q[g].y + q[g].z * q[g].z);
+        const vi live = s2 > VSPLAT(1e-30f);
+        inv[g] = VSELECT(live, 1.0f / VSELECT(live, s2, VSPLAT(1.0f)), VZERO);
+    }
+    vq steps[NC_CHUNK][NC_SPAN][2]; /* a_t, c_t */
+    for (int64_t t0 = 0; t0 < T; t0 += NC_CHUNK) {
+        const int64_t t1 = t0 + NC_CHUNK < T ? t0 + NC_CHUNK : T;
         for (int64_t t = t0; t < t1; t++) {
-            const int64_t row = (b * sh->T + t) * nb + j0;
-            if (t + NC_AHEAD < sh->T) prefetch_floats(p->w + 6 * (row + NC_AHEAD * nb), 6 * n, 0);
-            vf w[6], sc;
-            tile_load(w, p->w + 6 * row, n, 6, sh->wlen - 6 * row);
-            vqexp(&steps[2 * (t - t0)], &sc, NULL, NULL, w);
-            vqexp(&steps[2 * (t - t0) + 1], &sc, NULL, NULL, w + 3);
+            const int64_t row = (b * T + t) * nb + j0;
+            if (t + NC_AHEAD < T) prefetch_floats(p->w + 6 * (row + NC_AHEAD * nb), 6 * all, 0);
+            for (int g = 0; g < G; g++) {
+                const int64_t r = row + g * MF_VW;
+                vf w[6], sc;
+                tile_load(w, p->w + 6 * r, n[g], 6, sh->wlen - 6 * r);
+                vqexp(&steps[t - t0][g][0], &sc, NULL, NULL, w);
+                vqexp(&steps[t - t0][g][1], &sc, NULL, NULL, w + 3);
+            }
         }
         for (int64_t t = t0; t < t1; t++) {
-            const int64_t row = (b * sh->T + t) * nb + j0;
-            if (t + NC_AHEAD < sh->T) prefetch_floats(p->p + 4 * (row + NC_AHEAD * nb), 4 * n, 1);
-            /* p_{t-1}'s renormalisation, beside the products, applied to p_t (vq_renorm) */
-            const vf n2 = FMA(q.w, q.w, q.x * q.x) + FMA(q.y, q.y, q.z * q.z);
-            const vf f = 1.5f - 0.5f * (n2 * inv);
-            vq_mul(&q, &steps[2 * (t - t0)], &q);
-            vq_mul(&q, &q, &steps[2 * (t - t0) + 1]);
-            q.w *= f, q.x *= f, q.y *= f, q.z *= f;
-            const vf out[4] = {q.w, q.x, q.y, q.z};
-            tile_store(p->p + 4 * row, out, n, 4);
+            const int64_t row = (b * T + t) * nb + j0;
+            if (t + NC_AHEAD < T) prefetch_floats(p->p + 4 * (row + NC_AHEAD * nb), 4 * all, 1);
+            for (int g = 0; g < G; g++) {
+                vq *qg = &q[g];
+                /* p_{t-1}'s renormalisation, beside the products, applied to p_t (vq_renorm) */
+                const vf n2 = FMA(qg->w, qg->w, qg->x * qg->x) + FMA(qg->y, qg->y, qg->z * qg->z);
+                const vf f = 1.5f - 0.5f * (n2 * inv[g]);
+                vq_mul(qg, &steps[t - t0][g][0], qg);
+                vq_mul(qg, qg, &steps[t - t0][g][1]);
+                qg->w *= f, qg->x *= f, qg->y *= f, qg->z *= f;
+                const vf out[4] = {qg->w, qg->x, qg->y, qg->z};
+                tile_store(p->p + 4 * (row + g * MF_VW), out, n[g], 4);
+            }
         }
     }
 }
 
-/* the saved vectors of step t in buf: phat (4), w (6), then for u and for v the rotation's
- * (alpha, beta, gamma) and the gradient's (c1, c2, c3) (side_step) */
+NC_ATTR
+void NC_FN(nc_forward_span)(const MfNcParams *p, const NcShape *sh, int64_t b, int64_t j0) {
+    if (sh->nblk - j0 > MF_VW)
+        forward_span(p, sh, b, j0, 2);
+    else
+        forward_span(p, sh, b, j0, 1);
+}
+
+/* the saved vectors of step t in buf: phat (4), w (6) */
 #define SAVED(buf, t) ((buf) + (t) * NC_SAVED * MF_VW)
 
 /* qexp's coefficients of one side, from sinc s, cos c, k and n^2 = m of the step and
@@ -323,74 +344,105 @@ MF_INLINE void side_step(vf *y, vf *dw, const vf *w, const vf *o, int sign) {
     y[2] = FMA(o[2], x2, FMA(rb, w[2], o[0] * y[2]));
 }
 
-NC_ATTR
-void NC_FN(nc_backward_group)(const MfNcParams *p, const NcShape *sh, int64_t b, int64_t j0,
-                              float *buf, float *ds) {
-    const int64_t n = sh->nblk - j0 < MF_VW ? sh->nblk - j0 : MF_VW, nb = sh->nblk;
-    const int64_t T = sh->T;
-    vq s;
-    vq_load(&s, p->start + 4 * j0, n, 4 * (nb - j0));
-    /* phat = p* / |p*| (1 where |p*|^2 <= 1e-30: the lanes' dw is 0 by hp = 0), hp = |p*| / 2 */
-    const vf s2 = (s.w * s.w + s.x * s.x) + (s.y * s.y + s.z * s.z);
-    const vi live = s2 > VSPLAT(1e-30f);
-    vf r;
-    const vf s2l = VSELECT(live, s2, VSPLAT(1.0f));
-    vsqrt(&r, &s2l);
-    const vf ri = VSELECT(live, 1.0f / r, VZERO), hp = VSELECT(live, 0.5f * r, VZERO);
-    vq q = {VSELECT(live, s.w * ri, VSPLAT(1.0f)), s.x * ri, s.y * ri, s.z * ri};
-    const vq phat = q;
+/* the backward of a span of G groups (forward_span), in lockstep; step t of group g is
+ * SAVED(buf, t G + g) */
+MF_INLINE void backward_span(const MfNcParams *p, const NcShape *sh, int64_t b, int64_t j0,
+                             float *buf, float *ds, const int G) {
+    const int64_t nb = sh->nblk, T = sh->T;
+    int64_t n[NC_SPAN], all = 0;
+    vq q[NC_SPAN], phat[NC_SPAN];
+    vf hp[NC_SPAN];
+    for (int g = 0; g < G; g++) {
+        const int64_t j = j0 + g * MF_VW;
+        n[g] = nb - j < MF_VW ? nb - j : MF_VW, all += n[g];
+        vq s;
+        vq_load(&s, p->start + 4 * j, n[g], 4 * (nb - j));
+        /* phat = p* / |p*| (1 where |p*|^2 <= 1e-30: the lanes' dw is 0 by hp = 0),
+         * hp = |p*| / 2 */
+        const vf s2 = (s.w * s.w + s.x * s.x) + (s.y * s.y + s.z * s.z);
+        const vi live = s2 > VSPLAT(1e-30f);
+        vf r;
+        const vf s2l = VSELECT(live, s2, VSPLAT(1.0f));
+        vsqrt(&r, &s2l);
+        const vf ri = VSELECT(live, 1.0f / r, VZERO);
+        hp[g] = VSELECT(live, 0.5f * r, VZERO);
+        q[g] = (vq){VSELECT(live, s.w * ri, VSPLAT(1.0f)), s.x * ri, s.y * ri, s.z * ri};
+        phat[g] = q[g];
+    }
     for (int64_t t = 0; t < T; t++) { /* the forward chain again, from phat */
         const int64_t row = (b * T + t) * nb + j0;
-        vf *v = (vf *)SAVED(buf, t);
-        if (t + NC_AHEAD < T) prefetch_floats(p->w + 6 * (row + NC_AHEAD * nb), 6 * n, 0);
-        tile_load(v + 4, p->w + 6 * row, n, 6, sh->wlen - 6 * row);
-        vq a, c;
-        vf sa, ka, ma, sv, kv, mv;
-        vqexp(&a, &sa, &ka, &ma, v + 4);
-        vqexp(&c, &sv, &kv, &mv, v + 7);
-        side_coefs(v + 10, &sa, &a.w, &ka, &ma, &hp);
-        side_coefs(v + 16, &sv, &c.w, &kv, &mv, &hp);
-        vf f;
-        vq_renorm_factor(&f, &q);
-        vq_mul(&q, &a, &q);
-        vq_mul(&q, &q, &c);
-        vq_scale(&q, &f);
-        v[0] = q.w, v[1] = q.x, v[2] = q.y, v[3] = q.z;
+        if (t + NC_AHEAD < T) prefetch_floats(p->w + 6 * (row + NC_AHEAD * nb), 6 * all, 0);
+        for (int g = 0; g < G; g++) {
+            const int64_t r = row + g * MF_VW;
+            vf *v = (vf *)SAVED(buf, t * G + g);
+            tile_load(v + 4, p->w + 6 * r, n[g], 6, sh->wlen - 6 * r);
+            vq a, c;
+            vf sa, sv;
+            vqexp(&a, &sa, NULL, NULL, v + 4);
+            vqexp(&c, &sv, NULL, NULL, v + 7);
+            vf f;
+            vq_renorm_factor(&f, &q[g]);
+            vq_mul(&q[g], &a, &q[g]);
+            vq_mul(&q[g], &q[g], &c);
+            vq_scale(&q[g], &f);
+            v[0] = q[g].w, v[1] = q[g].x, v[2] = q[g].y, v[3] = q[g].z;
+        }
     }
     /* Z_t = vec(A_{t-1} E_t conj(phat) conj(A_{t-1})), W_t = vec(conj(C_{t-1}) conj(phat) E_t
      * C_{t-1}) and sig_t = sum_{tau >= t} g_tau . phat_tau (the scalar part of Z's quaternion) */
-    vf Z[3] = {VZERO, VZERO, VZERO}, W[3] = {VZERO, VZERO, VZERO}, sig = VZERO;
+    vf Z[NC_SPAN][3], W[NC_SPAN][3], sig[NC_SPAN];
+    for (int g = 0; g < G; g++)
+        for (int i = 0; i < 3; i++) Z[g][i] = W[g][i] = sig[g] = VZERO;
     for (int64_t t = T - 1; t >= 0; t--) {
         const int64_t row = (b * T + t) * nb + j0;
-        const vf *v = (const vf *)SAVED(buf, t);
         if (t >= NC_AHEAD) {
-            prefetch_floats(p->dp + 4 * (row - NC_AHEAD * nb), 4 * n, 0);
-            prefetch_floats(p->dw + 6 * (row - NC_AHEAD * nb), 6 * n, 1);
+            prefetch_floats(p->dp + 4 * (row - NC_AHEAD * nb), 4 * all, 0);
+            prefetch_floats(p->dw + 6 * (row - NC_AHEAD * nb), 6 * all, 1);
         }
-        vq g;
-        vq_load(&g, p->dp + 4 * row, n, sh->plen - 4 * row);
-        /* h = vec(g conj(phat_t)), h' = vec(conj(phat_t) g): the same but the cross product's
-         * sign */
-        const vf pw = v[0], px = v[1], py = v[2], pz = v[3];
-        sig += FMA(g.w, pw, g.x * px) + FMA(g.y, py, g.z * pz);
-        const vf vx = FMS(pw, g.x, g.w * px), vy = FMS(pw, g.y, g.w * py),
-                 vz = FMS(pw, g.z, g.w * pz);
-        const vf cx = FMS(g.y, pz, g.z * py), cy = FMS(g.z, px, g.x * pz),
-                 cz = FMS(g.x, py, g.y * px);
-        Z[0] += vx - cx, Z[1] += vy - cy, Z[2] += vz - cz;
-        W[0] += vx + cx, W[1] += vy + cy, W[2] += vz + cz;
-        vf dw[6];
-        side_step(Z, dw, v + 4, v + 10, 1);
-        side_step(W, dw + 3, v + 7, v + 16, -1);
-        tile_store(p->dw + 6 * row, dw, n, 6);
+        for (int g = 0; g < G; g++) {
+            const int64_t r = row + g * MF_VW;
+            const vf *v = (const vf *)SAVED(buf, t * G + g);
+            vq gq;
+            vq_load(&gq, p->dp + 4 * r, n[g], sh->plen - 4 * r);
+            /* h = vec(g conj(phat_t)), h' = vec(conj(phat_t) g): the same but the cross
+             * product's sign */
+            const vf pw = v[0], px = v[1], py = v[2], pz = v[3];
+            sig[g] += FMA(gq.w, pw, gq.x * px) + FMA(gq.y, py, gq.z * pz);
+            const vf vx = FMS(pw, gq.x, gq.w * px), vy = FMS(pw, gq.y, gq.w * py),
+                     vz = FMS(pw, gq.z, gq.w * pz);
+            const vf cx = FMS(gq.y, pz, gq.z * py), cy = FMS(gq.z, px, gq.x * pz),
+                     cz = FMS(gq.x, py, gq.y * px);
+            Z[g][0] += vx - cx, Z[g][1] += vy - cy, Z[g][2] += vz - cz;
+            W[g][0] += vx + cx, W[g][1] += vy + cy, W[g][2] += vz + cz;
+            /* the step's qexp again, with the Jacobian's k, and its coefficients */
+            vq a, c;
+            vf sa, ka, ma, sv, kv, mv, o[12], dw[6];
+            vqexp(&a, &sa, &ka, &ma, v + 4);
+            vqexp(&c, &sv, &kv, &mv, v + 7);
+            side_coefs(o, &sa, &a.w, &ka, &ma, &hp[g]);
+            side_coefs(o + 6, &sv, &c.w, &kv, &mv, &hp[g]);
+            side_step(Z[g], dw, v + 4, o, 1);
+            side_step(W[g], dw + 3, v + 7, o + 6, -1);
+            tile_store(p->dw + 6 * r, dw, n[g], 6);
+        }
     }
-    /* E_1 = (sig, Z_1) phat */
-    const vq zq = {sig, Z[0], Z[1], Z[2]};
-    vq E;
-    vq_mul(&E, &zq, &phat);
-    VSTORE(ds, E.w);
-    VSTORE(ds + MF_VW, E.x);
-    VSTORE(ds + 2 * MF_VW, E.y);
-    VSTORE(ds + 3 * MF_VW, E.z);
+    for (int g = 0; g < G; g++) { /* E_1 = (sig, Z_1) phat */
+        const vq zq = {sig[g], Z[g][0], Z[g][1], Z[g][2]};
+        vq E;
+        vq_mul(&E, &zq, &phat[g]);
+        float *d = ds + 4 * g * MF_VW;
+        VSTORE(d, E.w);
+        VSTORE(d + MF_VW, E.x);
+        VSTORE(d + 2 * MF_VW, E.y);
+        VSTORE(d + 3 * MF_VW, E.z);
+    }
 }
 
+NC_ATTR
+void NC_FN(nc_backward_span)(const MfNcParams *p, const NcShape *sh, int64_t b, int64_t j0,
+                             float *buf, float *ds) {
+    if (sh->nblk - j0 > MF_VW)
+        backward_span(p, sh, b, j0, buf, ds, 2);
+    else
+        backward_span(p, sh, b, j0, buf, ds, 1);
+}
