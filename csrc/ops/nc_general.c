@@ -160,17 +160,22 @@ NCG_INLINE int squarings(const double *x, int n) {
     return s;
 }
 
-/* x = sum_i theta[i] S_i, in double (transposed when `transpose`) */
+/* x = sum_i theta[i] S_i, in double (transposed when `transpose`: summed in place, then
+ * transposed, each entry's sum the same) */
 NCG_INLINE void generator(double *x, const float *theta, const float *gen, int64_t K, int n,
-                      int transpose) {
-    memset(x, 0, sizeof(double) * (size_t)(n * n));
+                          int transpose) {
+    const int nn = n * n;
+    Mat y;
+    double *sum = transpose ? y : x;
+    memset(sum, 0, sizeof(double) * (size_t)nn);
     for (int64_t i = 0; i < K; i++) {
         const double c = theta[i];
-        const float *s = gen + i * n * n;
-        for (int r = 0; r < n; r++)
-            for (int q = 0; q < n; q++)
-                x[transpose ? q * n + r : r * n + q] += c * (double)s[r * n + q];
+        const float *s = gen + i * nn;
+        for (int q = 0; q < nn; q++) sum[q] += c * (double)s[q];
     }
+    if (transpose)
+        for (int r = 0; r < n; r++)
+            for (int q = 0; q < n; q++) x[q * n + r] = y[r * n + q];
 }
 
 /* r = T_12(x / 2^s)^(2^s); x is overwritten (scaled) */
@@ -216,9 +221,8 @@ NCG_INLINE void expm_frechet(double *r, double *l, double *x, double *e, int n, 
 }
 
 /* one chain (batch row bi, head h, block k) forward */
-MF_CLONES
-static void forward_chain(const MfNcGeneralParams *p, int64_t bi, int64_t h, int64_t k) {
-    const int n = (int)p->b;
+NCG_INLINE void forward_chain_n(const MfNcGeneralParams *p, int64_t bi, int64_t h, int64_t k,
+                                const int n) {
     const int64_t T = p->T, H = p->H, NB = p->NB, K = p->K, D = p->D;
     const float *gen = p->gen + (h * NB + k) * K * n * n;
     double v[NCG_MAXB], w[NCG_MAXB];
@@ -237,6 +241,15 @@ static void forward_chain(const MfNcGeneralParams *p, int64_t bi, int64_t h, int
         float *out = p->p + row * D + k * n;
         for (int i = 0; i < n; i++) out[i] = (float)v[i];
     }
+}
+
+/* forward_chain_n for the block size b: a copy per common size, its loops over constants */
+MF_CLONES
+static void forward_chain(const MfNcGeneralParams *p, int64_t bi, int64_t h, int64_t k) {
+    const int n = (int)p->b;
+#define NCG_FORWARD(m) forward_chain_n(p, bi, h, k, m)
+    NCG_SIZES(NCG_FORWARD)
+#undef NCG_FORWARD
 }
 
 int nc_general_forward(const MfNcGeneralParams *p) {
@@ -262,9 +275,9 @@ int64_t nc_general_backward_scratch_floats(const MfNcGeneralParams *p) {
 }
 
 /* one (head h, block k): every batch row's chain, dS and dp* summed over them in order */
-MF_CLONES
-static void backward_block(const MfNcGeneralParams *p, int64_t h, int64_t k, double *buf) {
-    const int n = (int)p->b, nn = n * n;
+NCG_INLINE void backward_block_n(const MfNcGeneralParams *p, int64_t h, int64_t k, double *buf,
+                                 const int n) {
+    const int nn = n * n;
     const int64_t B = p->B, T = p->T, H = p->H, NB = p->NB, K = p->K, D = p->D;
     const float *gen = p->gen + (h * NB + k) * K * nn;
     double *hist = buf, *ds = buf + T * n, *dst = ds + K * nn;
@@ -314,6 +327,15 @@ static void backward_block(const MfNcGeneralParams *p, int64_t h, int64_t k, dou
     for (int64_t q = 0; q < K * nn; q++) dgen[q] = (float)((double)dgen[q] + ds[q]);
     float *dstart = p->dstart + h * D + k * n;
     for (int i = 0; i < n; i++) dstart[i] = (float)((double)dstart[i] + dst[i]);
+}
+
+/* backward_block_n for the block size b, as forward_chain */
+MF_CLONES
+static void backward_block(const MfNcGeneralParams *p, int64_t h, int64_t k, double *buf) {
+    const int n = (int)p->b;
+#define NCG_BACKWARD(m) backward_block_n(p, h, k, buf, m)
+    NCG_SIZES(NCG_BACKWARD)
+#undef NCG_BACKWARD
 }
 
 int nc_general_backward(const MfNcGeneralParams *p) {
