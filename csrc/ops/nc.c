@@ -67,7 +67,6 @@
  * block's bits do not depend on its group or thread. dp*: each item writes its E_1 to scratch,
  * summed over b in a fixed order (in double) after the items: same bits for any thread count.
  */
-#include <math.h>
 #include <stdint.h>
 
 #include "mapformer/clones.h"
