@@ -938,6 +938,10 @@ def main():
                         "(default: every set this CPU runs, mapformer._C.kernel_sets())")
     p.add_argument("--clock", choices=["wall", "cpu"], default="wall",
                    help="wall time, or the process's CPU time (see Conventions)")
+    p.add_argument("--ops", default=None,
+                   help="comma-separated substrings: run only the benchmarks whose name "
+                        "contains one (e.g. 'path_integration,nc fwd' for the groups "
+                        "family's nc-vs-path-integration ratio without nc_general)")
     p.add_argument("--no-numpy", action="store_true",
                    help="attention, conj_attention: skip the (slow) NumPy float32 side")
     args = p.parse_args()
@@ -959,9 +963,12 @@ def main():
         "ape": dict(B=args.batch, T=args.seq, H=args.heads, D=args.head_dim),
         "groups": dict(B=args.batch, T=args.seq, H=args.heads, D=args.head_dim),
     }
+    ops = args.ops.split(",") if args.ops else None
     results = []
     for family in args.families.split(","):
         for b in FAMILIES[family](_C, **family_args.get(family, {})):
+            if ops and not any(o in b.name for o in ops):
+                continue
             b.check()
             clock = time.process_time if args.clock == "cpu" else time.perf_counter
             # each side starts after the other's thread pool has gone to sleep: NumPy's

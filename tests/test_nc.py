@@ -172,6 +172,30 @@ np.savez(sys.argv[1], **out)
     assert_same_bits_for_thread_counts(tmp_path, script)
 
 
+@pytest.mark.parametrize("B,T,H,NB", [(3, 7, 2, 3), (2, 13, 3, 5), (2, 9, 2, 16),
+                                     (2, 11, 3, 11), (4, 257, 2, 8)])
+def test_same_bits_on_every_kernel_set(rng, B, T, H, NB):
+    """The active kernel set picks the group width (16 lanes and permute transposes on
+    AVX-512, the target_clones' width elsewhere): the lanes never interact, so every set gives
+    the same bits, for rows of 6 to 33 blocks (partial groups, the array's last group)."""
+    w, start = inputs(rng, B, T, H, NB)
+    w.reshape(-1, 6)[::7] *= 4.0  # steps past the Taylor range
+    dp = randn(rng, B, T, H, 4 * NB)
+    before, results = _C.kernels(), {}
+    try:
+        for kset in _C.kernel_sets():
+            _C.set_kernels(kset)
+            dstart = np.full_like(start, 0.5)
+            results[kset] = (_C.nc_forward(w, start), _C.nc_backward(dp, w, start, dstart),
+                             dstart)
+    finally:
+        _C.set_kernels(before)
+    first = next(iter(results.values()))
+    for kset, got in results.items():
+        for a, b, name in zip(got, first, ("p", "dw", "dstart")):
+            assert np.array_equal(a, b), f"{name} on {kset}"
+
+
 def test_bad_input_names_the_argument(rng):
     w, start = inputs(rng, 2, 3, 2, 2)
     dp = randn(rng, 2, 3, 2, 8)

@@ -35,201 +35,52 @@
  * phat = p* / |p*| (1 where |p*|^2 <= 1e-30) and scales dw's coefficients by |p*|; the scalar
  * part of Z's quaternion is sig_t = sum_{tau >= t} g_tau . phat_tau (rotations keep it), and
  * E_1 = (sig_1, Z_1) phat, exact for p* = 0 too. The backward first runs the chain of phat_t
- * again (one pair of quaternion products a step, renormalised as the forward), keeping phat_t,
- * w_t and the six coefficients of each side for every step in the thread's scratch
- * (NC_SAVED = 22 vectors a step: 176 KB per thread at T = 256 and 8 lanes), then sweeps t in
- * reverse: nothing is recovered by inverting steps. (Carrying A_t, C_t and E_t instead costs
+ * again (one pair of quaternion products a step, renormalised as the forward), keeping phat_t
+ * and w_t (transposed) for every step in the thread's scratch (NC_SAVED = 10 vectors a step
+ * and group: 320 KB per thread at T = 256, 16 lanes and a span of 2 groups), then sweeps t in
+ * reverse, taking each step's qexp again with the Jacobian's k (keeping its 12 coefficient
+ * vectors instead, 22 vectors a step, measured the same time): nothing is recovered by
+ * inverting steps. (Carrying A_t, C_t and E_t instead costs
  * two quaternion products more a step: 11.9 ms against 10.0 ms for the backward at B 128,
  * T 256, H 2, NB 16, one thread.)
  *
- * Vectorisation (mapformer/simd.h, MF_VW = MF_CLONES_VW lanes): a group is MF_VW consecutive
- * (h, k) blocks of one batch row, one per lane; every quaternion is 4 vectors, w_t 6. The
- * (b, t) rows of w (6 floats a block), p, dp and p* (4 a block) are turned into lanes by
- * in-register transposes (simd.h's butterfly stages; the loads may read past the group's last
- * block up to the array's end, the group at the array's end is gathered float by float).
- * All in float32. qexp per step: below |w| = 1.5 the Taylor series of cos, sinc (and the
- * Jacobian's k) in |w|^2, Horner, no square root, reduction or division; a group with a larger
+ * Vectorisation (mapformer/simd.h; the group kernels are kernels/nc.h, compiled per width):
+ * a group is W consecutive (h, k) blocks of one batch row, one per lane; every quaternion is
+ * 4 vectors, w_t 6. W is 16 when the active kernel set is AVX-512 (x86/nc_avx512.c: zmm
+ * registers, the rows turned into lanes by two-source permutes), else MF_CLONES_VW (this
+ * file's target_clones copies, simd.h's butterfly transposes); every width gives the same
+ * bits (elementwise float32 operations, no contraction). The (b, t) rows of w (6 floats a
+ * block), p, dp and p* (4 a block) are turned into lanes in registers (the loads may read
+ * past the group's last block up to the array's end, the group at the array's end is
+ * gathered float by float). A kernel call runs a span of NC_SPAN = 2 groups in lockstep: the
+ * span's part of each (b, t) row is contiguous (the whole row at H NB = 32 blocks and 16
+ * lanes), and its chains are independent work in the sequential loops.
+ * All in float32, with fused multiply-adds (one rounding on every width and target: simd.h's
+ * VFMAF, MF_CLONES_FMA clones). qexp per step: below |w| = 1.5 the Taylor series of cos, sinc
+ * (and the Jacobian's k) in |w|^2, Horner, no square root, reduction or division; a group with a larger
  * step also takes a vector sqrt, vsincos (Cody-Waite reduction and polynomials, about 1 ulp;
  * |w| below 2^22) and a division for those lanes. The qexp of a chunk of steps (independent
  * over t) come first, then the chunk's products, the only sequential dependence (2 quaternion
  * products, each component's four products summed in pairs, and a renormalisation a step).
  *
- * Parallel layout: a work item is (batch row b, group); the lanes do not interact, so a
+ * Parallel layout: a work item is (batch row b, span); the lanes do not interact, so a
  * block's bits do not depend on its group or thread. dp*: each item writes its E_1 to scratch,
  * summed over b in a fixed order (in double) after the items: same bits for any thread count.
  */
-#include <math.h>
 #include <stdint.h>
-#include <string.h>
 
 #include "mapformer/clones.h"
+#include "mapformer/cpu.h"
 #include "mapformer/mapformer.h"
 #include "mapformer/scratch.h"
 #include "mapformer/threads.h"
 
 #define MF_VW MF_CLONES_VW
-#include "mapformer/simd.h"
+#define NC_SUFFIX clones
+#define NC_ATTR MF_CLONES_FMA
+#include "kernels/nc.h"
 
 #define NC_MIN_PARALLEL 8192 /* B*T*H*NB below this runs on one thread */
-#define NC_POLY2 2.25f       /* |w|^2 below which qexp is its Taylor series (|w| < 1.5) */
-#define NC_SAVED 22 /* vectors kept per step by the backward: phat_t, w, 6 coefficients x 2 */
-#define NC_CHUNK 8 /* steps whose qexp the forward evaluates before their products */
-#define NC_ROWS ((6 + MF_VW - 1) / MF_VW * MF_VW) /* transpose rows for 6 (or 4) features */
-#define NC_AHEAD 8            /* steps ahead that the (b, t) rows are prefetched */
-#define ALIGNED __attribute__((aligned(64)))
-
-typedef struct {
-    vf w, x, y, z;
-} vq;
-
-/* *r = a b, each component's four products summed as two pairs (a shorter chain of adds on
- * the sequential product) */
-MF_INLINE void vq_mul(vq *r, const vq *a, const vq *b) {
-    const vf w = (a->w * b->w - a->x * b->x) - (a->y * b->y + a->z * b->z);
-    const vf x = (a->w * b->x + a->x * b->w) + (a->y * b->z - a->z * b->y);
-    const vf y = (a->w * b->y - a->x * b->z) + (a->y * b->w + a->z * b->x);
-    const vf z = (a->w * b->z + a->x * b->y) - (a->y * b->x - a->z * b->w);
-    r->w = w, r->x = x, r->y = y, r->z = z;
-}
-
-/* *f = (3 - |q|^2) / 2: one Newton step for 1 / |q| from 1. The chains apply q_{t-1}'s factor
- * to q_t = x_t q_{t-1} (or q_{t-1} x_t), computed beside the product rather than after it, so
- * that the chain's latency is the products' alone: with |q_{t-1}|^2 = 1 + e and a step's
- * rounding d_t, |q_t|^2 = (1 + e)(1 + 2 d_t)(1 - e + O(e^2)) = 1 + 2 d_t + O(e^2): as
- * converged as the factor applied after the product. */
-MF_INLINE void vq_renorm_factor(vf *f, const vq *q) {
-    const vf n2 = (q->w * q->w + q->x * q->x) + (q->y * q->y + q->z * q->z);
-    *f = 1.5f - 0.5f * n2;
-}
-
-MF_INLINE void vq_scale(vq *q, const vf *f) {
-    q->w *= *f, q->x *= *f, q->y *= *f, q->z *= *f;
-}
-
-MF_INLINE void vsqrt(vf *r, const vf *x) {
-    for (int l = 0; l < MF_VW; l++) (*r)[l] = __builtin_sqrtf((*x)[l]);
-}
-
-/* whether any lane of m is set */
-MF_INLINE int vany(const vi *m) {
-    int any = 0;
-    for (int l = 0; l < MF_VW; l++) any |= (*m)[l];
-    return any != 0;
-}
-
-/* *a = qexp(w) = (cos n, sinc(n) w) for the pure quaternion w = (w[0], w[1], w[2]), n = |w|;
- * *sc = sinc n, when k is not NULL *k = (1 - sinc n cos n) / n^2 (qexp's Jacobian, see
- * side_coefs), when n2o is not NULL *n2o = n^2. Lanes with n^2 < NC_POLY2: their Taylor
- * series in n^2 (cos and sinc to n^12, k to n^14: the next terms are below 4e-9 there), no
- * square root, division or reduction; any other lane (only when there is one): sqrt, vsincos
- * and a division. */
-MF_INLINE void vqexp(vq *a, vf *sc, vf *k, vf *n2o, const vf *w) {
-    const vf n2 = (w[0] * w[0] + w[1] * w[1]) + w[2] * w[2];
-    if (n2o) *n2o = n2;
-    vf c = VSPLAT(1.0f / 479001600);
-    c = c * n2 - 1.0f / 3628800, c = c * n2 + 1.0f / 40320, c = c * n2 - 1.0f / 720;
-    c = c * n2 + 1.0f / 24, c = c * n2 - 0.5f, c = c * n2 + 1.0f;
-    vf s = VSPLAT(1.0f / 6227020800);
-    s = s * n2 - 1.0f / 39916800, s = s * n2 + 1.0f / 362880, s = s * n2 - 1.0f / 5040;
-    s = s * n2 + 1.0f / 120, s = s * n2 - 1.0f / 6, s = s * n2 + 1.0f;
-    vf q = VZERO;
-    if (k) { /* sum_{j >= 1} (-1)^(j+1) 4^j n^(2j-2) / (2j+1)!, to j = 8 */
-        q = VSPLAT(-65536.0f / 355687428096000.0f);
-        q = q * n2 + 16384.0f / 1307674368000.0f, q = q * n2 - 4096.0f / 6227020800.0f;
-        q = q * n2 + 1024.0f / 39916800, q = q * n2 - 256.0f / 362880;
-        q = q * n2 + 64.0f / 5040, q = q * n2 - 16.0f / 120, q = q * n2 + 4.0f / 6;
-    }
-    const vi big = n2 >= VSPLAT(NC_POLY2);
-    if (vany(&big)) {
-        const vf m2 = VSELECT(big, n2, VSPLAT(1.0f)); /* 1: lanes taken from the series */
-        vf n, sn, cn;
-        vsqrt(&n, &m2);
-        vsincos(&n, &sn, &cn);
-        const vf rn = 1.0f / n, sg = sn * rn;
-        c = VSELECT(big, cn, c);
-        s = VSELECT(big, sg, s);
-        if (k) q = VSELECT(big, (1.0f - sg * cn) * rn * rn, q);
-    }
-    *sc = s;
-    if (k) *k = q;
-    a->w = c, a->x = s * w[0], a->y = s * w[1], a->z = s * w[2];
-}
-
-/* x[r] = row r of an MF_VW x MF_VW tile -> x[c] = its column c, in registers (simd.h's
- * butterfly stages) */
-MF_INLINE void transpose_regs(vf *x) {
-#if MF_VW == 16
-    MF_STAGE(x, 8)
-#endif
-#if MF_VW >= 8
-    MF_STAGE(x, 4)
-#endif
-    MF_STAGE(x, 2)
-    MF_STAGE(x, 1)
-}
-
-/* v[f] (f < F) = feature f of the n blocks at src (F floats each), lane by block, zero lanes
- * beyond n; avail = the floats readable from src on (to the array's end): a whole group whose
- * rows of MF_VW floats stay inside the array is transposed in registers (each row read past
- * its block's F floats, the extra columns dropped), any other gathered float by float */
-MF_INLINE void tile_load(vf *v, const float *src, int64_t n, int F, int64_t avail) {
-    const int last = (F - 1) / MF_VW * MF_VW; /* the last transpose's first feature */
-    if (n == MF_VW && (MF_VW - 1) * F + last + MF_VW <= avail) {
-        for (int f0 = 0; f0 < F; f0 += MF_VW) {
-            vf x[MF_VW];
-            for (int i = 0; i < MF_VW; i++) x[i] = VLOADU(src + i * F + f0);
-            transpose_regs(x);
-            for (int c = 0; c < MF_VW && f0 + c < F; c++) v[f0 + c] = x[c];
-        }
-        return;
-    }
-    float tmp[NC_ROWS * MF_VW] ALIGNED;
-    for (int i = 0; i < F * MF_VW; i++) tmp[i] = 0.0f;
-    for (int64_t l = 0; l < n; l++)
-        for (int f = 0; f < F; f++) tmp[f * MF_VW + l] = src[l * F + f];
-    for (int f = 0; f < F; f++) v[f] = VLOAD(tmp + f * MF_VW);
-}
-
-/* the n blocks at dst (F floats each) = the lanes of v[f] (f < F), transposed in registers;
- * a whole group of blocks at most MF_VW floats long by stores of MF_VW floats, each one's
- * tail overwritten by the next (the last block's F floats stored alone): nothing outside the
- * group's n F floats is written */
-MF_INLINE void tile_store(float *dst, const vf *v, int64_t n, int F) {
-    for (int f0 = 0; f0 < F; f0 += MF_VW) {
-        const int m = F - f0 < MF_VW ? F - f0 : MF_VW;
-        vf x[MF_VW];
-        for (int c = 0; c < MF_VW; c++) x[c] = f0 + c < F ? v[f0 + c] : VZERO;
-        transpose_regs(x);
-        if (m == F && n == MF_VW && MF_VW <= 2 * F) {
-            for (int l = 0; l < MF_VW - 1; l++) VSTOREU(dst + l * F, x[l]);
-            memcpy(dst + (MF_VW - 1) * F, &x[MF_VW - 1], 4 * (size_t)F);
-        } else {
-            for (int64_t l = 0; l < n; l++) memcpy(dst + l * F + f0, &x[l], 4 * (size_t)m);
-        }
-    }
-}
-
-/* the cache lines of floats [0, n) at x into the cache (rw 1: for writing); the (b, t) rows
- * of a group are strided by the whole row (a new page every few steps), which the hardware
- * prefetchers do not follow */
-MF_INLINE void prefetch_floats(const float *x, int64_t n, int rw) {
-    for (int64_t i = 0; i < n; i += 16) {
-        if (rw)
-            __builtin_prefetch(x + i, 1);
-        else
-            __builtin_prefetch(x + i, 0);
-    }
-    if (rw)
-        __builtin_prefetch(x + n - 1, 1);
-    else
-        __builtin_prefetch(x + n - 1, 0);
-}
-
-MF_INLINE void vq_load(vq *q, const float *src, int64_t n, int64_t avail) {
-    vf v[4];
-    tile_load(v, src, n, 4, avail);
-    q->w = v[0], q->x = v[1], q->y = v[2], q->z = v[3];
-}
 
 static int nc_check(const MfNcParams *p) {
     if (p->B < 0 || p->T < 0 || p->H < 0 || p->NB < 0 || p->D != 4 * p->NB || p->F != 6)
@@ -237,179 +88,56 @@ static int nc_check(const MfNcParams *p) {
     return MF_OK;
 }
 
-/* the sizes of one call: blocks per (b, t) row, groups per row */
+/* the span kernels of the active kernel set: 16 lanes on AVX-512, else the clones' width */
 typedef struct {
-    int64_t T, nblk, ngroups, wlen, plen; /* wlen, plen: the floats of w and of p (or dp) */
-} Shape;
+    int64_t vw;
+    void (*forward)(const MfNcParams *, const NcShape *, int64_t, int64_t);
+    void (*backward)(const MfNcParams *, const NcShape *, int64_t, int64_t, float *, float *);
+} Kernels;
 
-static Shape shape_of(const MfNcParams *p) {
-    Shape s;
+static Kernels kernels_of(int set) {
+#if MF_X86
+    if (set == MF_KERNELS_AVX512)
+        return (Kernels){16, nc_forward_span_avx512, nc_backward_span_avx512};
+#endif
+    (void)set;
+    return (Kernels){MF_VW, nc_forward_span_clones, nc_backward_span_clones};
+}
+
+static NcShape shape_of(const MfNcParams *p, int64_t vw) {
+    NcShape s;
     s.T = p->T;
     s.nblk = p->H * p->NB;
-    s.ngroups = (s.nblk + MF_VW - 1) / MF_VW;
+    s.ngroups = (s.nblk + vw - 1) / vw;
+    s.nspans = (s.ngroups + NC_SPAN - 1) / NC_SPAN;
     s.wlen = p->B * p->T * s.nblk * 6;
     s.plen = p->B * p->T * s.nblk * 4;
     return s;
-}
-
-/* One group: the steps' qexp for a chunk of NC_CHUNK steps first (independent over t), then
- * the sequential products of the chunk */
-MF_CLONES
-static void forward_group(const MfNcParams *p, const Shape *sh, int64_t b, int64_t j0) {
-    const int64_t n = sh->nblk - j0 < MF_VW ? sh->nblk - j0 : MF_VW, nb = sh->nblk;
-    vq q; /* p_t = a_t p_{t-1} c_t, renormalised to |p*| */
-    vq_load(&q, p->start + 4 * j0, n, 4 * (nb - j0));
-    const vf s2 = (q.w * q.w + q.x * q.x) + (q.y * q.y + q.z * q.z);
-    const vf inv = VSELECT(s2 > VSPLAT(1e-30f), 1.0f / VSELECT(s2 > VSPLAT(1e-30f), s2,
-                                                              VSPLAT(1.0f)), VZERO);
-    vq steps[2 * NC_CHUNK]; /* a_t, c_t */
-    for (int64_t t0 = 0; t0 < sh->T; t0 += NC_CHUNK) {
-        const int64_t t1 = t0 + NC_CHUNK < sh->T ? t0 + NC_CHUNK : sh->T;
-        for (int64_t t = t0; t < t1; t++) {
-            const int64_t row = (b * sh->T + t) * nb + j0;
-            if (t + NC_AHEAD < sh->T) prefetch_floats(p->w + 6 * (row + NC_AHEAD * nb), 6 * n, 0);
-            vf w[6], sc;
-            tile_load(w, p->w + 6 * row, n, 6, sh->wlen - 6 * row);
-            vqexp(&steps[2 * (t - t0)], &sc, NULL, NULL, w);
-            vqexp(&steps[2 * (t - t0) + 1], &sc, NULL, NULL, w + 3);
-        }
-        for (int64_t t = t0; t < t1; t++) {
-            const int64_t row = (b * sh->T + t) * nb + j0;
-            if (t + NC_AHEAD < sh->T) prefetch_floats(p->p + 4 * (row + NC_AHEAD * nb), 4 * n, 1);
-            /* p_{t-1}'s renormalisation, beside the products, applied to p_t (vq_renorm) */
-            const vf n2 = (q.w * q.w + q.x * q.x) + (q.y * q.y + q.z * q.z);
-            const vf f = 1.5f - 0.5f * (n2 * inv);
-            vq_mul(&q, &steps[2 * (t - t0)], &q);
-            vq_mul(&q, &q, &steps[2 * (t - t0) + 1]);
-            q.w *= f, q.x *= f, q.y *= f, q.z *= f;
-            const vf out[4] = {q.w, q.x, q.y, q.z};
-            tile_store(p->p + 4 * row, out, n, 4);
-        }
-    }
 }
 
 int nc_forward(const MfNcParams *p) {
     if (!p || !p->p || !p->w || !p->start) return MF_EINVAL;
     const int ok = nc_check(p);
     if (ok != MF_OK) return ok;
-    const Shape sh = shape_of(p);
+    const Kernels k = kernels_of(mf_kernels());
+    const NcShape sh = shape_of(p, k.vw);
 #pragma omp parallel for schedule(dynamic, 1) if (p->B * sh.T * sh.nblk >= NC_MIN_PARALLEL)
-    for (int64_t it = 0; it < p->B * sh.ngroups; it++)
-        forward_group(p, &sh, it / sh.ngroups, it % sh.ngroups * MF_VW);
+    for (int64_t it = 0; it < p->B * sh.nspans; it++)
+        k.forward(p, &sh, it / sh.nspans, it % sh.nspans * NC_SPAN * k.vw);
     return MF_OK;
 }
 
-/* the saved vectors of step t in buf: phat (4), w (6), then for u and for v the rotation's
- * (alpha, beta, gamma) and the gradient's (c1, c2, c3) (side_step) */
-#define SAVED(buf, t) ((buf) + (t) * NC_SAVED * MF_VW)
+/* scratch of the backward: per thread T * NC_SPAN * NC_SAVED vectors; the dp* partials, 4
+ * vectors per (b, group); at the widest width, so that a change of the active set between this
+ * count and the call is harmless */
+#define NC_MAX_VW 16
 
-/* qexp's coefficients of one side, from sinc s, cos c, k and n^2 = m of the step and
- * hp = |p*| / 2: the rotation (conj(a) x a for u, c x conj(c) for v) is
- * alpha x + beta (w.x) w + gamma X with X = x x u (u) or v x x (v), alpha = 1 - beta m,
- * beta = 2 s^2, gamma = 2 s c; dw = c1 x + c2 (w.x) w + c3 X, c1 = |p*| s c, c2 = |p*| k,
- * c3 = |p*| s^2 (the transposed trivialised derivative of the rotated vector: see the
- * header) */
-MF_INLINE void side_coefs(vf *o, const vf *s, const vf *c, const vf *k, const vf *m,
-                          const vf *hp) {
-    const vf beta = 2.0f * (*s * *s), gamma = 2.0f * (*s * *c);
-    o[0] = 1.0f - beta * *m, o[1] = beta, o[2] = gamma;
-    o[3] = *hp * gamma, o[4] = (*hp + *hp) * *k, o[5] = *hp * beta;
-}
-
-/* one reverse step of one side: y = Z_{t+1} + h_t (3 vectors, replaced by Z_t), w the side's
- * generator, o its coefficients (side_coefs), sign 1 for u (X = y x u), -1 for v (X = v x y);
- * dw = the side's gradient (3 vectors) */
-MF_INLINE void side_step(vf *y, vf *dw, const vf *w, const vf *o, float sign) {
-    const vf wy = (w[0] * y[0] + w[1] * y[1]) + w[2] * y[2];
-    const vf x0 = sign * (y[1] * w[2] - y[2] * w[1]), x1 = sign * (y[2] * w[0] - y[0] * w[2]),
-             x2 = sign * (y[0] * w[1] - y[1] * w[0]);
-    const vf rb = o[1] * wy, gb = o[4] * wy;
-    dw[0] = (o[3] * y[0] + gb * w[0]) + o[5] * x0;
-    dw[1] = (o[3] * y[1] + gb * w[1]) + o[5] * x1;
-    dw[2] = (o[3] * y[2] + gb * w[2]) + o[5] * x2;
-    y[0] = (o[0] * y[0] + rb * w[0]) + o[2] * x0;
-    y[1] = (o[0] * y[1] + rb * w[1]) + o[2] * x1;
-    y[2] = (o[0] * y[2] + rb * w[2]) + o[2] * x2;
-}
-
-MF_CLONES
-static void backward_group(const MfNcParams *p, const Shape *sh, int64_t b, int64_t j0,
-                           float *buf, float *ds) {
-    const int64_t n = sh->nblk - j0 < MF_VW ? sh->nblk - j0 : MF_VW, nb = sh->nblk;
-    const int64_t T = sh->T;
-    vq s;
-    vq_load(&s, p->start + 4 * j0, n, 4 * (nb - j0));
-    /* phat = p* / |p*| (1 where |p*|^2 <= 1e-30: the lanes' dw is 0 by hp = 0), hp = |p*| / 2 */
-    const vf s2 = (s.w * s.w + s.x * s.x) + (s.y * s.y + s.z * s.z);
-    const vi live = s2 > VSPLAT(1e-30f);
-    vf r;
-    const vf s2l = VSELECT(live, s2, VSPLAT(1.0f));
-    vsqrt(&r, &s2l);
-    const vf ri = VSELECT(live, 1.0f / r, VZERO), hp = VSELECT(live, 0.5f * r, VZERO);
-    vq q = {VSELECT(live, s.w * ri, VSPLAT(1.0f)), s.x * ri, s.y * ri, s.z * ri};
-    const vq phat = q;
-    for (int64_t t = 0; t < T; t++) { /* the forward chain again, from phat */
-        const int64_t row = (b * T + t) * nb + j0;
-        vf *v = (vf *)SAVED(buf, t);
-        if (t + NC_AHEAD < T) prefetch_floats(p->w + 6 * (row + NC_AHEAD * nb), 6 * n, 0);
-        tile_load(v + 4, p->w + 6 * row, n, 6, sh->wlen - 6 * row);
-        vq a, c;
-        vf sa, ka, ma, sv, kv, mv;
-        vqexp(&a, &sa, &ka, &ma, v + 4);
-        vqexp(&c, &sv, &kv, &mv, v + 7);
-        side_coefs(v + 10, &sa, &a.w, &ka, &ma, &hp);
-        side_coefs(v + 16, &sv, &c.w, &kv, &mv, &hp);
-        vf f;
-        vq_renorm_factor(&f, &q);
-        vq_mul(&q, &a, &q);
-        vq_mul(&q, &q, &c);
-        vq_scale(&q, &f);
-        v[0] = q.w, v[1] = q.x, v[2] = q.y, v[3] = q.z;
-    }
-    /* Z_t = vec(A_{t-1} E_t conj(phat) conj(A_{t-1})), W_t = vec(conj(C_{t-1}) conj(phat) E_t
-     * C_{t-1}) and sig_t = sum_{tau >= t} g_tau . phat_tau (the scalar part of Z's quaternion) */
-    vf Z[3] = {VZERO, VZERO, VZERO}, W[3] = {VZERO, VZERO, VZERO}, sig = VZERO;
-    for (int64_t t = T - 1; t >= 0; t--) {
-        const int64_t row = (b * T + t) * nb + j0;
-        const vf *v = (const vf *)SAVED(buf, t);
-        if (t >= NC_AHEAD) {
-            prefetch_floats(p->dp + 4 * (row - NC_AHEAD * nb), 4 * n, 0);
-            prefetch_floats(p->dw + 6 * (row - NC_AHEAD * nb), 6 * n, 1);
-        }
-        vq g;
-        vq_load(&g, p->dp + 4 * row, n, sh->plen - 4 * row);
-        /* h = vec(g conj(phat_t)), h' = vec(conj(phat_t) g): the same but the cross product's
-         * sign */
-        const vf pw = v[0], px = v[1], py = v[2], pz = v[3];
-        sig += (g.w * pw + g.x * px) + (g.y * py + g.z * pz);
-        const vf vx = pw * g.x - g.w * px, vy = pw * g.y - g.w * py, vz = pw * g.z - g.w * pz;
-        const vf cx = g.y * pz - g.z * py, cy = g.z * px - g.x * pz, cz = g.x * py - g.y * px;
-        Z[0] += vx - cx, Z[1] += vy - cy, Z[2] += vz - cz;
-        W[0] += vx + cx, W[1] += vy + cy, W[2] += vz + cz;
-        vf dw[6];
-        side_step(Z, dw, v + 4, v + 10, 1.0f);
-        side_step(W, dw + 3, v + 7, v + 16, -1.0f);
-        tile_store(p->dw + 6 * row, dw, n, 6);
-    }
-    /* E_1 = (sig, Z_1) phat */
-    const vq zq = {sig, Z[0], Z[1], Z[2]};
-    vq E;
-    vq_mul(&E, &zq, &phat);
-    VSTORE(ds, E.w);
-    VSTORE(ds + MF_VW, E.x);
-    VSTORE(ds + 2 * MF_VW, E.y);
-    VSTORE(ds + 3 * MF_VW, E.z);
-}
-
-/* scratch of the backward: per thread T * NC_SAVED vectors; the dp* partials, 4 vectors per
- * (b, group) */
 static int64_t per_thread(const MfNcParams *p) {
-    return mf_scratch_size(p->T * NC_SAVED * MF_VW);
+    return mf_scratch_size(p->T * NC_SPAN * NC_SAVED * NC_MAX_VW);
 }
 
 static int64_t shared_floats(const MfNcParams *p) {
-    const Shape sh = shape_of(p);
-    return mf_scratch_size(p->B * sh.ngroups * 4 * MF_VW);
+    return mf_scratch_size(p->B * (p->H * p->NB + NC_MAX_VW - 1) / NC_MAX_VW * NC_MAX_VW * 4);
 }
 
 int64_t nc_backward_scratch_floats(const MfNcParams *p) {
@@ -421,29 +149,30 @@ int nc_backward(const MfNcParams *p) {
     if (!p || !p->dp || !p->w || !p->start || !p->dw || !p->dstart) return MF_EINVAL;
     const int ok = nc_check(p);
     if (ok != MF_OK) return ok;
-    const Shape sh = shape_of(p);
-    const int64_t B = p->B, shared = shared_floats(p);
+    const Kernels k = kernels_of(mf_kernels());
+    const NcShape sh = shape_of(p, k.vw);
+    const int64_t B = p->B, shared = shared_floats(p), vw = k.vw;
     const int threads = mf_scratch_threads(p->scratch_floats - shared, per_thread(p));
     if (B * sh.T * sh.nblk == 0) return MF_OK;
     if (!p->scratch || p->scratch_floats < shared || threads < 1) return MF_EINVAL;
-    float *at = p->scratch;
-    float *parts = mf_scratch_take(&at, B * sh.ngroups * 4 * MF_VW);
-    float *bufs = at;
+    float *parts = p->scratch, *bufs = p->scratch + shared;
 #pragma omp parallel num_threads(threads) if (B * sh.T * sh.nblk >= NC_MIN_PARALLEL)
     {
         float *buf = bufs + mf_thread_id() * per_thread(p);
 #pragma omp for schedule(dynamic, 1)
-        for (int64_t it = 0; it < B * sh.ngroups; it++)
-            backward_group(p, &sh, it / sh.ngroups, it % sh.ngroups * MF_VW, buf,
-                           parts + it * 4 * MF_VW);
+        for (int64_t it = 0; it < B * sh.nspans; it++) {
+            const int64_t b = it / sh.nspans, span = it % sh.nspans;
+            k.backward(p, &sh, b, span * NC_SPAN * vw, buf,
+                       parts + (b * sh.ngroups + span * NC_SPAN) * 4 * vw);
+        }
     }
     /* dp* += sum over b of E_1, in b's order */
     for (int64_t j = 0; j < sh.nblk; j++) {
-        const int64_t g = j / MF_VW, l = j % MF_VW;
+        const int64_t g = j / vw, l = j % vw;
         for (int f = 0; f < 4; f++) {
             double sum = 0.0;
             for (int64_t b = 0; b < B; b++)
-                sum += parts[((b * sh.ngroups + g) * 4 + f) * MF_VW + l];
+                sum += parts[((b * sh.ngroups + g) * 4 + f) * vw + l];
             p->dstart[4 * j + f] = (float)((double)p->dstart[4 * j + f] + sum);
         }
     }

@@ -32,6 +32,7 @@
 #include <stdint.h>
 #include <string.h>
 
+#include "mapformer/clones.h"
 #include "mapformer/mapformer.h"
 #include "mapformer/scratch.h"
 #include "mapformer/threads.h"
@@ -44,6 +45,11 @@
 
 typedef double Mat[NCG_MAXB * NCG_MAXB];
 
+/* the helpers are inlined into the two per-chain functions, which are compiled per ISA
+ * (MF_CLONES: AVX-512, AVX2, baseline; the b x b products' loops over a row vectorise, the same
+ * operations in the same order on every path, no contraction: the same bits) */
+#define NCG_INLINE __attribute__((always_inline)) static inline
+
 static int ncg_check(const MfNcGeneralParams *p) {
     if (p->b < 2 || p->b > NCG_MAXB || p->K < 1 || p->B < 0 || p->T < 0 || p->H < 0 ||
         p->NB < 0 || p->D != p->NB * p->b)
@@ -51,10 +57,45 @@ static int ncg_check(const MfNcGeneralParams *p) {
     return MF_OK;
 }
 
+/* rows of 4 and 8 doubles as vectors (GCC vector extensions; the products and sums of the
+ * scalar loops below, lane by lane, in the same order: the same bits) */
+typedef double ncg_v4 __attribute__((vector_size(32)));
+typedef double ncg_v8 __attribute__((vector_size(64)));
+#define NCG_LOAD(V, p) __extension__({ V v_; memcpy(&v_, (p), sizeof v_); v_; })
+#define NCG_ROWS(V, W)                                                                      \
+    /* c = a b */                                                                           \
+    __attribute__((always_inline)) static inline void mul_##V(                              \
+        double *restrict c, const double *restrict a, const double *restrict b) {           \
+        for (int i = 0; i < W; i++) {                                                       \
+            V row = {0};                                                                    \
+            for (int k = 0; k < W; k++) row += a[i * W + k] * NCG_LOAD(V, b + k * W);       \
+            memcpy(c + i * W, &row, sizeof row);                                            \
+        }                                                                                   \
+    }                                                                                       \
+    /* c = a b + d e */                                                                     \
+    __attribute__((always_inline)) static inline void mul2_##V(                             \
+        double *restrict c, const double *restrict a, const double *restrict b,             \
+        const double *restrict d, const double *restrict e) {                               \
+        for (int i = 0; i < W; i++) {                                                       \
+            V row = {0};                                                                    \
+            for (int k = 0; k < W; k++)                                                     \
+                row += a[i * W + k] * NCG_LOAD(V, b + k * W) +                              \
+                       d[i * W + k] * NCG_LOAD(V, e + k * W);                               \
+            memcpy(c + i * W, &row, sizeof row);                                            \
+        }                                                                                   \
+    }
+NCG_ROWS(ncg_v4, 4)
+NCG_ROWS(ncg_v8, 8)
+
 /* c = a b (n x n, row-major, stride n); inlined for a constant n, the loops unrolled */
 __attribute__((always_inline)) static inline void mat_mul_n(double *restrict c,
                                                             const double *restrict a,
                                                             const double *restrict b, int n) {
+    if (n == 4 || n == 8) {
+        if (n == 4) mul_ncg_v4(c, a, b);
+        else mul_ncg_v8(c, a, b);
+        return;
+    }
     for (int i = 0; i < n; i++) {
         double row[NCG_MAXB] = {0};
         for (int k = 0; k < n; k++) {
@@ -69,6 +110,11 @@ __attribute__((always_inline)) static inline void mat_mul_n(double *restrict c,
 __attribute__((always_inline)) static inline void mat_mul2_n(
     double *restrict c, const double *restrict a, const double *restrict b,
     const double *restrict d, const double *restrict e, int n) {
+    if (n == 4 || n == 8) {
+        if (n == 4) mul2_ncg_v4(c, a, b, d, e);
+        else mul2_ncg_v8(c, a, b, d, e);
+        return;
+    }
     for (int i = 0; i < n; i++) {
         double row[NCG_MAXB] = {0};
         for (int k = 0; k < n; k++) {
@@ -90,14 +136,14 @@ __attribute__((always_inline)) static inline void mat_mul2_n(
     default: CALL(n); break; \
     }
 
-static void mat_mul(double *restrict c, const double *restrict a, const double *restrict b,
+NCG_INLINE void mat_mul(double *restrict c, const double *restrict a, const double *restrict b,
                     int n) {
 #define NCG_MUL(m) mat_mul_n(c, a, b, m)
     NCG_SIZES(NCG_MUL)
 #undef NCG_MUL
 }
 
-static void mat_mul2(double *restrict c, const double *restrict a, const double *restrict b,
+NCG_INLINE void mat_mul2(double *restrict c, const double *restrict a, const double *restrict b,
                      const double *restrict d, const double *restrict e, int n) {
 #define NCG_MUL2(m) mat_mul2_n(c, a, b, d, e, m)
     NCG_SIZES(NCG_MUL2)
@@ -105,7 +151,7 @@ static void mat_mul2(double *restrict c, const double *restrict a, const double 
 }
 
 /* the squarings s for X (n x n) */
-static int squarings(const double *x, int n) {
+NCG_INLINE int squarings(const double *x, int n) {
     double f = 0.0;
     for (int i = 0; i < n * n; i++) f += x[i] * x[i];
     f = sqrt(f);
@@ -114,21 +160,26 @@ static int squarings(const double *x, int n) {
     return s;
 }
 
-/* x = sum_i theta[i] S_i, in double (transposed when `transpose`) */
-static void generator(double *x, const float *theta, const float *gen, int64_t K, int n,
-                      int transpose) {
-    memset(x, 0, sizeof(double) * (size_t)(n * n));
+/* x = sum_i theta[i] S_i, in double (transposed when `transpose`: summed in place, then
+ * transposed, each entry's sum the same) */
+NCG_INLINE void generator(double *x, const float *theta, const float *gen, int64_t K, int n,
+                          int transpose) {
+    const int nn = n * n;
+    Mat y;
+    double *sum = transpose ? y : x;
+    memset(sum, 0, sizeof(double) * (size_t)nn);
     for (int64_t i = 0; i < K; i++) {
         const double c = theta[i];
-        const float *s = gen + i * n * n;
-        for (int r = 0; r < n; r++)
-            for (int q = 0; q < n; q++)
-                x[transpose ? q * n + r : r * n + q] += c * (double)s[r * n + q];
+        const float *s = gen + i * nn;
+        for (int q = 0; q < nn; q++) sum[q] += c * (double)s[q];
     }
+    if (transpose)
+        for (int r = 0; r < n; r++)
+            for (int q = 0; q < n; q++) x[q * n + r] = y[r * n + q];
 }
 
 /* r = T_12(x / 2^s)^(2^s); x is overwritten (scaled) */
-static void expm(double *r, double *x, int n, int s) {
+NCG_INLINE void expm(double *r, double *x, int n, int s) {
     const double scale = ldexp(1.0, -s);
     Mat t;
     for (int i = 0; i < n * n; i++) x[i] *= scale;
@@ -147,7 +198,7 @@ static void expm(double *r, double *x, int n, int s) {
 }
 
 /* (r, l) = (r(x), L_r(x, e)) by dual arithmetic; x and e are overwritten (scaled) */
-static void expm_frechet(double *r, double *l, double *x, double *e, int n, int s) {
+NCG_INLINE void expm_frechet(double *r, double *l, double *x, double *e, int n, int s) {
     const double scale = ldexp(1.0, -s);
     const int nn = n * n;
     Mat t, u;
@@ -170,8 +221,8 @@ static void expm_frechet(double *r, double *l, double *x, double *e, int n, int 
 }
 
 /* one chain (batch row bi, head h, block k) forward */
-static void forward_chain(const MfNcGeneralParams *p, int64_t bi, int64_t h, int64_t k) {
-    const int n = (int)p->b;
+NCG_INLINE void forward_chain_n(const MfNcGeneralParams *p, int64_t bi, int64_t h, int64_t k,
+                                const int n) {
     const int64_t T = p->T, H = p->H, NB = p->NB, K = p->K, D = p->D;
     const float *gen = p->gen + (h * NB + k) * K * n * n;
     double v[NCG_MAXB], w[NCG_MAXB];
@@ -190,6 +241,15 @@ static void forward_chain(const MfNcGeneralParams *p, int64_t bi, int64_t h, int
         float *out = p->p + row * D + k * n;
         for (int i = 0; i < n; i++) out[i] = (float)v[i];
     }
+}
+
+/* forward_chain_n for the block size b: a copy per common size, its loops over constants */
+MF_CLONES
+static void forward_chain(const MfNcGeneralParams *p, int64_t bi, int64_t h, int64_t k) {
+    const int n = (int)p->b;
+#define NCG_FORWARD(m) forward_chain_n(p, bi, h, k, m)
+    NCG_SIZES(NCG_FORWARD)
+#undef NCG_FORWARD
 }
 
 int nc_general_forward(const MfNcGeneralParams *p) {
@@ -215,8 +275,9 @@ int64_t nc_general_backward_scratch_floats(const MfNcGeneralParams *p) {
 }
 
 /* one (head h, block k): every batch row's chain, dS and dp* summed over them in order */
-static void backward_block(const MfNcGeneralParams *p, int64_t h, int64_t k, double *buf) {
-    const int n = (int)p->b, nn = n * n;
+NCG_INLINE void backward_block_n(const MfNcGeneralParams *p, int64_t h, int64_t k, double *buf,
+                                 const int n) {
+    const int nn = n * n;
     const int64_t B = p->B, T = p->T, H = p->H, NB = p->NB, K = p->K, D = p->D;
     const float *gen = p->gen + (h * NB + k) * K * nn;
     double *hist = buf, *ds = buf + T * n, *dst = ds + K * nn;
@@ -266,6 +327,15 @@ static void backward_block(const MfNcGeneralParams *p, int64_t h, int64_t k, dou
     for (int64_t q = 0; q < K * nn; q++) dgen[q] = (float)((double)dgen[q] + ds[q]);
     float *dstart = p->dstart + h * D + k * n;
     for (int i = 0; i < n; i++) dstart[i] = (float)((double)dstart[i] + dst[i]);
+}
+
+/* backward_block_n for the block size b, as forward_chain */
+MF_CLONES
+static void backward_block(const MfNcGeneralParams *p, int64_t h, int64_t k, double *buf) {
+    const int n = (int)p->b;
+#define NCG_BACKWARD(m) backward_block_n(p, h, k, buf, m)
+    NCG_SIZES(NCG_BACKWARD)
+#undef NCG_BACKWARD
 }
 
 int nc_general_backward(const MfNcGeneralParams *p) {

@@ -1,0 +1,448 @@
+/* MapEM-NC's per-group kernels (csrc/ops/nc.c has the method, the numerics and the layout),
+ * written once over the SIMD layer (mapformer/simd.h) and compiled once per width. A file
+ * defines
+ *   MF_VW       the vector width in floats: the lanes of a group (blocks of one batch row)
+ *   NC_SUFFIX   the suffix of its exported functions (clones, avx512)
+ *   NC_ATTR     the functions' attributes (MF_CLONES for the target_clones copies, or empty)
+ * then includes this file. The lanes never interact and every operation is elementwise with
+ * one rounding (no contraction: -ffp-contract=off), so every width gives the same bits.
+ * At 16 floats with AVX-512 the (b, t) rows are turned into lanes by two-source permutes
+ * (vpermt2ps: a pair of 16-float rows a permute, the pairs merged by masked moves), 3 + 2
+ * instructions per feature of 6 and 2 + 1 per feature of 4, where the butterfly transpose of
+ * simd.h takes log2(MF_VW) MF_VW shuffles per MF_VW x MF_VW tile; elsewhere by the butterfly.
+ */
+#include <math.h>
+#include <stdint.h>
+#include <string.h>
+
+#include "mapformer/mapformer.h"
+#include "mapformer/simd.h"
+#include "nc_sets.h"
+
+#if !defined(NC_SUFFIX) || !defined(NC_ATTR)
+#error "define MF_VW, NC_SUFFIX and NC_ATTR before including nc.h"
+#endif
+#define NC_CAT2(a, b) a##_##b
+#define NC_CAT(a, b) NC_CAT2(a, b)
+#define NC_FN(name) NC_CAT(name, NC_SUFFIX)
+#if MF_VW == 16 && defined(__AVX512F__)
+#define NC_PERMUTES 1 /* the AVX-512 transposes */
+#else
+#define NC_PERMUTES 0
+#endif
+
+#define NC_POLY2 2.25f /* |w|^2 below which qexp is its Taylor series (|w| < 1.5) */
+#define NC_CHUNK 8     /* steps whose qexp the forward evaluates before their products */
+#define NC_ROWS ((6 + MF_VW - 1) / MF_VW * MF_VW) /* transpose rows for 6 (or 4) features */
+#define NC_AHEAD 8     /* steps ahead that the (b, t) rows are prefetched */
+#define ALIGNED __attribute__((aligned(64)))
+
+/* FMA(a, b, c) = a b + c and FMS(a, b, c) = a b - c, one rounding on every width and target
+ * (simd.h's VFMAF; the intrinsic where the file is compiled for AVX-512) */
+#if NC_PERMUTES
+#define FMA(a, b, c) ((vf)_mm512_fmadd_ps((__m512)(a), (__m512)(b), (__m512)(c)))
+#define FMS(a, b, c) ((vf)_mm512_fmsub_ps((__m512)(a), (__m512)(b), (__m512)(c)))
+#else
+#define FMA(a, b, c) VFMAF(a, b, c)
+#define FMS(a, b, c) VFMAF(a, b, -(c))
+#endif
+
+typedef struct {
+    vf w, x, y, z;
+} vq;
+
+/* *r = a b, each component's four products summed as two pairs, each pair a product and a
+ * fused multiply-add (a chain of a product, a fused multiply-add and an add on the sequential
+ * product) */
+MF_INLINE void vq_mul(vq *r, const vq *a, const vq *b) {
+    const vf w = FMS(a->w, b->w, a->x * b->x) - FMA(a->y, b->y, a->z * b->z);
+    const vf x = FMA(a->w, b->x, a->x * b->w) + FMS(a->y, b->z, a->z * b->y);
+    const vf y = FMS(a->w, b->y, a->x * b->z) + FMA(a->y, b->w, a->z * b->x);
+    const vf z = FMA(a->w, b->z, a->x * b->y) - FMS(a->y, b->x, a->z * b->w);
+    r->w = w, r->x = x, r->y = y, r->z = z;
+}
+
+/* *f = (3 - |q|^2) / 2: one Newton step for 1 / |q| from 1. The chains apply q_{t-1}'s factor
+ * to q_t = x_t q_{t-1} (or q_{t-1} x_t), computed beside the product rather than after it, so
+ * that the chain's latency is the products' alone: with |q_{t-1}|^2 = 1 + e and a step's
+ * rounding d_t, |q_t|^2 = (1 + e)(1 + 2 d_t)(1 - e + O(e^2)) = 1 + 2 d_t + O(e^2): as
+ * converged as the factor applied after the product. */
+MF_INLINE void vq_renorm_factor(vf *f, const vq *q) {
+    const vf n2 = FMA(q->w, q->w, q->x * q->x) + FMA(q->y, q->y, q->z * q->z);
+    *f = 1.5f - 0.5f * n2;
+}
+
+MF_INLINE void vq_scale(vq *q, const vf *f) {
+    q->w *= *f, q->x *= *f, q->y *= *f, q->z *= *f;
+}
+
+MF_INLINE void vsqrt(vf *r, const vf *x) {
+#if NC_PERMUTES
+    *r = (vf)_mm512_sqrt_ps((__m512)*x);
+#else
+    for (int l = 0; l < MF_VW; l++) (*r)[l] = __builtin_sqrtf((*x)[l]);
+#endif
+}
+
+/* whether any lane of m is set */
+MF_INLINE int vany(const vi *m) {
+#if NC_PERMUTES
+    return _mm512_test_epi32_mask((__m512i)*m, (__m512i)*m) != 0;
+#else
+    int any = 0;
+    for (int l = 0; l < MF_VW; l++) any |= (*m)[l];
+    return any != 0;
+#endif
+}
+
+/* *a = qexp(w) = (cos n, sinc(n) w) for the pure quaternion w = (w[0], w[1], w[2]), n = |w|;
+ * *sc = sinc n, when k is not NULL *k = (1 - sinc n cos n) / n^2 (qexp's Jacobian, see
+ * side_coefs), when n2o is not NULL *n2o = n^2. Lanes with n^2 < NC_POLY2: their Taylor
+ * series in n^2 (cos and sinc to n^12, k to n^14: the next terms are below 4e-9 there; Horner
+ * by fused multiply-adds), no square root, division or reduction; any other lane (only when
+ * there is one): sqrt, vsincos and a division. */
+#define NC_H(x, c) x = FMA(x, n2, VSPLAT(c)) /* one Horner step */
+MF_INLINE void vqexp(vq *a, vf *sc, vf *k, vf *n2o, const vf *w) {
+    const vf n2 = FMA(w[2], w[2], FMA(w[0], w[0], w[1] * w[1]));
+    if (n2o) *n2o = n2;
+    vf c = VSPLAT(1.0f / 479001600);
+    NC_H(c, -1.0f / 3628800), NC_H(c, 1.0f / 40320), NC_H(c, -1.0f / 720);
+    NC_H(c, 1.0f / 24), NC_H(c, -0.5f), NC_H(c, 1.0f);
+    vf s = VSPLAT(1.0f / 6227020800);
+    NC_H(s, -1.0f / 39916800), NC_H(s, 1.0f / 362880), NC_H(s, -1.0f / 5040);
+    NC_H(s, 1.0f / 120), NC_H(s, -1.0f / 6), NC_H(s, 1.0f);
+    vf q = VZERO;
+    if (k) { /* sum_{j >= 1} (-1)^(j+1) 4^j n^(2j-2) / (2j+1)!, to j = 8 */
+        q = VSPLAT(-65536.0f / 355687428096000.0f);
+        NC_H(q, 16384.0f / 1307674368000.0f), NC_H(q, -4096.0f / 6227020800.0f);
+        NC_H(q, 1024.0f / 39916800), NC_H(q, -256.0f / 362880);
+        NC_H(q, 64.0f / 5040), NC_H(q, -16.0f / 120), NC_H(q, 4.0f / 6);
+    }
+    const vi big = n2 >= VSPLAT(NC_POLY2);
+    if (vany(&big)) {
+        const vf m2 = VSELECT(big, n2, VSPLAT(1.0f)); /* 1: lanes taken from the series */
+        vf n, sn, cn;
+        vsqrt(&n, &m2);
+        vsincos(&n, &sn, &cn);
+        const vf rn = 1.0f / n, sg = sn * rn;
+        c = VSELECT(big, cn, c);
+        s = VSELECT(big, sg, s);
+        if (k) q = VSELECT(big, (1.0f - sg * cn) * rn * rn, q);
+    }
+    *sc = s;
+    if (k) *k = q;
+    a->w = c, a->x = s * w[0], a->y = s * w[1], a->z = s * w[2];
+}
+
+/* x[r] = row r of an MF_VW x MF_VW tile -> x[c] = its column c, in registers (simd.h's
+ * butterfly stages) */
+MF_INLINE void transpose_regs(vf *x) {
+#if MF_VW == 16
+    MF_STAGE(x, 8)
+#endif
+#if MF_VW >= 8
+    MF_STAGE(x, 4)
+#endif
+    MF_STAGE(x, 2)
+    MF_STAGE(x, 1)
+}
+
+/* v[f] (f < F) = feature f of the n blocks at src (F floats each), lane by block, zero lanes
+ * beyond n; avail = the floats readable from src on (to the array's end): a whole group whose
+ * rows of MF_VW floats stay inside the array is transposed in registers (each row read past
+ * its block's F floats, the extra columns dropped), any other gathered float by float */
+MF_INLINE void tile_load(vf *v, const float *src, int64_t n, int F, int64_t avail) {
+#if NC_PERMUTES
+    /* the F rows of 16 floats at src: feature f of lane l is float F l + f, in row pair
+     * (F l + f) / 32 at (F l + f) mod 32, which is what vpermt2ps reads of the index */
+    if (n == MF_VW && F * MF_VW <= avail) {
+        __m512 r[6];
+        for (int i = 0; i < F; i++) r[i] = _mm512_loadu_ps(src + 16 * i);
+        for (int f = 0; f < F; f++) {
+            const __m512i idx = (__m512i)(VLANES * F + f);
+            __m512 x = _mm512_permutex2var_ps(r[0], idx, r[1]);
+            for (int k = 1; 2 * k < F; k++) {
+                const __mmask16 in = _mm512_cmpeq_epi32_mask(
+                    _mm512_srli_epi32(idx, 5), _mm512_set1_epi32(k));
+                x = _mm512_mask_mov_ps(x, in, _mm512_permutex2var_ps(r[2 * k], idx, r[2 * k + 1]));
+            }
+            v[f] = (vf)x;
+        }
+        return;
+    }
+#endif
+    const int last = (F - 1) / MF_VW * MF_VW; /* the last transpose's first feature */
+    if (n == MF_VW && (MF_VW - 1) * F + last + MF_VW <= avail) {
+        for (int f0 = 0; f0 < F; f0 += MF_VW) {
+            vf x[MF_VW];
+            for (int i = 0; i < MF_VW; i++) x[i] = VLOADU(src + i * F + f0);
+            transpose_regs(x);
+            for (int c = 0; c < MF_VW && f0 + c < F; c++) v[f0 + c] = x[c];
+        }
+        return;
+    }
+    float tmp[NC_ROWS * MF_VW] ALIGNED;
+    for (int i = 0; i < F * MF_VW; i++) tmp[i] = 0.0f;
+    for (int64_t l = 0; l < n; l++)
+        for (int f = 0; f < F; f++) tmp[f * MF_VW + l] = src[l * F + f];
+    for (int f = 0; f < F; f++) v[f] = VLOAD(tmp + f * MF_VW);
+}
+
+/* the n blocks at dst (F floats each) = the lanes of v[f] (f < F), transposed in registers;
+ * a whole group of blocks at most MF_VW floats long by stores of MF_VW floats, each one's
+ * tail overwritten by the next (the last block's F floats stored alone): nothing outside the
+ * group's n F floats is written */
+MF_INLINE void tile_store(float *dst, const vf *v, int64_t n, int F) {
+#if NC_PERMUTES
+    /* float 16 i + c of the group's F 16 floats is feature (16 i + c) mod F of lane
+     * (16 i + c) / F: in feature pair f / 2 at 16 (f mod 2) + lane */
+    if (n == MF_VW) {
+        for (int i = 0; i < F; i++) {
+            const vi pos = VLANES + 16 * i, f = pos % F, lane = pos / F;
+            const __m512i idx = (__m512i)(16 * (f & 1) + lane);
+            __m512 x = _mm512_permutex2var_ps((__m512)v[0], idx, (__m512)v[1]);
+            for (int k = 1; 2 * k < F; k++) {
+                const __mmask16 in = _mm512_cmpeq_epi32_mask((__m512i)(f >> 1),
+                                                             _mm512_set1_epi32(k));
+                x = _mm512_mask_mov_ps(
+                    x, in, _mm512_permutex2var_ps((__m512)v[2 * k], idx, (__m512)v[2 * k + 1]));
+            }
+            _mm512_storeu_ps(dst + 16 * i, x);
+        }
+        return;
+    }
+#endif
+    for (int f0 = 0; f0 < F; f0 += MF_VW) {
+        const int m = F - f0 < MF_VW ? F - f0 : MF_VW;
+        vf x[MF_VW];
+        for (int c = 0; c < MF_VW; c++) x[c] = f0 + c < F ? v[f0 + c] : VZERO;
+        transpose_regs(x);
+        if (m == F && n == MF_VW && MF_VW <= 2 * F) {
+            for (int l = 0; l < MF_VW - 1; l++) VSTOREU(dst + l * F, x[l]);
+            memcpy(dst + (MF_VW - 1) * F, &x[MF_VW - 1], 4 * (size_t)F);
+        } else {
+            for (int64_t l = 0; l < n; l++) memcpy(dst + l * F + f0, &x[l], 4 * (size_t)m);
+        }
+    }
+}
+
+/* the cache lines of floats [0, n) at x into the cache (rw 1: for writing); the (b, t) rows
+ * of a group are strided by the whole row (a new page every few steps), which the hardware
+ * prefetchers do not follow */
+MF_INLINE void prefetch_floats(const float *x, int64_t n, int rw) {
+    for (int64_t i = 0; i < n; i += 16) {
+        if (rw)
+            __builtin_prefetch(x + i, 1);
+        else
+            __builtin_prefetch(x + i, 0);
+    }
+    if (rw)
+        __builtin_prefetch(x + n - 1, 1);
+    else
+        __builtin_prefetch(x + n - 1, 0);
+}
+
+MF_INLINE void vq_load(vq *q, const float *src, int64_t n, int64_t avail) {
+    vf v[4];
+    tile_load(v, src, n, 4, avail);
+    q->w = v[0], q->x = v[1], q->y = v[2], q->z = v[3];
+}
+
+
+/* The blocks of G (1 or 2) consecutive groups of batch row b from block j0, in lockstep (the
+ * span's rows of w and p are contiguous, which the hardware prefetchers follow, and the G
+ * chains are independent work for the core): per chunk of NC_CHUNK steps their qexp first
+ * (independent over t), then the sequential products of the chunk */
+MF_INLINE void forward_span(const MfNcParams *p, const NcShape *sh, int64_t b, int64_t j0,
+                            const int G) {
+    const int64_t nb = sh->nblk, T = sh->T;
+    int64_t n[NC_SPAN], all = 0;
+    vq q[NC_SPAN]; /* p_t = a_t p_{t-1} c_t, renormalised to |p*| */
+    vf inv[NC_SPAN];
+    for (int g = 0; g < G; g++) {
+        const int64_t j = j0 + g * MF_VW;
+        n[g] = nb - j < MF_VW ? nb - j : MF_VW, all += n[g];
+        vq_load(&q[g], p->start + 4 * j, n[g], 4 * (nb - j));
+        const vf s2 = (q[g].w * q[g].w + q[g].x * q[g].x) + (q[g].y * q[g].y + q[g].z * q[g].z);
+        const vi live = s2 > VSPLAT(1e-30f);
+        inv[g] = VSELECT(live, 1.0f / VSELECT(live, s2, VSPLAT(1.0f)), VZERO);
+    }
+    vq steps[NC_CHUNK][NC_SPAN][2]; /* a_t, c_t */
+    for (int64_t t0 = 0; t0 < T; t0 += NC_CHUNK) {
+        const int64_t t1 = t0 + NC_CHUNK < T ? t0 + NC_CHUNK : T;
+        for (int64_t t = t0; t < t1; t++) {
+            const int64_t row = (b * T + t) * nb + j0;
+            if (t + NC_AHEAD < T) prefetch_floats(p->w + 6 * (row + NC_AHEAD * nb), 6 * all, 0);
+            for (int g = 0; g < G; g++) {
+                const int64_t r = row + g * MF_VW;
+                vf w[6], sc;
+                tile_load(w, p->w + 6 * r, n[g], 6, sh->wlen - 6 * r);
+                vqexp(&steps[t - t0][g][0], &sc, NULL, NULL, w);
+                vqexp(&steps[t - t0][g][1], &sc, NULL, NULL, w + 3);
+            }
+        }
+        for (int64_t t = t0; t < t1; t++) {
+            const int64_t row = (b * T + t) * nb + j0;
+            if (t + NC_AHEAD < T) prefetch_floats(p->p + 4 * (row + NC_AHEAD * nb), 4 * all, 1);
+            for (int g = 0; g < G; g++) {
+                vq *qg = &q[g];
+                /* p_{t-1}'s renormalisation, beside the products, applied to p_t (vq_renorm) */
+                const vf n2 = FMA(qg->w, qg->w, qg->x * qg->x) + FMA(qg->y, qg->y, qg->z * qg->z);
+                const vf f = 1.5f - 0.5f * (n2 * inv[g]);
+                vq_mul(qg, &steps[t - t0][g][0], qg);
+                vq_mul(qg, qg, &steps[t - t0][g][1]);
+                qg->w *= f, qg->x *= f, qg->y *= f, qg->z *= f;
+                const vf out[4] = {qg->w, qg->x, qg->y, qg->z};
+                tile_store(p->p + 4 * (row + g * MF_VW), out, n[g], 4);
+            }
+        }
+    }
+}
+
+NC_ATTR
+void NC_FN(nc_forward_span)(const MfNcParams *p, const NcShape *sh, int64_t b, int64_t j0) {
+    if (sh->nblk - j0 > MF_VW)
+        forward_span(p, sh, b, j0, 2);
+    else
+        forward_span(p, sh, b, j0, 1);
+}
+
+/* the saved vectors of step t in buf: phat (4), w (6) */
+#define SAVED(buf, t) ((buf) + (t) * NC_SAVED * MF_VW)
+
+/* qexp's coefficients of one side, from sinc s, cos c, k and n^2 = m of the step and
+ * hp = |p*| / 2: the rotation (conj(a) x a for u, c x conj(c) for v) is
+ * alpha x + beta (w.x) w + gamma X with X = x x u (u) or v x x (v), alpha = 1 - beta m,
+ * beta = 2 s^2, gamma = 2 s c; dw = c1 x + c2 (w.x) w + c3 X, c1 = |p*| s c, c2 = |p*| k,
+ * c3 = |p*| s^2 (the transposed trivialised derivative of the rotated vector: see the
+ * header) */
+MF_INLINE void side_coefs(vf *o, const vf *s, const vf *c, const vf *k, const vf *m,
+                          const vf *hp) {
+    const vf beta = 2.0f * (*s * *s), gamma = 2.0f * (*s * *c);
+    o[0] = FMA(-beta, *m, VSPLAT(1.0f)), o[1] = beta, o[2] = gamma;
+    o[3] = *hp * gamma, o[4] = (*hp + *hp) * *k, o[5] = *hp * beta;
+}
+
+/* one reverse step of one side: y = Z_{t+1} + h_t (3 vectors, replaced by Z_t), w the side's
+ * generator, o its coefficients (side_coefs), sign 1 for u (X = y x u), -1 for v (X = v x y);
+ * dw = the side's gradient (3 vectors) */
+MF_INLINE void side_step(vf *y, vf *dw, const vf *w, const vf *o, int sign) {
+    const vf wy = FMA(w[2], y[2], FMA(w[0], y[0], w[1] * y[1]));
+    vf x0, x1, x2;
+    if (sign > 0)
+        x0 = FMS(y[1], w[2], y[2] * w[1]), x1 = FMS(y[2], w[0], y[0] * w[2]),
+        x2 = FMS(y[0], w[1], y[1] * w[0]);
+    else
+        x0 = FMS(y[2], w[1], y[1] * w[2]), x1 = FMS(y[0], w[2], y[2] * w[0]),
+        x2 = FMS(y[1], w[0], y[0] * w[1]);
+    const vf rb = o[1] * wy, gb = o[4] * wy;
+    dw[0] = FMA(o[5], x0, FMA(gb, w[0], o[3] * y[0]));
+    dw[1] = FMA(o[5], x1, FMA(gb, w[1], o[3] * y[1]));
+    dw[2] = FMA(o[5], x2, FMA(gb, w[2], o[3] * y[2]));
+    y[0] = FMA(o[2], x0, FMA(rb, w[0], o[0] * y[0]));
+    y[1] = FMA(o[2], x1, FMA(rb, w[1], o[0] * y[1]));
+    y[2] = FMA(o[2], x2, FMA(rb, w[2], o[0] * y[2]));
+}
+
+/* the backward of a span of G groups (forward_span), in lockstep; step t of group g is
+ * SAVED(buf, t G + g) */
+MF_INLINE void backward_span(const MfNcParams *p, const NcShape *sh, int64_t b, int64_t j0,
+                             float *buf, float *ds, const int G) {
+    const int64_t nb = sh->nblk, T = sh->T;
+    int64_t n[NC_SPAN], all = 0;
+    vq q[NC_SPAN], phat[NC_SPAN];
+    vf hp[NC_SPAN];
+    for (int g = 0; g < G; g++) {
+        const int64_t j = j0 + g * MF_VW;
+        n[g] = nb - j < MF_VW ? nb - j : MF_VW, all += n[g];
+        vq s;
+        vq_load(&s, p->start + 4 * j, n[g], 4 * (nb - j));
+        /* phat = p* / |p*| (1 where |p*|^2 <= 1e-30: the lanes' dw is 0 by hp = 0),
+         * hp = |p*| / 2 */
+        const vf s2 = (s.w * s.w + s.x * s.x) + (s.y * s.y + s.z * s.z);
+        const vi live = s2 > VSPLAT(1e-30f);
+        vf r;
+        const vf s2l = VSELECT(live, s2, VSPLAT(1.0f));
+        vsqrt(&r, &s2l);
+        const vf ri = VSELECT(live, 1.0f / r, VZERO);
+        hp[g] = VSELECT(live, 0.5f * r, VZERO);
+        q[g] = (vq){VSELECT(live, s.w * ri, VSPLAT(1.0f)), s.x * ri, s.y * ri, s.z * ri};
+        phat[g] = q[g];
+    }
+    for (int64_t t = 0; t < T; t++) { /* the forward chain again, from phat */
+        const int64_t row = (b * T + t) * nb + j0;
+        if (t + NC_AHEAD < T) prefetch_floats(p->w + 6 * (row + NC_AHEAD * nb), 6 * all, 0);
+        for (int g = 0; g < G; g++) {
+            const int64_t r = row + g * MF_VW;
+            vf *v = (vf *)SAVED(buf, t * G + g);
+            tile_load(v + 4, p->w + 6 * r, n[g], 6, sh->wlen - 6 * r);
+            vq a, c;
+            vf sa, sv;
+            vqexp(&a, &sa, NULL, NULL, v + 4);
+            vqexp(&c, &sv, NULL, NULL, v + 7);
+            vf f;
+            vq_renorm_factor(&f, &q[g]);
+            vq_mul(&q[g], &a, &q[g]);
+            vq_mul(&q[g], &q[g], &c);
+            vq_scale(&q[g], &f);
+            v[0] = q[g].w, v[1] = q[g].x, v[2] = q[g].y, v[3] = q[g].z;
+        }
+    }
+    /* Z_t = vec(A_{t-1} E_t conj(phat) conj(A_{t-1})), W_t = vec(conj(C_{t-1}) conj(phat) E_t
+     * C_{t-1}) and sig_t = sum_{tau >= t} g_tau . phat_tau (the scalar part of Z's quaternion) */
+    vf Z[NC_SPAN][3], W[NC_SPAN][3], sig[NC_SPAN];
+    for (int g = 0; g < G; g++)
+        for (int i = 0; i < 3; i++) Z[g][i] = W[g][i] = sig[g] = VZERO;
+    for (int64_t t = T - 1; t >= 0; t--) {
+        const int64_t row = (b * T + t) * nb + j0;
+        if (t >= NC_AHEAD) {
+            prefetch_floats(p->dp + 4 * (row - NC_AHEAD * nb), 4 * all, 0);
+            prefetch_floats(p->dw + 6 * (row - NC_AHEAD * nb), 6 * all, 1);
+        }
+        for (int g = 0; g < G; g++) {
+            const int64_t r = row + g * MF_VW;
+            const vf *v = (const vf *)SAVED(buf, t * G + g);
+            vq gq;
+            vq_load(&gq, p->dp + 4 * r, n[g], sh->plen - 4 * r);
+            /* h = vec(g conj(phat_t)), h' = vec(conj(phat_t) g): the same but the cross
+             * product's sign */
+            const vf pw = v[0], px = v[1], py = v[2], pz = v[3];
+            sig[g] += FMA(gq.w, pw, gq.x * px) + FMA(gq.y, py, gq.z * pz);
+            const vf vx = FMS(pw, gq.x, gq.w * px), vy = FMS(pw, gq.y, gq.w * py),
+                     vz = FMS(pw, gq.z, gq.w * pz);
+            const vf cx = FMS(gq.y, pz, gq.z * py), cy = FMS(gq.z, px, gq.x * pz),
+                     cz = FMS(gq.x, py, gq.y * px);
+            Z[g][0] += vx - cx, Z[g][1] += vy - cy, Z[g][2] += vz - cz;
+            W[g][0] += vx + cx, W[g][1] += vy + cy, W[g][2] += vz + cz;
+            /* the step's qexp again, with the Jacobian's k, and its coefficients */
+            vq a, c;
+            vf sa, ka, ma, sv, kv, mv, o[12], dw[6];
+            vqexp(&a, &sa, &ka, &ma, v + 4);
+            vqexp(&c, &sv, &kv, &mv, v + 7);
+            side_coefs(o, &sa, &a.w, &ka, &ma, &hp[g]);
+            side_coefs(o + 6, &sv, &c.w, &kv, &mv, &hp[g]);
+            side_step(Z[g], dw, v + 4, o, 1);
+            side_step(W[g], dw + 3, v + 7, o + 6, -1);
+            tile_store(p->dw + 6 * r, dw, n[g], 6);
+        }
+    }
+    for (int g = 0; g < G; g++) { /* E_1 = (sig, Z_1) phat */
+        const vq zq = {sig[g], Z[g][0], Z[g][1], Z[g][2]};
+        vq E;
+        vq_mul(&E, &zq, &phat[g]);
+        float *d = ds + 4 * g * MF_VW;
+        VSTORE(d, E.w);
+        VSTORE(d + MF_VW, E.x);
+        VSTORE(d + 2 * MF_VW, E.y);
+        VSTORE(d + 3 * MF_VW, E.z);
+    }
+}
+
+NC_ATTR
+void NC_FN(nc_backward_span)(const MfNcParams *p, const NcShape *sh, int64_t b, int64_t j0,
+                             float *buf, float *ds) {
+    if (sh->nblk - j0 > MF_VW)
+        backward_span(p, sh, b, j0, buf, ds, 2);
+    else
+        backward_span(p, sh, b, j0, buf, ds, 1);
+}
