@@ -82,11 +82,20 @@
 #include <stdint.h>
 
 #include "mapformer/clones.h"
+#include "mapformer/cpu.h"
 #include "mapformer/mapformer.h"
 #include "mapformer/scratch.h"
 #include "mapformer/threads.h"
 
+/* 8 floats on x86-64 whichever the compiler (clang builds no clones, where MF_CLONES_VW is 4):
+ * a group's sums over channels (dB, dC) take the 8-lane tree the avx512 set takes on each half
+ * of its lanes, so every kernel set gives the same bits (kernels/scan.h); elsewhere (aarch64:
+ * no other set) the clones' width */
+#if MF_X86
+#define MF_VW 8
+#else
 #define MF_VW MF_CLONES_VW
+#endif
 #define MF_SCAN_TARGET MF_CLONES_FMA
 #define MF_SCAN_TABLE mf_scan_clones
 #include "kernels/scan.h"

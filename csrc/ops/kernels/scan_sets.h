@@ -2,9 +2,10 @@
  * method): a set runs one group, MF_VW channels of one batch row as the lanes of its vectors,
  * forward or backward (kernels/scan.h):
  *   mf_scan_avx512   csrc/ops/x86/scan_avx512.c   16 floats, -mavx512f ... -mfma
- *   mf_scan_clones   csrc/ops/scan.c              mapformer/clones.h's MF_CLONES_VW floats (8 on
- *                                                 x86-64: AVX-512 in ymm, AVX2 with FMA, or the
- *                                                 baseline), MF_CLONES_FMA copies
+ *   mf_scan_clones   csrc/ops/scan.c              8 floats on x86-64 with any compiler (GCC's
+ *                                                 MF_CLONES_FMA copies: AVX-512 in ymm, AVX2 with
+ *                                                 FMA, or the baseline; clang: the baseline),
+ *                                                 mapformer/clones.h's MF_CLONES_VW elsewhere
  * The active set (mf_kernels()) avx512 runs mf_scan_avx512, every other set mf_scan_clones.
  * Every lane's arithmetic is the same on both and the sums over channels (dB, dC) take the
  * same tree, so both give the same bits. */
