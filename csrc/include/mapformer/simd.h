@@ -494,9 +494,8 @@ MF_INLINE void vd_prefix_sum(vd *x) {
         x[i + (h)] = MF_SHUF(a, b, MF_HI, h);         \
     }
 
-MF_INLINE void vtranspose(float *dst, int64_t ldd, const float *src, int64_t lds) {
-    vf x[MF_VW];
-    for (int i = 0; i < MF_VW; i++) x[i] = VLOADU(src + i * lds);
+/* x[r] = row r of an MF_VW x MF_VW tile -> x[c] = its column c, in registers */
+MF_INLINE void vtranspose_regs(vf *x) {
 #if MF_VW == 16
     MF_STAGE(x, 8)
 #endif
@@ -505,6 +504,12 @@ MF_INLINE void vtranspose(float *dst, int64_t ldd, const float *src, int64_t lds
 #endif
     MF_STAGE(x, 2)
     MF_STAGE(x, 1)
+}
+
+MF_INLINE void vtranspose(float *dst, int64_t ldd, const float *src, int64_t lds) {
+    vf x[MF_VW];
+    for (int i = 0; i < MF_VW; i++) x[i] = VLOADU(src + i * lds);
+    vtranspose_regs(x);
     for (int i = 0; i < MF_VW; i++) VSTOREU(dst + i * ldd, x[i]);
 }
 

@@ -134,19 +134,6 @@ MF_INLINE void vqexp(vq *a, vf *sc, vf *k, vf *n2o, const vf *w) {
     a->w = c, a->x = s * w[0], a->y = s * w[1], a->z = s * w[2];
 }
 
-/* x[r] = row r of an MF_VW x MF_VW tile -> x[c] = its column c, in registers (simd.h's
- * butterfly stages) */
-MF_INLINE void transpose_regs(vf *x) {
-#if MF_VW == 16
-    MF_STAGE(x, 8)
-#endif
-#if MF_VW >= 8
-    MF_STAGE(x, 4)
-#endif
-    MF_STAGE(x, 2)
-    MF_STAGE(x, 1)
-}
-
 /* v[f] (f < F) = feature f of the n blocks at src (F floats each), lane by block, zero lanes
  * beyond n; avail = the floats readable from src on (to the array's end): a whole group whose
  * rows of MF_VW floats stay inside the array is transposed in registers (each row read past
@@ -176,7 +163,7 @@ MF_INLINE void tile_load(vf *v, const float *src, int64_t n, int F, int64_t avai
         for (int f0 = 0; f0 < F; f0 += MF_VW) {
             vf x[MF_VW];
             for (int i = 0; i < MF_VW; i++) x[i] = VLOADU(src + i * F + f0);
-            transpose_regs(x);
+            vtranspose_regs(x);
             for (int c = 0; c < MF_VW && f0 + c < F; c++) v[f0 + c] = x[c];
         }
         return;
@@ -216,7 +203,7 @@ MF_INLINE void tile_store(float *dst, const vf *v, int64_t n, int F) {
         const int m = F - f0 < MF_VW ? F - f0 : MF_VW;
         vf x[MF_VW];
         for (int c = 0; c < MF_VW; c++) x[c] = f0 + c < F ? v[f0 + c] : VZERO;
-        transpose_regs(x);
+        vtranspose_regs(x);
         if (m == F && n == MF_VW && MF_VW <= 2 * F) {
             for (int l = 0; l < MF_VW - 1; l++) VSTOREU(dst + l * F, x[l]);
             memcpy(dst + (MF_VW - 1) * F, &x[MF_VW - 1], 4 * (size_t)F);
