@@ -112,6 +112,19 @@ def numerical_grad(f, x, eps=1e-6):
     return grad
 
 
+def assert_param_gradients(model, loss, params, rtol=1e-5, atol=1e-9, least=1e-6):
+    """Run ``loss()`` and ``model.backward()``, then check each parameter's gradient against
+    central finite differences of ``loss`` (float64 models) and that it is not all ~0
+    (max |grad| > ``least``)."""
+    loss()
+    model.backward()
+    for param in params:
+        grad = param.grad.copy()
+        np.testing.assert_allclose(grad, numerical_grad(loss, param.value), rtol=rtol,
+                                   atol=atol, err_msg=param.name)
+        assert np.abs(grad).max() > least, param.name
+
+
 def assert_sampled_param_grads(model, loss, names, rng, count=5, eps=1e-6):
     """`count` random entries of each named parameter of `model` (its .grad filled by a
     backward of the float64 scalar `loss()`): the gradient against central differences."""

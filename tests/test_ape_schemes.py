@@ -12,7 +12,7 @@ import sys
 import numpy as np
 import pytest
 
-from conftest import numerical_grad, subprocess_env
+from conftest import assert_param_gradients, subprocess_env
 from mapformer import reference as ref
 from mapformer.models import ModelConfig, Transformer
 from mapformer.schemes.gridpe import gridpe_frequencies, simplex_directions
@@ -254,13 +254,7 @@ def test_generator_gradient_matches_finite_differences(positional, dims, decay):
     def loss():
         return model.loss(batch.tokens, batch.targets, np.ones_like(batch.mask), coords)
 
-    loss()
-    model.backward()
-    for param in params:
-        grad = param.grad.copy()
-        numeric = numerical_grad(loss, param.value)
-        np.testing.assert_allclose(grad, numeric, rtol=1e-5, atol=1e-9)
-        assert np.abs(grad).max() > 1e-6
+    assert_param_gradients(model, loss, params)
 
 
 TASK = dict(dims=2, steps=6, grid_size=4, n_objects=3)

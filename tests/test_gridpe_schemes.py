@@ -10,7 +10,7 @@ import math
 import numpy as np
 import pytest
 
-from conftest import numerical_grad
+from conftest import assert_param_gradients
 from mapformer.models import ModelConfig, Transformer
 from mapformer.schemes.gridpe import code_kernel, gridpe_frequencies, neuron_count
 from mapformer.tasks import navigation
@@ -91,13 +91,8 @@ def test_deep_starts_near_one_and_its_gradient_matches_finite_differences():
     loss()
     factors = m.blocks[0].mixer.scheme.factors
     assert factors.shape == (2, 10, 2, 16) and 0 < np.abs(factors - 1).max() < 0.2
-    m.backward()
-    for name in ("blocks.0.mixer.scheme.deep_in.bias", "blocks.1.mixer.scheme.deep_out.bias"):
-        param = m.params.params[name]
-        grad = param.grad.copy()
-        np.testing.assert_allclose(grad, numerical_grad(loss, param.value), rtol=1e-5,
-                                   atol=1e-9)
-        assert np.abs(grad).max() > 1e-6
+    assert_param_gradients(m, loss, [m.params.params[name] for name in (
+        "blocks.0.mixer.scheme.deep_in.bias", "blocks.1.mixer.scheme.deep_out.bias")])
 
 
 @pytest.mark.parametrize("variant", ["rotate", "complex", "merge", "deep"])

@@ -12,7 +12,7 @@ import sys
 import numpy as np
 import pytest
 
-from conftest import numerical_grad, subprocess_env
+from conftest import assert_param_gradients, subprocess_env
 from mapformer.models import ModelConfig, Transformer
 from mapformer.schemes import SCHEMES
 from mapformer.tasks import navigation, rooms, selective_copy
@@ -123,13 +123,9 @@ def loss_of(model, batch_tokens, coords=None):
 
 def test_learned_abs_table_gradient_matches_finite_differences():
     model = Transformer(config("learned_abs", abs_positions=9), seed=0, backend="numpy")
-    loss = loss_of(model, tokens(2, 6))
-    loss()
-    model.backward()
     table = model.params.params[TABLE]
-    grad = table.grad.copy()
-    numeric = numerical_grad(loss, table.value)
-    np.testing.assert_allclose(grad, numeric, rtol=1e-6, atol=1e-10)
+    assert_param_gradients(model, loss_of(model, tokens(2, 6)), [table], rtol=1e-6, atol=1e-10)
+    grad = table.grad
     assert np.abs(grad[:6]).min(axis=1).max() > 1e-6 and not grad[6:].any()  # rows read
 
 
@@ -140,15 +136,9 @@ def test_rope_trainable_gradient_matches_finite_differences():
     assert [n for n in model.params.params if "scheme" in n] == [OMEGA]
     omega = model.params.params[OMEGA]
     omega.value[...] = np.random.default_rng(3).uniform(0.05, 1.5, omega.shape)
-    loss = loss_of(model, tokens(2, 7))
-    loss()
-    model.backward()
-    grad = omega.grad.copy()
-    numeric = numerical_grad(loss, omega.value)
     # central differences at eps = 1e-6 of a loss ~2 carry ~2 * 2^-52 / 1e-6 = 4e-10 of
     # rounding: the small entries are compared to that
-    np.testing.assert_allclose(grad, numeric, rtol=1e-5, atol=2e-9)
-    assert np.abs(grad).max() > 1e-5
+    assert_param_gradients(model, loss_of(model, tokens(2, 7)), [omega], atol=2e-9, least=1e-5)
 
 
 @pytest.mark.parametrize("backend,tol", [("numpy", 1e-12), ("c", 1e-5)])
