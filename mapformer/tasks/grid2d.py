@@ -320,11 +320,7 @@ def generate(config: GridConfig, batch_size: int,
     """A training batch: batch_size grids drawn uniformly (with replacement) from the config's
     ``train_size`` training grids by ``rng`` (a Generator, advanced in place, a seed, or
     None)."""
-    check_int("batch_size", batch_size, 1)
-    rng = np.random.default_rng(rng)
-    grids, shapes = split_grids(config, "train", config.train_size)
-    pick = rng.integers(0, config.train_size, size=batch_size)
-    return make_batch(config, grids[pick], shapes[pick])
+    return stream.split_batch(split_grids, make_batch, config, batch_size, rng)
 
 
 def batches(config: GridConfig, batch_size: int,
@@ -337,11 +333,7 @@ def eval_set(config: GridConfig, n_sequences: int, seed: int = 0,
              batch_size: int = 128) -> list[GridBatch]:
     """The first n_sequences grids of the config's ``eval_split`` in batches (``seed`` unused:
     every run is scored on the same grids)."""
-    check_int("n_sequences", n_sequences, 1)
-    check_int("batch_size", batch_size, 1)
-    grids, shapes = split_grids(config, config.eval_split, n_sequences)
-    return [make_batch(config, grids[i:i + batch_size], shapes[i:i + batch_size])
-            for i in range(0, n_sequences, batch_size)]
+    return stream.split_eval_set(split_grids, make_batch, config, n_sequences, batch_size)
 
 
 def loss_mask(batch: GridBatch, positions: str) -> np.ndarray:

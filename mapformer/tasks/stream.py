@@ -4,7 +4,9 @@ the evaluation set of a generated task.
 A generated task (navigation, selective copy, 4D rotations, ...) draws its training stream from
 one generator seeded (seed, 0) and its evaluation set from one seeded (seed, 1), so the same
 seed never gives the same sequences in both. Tasks with fixed splits (transduction, trees,
-grids, digits) use :func:`endless` for training and take their evaluation sets from a split.
+grids, digits) use :func:`endless` for training and take their evaluation sets from a split;
+the transductions (sequences, trees, grids) draw and cut their split's rows with
+:func:`split_batch` and :func:`split_eval_set`.
 """
 import numbers
 from collections.abc import Callable, Iterator
@@ -38,3 +40,29 @@ def generated_eval_set(generate: Callable, config, n_sequences: int, seed: int,
     if n_sequences % batch_size:
         sizes.append(n_sequences % batch_size)
     return [generate(config, size, rng) for size in sizes]
+
+
+def split_batch(split_rows: Callable, make_batch: Callable, config, batch_size: int,
+                rng: np.random.Generator | int | None) -> object:
+    """A training batch of a task with fixed splits: batch_size rows drawn uniformly (with
+    replacement) from the config's ``train_size`` training rows by ``rng`` (a Generator,
+    advanced in place, a seed, or None). ``split_rows(config, split, count)`` gives the split's
+    first count rows as a tuple of arrays of leading dimension count; ``make_batch(config,
+    *arrays)`` builds the batch from the drawn rows."""
+    check_int("batch_size", batch_size, 1)
+    rng = np.random.default_rng(rng)
+    rows = split_rows(config, "train", config.train_size)
+    pick = rng.integers(0, config.train_size, size=batch_size)
+    return make_batch(config, *(a[pick] for a in rows))
+
+
+def split_eval_set(split_rows: Callable, make_batch: Callable, config, n_sequences: int,
+                   batch_size: int) -> list:
+    """The first n_sequences rows of the config's ``eval_split`` (``split_rows`` and
+    ``make_batch`` as :func:`split_batch`) in batches of batch_size, the last holding the
+    remainder: every run is scored on the same rows."""
+    check_int("n_sequences", n_sequences, 1)
+    check_int("batch_size", batch_size, 1)
+    rows = split_rows(config, config.eval_split, n_sequences)
+    return [make_batch(config, *(a[i:i + batch_size] for a in rows))
+            for i in range(0, n_sequences, batch_size)]

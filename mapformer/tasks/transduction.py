@@ -328,11 +328,7 @@ def generate(config: TransductionConfig, batch_size: int,
     """A training batch: B = batch_size sequences drawn uniformly (with replacement) from the
     config's ``train_size`` training sequences by ``rng`` (a Generator, advanced in place, a
     seed, or None)."""
-    check_int("batch_size", batch_size, 1)
-    rng = np.random.default_rng(rng)
-    sources, lengths = split_sources(config, "train", config.train_size)
-    pick = rng.integers(0, config.train_size, size=batch_size)
-    return make_batch(config, sources[pick], lengths[pick])
+    return stream.split_batch(split_sources, make_batch, config, batch_size, rng)
 
 
 def batches(config: TransductionConfig, batch_size: int,
@@ -346,11 +342,7 @@ def eval_set(config: TransductionConfig, n_sequences: int, seed: int = 0,
     """The first n_sequences sequences of the config's ``eval_split`` in batches of
     batch_size (the last holds the remainder). ``seed`` is not used: the split is fixed by
     the config's data_seed (every run is scored on the same sequences)."""
-    check_int("n_sequences", n_sequences, 1)
-    check_int("batch_size", batch_size, 1)
-    sources, lengths = split_sources(config, config.eval_split, n_sequences)
-    return [make_batch(config, sources[i:i + batch_size], lengths[i:i + batch_size])
-            for i in range(0, n_sequences, batch_size)]
+    return stream.split_eval_set(split_sources, make_batch, config, n_sequences, batch_size)
 
 
 def loss_mask(batch: TransductionBatch, positions: str, tasks: str = "transduction"

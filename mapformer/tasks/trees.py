@@ -521,18 +521,11 @@ def make_batch(config: TreeConfig, src, src_heaps, n, tgt, tgt_heaps, m) -> Tree
                      coordinates=np.ascontiguousarray(coordinates))
 
 
-def _rows(data, pick):
-    return [a[pick] for a in data]
-
-
 def generate(config: TreeConfig, batch_size: int,
              rng: np.random.Generator | int | None = None) -> TreeBatch:
     """A training batch: batch_size examples drawn uniformly (with replacement) from the
     config's ``train_size`` training examples by ``rng``."""
-    check_int("batch_size", batch_size, 1)
-    rng = np.random.default_rng(rng)
-    data = split_examples(config, "train", config.train_size)
-    return make_batch(config, *_rows(data, rng.integers(0, config.train_size, size=batch_size)))
+    return stream.split_batch(split_examples, make_batch, config, batch_size, rng)
 
 
 def batches(config: TreeConfig, batch_size: int,
@@ -545,11 +538,7 @@ def eval_set(config: TreeConfig, n_sequences: int, seed: int = 0,
              batch_size: int = 128) -> list[TreeBatch]:
     """The first n_sequences examples of the config's ``eval_split`` in batches (``seed``
     unused: every run is scored on the same examples)."""
-    check_int("n_sequences", n_sequences, 1)
-    check_int("batch_size", batch_size, 1)
-    data = split_examples(config, config.eval_split, n_sequences)
-    return [make_batch(config, *_rows(data, slice(i, i + batch_size)))
-            for i in range(0, n_sequences, batch_size)]
+    return stream.split_eval_set(split_examples, make_batch, config, n_sequences, batch_size)
 
 
 def loss_mask(batch: TreeBatch, positions: str) -> np.ndarray:
