@@ -83,7 +83,6 @@ rows x 3 seeds) about 1.75 hours. Not run at full
 size here; a tiny run proves the script.
 """
 import argparse
-import math
 import os
 import sys
 import time
@@ -93,14 +92,12 @@ from pathlib import Path
 for _name in ("OMP_NUM_THREADS", "OPENBLAS_NUM_THREADS"):  # before NumPy and the core load
     os.environ.setdefault(_name, "1")
 
-import numpy as np  # noqa: E402
-
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from mapformer.models import ModelConfig  # noqa: E402
 from mapformer.schemes import SCHEMES  # noqa: E402
 from mapformer.tasks import transduction, trees  # noqa: E402
-from mapformer.reproduce import train_or_load  # noqa: E402
+from mapformer.reproduce import mean_ci, train_or_load  # noqa: E402
 from mapformer.train import TrainConfig  # noqa: E402
 
 TASKS = transduction.OPERATIONS
@@ -236,19 +233,6 @@ def run(task, name, row, scale, seed, sequences, out_dir, order=None):
     tag = task if order is None else f"{task}-{order}"
     return train_or_load(out_dir / f"{tag}-{name}-seed{seed}.json", model_config,
                          train_config, task=task, order=order, row=name, seed=seed)
-
-
-T975 = {2: 12.706, 3: 4.303, 4: 3.182, 5: 2.776, 6: 2.571, 7: 2.447, 8: 2.365, 9: 2.306,
-        10: 2.262}
-
-
-def mean_ci(values):
-    """'mean ± half-width of the 95% t interval' (the paper's statistic); one value: mean."""
-    values = np.asarray(values, dtype=np.float64)
-    if len(values) < 2:
-        return f"{values.mean():.2f}"
-    half = T975.get(len(values), 1.96) * values.std(ddof=1) / math.sqrt(len(values))
-    return f"{values.mean():.2f} ± {half:.2f}"
 
 
 def format_table(records, tasks, names, scale_name):

@@ -101,7 +101,7 @@ from mapformer.models import ModelConfig  # noqa: E402
 from mapformer.schemes import SCHEMES  # noqa: E402
 from mapformer.schemes.gridpe import (code_kernel, gridpe_frequencies,  # noqa: E402
                                       neuron_count)
-from mapformer.reproduce import train_or_load, write_json  # noqa: E402
+from mapformer.reproduce import mean_ci, train_or_load, write_json  # noqa: E402
 from mapformer.train import TrainConfig  # noqa: E402
 
 
@@ -291,19 +291,6 @@ def analyses(scale, out_dir):
 
 
 # ---- part 3: the table ---------------------------------------------------------------------
-T975 = {2: 12.706, 3: 4.303, 4: 3.182, 5: 2.776, 6: 2.571, 7: 2.447, 8: 2.365, 9: 2.306,
-        10: 2.262}
-
-
-def mean_ci(values):
-    """'mean ± half-width of the 95% t interval'; one value: the mean."""
-    values = np.asarray(values, dtype=np.float64)
-    if len(values) < 2:
-        return f"{values.mean():.3f}"
-    half = T975.get(len(values), 1.96) * values.std(ddof=1) / math.sqrt(len(values))
-    return f"{values.mean():.3f} ± {half:.3f}"
-
-
 def format_table(records, task, names, scale_name):
     """Markdown: one line per row of ``task``, accuracy on each of its evaluation sets (and
     exact match, for the tasks that report it: the grid transductions)."""
@@ -325,7 +312,7 @@ def format_table(records, task, names, scale_name):
         if not runs:
             continue
         reads = runs[0]["model"]["options"].get("coord_source") == "task"
-        cells = [mean_ci([r["eval"][s][m] for r in runs]) for s, m in columns]
+        cells = [mean_ci([r["eval"][s][m] for r in runs], digits=3) for s, m in columns]
         lines.append(f"| {name} | {'yes' if reads else 'no'} | " + " | ".join(cells)
                      + f" | {len(runs)} |")
     return "\n".join(lines)

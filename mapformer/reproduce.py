@@ -15,6 +15,7 @@ With ``--out`` the JSON record is rewritten after every finished run (row x seed
 """
 import argparse
 import json
+import math
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -344,6 +345,20 @@ def main(table_id, argv=None):
     print(text)
     print(f"\ntotal {time.perf_counter() - t0:.0f}s")
     return measured
+
+
+T975 = {2: 12.706, 3: 4.303, 4: 3.182, 5: 2.776, 6: 2.571, 7: 2.447, 8: 2.365, 9: 2.306,
+        10: 2.262}  # Student's t, 97.5% quantile, by sample size (normal beyond)
+
+
+def mean_ci(values, digits: int = 2) -> str:
+    """'mean ± half-width of the 95% t interval' of the values (the APE and GridPE tables'
+    statistic), ``digits`` decimals; one value: its mean alone."""
+    values = np.asarray(values, dtype=np.float64)
+    if len(values) < 2:
+        return f"{values.mean():.{digits}f}"
+    half = T975.get(len(values), 1.96) * values.std(ddof=1) / math.sqrt(len(values))
+    return f"{values.mean():.{digits}f} ± {half:.{digits}f}"
 
 
 def previous_runs(path, scale, sequences):
