@@ -173,11 +173,14 @@ np.savez(sys.argv[1], **out)
 
 
 @pytest.mark.parametrize("B,T,H,NB", [(3, 7, 2, 3), (2, 13, 3, 5), (2, 9, 2, 16),
-                                     (2, 11, 3, 11), (4, 257, 2, 8)])
+                                     (2, 11, 3, 11), (4, 257, 2, 8), (32, 256, 2, 16),
+                                     (43, 256, 2, 12)])
 def test_same_bits_on_every_kernel_set(rng, B, T, H, NB):
     """The active kernel set picks the group width (16 lanes and permute transposes on
     AVX-512, the target_clones' width elsewhere): the lanes never interact, so every set gives
-    the same bits, for rows of 6 to 33 blocks (partial groups, the array's last group)."""
+    the same bits, for rows of 6 to 33 blocks (partial groups, the array's last group). The
+    last two write p and dw (4 MB and more) by non-temporal stores on AVX-512 (nc.c), 24
+    blocks a row with a partial group stored the ordinary way."""
     w, start = inputs(rng, B, T, H, NB)
     w.reshape(-1, 6)[::7] *= 4.0  # steps past the Taylor range
     dp = randn(rng, B, T, H, 4 * NB)

@@ -35,12 +35,15 @@
  * phat = p* / |p*| (1 where |p*|^2 <= 1e-30) and scales dw's coefficients by |p*|; the scalar
  * part of Z's quaternion is sig_t = sum_{tau >= t} g_tau . phat_tau (rotations keep it), and
  * E_1 = (sig_1, Z_1) phat, exact for p* = 0 too. The backward first runs the chain of phat_t
- * again (one pair of quaternion products a step, renormalised as the forward), keeping phat_t
- * and w_t (transposed) for every step in the thread's scratch (NC_SAVED = 10 vectors a step
- * and group: 320 KB per thread at T = 256, 16 lanes and a span of 2 groups), then sweeps t in
- * reverse, taking each step's qexp again with the Jacobian's k (keeping its 12 coefficient
- * vectors instead, 22 vectors a step, measured the same time): nothing is recovered by
- * inverting steps. (Carrying A_t, C_t and E_t instead costs
+ * again, forward in t (one pair of quaternion products a step, renormalised as the forward),
+ * reading g_t beside w_t, and keeps w_t and the step's adjoint inputs vec(g_t conj(phat_t)),
+ * vec(conj(phat_t) g_t) (transposed) for every step in the thread's scratch (NC_SAVED = 12
+ * vectors a step and group: 384 KB per thread at T = 256, 16 lanes and a span of 2 groups;
+ * sig_1 summed forward in t), then sweeps t in reverse over the scratch alone, taking each
+ * step's qexp again with the Jacobian's k, and writes dw. Both input streams are read in
+ * increasing address order (measured a few percent faster than reading dp in the sweep).
+ * Keeping the 12 coefficient vectors of the steps' qexp instead (24 vectors a step) measured
+ * slower: nothing is recovered by inverting steps. (Carrying A_t, C_t and E_t instead costs
  * two quaternion products more a step: 11.9 ms against 10.0 ms for the backward at B 128,
  * T 256, H 2, NB 16, one thread.)
  *
@@ -52,9 +55,11 @@
  * bits (elementwise float32 operations, no contraction). The (b, t) rows of w (6 floats a
  * block), p, dp and p* (4 a block) are turned into lanes in registers (the loads may read
  * past the group's last block up to the array's end, the group at the array's end is
- * gathered float by float). A kernel call runs a span of NC_SPAN = 2 groups in lockstep: the
- * span's part of each (b, t) row is contiguous (the whole row at H NB = 32 blocks and 16
- * lanes), and its chains are independent work in the sequential loops.
+ * gathered float by float). The outputs p and dw, when large, are written by non-temporal
+ * stores on the 16-lane kernels (NC_STREAM_MIN_BYTES). A kernel call runs a span of
+ * NC_SPAN = 2 groups in lockstep: the span's part of each (b, t) row is contiguous (the whole
+ * row at H NB = 32 blocks and 16 lanes), and its chains are independent work in the
+ * sequential loops.
  * All in float32, with fused multiply-adds (one rounding on every width and target: simd.h's
  * VFMAF, MF_CLONES_FMA clones). qexp per step: below |w| = 1.5 the Taylor series of cos, sinc
  * (and the Jacobian's k) in |w|^2, Horner, no square root, reduction or division; a group with a larger
@@ -104,6 +109,24 @@ static Kernels kernels_of(int set) {
     return (Kernels){MF_VW, nc_forward_span_clones, nc_backward_span_clones};
 }
 
+/* Outputs of at least this many bytes are written by non-temporal stores on the 16-lane
+ * kernels, and their rows are not prefetched for writing: a cached store first reads the line
+ * it overwrites, and an output this large (p and dw of a training batch: 17 and 25 MB at
+ * B 128, T 256, H 2, D 64) leaves the core's caches before it is read anyway. Measured at
+ * that size, one thread, on a shared AVX-512 Xeon: forward + backward 10.9 -> 8.7 ms (with
+ * the next reader's pass over p and dw counted: 17.4 -> 15.4 ms); at B 8 and 32 (1-6 MB) the
+ * same time either way. */
+#define NC_STREAM_MIN_BYTES ((int64_t)4 << 20)
+
+/* whether out (F floats a block) takes non-temporal stores: the 16-lane kernels' whole groups
+ * (16 F floats from a group's first block: 64-byte multiples), with out 64-byte aligned and
+ * every (b, t) row a multiple of 64 bytes */
+static int streams(const float *out, int64_t F, const NcShape *s, int64_t vw) {
+    const int64_t bytes = s->plen / 4 * F * 4; /* plen / 4 blocks */
+    return vw == 16 && (uintptr_t)out % 64 == 0 && s->nblk * F % 16 == 0 &&
+           bytes >= NC_STREAM_MIN_BYTES;
+}
+
 static NcShape shape_of(const MfNcParams *p, int64_t vw) {
     NcShape s;
     s.T = p->T;
@@ -112,6 +135,7 @@ static NcShape shape_of(const MfNcParams *p, int64_t vw) {
     s.nspans = (s.ngroups + NC_SPAN - 1) / NC_SPAN;
     s.wlen = p->B * p->T * s.nblk * 6;
     s.plen = p->B * p->T * s.nblk * 4;
+    s.stream = 0;
     return s;
 }
 
@@ -120,7 +144,8 @@ int nc_forward(const MfNcParams *p) {
     const int ok = nc_check(p);
     if (ok != MF_OK) return ok;
     const Kernels k = kernels_of(mf_kernels());
-    const NcShape sh = shape_of(p, k.vw);
+    NcShape sh = shape_of(p, k.vw);
+    sh.stream = streams(p->p, 4, &sh, k.vw);
 #pragma omp parallel for schedule(dynamic, 1) if (p->B * sh.T * sh.nblk >= NC_MIN_PARALLEL)
     for (int64_t it = 0; it < p->B * sh.nspans; it++)
         k.forward(p, &sh, it / sh.nspans, it % sh.nspans * NC_SPAN * k.vw);
@@ -150,7 +175,8 @@ int nc_backward(const MfNcParams *p) {
     const int ok = nc_check(p);
     if (ok != MF_OK) return ok;
     const Kernels k = kernels_of(mf_kernels());
-    const NcShape sh = shape_of(p, k.vw);
+    NcShape sh = shape_of(p, k.vw);
+    sh.stream = streams(p->dw, 6, &sh, k.vw);
     const int64_t B = p->B, shared = shared_floats(p), vw = k.vw;
     const int threads = mf_scratch_threads(p->scratch_floats - shared, per_thread(p));
     if (B * sh.T * sh.nblk == 0) return MF_OK;

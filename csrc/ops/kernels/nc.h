@@ -6,10 +6,10 @@
  *   NC_ATTR     the functions' attributes (MF_CLONES for the target_clones copies, or empty)
  * then includes this file. The lanes never interact and every operation is elementwise with
  * one rounding (no contraction: -ffp-contract=off), so every width gives the same bits.
- * At 16 floats with AVX-512 the (b, t) rows are turned into lanes by two-source permutes
- * (vpermt2ps: a pair of 16-float rows a permute, the pairs merged by masked moves), 3 + 2
- * instructions per feature of 6 and 2 + 1 per feature of 4, where the butterfly transpose of
- * simd.h takes log2(MF_VW) MF_VW shuffles per MF_VW x MF_VW tile; elsewhere by the butterfly.
+ * At 16 floats with AVX-512 the (b, t) rows are turned into lanes by permutes that move pairs
+ * of floats as doubles, then split the pairs (pairs_of_rows: 3 permutes per feature of 6 and 2
+ * per feature of 4, no blend), where the butterfly transpose of simd.h takes log2(MF_VW)
+ * MF_VW shuffles per MF_VW x MF_VW tile; elsewhere by the butterfly.
  */
 #include <math.h>
 #include <stdint.h>
@@ -134,26 +134,63 @@ MF_INLINE void vqexp(vq *a, vf *sc, vf *k, vf *n2o, const vf *w) {
     a->w = c, a->x = s * w[0], a->y = s * w[1], a->z = s * w[2];
 }
 
+#if NC_PERMUTES
+/* The AVX-512 transposes of a group's rows (F = 4 or 6 floats a block, 16 blocks: F rows of
+ * 16 floats) move pairs of floats as doubles: the F/2 pairs of a block are doubles
+ * F/2 l + e of the rows; pairs_of_rows gathers pair e of blocks 8 h .. 8 h + 7 into d[h][e]
+ * (one two-source permute, and for F = 6 a merge-masked one-source permute of the third row),
+ * then one two-source permute of d[0][e], d[1][e] takes feature 2e (the even floats) or
+ * 2e + 1 (the odd ones) of all 16 blocks. A group of 6 features takes 18 permutes, one of 4
+ * takes 8, and no blend (rows_of_pairs and tile_store: the inverse). */
+typedef int64_t nc_vl __attribute__((vector_size(64)));
+#define NC_L8 ((nc_vl){0, 1, 2, 3, 4, 5, 6, 7})
+
+MF_INLINE void pairs_of_rows(__m512d d[2][3], const __m512d *r, int F) {
+    const int m = F / 2; /* pairs a block, rows a half */
+    for (int h = 0; h < 2; h++) {
+        for (int e = 0; e < m; e++) {
+            const nc_vl q = m * NC_L8 + e; /* pair e of block 8 h + j: double q of the half */
+            d[h][e] = _mm512_permutex2var_pd(r[m * h], (__m512i)q, r[m * h + 1]);
+            if (m == 3) {
+                __mmask8 k = 0;
+                for (int j = 0; j < 8; j++) k |= (__mmask8)((3 * j + e >= 16) << j);
+                d[h][e] = _mm512_mask_permutexvar_pd(d[h][e], k, (__m512i)(q - 16), r[3 * h + 2]);
+            }
+        }
+    }
+}
+
+MF_INLINE void rows_of_pairs(__m512d *r, __m512d d[2][3], int F) {
+    const int m = F / 2;
+    for (int h = 0; h < 2; h++) {
+        for (int i = 0; i < m; i++) {
+            const nc_vl q = 8 * i + NC_L8, j = q / m, e = q % m; /* double q of the half */
+            r[m * h + i] = _mm512_permutex2var_pd(d[h][0], (__m512i)(j + 8 * e), d[h][1]);
+            if (m == 3) {
+                __mmask8 k = 0;
+                for (int l = 0; l < 8; l++) k |= (__mmask8)(((8 * i + l) % 3 == 2) << l);
+                r[3 * h + i] = _mm512_mask_permutexvar_pd(r[3 * h + i], k, (__m512i)j, d[h][2]);
+            }
+        }
+    }
+}
+#endif
+
 /* v[f] (f < F) = feature f of the n blocks at src (F floats each), lane by block, zero lanes
  * beyond n; avail = the floats readable from src on (to the array's end): a whole group whose
  * rows of MF_VW floats stay inside the array is transposed in registers (each row read past
  * its block's F floats, the extra columns dropped), any other gathered float by float */
 MF_INLINE void tile_load(vf *v, const float *src, int64_t n, int F, int64_t avail) {
 #if NC_PERMUTES
-    /* the F rows of 16 floats at src: feature f of lane l is float F l + f, in row pair
-     * (F l + f) / 32 at (F l + f) mod 32, which is what vpermt2ps reads of the index */
     if (n == MF_VW && F * MF_VW <= avail) {
-        __m512 r[6];
-        for (int i = 0; i < F; i++) r[i] = _mm512_loadu_ps(src + 16 * i);
-        for (int f = 0; f < F; f++) {
-            const __m512i idx = (__m512i)(VLANES * F + f);
-            __m512 x = _mm512_permutex2var_ps(r[0], idx, r[1]);
-            for (int k = 1; 2 * k < F; k++) {
-                const __mmask16 in = _mm512_cmpeq_epi32_mask(
-                    _mm512_srli_epi32(idx, 5), _mm512_set1_epi32(k));
-                x = _mm512_mask_mov_ps(x, in, _mm512_permutex2var_ps(r[2 * k], idx, r[2 * k + 1]));
-            }
-            v[f] = (vf)x;
+        __m512d r[6], d[2][3];
+        for (int i = 0; i < F; i++) r[i] = _mm512_loadu_pd(src + 16 * i);
+        pairs_of_rows(d, r, F);
+        for (int e = 0; e < F / 2; e++) {
+            v[2 * e] = (vf)_mm512_permutex2var_ps((__m512)d[0][e], (__m512i)(2 * VLANES),
+                                                  (__m512)d[1][e]);
+            v[2 * e + 1] = (vf)_mm512_permutex2var_ps((__m512)d[0][e], (__m512i)(2 * VLANES + 1),
+                                                      (__m512)d[1][e]);
         }
         return;
     }
@@ -178,27 +215,29 @@ MF_INLINE void tile_load(vf *v, const float *src, int64_t n, int F, int64_t avai
 /* the n blocks at dst (F floats each) = the lanes of v[f] (f < F), transposed in registers;
  * a whole group of blocks at most MF_VW floats long by stores of MF_VW floats, each one's
  * tail overwritten by the next (the last block's F floats stored alone): nothing outside the
- * group's n F floats is written */
-MF_INLINE void tile_store(float *dst, const vf *v, int64_t n, int F) {
+ * group's n F floats is written. stream (AVX-512 only, a whole group, dst 64-byte aligned):
+ * non-temporal stores (NcShape) */
+MF_INLINE void tile_store(float *dst, const vf *v, int64_t n, int F, int stream) {
 #if NC_PERMUTES
-    /* float 16 i + c of the group's F 16 floats is feature (16 i + c) mod F of lane
-     * (16 i + c) / F: in feature pair f / 2 at 16 (f mod 2) + lane */
     if (n == MF_VW) {
-        for (int i = 0; i < F; i++) {
-            const vi pos = VLANES + 16 * i, f = pos % F, lane = pos / F;
-            const __m512i idx = (__m512i)(16 * (f & 1) + lane);
-            __m512 x = _mm512_permutex2var_ps((__m512)v[0], idx, (__m512)v[1]);
-            for (int k = 1; 2 * k < F; k++) {
-                const __mmask16 in = _mm512_cmpeq_epi32_mask((__m512i)(f >> 1),
-                                                             _mm512_set1_epi32(k));
-                x = _mm512_mask_mov_ps(
-                    x, in, _mm512_permutex2var_ps((__m512)v[2 * k], idx, (__m512)v[2 * k + 1]));
-            }
-            _mm512_storeu_ps(dst + 16 * i, x);
+        /* pair j of d[h][e] = features 2e, 2e + 1 of lane 8 h + j */
+        const vi lo = VLANES / 2 + 16 * (VLANES & 1), hi = lo + 8;
+        __m512d d[2][3], r[6];
+        for (int e = 0; e < F / 2; e++) {
+            d[0][e] = (__m512d)_mm512_permutex2var_ps((__m512)v[2 * e], (__m512i)lo,
+                                                      (__m512)v[2 * e + 1]);
+            d[1][e] = (__m512d)_mm512_permutex2var_ps((__m512)v[2 * e], (__m512i)hi,
+                                                      (__m512)v[2 * e + 1]);
         }
+        rows_of_pairs(r, d, F);
+        if (stream)
+            for (int i = 0; i < F; i++) _mm512_stream_pd((double *)(dst + 16 * i), r[i]);
+        else
+            for (int i = 0; i < F; i++) _mm512_storeu_pd(dst + 16 * i, r[i]);
         return;
     }
 #endif
+    (void)stream;
     for (int f0 = 0; f0 < F; f0 += MF_VW) {
         const int m = F - f0 < MF_VW ? F - f0 : MF_VW;
         vf x[MF_VW];
@@ -270,7 +309,8 @@ MF_INLINE void forward_span(const MfNcParams *p, const NcShape *sh, int64_t b, i
         }
         for (int64_t t = t0; t < t1; t++) {
             const int64_t row = (b * T + t) * nb + j0;
-            if (t + NC_AHEAD < T) prefetch_floats(p->p + 4 * (row + NC_AHEAD * nb), 4 * all, 1);
+            if (!sh->stream && t + NC_AHEAD < T)
+                prefetch_floats(p->p + 4 * (row + NC_AHEAD * nb), 4 * all, 1);
             for (int g = 0; g < G; g++) {
                 vq *qg = &q[g];
                 /* p_{t-1}'s renormalisation, beside the products, applied to p_t (vq_renorm) */
@@ -280,7 +320,7 @@ MF_INLINE void forward_span(const MfNcParams *p, const NcShape *sh, int64_t b, i
                 vq_mul(qg, qg, &steps[t - t0][g][1]);
                 qg->w *= f, qg->x *= f, qg->y *= f, qg->z *= f;
                 const vf out[4] = {qg->w, qg->x, qg->y, qg->z};
-                tile_store(p->p + 4 * (row + g * MF_VW), out, n[g], 4);
+                tile_store(p->p + 4 * (row + g * MF_VW), out, n[g], 4, sh->stream);
             }
         }
     }
@@ -292,6 +332,7 @@ void NC_FN(nc_forward_span)(const MfNcParams *p, const NcShape *sh, int64_t b, i
         forward_span(p, sh, b, j0, 2);
     else
         forward_span(p, sh, b, j0, 1);
+    if (sh->stream) vstream_fence();
 }
 
 /* the saved vectors of step t in buf: phat (4), w (6) */
@@ -332,13 +373,16 @@ MF_INLINE void side_step(vf *y, vf *dw, const vf *w, const vf *o, int sign) {
 }
 
 /* the backward of a span of G groups (forward_span), in lockstep; step t of group g is
- * SAVED(buf, t G + g) */
+ * SAVED(buf, t G + g). Pass 1, forward in t (the rows of w and dp streamed in the order the
+ * hardware prefetchers follow best): the chain of phat_t again and, from it and g_t, the
+ * step's adjoint inputs vec(g conj(phat_t)), vec(conj(phat_t) g) and sig; pass 2, reverse in
+ * t, reads only the thread's scratch and writes dw. */
 MF_INLINE void backward_span(const MfNcParams *p, const NcShape *sh, int64_t b, int64_t j0,
                              float *buf, float *ds, const int G) {
     const int64_t nb = sh->nblk, T = sh->T;
     int64_t n[NC_SPAN], all = 0;
     vq q[NC_SPAN], phat[NC_SPAN];
-    vf hp[NC_SPAN];
+    vf hp[NC_SPAN], sig[NC_SPAN];
     for (int g = 0; g < G; g++) {
         const int64_t j = j0 + g * MF_VW;
         n[g] = nb - j < MF_VW ? nb - j : MF_VW, all += n[g];
@@ -355,62 +399,63 @@ MF_INLINE void backward_span(const MfNcParams *p, const NcShape *sh, int64_t b, 
         hp[g] = VSELECT(live, 0.5f * r, VZERO);
         q[g] = (vq){VSELECT(live, s.w * ri, VSPLAT(1.0f)), s.x * ri, s.y * ri, s.z * ri};
         phat[g] = q[g];
+        sig[g] = VZERO;
     }
-    for (int64_t t = 0; t < T; t++) { /* the forward chain again, from phat */
+    /* pass 1: sig_1 = sum_t g_t . phat_t, and per step w (6 vectors), h = vec(g conj(phat_t))
+     * and h' = vec(conj(phat_t) g) (3 each: the same but the cross product's sign) */
+    for (int64_t t = 0; t < T; t++) {
         const int64_t row = (b * T + t) * nb + j0;
-        if (t + NC_AHEAD < T) prefetch_floats(p->w + 6 * (row + NC_AHEAD * nb), 6 * all, 0);
+        if (t + NC_AHEAD < T) {
+            prefetch_floats(p->w + 6 * (row + NC_AHEAD * nb), 6 * all, 0);
+            prefetch_floats(p->dp + 4 * (row + NC_AHEAD * nb), 4 * all, 0);
+        }
         for (int g = 0; g < G; g++) {
             const int64_t r = row + g * MF_VW;
             vf *v = (vf *)SAVED(buf, t * G + g);
-            tile_load(v + 4, p->w + 6 * r, n[g], 6, sh->wlen - 6 * r);
-            vq a, c;
+            tile_load(v, p->w + 6 * r, n[g], 6, sh->wlen - 6 * r);
+            vq a, c, gq;
             vf sa, sv;
-            vqexp(&a, &sa, NULL, NULL, v + 4);
-            vqexp(&c, &sv, NULL, NULL, v + 7);
+            vqexp(&a, &sa, NULL, NULL, v);
+            vqexp(&c, &sv, NULL, NULL, v + 3);
             vf f;
             vq_renorm_factor(&f, &q[g]);
             vq_mul(&q[g], &a, &q[g]);
             vq_mul(&q[g], &q[g], &c);
             vq_scale(&q[g], &f);
-            v[0] = q[g].w, v[1] = q[g].x, v[2] = q[g].y, v[3] = q[g].z;
-        }
-    }
-    /* Z_t = vec(A_{t-1} E_t conj(phat) conj(A_{t-1})), W_t = vec(conj(C_{t-1}) conj(phat) E_t
-     * C_{t-1}) and sig_t = sum_{tau >= t} g_tau . phat_tau (the scalar part of Z's quaternion) */
-    vf Z[NC_SPAN][3], W[NC_SPAN][3], sig[NC_SPAN];
-    for (int g = 0; g < G; g++)
-        for (int i = 0; i < 3; i++) Z[g][i] = W[g][i] = sig[g] = VZERO;
-    for (int64_t t = T - 1; t >= 0; t--) {
-        const int64_t row = (b * T + t) * nb + j0;
-        if (t >= NC_AHEAD) {
-            prefetch_floats(p->dp + 4 * (row - NC_AHEAD * nb), 4 * all, 0);
-            prefetch_floats(p->dw + 6 * (row - NC_AHEAD * nb), 6 * all, 1);
-        }
-        for (int g = 0; g < G; g++) {
-            const int64_t r = row + g * MF_VW;
-            const vf *v = (const vf *)SAVED(buf, t * G + g);
-            vq gq;
             vq_load(&gq, p->dp + 4 * r, n[g], sh->plen - 4 * r);
-            /* h = vec(g conj(phat_t)), h' = vec(conj(phat_t) g): the same but the cross
-             * product's sign */
-            const vf pw = v[0], px = v[1], py = v[2], pz = v[3];
+            const vf pw = q[g].w, px = q[g].x, py = q[g].y, pz = q[g].z;
             sig[g] += FMA(gq.w, pw, gq.x * px) + FMA(gq.y, py, gq.z * pz);
             const vf vx = FMS(pw, gq.x, gq.w * px), vy = FMS(pw, gq.y, gq.w * py),
                      vz = FMS(pw, gq.z, gq.w * pz);
             const vf cx = FMS(gq.y, pz, gq.z * py), cy = FMS(gq.z, px, gq.x * pz),
                      cz = FMS(gq.x, py, gq.y * px);
-            Z[g][0] += vx - cx, Z[g][1] += vy - cy, Z[g][2] += vz - cz;
-            W[g][0] += vx + cx, W[g][1] += vy + cy, W[g][2] += vz + cz;
+            v[6] = vx - cx, v[7] = vy - cy, v[8] = vz - cz;
+            v[9] = vx + cx, v[10] = vy + cy, v[11] = vz + cz;
+        }
+    }
+    /* pass 2: Z_t = vec(A_{t-1} E_t conj(phat) conj(A_{t-1})) and W_t = vec(conj(C_{t-1})
+     * conj(phat) E_t C_{t-1}), reverse in t */
+    vf Z[NC_SPAN][3], W[NC_SPAN][3];
+    for (int g = 0; g < G; g++)
+        for (int i = 0; i < 3; i++) Z[g][i] = W[g][i] = VZERO;
+    for (int64_t t = T - 1; t >= 0; t--) {
+        const int64_t row = (b * T + t) * nb + j0;
+        if (!sh->stream && t >= NC_AHEAD)
+            prefetch_floats(p->dw + 6 * (row - NC_AHEAD * nb), 6 * all, 1);
+        for (int g = 0; g < G; g++) {
+            const int64_t r = row + g * MF_VW;
+            const vf *v = (const vf *)SAVED(buf, t * G + g);
+            for (int i = 0; i < 3; i++) Z[g][i] += v[6 + i], W[g][i] += v[9 + i];
             /* the step's qexp again, with the Jacobian's k, and its coefficients */
             vq a, c;
             vf sa, ka, ma, sv, kv, mv, o[12], dw[6];
-            vqexp(&a, &sa, &ka, &ma, v + 4);
-            vqexp(&c, &sv, &kv, &mv, v + 7);
+            vqexp(&a, &sa, &ka, &ma, v);
+            vqexp(&c, &sv, &kv, &mv, v + 3);
             side_coefs(o, &sa, &a.w, &ka, &ma, &hp[g]);
             side_coefs(o + 6, &sv, &c.w, &kv, &mv, &hp[g]);
-            side_step(Z[g], dw, v + 4, o, 1);
-            side_step(W[g], dw + 3, v + 7, o + 6, -1);
-            tile_store(p->dw + 6 * r, dw, n[g], 6);
+            side_step(Z[g], dw, v, o, 1);
+            side_step(W[g], dw + 3, v + 3, o + 6, -1);
+            tile_store(p->dw + 6 * r, dw, n[g], 6, sh->stream);
         }
     }
     for (int g = 0; g < G; g++) { /* E_1 = (sig, Z_1) phat */
@@ -432,4 +477,5 @@ void NC_FN(nc_backward_span)(const MfNcParams *p, const NcShape *sh, int64_t b, 
         backward_span(p, sh, b, j0, buf, ds, 2);
     else
         backward_span(p, sh, b, j0, buf, ds, 1);
+    if (sh->stream) vstream_fence();
 }

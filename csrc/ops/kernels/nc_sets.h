@@ -8,11 +8,15 @@
 
 #include "mapformer/params.h"
 
-#define NC_SAVED 10 /* vectors kept per step and group by the backward: phat_t, w */
+#define NC_SAVED 12 /* vectors kept per step and group by the backward: w, the adjoint inputs */
 
-/* the sizes of one call at one width: blocks per (b, t) row, groups and spans per row */
+/* the sizes of one call at one width: blocks per (b, t) row, groups and spans per row;
+ * stream: the output (p in the forward, dw in the backward) is written by non-temporal stores
+ * where a whole group is stored at once on AVX-512 (nc.c sets it: output large and every
+ * group's rows 64-byte aligned), and its rows are not prefetched */
 typedef struct {
     int64_t T, nblk, ngroups, nspans, wlen, plen; /* wlen, plen: the floats of w, p (or dp) */
+    int stream;
 } NcShape;
 
 #define NC_SPAN 2   /* groups per kernel call (a span): blocks j0 .. j0 + 2 width - 1 */
