@@ -21,8 +21,8 @@ HERE = os.path.dirname(os.path.abspath(__file__))
 LIBRARY = os.path.join(HERE, "libmapformer_cuda.so")
 PARAMS_H = [os.path.join(HERE, "params.h"),
             os.path.join(os.path.dirname(HERE), "csrc", "include", "mapformer", "params.h")]
-FAMILIES = ("gelu", "activation (silu, softplus)", "layernorm", "rotary", "path_integration",
-            "embedding", "softmax_xent", "adamw", "attention", "linear", "mlp", "residual",
+FAMILIES = ("gelu", "activation (silu, softplus, silu_gate)", "layernorm", "rotary",
+            "path_integration", "embedding", "softmax_xent", "adamw", "attention", "linear", "mlp", "residual",
             "grad_norm", "tape_rotate", "ape_decay", "causal_conv1d",
             "selective_scan", "complex_scan", "sln", "b4", "nc", "vq", "lstm", "conj_attention",
             "cope", "attention_decode", "tape_mix", "ape_apply", "gridpe_complex",
@@ -143,6 +143,19 @@ def ops(lib, xp, stream=lambda: None, params_h=None):
 
     silu_forward, silu_backward = activation("silu")
     softplus_forward, softplus_backward = activation("softplus")
+
+    def silu_gate_forward(y, z):
+        y, z = f32(y), f32(z)
+        out = empty(*y.shape)
+        call("silu_gate_forward_cuda", "MfSiluGateParams", out=out, y=y, z=z, n=y.size)
+        return out
+
+    def silu_gate_backward(dout, y, z):
+        dout, y, z = f32(dout), f32(y), f32(z)
+        dy, dz = empty(*y.shape), empty(*y.shape)
+        call("silu_gate_backward_cuda", "MfSiluGateParams", dy=dy, dz=dz, dout=dout, y=y, z=z,
+             n=y.size)
+        return dy, dz
 
     def layernorm_forward(x, weight, bias, eps=1e-5):
         x = f32(x)
@@ -683,7 +696,8 @@ def ops(lib, xp, stream=lambda: None, params_h=None):
     return SimpleNamespace(
         gelu_forward=gelu_forward, gelu_backward=gelu_backward, silu_forward=silu_forward,
         silu_backward=silu_backward, softplus_forward=softplus_forward,
-        softplus_backward=softplus_backward, layernorm_forward=layernorm_forward,
+        softplus_backward=softplus_backward, silu_gate_forward=silu_gate_forward,
+        silu_gate_backward=silu_gate_backward, layernorm_forward=layernorm_forward,
         layernorm_backward=layernorm_backward, rotary_forward=rotary_forward,
         rotary_backward=rotary_backward, path_integration_forward=path_integration_forward,
         path_integration_backward=path_integration_backward, embedding_forward=embedding_forward,

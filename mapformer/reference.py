@@ -617,7 +617,7 @@ def conj_attention_backward(dout, qx, kx, qp, kp, v, mode="score_product", scale
             _einsum("bhij,bihd->bjhd", a, dout))
 
 
-# ---- Mamba / MAMPa pieces: SiLU, softplus, causal depthwise conv1d, selective scans -------
+# ---- Mamba / MAMPa pieces: SiLU, softplus, the SiLU gate, causal depthwise conv1d, scans
 SOFTPLUS_THRESHOLD = 20.0  # Mamba's (torch.nn.functional.softplus's default): x above it -> x
 
 
@@ -645,6 +645,18 @@ def softplus_backward(dy, x, dtype=np.float64):
     """dy, x (...) -> dx (...) = dy sigmoid(x), or dy where x > 20."""
     dy, x = _cast(dtype, dy, x)
     return np.where(x > SOFTPLUS_THRESHOLD, dy, dy / (1.0 + np.exp(-x)))
+
+
+def silu_gate_forward(y, z, dtype=np.float64):
+    """y, z (...) -> out (...) = y silu(z) (Mamba's output gate)."""
+    y, z = _cast(dtype, y, z)
+    return y * silu_forward(z, dtype)
+
+
+def silu_gate_backward(dout, y, z, dtype=np.float64):
+    """dout, y, z (...) -> dy (...) = dout silu(z), dz (...) = dout y silu'(z)."""
+    dout, y, z = _cast(dtype, dout, y, z)
+    return dout * silu_forward(z, dtype), silu_backward(dout * y, z, dtype)
 
 
 def causal_conv1d_forward(x, weight, bias, dtype=np.float64):

@@ -172,6 +172,10 @@ def good_call(op, rng):
         return dict(x=f32(rng, N, C)), s
     if op in ("silu_backward", "softplus_backward"):
         return dict(dy=f32(rng, N, C), x=f32(rng, N, C)), s
+    if op == "silu_gate_forward":
+        return dict(y=f32(rng, N, C), z=f32(rng, N, C)), s
+    if op == "silu_gate_backward":
+        return dict(dout=f32(rng, N, C), y=f32(rng, N, C), z=f32(rng, N, C)), s
     W = int(rng.integers(1, 5))
     if op == "causal_conv1d_forward":
         return dict(x=f32(rng, B, T, C), weight=f32(rng, C, W), bias=f32(rng, C)), s

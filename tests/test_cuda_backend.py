@@ -40,6 +40,11 @@ def compare_with_c(ops, rng, to_device, to_host):
                      getattr(_C, f"{name}_forward")(x), "default", name)
         assert_close(to_host(getattr(ops, f"{name}_backward")(dev(dy), dev(x))),
                      getattr(_C, f"{name}_backward")(dy, x), "default", f"d{name}")
+    assert_close(to_host(ops.silu_gate_forward(dev(dy), dev(x))), _C.silu_gate_forward(dy, x),
+                 "default", "silu_gate")
+    for a, e in zip(ops.silu_gate_backward(dev(x), dev(dy), dev(x)),
+                    _C.silu_gate_backward(x, dy, x)):
+        assert_close(to_host(a), e, "default", "silu_gate backward")
     xs, w, b, g = randn(rng, 6, C), randn(rng, C), randn(rng, C), randn(rng, 6, C)
     got, want = ops.layernorm_forward(dev(xs), dev(w), dev(b)), _C.layernorm_forward(xs, w, b)
     for a, e in zip(got, want):

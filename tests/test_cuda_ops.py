@@ -90,6 +90,19 @@ def test_activation(emu, rng, n, op):
     assert_close(dx, getattr(ref, f"{op}_backward")(dy, x), "default", "dx")
 
 
+@pytest.mark.parametrize("n", ELEMENTWISE)
+def test_silu_gate(emu, rng, n):
+    y, z, dout = randn(rng, n, scale=3.0), randn(rng, n, scale=8.0), randn(rng, n)
+    (out,) = run(emu, "silu_gate_forward_cuda", "MfSiluGateParams",
+                 lambda: dict(out=empty(n), y=y, z=z, n=n), ["out"])
+    assert_close(out, ref.silu_gate_forward(y, z), "default", "out")
+    dy, dz = run(emu, "silu_gate_backward_cuda", "MfSiluGateParams",
+                 lambda: dict(dy=empty(n), dz=empty(n), dout=dout, y=y, z=z, n=n), ["dy", "dz"])
+    rdy, rdz = ref.silu_gate_backward(dout, y, z)
+    assert_close(dy, rdy, "default", "dy")
+    assert_close(dz, rdz, "default", "dz")
+
+
 @pytest.mark.parametrize("n", [1, 255, 3001])
 def test_adamw(emu, rng, n):
     params, grads = randn(rng, n), randn(rng, n)
@@ -289,6 +302,7 @@ def test_softmax_xent_empty_mask(emu, rng):
 
 @pytest.mark.parametrize("function,struct", [
     ("gelu_forward_cuda", "MfGeluParams"), ("silu_forward_cuda", "MfActivationParams"),
+    ("silu_gate_backward_cuda", "MfSiluGateParams"),
     ("layernorm_forward_cuda", "MfLayernormParams"), ("rotary_forward_cuda", "MfRotaryParams"),
     ("path_integration_forward_cuda", "MfPathIntegrationParams"),
     ("embedding_forward_cuda", "MfEmbeddingParams"),

@@ -5,7 +5,8 @@ x (N, C) -> in-projections x_in, z (N, E), E = expand * C; x_in through a causal
 conv1d of width d_conv and SiLU -> u; u projected to (dt_in (R), B (S), C (S)), R = dt_rank;
 Delta = softplus(dt_proj dt_in + bias) (E per token), the bias initialised so that Delta starts
 log-uniform in [1e-3, 1e-1] (floored at 1e-4); the scan with A = -exp(A_log), A_log = log(1..S)
-in every channel (S4D-real), skip D (init 1); y * SiLU(z); out-projection back to C.
+in every channel (S4D-real), skip D (init 1); y * SiLU(z) (one op each way:
+silu_gate_forward / silu_gate_backward); out-projection back to C.
 B_bar is Euler's Delta B (Mamba's code) unless ``zoh`` (eq. 8 of the MapFormer paper).
 Mamba's one in_proj (C -> 2E) and x_proj (E -> R + 2S) are written as separate projections of
 the same input (in_x, in_z; x_dt, x_B, x_C): the same maps. x_dt, x_B and x_C run as one
@@ -166,18 +167,12 @@ class Mamba(Mixer):
         self.dt_pre = self.dt.forward(self.dt_in)
         self.delta = self.ops.softplus_forward(self.dt_pre).reshape(shape)
         self.y = self.scan(self.u, self.delta, self.dt_in).reshape(n, self.E)
-        self.gate = self.ops.silu_forward(self.z)
-        return self.out.forward(self.y * self.gate), state
+        return self.out.forward(self.ops.silu_gate_forward(self.y, self.z)), state
 
     def backward(self, dy, dstate=None):
         batch, steps = self.u.shape[:2]
         n = batch * steps
-        dyg = self.out.backward(dy)
-        # the gate's two products in place (no new (N, E) arrays): d(y) = dyg SiLU(z) over the
-        # gate, which the backward needs no more, then dyg y over dyg
-        dys = self.ops.mul(dyg, self.gate, out=self.gate)
-        dz = self.ops.silu_backward(self.ops.mul(dyg, self.y, out=dyg), self.z)
-        self.gate = None
+        dys, dz = self.ops.silu_gate_backward(self.out.backward(dy), self.y, self.z)
         du, ddelta, ddt_in, dB, dC = self.scan_backward(dys.reshape(self.u.shape))
         ddt_in = self.dt.backward(self.ops.softplus_backward(ddelta.reshape(n, self.E),
                                                              self.dt_pre), ddt_in)

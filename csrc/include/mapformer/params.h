@@ -339,6 +339,15 @@ typedef struct {
     int64_t n;
 } MfActivationParams;
 
+/* silu_gate: out = y silu(z), Mamba's output gate, elementwise over n floats */
+typedef struct {
+    float *out;         /* forward (n,) */
+    float *dy, *dz;     /* backward (n,) (=) */
+    const float *dout;  /* backward (n,) */
+    const float *y, *z; /* (n,) */
+    int64_t n;
+} MfSiluGateParams;
+
 /* causal_conv1d: depthwise causal convolution along t,
  * y[b,t,e] = bias[e] + sum_{j<W} weight[e,j] x[b, t-W+1+j, e] */
 typedef struct {
