@@ -21,7 +21,9 @@ static const MfArg conv_forward_args[] = {
     {"y", 0, MF_OUT, 0, "B T E", .field = CV(y)},
     {0}};
 static const MfOp conv_forward = {"causal_conv1d_forward", conv_forward_args, conv_sizes,
-                                  sizeof(MfConv1dParams), .run = MF_OP(causal_conv1d_forward)};
+                                  sizeof(MfConv1dParams), .run = MF_OP(causal_conv1d_forward),
+                                  .scratch = MF_SCRATCH(causal_conv1d_forward_scratch_floats),
+                                  MF_SCRATCH_FIELDS(MfConv1dParams)};
 
 static const MfArg conv_backward_args[] = {
     {"dy", 1, MF_IN, 0, "B T E", .field = CV(dy)},

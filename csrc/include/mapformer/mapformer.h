@@ -265,6 +265,7 @@ int silu_gate_backward(const MfSiluGateParams *p);
 
 /* ---- conv1d.c: causal depthwise conv1d along t, any width W (MfConv1dParams) ------------- */
 /* y (B, T, E) = bias + sum_j weight[:, j] x[t - W + 1 + j] */
+int64_t causal_conv1d_forward_scratch_floats(const MfConv1dParams *p);
 int causal_conv1d_forward(const MfConv1dParams *p);
 /* dx (B, T, E) (=), dweight (E, W) +=, dbias (E,) += */
 int64_t causal_conv1d_backward_scratch_floats(const MfConv1dParams *p);
