@@ -130,8 +130,8 @@ def _conj_attention_forward(qx, kx, qp, kp, v, mode="score_product", scale=None,
     return ref.conj_attention_forward(qx, kx, qp, kp, v, mode, scale, mask=mask, prefix=prefix)
 
 
-def _causal_conv1d_backward(dy, x, weight, dweight, dbias):
-    dx, gw, gb = ref.causal_conv1d_backward(dy, x, weight)
+def _causal_conv1d_backward(dy, x, weight, dweight, dbias, *, bias=None, activation="none"):
+    dx, gw, gb = ref.causal_conv1d_backward(dy, x, weight, bias=bias, activation=activation)
     dweight += gw
     dbias += gb
     return dx

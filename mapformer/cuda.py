@@ -354,20 +354,29 @@ def ops(lib, xp, stream=lambda: None, params_h=None):
 
     ape_decay_forward, ape_decay_backward = ape_decay("forward"), ape_decay("backward")
 
-    def causal_conv1d_forward(x, weight, bias):
+    def conv_silu(activation):
+        if activation not in ("none", "silu"):
+            raise ValueError(f"activation must be 'none' or 'silu', got {activation!r}")
+        return int(activation == "silu")
+
+    def causal_conv1d_forward(x, weight, bias, *, activation="none"):
         x, weight = f32(x), f32(weight)
         (B, T, E), W = x.shape, weight.shape[1]
         y = empty(B, T, E)
         call("causal_conv1d_forward_cuda", "MfConv1dParams", y=y, x=x, weight=weight,
-             bias=f32(bias), B=B, T=T, E=E, W=W)
+             bias=f32(bias), B=B, T=T, E=E, W=W, silu=conv_silu(activation))
         return y
 
-    def causal_conv1d_backward(dy, x, weight, dweight, dbias):
-        x, weight = f32(x), f32(weight)
+    def causal_conv1d_backward(dy, x, weight, dweight, dbias, *, bias=None,
+                               activation="none"):
+        x, weight, silu = f32(x), f32(weight), conv_silu(activation)
+        if (bias is None) == bool(silu):
+            raise ValueError("bias is required with activation='silu', and read only then")
         (B, T, E), W = x.shape, weight.shape[1]
         dx = empty(B, T, E)
         call("causal_conv1d_backward_cuda", "MfConv1dParams", dx=dx, dweight=dweight,
-             dbias=dbias, dy=f32(dy), x=x, weight=weight, B=B, T=T, E=E, W=W)
+             dbias=dbias, dy=f32(dy), x=x, weight=weight,
+             bias=None if bias is None else f32(bias), B=B, T=T, E=E, W=W, silu=silu)
         return dx
 
     # ---- the attention family's other ops (cuda/conj_attention.cu, attention_decode.cu,

@@ -150,6 +150,18 @@ def compare_with_c(ops, rng, to_device, to_host):
                  _C.causal_conv1d_backward(gc, xc, wc, dwc_c, dbc_c), "reduction", "conv1d dx")
     assert_close(to_host(dwc), dwc_c, "gradient", "conv1d dweight")
     assert_close(to_host(dbc), dbc_c, "gradient", "conv1d dbias")
+    assert_close(to_host(ops.causal_conv1d_forward(dev(xc), dev(wc), dev(bc),
+                                                  activation="silu")),
+                 _C.causal_conv1d_forward(xc, wc, bc, activation="silu"), "reduction",
+                 "conv1d silu")
+    assert_close(to_host(ops.causal_conv1d_backward(dev(gc), dev(xc), dev(wc), dwc, dbc,
+                                                   bias=dev(bc), activation="silu")),
+                 _C.causal_conv1d_backward(gc, xc, wc, dwc_c, dbc_c, bias=bc,
+                                           activation="silu"), "reduction", "conv1d silu dx")
+    assert_close(to_host(dwc), dwc_c, "gradient", "conv1d silu dweight")
+    assert_close(to_host(dbc), dbc_c, "gradient", "conv1d silu dbias")
+    with pytest.raises(ValueError, match="bias"):
+        ops.causal_conv1d_backward(dev(gc), dev(xc), dev(wc), dwc, dbc, activation="silu")
     vv = randn(rng, B, T, H, D)
     out, lse = ops.attention_forward(dev(q), dev(k), dev(vv))
     out_c, lse_c = _C.attention_forward(q, k, vv)

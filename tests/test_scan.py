@@ -146,13 +146,57 @@ def test_causal_conv1d(rng, B, T, E, W):
         assert np.array_equal(y2[:, :-1], y[:, :-1])
 
 
+@pytest.mark.parametrize("B,T,E,W", CONV_SIZES + [(2, 150, 9, 4)])
+def test_causal_conv1d_silu(rng, B, T, E, W):
+    """activation='silu': the conv and SiLU in one pass each way, against the reference, and
+    bit for bit the plain conv and the SiLU ops in turn (T = 150: items of 64 steps whose
+    gradient rows reach into the next item's)."""
+    x, w, b = randn(rng, B, T, E), randn(rng, E, W), randn(rng, E)
+    dy = randn(rng, B, T, E)
+    before = copies(x, w, b, dy)
+    u = _C.causal_conv1d_forward(x, w, b, activation="silu")
+    assert_close(u, ref.causal_conv1d_forward(x, w, b, activation="silu"), "reduction", "u")
+    c = _C.causal_conv1d_forward(x, w, b)
+    assert np.array_equal(u, _C.silu_forward(c))
+    dw0, db0 = randn(rng, E, W), randn(rng, E)
+    dw, db, dw2, db2 = dw0.copy(), db0.copy(), dw0.copy(), db0.copy()
+    dx = _C.causal_conv1d_backward(dy, x, w, dw, db, bias=b, activation="silu")
+    gx, gw, gb = ref.causal_conv1d_backward(dy, x, w, bias=b, activation="silu")
+    assert_close(dx, gx, "reduction", "dx")
+    assert_close(dw, dw0 + gw, "gradient", "dweight")
+    assert_close(db, db0 + gb, "gradient", "dbias")
+    assert_unchanged(before, [x, w, b, dy])
+    dx2 = _C.causal_conv1d_backward(_C.silu_backward(dy, c), x, w, dw2, db2)
+    for got, want in ((dx, dx2), (dw, dw2), (db, db2)):
+        assert np.array_equal(got, want)
+
+
 def test_causal_conv1d_reference_gradients():
     rng = np.random.default_rng(4)
     x, w, b, dy = (rng.standard_normal(s) for s in ((2, 6, 3), (3, 4), (3,), (2, 6, 3)))
-    gx, gw, gb = ref.causal_conv1d_backward(dy, x, w)
-    loss = lambda: (ref.causal_conv1d_forward(x, w, b) * dy).sum()
-    for name, got, arr in (("dx", gx, x), ("dweight", gw, w), ("dbias", gb, b)):
-        assert_close(got, numerical_grad(loss, arr), "gradient", name)
+    for activation in ("none", "silu"):
+        gx, gw, gb = ref.causal_conv1d_backward(dy, x, w, bias=b, activation=activation)
+        loss = lambda: (ref.causal_conv1d_forward(x, w, b, activation=activation) * dy).sum()
+        for name, got, arr in (("dx", gx, x), ("dweight", gw, w), ("dbias", gb, b)):
+            assert_close(got, numerical_grad(loss, arr), "gradient", f"{name} {activation}")
+
+
+def test_causal_conv1d_same_bits_for_thread_counts(tmp_path):
+    """B T E past the one-thread threshold, T = 150 in items of 64 steps: plain and SiLU."""
+    assert_same_bits_for_thread_counts(tmp_path, (
+        "import sys, numpy as np\n"
+        "from mapformer import _C\n"
+        "rng = np.random.default_rng(6)\n"
+        "B, T, E, W = 3, 150, 80, 4\n"
+        "f = lambda *s: rng.standard_normal(s).astype(np.float32)\n"
+        "x, dy, w, b = f(B, T, E), f(B, T, E), f(E, W), f(E)\n"
+        "outs = []\n"
+        "for act in ('none', 'silu'):\n"
+        "    dw, db = np.zeros((E, W), np.float32), np.zeros(E, np.float32)\n"
+        "    kw = {'bias': b} if act == 'silu' else {}\n"
+        "    outs += [_C.causal_conv1d_forward(x, w, b, activation=act),\n"
+        "             _C.causal_conv1d_backward(dy, x, w, dw, db, activation=act, **kw), dw, db]\n"
+        "np.savez(sys.argv[1], *outs)\n"))
 
 
 def test_causal_conv1d_bad_input(rng):
@@ -168,6 +212,21 @@ def test_causal_conv1d_bad_input(rng):
         _C.causal_conv1d_backward(x, x, w, dw[:, :3].copy(), np.zeros(3, np.float32))
     with raises_naming(ValueError, "dbias"):
         _C.causal_conv1d_backward(x, x, w, dw, np.zeros(3, np.float32)[::-1])
+    db = np.zeros(3, np.float32)
+    with raises_naming(ValueError, "bias"):  # SiLU's backward recomputes the convolution
+        _C.causal_conv1d_backward(x, x, w, dw, db, activation="silu")
+    with raises_naming(ValueError, "bias"):  # and only it reads the bias
+        _C.causal_conv1d_backward(x, x, w, dw, db, bias=b)
+    with raises_naming(ValueError, "bias"):
+        _C.causal_conv1d_backward(x, x, w, dw, db, bias=randn(rng, 4), activation="silu")
+    with raises_naming(TypeError, "bias"):
+        _C.causal_conv1d_backward(x, x, w, dw, db, bias=b.astype(np.float64),
+                                  activation="silu")
+    with raises_naming(ValueError, "activation"):
+        _C.causal_conv1d_forward(x, w, b, activation="relu")
+    with raises_naming(ValueError, "activation"):
+        _C.causal_conv1d_backward(x, x, w, dw, db, bias=b, activation="gelu")
+    assert not dw.any() and not db.any()
 
 
 # ---- selective scans -------------------------------------------------------------------------

@@ -264,10 +264,11 @@ int silu_gate_forward(const MfSiluGateParams *p);
 int silu_gate_backward(const MfSiluGateParams *p);
 
 /* ---- conv1d.c: causal depthwise conv1d along t, any width W (MfConv1dParams) ------------- */
-/* y (B, T, E) = bias + sum_j weight[:, j] x[t - W + 1 + j] */
+/* y (B, T, E) = bias + sum_j weight[:, j] x[t - W + 1 + j], through SiLU with p->silu */
 int64_t causal_conv1d_forward_scratch_floats(const MfConv1dParams *p);
 int causal_conv1d_forward(const MfConv1dParams *p);
-/* dx (B, T, E) (=), dweight (E, W) +=, dbias (E,) += */
+/* dx (B, T, E) (=), dweight (E, W) +=, dbias (E,) += (with p->silu dy is SiLU's output's
+ * gradient, and the bias is read) */
 int64_t causal_conv1d_backward_scratch_floats(const MfConv1dParams *p);
 int causal_conv1d_backward(const MfConv1dParams *p);
 

@@ -357,8 +357,9 @@ typedef struct {
     const float *dy;         /* backward (B, T, E) */
     const float *x;          /* (B, T, E) */
     const float *weight;     /* (E, W) */
-    const float *bias;       /* (E,) (forward) */
+    const float *bias;       /* (E,) (forward; backward with silu) */
     int64_t B, T, E, W;
+    int silu;                /* 1: y = silu(conv), and dy is the gradient of that y */
     float *scratch;
     int64_t scratch_floats;
 } MfConv1dParams;
