@@ -22,8 +22,8 @@ LIBRARY = os.path.join(HERE, "libmapformer_cuda.so")
 PARAMS_H = [os.path.join(HERE, "params.h"),
             os.path.join(os.path.dirname(HERE), "csrc", "include", "mapformer", "params.h")]
 FAMILIES = ("gelu", "activation (silu, softplus, silu_gate)", "layernorm", "rotary",
-            "path_integration", "embedding", "softmax_xent", "adamw", "attention", "linear", "mlp", "residual",
-            "grad_norm", "tape_rotate", "ape_decay", "causal_conv1d",
+            "path_integration", "embedding", "softmax_xent", "adamw", "attention", "linear",
+            "mlp", "residual", "grad_norm", "tape_rotate", "ape_decay", "causal_conv1d",
             "selective_scan", "complex_scan", "sln", "b4", "nc", "vq", "lstm", "conj_attention",
             "cope", "attention_decode", "tape_mix", "ape_apply", "gridpe_complex",
             "l2_normalize", "ema")

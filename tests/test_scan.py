@@ -1,8 +1,9 @@
 """The Mamba / MAMPa block's C ops against the float64 reference: SiLU, softplus, the SiLU
-gate, the causal depthwise conv1d and the selective scans (real and complex), forward and
-backward; the reference against finite differences; the scan oracles (omega = 0 is Mamba's real scan, a pure
-rotation with Euler B_bar is linear MapWM attention, selective_scan_ref's complex convention);
-a T = 4096 run; thread-count independence; bad input.
+gate, the causal depthwise conv1d (plain and through SiLU) and the selective scans (real and
+complex), forward and backward; the reference against finite differences; the scan oracles
+(omega = 0 is Mamba's real scan, a pure rotation with Euler B_bar is linear MapWM attention,
+selective_scan_ref's complex convention); a T = 4096 run; thread-count independence; bad
+input.
 
 Tolerances of the scans are normwise, from the problem: a float32 recurrence of T steps over K
 states whose every step rounds a few products (and an exponential of a few ulps) is within

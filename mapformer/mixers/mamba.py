@@ -2,11 +2,12 @@
 token mixer, on the C core's selective scan.
 
 x (N, C) -> in-projections x_in, z (N, E), E = expand * C; x_in through a causal depthwise
-conv1d of width d_conv and SiLU -> u (one op each way: the backward recomputes the conv); u projected to (dt_in (R), B (S), C (S)), R = dt_rank;
+conv1d of width d_conv and SiLU -> u (one op each way: causal_conv1d with activation 'silu',
+whose backward recomputes the conv); u projected to (dt_in (R), B (S), C (S)), R = dt_rank;
 Delta = softplus(dt_proj dt_in + bias) (E per token), the bias initialised so that Delta starts
 log-uniform in [1e-3, 1e-1] (floored at 1e-4); the scan with A = -exp(A_log), A_log = log(1..S)
-in every channel (S4D-real), skip D (init 1); y * SiLU(z) (one op each way:
-silu_gate_forward / silu_gate_backward); out-projection back to C.
+in every channel (S4D-real), skip D (init 1); y * SiLU(z) (one op each way: silu_gate);
+out-projection back to C.
 B_bar is Euler's Delta B (Mamba's code) unless ``zoh`` (eq. 8 of the MapFormer paper).
 Mamba's one in_proj (C -> 2E) and x_proj (E -> R + 2S) are written as separate projections of
 the same input (in_x, in_z; x_dt, x_B, x_C): the same maps. x_dt, x_B and x_C run as one
