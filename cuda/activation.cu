@@ -1,8 +1,10 @@
-/* SiLU and softplus on the GPU, elementwise over n floats (the math of csrc/ops/activation.c):
- *   silu:     y = x s, s = sigmoid(x);               dx = dy s (1 + x (1 - s))
- *   softplus: y = max(x, 0) + log1p(exp(-|x|)) (x <= 20), x (x > 20);  dx = dy s, dy (x > 20)
- * Forward saves nothing; dx is an activation gradient (=). One thread per element in a
- * grid-stride loop (256 threads a block). */
+/* SiLU, softplus and the SiLU gate on the GPU, elementwise over n floats (the math of
+ * csrc/ops/activation.c):
+ *   silu:      y = x s, s = sigmoid(x);               dx = dy s (1 + x (1 - s))
+ *   softplus:  y = max(x, 0) + log1p(exp(-|x|)) (x <= 20), x (x > 20);  dx = dy s, dy (x > 20)
+ *   silu_gate: out = y silu(z);    dy = dout silu(z), dz = dout y silu'(z)
+ * Forward saves nothing; dx, dy and dz are activation gradients (=). One thread per element
+ * in a grid-stride loop (256 threads a block). */
 #include "common.cuh"
 
 #define ACT_THREADS 256
@@ -35,19 +37,36 @@ __global__ void softplus_backward_kernel(MfActivationParams p) {
     }
 }
 
+__global__ void silu_gate_forward_kernel(MfSiluGateParams p) {
+    for (int64_t i = MF_GRID_START; i < p.n; i += MF_GRID_STRIDE) {
+        const float z = p.z[i];
+        p.out[i] = p.y[i] * (z * sigmoid(z));
+    }
+}
+
+__global__ void silu_gate_backward_kernel(MfSiluGateParams p) {
+    for (int64_t i = MF_GRID_START; i < p.n; i += MF_GRID_STRIDE) {
+        const float g = p.dout[i], z = p.z[i], s = sigmoid(z);
+        p.dy[i] = g * (z * s);
+        p.dz[i] = (g * p.y[i]) * (s * (1.0f + z * (1.0f - s)));
+    }
+}
+
 static unsigned act_grid(int64_t n) {
     const unsigned grid = mf_blocks(n, ACT_THREADS);
     return grid < MF_MAX_GRID ? grid : MF_MAX_GRID;
 }
 
-#define ACT_ENTRY(name)                                                                       \
-    extern "C" int name##_cuda(const MfActivationParams *p, cudaStream_t stream) {           \
+#define ACT_ENTRY(name, Params)                                                               \
+    extern "C" int name##_cuda(const Params *p, cudaStream_t stream) {                       \
         if (p->n < 1) return MF_EINVAL;                                                       \
         return MF_LAUNCH(name##_kernel, dim3(act_grid(p->n)), dim3(ACT_THREADS), 0, stream,  \
                          *p);                                                                 \
     }
 
-ACT_ENTRY(silu_forward)
-ACT_ENTRY(silu_backward)
-ACT_ENTRY(softplus_forward)
-ACT_ENTRY(softplus_backward)
+ACT_ENTRY(silu_forward, MfActivationParams)
+ACT_ENTRY(silu_backward, MfActivationParams)
+ACT_ENTRY(softplus_forward, MfActivationParams)
+ACT_ENTRY(softplus_backward, MfActivationParams)
+ACT_ENTRY(silu_gate_forward, MfSiluGateParams)
+ACT_ENTRY(silu_gate_backward, MfSiluGateParams)

@@ -1,8 +1,10 @@
 /* Depthwise causal convolution along t on the GPU (csrc/ops/conv1d.c's math):
- *   y[b, t, e] = bias[e] + sum_{j < W} weight[e, j] x[b, t - W + 1 + j, e]  (x = 0 before 0)
- *   backward: dx[b, u, e] = sum_j weight[e, j] dy[b, u + W - 1 - j, e] (=);
- *             dweight[e, j] += sum_{b, t} dy[b, t, e] x[b, t - W + 1 + j, e];
- *             dbias[e] += sum_{b, t} dy[b, t, e].
+ *   c[b, t, e] = bias[e] + sum_{j < W} weight[e, j] x[b, t - W + 1 + j, e]  (x = 0 before 0)
+ *   y = c, or silu(c) with p.silu
+ *   backward, g = dy, or dy silu'(c) with p.silu (c recomputed where g is read):
+ *             dx[b, u, e] = sum_j weight[e, j] g[b, u + W - 1 - j, e] (=);
+ *             dweight[e, j] += sum_{b, t} g[b, t, e] x[b, t - W + 1 + j, e];
+ *             dbias[e] += sum_{b, t} g[b, t, e].
  * One thread per element of y / dx (grid-stride); the parameter gradients one thread per
  * (e, j) and per e, summing over (b, t) in order in double (deterministic, no scratch: the
  * struct's scratch is ignored). */
@@ -10,16 +12,31 @@
 
 #define CONV_THREADS 256
 
+__device__ float conv_at(const MfConv1dParams &p, int64_t b, int64_t t, int64_t e) {
+    float s = p.bias[e];
+    for (int64_t j = 0; j < p.W; j++) {
+        const int64_t u = t - p.W + 1 + j;
+        if (u >= 0) s += p.weight[e * p.W + j] * p.x[(b * p.T + u) * p.E + e];
+    }
+    return s;
+}
+
+__device__ float sigmoid_of(float c) { return 1.0f / (1.0f + expf(-c)); }
+
+/* g[b, t, e]: dy, or dy silu'(c) */
+__device__ float grad_at(const MfConv1dParams &p, int64_t b, int64_t t, int64_t e) {
+    const float g = p.dy[(b * p.T + t) * p.E + e];
+    if (!p.silu) return g;
+    const float c = conv_at(p, b, t, e), s = sigmoid_of(c);
+    return g * (s * (1.0f + c * (1.0f - s)));
+}
+
 __global__ void conv1d_forward_kernel(MfConv1dParams p) {
     const int64_t n = p.B * p.T * p.E;
     for (int64_t i = MF_GRID_START; i < n; i += MF_GRID_STRIDE) {
         const int64_t e = i % p.E, t = (i / p.E) % p.T, b = i / (p.E * p.T);
-        float s = p.bias[e];
-        for (int64_t j = 0; j < p.W; j++) {
-            const int64_t u = t - p.W + 1 + j;
-            if (u >= 0) s += p.weight[e * p.W + j] * p.x[(b * p.T + u) * p.E + e];
-        }
-        p.y[i] = s;
+        const float c = conv_at(p, b, t, e);
+        p.y[i] = p.silu ? c * sigmoid_of(c) : c;
     }
 }
 
@@ -30,7 +47,7 @@ __global__ void conv1d_dx_kernel(MfConv1dParams p) {
         float s = 0.0f;
         for (int64_t j = 0; j < p.W; j++) {
             const int64_t t = u + p.W - 1 - j;
-            if (t < p.T) s += p.weight[e * p.W + j] * p.dy[(b * p.T + t) * p.E + e];
+            if (t < p.T) s += p.weight[e * p.W + j] * grad_at(p, b, t, e);
         }
         p.dx[i] = s;
     }
@@ -43,7 +60,7 @@ __global__ void conv1d_params_kernel(MfConv1dParams p) {
         double acc = 0.0;
         for (int64_t b = 0; b < p.B; b++)
             for (int64_t t = j < p.W ? s : 0; t < p.T; t++) {
-                const float dy = p.dy[(b * p.T + t) * p.E + e];
+                const float dy = grad_at(p, b, t, e);
                 acc += j < p.W ? (double)dy * p.x[(b * p.T + t - s) * p.E + e] : (double)dy;
             }
         if (j < p.W)
@@ -59,7 +76,7 @@ static unsigned conv_grid(int64_t n) {
 }
 
 static int conv_bad(const MfConv1dParams *p) {
-    return p->B < 1 || p->T < 1 || p->E < 1 || p->W < 1;
+    return p->B < 1 || p->T < 1 || p->E < 1 || p->W < 1 || (p->silu && p->bias == NULL);
 }
 
 extern "C" int causal_conv1d_forward_cuda(const MfConv1dParams *p, cudaStream_t stream) {

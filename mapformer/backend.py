@@ -130,8 +130,8 @@ def _conj_attention_forward(qx, kx, qp, kp, v, mode="score_product", scale=None,
     return ref.conj_attention_forward(qx, kx, qp, kp, v, mode, scale, mask=mask, prefix=prefix)
 
 
-def _causal_conv1d_backward(dy, x, weight, dweight, dbias):
-    dx, gw, gb = ref.causal_conv1d_backward(dy, x, weight)
+def _causal_conv1d_backward(dy, x, weight, dweight, dbias, *, bias=None, activation="none"):
+    dx, gw, gb = ref.causal_conv1d_backward(dy, x, weight, bias=bias, activation=activation)
     dweight += gw
     dbias += gb
     return dx
@@ -356,6 +356,8 @@ NUMPY = SimpleNamespace(
     silu_backward=ref.silu_backward,
     softplus_forward=ref.softplus_forward,
     softplus_backward=ref.softplus_backward,
+    silu_gate_forward=ref.silu_gate_forward,
+    silu_gate_backward=ref.silu_gate_backward,
     causal_conv1d_forward=ref.causal_conv1d_forward,
     causal_conv1d_backward=_causal_conv1d_backward,
     selective_scan_forward=ref.selective_scan_forward,

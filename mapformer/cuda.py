@@ -21,9 +21,9 @@ HERE = os.path.dirname(os.path.abspath(__file__))
 LIBRARY = os.path.join(HERE, "libmapformer_cuda.so")
 PARAMS_H = [os.path.join(HERE, "params.h"),
             os.path.join(os.path.dirname(HERE), "csrc", "include", "mapformer", "params.h")]
-FAMILIES = ("gelu", "activation (silu, softplus)", "layernorm", "rotary", "path_integration",
-            "embedding", "softmax_xent", "adamw", "attention", "linear", "mlp", "residual",
-            "grad_norm", "tape_rotate", "ape_decay", "causal_conv1d",
+FAMILIES = ("gelu", "activation (silu, softplus, silu_gate)", "layernorm", "rotary",
+            "path_integration", "embedding", "softmax_xent", "adamw", "attention", "linear",
+            "mlp", "residual", "grad_norm", "tape_rotate", "ape_decay", "causal_conv1d",
             "selective_scan", "complex_scan", "sln", "b4", "nc", "vq", "lstm", "conj_attention",
             "cope", "attention_decode", "tape_mix", "ape_apply", "gridpe_complex",
             "l2_normalize", "ema")
@@ -143,6 +143,19 @@ def ops(lib, xp, stream=lambda: None, params_h=None):
 
     silu_forward, silu_backward = activation("silu")
     softplus_forward, softplus_backward = activation("softplus")
+
+    def silu_gate_forward(y, z):
+        y, z = f32(y), f32(z)
+        out = empty(*y.shape)
+        call("silu_gate_forward_cuda", "MfSiluGateParams", out=out, y=y, z=z, n=y.size)
+        return out
+
+    def silu_gate_backward(dout, y, z):
+        dout, y, z = f32(dout), f32(y), f32(z)
+        dy, dz = empty(*y.shape), empty(*y.shape)
+        call("silu_gate_backward_cuda", "MfSiluGateParams", dy=dy, dz=dz, dout=dout, y=y, z=z,
+             n=y.size)
+        return dy, dz
 
     def layernorm_forward(x, weight, bias, eps=1e-5):
         x = f32(x)
@@ -341,20 +354,29 @@ def ops(lib, xp, stream=lambda: None, params_h=None):
 
     ape_decay_forward, ape_decay_backward = ape_decay("forward"), ape_decay("backward")
 
-    def causal_conv1d_forward(x, weight, bias):
+    def conv_silu(activation):
+        if activation not in ("none", "silu"):
+            raise ValueError(f"activation must be 'none' or 'silu', got {activation!r}")
+        return int(activation == "silu")
+
+    def causal_conv1d_forward(x, weight, bias, *, activation="none"):
         x, weight = f32(x), f32(weight)
         (B, T, E), W = x.shape, weight.shape[1]
         y = empty(B, T, E)
         call("causal_conv1d_forward_cuda", "MfConv1dParams", y=y, x=x, weight=weight,
-             bias=f32(bias), B=B, T=T, E=E, W=W)
+             bias=f32(bias), B=B, T=T, E=E, W=W, silu=conv_silu(activation))
         return y
 
-    def causal_conv1d_backward(dy, x, weight, dweight, dbias):
-        x, weight = f32(x), f32(weight)
+    def causal_conv1d_backward(dy, x, weight, dweight, dbias, *, bias=None,
+                               activation="none"):
+        x, weight, silu = f32(x), f32(weight), conv_silu(activation)
+        if (bias is None) == bool(silu):
+            raise ValueError("bias is required with activation='silu', and read only then")
         (B, T, E), W = x.shape, weight.shape[1]
         dx = empty(B, T, E)
         call("causal_conv1d_backward_cuda", "MfConv1dParams", dx=dx, dweight=dweight,
-             dbias=dbias, dy=f32(dy), x=x, weight=weight, B=B, T=T, E=E, W=W)
+             dbias=dbias, dy=f32(dy), x=x, weight=weight,
+             bias=None if bias is None else f32(bias), B=B, T=T, E=E, W=W, silu=silu)
         return dx
 
     # ---- the attention family's other ops (cuda/conj_attention.cu, attention_decode.cu,
@@ -683,7 +705,8 @@ def ops(lib, xp, stream=lambda: None, params_h=None):
     return SimpleNamespace(
         gelu_forward=gelu_forward, gelu_backward=gelu_backward, silu_forward=silu_forward,
         silu_backward=silu_backward, softplus_forward=softplus_forward,
-        softplus_backward=softplus_backward, layernorm_forward=layernorm_forward,
+        softplus_backward=softplus_backward, silu_gate_forward=silu_gate_forward,
+        silu_gate_backward=silu_gate_backward, layernorm_forward=layernorm_forward,
         layernorm_backward=layernorm_backward, rotary_forward=rotary_forward,
         rotary_backward=rotary_backward, path_integration_forward=path_integration_forward,
         path_integration_backward=path_integration_backward, embedding_forward=embedding_forward,

@@ -617,7 +617,7 @@ def conj_attention_backward(dout, qx, kx, qp, kp, v, mode="score_product", scale
             _einsum("bhij,bihd->bjhd", a, dout))
 
 
-# ---- Mamba / MAMPa pieces: SiLU, softplus, causal depthwise conv1d, selective scans -------
+# ---- Mamba / MAMPa pieces: SiLU, softplus, the SiLU gate, causal depthwise conv1d, scans
 SOFTPLUS_THRESHOLD = 20.0  # Mamba's (torch.nn.functional.softplus's default): x above it -> x
 
 
@@ -647,9 +647,24 @@ def softplus_backward(dy, x, dtype=np.float64):
     return np.where(x > SOFTPLUS_THRESHOLD, dy, dy / (1.0 + np.exp(-x)))
 
 
-def causal_conv1d_forward(x, weight, bias, dtype=np.float64):
+def silu_gate_forward(y, z, dtype=np.float64):
+    """y, z (...) -> out (...) = y silu(z) (Mamba's output gate)."""
+    y, z = _cast(dtype, y, z)
+    return y * silu_forward(z, dtype)
+
+
+def silu_gate_backward(dout, y, z, dtype=np.float64):
+    """dout, y, z (...) -> dy (...) = dout silu(z), dz (...) = dout y silu'(z)."""
+    dout, y, z = _cast(dtype, dout, y, z)
+    return dout * silu_forward(z, dtype), silu_backward(dout * y, z, dtype)
+
+
+def causal_conv1d_forward(x, weight, bias, dtype=np.float64, *, activation="none"):
     """x (B, T, E), weight (E, W), bias (E,) -> y (B, T, E), depthwise and causal:
-    y[b, t, e] = bias[e] + sum_{j < W} weight[e, j] x[b, t - W + 1 + j, e] (x = 0 before t = 0)."""
+    y[b, t, e] = bias[e] + sum_{j < W} weight[e, j] x[b, t - W + 1 + j, e] (x = 0 before t = 0);
+    activation 'silu': silu of that."""
+    if activation == "silu":
+        return silu_forward(causal_conv1d_forward(x, weight, bias, dtype), dtype)
     x, weight, bias = _cast(dtype, x, weight, bias)
     T, W = x.shape[1], weight.shape[1]
     y = np.broadcast_to(bias, x.shape).copy()
@@ -660,8 +675,11 @@ def causal_conv1d_forward(x, weight, bias, dtype=np.float64):
     return y
 
 
-def causal_conv1d_backward(dy, x, weight, dtype=np.float64):
-    """dy, x (B, T, E), weight (E, W) -> dx (B, T, E), dweight (E, W), dbias (E,)."""
+def causal_conv1d_backward(dy, x, weight, dtype=np.float64, *, bias=None, activation="none"):
+    """dy, x (B, T, E), weight (E, W) -> dx (B, T, E), dweight (E, W), dbias (E,); activation
+    'silu': dy is the gradient of the SiLU's output, the convolution recomputed with bias (E,)."""
+    if activation == "silu":
+        dy = silu_backward(dy, causal_conv1d_forward(x, weight, bias, dtype), dtype)
     dy, x, weight = _cast(dtype, dy, x, weight)
     T, W = x.shape[1], weight.shape[1]
     dx = np.zeros_like(x)

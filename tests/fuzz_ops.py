@@ -172,12 +172,20 @@ def good_call(op, rng):
         return dict(x=f32(rng, N, C)), s
     if op in ("silu_backward", "softplus_backward"):
         return dict(dy=f32(rng, N, C), x=f32(rng, N, C)), s
+    if op == "silu_gate_forward":
+        return dict(y=f32(rng, N, C), z=f32(rng, N, C)), s
+    if op == "silu_gate_backward":
+        return dict(dout=f32(rng, N, C), y=f32(rng, N, C), z=f32(rng, N, C)), s
     W = int(rng.integers(1, 5))
+    activation = str(rng.choice(["none", "silu"]))
     if op == "causal_conv1d_forward":
-        return dict(x=f32(rng, B, T, C), weight=f32(rng, C, W), bias=f32(rng, C)), s
+        return dict(x=f32(rng, B, T, C), weight=f32(rng, C, W), bias=f32(rng, C),
+                    activation=activation), s
     if op == "causal_conv1d_backward":
+        bias = dict(bias=f32(rng, C)) if activation == "silu" else {}
         return dict(dy=f32(rng, B, T, C), x=f32(rng, B, T, C), weight=f32(rng, C, W),
-                    dweight=f32(rng, C, W), dbias=f32(rng, C)), s
+                    dweight=f32(rng, C, W), dbias=f32(rng, C), **bias,
+                    activation=activation), s
     K = int(rng.integers(1, 5))
     delta = np.abs(f32(rng, B, T, C)) * np.float32(0.1)
     real_scan = dict(x=f32(rng, B, T, C), delta=delta, A=-np.abs(f32(rng, C, K)),

@@ -40,6 +40,11 @@ def compare_with_c(ops, rng, to_device, to_host):
                      getattr(_C, f"{name}_forward")(x), "default", name)
         assert_close(to_host(getattr(ops, f"{name}_backward")(dev(dy), dev(x))),
                      getattr(_C, f"{name}_backward")(dy, x), "default", f"d{name}")
+    assert_close(to_host(ops.silu_gate_forward(dev(dy), dev(x))), _C.silu_gate_forward(dy, x),
+                 "default", "silu_gate")
+    for a, e in zip(ops.silu_gate_backward(dev(x), dev(dy), dev(x)),
+                    _C.silu_gate_backward(x, dy, x)):
+        assert_close(to_host(a), e, "default", "silu_gate backward")
     xs, w, b, g = randn(rng, 6, C), randn(rng, C), randn(rng, C), randn(rng, 6, C)
     got, want = ops.layernorm_forward(dev(xs), dev(w), dev(b)), _C.layernorm_forward(xs, w, b)
     for a, e in zip(got, want):
@@ -145,6 +150,18 @@ def compare_with_c(ops, rng, to_device, to_host):
                  _C.causal_conv1d_backward(gc, xc, wc, dwc_c, dbc_c), "reduction", "conv1d dx")
     assert_close(to_host(dwc), dwc_c, "gradient", "conv1d dweight")
     assert_close(to_host(dbc), dbc_c, "gradient", "conv1d dbias")
+    assert_close(to_host(ops.causal_conv1d_forward(dev(xc), dev(wc), dev(bc),
+                                                  activation="silu")),
+                 _C.causal_conv1d_forward(xc, wc, bc, activation="silu"), "reduction",
+                 "conv1d silu")
+    assert_close(to_host(ops.causal_conv1d_backward(dev(gc), dev(xc), dev(wc), dwc, dbc,
+                                                   bias=dev(bc), activation="silu")),
+                 _C.causal_conv1d_backward(gc, xc, wc, dwc_c, dbc_c, bias=bc,
+                                           activation="silu"), "reduction", "conv1d silu dx")
+    assert_close(to_host(dwc), dwc_c, "gradient", "conv1d silu dweight")
+    assert_close(to_host(dbc), dbc_c, "gradient", "conv1d silu dbias")
+    with pytest.raises(ValueError, match="bias"):
+        ops.causal_conv1d_backward(dev(gc), dev(xc), dev(wc), dwc, dbc, activation="silu")
     vv = randn(rng, B, T, H, D)
     out, lse = ops.attention_forward(dev(q), dev(k), dev(vv))
     out_c, lse_c = _C.attention_forward(q, k, vv)

@@ -90,6 +90,19 @@ def test_activation(emu, rng, n, op):
     assert_close(dx, getattr(ref, f"{op}_backward")(dy, x), "default", "dx")
 
 
+@pytest.mark.parametrize("n", ELEMENTWISE)
+def test_silu_gate(emu, rng, n):
+    y, z, dout = randn(rng, n, scale=3.0), randn(rng, n, scale=8.0), randn(rng, n)
+    (out,) = run(emu, "silu_gate_forward_cuda", "MfSiluGateParams",
+                 lambda: dict(out=empty(n), y=y, z=z, n=n), ["out"])
+    assert_close(out, ref.silu_gate_forward(y, z), "default", "out")
+    dy, dz = run(emu, "silu_gate_backward_cuda", "MfSiluGateParams",
+                 lambda: dict(dy=empty(n), dz=empty(n), dout=dout, y=y, z=z, n=n), ["dy", "dz"])
+    rdy, rdz = ref.silu_gate_backward(dout, y, z)
+    assert_close(dy, rdy, "default", "dy")
+    assert_close(dz, rdz, "default", "dz")
+
+
 @pytest.mark.parametrize("n", [1, 255, 3001])
 def test_adamw(emu, rng, n):
     params, grads = randn(rng, n), randn(rng, n)
@@ -289,6 +302,7 @@ def test_softmax_xent_empty_mask(emu, rng):
 
 @pytest.mark.parametrize("function,struct", [
     ("gelu_forward_cuda", "MfGeluParams"), ("silu_forward_cuda", "MfActivationParams"),
+    ("silu_gate_backward_cuda", "MfSiluGateParams"),
     ("layernorm_forward_cuda", "MfLayernormParams"), ("rotary_forward_cuda", "MfRotaryParams"),
     ("path_integration_forward_cuda", "MfPathIntegrationParams"),
     ("embedding_forward_cuda", "MfEmbeddingParams"),
@@ -482,18 +496,21 @@ def test_ape_decay(emu, rng, B, T, H, D):
 
 
 @pytest.mark.parametrize("B,T,E,W", [(1, 1, 1, 1), (2, 9, 5, 4), (1, 3, 33, 4), (2, 40, 7, 3)])
-def test_causal_conv1d(emu, rng, B, T, E, W):
+@pytest.mark.parametrize("activation", ["none", "silu"])
+def test_causal_conv1d(emu, rng, B, T, E, W, activation):
     x, dy = randn(rng, B, T, E), randn(rng, B, T, E)
     w, b = randn(rng, E, W), randn(rng, E)
-    sizes = dict(B=B, T=T, E=E, W=W)
+    sizes = dict(B=B, T=T, E=E, W=W, silu=int(activation == "silu"))
     (y,) = run(emu, "causal_conv1d_forward_cuda", "MfConv1dParams",
                lambda: dict(y=empty(B, T, E), x=x, weight=w, bias=b, **sizes), ["y"])
-    assert_close(y, ref.causal_conv1d_forward(x, w, b), "reduction", "y")
+    assert_close(y, ref.causal_conv1d_forward(x, w, b, activation=activation), "reduction", "y")
     dw0, db0 = randn(rng, E, W), randn(rng, E)
+    bias = dict(bias=b) if activation == "silu" else {}
     dx, dw, db = run(emu, "causal_conv1d_backward_cuda", "MfConv1dParams",
                      lambda: dict(dx=empty(B, T, E), dweight=dw0.copy(), dbias=db0.copy(),
-                                  dy=dy, x=x, weight=w, **sizes), ["dx", "dweight", "dbias"])
-    rdx, rdw, rdb = ref.causal_conv1d_backward(dy, x, w)
+                                  dy=dy, x=x, weight=w, **bias, **sizes),
+                     ["dx", "dweight", "dbias"])
+    rdx, rdw, rdb = ref.causal_conv1d_backward(dy, x, w, activation=activation, **bias)
     assert_close(dx, rdx, "reduction", "dx")
     assert_close(dw, dw0 + rdw, "gradient", "dweight")
     assert_close(db, db0 + rdb, "gradient", "dbias")

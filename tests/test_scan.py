@@ -1,8 +1,9 @@
-"""The Mamba / MAMPa block's C ops against the float64 reference: SiLU, softplus, the causal
-depthwise conv1d and the selective scans (real and complex), forward and backward; the
-reference against finite differences; the scan oracles (omega = 0 is Mamba's real scan, a pure
-rotation with Euler B_bar is linear MapWM attention, selective_scan_ref's complex convention);
-a T = 4096 run; thread-count independence; bad input.
+"""The Mamba / MAMPa block's C ops against the float64 reference: SiLU, softplus, the SiLU
+gate, the causal depthwise conv1d (plain and through SiLU) and the selective scans (real and
+complex), forward and backward; the reference against finite differences; the scan oracles
+(omega = 0 is Mamba's real scan, a pure rotation with Euler B_bar is linear MapWM attention,
+selective_scan_ref's complex convention); a T = 4096 run; thread-count independence; bad
+input.
 
 Tolerances of the scans are normwise, from the problem: a float32 recurrence of T steps over K
 states whose every step rounds a few products (and an exponential of a few ulps) is within
@@ -24,7 +25,7 @@ def normwise(got, expected, n, name):
     assert_within(got, expected, gamma(n) * scale + 1e-30, name)
 
 
-# ---- SiLU, softplus ------------------------------------------------------------------------
+# ---- SiLU, softplus, the SiLU gate ---------------------------------------------------------
 @pytest.mark.parametrize("shape", [(1,), (7,), (97, 33), (3, 5, 7), (20011,)])
 def test_silu_softplus(rng, shape):
     x, dy = randn(rng, *shape, scale=6.0), randn(rng, *shape)
@@ -54,10 +55,11 @@ def test_softplus_threshold_and_tails():
 
 
 def test_softplus_accuracy_over_its_range():
-    """The vector softplus (an exp by Cody-Waite reduction, Cephes' log, Goldberg's log1p) is
-    within a few float32 ulps of the float64 value wherever exp(x) is a normal float (x >=
-    -87), as float32 NumPy's log1p(exp(x)) is (3.6 ulps); below, exp(x) is subnormal and the
-    op gives 0 (an absolute error under the smallest normal float)."""
+    """The vector softplus (an exp by Cody-Waite reduction, then log1p by one polynomial over
+    [0, 1]) is within a few float32 ulps of the float64 value wherever exp(x) is a normal float
+    (x >= -87), as float32 NumPy's log1p(exp(x)) is (4.7 ulps on this grid; the op: 2.5);
+    below, exp(x) is subnormal and the op gives 0 (an absolute error under the smallest normal
+    float)."""
     x = np.linspace(-100, 30, 200_003).astype(np.float32)
     y = _C.softplus_forward(x).astype(np.float64)
     xd = x.astype(np.float64)
@@ -68,6 +70,43 @@ def test_softplus_accuracy_over_its_range():
     assert np.all(y[~normal] >= 0) and np.all(y[~normal] < np.finfo(np.float32).tiny)
 
 
+@pytest.mark.parametrize("shape", [(1,), (7,), (97, 33), (3, 5, 7), (20011,)])
+def test_silu_gate(rng, shape):
+    """out = y silu(z) and its two gradients against the reference, and bit for bit the three
+    passes the op replaces in the Mamba block (silu, then the products)."""
+    y, z, dout = randn(rng, *shape, scale=3.0), randn(rng, *shape, scale=6.0), randn(rng, *shape)
+    before = copies(y, z, dout)
+    out = _C.silu_gate_forward(y, z)
+    assert out.shape == shape and out.dtype == np.float32
+    assert_close(out, ref.silu_gate_forward(y, z), "default", "out")
+    dy, dz = _C.silu_gate_backward(dout, y, z)
+    rdy, rdz = ref.silu_gate_backward(dout, y, z)
+    assert_close(dy, rdy, "default", "dy")
+    assert_close(dz, rdz, "default", "dz")
+    assert_unchanged(before, [y, z, dout])
+    gate = _C.silu_forward(z)
+    assert np.array_equal(out, y * gate)
+    assert np.array_equal(dy, dout * gate)
+    assert np.array_equal(dz, _C.silu_backward(dout * y, z))
+
+
+def test_silu_gate_bad_input(rng):
+    y, z, dout = randn(rng, 4, 6), randn(rng, 4, 6), randn(rng, 4, 6)
+    # the first array fixes the shape ("..."): a wrong one of it is reported against the next
+    for bad, exc in [(y.astype(np.float64), TypeError), (y.tolist(), TypeError),
+                     (None, TypeError), (np.asfortranarray(y), ValueError),
+                     (np.repeat(y, 2, axis=-1)[..., ::2], ValueError)]:
+        with raises_naming(exc, "y"):
+            _C.silu_gate_forward(bad, z)
+        with raises_naming(exc, "dout"):
+            _C.silu_gate_backward(bad, y, z)
+    assert_array_argument_checked(lambda v: _C.silu_gate_forward(y, v), "z", z)
+    assert_array_argument_checked(lambda v: _C.silu_gate_backward(dout, v, z), "y", y)
+    assert_array_argument_checked(lambda v: _C.silu_gate_backward(dout, y, v), "z", z)
+    with raises_naming(ValueError, "y"):
+        _C.silu_gate_forward(np.zeros((4, 0), np.float32), np.zeros((4, 0), np.float32))
+
+
 def test_activation_reference_gradients():
     rng = np.random.default_rng(3)
     x = rng.standard_normal(9) * 5
@@ -76,6 +115,11 @@ def test_activation_reference_gradients():
         f = getattr(ref, f"{name}_forward")
         assert_close(getattr(ref, f"{name}_backward")(np.ones(9), x),
                      numerical_grad(lambda: f(x).sum(), x), "gradient", name)
+    y, dout = rng.standard_normal(9), rng.standard_normal(9)
+    dy, dz = ref.silu_gate_backward(dout, y, x)
+    loss = lambda: (ref.silu_gate_forward(y, x) * dout).sum()
+    assert_close(dy, numerical_grad(loss, y), "gradient", "silu_gate dy")
+    assert_close(dz, numerical_grad(loss, x), "gradient", "silu_gate dz")
 
 
 # ---- causal conv1d ----------------------------------------------------------------------
@@ -103,13 +147,57 @@ def test_causal_conv1d(rng, B, T, E, W):
         assert np.array_equal(y2[:, :-1], y[:, :-1])
 
 
+@pytest.mark.parametrize("B,T,E,W", CONV_SIZES + [(2, 150, 9, 4)])
+def test_causal_conv1d_silu(rng, B, T, E, W):
+    """activation='silu': the conv and SiLU in one pass each way, against the reference, and
+    bit for bit the plain conv and the SiLU ops in turn (T = 150: items of 64 steps whose
+    gradient rows reach into the next item's)."""
+    x, w, b = randn(rng, B, T, E), randn(rng, E, W), randn(rng, E)
+    dy = randn(rng, B, T, E)
+    before = copies(x, w, b, dy)
+    u = _C.causal_conv1d_forward(x, w, b, activation="silu")
+    assert_close(u, ref.causal_conv1d_forward(x, w, b, activation="silu"), "reduction", "u")
+    c = _C.causal_conv1d_forward(x, w, b)
+    assert np.array_equal(u, _C.silu_forward(c))
+    dw0, db0 = randn(rng, E, W), randn(rng, E)
+    dw, db, dw2, db2 = dw0.copy(), db0.copy(), dw0.copy(), db0.copy()
+    dx = _C.causal_conv1d_backward(dy, x, w, dw, db, bias=b, activation="silu")
+    gx, gw, gb = ref.causal_conv1d_backward(dy, x, w, bias=b, activation="silu")
+    assert_close(dx, gx, "reduction", "dx")
+    assert_close(dw, dw0 + gw, "gradient", "dweight")
+    assert_close(db, db0 + gb, "gradient", "dbias")
+    assert_unchanged(before, [x, w, b, dy])
+    dx2 = _C.causal_conv1d_backward(_C.silu_backward(dy, c), x, w, dw2, db2)
+    for got, want in ((dx, dx2), (dw, dw2), (db, db2)):
+        assert np.array_equal(got, want)
+
+
 def test_causal_conv1d_reference_gradients():
     rng = np.random.default_rng(4)
     x, w, b, dy = (rng.standard_normal(s) for s in ((2, 6, 3), (3, 4), (3,), (2, 6, 3)))
-    gx, gw, gb = ref.causal_conv1d_backward(dy, x, w)
-    loss = lambda: (ref.causal_conv1d_forward(x, w, b) * dy).sum()
-    for name, got, arr in (("dx", gx, x), ("dweight", gw, w), ("dbias", gb, b)):
-        assert_close(got, numerical_grad(loss, arr), "gradient", name)
+    for activation in ("none", "silu"):
+        gx, gw, gb = ref.causal_conv1d_backward(dy, x, w, bias=b, activation=activation)
+        loss = lambda: (ref.causal_conv1d_forward(x, w, b, activation=activation) * dy).sum()
+        for name, got, arr in (("dx", gx, x), ("dweight", gw, w), ("dbias", gb, b)):
+            assert_close(got, numerical_grad(loss, arr), "gradient", f"{name} {activation}")
+
+
+def test_causal_conv1d_same_bits_for_thread_counts(tmp_path):
+    """B T E past the one-thread threshold, T = 150 in items of 64 steps: plain and SiLU."""
+    assert_same_bits_for_thread_counts(tmp_path, (
+        "import sys, numpy as np\n"
+        "from mapformer import _C\n"
+        "rng = np.random.default_rng(6)\n"
+        "B, T, E, W = 3, 150, 80, 4\n"
+        "f = lambda *s: rng.standard_normal(s).astype(np.float32)\n"
+        "x, dy, w, b = f(B, T, E), f(B, T, E), f(E, W), f(E)\n"
+        "outs = []\n"
+        "for act in ('none', 'silu'):\n"
+        "    dw, db = np.zeros((E, W), np.float32), np.zeros(E, np.float32)\n"
+        "    kw = {'bias': b} if act == 'silu' else {}\n"
+        "    outs += [_C.causal_conv1d_forward(x, w, b, activation=act),\n"
+        "             _C.causal_conv1d_backward(dy, x, w, dw, db, activation=act, **kw), dw, db]\n"
+        "np.savez(sys.argv[1], *outs)\n"))
 
 
 def test_causal_conv1d_bad_input(rng):
@@ -125,6 +213,21 @@ def test_causal_conv1d_bad_input(rng):
         _C.causal_conv1d_backward(x, x, w, dw[:, :3].copy(), np.zeros(3, np.float32))
     with raises_naming(ValueError, "dbias"):
         _C.causal_conv1d_backward(x, x, w, dw, np.zeros(3, np.float32)[::-1])
+    db = np.zeros(3, np.float32)
+    with raises_naming(ValueError, "bias"):  # SiLU's backward recomputes the convolution
+        _C.causal_conv1d_backward(x, x, w, dw, db, activation="silu")
+    with raises_naming(ValueError, "bias"):  # and only it reads the bias
+        _C.causal_conv1d_backward(x, x, w, dw, db, bias=b)
+    with raises_naming(ValueError, "bias"):
+        _C.causal_conv1d_backward(x, x, w, dw, db, bias=randn(rng, 4), activation="silu")
+    with raises_naming(TypeError, "bias"):
+        _C.causal_conv1d_backward(x, x, w, dw, db, bias=b.astype(np.float64),
+                                  activation="silu")
+    with raises_naming(ValueError, "activation"):
+        _C.causal_conv1d_forward(x, w, b, activation="relu")
+    with raises_naming(ValueError, "activation"):
+        _C.causal_conv1d_backward(x, x, w, dw, db, bias=b, activation="gelu")
+    assert not dw.any() and not db.any()
 
 
 # ---- selective scans -------------------------------------------------------------------------
@@ -494,16 +597,18 @@ def test_scan_same_bits_on_every_kernel_set(rng, restore_kernels, E):
 
 
 def test_activations_same_bits_on_every_kernel_set(rng, restore_kernels):
-    """SiLU and softplus run 16 floats a vector on the avx512 set, 8 on the others: the same
-    bits (lengths with tails of every size, softplus past its threshold and in its tails)."""
+    """SiLU, softplus and the SiLU gate run 16 floats a vector on the avx512 set, 8 on the
+    others: the same bits (lengths with tails of every size, softplus past its threshold and
+    in its tails)."""
     for n in (1, 7, 15, 17, 33, 20011):
         x = (rng.standard_normal(n) * 12).astype(np.float32)
-        dy = randn(rng, n)
+        dy, y = randn(rng, n), randn(rng, n)
         runs = []
         for kset in _C.kernel_sets():
             _C.set_kernels(kset)
             runs.append([_C.silu_forward(x), _C.silu_backward(dy, x), _C.softplus_forward(x),
-                         _C.softplus_backward(dy, x)])
+                         _C.softplus_backward(dy, x), _C.silu_gate_forward(y, x),
+                         *_C.silu_gate_backward(dy, y, x)])
         for outs in runs[1:]:
             for a, b in zip(runs[0], outs):
                 assert a.tobytes() == b.tobytes(), n

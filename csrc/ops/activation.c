@@ -1,16 +1,20 @@
-/* SiLU and softplus (the Mamba block's activations), elementwise.
+/* SiLU, softplus and the SiLU gate (the Mamba block's activations), elementwise.
  *
- * Forward saves nothing: backward recomputes from x. dx is an activation gradient (=).
- *   silu:     y = x s, s = sigmoid(x);        dx = dy s (1 + x (1 - s))
- *   softplus: y = log(1 + e^x) (x <= 20);     dx = dy s
- *             y = x              (x > 20);    dx = dy      (Mamba's / PyTorch's threshold)
+ * Forward saves nothing: backward recomputes from x (the gate's from y and z). dx, dy and dz
+ * are activation gradients (=).
+ *   silu:      y = x s, s = sigmoid(x);        dx = dy s (1 + x (1 - s))
+ *   softplus:  y = log(1 + e^x) (x <= 20);     dx = dy s
+ *              y = x              (x > 20);    dx = dy      (Mamba's / PyTorch's threshold)
+ *   silu_gate: out = y silu(z);                dy = dout silu(z), dz = dout y silu'(z)
+ *              (Mamba's output gate in one pass each way, the bits of silu and the products)
  * SiLU's sigmoid is simd.h's vsigmoid (the core's one exponential). The kernels
  * (kernels/activation.h) are compiled at 16 floats for AVX-512 (x86/activation_avx512.c, run
  * where the active kernel set is avx512) and as target_clones for AVX-512, AVX2 and baseline
  * x86-64 at 8 (here); every lane computes the same bits on each. softplus is max(x, 0) +
- * log1p(exp(-|x|)) in vector code (simd.h's vexp_nonpositive: Cody-Waite reduction over vexp2; Cephes' logf
- * polynomial with Goldberg's log1p correction: no cancellation for large |x|) and the same
- * sigmoid for its derivative. The loops are simd.h's MF_VLOOP.
+ * log1p(exp(-|x|)) in vector code without a division: simd.h's vexp_expm1 (Cody-Waite
+ * reduction, about 1 ulp) for u = exp(-|x|) in (0, 1], then log1p(u) = u + u^2 Q(u), one
+ * polynomial over [0, 1] (kernels/activation.h: no exponent split, no cancellation for small
+ * u); its derivative is the same sigmoid. The loops are simd.h's MF_VLOOP.
  */
 #include <math.h>
 #include <stdint.h>
@@ -54,4 +58,13 @@ int softplus_forward(const MfActivationParams *p) {
 
 int softplus_backward(const MfActivationParams *p) {
     RUN_CHUNKS(ks->softplus_grad(p->dx + i0, p->dy + i0, p->x + i0, len));
+}
+
+int silu_gate_forward(const MfSiluGateParams *p) {
+    RUN_CHUNKS(ks->silu_gate(p->out + i0, p->y + i0, p->z + i0, len));
+}
+
+int silu_gate_backward(const MfSiluGateParams *p) {
+    RUN_CHUNKS(ks->silu_gate_grad(p->dy + i0, p->dz + i0, p->dout + i0, p->y + i0, p->z + i0,
+                                  len));
 }

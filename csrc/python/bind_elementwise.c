@@ -1,6 +1,6 @@
-/* Binding of csrc/ops/gelu.c, csrc/ops/activation.c (SiLU, softplus) and csrc/ops/residual.c:
- * elementwise ops on arrays of any ndim >= 1; every array of one call has the first array's
- * shape ("..."). */
+/* Binding of csrc/ops/gelu.c, csrc/ops/activation.c (SiLU, softplus, the SiLU gate) and
+ * csrc/ops/residual.c: elementwise ops on arrays of any ndim >= 1; every array of one call has
+ * the first array's shape ("..."). */
 #include "bind.h"
 
 #define G(f) offsetof(MfGeluParams, f)
@@ -28,6 +28,29 @@ static const MfSize act_sizes[] = {{"...", AC(n)}, {NULL, 0}};
     MF_DEFINE(name##_backward, name##_backward_op)
 ACT_OPS(silu)
 ACT_OPS(softplus)
+
+#define SG(f) offsetof(MfSiluGateParams, f)
+static const MfSize silu_gate_sizes[] = {{"...", SG(n)}, {NULL, 0}};
+static const MfArg silu_gate_forward_args[] = {
+    {"y", 1, MF_IN, 0, "...", .field = SG(y)},
+    {"z", 2, MF_IN, 0, "...", .field = SG(z)},
+    {"out", 0, MF_OUT, 0, "...", .field = SG(out)},
+    {0}};
+static const MfOp silu_gate_forward_op = {"silu_gate_forward", silu_gate_forward_args,
+                                          silu_gate_sizes, sizeof(MfSiluGateParams),
+                                          .run = MF_OP(silu_gate_forward)};
+static const MfArg silu_gate_backward_args[] = {
+    {"dout", 1, MF_IN, 0, "...", .field = SG(dout)},
+    {"y", 2, MF_IN, 0, "...", .field = SG(y)},
+    {"z", 3, MF_IN, 0, "...", .field = SG(z)},
+    {"dy", 0, MF_OUT, 0, "...", .field = SG(dy)},
+    {"dz", 0, MF_OUT, 0, "...", .field = SG(dz)},
+    {0}};
+static const MfOp silu_gate_backward_op = {"silu_gate_backward", silu_gate_backward_args,
+                                           silu_gate_sizes, sizeof(MfSiluGateParams),
+                                           .run = MF_OP(silu_gate_backward)};
+MF_DEFINE(silu_gate_forward, silu_gate_forward_op)
+MF_DEFINE(silu_gate_backward, silu_gate_backward_op)
 static const MfSize gelu_sizes[] = {{"...", G(n)}, {NULL, 0}};
 /* approximate: PyTorch's names, "tanh" (index 0, exact = 0) or "none" (the exact GELU) */
 static const char *const gelu_approximations[] = {"tanh", "none", NULL};
@@ -106,4 +129,12 @@ PyMethodDef mf_elementwise_methods[] = {
      "softplus_backward(dy, x) -> dx\n\n"
      "dy, x float32 (...) of one shape -> dx float32 (...) = dy sigmoid(x), or dy where\n"
      "x > 20."),
+    MF_METHOD(silu_gate_forward,
+     "silu_gate_forward(y, z) -> out\n\n"
+     "y, z float32 (...) of one shape -> out float32 (...) = y * z sigmoid(z) (Mamba's output\n"
+     "gate: one pass, the bits of silu_forward(z) and the product)."),
+    MF_METHOD(silu_gate_backward,
+     "silu_gate_backward(dout, y, z) -> (dy, dz)\n\n"
+     "dout, y, z float32 (...) of one shape -> dy float32 (...) = dout z s, dz float32 (...)\n"
+     "= dout y s (1 + z (1 - s)), s = sigmoid(z) (one pass)."),
     {NULL, NULL, 0, NULL}};

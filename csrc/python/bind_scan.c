@@ -14,14 +14,22 @@ static const MfSize complex_sizes[] = {{"B", P(B)}, {"T", P(T)}, {"E", P(E)}, {"
                                        {NULL, 0}};
 static const char *const bbars[] = {"euler", "zoh", NULL};
 
+/* the conv's activation: "none" (index 0) or "silu" (silu = 1) */
+static const char *const conv_activations[] = {"none", "silu", NULL};
+#define CONV_ACTIVATION(pos) {"activation", pos, MF_CHOICE, MF_OPTIONAL | MF_KWONLY, \
+                              .field = CV(silu), .choices = conv_activations}
+
 static const MfArg conv_forward_args[] = {
     {"x", 1, MF_IN, 0, "B T E", .field = CV(x)},
     {"weight", 2, MF_IN, 0, "E W", .field = CV(weight)},
     {"bias", 3, MF_IN, 0, "E", .field = CV(bias)},
+    CONV_ACTIVATION(4),
     {"y", 0, MF_OUT, 0, "B T E", .field = CV(y)},
     {0}};
 static const MfOp conv_forward = {"causal_conv1d_forward", conv_forward_args, conv_sizes,
-                                  sizeof(MfConv1dParams), .run = MF_OP(causal_conv1d_forward)};
+                                  sizeof(MfConv1dParams), .run = MF_OP(causal_conv1d_forward),
+                                  .scratch = MF_SCRATCH(causal_conv1d_forward_scratch_floats),
+                                  MF_SCRATCH_FIELDS(MfConv1dParams)};
 
 static const MfArg conv_backward_args[] = {
     {"dy", 1, MF_IN, 0, "B T E", .field = CV(dy)},
@@ -29,12 +37,32 @@ static const MfArg conv_backward_args[] = {
     {"weight", 3, MF_IN, 0, "E W", .field = CV(weight)},
     {"dweight", 4, MF_INOUT, 0, "E W", .field = CV(dweight)},
     {"dbias", 5, MF_INOUT, 0, "E", .field = CV(dbias)},
+    {"bias", 6, MF_IN, MF_OPTIONAL | MF_NONE | MF_KWONLY, "E", .field = CV(bias)},
+    CONV_ACTIVATION(7),
     {"dx", 0, MF_OUT, 0, "B T E", .field = CV(dx)},
     {0}};
+
+/* the backward recomputes the convolution for SiLU: the bias then, and only then */
+static int conv_backward_check(MfCall *c, void *params) {
+    (void)c;
+    const MfConv1dParams *p = params;
+    if (p->silu && p->bias == NULL) {
+        PyErr_SetString(PyExc_ValueError, "bias is required with activation='silu' (the "
+                        "backward recomputes the convolution)");
+        return -1;
+    }
+    if (!p->silu && p->bias != NULL) {
+        PyErr_SetString(PyExc_ValueError, "bias is read only with activation='silu'");
+        return -1;
+    }
+    return 0;
+}
+
 static const MfOp conv_backward = {"causal_conv1d_backward", conv_backward_args, conv_sizes,
                                    sizeof(MfConv1dParams), .run = MF_OP(causal_conv1d_backward),
                                    .scratch = MF_SCRATCH(causal_conv1d_backward_scratch_floats),
-                                   MF_SCRATCH_FIELDS(MfConv1dParams)};
+                                   MF_SCRATCH_FIELDS(MfConv1dParams),
+                                   .check = conv_backward_check};
 
 /* NC = ceil(T / chunk): pinned for the forward's new states, checked for the backward's;
  * the state per channel S = K (real) or 2K (complex) floats at most 256 */
@@ -163,13 +191,17 @@ MF_DEFINE(complex_scan_backward, complex_backward)
 
 PyMethodDef mf_scan_methods[] = {
     MF_METHOD(causal_conv1d_forward,
-     "causal_conv1d_forward(x, weight, bias) -> y\n\n"
+     "causal_conv1d_forward(x, weight, bias, *, activation='none') -> y\n\n"
      "x float32 (B, T, E), weight (E, W), bias (E,) -> y (B, T, E) = bias +\n"
-     "sum_{j < W} weight[:, j] x[:, t - W + 1 + j] (zero before t = 0): depthwise, causal."),
+     "sum_{j < W} weight[:, j] x[:, t - W + 1 + j] (zero before t = 0): depthwise, causal;\n"
+     "activation 'silu': y = silu of that in the same pass (the Mamba block's conv and SiLU;\n"
+     "the bits of silu_forward on the plain output)."),
     MF_METHOD(causal_conv1d_backward,
-     "causal_conv1d_backward(dy, x, weight, dweight, dbias) -> dx\n\n"
+     "causal_conv1d_backward(dy, x, weight, dweight, dbias, *, bias=None, activation='none')\n"
+     "-> dx\n\n"
      "dy, x float32 (B, T, E), weight (E, W) -> dx (B, T, E); dweight (E, W) and dbias (E,)\n"
-     "are accumulated in place."),
+     "are accumulated in place. activation 'silu': dy is the gradient of the forward's SiLU\n"
+     "output; the convolution is recomputed from x and bias (E,), required then only."),
     MF_METHOD(selective_scan_forward,
      "selective_scan_forward(x, delta, A, B, C, D, *, chunk=256, bbar='euler') -> (y, states)\n\n"
      "Mamba's selective scan (real diagonal A): x, delta float32 (B, T, E), A (E, K),\n"

@@ -2,10 +2,12 @@
 token mixer, on the C core's selective scan.
 
 x (N, C) -> in-projections x_in, z (N, E), E = expand * C; x_in through a causal depthwise
-conv1d of width d_conv and SiLU -> u; u projected to (dt_in (R), B (S), C (S)), R = dt_rank;
+conv1d of width d_conv and SiLU -> u (one op each way: causal_conv1d with activation 'silu',
+whose backward recomputes the conv); u projected to (dt_in (R), B (S), C (S)), R = dt_rank;
 Delta = softplus(dt_proj dt_in + bias) (E per token), the bias initialised so that Delta starts
 log-uniform in [1e-3, 1e-1] (floored at 1e-4); the scan with A = -exp(A_log), A_log = log(1..S)
-in every channel (S4D-real), skip D (init 1); y * SiLU(z); out-projection back to C.
+in every channel (S4D-real), skip D (init 1); y * SiLU(z) (one op each way: silu_gate);
+out-projection back to C.
 B_bar is Euler's Delta B (Mamba's code) unless ``zoh`` (eq. 8 of the MapFormer paper).
 Mamba's one in_proj (C -> 2E) and x_proj (E -> R + 2S) are written as separate projections of
 the same input (in_x, in_z; x_dt, x_B, x_C): the same maps. x_dt, x_B and x_C run as one
@@ -156,9 +158,8 @@ class Mamba(Mixer):
         n, shape = batch * steps, (batch, steps, self.E)
         self.x_in = self.in_x.forward(x).reshape(shape)
         self.z = self.in_z.forward(x)
-        self.xc = self.ops.causal_conv1d_forward(self.x_in, self.conv_weight.value,
-                                                 self.conv_bias.value)
-        self.u = self.ops.silu_forward(self.xc)
+        self.u = self.ops.causal_conv1d_forward(self.x_in, self.conv_weight.value,
+                                                self.conv_bias.value, activation="silu")
         u2 = self.u.reshape(n, self.E)
         self.w_proj, (self.dt_in, Bm, Cm) = x_proj_forward(self.ops, u2,
                                                             (self.x_dt, self.x_B, self.x_C))
@@ -166,18 +167,12 @@ class Mamba(Mixer):
         self.dt_pre = self.dt.forward(self.dt_in)
         self.delta = self.ops.softplus_forward(self.dt_pre).reshape(shape)
         self.y = self.scan(self.u, self.delta, self.dt_in).reshape(n, self.E)
-        self.gate = self.ops.silu_forward(self.z)
-        return self.out.forward(self.y * self.gate), state
+        return self.out.forward(self.ops.silu_gate_forward(self.y, self.z)), state
 
     def backward(self, dy, dstate=None):
         batch, steps = self.u.shape[:2]
         n = batch * steps
-        dyg = self.out.backward(dy)
-        # the gate's two products in place (no new (N, E) arrays): d(y) = dyg SiLU(z) over the
-        # gate, which the backward needs no more, then dyg y over dyg
-        dys = self.ops.mul(dyg, self.gate, out=self.gate)
-        dz = self.ops.silu_backward(self.ops.mul(dyg, self.y, out=dyg), self.z)
-        self.gate = None
+        dys, dz = self.ops.silu_gate_backward(self.out.backward(dy), self.y, self.z)
         du, ddelta, ddt_in, dB, dC = self.scan_backward(dys.reshape(self.u.shape))
         ddt_in = self.dt.backward(self.ops.softplus_backward(ddelta.reshape(n, self.E),
                                                              self.dt_pre), ddt_in)
@@ -185,9 +180,10 @@ class Mamba(Mixer):
         x_proj_backward(self.ops, self.w_proj, self.u.reshape(n, self.E),
                         (self.x_dt, self.x_B, self.x_C),
                         (ddt_in, dB.reshape(n, -1), dC.reshape(n, -1)), du)
-        dxc = self.ops.silu_backward(du.reshape(self.u.shape), self.xc)
-        dx_in = self.ops.causal_conv1d_backward(dxc, self.x_in, self.conv_weight.value,
-                                                self.conv_weight.grad, self.conv_bias.grad)
+        dx_in = self.ops.causal_conv1d_backward(du.reshape(self.u.shape), self.x_in,
+                                                self.conv_weight.value, self.conv_weight.grad,
+                                                self.conv_bias.grad, bias=self.conv_bias.value,
+                                                activation="silu")
         dx = self.in_x.backward(dx_in.reshape(n, self.E))
         self.in_z.backward(dz, dx)
         return dx, dstate

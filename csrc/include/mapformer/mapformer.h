@@ -249,7 +249,7 @@ int64_t conj_attention_backward_scratch_floats(const MfConjAttentionParams *p);
 int conj_attention_backward(const MfConjAttentionParams *p);
 
 
-/* ---- activation.c: SiLU and softplus, elementwise (MfActivationParams) ------------------- */
+/* ---- activation.c: SiLU, softplus (MfActivationParams), the SiLU gate, elementwise ------- */
 /* y (n,) = x sigmoid(x) */
 int silu_forward(const MfActivationParams *p);
 /* dx (n,) = dy sigmoid(x) (1 + x (1 - sigmoid(x))) */
@@ -258,11 +258,17 @@ int silu_backward(const MfActivationParams *p);
 int softplus_forward(const MfActivationParams *p);
 /* dx (n,) = dy sigmoid(x), or dy where x > 20 */
 int softplus_backward(const MfActivationParams *p);
+/* out (n,) = y silu(z) (MfSiluGateParams) */
+int silu_gate_forward(const MfSiluGateParams *p);
+/* dy (n,) = dout silu(z), dz (n,) = dout y silu'(z) (MfSiluGateParams) */
+int silu_gate_backward(const MfSiluGateParams *p);
 
 /* ---- conv1d.c: causal depthwise conv1d along t, any width W (MfConv1dParams) ------------- */
-/* y (B, T, E) = bias + sum_j weight[:, j] x[t - W + 1 + j] */
+/* y (B, T, E) = bias + sum_j weight[:, j] x[t - W + 1 + j], through SiLU with p->silu */
+int64_t causal_conv1d_forward_scratch_floats(const MfConv1dParams *p);
 int causal_conv1d_forward(const MfConv1dParams *p);
-/* dx (B, T, E) (=), dweight (E, W) +=, dbias (E,) += */
+/* dx (B, T, E) (=), dweight (E, W) +=, dbias (E,) += (with p->silu dy is SiLU's output's
+ * gradient, and the bias is read) */
 int64_t causal_conv1d_backward_scratch_floats(const MfConv1dParams *p);
 int causal_conv1d_backward(const MfConv1dParams *p);
 

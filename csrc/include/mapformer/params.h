@@ -339,6 +339,15 @@ typedef struct {
     int64_t n;
 } MfActivationParams;
 
+/* silu_gate: out = y silu(z), Mamba's output gate, elementwise over n floats */
+typedef struct {
+    float *out;         /* forward (n,) */
+    float *dy, *dz;     /* backward (n,) (=) */
+    const float *dout;  /* backward (n,) */
+    const float *y, *z; /* (n,) */
+    int64_t n;
+} MfSiluGateParams;
+
 /* causal_conv1d: depthwise causal convolution along t,
  * y[b,t,e] = bias[e] + sum_{j<W} weight[e,j] x[b, t-W+1+j, e] */
 typedef struct {
@@ -348,8 +357,9 @@ typedef struct {
     const float *dy;         /* backward (B, T, E) */
     const float *x;          /* (B, T, E) */
     const float *weight;     /* (E, W) */
-    const float *bias;       /* (E,) (forward) */
+    const float *bias;       /* (E,) (forward; backward with silu) */
     int64_t B, T, E, W;
+    int silu;                /* 1: y = silu(conv), and dy is the gradient of that y */
     float *scratch;
     int64_t scratch_floats;
 } MfConv1dParams;

@@ -171,8 +171,8 @@ MF_INLINE void vstore_part(float *p, const vf *x, int64_t n) {
  * [-127, 127]: lanes below -126.5 (and -inf) give 0, lanes above 127 give 2^127 (finite),
  * NaN stays NaN. The polynomial is written with separate multiplies
  * and adds, so every width, ISA and compiler gives the same bits. vexp, the GELU and every
- * softmax and sigmoid go through it; vexp_expm1 (an exp with its expm1, the scans' ZOH) and
- * vexp_nonpositive (softplus) reduce by ln 2 themselves. */
+ * softmax and sigmoid go through it; vexp_expm1 (an exp with its expm1: the scans' ZOH,
+ * softplus) reduces by ln 2 itself. */
 MF_INLINE void vexp2(vf *x) {
     vf y = *x;
     y = VSELECT(y < VSPLAT(-127.0f), VSPLAT(-127.0f), y);
@@ -269,20 +269,6 @@ MF_INLINE void vexpm1_minus_x(vf *d, const vf *x) {
     q = q * v + 1.666666666666667e-1f;      /* 1 / 3! */
     q = q * v + 0.5f;
     *d = (v * v) * q;
-}
-
-/* *x = exp(*x) for *x <= 0 to a few ulps: Cody-Waite reduction x = n ln2 + r (ln2 in two
- * parts, |r| <= ln2 / 2), 2^(r log2 e) by vexp2, times 2^n put into the exponent bits (vexp's
- * single product x log2 e would lose |x| ulps); 0 below -87 (where exp(x) is subnormal) */
-MF_INLINE void vexp_nonpositive(vf *x) {
-    const vf v = VSELECT(*x < VSPLAT(-87.0f), VSPLAT(-87.0f), *x);
-    const vf t = v * MF_LOG2E + 12582912.0f; /* 1.5 * 2^23: round(v log2 e) in its low bits */
-    const vf n = t - 12582912.0f;
-    vf r = (v - n * MF_LN2_HI) - n * MF_LN2_LO;
-    r = r * MF_LOG2E;
-    vexp2(&r);
-    const vi scale = ((vi)t - 0x4B400000 + 127) << 23; /* 2^n, n >= -126 */
-    *x = VSELECT(*x < VSPLAT(-87.0f), VSPLAT(0.0f), r * (vf)scale);
 }
 
 /* *s = sin(*x), *c = cos(*x), branch-free: Cody-Waite reduction by pi/2 (three-part constant,
