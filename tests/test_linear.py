@@ -6,8 +6,9 @@ sum of Cin (forward, dx) or N (dweight) products plus a start value, within gamm
 times the sum of the terms' magnitudes, and no worse than twice float32 NumPy's error on the
 same math. The sizes are awkward on purpose: N not a multiple of any register tile's rows (1,
 7, 97, 257: one block, a ragged last block), Cout not a multiple of any vector width (1, 3,
-17, 33, 130: column tails of one vector or several), Cin odd, and Cin over 256 (the kernel's
-passes over k)."""
+17, 33, 130: column tails of one vector or several), Cin odd, Cin over 256 (the kernel's
+passes over k), and Cin under a register tile's width with Cout over it (8, 3: the weight
+gradient computed transposed)."""
 
 import numpy as np
 import pytest
@@ -19,7 +20,7 @@ from mapformer import reference as ref
 
 NS = [1, 7, 97, 257]
 WIDTHS = [(16, 64), (64, 33), (128, 16), (33, 128), (5, 1), (31, 3), (129, 17), (300, 33),
-          (20, 130)]  # (Cin, Cout)
+          (20, 130), (8, 67), (3, 40)]  # (Cin, Cout)
 
 
 def make(rng, N, Cin, Cout):
@@ -197,7 +198,9 @@ def test_same_bits_for_any_thread_count(tmp_path, kernel, monkeypatch):
         "y = _C.linear_forward(x, w, b)\n"
         "dw, db = np.zeros((130, 40), np.float32), np.zeros(130, np.float32)\n"
         "dx = _C.linear_backward(dy, x, w, dw, db)\n"
-        "np.savez(sys.argv[1], y=y, dx=dx, db=db, dw=dw)\n")
+        "x8, w8, dw8 = f(3000, 8), f(130, 8), np.zeros((130, 8), np.float32)\n"
+        "dx8 = _C.linear_backward(dy, x8, w8, dw8)\n"  # dweight computed transposed
+        "np.savez(sys.argv[1], y=y, dx=dx, db=db, dw=dw, dx8=dx8, dw8=dw8)\n")
     assert_same_bits_for_thread_counts(tmp_path, script, (1, 2, 3))
 
 

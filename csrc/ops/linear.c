@@ -10,7 +10,8 @@
  * rows run while they are in that core's cache; the
  * products are gemm.c's row-block kernels of the active kernel set (mf_kernels(), read once
  * per call), the weight laid out for them once per call in the caller's scratch:
- *   forward, per block:  y = bias + x weight^T
+ *   forward, per block:  y = bias + x weight^T (non-temporal stores for a large y: rows.h's
+ *                        MF_STREAM_FLOATS, as for a large dx written, not accumulated)
  *   backward, per chunk of blocks (rows.h: mf_grad_chunks), per block in order:
  *                        dx = dy weight [+ dx]
  *                        dW_chunk += dy^T x        (the chunk's own scratch, written
@@ -84,7 +85,7 @@ int linear_forward(const MfLinearParams *p) {
     float *wt = p->scratch;
     mf_gemm_prepare_b(kernels, wt, p->weight, Cin, Cout, 1); /* weight^T (Cin, Cout) */
     const int64_t R = mf_row_block(kernels), blocks = row_blocks(N, R);
-    const MfGemmOptions with_bias = {.bias = p->bias};
+    const MfGemmOptions with_bias = {.bias = p->bias, .stream = N * Cout >= MF_STREAM_FLOATS};
     int status = MF_OK;
 #pragma omp parallel for schedule(dynamic, 1) if (parallel(N, R, Cin, Cout))
     for (int64_t b = 0; b < blocks; b++) {
@@ -162,6 +163,8 @@ int linear_backward(const MfLinearParams *p) {
                 /* dx (rows, Cin) = dy (rows, Cout) . weight (Cout, Cin) [+ dx], prefetching
                  * x's rows for dW's product */
                 const MfGemmOptions o = {.accumulate = p->accumulate_dx,
+                                         .stream = !p->accumulate_dx &&
+                                                   N * Cin >= MF_STREAM_FLOATS,
                                          .prefetch = xb,
                                          .prefetch_floats = rows * Cin};
                 mf_record_status(&status, mf_gemm_nn(kernels, rows, Cin, Cout, dyb, Cout, wb,
