@@ -75,7 +75,7 @@ def benches(ops, dev, host, s):
     groups = {
         "sln": ([r(Bg, Tg, H, NB, scale=0.3), r(H, NB, 4), r(H, 2 * NB)], 2, (3.0,)),
         "b4": ([r(Bg, Tg, H, NB, scale=0.5), r(H, NB, 6), r(H, 4 * NB)], 4, ()),
-        "nc": ([r(Bg, Tg, H, NB, 6, scale=0.5), r(H, 4 * NB)], 4, ()),
+        "nc": ([r(Bg, Tg, H, 6, NB, scale=0.5), r(H, 4 * NB)], 4, ()),
     }
     for name, (args, width, extra) in groups.items():
         dargs = [dev(a) for a in args]

@@ -832,7 +832,7 @@ def groups_benches(C, B=128, T=256, H=2, D=64, seed=0):
     path_integration  (B, T, H, D/2) angles, forward and backward
     sln               2x2 trace-free blocks, (B, T, H, D/2) Delta, positions (B, T, H, D)
     b4                4x4 blocks, (B, T, H, D/4) Delta
-    nc                4x4 blocks, ordered product of per-token steps (B, T, H, D/4, 6)
+    nc                4x4 blocks, ordered product of per-token steps (B, T, H, 6, D/4)
     nc_general b K    b x b blocks, the same product through exp(sum_i theta_i S_i) by
                       scaling and squaring (B, T, H, D/b, K), K = b(b-1)/2: b 4 and b 8
     Bytes: the arrays read and written; no NumPy side (the references loop in Python)."""
@@ -841,7 +841,7 @@ def groups_benches(C, B=128, T=256, H=2, D=64, seed=0):
     n2, n4 = D // 2, D // 4
     d2, d4, om = f32(B, T, H, n2), f32(B, T, H, n4), f32(H, n2)
     gen2, gen6, start = f32(H, n2, 4), f32(H, n4, 6), f32(H, D)
-    w, dp, dth = f32(B, T, H, n4, 6), f32(B, T, H, D), f32(B, T, H, n2)
+    w, dp, dth = f32(B, T, H, 6, n4), f32(B, T, H, D), f32(B, T, H, n2)
     sizes = dict(B=B, T=T, H=H, D=D)
     rows = B * T * H
 

@@ -619,7 +619,7 @@ def ops(lib, xp, stream=lambda: None, params_h=None):
 
     def nc_forward(w, start):
         w = f32(w)
-        B, T, H, NB, F = w.shape
+        B, T, H, F, NB = w.shape
         p = empty(B, T, H, 4 * NB)
         call("nc_forward_cuda", "MfNcParams", p=p, w=w, start=f32(start), B=B, T=T, H=H, NB=NB,
              D=4 * NB, F=F)
@@ -627,8 +627,8 @@ def ops(lib, xp, stream=lambda: None, params_h=None):
 
     def nc_backward(dp, w, start, dstart):
         w = f32(w)
-        B, T, H, NB, F = w.shape
-        dw = empty(B, T, H, NB, F)
+        B, T, H, F, NB = w.shape
+        dw = empty(B, T, H, F, NB)
         call("nc_backward_cuda", "MfNcParams", dw=dw, dstart=dstart, dp=f32(dp), w=w,
              start=f32(start), B=B, T=T, H=H, NB=NB, D=4 * NB, F=F)
         return dw

@@ -249,7 +249,7 @@ def good_call(op, rng):
         return b4, s
     if op == "b4_backward":
         return dict(dp=bthd(), **b4, dgen=f32(rng, H, NB4, 6), dstart=f32(rng, H, D)), s
-    nc = dict(w=f32(rng, B, T, H, NB4, 6), start=f32(rng, H, D))
+    nc = dict(w=f32(rng, B, T, H, 6, NB4), start=f32(rng, H, D))
     if op == "nc_forward":
         return nc, s
     if op == "nc_backward":

@@ -210,7 +210,7 @@ def test_nc(emu, rng, B, T, H, NB):
     bp, bw, bs = nc_tests.bounds(w, start, dp)
     assert_within(p, expected, bp + U32 * np.abs(expected), "p")
     dw, dstart = run(emu, "nc_backward_cuda", "MfNcParams",
-                     lambda: dict(dw=empty(B, T, H, NB, 6), dstart=np.full_like(start, -0.25),
+                     lambda: dict(dw=empty(B, T, H, 6, NB), dstart=np.full_like(start, -0.25),
                                   dp=dp, w=w, start=start, **sizes), ["dw", "dstart"])
     e_dw, e_dstart = ref.nc_backward(dp, w, start)
     assert_within(dw, e_dw, bw + U32 * np.abs(e_dw), "dw")

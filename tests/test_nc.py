@@ -14,29 +14,33 @@ from mapformer import _C
 from mapformer import reference as ref
 from test_sln import expm
 
-# (B, T, H, NB): 1s, odd and prime sizes, H NB blocks per row (the op's lanes) of 1, 6, 9, 12,
-# 15, 16 (a multiple of every vector width, one or several groups plus a partial one, and the
-# array's last group gathered float by float); the last is past the single-thread threshold
+# (B, T, H, NB): 1s, odd and prime sizes, NB blocks per head (a group of the op's lanes is
+# consecutive blocks of one head) of 1, 3, 12, 5, 8, 20 and 33 (within one group, a partial
+# group after whole ones at every vector width); the last is past the single-thread threshold
 SIZES = [(1, 1, 1, 1), (3, 7, 2, 3), (1, 9, 3, 3), (2, 5, 1, 12), (2, 13, 3, 5),
-         (4, 257, 2, 8)]
+         (2, 7, 2, 20), (1, 5, 1, 33), (4, 257, 2, 8)]
 
 
 def inputs(rng, B, T, H, NB):
+    """w (B, T, H, 6, NB), start (H, 4 NB) in the op's feature-major layout
+    (ref.nc_blocks)."""
     w = randn(rng, B, T, H, NB, 6, scale=0.5)
     w.reshape(-1, 6)[::3, :3] *= 1e-3  # some steps near 0: the series
-    return w, randn(rng, H, 4 * NB)
+    return ref.nc_features(w), randn(rng, H, 4 * NB)
 
 
 def test_reference_is_the_ordered_product_of_matrix_exponentials(rng):
     w, start = (x.astype(np.float64) for x in inputs(rng, 2, 5, 2, 3))
-    S = ref.quaternion_generator(w[..., :3], w[..., 3:])  # (B, T, H, NB, 4, 4)
+    wb = ref.nc_blocks(w, 6)  # (B, T, H, NB, 6)
+    S = ref.quaternion_generator(wb[..., :3], wb[..., 3:])  # (B, T, H, NB, 4, 4)
     P = np.broadcast_to(np.eye(4), (2, 2, 3, 4, 4))
-    p = ref.nc_forward(w, start).reshape(2, 5, 2, 3, 4)
+    p = ref.nc_blocks(ref.nc_forward(w, start), 4)  # (B, T, H, NB, 4)
     for t in range(5):
         P = expm(S[:, t]) @ P
-        assert np.allclose(p[:, t], (P @ start.reshape(2, 3, 4, 1))[..., 0], atol=1e-10)
+        assert np.allclose(p[:, t], (P @ ref.nc_blocks(start, 4)[..., None])[..., 0],
+                           atol=1e-10)
     # the steps do not commute: the reversed order gives another product
-    reversed_p = ref.nc_forward(w[:, ::-1].copy(), start).reshape(p.shape)
+    reversed_p = ref.nc_blocks(ref.nc_forward(w[:, ::-1].copy(), start), 4)
     assert np.abs(reversed_p[:, -1] - p[:, -1]).max() > 1e-2
 
 
@@ -56,14 +60,16 @@ def test_commuting_steps_are_cumulative_sum_path_integration(rng):
     delta = randn(rng, B, T, H, NB, scale=0.5)
     gen = randn(rng, H, NB, 6)
     start = randn(rng, H, 4 * NB)
-    w = np.ascontiguousarray(delta[..., None] * gen)
-    assert np.allclose(_C.nc_forward(w, start), _C.b4_forward(delta, gen, start),
-                       atol=2e-5 * np.abs(start).max())
+    w = ref.nc_features(delta[..., None] * gen)  # b4's layout is block-major
+    p = _C.nc_forward(w, ref.nc_features(start.reshape(H, NB, 4)))
+    assert np.allclose(p, ref.nc_features(_C.b4_forward(delta, gen, start).reshape(
+        B, T, H, NB, 4)), atol=2e-5 * np.abs(start).max())
 
 
 def chain_error(w):
     """Float32 error bound of the op's chains (p_t = a_t p_{t-1} c_t in the forward, A_t and
-    C_t in the backward), in units of U32 (times |p*| for p), per (B, t, H, NB): each step adds
+    C_t in the backward), in units of U32 (times |p*| for p), per (B, t, H, NB) (w
+    block-major: (B, T, H, NB, 6)): each step adds
     its own. qexp per component: below |w| = 1.5 Horner sums of degree 6 in |w|^2, gamma_12
     times cosh 1.5 (cos) or sinh(1.5) / 1.5 (sinc), so at most 30; above, the norm's relative
     error (sqrt, 2.5 ulp) times |w| through vsincos (1 ulp) and the division: 4 + 3 |w|;
@@ -90,19 +96,21 @@ def bounds(w, start, dp):
     1 + |w| + |w|^2 (as sinc cos y + k (w.y) w + sinc^2 w x y, k = (1 - sinc cos) / n^2 <= 2/3,
     |sinc^2 w| < 1) and its own coefficients (k's series to degree 7 in |w|^2: gamma_14 of
     magnitudes near 1) add 16 ulp of |y| <= |p*| G to each of the three terms.
-    dp* = sum_b E_1, E_1 = (sig_1, Z_1) phat: G U32 (E + T + 16) per row, summed in double."""
+    dp* = sum_b E_1, E_1 = (sig_1, Z_1) phat: G U32 (E + T + 16) per row, summed in double.
+    Arguments and bounds in the op's layout."""
+    w = ref.nc_blocks(w, 6)
     B, T, H, NB, _ = w.shape
     ea = chain_error(w)  # (B, T, H, NB)
     s = np.linalg.norm(start.astype(np.float64).reshape(H, NB, 4), axis=-1)
     g = np.linalg.norm(dp.astype(np.float64).reshape(B, T, H, NB, 4), axis=-1).sum(1)  # (B,H,NB)
-    bp = np.repeat((s * U32 * (ea + 16))[..., None], 4, axis=-1).reshape(B, T, H, 4 * NB)
+    bp = ref.nc_features(np.repeat((s * U32 * (ea + 16))[..., None], 4, axis=-1))
     e = ea.max(1)  # (B, H, NB)
     da = s * g * U32 * (3 * e + T + 40)
     wn = np.maximum(np.linalg.norm(w[..., :3].astype(np.float64), axis=-1),
                     np.linalg.norm(w[..., 3:].astype(np.float64), axis=-1))
-    bw = np.repeat(((1 + wn + wn ** 2) * (da + 16 * U32 * s * g)[:, None])[..., None], 6,
-                   axis=-1)
-    bs = np.repeat((g * U32 * (e + T + 16)).sum(0)[..., None], 4, axis=-1).reshape(H, 4 * NB)
+    bw = ref.nc_features(np.repeat(((1 + wn + wn ** 2) * (da + 16 * U32 * s * g)[:, None])[
+        ..., None], 6, axis=-1))
+    bs = ref.nc_features(np.repeat((g * U32 * (e + T + 16)).sum(0)[..., None], 4, axis=-1))
     return bp, bw, bs
 
 
@@ -129,27 +137,27 @@ def test_zero_start_blocks(rng):
     """A block with p* = 0 (the backward runs its chain from p* / |p*|, from 1 there): p and
     dw are 0 on it, dp* is still E_1 = sum_t conj(A_t) g_t conj(C_t)."""
     w, start = inputs(rng, 2, 9, 1, 3)
-    start[0, 4:8] = 0.0
+    start[0, 1::3] = 0.0  # block 1: components at f NB + 1
     dp = randn(rng, 2, 9, 1, 12)
     p = _C.nc_forward(w, start)
-    assert np.all(p[..., 4:8] == 0.0)
+    assert np.all(p[..., 1::3] == 0.0)
     dstart = np.zeros_like(start)
     dw = _C.nc_backward(dp, w, start, dstart)
-    assert np.all(dw[:, :, :, 1] == 0.0)
+    assert np.all(dw[..., 1] == 0.0)
     e_dw, e_dstart = ref.nc_backward(dp, w, start)
     bp, bw, bs = bounds(w, start, dp)
     assert_within(dw, e_dw, bw + U32 * np.abs(e_dw), "dw")
     assert_within(dstart, e_dstart, bs + 2 * U32 * np.abs(e_dstart), "dstart")
-    assert np.abs(e_dstart[0, 4:8]).max() > 0.1
+    assert np.abs(e_dstart[0, 1::3]).max() > 0.1
 
 
 def test_rotations_stay_orthogonal_over_long_sequences(rng):
     """4096 steps: the norm of every block of p_t is |p*|'s (the prefix products are
     renormalised every step)."""
     w, start = inputs(rng, 1, 4096, 1, 2)
-    p = _C.nc_forward(w, start).reshape(1, 4096, 1, 2, 4)
+    p = ref.nc_blocks(_C.nc_forward(w, start), 4)
     norms = np.linalg.norm(p.astype(np.float64), axis=-1)
-    expected = np.linalg.norm(start.reshape(1, 2, 4).astype(np.float64), axis=-1)
+    expected = np.linalg.norm(ref.nc_blocks(start, 4).astype(np.float64), axis=-1)
     assert np.allclose(norms, expected, rtol=8 * U32)
 
 
@@ -160,8 +168,8 @@ import numpy as np
 from mapformer import _C
 rng = np.random.default_rng(3)
 out = {}
-for i, (B, T, H, NB) in enumerate([(4, 257, 2, 8), (3, 191, 3, 5)]):  # 16 and 15 blocks a row
-    w = rng.standard_normal((B, T, H, NB, 6)).astype(np.float32) * 0.3
+for i, (B, T, H, NB) in enumerate([(4, 257, 2, 8), (3, 191, 3, 5), (2, 129, 2, 20)]):
+    w = rng.standard_normal((B, T, H, 6, NB)).astype(np.float32) * 0.3
     start = rng.standard_normal((H, 4 * NB)).astype(np.float32)
     dp = rng.standard_normal((B, T, H, 4 * NB)).astype(np.float32)
     dstart = np.zeros_like(start)
@@ -173,14 +181,15 @@ np.savez(sys.argv[1], **out)
 
 
 @pytest.mark.parametrize("B,T,H,NB", [(3, 7, 2, 3), (2, 13, 3, 5), (2, 9, 2, 16),
-                                     (2, 11, 3, 11), (4, 257, 2, 8), (32, 256, 2, 16),
+                                     (2, 11, 3, 11), (2, 7, 2, 20), (1, 5, 1, 33),
+                                     (4, 257, 2, 8), (32, 256, 2, 16), (19, 256, 2, 32),
                                      (43, 256, 2, 12)])
 def test_same_bits_on_every_kernel_set(rng, B, T, H, NB):
-    """The active kernel set picks the group width (16 lanes and permute transposes on
-    AVX-512, the target_clones' width elsewhere): the lanes never interact, so every set gives
-    the same bits, for rows of 6 to 33 blocks (partial groups, the array's last group). The
-    last two write p and dw (4 MB and more) by non-temporal stores on AVX-512 (nc.c), 24
-    blocks a row with a partial group stored the ordinary way."""
+    """The active kernel set picks the group width (16 lanes on AVX-512, the target_clones'
+    width elsewhere): the lanes never interact, so every set gives the same bits, for heads
+    of 3 to 33 blocks (partial groups, whole ones, several a head). (32, 256, 2, 16) and
+    (19, 256, 2, 32) write p and dw (4 MB and more) by non-temporal stores on AVX-512 (nc.c);
+    the last is as large with partial groups, stored the ordinary way."""
     w, start = inputs(rng, B, T, H, NB)
     w.reshape(-1, 6)[::7] *= 4.0  # steps past the Taylor range
     dp = randn(rng, B, T, H, 4 * NB)
@@ -205,11 +214,11 @@ def test_bad_input_names_the_argument(rng):
     assert_array_argument_checked(lambda x: _C.nc_forward(w, x), "start", start, sizes=False)
     assert_array_argument_checked(lambda x: _C.nc_forward(x, start), "w", w, sizes=False)
     with raises_naming(ValueError, "w"):  # NB must be D / 4
-        _C.nc_forward(randn(rng, 2, 3, 2, 3, 6), start)
+        _C.nc_forward(randn(rng, 2, 3, 2, 6, 3), start)
     with raises_naming(ValueError, "w"):  # 6 numbers per block
-        _C.nc_forward(randn(rng, 2, 3, 2, 2, 5), start)
+        _C.nc_forward(randn(rng, 2, 3, 2, 5, 2), start)
     with raises_naming(ValueError, "start"):  # D not a multiple of 4
-        _C.nc_forward(randn(rng, 2, 3, 2, 1, 6), randn(rng, 2, 6))
+        _C.nc_forward(randn(rng, 2, 3, 2, 6, 1), randn(rng, 2, 6))
     assert_array_argument_checked(lambda x: _C.nc_backward(x, w, start, np.zeros_like(start)),
                                   "dp", dp, sizes=False)
     assert_array_argument_checked(lambda x: _C.nc_backward(dp, w, start, x), "dstart", start)
@@ -218,7 +227,7 @@ def test_bad_input_names_the_argument(rng):
 def test_no_leaks(rng):
     w, start = inputs(rng, 2, 3, 2, 2)
     dp, dstart = randn(rng, 2, 3, 2, 8), np.zeros_like(start)
-    bad = randn(rng, 2, 3, 2, 3, 6)
+    bad = randn(rng, 2, 3, 2, 6, 3)
 
     def calls():
         _C.nc_forward(w, start)

@@ -102,20 +102,25 @@ def quaternion_basis(H, NB):
 
 def test_b4_k6_on_the_quaternion_basis_is_nc(rng):
     """Oracle: with nc.c's basis, theta = (u, v) and nc_general is nc_forward / nc_backward
-    (within nc's float32 bounds, test_nc.bounds, plus this op's U32)."""
+    (within nc's float32 bounds, test_nc.bounds, plus this op's U32; nc's arrays are
+    feature-major, nc_general's block-major: ref.nc_blocks converts)."""
     import test_nc
     B, T, H, NB = 2, 9, 2, 3
     w, start = test_nc.inputs(rng, B, T, H, NB)
     gen = quaternion_basis(H, NB)
     dp = randn(rng, B, T, H, 4 * NB)
-    bp, bw, bs = nc_bounds(w, start, dp)
-    p = _C.nc_general_forward(w, gen, start)
-    assert_within(p, _C.nc_forward(w, start), bp + 2 * U32 * np.abs(p), "p")
-    dgen, dstart, dstart_nc = np.zeros_like(gen), np.zeros_like(start), np.zeros_like(start)
-    dtheta = _C.nc_general_backward(dp, w, gen, start, dgen, dstart)
-    dw = _C.nc_backward(dp, w, start, dstart_nc)
+    bp, bw, bs = (ref.nc_blocks(x, f) for x, f in zip(nc_bounds(w, start, dp), (4, 6, 4)))
+    theta, bstart = (np.ascontiguousarray(ref.nc_blocks(x, f)) for x, f in ((w, 6), (start, 4)))
+    bstart = bstart.reshape(H, 4 * NB)
+    bdp = np.ascontiguousarray(ref.nc_blocks(dp, 4)).reshape(dp.shape)  # block-major dp
+    p = _C.nc_general_forward(theta, gen, bstart).reshape(B, T, H, NB, 4)
+    assert_within(p, ref.nc_blocks(_C.nc_forward(w, start), 4), bp + 2 * U32 * np.abs(p), "p")
+    dgen, dstart, dstart_nc = np.zeros_like(gen), np.zeros_like(bstart), np.zeros_like(start)
+    dtheta = _C.nc_general_backward(bdp, theta, gen, bstart, dgen, dstart)
+    dw = ref.nc_blocks(_C.nc_backward(dp, w, start, dstart_nc), 6)
     assert_within(dtheta, dw, bw + 2 * U32 * np.abs(dw), "dtheta")
-    assert_within(dstart, dstart_nc, bs + 2 * U32 * np.abs(dstart), "dstart")
+    dstart = dstart.reshape(H, NB, 4)
+    assert_within(dstart, ref.nc_blocks(dstart_nc, 4), bs + 2 * U32 * np.abs(dstart), "dstart")
 
 
 def test_commuting_plane_rotations_are_cumulative_sum_path_integration(rng):

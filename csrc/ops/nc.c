@@ -37,7 +37,7 @@
  * E_1 = (sig_1, Z_1) phat, exact for p* = 0 too. The backward first runs the chain of phat_t
  * again, forward in t (one pair of quaternion products a step, renormalised as the forward),
  * reading g_t beside w_t, and keeps w_t and the step's adjoint inputs vec(g_t conj(phat_t)),
- * vec(conj(phat_t) g_t) (transposed) for every step in the thread's scratch (NC_SAVED = 12
+ * vec(conj(phat_t) g_t) (as lanes) for every step in the thread's scratch (NC_SAVED = 12
  * vectors a step and group: 384 KB per thread at T = 256, 16 lanes and a span of 2 groups;
  * sig_1 summed forward in t), then sweeps t in reverse over the scratch alone, taking each
  * step's qexp again with the Jacobian's k, and writes dw. Both input streams are read in
@@ -47,19 +47,24 @@
  * two quaternion products more a step: 11.9 ms against 10.0 ms for the backward at B 128,
  * T 256, H 2, NB 16, one thread.)
  *
+ * Layout: feature-major within a head. w is (B, T, H, 6, NB): w[b, t, h, f, k] is coordinate
+ * f of block k's (u, v); p, dp, p* and dp* are (..., H, D) with component f of block k's
+ * quaternion at f NB + k. A feature of consecutive blocks of a head is then one contiguous
+ * run, a vector load (block-major rows, 6 or 4 floats a block, took 18 or 8 permutes per 16
+ * blocks to turn into lanes: about a quarter of the forward's instructions; measured at B 128,
+ * T 256, H 2, NB 16, one thread, forward + backward 7.1 -> 5.9 ms).
+ *
  * Vectorisation (mapformer/simd.h; the group kernels are kernels/nc.h, compiled per width):
- * a group is W consecutive (h, k) blocks of one batch row, one per lane; every quaternion is
- * 4 vectors, w_t 6. W is 16 when the active kernel set is AVX-512 (x86/nc_avx512.c: zmm
- * registers, the rows turned into lanes by two-source permutes), else MF_CLONES_VW (this
- * file's target_clones copies, simd.h's butterfly transposes); every width gives the same
- * bits (elementwise float32 operations, no contraction). The (b, t) rows of w (6 floats a
- * block), p, dp and p* (4 a block) are turned into lanes in registers (the loads may read
- * past the group's last block up to the array's end, the group at the array's end is
- * gathered float by float). The outputs p and dw, when large, are written by non-temporal
+ * a group is up to W consecutive blocks k of one head h of a batch row, one per lane (ceil(NB
+ * / W) groups a head, the last partial when W does not divide NB); every quaternion is 4
+ * vectors, w_t 6, each loaded or stored whole (a partial group float by float). W is 16 when
+ * the active kernel set is AVX-512 (x86/nc_avx512.c: zmm registers), else MF_CLONES_VW (this
+ * file's target_clones copies); every width gives the same bits (elementwise float32
+ * operations, no contraction). The outputs p and dw, when large, are written by non-temporal
  * stores on the 16-lane kernels (NC_STREAM_MIN_BYTES). A kernel call runs a span of
  * NC_SPAN = 2 groups in lockstep: the span's part of each (b, t) row is contiguous (the whole
- * row at H NB = 32 blocks and 16 lanes), and its chains are independent work in the
- * sequential loops.
+ * row at H 2, NB 16 and 16 lanes), and its chains are independent work in the sequential
+ * loops.
  * All in float32, with fused multiply-adds (one rounding on every width and target: simd.h's
  * VFMAF, MF_CLONES_FMA clones). qexp per step: below |w| = 1.5 the Taylor series of cos, sinc
  * (and the Jacobian's k) in |w|^2, Horner, no square root, reduction or division; a group with a larger
@@ -118,23 +123,23 @@ static Kernels kernels_of(int set) {
  * same time either way. */
 #define NC_STREAM_MIN_BYTES ((int64_t)4 << 20)
 
-/* whether out (F floats a block) takes non-temporal stores: the 16-lane kernels' whole groups
- * (16 F floats from a group's first block: 64-byte multiples), with out 64-byte aligned and
- * every (b, t) row a multiple of 64 bytes */
-static int streams(const float *out, int64_t F, const NcShape *s, int64_t vw) {
-    const int64_t bytes = s->plen / 4 * F * 4; /* plen / 4 blocks */
-    return vw == 16 && (uintptr_t)out % 64 == 0 && s->nblk * F % 16 == 0 &&
+/* whether out (F floats a block) takes non-temporal stores: the 16-lane kernels, NB a
+ * multiple of 16 (every group whole, each feature's 16 lanes 64 bytes from a multiple of 64
+ * bytes) and out 64-byte aligned */
+static int streams(const float *out, int64_t F, const MfNcParams *p, int64_t vw) {
+    const int64_t bytes = p->B * p->T * p->H * p->NB * F * 4;
+    return vw == 16 && (uintptr_t)out % 64 == 0 && p->NB % 16 == 0 &&
            bytes >= NC_STREAM_MIN_BYTES;
 }
 
 static NcShape shape_of(const MfNcParams *p, int64_t vw) {
     NcShape s;
     s.T = p->T;
+    s.NB = p->NB;
     s.nblk = p->H * p->NB;
-    s.ngroups = (s.nblk + vw - 1) / vw;
+    s.gph = (p->NB + vw - 1) / vw;
+    s.ngroups = p->H * s.gph;
     s.nspans = (s.ngroups + NC_SPAN - 1) / NC_SPAN;
-    s.wlen = p->B * p->T * s.nblk * 6;
-    s.plen = p->B * p->T * s.nblk * 4;
     s.stream = 0;
     return s;
 }
@@ -145,16 +150,17 @@ int nc_forward(const MfNcParams *p) {
     if (ok != MF_OK) return ok;
     const Kernels k = kernels_of(mf_kernels());
     NcShape sh = shape_of(p, k.vw);
-    sh.stream = streams(p->p, 4, &sh, k.vw);
+    sh.stream = streams(p->p, 4, p, k.vw);
 #pragma omp parallel for schedule(dynamic, 1) if (p->B * sh.T * sh.nblk >= NC_MIN_PARALLEL)
     for (int64_t it = 0; it < p->B * sh.nspans; it++)
-        k.forward(p, &sh, it / sh.nspans, it % sh.nspans * NC_SPAN * k.vw);
+        k.forward(p, &sh, it / sh.nspans, it % sh.nspans * NC_SPAN);
     return MF_OK;
 }
 
 /* scratch of the backward: per thread T * NC_SPAN * NC_SAVED vectors; the dp* partials, 4
- * vectors per (b, group); at the widest width, so that a change of the active set between this
- * count and the call is harmless */
+ * vectors per (b, group), H ceil(NB / width) groups a row; at the widest width (the most
+ * lanes: a multiple of 16 is a multiple of every width), so that a change of the active set
+ * between this count and the call is harmless */
 #define NC_MAX_VW 16
 
 static int64_t per_thread(const MfNcParams *p) {
@@ -162,7 +168,7 @@ static int64_t per_thread(const MfNcParams *p) {
 }
 
 static int64_t shared_floats(const MfNcParams *p) {
-    return mf_scratch_size(p->B * (p->H * p->NB + NC_MAX_VW - 1) / NC_MAX_VW * NC_MAX_VW * 4);
+    return mf_scratch_size(p->B * p->H * ((p->NB + NC_MAX_VW - 1) / NC_MAX_VW * NC_MAX_VW) * 4);
 }
 
 int64_t nc_backward_scratch_floats(const MfNcParams *p) {
@@ -176,7 +182,7 @@ int nc_backward(const MfNcParams *p) {
     if (ok != MF_OK) return ok;
     const Kernels k = kernels_of(mf_kernels());
     NcShape sh = shape_of(p, k.vw);
-    sh.stream = streams(p->dw, 6, &sh, k.vw);
+    sh.stream = streams(p->dw, 6, p, k.vw);
     const int64_t B = p->B, shared = shared_floats(p), vw = k.vw;
     const int threads = mf_scratch_threads(p->scratch_floats - shared, per_thread(p));
     if (B * sh.T * sh.nblk == 0) return MF_OK;
@@ -188,18 +194,20 @@ int nc_backward(const MfNcParams *p) {
 #pragma omp for schedule(dynamic, 1)
         for (int64_t it = 0; it < B * sh.nspans; it++) {
             const int64_t b = it / sh.nspans, span = it % sh.nspans;
-            k.backward(p, &sh, b, span * NC_SPAN * vw, buf,
+            k.backward(p, &sh, b, span * NC_SPAN, buf,
                        parts + (b * sh.ngroups + span * NC_SPAN) * 4 * vw);
         }
     }
-    /* dp* += sum over b of E_1, in b's order */
+    /* dp* += sum over b of E_1, in b's order; block k of head h is lane k % vw of group
+     * h gph + k / vw, its feature f at dp*[h, f NB + k] */
     for (int64_t j = 0; j < sh.nblk; j++) {
-        const int64_t g = j / vw, l = j % vw;
+        const int64_t h = j / p->NB, kb = j % p->NB, g = h * sh.gph + kb / vw, l = kb % vw;
         for (int f = 0; f < 4; f++) {
             double sum = 0.0;
             for (int64_t b = 0; b < B; b++)
                 sum += parts[((b * sh.ngroups + g) * 4 + f) * vw + l];
-            p->dstart[4 * j + f] = (float)((double)p->dstart[4 * j + f] + sum);
+            float *d = p->dstart + (4 * h + f) * p->NB + kb;
+            *d = (float)((double)*d + sum);
         }
     }
     return MF_OK;

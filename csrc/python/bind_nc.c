@@ -5,7 +5,7 @@
 static const MfSize nc_sizes[] = {{"B", N(B)}, {"T", N(T)}, {"H", N(H)}, {"D", N(D)},
                                   {"NB", N(NB)}, {"F", N(F)}, {NULL, 0}};
 
-/* D a multiple of 4, NB = D / 4, w's last axis 6 (u, v) */
+/* D a multiple of 4, NB = D / 4, w's axis F 6 (u, v) */
 static int nc_check(MfCall *c, void *params) {
     const MfNcParams *p = params;
     if (mf_size(c, "D") % 4) {
@@ -15,14 +15,14 @@ static int nc_check(MfCall *c, void *params) {
     }
     if (p->NB != p->D / 4) {
         PyErr_Format(PyExc_ValueError,
-                     "w must have shape (B, T, H, D/4, 6) with D = %lld the start vectors' "
+                     "w must have shape (B, T, H, 6, D/4) with D = %lld the start vectors' "
                      "head dim, got NB = %lld", (long long)p->D, (long long)p->NB);
         return -1;
     }
     if (p->F != 6) {
         PyErr_Format(PyExc_ValueError,
-                     "w must have shape (B, T, H, NB, 6) ((u, v) per token and block), got "
-                     "last axis %lld", (long long)p->F);
+                     "w must have shape (B, T, H, 6, NB) ((u, v) per token and block), got "
+                     "axis 3 of length %lld", (long long)p->F);
         return -1;
     }
     return 0;
@@ -30,7 +30,7 @@ static int nc_check(MfCall *c, void *params) {
 
 static const MfArg nc_forward_args[] = {
     {"start", 2, MF_IN, 0, "H D", .field = N(start)},
-    {"w", 1, MF_IN, 0, "B T H NB F", .field = N(w)},
+    {"w", 1, MF_IN, 0, "B T H F NB", .field = N(w)},
     {"p", 0, MF_OUT, 0, "B T H D", .field = N(p)},
     {0}};
 static const MfOp nc_forward_op = {"nc_forward", nc_forward_args, nc_sizes,
@@ -40,9 +40,9 @@ static const MfOp nc_forward_op = {"nc_forward", nc_forward_args, nc_sizes,
 static const MfArg nc_backward_args[] = {
     {"start", 3, MF_IN, 0, "H D", .field = N(start)},
     {"dp", 1, MF_IN, 0, "B T H D", .field = N(dp)},
-    {"w", 2, MF_IN, 0, "B T H NB F", .field = N(w)},
+    {"w", 2, MF_IN, 0, "B T H F NB", .field = N(w)},
     {"dstart", 4, MF_INOUT, 0, "H D", .field = N(dstart)},
-    {"dw", 0, MF_OUT, 0, "B T H NB F", .field = N(dw)},
+    {"dw", 0, MF_OUT, 0, "B T H F NB", .field = N(dw)},
     {0}};
 static const MfOp nc_backward_op = {"nc_backward", nc_backward_args, nc_sizes,
                                     sizeof(MfNcParams), .run = MF_OP(nc_backward),
@@ -55,12 +55,14 @@ MF_DEFINE(nc_backward, nc_backward_op)
 PyMethodDef mf_nc_methods[] = {
     MF_METHOD(nc_forward,
      "nc_forward(w, start) -> p\n\n"
-     "w float32 (B, T, H, NB, 6) = (u_t, v_t) per token and 4-block, start float32 (H, D),\n"
+     "w float32 (B, T, H, 6, NB) = (u_t, v_t) per token and 4-block, start float32 (H, D),\n"
      "D = 4 NB -> p float32 (B, T, H, D): the ordered product p_t = exp(S_t) ... exp(S_1)\n"
      "start, S_t = L(u_t) + R(v_t), as A_t start C_t with A_t = qexp(u_t) A_{t-1},\n"
-     "C_t = C_{t-1} qexp(v_t) (float32, renormalised every step)."),
+     "C_t = C_{t-1} qexp(v_t) (float32, renormalised every step). Feature-major within a\n"
+     "head: w[..., f, k] is coordinate f of block k, and p, start hold component f of\n"
+     "block k's quaternion at f NB + k."),
     MF_METHOD(nc_backward,
      "nc_backward(dp, w, start, dstart) -> dw\n\n"
-     "Gradients of nc_forward: dw float32 (B, T, H, NB, 6) returned; dstart (H, D)\n"
+     "Gradients of nc_forward: dw float32 (B, T, H, 6, NB) returned; dstart (H, D)\n"
      "accumulated in place (+=)."),
     {NULL, NULL, 0, NULL}};

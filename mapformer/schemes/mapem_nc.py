@@ -12,6 +12,11 @@ b = 4, K = 6 (the default): the S_i are (generically) a basis of so(4), so the c
 token -> X_t is any linear map (NC-L) or any such MLP (NC-NL), and this scheme learns that
 composite directly, as the coordinates (u_t, v_t) of X_t = L(u_t) + R(v_t) (the op
 ``nc_forward``, csrc/ops/nc.c: exp(X_t) q = qexp(u_t) q qexp(v_t) on quaternions, float32).
+That op's layout is feature-major within a head: the step map emits its H 6 NB outputs as
+(H, 6, NB) and p* and the positions hold component f of block k at f NB + k (the mixer uses
+only dot products of the positions, so the coordinates' order does not change the model's
+function; a checkpoint of this path saved before the layout changed holds its weights in the
+block-major order and means another model now).
 Any other (b, K): learned generators S_i = A_i - A_i^T per head and block (``gen`` stores A,
 initialised N(0, 1/K) so that X_t's entries have the variance of the quaternion path's,
 2 theta^2), through the op ``nc_general`` (csrc/ops/nc_general.c: exp by scaling and squaring,
@@ -53,8 +58,8 @@ def generator_init(rng, shape):
 class MapEMNCPositions(Scheme):
     """Parameters: ``steps`` (Linear C -> H NB K, NC-L) or ``hidden`` and ``steps`` (NC-NL),
     ``start`` p* (H, D), and for (b, K) other than (4, 6) ``gen`` A (H, NB, K, b, b) with
-    S_i = A_i - A_i^T; NB = D / b. Traces: ``w`` (B, T, H, NB, K) the step coordinates
-    ((u_t, v_t) on the quaternion path)."""
+    S_i = A_i - A_i^T; NB = D / b. Traces: ``w`` the step coordinates, (B, T, H, 6, NB)
+    ((u_t, v_t), feature-major) on the quaternion path, else (B, T, H, NB, K)."""
 
     name = "mapem_nc"
     kind = "positions"
@@ -71,9 +76,10 @@ class MapEMNCPositions(Scheme):
             raise ValueError(f"positional scheme 'mapem_nc' needs a head dim divisible by "
                              f"nc_block = {b}, got head dim {config.head_dim}")
         c, h = config.d_model, config.n_heads
-        self.shape = (h, config.head_dim // b, k)
         self.quaternion = (b, k) == (4, 6)
-        width = h * self.shape[1] * k
+        nb = config.head_dim // b
+        self.shape = (h, k, nb) if self.quaternion else (h, nb, k)
+        width = h * nb * k
         self.hidden = None
         if config.options["nc_map"] == "mlp":
             n = config.options["nc_hidden"] or 4 * c
@@ -85,7 +91,7 @@ class MapEMNCPositions(Scheme):
                                    decay=False)
         self.gen = None
         if not self.quaternion:
-            self.gen = store.declare(f"{name}.gen", self.shape + (b, b), generator_init,
+            self.gen = store.declare(f"{name}.gen", (h, nb, k, b, b), generator_init,
                                      decay=False)
 
     def positions(self, x, batch, steps):

@@ -6,10 +6,8 @@
  *   NC_ATTR     the functions' attributes (MF_CLONES for the target_clones copies, or empty)
  * then includes this file. The lanes never interact and every operation is elementwise with
  * one rounding (no contraction: -ffp-contract=off), so every width gives the same bits.
- * At 16 floats with AVX-512 the (b, t) rows are turned into lanes by permutes that move pairs
- * of floats as doubles, then split the pairs (pairs_of_rows: 3 permutes per feature of 6 and 2
- * per feature of 4, no blend), where the butterfly transpose of simd.h takes log2(MF_VW)
- * MF_VW shuffles per MF_VW x MF_VW tile; elsewhere by the butterfly.
+ * The arrays are feature-major within a head (nc.c): a group's feature is one vector load or
+ * store.
  */
 #include <math.h>
 #include <stdint.h>
@@ -26,20 +24,19 @@
 #define NC_CAT(a, b) NC_CAT2(a, b)
 #define NC_FN(name) NC_CAT(name, NC_SUFFIX)
 #if MF_VW == 16 && defined(__AVX512F__)
-#define NC_PERMUTES 1 /* the AVX-512 transposes */
+#define NC_AVX512 1 /* the intrinsics */
 #else
-#define NC_PERMUTES 0
+#define NC_AVX512 0
 #endif
 
 #define NC_POLY2 2.25f /* |w|^2 below which qexp is its Taylor series (|w| < 1.5) */
 #define NC_CHUNK 8     /* steps whose qexp the forward evaluates before their products */
-#define NC_ROWS ((6 + MF_VW - 1) / MF_VW * MF_VW) /* transpose rows for 6 (or 4) features */
 #define NC_AHEAD 8     /* steps ahead that the (b, t) rows are prefetched */
 #define ALIGNED __attribute__((aligned(64)))
 
 /* FMA(a, b, c) = a b + c and FMS(a, b, c) = a b - c, one rounding on every width and target
  * (simd.h's VFMAF; the intrinsic where the file is compiled for AVX-512) */
-#if NC_PERMUTES
+#if NC_AVX512
 #define FMA(a, b, c) ((vf)_mm512_fmadd_ps((__m512)(a), (__m512)(b), (__m512)(c)))
 #define FMS(a, b, c) ((vf)_mm512_fmsub_ps((__m512)(a), (__m512)(b), (__m512)(c)))
 #else
@@ -77,7 +74,7 @@ MF_INLINE void vq_scale(vq *q, const vf *f) {
 }
 
 MF_INLINE void vsqrt(vf *r, const vf *x) {
-#if NC_PERMUTES
+#if NC_AVX512
     *r = (vf)_mm512_sqrt_ps((__m512)*x);
 #else
     for (int l = 0; l < MF_VW; l++) (*r)[l] = __builtin_sqrtf((*x)[l]);
@@ -86,7 +83,7 @@ MF_INLINE void vsqrt(vf *r, const vf *x) {
 
 /* whether any lane of m is set */
 MF_INLINE int vany(const vi *m) {
-#if NC_PERMUTES
+#if NC_AVX512
     return _mm512_test_epi32_mask((__m512i)*m, (__m512i)*m) != 0;
 #else
     int any = 0;
@@ -134,126 +131,37 @@ MF_INLINE void vqexp(vq *a, vf *sc, vf *k, vf *n2o, const vf *w) {
     a->w = c, a->x = s * w[0], a->y = s * w[1], a->z = s * w[2];
 }
 
-#if NC_PERMUTES
-/* The AVX-512 transposes of a group's rows (F = 4 or 6 floats a block, 16 blocks: F rows of
- * 16 floats) move pairs of floats as doubles: the F/2 pairs of a block are doubles
- * F/2 l + e of the rows; pairs_of_rows gathers pair e of blocks 8 h .. 8 h + 7 into d[h][e]
- * (one two-source permute, and for F = 6 a merge-masked one-source permute of the third row),
- * then one two-source permute of d[0][e], d[1][e] takes feature 2e (the even floats) or
- * 2e + 1 (the odd ones) of all 16 blocks. A group of 6 features takes 18 permutes, one of 4
- * takes 8, and no blend (rows_of_pairs and tile_store: the inverse). */
-typedef int64_t nc_vl __attribute__((vector_size(64)));
-#define NC_L8 ((nc_vl){0, 1, 2, 3, 4, 5, 6, 7})
-
-MF_INLINE void pairs_of_rows(__m512d d[2][3], const __m512d *r, int F) {
-    const int m = F / 2; /* pairs a block, rows a half */
-    for (int h = 0; h < 2; h++) {
-        for (int e = 0; e < m; e++) {
-            const nc_vl q = m * NC_L8 + e; /* pair e of block 8 h + j: double q of the half */
-            d[h][e] = _mm512_permutex2var_pd(r[m * h], (__m512i)q, r[m * h + 1]);
-            if (m == 3) {
-                __mmask8 k = 0;
-                for (int j = 0; j < 8; j++) k |= (__mmask8)((3 * j + e >= 16) << j);
-                d[h][e] = _mm512_mask_permutexvar_pd(d[h][e], k, (__m512i)(q - 16), r[3 * h + 2]);
-            }
-        }
-    }
-}
-
-MF_INLINE void rows_of_pairs(__m512d *r, __m512d d[2][3], int F) {
-    const int m = F / 2;
-    for (int h = 0; h < 2; h++) {
-        for (int i = 0; i < m; i++) {
-            const nc_vl q = 8 * i + NC_L8, j = q / m, e = q % m; /* double q of the half */
-            r[m * h + i] = _mm512_permutex2var_pd(d[h][0], (__m512i)(j + 8 * e), d[h][1]);
-            if (m == 3) {
-                __mmask8 k = 0;
-                for (int l = 0; l < 8; l++) k |= (__mmask8)(((8 * i + l) % 3 == 2) << l);
-                r[3 * h + i] = _mm512_mask_permutexvar_pd(r[3 * h + i], k, (__m512i)j, d[h][2]);
-            }
-        }
-    }
-}
-#endif
-
-/* v[f] (f < F) = feature f of the n blocks at src (F floats each), lane by block, zero lanes
- * beyond n; avail = the floats readable from src on (to the array's end): a whole group whose
- * rows of MF_VW floats stay inside the array is transposed in registers (each row read past
- * its block's F floats, the extra columns dropped), any other gathered float by float */
-MF_INLINE void tile_load(vf *v, const float *src, int64_t n, int F, int64_t avail) {
-#if NC_PERMUTES
-    if (n == MF_VW && F * MF_VW <= avail) {
-        __m512d r[6], d[2][3];
-        for (int i = 0; i < F; i++) r[i] = _mm512_loadu_pd(src + 16 * i);
-        pairs_of_rows(d, r, F);
-        for (int e = 0; e < F / 2; e++) {
-            v[2 * e] = (vf)_mm512_permutex2var_ps((__m512)d[0][e], (__m512i)(2 * VLANES),
-                                                  (__m512)d[1][e]);
-            v[2 * e + 1] = (vf)_mm512_permutex2var_ps((__m512)d[0][e], (__m512i)(2 * VLANES + 1),
-                                                      (__m512)d[1][e]);
-        }
-        return;
-    }
-#endif
-    const int last = (F - 1) / MF_VW * MF_VW; /* the last transpose's first feature */
-    if (n == MF_VW && (MF_VW - 1) * F + last + MF_VW <= avail) {
-        for (int f0 = 0; f0 < F; f0 += MF_VW) {
-            vf x[MF_VW];
-            for (int i = 0; i < MF_VW; i++) x[i] = VLOADU(src + i * F + f0);
-            vtranspose_regs(x);
-            for (int c = 0; c < MF_VW && f0 + c < F; c++) v[f0 + c] = x[c];
-        }
-        return;
-    }
-    float tmp[NC_ROWS * MF_VW] ALIGNED;
-    for (int i = 0; i < F * MF_VW; i++) tmp[i] = 0.0f;
-    for (int64_t l = 0; l < n; l++)
-        for (int f = 0; f < F; f++) tmp[f * MF_VW + l] = src[l * F + f];
-    for (int f = 0; f < F; f++) v[f] = VLOAD(tmp + f * MF_VW);
-}
-
-/* the n blocks at dst (F floats each) = the lanes of v[f] (f < F), transposed in registers;
- * a whole group of blocks at most MF_VW floats long by stores of MF_VW floats, each one's
- * tail overwritten by the next (the last block's F floats stored alone): nothing outside the
- * group's n F floats is written. stream (AVX-512 only, a whole group, dst 64-byte aligned):
- * non-temporal stores (NcShape) */
-MF_INLINE void tile_store(float *dst, const vf *v, int64_t n, int F, int stream) {
-#if NC_PERMUTES
+/* v[f] (f < F) = lanes k0 .. k0 + n - 1 of feature f at src + f stride (src points at
+ * feature 0 of the group's first block), zero lanes beyond n: a whole group is one load a
+ * feature, a partial one gathered float by float */
+MF_INLINE void tile_load(vf *v, const float *src, int64_t stride, int64_t n, int F) {
     if (n == MF_VW) {
-        /* pair j of d[h][e] = features 2e, 2e + 1 of lane 8 h + j */
-        const vi lo = VLANES / 2 + 16 * (VLANES & 1), hi = lo + 8;
-        __m512d d[2][3], r[6];
-        for (int e = 0; e < F / 2; e++) {
-            d[0][e] = (__m512d)_mm512_permutex2var_ps((__m512)v[2 * e], (__m512i)lo,
-                                                      (__m512)v[2 * e + 1]);
-            d[1][e] = (__m512d)_mm512_permutex2var_ps((__m512)v[2 * e], (__m512i)hi,
-                                                      (__m512)v[2 * e + 1]);
-        }
-        rows_of_pairs(r, d, F);
-        if (stream)
-            for (int i = 0; i < F; i++) _mm512_stream_pd((double *)(dst + 16 * i), r[i]);
-        else
-            for (int i = 0; i < F; i++) _mm512_storeu_pd(dst + 16 * i, r[i]);
+        for (int f = 0; f < F; f++) v[f] = VLOADU(src + f * stride);
         return;
     }
-#endif
-    (void)stream;
-    for (int f0 = 0; f0 < F; f0 += MF_VW) {
-        const int m = F - f0 < MF_VW ? F - f0 : MF_VW;
-        vf x[MF_VW];
-        for (int c = 0; c < MF_VW; c++) x[c] = f0 + c < F ? v[f0 + c] : VZERO;
-        vtranspose_regs(x);
-        if (m == F && n == MF_VW && MF_VW <= 2 * F) {
-            for (int l = 0; l < MF_VW - 1; l++) VSTOREU(dst + l * F, x[l]);
-            memcpy(dst + (MF_VW - 1) * F, &x[MF_VW - 1], 4 * (size_t)F);
-        } else {
-            for (int64_t l = 0; l < n; l++) memcpy(dst + l * F + f0, &x[l], 4 * (size_t)m);
-        }
+    for (int f = 0; f < F; f++) {
+        float tmp[MF_VW] ALIGNED;
+        for (int l = 0; l < MF_VW; l++) tmp[l] = l < n ? src[f * stride + l] : 0.0f;
+        v[f] = VLOAD(tmp);
     }
+}
+
+/* the n lanes of v[f] (f < F) to dst + f stride: nothing outside them is written. stream (a
+ * whole group, every dst + f stride 64-byte aligned, NcShape): non-temporal stores */
+MF_INLINE void tile_store(float *dst, const vf *v, int64_t stride, int64_t n, int F,
+                          int stream) {
+    if (n == MF_VW) {
+        if (stream)
+            for (int f = 0; f < F; f++) vstream(dst + f * stride, &v[f]);
+        else
+            for (int f = 0; f < F; f++) VSTOREU(dst + f * stride, v[f]);
+        return;
+    }
+    for (int f = 0; f < F; f++) memcpy(dst + f * stride, &v[f], 4 * (size_t)n);
 }
 
 /* the cache lines of floats [0, n) at x into the cache (rw 1: for writing); the (b, t) rows
- * of a group are strided by the whole row (a new page every few steps), which the hardware
+ * of a span are strided by the whole row (a new page every few steps), which the hardware
  * prefetchers do not follow */
 MF_INLINE void prefetch_floats(const float *x, int64_t n, int rw) {
     for (int64_t i = 0; i < n; i += 16) {
@@ -268,49 +176,65 @@ MF_INLINE void prefetch_floats(const float *x, int64_t n, int rw) {
         __builtin_prefetch(x + n - 1, 0);
 }
 
-MF_INLINE void vq_load(vq *q, const float *src, int64_t n, int64_t avail) {
+MF_INLINE void vq_load(vq *q, const float *src, int64_t stride, int64_t n) {
     vf v[4];
-    tile_load(v, src, n, 4, avail);
+    tile_load(v, src, stride, n, 4);
     q->w = v[0], q->x = v[1], q->y = v[2], q->z = v[3];
 }
 
+/* where group gi of a (b, t) row starts: its head h and first block k0 (offset h F NB + k0 in
+ * a row of F floats a block, feature f at + f NB), its lanes n */
+typedef struct {
+    int64_t h, k0, n;
+} NcGroup;
 
-/* The blocks of G (1 or 2) consecutive groups of batch row b from block j0, in lockstep (the
- * span's rows of w and p are contiguous, which the hardware prefetchers follow, and the G
- * chains are independent work for the core): per chunk of NC_CHUNK steps their qexp first
+MF_INLINE NcGroup group_of(const NcShape *sh, int64_t gi) {
+    NcGroup g;
+    g.h = gi / sh->gph, g.k0 = gi % sh->gph * MF_VW;
+    g.n = sh->NB - g.k0 < MF_VW ? sh->NB - g.k0 : MF_VW;
+    return g;
+}
+
+
+/* The G (1 or 2) groups g0, g0 + 1 of batch row b, in lockstep (the span's part of each
+ * (b, t) row is contiguous, the whole row at H NB = 32 blocks and 16 lanes, and the G chains
+ * are independent work for the core): per chunk of NC_CHUNK steps their qexp first
  * (independent over t), then the sequential products of the chunk */
-MF_INLINE void forward_span(const MfNcParams *p, const NcShape *sh, int64_t b, int64_t j0,
+MF_INLINE void forward_span(const MfNcParams *p, const NcShape *sh, int64_t b, int64_t g0,
                             const int G) {
-    const int64_t nb = sh->nblk, T = sh->T;
-    int64_t n[NC_SPAN], all = 0;
+    const int64_t NB = sh->NB, T = sh->T, wrow = 6 * sh->nblk, prow = 4 * sh->nblk;
+    NcGroup gr[NC_SPAN];
+    int64_t wo[NC_SPAN], po[NC_SPAN]; /* the groups' offsets in a row of w and of p */
     vq q[NC_SPAN]; /* p_t = a_t p_{t-1} c_t, renormalised to |p*| */
     vf inv[NC_SPAN];
     for (int g = 0; g < G; g++) {
-        const int64_t j = j0 + g * MF_VW;
-        n[g] = nb - j < MF_VW ? nb - j : MF_VW, all += n[g];
-        vq_load(&q[g], p->start + 4 * j, n[g], 4 * (nb - j));
+        gr[g] = group_of(sh, g0 + g);
+        wo[g] = 6 * NB * gr[g].h + gr[g].k0, po[g] = 4 * NB * gr[g].h + gr[g].k0;
+        vq_load(&q[g], p->start + po[g], NB, gr[g].n);
         const vf s2 = (q[g].w * q[g].w + q[g].x * q[g].x) + (q[g].y * q[g].y + q[g].z * q[g].z);
         const vi live = s2 > VSPLAT(1e-30f);
         inv[g] = VSELECT(live, 1.0f / VSELECT(live, s2, VSPLAT(1.0f)), VZERO);
     }
+    /* the floats of a row that the span reads (w) and writes (p), from wo[0] and po[0] */
+    const int64_t wn = wo[G - 1] + 5 * NB + gr[G - 1].n - wo[0];
+    const int64_t pn = po[G - 1] + 3 * NB + gr[G - 1].n - po[0];
     vq steps[NC_CHUNK][NC_SPAN][2]; /* a_t, c_t */
     for (int64_t t0 = 0; t0 < T; t0 += NC_CHUNK) {
         const int64_t t1 = t0 + NC_CHUNK < T ? t0 + NC_CHUNK : T;
         for (int64_t t = t0; t < t1; t++) {
-            const int64_t row = (b * T + t) * nb + j0;
-            if (t + NC_AHEAD < T) prefetch_floats(p->w + 6 * (row + NC_AHEAD * nb), 6 * all, 0);
+            const float *wt = p->w + (b * T + t) * wrow;
+            if (t + NC_AHEAD < T) prefetch_floats(wt + NC_AHEAD * wrow + wo[0], wn, 0);
             for (int g = 0; g < G; g++) {
-                const int64_t r = row + g * MF_VW;
                 vf w[6], sc;
-                tile_load(w, p->w + 6 * r, n[g], 6, sh->wlen - 6 * r);
+                tile_load(w, wt + wo[g], NB, gr[g].n, 6);
                 vqexp(&steps[t - t0][g][0], &sc, NULL, NULL, w);
                 vqexp(&steps[t - t0][g][1], &sc, NULL, NULL, w + 3);
             }
         }
         for (int64_t t = t0; t < t1; t++) {
-            const int64_t row = (b * T + t) * nb + j0;
+            float *pt = p->p + (b * T + t) * prow;
             if (!sh->stream && t + NC_AHEAD < T)
-                prefetch_floats(p->p + 4 * (row + NC_AHEAD * nb), 4 * all, 1);
+                prefetch_floats(pt + NC_AHEAD * prow + po[0], pn, 1);
             for (int g = 0; g < G; g++) {
                 vq *qg = &q[g];
                 /* p_{t-1}'s renormalisation, beside the products, applied to p_t (vq_renorm) */
@@ -320,18 +244,18 @@ MF_INLINE void forward_span(const MfNcParams *p, const NcShape *sh, int64_t b, i
                 vq_mul(qg, qg, &steps[t - t0][g][1]);
                 qg->w *= f, qg->x *= f, qg->y *= f, qg->z *= f;
                 const vf out[4] = {qg->w, qg->x, qg->y, qg->z};
-                tile_store(p->p + 4 * (row + g * MF_VW), out, n[g], 4, sh->stream);
+                tile_store(pt + po[g], out, NB, gr[g].n, 4, sh->stream);
             }
         }
     }
 }
 
 NC_ATTR
-void NC_FN(nc_forward_span)(const MfNcParams *p, const NcShape *sh, int64_t b, int64_t j0) {
-    if (sh->nblk - j0 > MF_VW)
-        forward_span(p, sh, b, j0, 2);
+void NC_FN(nc_forward_span)(const MfNcParams *p, const NcShape *sh, int64_t b, int64_t g0) {
+    if (sh->ngroups - g0 > 1)
+        forward_span(p, sh, b, g0, 2);
     else
-        forward_span(p, sh, b, j0, 1);
+        forward_span(p, sh, b, g0, 1);
     if (sh->stream) vstream_fence();
 }
 
@@ -377,17 +301,18 @@ MF_INLINE void side_step(vf *y, vf *dw, const vf *w, const vf *o, int sign) {
  * hardware prefetchers follow best): the chain of phat_t again and, from it and g_t, the
  * step's adjoint inputs vec(g conj(phat_t)), vec(conj(phat_t) g) and sig; pass 2, reverse in
  * t, reads only the thread's scratch and writes dw. */
-MF_INLINE void backward_span(const MfNcParams *p, const NcShape *sh, int64_t b, int64_t j0,
+MF_INLINE void backward_span(const MfNcParams *p, const NcShape *sh, int64_t b, int64_t g0,
                              float *buf, float *ds, const int G) {
-    const int64_t nb = sh->nblk, T = sh->T;
-    int64_t n[NC_SPAN], all = 0;
+    const int64_t NB = sh->NB, T = sh->T, wrow = 6 * sh->nblk, prow = 4 * sh->nblk;
+    NcGroup gr[NC_SPAN];
+    int64_t wo[NC_SPAN], po[NC_SPAN]; /* the groups' offsets in a row of w (dw) and of dp */
     vq q[NC_SPAN], phat[NC_SPAN];
     vf hp[NC_SPAN], sig[NC_SPAN];
     for (int g = 0; g < G; g++) {
-        const int64_t j = j0 + g * MF_VW;
-        n[g] = nb - j < MF_VW ? nb - j : MF_VW, all += n[g];
+        gr[g] = group_of(sh, g0 + g);
+        wo[g] = 6 * NB * gr[g].h + gr[g].k0, po[g] = 4 * NB * gr[g].h + gr[g].k0;
         vq s;
-        vq_load(&s, p->start + 4 * j, n[g], 4 * (nb - j));
+        vq_load(&s, p->start + po[g], NB, gr[g].n);
         /* phat = p* / |p*| (1 where |p*|^2 <= 1e-30: the lanes' dw is 0 by hp = 0),
          * hp = |p*| / 2 */
         const vf s2 = (s.w * s.w + s.x * s.x) + (s.y * s.y + s.z * s.z);
@@ -403,16 +328,18 @@ MF_INLINE void backward_span(const MfNcParams *p, const NcShape *sh, int64_t b, 
     }
     /* pass 1: sig_1 = sum_t g_t . phat_t, and per step w (6 vectors), h = vec(g conj(phat_t))
      * and h' = vec(conj(phat_t) g) (3 each: the same but the cross product's sign) */
+    /* the floats of a row that the span reads (w, dp) and writes (dw), from wo[0] and po[0] */
+    const int64_t wn = wo[G - 1] + 5 * NB + gr[G - 1].n - wo[0];
+    const int64_t pn = po[G - 1] + 3 * NB + gr[G - 1].n - po[0];
     for (int64_t t = 0; t < T; t++) {
-        const int64_t row = (b * T + t) * nb + j0;
+        const float *wt = p->w + (b * T + t) * wrow, *gt = p->dp + (b * T + t) * prow;
         if (t + NC_AHEAD < T) {
-            prefetch_floats(p->w + 6 * (row + NC_AHEAD * nb), 6 * all, 0);
-            prefetch_floats(p->dp + 4 * (row + NC_AHEAD * nb), 4 * all, 0);
+            prefetch_floats(wt + NC_AHEAD * wrow + wo[0], wn, 0);
+            prefetch_floats(gt + NC_AHEAD * prow + po[0], pn, 0);
         }
         for (int g = 0; g < G; g++) {
-            const int64_t r = row + g * MF_VW;
             vf *v = (vf *)SAVED(buf, t * G + g);
-            tile_load(v, p->w + 6 * r, n[g], 6, sh->wlen - 6 * r);
+            tile_load(v, wt + wo[g], NB, gr[g].n, 6);
             vq a, c, gq;
             vf sa, sv;
             vqexp(&a, &sa, NULL, NULL, v);
@@ -422,7 +349,7 @@ MF_INLINE void backward_span(const MfNcParams *p, const NcShape *sh, int64_t b, 
             vq_mul(&q[g], &a, &q[g]);
             vq_mul(&q[g], &q[g], &c);
             vq_scale(&q[g], &f);
-            vq_load(&gq, p->dp + 4 * r, n[g], sh->plen - 4 * r);
+            vq_load(&gq, gt + po[g], NB, gr[g].n);
             const vf pw = q[g].w, px = q[g].x, py = q[g].y, pz = q[g].z;
             sig[g] += FMA(gq.w, pw, gq.x * px) + FMA(gq.y, py, gq.z * pz);
             const vf vx = FMS(pw, gq.x, gq.w * px), vy = FMS(pw, gq.y, gq.w * py),
@@ -439,11 +366,9 @@ MF_INLINE void backward_span(const MfNcParams *p, const NcShape *sh, int64_t b, 
     for (int g = 0; g < G; g++)
         for (int i = 0; i < 3; i++) Z[g][i] = W[g][i] = VZERO;
     for (int64_t t = T - 1; t >= 0; t--) {
-        const int64_t row = (b * T + t) * nb + j0;
-        if (!sh->stream && t >= NC_AHEAD)
-            prefetch_floats(p->dw + 6 * (row - NC_AHEAD * nb), 6 * all, 1);
+        float *dwt = p->dw + (b * T + t) * wrow;
+        if (!sh->stream && t >= NC_AHEAD) prefetch_floats(dwt - NC_AHEAD * wrow + wo[0], wn, 1);
         for (int g = 0; g < G; g++) {
-            const int64_t r = row + g * MF_VW;
             const vf *v = (const vf *)SAVED(buf, t * G + g);
             for (int i = 0; i < 3; i++) Z[g][i] += v[6 + i], W[g][i] += v[9 + i];
             /* the step's qexp again, with the Jacobian's k, and its coefficients */
@@ -455,7 +380,7 @@ MF_INLINE void backward_span(const MfNcParams *p, const NcShape *sh, int64_t b, 
             side_coefs(o + 6, &sv, &c.w, &kv, &mv, &hp[g]);
             side_step(Z[g], dw, v, o, 1);
             side_step(W[g], dw + 3, v + 3, o + 6, -1);
-            tile_store(p->dw + 6 * r, dw, n[g], 6, sh->stream);
+            tile_store(dwt + wo[g], dw, NB, gr[g].n, 6, sh->stream);
         }
     }
     for (int g = 0; g < G; g++) { /* E_1 = (sig, Z_1) phat */
@@ -471,11 +396,11 @@ MF_INLINE void backward_span(const MfNcParams *p, const NcShape *sh, int64_t b, 
 }
 
 NC_ATTR
-void NC_FN(nc_backward_span)(const MfNcParams *p, const NcShape *sh, int64_t b, int64_t j0,
+void NC_FN(nc_backward_span)(const MfNcParams *p, const NcShape *sh, int64_t b, int64_t g0,
                              float *buf, float *ds) {
-    if (sh->nblk - j0 > MF_VW)
-        backward_span(p, sh, b, j0, buf, ds, 2);
+    if (sh->ngroups - g0 > 1)
+        backward_span(p, sh, b, g0, buf, ds, 2);
     else
-        backward_span(p, sh, b, j0, buf, ds, 1);
+        backward_span(p, sh, b, g0, buf, ds, 1);
     if (sh->stream) vstream_fence();
 }

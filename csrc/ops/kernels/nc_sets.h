@@ -10,25 +10,26 @@
 
 #define NC_SAVED 12 /* vectors kept per step and group by the backward: w, the adjoint inputs */
 
-/* the sizes of one call at one width: blocks per (b, t) row, groups and spans per row;
+/* the sizes of one call at one width: blocks per head (NB) and per (b, t) row (H NB), groups
+ * per head (a group: up to width consecutive blocks of one head) and per row, spans per row;
  * stream: the output (p in the forward, dw in the backward) is written by non-temporal stores
- * where a whole group is stored at once on AVX-512 (nc.c sets it: output large and every
- * group's rows 64-byte aligned), and its rows are not prefetched */
+ * on AVX-512 (nc.c sets it: output large and every group a whole, 64-byte aligned vector a
+ * feature), and its rows are not prefetched */
 typedef struct {
-    int64_t T, nblk, ngroups, nspans, wlen, plen; /* wlen, plen: the floats of w, p (or dp) */
+    int64_t T, NB, nblk, gph, ngroups, nspans;
     int stream;
 } NcShape;
 
-#define NC_SPAN 2   /* groups per kernel call (a span): blocks j0 .. j0 + 2 width - 1 */
+#define NC_SPAN 2   /* groups per kernel call (a span): groups g0, g0 + 1 of a row */
 
-/* the forward of the span of blocks from j0 (a multiple of 2 width) of batch row b */
-void nc_forward_span_clones(const MfNcParams *p, const NcShape *sh, int64_t b, int64_t j0);
-void nc_forward_span_avx512(const MfNcParams *p, const NcShape *sh, int64_t b, int64_t j0);
+/* the forward of the span of groups from g0 (a multiple of NC_SPAN) of batch row b */
+void nc_forward_span_clones(const MfNcParams *p, const NcShape *sh, int64_t b, int64_t g0);
+void nc_forward_span_avx512(const MfNcParams *p, const NcShape *sh, int64_t b, int64_t g0);
 /* its backward: dw, and E_1 (4 vectors per group) to ds; buf: T * NC_SPAN * NC_SAVED
  * vectors */
-void nc_backward_span_clones(const MfNcParams *p, const NcShape *sh, int64_t b, int64_t j0,
+void nc_backward_span_clones(const MfNcParams *p, const NcShape *sh, int64_t b, int64_t g0,
                              float *buf, float *ds);
-void nc_backward_span_avx512(const MfNcParams *p, const NcShape *sh, int64_t b, int64_t j0,
+void nc_backward_span_avx512(const MfNcParams *p, const NcShape *sh, int64_t b, int64_t g0,
                              float *buf, float *ds);
 
 #endif
