@@ -160,7 +160,8 @@ import numpy as np
 from mapformer import _C
 rng = np.random.default_rng(3)
 out = {}
-for i, (B, T, H, NB) in enumerate([(4, 257, 2, 8), (3, 191, 3, 5)]):  # 16 and 15 blocks a row
+# 16 and 15 blocks a row; the third writes p and dw by non-temporal stores on AVX-512 (nc.c)
+for i, (B, T, H, NB) in enumerate([(4, 257, 2, 8), (3, 191, 3, 5), (32, 256, 2, 16)]):
     w = rng.standard_normal((B, T, H, NB, 6)).astype(np.float32) * 0.3
     start = rng.standard_normal((H, 4 * NB)).astype(np.float32)
     dp = rng.standard_normal((B, T, H, 4 * NB)).astype(np.float32)
