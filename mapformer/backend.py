@@ -131,6 +131,8 @@ def _conj_attention_forward(qx, kx, qp, kp, v, mode="score_product", scale=None,
 
 
 def _causal_conv1d_backward(dy, x, weight, dweight, dbias, *, bias=None, activation="none"):
+    if bias is not None and activation == "none":  # as the C and CUDA ops
+        raise ValueError("bias is read only with activation='silu'")
     dx, gw, gb = ref.causal_conv1d_backward(dy, x, weight, bias=bias, activation=activation)
     dweight += gw
     dbias += gb

@@ -659,11 +659,18 @@ def silu_gate_backward(dout, y, z, dtype=np.float64):
     return dout * silu_forward(z, dtype), silu_backward(dout * y, z, dtype)
 
 
+def _conv_silu(activation):
+    """Whether the conv's activation ('none' or 'silu', else ValueError) is SiLU."""
+    if activation not in ("none", "silu"):
+        raise ValueError(f"activation must be 'none' or 'silu', got {activation!r}")
+    return activation == "silu"
+
+
 def causal_conv1d_forward(x, weight, bias, dtype=np.float64, *, activation="none"):
     """x (B, T, E), weight (E, W), bias (E,) -> y (B, T, E), depthwise and causal:
     y[b, t, e] = bias[e] + sum_{j < W} weight[e, j] x[b, t - W + 1 + j, e] (x = 0 before t = 0);
     activation 'silu': silu of that."""
-    if activation == "silu":
+    if _conv_silu(activation):
         return silu_forward(causal_conv1d_forward(x, weight, bias, dtype), dtype)
     x, weight, bias = _cast(dtype, x, weight, bias)
     T, W = x.shape[1], weight.shape[1]
@@ -677,8 +684,12 @@ def causal_conv1d_forward(x, weight, bias, dtype=np.float64, *, activation="none
 
 def causal_conv1d_backward(dy, x, weight, dtype=np.float64, *, bias=None, activation="none"):
     """dy, x (B, T, E), weight (E, W) -> dx (B, T, E), dweight (E, W), dbias (E,); activation
-    'silu': dy is the gradient of the SiLU's output, the convolution recomputed with bias (E,)."""
-    if activation == "silu":
+    'silu': dy is the gradient of the SiLU's output, the convolution recomputed with bias (E,)
+    (required then: NumPy would read None as NaN)."""
+    if _conv_silu(activation):
+        if bias is None:
+            raise ValueError("bias is required with activation='silu' (the backward "
+                             "recomputes the convolution)")
         dy = silu_backward(dy, causal_conv1d_forward(x, weight, bias, dtype), dtype)
     dy, x, weight = _cast(dtype, dy, x, weight)
     T, W = x.shape[1], weight.shape[1]

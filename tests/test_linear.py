@@ -220,3 +220,20 @@ def test_large_weight(rng, kernel, N):
     dweight = dw0.copy()
     dx = _C.linear_backward(dy, x, weight, dweight)
     check_backward(dx, dweight, None, dy, x, weight, None, dw0, None)
+
+
+def test_streamed_outputs_same_bits(rng, kernel):
+    """y (N, Cout) and a written dx (N, Cin) of 2^20 floats or more are stored non-temporally
+    (rows.h's MF_STREAM_FLOATS), smaller ones not: a row's values do not depend on N, so the
+    first rows of a streamed output equal an unstreamed call's on those rows, bit for bit."""
+    N, n, C = 8192 + 5, 1000, 128  # N C > 2^20 floats, n C < 2^20; a ragged last row block
+    x, weight, bias, _ = make(rng, N, 8, C)
+    y = _C.linear_forward(x, weight, bias)
+    check_forward(y, x, weight, bias)
+    assert np.array_equal(y[:n], _C.linear_forward(x[:n], weight, bias))
+    x, weight, _, dy = make(rng, N, C, 8)
+    dw0 = np.zeros((8, C), np.float32)
+    dweight = dw0.copy()
+    dx = _C.linear_backward(dy, x, weight, dweight)
+    check_backward(dx, dweight, None, dy, x, weight, None, dw0, None)
+    assert np.array_equal(dx[:n], _C.linear_backward(dy[:n], x[:n], weight, dw0.copy()))

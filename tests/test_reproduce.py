@@ -90,3 +90,11 @@ def test_table3_records_every_run_and_resumes(tmp_path, capsys, monkeypatch):
     assert json.loads(out.read_text())["runs"] == record["runs"]
     with pytest.raises(ValueError, match="use another --out"):
         main("3", ["--seeds", "1", "--resume", *common[:1], "64", *common[2:]])
+
+
+def test_mean_ci():
+    """Mean and the 95% t interval's half-width (t = 4.303 at 3 values: 1 * 4.303 / sqrt(3)),
+    at the digits asked for; one value: its mean alone."""
+    assert reproduce.mean_ci([1.0, 2.0, 3.0]) == "2.00 ± 2.48"
+    assert reproduce.mean_ci([1.0, 2.0, 3.0], digits=3) == "2.000 ± 2.484"
+    assert reproduce.mean_ci([0.5]) == "0.50"

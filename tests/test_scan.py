@@ -15,7 +15,7 @@ import pytest
 from conftest import (assert_array_argument_checked, assert_close,
                       assert_same_bits_for_thread_counts, assert_unchanged, assert_within, copies, gamma, numerical_grad, randn,
                       raises_naming)
-from mapformer import _C
+from mapformer import _C, backend
 from mapformer import reference as ref
 
 
@@ -227,6 +227,23 @@ def test_causal_conv1d_bad_input(rng):
         _C.causal_conv1d_forward(x, w, b, activation="relu")
     with raises_naming(ValueError, "activation"):
         _C.causal_conv1d_backward(x, x, w, dw, db, bias=b, activation="gelu")
+    assert not dw.any() and not db.any()
+
+
+def test_causal_conv1d_numpy_backend_bad_input(rng):
+    """The NumPy backend (the float64 reference) rejects what the C op rejects: without the
+    check NumPy would read bias=None as NaN, and an unknown activation as none."""
+    x, w, b = randn(rng, 2, 5, 3), randn(rng, 3, 4), randn(rng, 3)
+    dw, db = np.zeros((3, 4), np.float32), np.zeros(3, np.float32)
+    ops = backend.NUMPY
+    with raises_naming(ValueError, "bias"):
+        ops.causal_conv1d_backward(x, x, w, dw, db, activation="silu")
+    with raises_naming(ValueError, "bias"):
+        ops.causal_conv1d_backward(x, x, w, dw, db, bias=b)
+    with raises_naming(ValueError, "activation"):
+        ops.causal_conv1d_forward(x, w, b, activation="relu")
+    with raises_naming(ValueError, "activation"):
+        ops.causal_conv1d_backward(x, x, w, dw, db, bias=b, activation="gelu")
     assert not dw.any() and not db.any()
 
 

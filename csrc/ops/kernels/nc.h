@@ -259,7 +259,7 @@ void NC_FN(nc_forward_span)(const MfNcParams *p, const NcShape *sh, int64_t b, i
     if (sh->stream) vstream_fence();
 }
 
-/* the saved vectors of step t in buf: phat (4), w (6) */
+/* the saved vectors of step t in buf: w (6), the adjoint inputs h (3) and h' (3) */
 #define SAVED(buf, t) ((buf) + (t) * NC_SAVED * MF_VW)
 
 /* qexp's coefficients of one side, from sinc s, cos c, k and n^2 = m of the step and
