@@ -109,6 +109,14 @@ def ops(lib, xp, stream=lambda: None, params_h=None):
     def empty(*shape):
         return xp.empty(shape, xp.float32)
 
+    def shaped_like(ref, **arrays):
+        """ValueError naming the first of ``arrays`` whose shape is not ref's (the elementwise
+        kernels read ref.size floats of each)."""
+        for name, a in arrays.items():
+            if a.shape != ref.shape:
+                raise ValueError(f"{name} must have the shape {tuple(ref.shape)}, got "
+                                 f"{tuple(a.shape)}")
+
     def exact(approximate):
         if approximate not in ("tanh", "none"):
             raise ValueError(f"approximate must be 'tanh' or 'none', got {approximate!r}")
@@ -122,6 +130,7 @@ def ops(lib, xp, stream=lambda: None, params_h=None):
 
     def gelu_backward(dy, x, *, approximate="tanh"):
         dy, x = f32(dy), f32(x)
+        shaped_like(x, dy=dy)
         dx = empty(*x.shape)
         call("gelu_backward_cuda", "MfGeluParams", dx=dx, dy=dy, x=x, n=x.size,
              exact=exact(approximate))
@@ -136,6 +145,7 @@ def ops(lib, xp, stream=lambda: None, params_h=None):
 
         def backward(dy, x):
             dy, x = f32(dy), f32(x)
+            shaped_like(x, dy=dy)
             dx = empty(*x.shape)
             call(f"{name}_backward_cuda", "MfActivationParams", dx=dx, dy=dy, x=x, n=x.size)
             return dx
@@ -146,12 +156,14 @@ def ops(lib, xp, stream=lambda: None, params_h=None):
 
     def silu_gate_forward(y, z):
         y, z = f32(y), f32(z)
+        shaped_like(y, z=z)
         out = empty(*y.shape)
         call("silu_gate_forward_cuda", "MfSiluGateParams", out=out, y=y, z=z, n=y.size)
         return out
 
     def silu_gate_backward(dout, y, z):
         dout, y, z = f32(dout), f32(y), f32(z)
+        shaped_like(y, z=z, dout=dout)
         dy, dz = empty(*y.shape), empty(*y.shape)
         call("silu_gate_backward_cuda", "MfSiluGateParams", dy=dy, dz=dz, dout=dout, y=y, z=z,
              n=y.size)

@@ -183,6 +183,21 @@ def test_op_errors_name_the_op(emulated):
         emulated.gelu_forward(np.zeros(3, np.float32), approximate="erf")
 
 
+def test_elementwise_ops_name_the_array_of_the_wrong_shape(emulated):
+    """The kernels read y.size floats of every operand: a shorter one is refused by name."""
+    y, short = np.zeros(6, np.float32), np.zeros(5, np.float32)
+    with pytest.raises(ValueError, match="^z must have the shape"):
+        emulated.silu_gate_forward(y, short)
+    with pytest.raises(ValueError, match="^dout must have the shape"):
+        emulated.silu_gate_backward(short, y, y)
+    with pytest.raises(ValueError, match="^z must have the shape"):
+        emulated.silu_gate_backward(y, y, short)
+    for backward in (emulated.gelu_backward, emulated.silu_backward,
+                     emulated.softplus_backward):
+        with pytest.raises(ValueError, match="^dy must have the shape"):
+            backward(short, y)
+
+
 def test_gpu_ops_match_the_c_backend(rng):
     ops, cupy = gpu()
     compare_with_c(ops, rng, cupy.asarray, cupy.asnumpy)
