@@ -30,9 +30,11 @@ SCHEDULES = ("linear", "cosine")
 EVAL_SETS = ("iid", "ood_dense", "ood_sparse")
 PRESETS = EVAL_SETS + ("table3",)  # training presets: navigation's "table3" has its own OOD sets
 # 2: ModelConfig names mixer, positional scheme, bottleneck, options; 3: + the dropout
-# generator's state (a version 2 checkpoint resumes exactly only without dropout)
-CHECKPOINT_VERSION = 3
-READABLE_VERSIONS = (2, 3)
+# generator's state (a version 2 checkpoint resumes exactly only without dropout); 4: mapem_nc's
+# quaternion path (b 4, K 6) holds its step map's columns and p* feature-major (the nc op's
+# layout), so its version 2-3 checkpoints are refused (their weights mean another model)
+CHECKPOINT_VERSION = 4
+READABLE_VERSIONS = (2, 3, 4)
 
 
 @dataclass(frozen=True)
@@ -503,6 +505,16 @@ def check_version(path, meta):
                if isinstance(version, int) and version < min(READABLE_VERSIONS)
                else "another mapformer")
             + f"; this one reads versions {', '.join(map(str, READABLE_VERSIONS))}")
+    model = meta.get("model")
+    if version < 4 and isinstance(model, dict) and model.get("positional") == "mapem_nc":
+        options = model.get("options") if isinstance(model.get("options"), dict) else {}
+        b, k = options.get("nc_block", 4), options.get("nc_generators", 0)
+        if b == 4 and k in (0, 6):
+            raise CheckpointError(
+                f"{path} is a version {version} checkpoint of mapem_nc's quaternion path (b 4, "
+                "K 6), whose weights were laid out block-major; this mapformer's nc op is "
+                "feature-major, so they would mean another model: retrain it, or read it with "
+                "the mapformer that wrote it")
 
 
 def checkpoint_meta(path):

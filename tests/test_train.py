@@ -13,7 +13,7 @@ from mapformer.__main__ import build_parser
 from mapformer.models import ModelConfig, Transformer
 from mapformer.registry import registered_options
 from mapformer.tasks import navigation, selective_copy
-from mapformer.train import (CHECKPOINT_VERSION, TrainConfig, check_resume, decay_mask,
+from mapformer.train import (TrainConfig, check_resume, decay_mask,
                              evaluate, learning_rate, load_checkpoint, save_checkpoint, train)
 
 TINY_TASK = dict(dims=1, steps=12, grid_size=6, p_empty=0.5, n_objects=5)
@@ -156,6 +156,29 @@ def test_checkpoint_of_an_older_version_is_refused_clearly(tmp_path):
     for read in (lambda: load_checkpoint(path),
                  lambda: check_resume(path, model_config, train_config)):
         with pytest.raises(ValueError, match="written by an older mapformer"):
+            read()
+
+
+def test_checkpoint_of_mapem_nc_before_its_layout_change_is_refused(tmp_path):
+    """Version 3 mapem_nc checkpoints (quaternion path) hold block-major weights; other
+    version 3 checkpoints are still read."""
+    model_config, train_config = tiny_configs(sequences=16)
+    train(model_config, train_config, out_dir=tmp_path, **QUIET)
+    path = tmp_path / "checkpoint.npz"
+    with np.load(path) as f:
+        arrays = dict(f)
+    meta = json.loads(str(arrays["meta"]))
+    meta["version"] = 3
+    arrays["meta"] = json.dumps(meta)
+    np.savez(path, **arrays)
+    load_checkpoint(path)  # not mapem_nc: read
+    meta["model"]["positional"] = "mapem_nc"
+    meta["model"]["options"].update(nc_block=4, nc_generators=0)
+    arrays["meta"] = json.dumps(meta)
+    np.savez(path, **arrays)
+    for read in (lambda: load_checkpoint(path),
+                 lambda: check_resume(path, model_config, train_config)):
+        with pytest.raises(ValueError, match="quaternion path"):
             read()
 
 

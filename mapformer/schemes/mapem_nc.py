@@ -16,7 +16,8 @@ That op's layout is feature-major within a head: the step map emits its H 6 NB o
 (H, 6, NB) and p* and the positions hold component f of block k at f NB + k (the mixer uses
 only dot products of the positions, so the coordinates' order does not change the model's
 function; a checkpoint of this path saved before the layout changed holds its weights in the
-block-major order and means another model now).
+block-major order and would mean another model: train.check_version refuses it, a
+version 2-3 checkpoint).
 Any other (b, K): learned generators S_i = A_i - A_i^T per head and block (``gen`` stores A,
 initialised N(0, 1/K) so that X_t's entries have the variance of the quaternion path's,
 2 theta^2), through the op ``nc_general`` (csrc/ops/nc_general.c: exp by scaling and squaring,
