@@ -45,7 +45,14 @@
  * Keeping the 12 coefficient vectors of the steps' qexp instead (24 vectors a step) measured
  * slower: nothing is recovered by inverting steps. (Carrying A_t, C_t and E_t instead costs
  * two quaternion products more a step: 11.9 ms against 10.0 ms for the backward at B 128,
- * T 256, H 2, NB 16, one thread.)
+ * T 256, H 2, NB 16, one thread.) Pass 1 waits on memory: its software prefetches hold about
+ * a third of the backward's profile samples, yet without them the backward is about 20%
+ * slower (4.9 against 4.0 ms, same sizes, on a shared 2-core AVX-512 Xeon whose timings vary
+ * by 20%). Measured there and not kept: fetching the next work item's rows of w and dp into
+ * the second-level cache during pass 2 (which reads no input): slower (4.5 against 4.1 ms,
+ * best of 25); re-reading w_t in pass 2 (from the cache: 6 saved vectors instead of 12), or
+ * saving pass 1's qexp coefficients (sinc, cos, k and |w|^2 a side: 20 vectors, no qexp in
+ * pass 2): no faster.
  *
  * Layout: feature-major within a head. w is (B, T, H, 6, NB): w[b, t, h, f, k] is coordinate
  * f of block k's (u, v); p, dp, p* and dp* are (..., H, D) with component f of block k's
@@ -71,7 +78,8 @@
  * step also takes a vector sqrt, vsincos (Cody-Waite reduction and polynomials, about 1 ulp;
  * |w| below 2^22) and a division for those lanes. The qexp of a chunk of steps (independent
  * over t) come first, then the chunk's products, the only sequential dependence (2 quaternion
- * products, each component's four products summed in pairs, and a renormalisation a step).
+ * products, each component's four products one chain of a product and three fused
+ * multiply-adds, and a renormalisation a step).
  *
  * Parallel layout: a work item is (batch row b, span); the lanes do not interact, so a
  * block's bits do not depend on its group or thread. dp*: each item writes its E_1 to scratch,

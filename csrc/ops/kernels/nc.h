@@ -31,7 +31,9 @@
 
 #define NC_POLY2 2.25f /* |w|^2 below which qexp is its Taylor series (|w| < 1.5) */
 #define NC_CHUNK 8     /* steps whose qexp the forward evaluates before their products */
-#define NC_AHEAD 8     /* steps ahead that the (b, t) rows are prefetched */
+#define NC_AHEAD 4     /* steps ahead that the (b, t) rows are prefetched (B 128, T 256, H 2,
+                          NB 16, one thread: 4 to 6 alike, 8 a few percent slower in the
+                          backward, 2 and 16 slower) */
 #define ALIGNED __attribute__((aligned(64)))
 
 /* FMA(a, b, c) = a b + c and FMS(a, b, c) = a b - c, one rounding on every width and target
@@ -48,25 +50,26 @@ typedef struct {
     vf w, x, y, z;
 } vq;
 
-/* *r = a b, each component's four products summed as two pairs, each pair a product and a
- * fused multiply-add (a chain of a product, a fused multiply-add and an add on the sequential
- * product) */
+/* *r = a b, each component's four products one chain: a product and three fused
+ * multiply-adds (16 operations; every term holds a factor of b, so on a sequential product
+ * the chain's latency is the four operations) */
 MF_INLINE void vq_mul(vq *r, const vq *a, const vq *b) {
-    const vf w = FMS(a->w, b->w, a->x * b->x) - FMA(a->y, b->y, a->z * b->z);
-    const vf x = FMA(a->w, b->x, a->x * b->w) + FMS(a->y, b->z, a->z * b->y);
-    const vf y = FMS(a->w, b->y, a->x * b->z) + FMA(a->y, b->w, a->z * b->x);
-    const vf z = FMA(a->w, b->z, a->x * b->y) - FMS(a->y, b->x, a->z * b->w);
+    const vf w = FMS(a->w, b->w, FMA(a->x, b->x, FMA(a->y, b->y, a->z * b->z)));
+    const vf x = FMA(a->w, b->x, FMA(a->x, b->w, FMS(a->y, b->z, a->z * b->y)));
+    const vf y = FMA(a->w, b->y, FMA(a->z, b->x, FMS(a->y, b->w, a->x * b->z)));
+    const vf z = FMA(a->w, b->z, FMA(a->z, b->w, FMS(a->x, b->y, a->y * b->x)));
     r->w = w, r->x = x, r->y = y, r->z = z;
 }
 
-/* *f = (3 - |q|^2) / 2: one Newton step for 1 / |q| from 1. The chains apply q_{t-1}'s factor
+/* *f = 3/2 - |q|^2 hinv, hinv = 1 / (2 s2): one Newton step for |s| / |q| from 1 (s2 = |s|^2,
+ * the chain's squared norm: |p*|^2, or 1). The chains apply q_{t-1}'s factor
  * to q_t = x_t q_{t-1} (or q_{t-1} x_t), computed beside the product rather than after it, so
- * that the chain's latency is the products' alone: with |q_{t-1}|^2 = 1 + e and a step's
- * rounding d_t, |q_t|^2 = (1 + e)(1 + 2 d_t)(1 - e + O(e^2)) = 1 + 2 d_t + O(e^2): as
+ * that the chain's latency is the products' alone: with |q_{t-1}|^2 = s2 (1 + e) and a step's
+ * rounding d_t, |q_t|^2 = s2 (1 + e)(1 + 2 d_t)(1 - e + O(e^2)) = s2 (1 + 2 d_t + O(e^2)): as
  * converged as the factor applied after the product. */
-MF_INLINE void vq_renorm_factor(vf *f, const vq *q) {
-    const vf n2 = FMA(q->w, q->w, q->x * q->x) + FMA(q->y, q->y, q->z * q->z);
-    *f = 1.5f - 0.5f * n2;
+MF_INLINE void vq_renorm_factor(vf *f, const vq *q, const vf *hinv) {
+    const vf n2 = FMA(q->w, q->w, FMA(q->x, q->x, FMA(q->y, q->y, q->z * q->z)));
+    *f = FMA(-n2, *hinv, VSPLAT(1.5f));
 }
 
 MF_INLINE void vq_scale(vq *q, const vf *f) {
@@ -206,14 +209,14 @@ MF_INLINE void forward_span(const MfNcParams *p, const NcShape *sh, int64_t b, i
     NcGroup gr[NC_SPAN];
     int64_t wo[NC_SPAN], po[NC_SPAN]; /* the groups' offsets in a row of w and of p */
     vq q[NC_SPAN]; /* p_t = a_t p_{t-1} c_t, renormalised to |p*| */
-    vf inv[NC_SPAN];
+    vf hinv[NC_SPAN]; /* 1 / (2 |p*|^2) (0 where |p*|^2 <= 1e-30) */
     for (int g = 0; g < G; g++) {
         gr[g] = group_of(sh, g0 + g);
         wo[g] = 6 * NB * gr[g].h + gr[g].k0, po[g] = 4 * NB * gr[g].h + gr[g].k0;
         vq_load(&q[g], p->start + po[g], NB, gr[g].n);
         const vf s2 = (q[g].w * q[g].w + q[g].x * q[g].x) + (q[g].y * q[g].y + q[g].z * q[g].z);
         const vi live = s2 > VSPLAT(1e-30f);
-        inv[g] = VSELECT(live, 1.0f / VSELECT(live, s2, VSPLAT(1.0f)), VZERO);
+        hinv[g] = VSELECT(live, 0.5f / VSELECT(live, s2, VSPLAT(1.0f)), VZERO);
     }
     /* the floats of a row that the span reads (w) and writes (p), from wo[0] and po[0] */
     const int64_t wn = wo[G - 1] + 5 * NB + gr[G - 1].n - wo[0];
@@ -237,12 +240,12 @@ MF_INLINE void forward_span(const MfNcParams *p, const NcShape *sh, int64_t b, i
                 prefetch_floats(pt + NC_AHEAD * prow + po[0], pn, 1);
             for (int g = 0; g < G; g++) {
                 vq *qg = &q[g];
-                /* p_{t-1}'s renormalisation, beside the products, applied to p_t (vq_renorm) */
-                const vf n2 = FMA(qg->w, qg->w, qg->x * qg->x) + FMA(qg->y, qg->y, qg->z * qg->z);
-                const vf f = 1.5f - 0.5f * (n2 * inv[g]);
+                /* p_{t-1}'s renormalisation, beside the products, applied to p_t */
+                vf f;
+                vq_renorm_factor(&f, qg, &hinv[g]);
                 vq_mul(qg, &steps[t - t0][g][0], qg);
                 vq_mul(qg, qg, &steps[t - t0][g][1]);
-                qg->w *= f, qg->x *= f, qg->y *= f, qg->z *= f;
+                vq_scale(qg, &f);
                 const vf out[4] = {qg->w, qg->x, qg->y, qg->z};
                 tile_store(pt + po[g], out, NB, gr[g].n, 4, sh->stream);
             }
@@ -331,6 +334,7 @@ MF_INLINE void backward_span(const MfNcParams *p, const NcShape *sh, int64_t b, 
     /* the floats of a row that the span reads (w, dp) and writes (dw), from wo[0] and po[0] */
     const int64_t wn = wo[G - 1] + 5 * NB + gr[G - 1].n - wo[0];
     const int64_t pn = po[G - 1] + 3 * NB + gr[G - 1].n - po[0];
+    const vf half = VSPLAT(0.5f); /* the phat chain's hinv: |phat| = 1 */
     for (int64_t t = 0; t < T; t++) {
         const float *wt = p->w + (b * T + t) * wrow, *gt = p->dp + (b * T + t) * prow;
         if (t + NC_AHEAD < T) {
@@ -345,13 +349,13 @@ MF_INLINE void backward_span(const MfNcParams *p, const NcShape *sh, int64_t b, 
             vqexp(&a, &sa, NULL, NULL, v);
             vqexp(&c, &sv, NULL, NULL, v + 3);
             vf f;
-            vq_renorm_factor(&f, &q[g]);
+            vq_renorm_factor(&f, &q[g], &half);
             vq_mul(&q[g], &a, &q[g]);
             vq_mul(&q[g], &q[g], &c);
             vq_scale(&q[g], &f);
             vq_load(&gq, gt + po[g], NB, gr[g].n);
             const vf pw = q[g].w, px = q[g].x, py = q[g].y, pz = q[g].z;
-            sig[g] += FMA(gq.w, pw, gq.x * px) + FMA(gq.y, py, gq.z * pz);
+            sig[g] = FMA(gq.w, pw, FMA(gq.x, px, FMA(gq.y, py, FMA(gq.z, pz, sig[g]))));
             const vf vx = FMS(pw, gq.x, gq.w * px), vy = FMS(pw, gq.y, gq.w * py),
                      vz = FMS(pw, gq.z, gq.w * pz);
             const vf cx = FMS(gq.y, pz, gq.z * py), cy = FMS(gq.z, px, gq.x * pz),
