@@ -41,6 +41,9 @@ typedef struct {
     int kind;                            /* MF_ATTN_PLAIN or an MfConjMode */
     int mask;                            /* an MfMask */
     const int32_t *prefix;               /* MF_MASK_PREFIX: (B,) */
+    const int32_t *pos_ids;              /* MF_ATTN_PLAIN's per-pair logit factor, or NULL: */
+    const float *factor;                 /* pos_ids (B, T) in [0, npos), factor (npos, npos); */
+    int64_t npos;                        /* logit_ij = factor[pos_i, pos_j] scale q_i . k_j */
 } MfAttnJob;
 
 /* P_b of batch row b (mapformer.h, MfMask): query i sees the keys j <= max(i, P_b - 1); 0
@@ -151,6 +154,23 @@ static inline void split_lse(float lse, double to2, float *hi, float *lo) {
     const double x = (double)lse * to2;
     *hi = (float)x;
     *lo = (float)(x - (double)*hi);
+}
+
+/* The per-pair factors of a (query, key) tile: F[r * ld + c] = factor[pos_ids[i0 + r'],
+ * pos_ids[j0 + c']] for queries r < nrt and keys c < nct with r' = min(r, nr - 1),
+ * c' = min(c, nc - 1) (rows and columns past the block repeat its last: finite values where
+ * the kernels compute past it). The inner loop is a gather along a row of the table (the
+ * compilers vectorize it where the set has gathers). */
+static inline void mf_attn_factor_tile(const MfAttnJob *j, int64_t b, float *F, int64_t ld,
+                                       int64_t i0, int64_t nr, int64_t nrt, int64_t j0,
+                                       int64_t nc, int64_t nct) {
+    const int32_t *pq = j->pos_ids + b * j->T + i0, *pk = j->pos_ids + b * j->T + j0;
+    for (int64_t r = 0; r < nrt; r++) {
+        const float *row = j->factor + (int64_t)pq[r < nr ? r : nr - 1] * j->npos;
+        float *f = F + r * ld;
+        for (int64_t c = 0; c < nc; c++) f[c] = row[pk[c]];
+        for (int64_t c = nc; c < nct; c++) f[c] = f[nc - 1];
+    }
 }
 
 /* One thread's scratch, rounded up to 16 floats so every slice stays 64-byte aligned. */
