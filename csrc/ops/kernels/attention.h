@@ -30,7 +30,7 @@
  *    scratch but never read. A block cut by P_b (at most one key block per query block) is
  *    computed whole, its hidden scores -inf (forward) and probabilities 0 (backward).
  * With a per-pair factor table (plain attention; MfAttnJob.factor), each pair of blocks first
- * gathers its factor tile F into scratch (mf_attn_factor_tile) and the score tiles multiply
+ * gathers its factor tile F into scratch (factor_tile) and the score tiles multiply
  * by it before the mask (forward c2 F s; backward the same scores and dS F): kernels compiled
  * apart (fac, a compile-time constant), so the plain ones are unchanged.
  * Scores are base 2 (c2 = scale log2 e folded in) and exponentials are simd.h's vexp2. Each
@@ -195,6 +195,25 @@ MF_INLINE void pf_step(Prefetch *pf) {
         if (++pf->row == pf->rows[pf->cur]) {
             pf->cur++;
             pf->row = 0;
+        }
+    }
+}
+
+/* The per-pair factors of a (query, key) tile: F[r * BT + c] = factor[pos_ids[i0 + r'],
+ * pos_ids[j0 + c']] for r, c < BT with r' = min(r, nr - 1), c' = min(c, nc - 1) (rows and
+ * columns past the block repeat its last: finite values where the kernels compute past
+ * it); each row gathered from the table's row (vgather), F aligned. */
+MF_INLINE void factor_tile(const MfAttnJob *p, int64_t b, float *F, int64_t i0, int64_t nr,
+                           int64_t j0, int64_t nc) {
+    const int32_t *pq = p->pos_ids + b * p->T + i0, *pk = p->pos_ids + b * p->T + j0;
+    int32_t keys[BT];
+    for (int64_t c = 0; c < BT; c++) keys[c] = pk[min64(c, nc - 1)];
+    for (int64_t r = 0; r < BT; r++) {
+        const float *row = p->factor + (int64_t)pq[min64(r, nr - 1)] * p->npos;
+        for (int64_t c = 0; c < BT; c += VW) {
+            vf x;
+            vgather(&x, row, keys + c);
+            VSTORE(F + r * BT + c, x);
         }
     }
 }
@@ -474,7 +493,7 @@ MF_INLINE void fwd_block(int kind, int fac, const MfAttnJob *p, const FwdScratch
         const int diag = mf_attn_block_mask(i0, j0, nc, P);
         memcpy(mrun, mx, BT * sizeof(float));
         if (fac) { /* gathered along the table's rows, then turned to [key][query] */
-            mf_attn_factor_tile(p, b, s->G, BT, i0, nr, BT, j0, nc, BT);
+            factor_tile(p, b, s->G, i0, nr, j0, nc);
             mf_transpose(s->F, BT, s->G, BT, BT, BT);
         }
         fwd_score_block(sc, ST, mrun, kx + j0 * ld, s->QxT, (two ? kp : kx) + j0 * ld,
@@ -788,7 +807,7 @@ MF_INLINE void bwd_task(int kind, int fac, const MfAttnJob *p, const BwdScratch 
             const float *Qx = vector_rows(s->Qxs, qx + i0 * ld, ld, nr, D, &ldqx);
             const float *Qp = two ? vector_rows(s->Qps, qp + i0 * ld, ld, nr, D, &ldqp) : NULL;
             const float *dO = vector_rows(s->dOs, dout + i0 * ld, ld, nr, D, &lddo);
-            if (fac) mf_attn_factor_tile(p, b, s->F, BT, i0, nr, BT, j0, nc, BT);
+            if (fac) factor_tile(p, b, s->F, i0, nr, j0, nc);
 
             for (int64_t r0 = 0; r0 < nr; r0 += MR) {
                 pf_step(pf);

@@ -156,23 +156,6 @@ static inline void split_lse(float lse, double to2, float *hi, float *lo) {
     *lo = (float)(x - (double)*hi);
 }
 
-/* The per-pair factors of a (query, key) tile: F[r * ld + c] = factor[pos_ids[i0 + r'],
- * pos_ids[j0 + c']] for queries r < nrt and keys c < nct with r' = min(r, nr - 1),
- * c' = min(c, nc - 1) (rows and columns past the block repeat its last: finite values where
- * the kernels compute past it). The inner loop is a gather along a row of the table (the
- * compilers vectorize it where the set has gathers). */
-static inline void mf_attn_factor_tile(const MfAttnJob *j, int64_t b, float *F, int64_t ld,
-                                       int64_t i0, int64_t nr, int64_t nrt, int64_t j0,
-                                       int64_t nc, int64_t nct) {
-    const int32_t *pq = j->pos_ids + b * j->T + i0, *pk = j->pos_ids + b * j->T + j0;
-    for (int64_t r = 0; r < nrt; r++) {
-        const float *row = j->factor + (int64_t)pq[r < nr ? r : nr - 1] * j->npos;
-        float *f = F + r * ld;
-        for (int64_t c = 0; c < nc; c++) f[c] = row[pk[c]];
-        for (int64_t c = nc; c < nct; c++) f[c] = f[nc - 1];
-    }
-}
-
 /* One thread's scratch, rounded up to 16 floats so every slice stays 64-byte aligned. */
 static inline int64_t mf_attn_slice(int64_t floats) { return (floats + 15) / 16 * 16; }
 

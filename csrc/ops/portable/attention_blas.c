@@ -180,12 +180,23 @@ static int64_t bwd_floats(const MfAttnJob *p) {
     return 4 * BTB * BTB + 3 * BTB * p->D + 5 * p->T + fac_floats(p);
 }
 
+/* The per-pair factors of the (query, key) tile of rows i0 .. i0+nr, keys j0 .. j0+nc:
+ * F[r * BTB + c] = factor[pos_ids[i0 + r], pos_ids[j0 + c]] */
+static void factor_tile(const MfAttnJob *j, int64_t b, float *F, int64_t i0, int64_t nr,
+                        int64_t j0, int64_t nc) {
+    const int32_t *pq = j->pos_ids + b * j->T + i0, *pk = j->pos_ids + b * j->T + j0;
+    for (int64_t r = 0; r < nr; r++) {
+        const float *row = j->factor + (int64_t)pq[r] * j->npos;
+        for (int64_t c = 0; c < nc; c++) F[r * BTB + c] = row[pk[c]];
+    }
+}
+
 /* S[r][c] *= F[r][c] for the tile's rows r < nr and keys c < nc: the per-pair factors of the
  * pair of blocks (i0, j0) of batch row b, gathered into F first; a pass apart, run only with
  * a factor table */
 static void scale_by_factor(const MfAttnJob *p, int64_t b, float *S, float *F, int64_t i0,
                             int64_t nr, int64_t j0, int64_t nc) {
-    mf_attn_factor_tile(p, b, F, BTB, i0, nr, nr, j0, nc, nc);
+    factor_tile(p, b, F, i0, nr, j0, nc);
     for (int64_t r = 0; r < nr; r++) {
         float *s = S + r * BTB;
         const float *f = F + r * BTB;
