@@ -550,11 +550,18 @@ MF_INLINE void fwd_task(int kind, int fac, const MfAttnJob *p, float *scr, int64
     if (pr != ib1) fwd_block(kind, fac, p, &s, &pf, bh / p->H, bh % p->H, pr);
 }
 
+/* plain attention with the per-pair factor, a function of its own (noinline), so that the
+ * plain kernels' code is laid out as without it */
+static __attribute__((noinline)) void fwd_factor_task(const MfAttnJob *p, float *scr,
+                                                      int64_t t) {
+    fwd_task(MF_ATTN_PLAIN, 1, p, scr, t);
+}
+
 static int fwd_entry(const MfAttnJob *p, float *scr, int64_t t) {
     switch (p->kind) {
         case MF_ATTN_PLAIN:
             if (p->factor != NULL)
-                fwd_task(MF_ATTN_PLAIN, 1, p, scr, t);
+                fwd_factor_task(p, scr, t);
             else
                 fwd_task(MF_ATTN_PLAIN, 0, p, scr, t);
             break;
@@ -884,11 +891,17 @@ MF_INLINE void bwd_head(int kind, int fac, const MfAttnJob *p, float *scr, int64
     bwd_task(kind, fac, p, &s, &pf, bh / p->H, bh % p->H);
 }
 
+/* as fwd_factor_task */
+static __attribute__((noinline)) void bwd_factor_head(const MfAttnJob *p, float *scr,
+                                                      int64_t bh) {
+    bwd_head(MF_ATTN_PLAIN, 1, p, scr, bh);
+}
+
 static int bwd_entry(const MfAttnJob *p, float *scr, int64_t bh) {
     switch (p->kind) {
         case MF_ATTN_PLAIN:
             if (p->factor != NULL)
-                bwd_head(MF_ATTN_PLAIN, 1, p, scr, bh);
+                bwd_factor_head(p, scr, bh);
             else
                 bwd_head(MF_ATTN_PLAIN, 0, p, scr, bh);
             break;
