@@ -8,15 +8,16 @@ perplexity printed beside the paper's.
     python benchmarks/reproduce_ape.py --tasks tree_rotate --orders depth --rows ape_tree,rope_tuned
 
 Rows (``--rows``, comma-separated): the named rows of ROWS (``sinusoidal``, ``learned_abs``,
-``rope``, ``rope_tuned``, ``ape_seq``, ``ape_seq_no_init``, ``none``, and the prefix-LM
-rows ``rope_prefix``, ``ape_seq_prefix``, ``none_prefix``; ``ape_tree``, ``ape_tree_no_init``
-for table (b)) or any registered positional scheme's name (so later baselines plug in), each
+``rope``, ``rope_tuned``, ``ape_seq``, ``ape_seq_no_init``, ``ape_seq_decay``, ``none``, and
+the prefix-LM rows ``rope_prefix``, ``ape_seq_prefix``, ``none_prefix``; ``ape_tree``,
+``ape_tree_no_init``, ``ape_tree_decay`` for table (b)) or any registered positional scheme's name (so later baselines plug in), each
 run with the attention mixer. Default: sinusoidal, rope, ape_seq, none (table a);
 sinusoidal, rope_tuned, ape_seq, ape_tree (table b). Our ``learned_abs`` is the paper's
 "Absolute", ``rope`` its "RoPE frozen", ``rope_tuned`` (``rope_trainable``) "RoPE tuned",
 ``ape_seq`` its "APE w/ init" (RoPE's rotations at the start), ``ape_seq_no_init`` "APE w/o
-init"; the paper's decay of the logits (0.98^distance) is not applied (add ``--ape-decay
-0.98`` to the ape_seq rows of table a; ape_tree has no decay). Each (task, row, seed) is
+init"; the paper's decay of the logits (0.98^distance) is not applied by these rows: the
+rows ``ape_seq_decay`` (0.98^(i - j); causal only, so not with the tree tasks' prefix LM) and
+``ape_tree_decay`` (0.98^(tree distance)) add it (``ape_decay``). Each (task, row, seed) is
 written as JSON to ``results/ape_table_a/<scale>/<task>-<row>-seed<k>.json`` as soon as it
 finishes, and a rerun skips the runs found there with the same configs (so an interrupted
 table resumes).
@@ -136,6 +137,9 @@ ROWS = {
     "ape_seq_no_init": Row("ape_seq", (("ape_no_init", True),), paper="APE w/o init"),
     "ape_tree": Row("ape_tree", paper="APE tree"),
     "ape_tree_no_init": Row("ape_tree", (("ape_no_init", True),), paper="APE tree w/o init"),
+    # the paper's public code's logit decay, 0.98^distance (ape_decay)
+    "ape_seq_decay": Row("ape_seq", (("ape_decay", 0.98),), paper="APE w/ init"),
+    "ape_tree_decay": Row("ape_tree", (("ape_decay", 0.98),), paper="APE tree"),
     "none": Row("none"),
     "rope_prefix": Row("rope", (("attn_mask", "prefix"),), paper="RoPE frozen"),
     "ape_seq_prefix": Row("ape_seq", (("attn_mask", "prefix"),), paper="APE w/ init"),

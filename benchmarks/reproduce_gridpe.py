@@ -25,7 +25,8 @@ Three parts, each written to ``results/gridpe/<scale>/`` (``--out``):
    (``--rows``): ``gridpe_rotate``, ``gridpe_complex``, ``gridpe_merge``, ``gridpe_deep``
    (``--gridpe-variant``), ``learned_abs`` (the token index: ViT's table), ``sinusoidal`` (nD,
    on the coordinates), ``rope_axial`` (on the coordinates) by default; also ``ape_grid``
-   (coordinates), ``gridpe_rotate_index`` (gridpe on the token index, ``coord_source``
+   (coordinates), ``ape_grid_decay`` (with APE's logit decay 0.98^floor(Euclidean distance),
+   ``ape_decay``), ``gridpe_rotate_index`` (gridpe on the token index, ``coord_source``
    'index': the scheme without the oracle), ``mapwm`` (no coordinates: MapFormer's model),
    ``rope`` (the token index), or any registered scheme by name. Each (task, row, seed) is written as JSON to
    ``<task>-<row>-seed<k>.json`` as soon as it finishes, and a rerun skips the runs found
@@ -121,6 +122,7 @@ ROWS = {
     "sinusoidal": Row("sinusoidal"),
     "rope_axial": Row("rope_axial"),
     "ape_grid": Row("ape_grid"),
+    "ape_grid_decay": Row("ape_grid", (("ape_decay", 0.98),)),
     "gridpe_rotate_index": Row("gridpe", (("gridpe_variant", "rotate"),
                                           ("coord_source", "index"), ("coord_dims", 1))),
     "mapwm": Row("mapwm", preset="mapwm"),

@@ -7,7 +7,10 @@
  *   backward: p_ij = exp(scale q_i . k_j - lse_i), delta_i = dout_i . out_i,
  *             ds_ij = p_ij (dout_i . v_j - delta_i) scale,
  *             dq_i = sum_j ds_ij k_j, dk_j = sum_i ds_ij q_i, dv_j = sum_i p_ij dout_i (=)
- * q, k, v, out (B, T, H, D) with D even in [16, 128]; lse (B, H, T).
+ * q, k, v, out (B, T, H, D) with D even in [16, 128]; lse (B, H, T). With a per-pair factor
+ * (pos_ids (B, T) and pair_factor (npos, npos), both device arrays; the Python wrapper checks
+ * the ids' range) every logit scale q_i . k_j is f_ij scale q_i . k_j, f_ij =
+ * pair_factor[pos_ids[b, i], pos_ids[b, j]], before the mask, and ds_ij gets the factor f_ij.
  *
  * Forward: a block per (tile of ATT_BR query rows, b h), one thread per query row holding q_i
  * and its output accumulator; the key/value tiles of ATT_BC rows are loaded into shared
@@ -38,6 +41,16 @@ __device__ __forceinline__ int64_t att_prefix(const MfAttentionParams &p, int64_
     if (p.mask != MF_MASK_PREFIX) return 0;
     const int64_t P = p.prefix[bh / p.H];
     return P < 0 ? 0 : (P > p.T ? p.T : P);
+}
+
+/* the per-pair factors of query i (row pair_factor[pos_ids[b, i]]) and the ids of batch b's
+ * keys; factor(i) row at fr[ids[j]]: only with a table (p.pair_factor != NULL) */
+__device__ __forceinline__ const float *att_factor_row(const MfAttentionParams &p, int64_t bh,
+                                                       int64_t i) {
+    return p.pair_factor + (int64_t)p.pos_ids[(bh / p.H) * p.T + i] * p.npos;
+}
+__device__ __forceinline__ const int32_t *att_ids(const MfAttentionParams &p, int64_t bh) {
+    return p.pos_ids + (bh / p.H) * p.T;
 }
 
 /* the last key query i sees */
@@ -72,7 +85,16 @@ __global__ void attention_forward_kernel(MfAttentionParams p) {
         __syncthreads();
         if (row && j0 <= lim) {
             const int64_t n = lim - j0 + 1 < ATT_BC ? lim - j0 + 1 : ATT_BC; /* the mask */
-            const float mt = mf_tile_scores(s, q, ks, n, D, m);
+            float mt = mf_tile_scores(s, q, ks, n, D, m);
+            if (p.pair_factor != NULL) { /* the factors, and the tile's max of the products */
+                const float *fr = att_factor_row(p, bh, i);
+                const int32_t *ids = att_ids(p, bh) + j0;
+                mt = m;
+                for (int64_t jj = 0; jj < n; jj++) {
+                    s[jj] *= fr[ids[jj]];
+                    mt = fmaxf(mt, s[jj]);
+                }
+            }
             mf_softmax_tile(m, l, acc, mt, s, vs, n, D, false);
         }
         __syncthreads();
@@ -121,7 +143,13 @@ __global__ void attention_dq_kernel(MfAttentionParams p, const float *delta) {
                     s += q[d] * ks[jj * D + d];
                     dp += g[d] * vs[jj * D + d];
                 }
-                const float ds = expf(s - lse) * (dp - di) * p.scale;
+                float ds;
+                if (p.pair_factor != NULL) {
+                    const float f = att_factor_row(p, bh, i)[att_ids(p, bh)[j0 + jj]];
+                    ds = expf(s * f - lse) * (dp - di) * p.scale * f;
+                } else {
+                    ds = expf(s - lse) * (dp - di) * p.scale;
+                }
                 for (int64_t d = 0; d < D; d++) dq[d] += ds * ks[jj * D + d];
             }
         }
@@ -163,8 +191,10 @@ __global__ void attention_dkdv_kernel(MfAttentionParams p, const float *delta) {
                     s += qs[ii * D + d] * k[d];
                     dp += gs[ii * D + d] * v[d];
                 }
-                const float pij = expf(s * p.scale - ls[ii]);
-                const float dsij = pij * (dp - ds_[ii]) * p.scale;
+                const float f =
+                    p.pair_factor != NULL ? att_factor_row(p, bh, i)[att_ids(p, bh)[j]] : 1.0f;
+                const float pij = expf(s * p.scale * f - ls[ii]);
+                const float dsij = pij * (dp - ds_[ii]) * p.scale * f;
                 for (int64_t d = 0; d < D; d++) {
                     dv[d] += pij * gs[ii * D + d];
                     dk[d] += dsij * qs[ii * D + d];
@@ -180,12 +210,17 @@ __global__ void attention_dkdv_kernel(MfAttentionParams p, const float *delta) {
         }
 }
 
-/* masks causal, none, and prefix with its array */
+/* masks causal, none, and prefix with its array; pos_ids and pair_factor both or neither,
+ * npos in [1, MF_ATTN_MAX_POSITIONS] */
 static int attention_check(const MfAttentionParams *p) {
     const bool mask = p->mask == MF_MASK_CAUSAL || p->mask == MF_MASK_NONE
                       || (p->mask == MF_MASK_PREFIX && p->prefix != NULL);
+    const bool factor = p->pair_factor == NULL
+                            ? p->pos_ids == NULL
+                            : p->pos_ids != NULL && p->npos >= 1
+                                  && p->npos <= MF_ATTN_MAX_POSITIONS;
     return p->B < 1 || p->T < 1 || p->H < 1 || p->D < 16 || p->D > ATT_MAX_D || p->D % 2 != 0
-                   || !isfinite(p->scale) || p->B * p->H > 65535 || !mask
+                   || !isfinite(p->scale) || p->B * p->H > 65535 || !mask || !factor
                ? MF_EINVAL
                : MF_OK;
 }

@@ -117,12 +117,16 @@ def _conj_attention_backward(dout, qx, kx, qp, kp, v, out, lse, mode="score_prod
                                        prefix=prefix)
 
 
-def _attention_forward(q, k, v, scale=None, *, mask="causal", prefix=None):
-    return ref.attention_forward(q, k, v, scale, mask=mask, prefix=prefix)
+def _attention_forward(q, k, v, scale=None, *, mask="causal", prefix=None, pos_ids=None,
+                       pair_factor=None):
+    return ref.attention_forward(q, k, v, scale, mask=mask, prefix=prefix, pos_ids=pos_ids,
+                                 pair_factor=pair_factor)
 
 
-def _attention_backward(dout, q, k, v, out, lse, scale=None, *, mask="causal", prefix=None):
-    return ref.attention_backward(dout, q, k, v, scale, mask=mask, prefix=prefix)
+def _attention_backward(dout, q, k, v, out, lse, scale=None, *, mask="causal", prefix=None,
+                        pos_ids=None, pair_factor=None):
+    return ref.attention_backward(dout, q, k, v, scale, mask=mask, prefix=prefix,
+                                  pos_ids=pos_ids, pair_factor=pair_factor)
 
 
 def _conj_attention_forward(qx, kx, qp, kp, v, mode="score_product", scale=None, *,

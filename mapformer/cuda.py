@@ -258,16 +258,35 @@ def ops(lib, xp, stream=lambda: None, params_h=None):
              decay_mask=mask, n=params.size, lr=lr, beta1=beta1, beta2=beta2, eps=eps,
              weight_decay=weight_decay, step=step)
 
-    def attention_forward(q, k, v, scale=None, *, mask="causal", prefix=None):
+    def factor_fields(B, T, pos_ids, pair_factor):
+        """the struct's per-pair factor fields (attention); ValueError naming a bad one (the
+        kernels cannot check the device array pos_ids: its range is checked here)"""
+        if pos_ids is None and pair_factor is None:
+            return {}
+        if pos_ids is None or pair_factor is None:
+            raise ValueError(f"{'pos_ids' if pos_ids is None else 'pair_factor'} is required "
+                             "with the other (a per-pair logit factor takes both)")
+        pos_ids, pair_factor = i32(pos_ids), f32(pair_factor)
+        N = pair_factor.shape[0] if pair_factor.ndim == 2 else 0
+        if pair_factor.shape != (N, N) or not 1 <= N <= 4096:
+            raise ValueError(f"pair_factor must be (N, N) with N in [1, 4096], got "
+                             f"{tuple(pair_factor.shape)}")
+        if (pos_ids.shape != (B, T) or int(pos_ids.min()) < 0 or int(pos_ids.max()) >= N):
+            raise ValueError(f"pos_ids must be (B, T) = ({B}, {T}) int32 in [0, N = {N})")
+        return dict(pos_ids=pos_ids, pair_factor=pair_factor, npos=N)
+
+    def attention_forward(q, k, v, scale=None, *, mask="causal", prefix=None, pos_ids=None,
+                          pair_factor=None):
         q, k, v = f32(q), f32(k), f32(v)
         B, T, H, D = q.shape
         out, lse = empty(B, T, H, D), empty(B, H, T)
         call("attention_forward_cuda", "MfAttentionParams", out=out, lse=lse, q=q, k=k, v=v,
              B=B, T=T, H=H, D=D, scale=1.0 / math.sqrt(D) if scale is None else scale,
-             **mask_fields(B, T, mask, prefix))
+             **mask_fields(B, T, mask, prefix), **factor_fields(B, T, pos_ids, pair_factor))
         return out, lse
 
-    def attention_backward(dout, q, k, v, out, lse, scale=None, *, mask="causal", prefix=None):
+    def attention_backward(dout, q, k, v, out, lse, scale=None, *, mask="causal", prefix=None,
+                           pos_ids=None, pair_factor=None):
         q, k, v = f32(q), f32(k), f32(v)
         B, T, H, D = q.shape
         dq, dk, dv, scratch = (empty(B, T, H, D), empty(B, T, H, D), empty(B, T, H, D),
@@ -275,7 +294,8 @@ def ops(lib, xp, stream=lambda: None, params_h=None):
         call("attention_backward_cuda", "MfAttentionParams", dq=dq, dk=dk, dv=dv, q=q, k=k,
              v=v, dout=f32(dout), o=f32(out), lse_in=f32(lse), B=B, T=T, H=H, D=D,
              scale=1.0 / math.sqrt(D) if scale is None else scale, scratch=scratch,
-             scratch_floats=scratch.size, **mask_fields(B, T, mask, prefix))
+             scratch_floats=scratch.size, **mask_fields(B, T, mask, prefix),
+             **factor_fields(B, T, pos_ids, pair_factor))
         return dq, dk, dv
 
     def linear_forward(x, weight, bias=None):

@@ -173,16 +173,37 @@ def attention_mask(B, T, mask="causal", prefix=None):
     return (i[None, None, :] <= lim[:, :, None])[:, None]
 
 
-def attention_forward(q, k, v, scale=None, dtype=np.float64, mask="causal", prefix=None):
+def pair_factors(pos_ids, pair_factor, dtype=np.float64):
+    """The per-pair logit factors (B, 1, T, T) [b, 0, i, j] = pair_factor[pos_ids[b, i],
+    pos_ids[b, j]] of pos_ids (B, T) ints in [0, N) and pair_factor (N, N); 1 (a scalar) when
+    both are None. Only one of them given, or ids outside [0, N): ValueError naming it."""
+    if pos_ids is None and pair_factor is None:
+        return 1.0
+    if pos_ids is None or pair_factor is None:
+        raise ValueError(f"{'pos_ids' if pos_ids is None else 'pair_factor'} is required "
+                         "with the other (a per-pair logit factor takes both)")
+    ids = np.asarray(pos_ids)
+    table = np.asarray(pair_factor, dtype=dtype)
+    if table.ndim != 2 or table.shape[0] != table.shape[1]:
+        raise ValueError(f"pair_factor must be (N, N), got {table.shape}")
+    if ids.ndim != 2 or np.any((ids < 0) | (ids >= table.shape[0])):
+        raise ValueError(f"pos_ids must be (B, T) in [0, N = {table.shape[0]})")
+    return table[ids[:, :, None], ids[:, None, :]][:, None]
+
+
+def attention_forward(q, k, v, scale=None, dtype=np.float64, mask="causal", prefix=None,
+                      pos_ids=None, pair_factor=None):
     """q, k, v (B, T, H, D) -> out (B, T, H, D), lse (B, H, T).
 
-    out[b, i, h] = sum_{j seen} softmax_j(scale * q_i . k_j) v_j, the keys j seen by query i
-    as attention_mask(mask, prefix) says (default causal, j <= i);
-    lse[b, h, i] = log sum_{j seen} exp(scale * q_i . k_j). scale defaults to 1/sqrt(D)."""
+    out[b, i, h] = sum_{j seen} softmax_j(f_ij * scale * q_i . k_j) v_j, the keys j seen by
+    query i as attention_mask(mask, prefix) says (default causal, j <= i);
+    lse[b, h, i] = log sum_{j seen} exp(f_ij * scale * q_i . k_j). scale defaults to
+    1/sqrt(D); f_ij = pair_factor[pos_ids[b, i], pos_ids[b, j]] (pair_factors; 1 without
+    them), applied before the mask."""
     q, k, v = _cast(dtype, q, k, v)
     B, T, D = q.shape[0], q.shape[1], q.shape[3]
     scale = _default_scale(D, scale)
-    s = _einsum("bihd,bjhd->bhij", q, k) * scale
+    s = _einsum("bihd,bjhd->bhij", q, k) * scale * pair_factors(pos_ids, pair_factor, dtype)
     s = np.where(attention_mask(B, T, mask, prefix), s, -np.inf)
     m = s.max(-1, keepdims=True)
     lse = m[..., 0] + np.log(np.exp(s - m).sum(-1))
@@ -191,19 +212,56 @@ def attention_forward(q, k, v, scale=None, dtype=np.float64, mask="causal", pref
 
 
 def attention_backward(dout, q, k, v, scale=None, dtype=np.float64, mask="causal",
-                       prefix=None):
-    """dout, q, k, v (B, T, H, D) -> dq, dk, dv (B, T, H, D), under the same mask."""
+                       prefix=None, pos_ids=None, pair_factor=None):
+    """dout, q, k, v (B, T, H, D) -> dq, dk, dv (B, T, H, D), under the same mask and
+    per-pair factors (the raw scores' gradient is f_ij times the logits')."""
     dout, q, k, v = _cast(dtype, dout, q, k, v)
     scale = _default_scale(q.shape[3], scale)
-    out, lse = attention_forward(q, k, v, scale, dtype=dtype, mask=mask, prefix=prefix)
-    s = _einsum("bihd,bjhd->bhij", q, k) * scale
+    out, lse = attention_forward(q, k, v, scale, dtype=dtype, mask=mask, prefix=prefix,
+                                 pos_ids=pos_ids, pair_factor=pair_factor)
+    f = pair_factors(pos_ids, pair_factor, dtype)
+    s = _einsum("bihd,bjhd->bhij", q, k) * scale * f
     seen = attention_mask(q.shape[0], q.shape[1], mask, prefix)
     p = np.where(seen, np.exp(s - lse[..., None]), 0.0)
     dv = _einsum("bhij,bihd->bjhd", p, dout)
     dp = _einsum("bihd,bjhd->bhij", dout, v)
     delta = _einsum("bihd,bihd->bhi", dout, out)
-    ds = p * (dp - delta[..., None]) * scale
+    ds = p * (dp - delta[..., None]) * scale * f
     return _einsum("bhij,bjhd->bihd", ds, k), _einsum("bhij,bihd->bjhd", ds, q), dv
+
+
+def tree_distance(a, b):
+    """Edges on the path between binary-tree nodes of heap numbers a, b >= 1 (root 1, children
+    2h and 2h + 1), elementwise on int arrays: depth(a) + depth(b) - 2 depth(lca(a, b)), with
+    depth(h) = floor(log2 h) (|a| + |b| - 2 lcp(a, b) on their root paths)."""
+    a, b = np.broadcast_arrays(np.asarray(a, np.int64), np.asarray(b, np.int64))
+    if np.any(a < 1) or np.any(b < 1):
+        raise ValueError("heap numbers start at 1 (the root)")
+    a, b = a.copy(), b.copy()
+    dist = np.zeros(a.shape, np.int64)
+    while np.any(a != b):  # lift the deeper (larger) of each unequal pair one level
+        up_a = (a != b) & (a > b)
+        up_b = (a != b) & (b > a)
+        a[up_a] >>= 1
+        b[up_b] >>= 1
+        dist += up_a + up_b
+    return dist
+
+
+def grid_distance(x, y):
+    """floor of the Euclidean distance between integer coordinates x, y (..., n): APE's grid
+    distance (its public code), elementwise over the leading axes."""
+    d = np.asarray(x, np.int64) - np.asarray(y, np.int64)
+    sq = (d * d).sum(-1)
+    r = np.floor(np.sqrt(sq)).astype(np.int64)
+    r -= r * r > sq  # exact integer floor(sqrt) despite float rounding
+    r += (r + 1) * (r + 1) <= sq
+    return r
+
+
+def decay_table(distance, gamma):
+    """A pair_factor table gamma^distance (float32, (N, N)) of integer distances (N, N)."""
+    return (np.float64(gamma) ** np.asarray(distance, np.float64)).astype(np.float32)
 
 
 def attention_decode_forward(q, k, v, scale=None, keys=None, dtype=np.float64):

@@ -15,6 +15,7 @@ import pytest
 from conftest import assert_param_gradients, subprocess_env
 from mapformer import reference as ref
 from mapformer.models import ModelConfig, Transformer
+from mapformer.schemes.ape import node_distance
 from mapformer.schemes.gridpe import gridpe_frequencies, simplex_directions
 from mapformer.tasks import navigation
 from mapformer.train import TrainConfig, load_checkpoint, train
@@ -228,18 +229,20 @@ def test_gridpe_frequencies():
 
 
 @pytest.mark.parametrize("positional,dims,decay", [("ape_seq", 1, 1.0), ("ape_seq", 1, 0.8),
-                                                   ("ape_grid", 2, 1.0), ("ape_tree", 1, 1.0)])
+                                                   ("ape_grid", 2, 1.0), ("ape_grid", 2, 0.8),
+                                                   ("ape_tree", 1, 1.0), ("ape_tree", 1, 0.8)])
 def test_generator_gradient_matches_finite_differences(positional, dims, decay):
     """Through both layers' maps, the doubling (the tree's levels) and expm's Frechet
     derivative (float64); ape_seq: its basis through both layers' folds and expm, its angles
-    through the rotary op (and the decay)."""
+    through the rotary op (and the decay); ape_grid, ape_tree: through the attention's
+    per-pair decay factors too."""
     task = navigation.NavigationConfig(dims=dims, steps=5, grid_size=3, n_objects=3)
     batch = navigation.generate(task, 2, np.random.default_rng(0))
     coords = navigation.token_coordinates(batch)
-    options = {"ape_decay": decay} if positional == "ape_seq" else {}
+    options = {"ape_decay": decay}
     if positional == "ape_tree":  # heap numbers 0 (no node) .. 7 of a depth-2 table
         coords = np.random.default_rng(1).integers(0, 8, batch.tokens.shape + (1,))
-        options = {"ape_tree_depth": 2}
+        options["ape_tree_depth"] = 2
     cfg = ModelConfig.for_task("rope", task, d_model=32, n_heads=2, n_layers=2,
                                positional=positional, ape_no_init=True, **options)
     model = Transformer(cfg, seed=0, backend="numpy")
@@ -255,6 +258,51 @@ def test_generator_gradient_matches_finite_differences(positional, dims, decay):
         return model.loss(batch.tokens, batch.targets, np.ones_like(batch.mask), coords)
 
     assert_param_gradients(model, loss, params)
+
+
+@pytest.mark.parametrize("positional", ["ape_grid", "ape_tree"])
+@pytest.mark.parametrize("mask", ["causal", "none"])
+def test_grid_and_tree_decay_multiply_the_logits(positional, mask):
+    """ape_decay = 0.8 on ape_grid (floor of the Euclidean distance) and ape_tree (the tree
+    path; node 0 no decay): the attention gets the factors 0.8^d of every pair of tokens (the
+    table by position ids), the output is the reference attention with those factors, it
+    changes with the decay, and the C backend matches float64 (loss and gradients)."""
+    if positional == "ape_grid":
+        coords = np.array([[[0, 0], [1, 0], [3, 2], [4, 2], [2, 5], [0, 0], [6, 7]]] * 2)
+        coords[1] = coords[1, ::-1]
+        options = {"coord_dims": 2, "ape_positions": 8}
+        d = ref.grid_distance(coords[:, :, None], coords[:, None, :])
+    else:
+        coords = np.array([[1, 2, 3, 4, 5, 10, 0], [7, 6, 0, 13, 1, 2, 3]])[..., None]
+        options = {"ape_tree_depth": 3}
+        a, b = coords[:, :, None, 0], coords[:, None, :, 0]
+        d = np.where((a > 0) & (b > 0), ref.tree_distance(np.maximum(a, 1), np.maximum(b, 1)), 0)
+        np.testing.assert_array_equal(node_distance(coords[:, :, None], coords[:, None, :]), d)
+    tokens = np.random.default_rng(0).integers(0, 9, coords.shape[:2])
+    results = {}
+    for backend, decay in (("numpy", 1.0), ("numpy", 0.8), ("c", 0.8)):
+        cfg = ModelConfig(vocab_size=9, d_model=32, n_heads=2, n_layers=2, positional=positional,
+                          options={**options, "ape_no_init": True, "ape_decay": decay,
+                                   "attn_mask": mask})
+        model = Transformer(cfg, seed=3, backend=backend)
+        loss = model.loss(tokens, tokens, np.ones(tokens.shape), coords)
+        model.backward()
+        results[backend, decay] = loss, {n: np.array(p.grad, np.float64)
+                                         for n, p in model.params.params.items()}
+        if backend == "numpy" and decay == 0.8:
+            scheme = model.blocks[1].mixer.scheme
+            ids, table = scheme.factor["pos_ids"], scheme.factor["pair_factor"]
+            np.testing.assert_allclose(table[ids[:, :, None], ids[:, None, :]], 0.8 ** d,
+                                       rtol=1e-6)
+            want = ref.attention_forward(scheme.q_att, scheme.k_att, scheme.v, mask=mask,
+                                         pos_ids=ids, pair_factor=table)[0]
+            np.testing.assert_allclose(scheme.out, want, rtol=1e-12, atol=1e-12)
+    assert abs(results["numpy", 0.8][0] - results["numpy", 1.0][0]) > 1e-6
+    (lc, gc), (ln, gn) = results["c", 0.8], results["numpy", 0.8]
+    assert abs(lc - ln) < 1e-4 * abs(ln)
+    for name, g in gn.items():
+        np.testing.assert_allclose(gc[name], g, rtol=0, atol=2e-3 * np.abs(g).max() + 1e-7,
+                                   err_msg=name)
 
 
 TASK = dict(dims=2, steps=6, grid_size=4, n_objects=3)
@@ -293,3 +341,26 @@ def test_schemes_train_through_the_cli(tmp_path, positional, flags):
         assert model.config.options["coord_dims"] == 2
     if positional == "ape_grid":
         assert model.config.options["ape_positions"] == 8
+
+
+def test_reproduce_scripts_have_decay_rows(monkeypatch):
+    """reproduce_ape's ape_seq_decay / ape_tree_decay and reproduce_gridpe's ape_grid_decay
+    rows configure ape_decay 0.98 (the paper's public code), the tree row as a prefix LM."""
+    import importlib.util
+    from pathlib import Path
+
+    from test_transduction import load_reproduce_ape
+    ape = load_reproduce_ape(monkeypatch)
+    cfg, _ = ape.configs("reverse", ape.row_of("ape_seq_decay"), ape.SCALES["cpu"], 0, 8)
+    assert cfg.positional == "ape_seq" and cfg.options["ape_decay"] == 0.98
+    cfg, _ = ape.configs("tree_copy", ape.row_of("ape_tree_decay"), ape.TREE_SCALES["cpu"], 0,
+                         8, order="breadth")
+    assert cfg.positional == "ape_tree" and cfg.options["ape_decay"] == 0.98
+    assert cfg.options["attn_mask"] == "prefix"
+    path = Path(__file__).resolve().parents[1] / "benchmarks" / "reproduce_gridpe.py"
+    spec = importlib.util.spec_from_file_location("reproduce_gridpe", path)
+    script = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(script)
+    cfg, _ = script.configs("navigation", script.row_of("ape_grid_decay"),
+                            script.SCALES["cpu"], 0, 8)
+    assert cfg.positional == "ape_grid" and cfg.options["ape_decay"] == 0.98

@@ -199,7 +199,9 @@ class Params(ctypes.Structure):  # MfAttentionParams
                [(name, ctypes.c_int64) for name in "BTHD"] + \\
                [("scale", ctypes.c_float), ("mask", ctypes.c_int),
                 ("prefix", ctypes.POINTER(ctypes.c_int32)), ("scratch", F),
-                ("scratch_floats", ctypes.c_int64)]
+                ("scratch_floats", ctypes.c_int64),
+                ("pos_ids", ctypes.POINTER(ctypes.c_int32)), ("pair_factor", F),
+                ("npos", ctypes.c_int64)]
 
 
 lib = ctypes.CDLL(_C.__file__)

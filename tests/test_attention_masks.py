@@ -255,7 +255,8 @@ class Params(ctypes.Structure):  # MfAttentionParams
                                         "o", "lse_in")] + \\
                [(name, ctypes.c_int64) for name in "BTHD"] + \\
                [("scale", ctypes.c_float), ("mask", ctypes.c_int), ("prefix", I),
-                ("scratch", F), ("scratch_floats", ctypes.c_int64)]
+                ("scratch", F), ("scratch_floats", ctypes.c_int64), ("pos_ids", I),
+                ("pair_factor", F), ("npos", ctypes.c_int64)]
 
 
 lib = ctypes.CDLL(_C.__file__)

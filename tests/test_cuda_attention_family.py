@@ -351,3 +351,65 @@ def test_models_run_on_the_kernels(emulated, preset, attn_mask):
     cfg = ModelConfig.for_task(preset, train_config.task_config(), d_model=32, n_heads=2,
                                n_layers=1, attn_mask=attn_mask)
     compare_steps(Transformer(cfg, seed=4, backend=ops), Transformer(cfg, seed=4), train_config)
+
+
+@pytest.mark.parametrize("mask", ["causal", "none", "prefix"])
+def test_attention_pair_factor(emu, rng, mask):
+    """cuda/attention.cu's per-pair logit factor (pos_ids, pair_factor: APE's distance decay)
+    under each mask, forward and backward, against the reference; T past one query block (64)
+    and the dk/dv block (64), partial key tiles."""
+    B, T, H, D, N = 2, 70, 2, 16, 9
+    prefix = np.array([5, 67], np.int32) if mask == "prefix" else None
+    q, k, v, dout = (randn(rng, B, T, H, D) for _ in range(4))
+    ids = rng.integers(0, N, (B, T)).astype(np.int32)
+    table = rng.uniform(0.2, 1.3, (N, N)).astype(np.float32)
+    scale = 1.0 / np.sqrt(D)
+    sizes = dict(B=B, T=T, H=H, D=D, scale=scale, mask=MASKS[mask], prefix=prefix,
+                 pos_ids=ids, pair_factor=table, npos=N)
+    out, lse = run(emu, "attention_forward_cuda", "MfAttentionParams",
+                   lambda: dict(out=empty(B, T, H, D), lse=empty(B, H, T), q=q, k=k, v=v,
+                                **sizes), ["out", "lse"])
+    kw = dict(mask=mask, prefix=prefix, pos_ids=ids, pair_factor=table)
+    rout, rlse = ref.attention_forward(q, k, v, scale, **kw)
+    assert_close(out, rout, "reduction", "out")
+    assert_close(lse, rlse, "reduction", "lse")
+    floats = B * H * T
+    dq, dk, dv = run(emu, "attention_backward_cuda", "MfAttentionParams",
+                     lambda: dict(dq=empty(B, T, H, D), dk=empty(B, T, H, D),
+                                  dv=empty(B, T, H, D), q=q, k=k, v=v, dout=dout, o=out,
+                                  lse_in=lse, scratch=empty(floats), scratch_floats=floats,
+                                  **sizes), ["dq", "dk", "dv"])
+    for name, a, w in zip(("dq", "dk", "dv"), (dq, dk, dv),
+                          ref.attention_backward(dout, q, k, v, scale, **kw)):
+        assert_close(a, w, "gradient", name)
+
+
+def test_attention_pair_factor_checks(emu, emulated, rng):
+    """The kernels refuse one of pos_ids and pair_factor alone or npos outside [1, 4096]; the
+    wrappers check the ids' range (a device array), naming the argument, and match _C."""
+    from mapformer import _C
+    q = randn(rng, 1, 4, 1, 16)
+    ids, table = np.zeros((1, 4), np.int32), np.ones((3, 3), np.float32)
+    base = dict(out=q, lse=q, q=q, k=q, v=q, B=1, T=4, H=1, D=16, scale=0.25)
+    fn, struct = "attention_forward_cuda", "MfAttentionParams"
+    assert emu.call(fn, struct, pos_ids=ids, pair_factor=table, npos=3, **base) == 0
+    assert emu.call(fn, struct, pos_ids=ids, npos=3, **base) == 1
+    assert emu.call(fn, struct, pair_factor=table, npos=3, **base) == 1
+    for npos in (0, 4097):
+        assert emu.call(fn, struct, pos_ids=ids, pair_factor=table, npos=npos, **base) == 1
+    qq, k, v, dout = (randn(rng, 2, 11, 1, 16) for _ in range(4))
+    f = dict(pos_ids=rng.integers(0, 5, (2, 11)).astype(np.int32),
+             pair_factor=rng.uniform(0.5, 1.0, (5, 5)).astype(np.float32))
+    want = _C.attention_forward(qq, k, v, mask="none", **f)
+    for a, w in zip(emulated.attention_forward(qq, k, v, mask="none", **f), want):
+        assert_close(a, w, "reduction", "attention factor")
+    for a, w in zip(emulated.attention_backward(dout, qq, k, v, *want, mask="none", **f),
+                    _C.attention_backward(dout, qq, k, v, *want, mask="none", **f)):
+        assert_close(a, w, "gradient", "attention factor backward")
+    with pytest.raises(ValueError, match="pos_ids"):
+        emulated.attention_forward(qq, k, v, pos_ids=f["pos_ids"] + 5,
+                                   pair_factor=f["pair_factor"])
+    with pytest.raises(ValueError, match="pair_factor"):
+        emulated.attention_forward(qq, k, v, pos_ids=f["pos_ids"])
+    with pytest.raises(ValueError, match="pair_factor"):
+        emulated.attention_forward(qq, k, v, pos_ids=f["pos_ids"], pair_factor=table[:2])

@@ -5,7 +5,13 @@
  *
  * with lim = max(i, P_b - 1) by the mask (mapformer.h, MfMask): P_b = 0 causal (the default),
  * T none (full attention), prefix[b] prefix (a prefix LM: full attention within the first P_b
- * tokens, causal after them).
+ * tokens, causal after them). With a per-pair factor (pos_ids and pair_factor given), the
+ * logit scale q_i . k_j becomes f_ij scale q_i . k_j, f_ij = pair_factor[pos_ids[b,i],
+ * pos_ids[b,j]] (APE's distance decay gamma^d(i,j): any metric of the positions), applied
+ * before the mask: the mask still decides which keys a query sees, the factor only rescales
+ * the logits of those it sees; backward: dS_raw = f_ij dS. The factor tile of each pair of
+ * blocks is gathered from the table into scratch (no T x T matrix); without a table the
+ * kernels are the plain ones, unchanged.
  *
  * Forward saves lse (B, H, T), one float per query row; the caller keeps out. No T x T matrix
  * exists in either direction: scores live in block x block tiles of per-thread scratch.
@@ -19,8 +25,9 @@
  * the conjunctive attention kernels' MF_ATTN_PLAIN kind, one score product per tile
  * (csrc/ops/kernels/attention.h at 16, 8 or 4 floats, or the OpenBLAS tiles of
  * csrc/ops/portable/attention_blas.c). MF_EINVAL for D odd or outside [16, 128], any size < 1,
- * a non-finite scale, an unknown mask, a prefix NULL or outside [0, T] (MF_MASK_PREFIX), a
- * NULL pointer, outputs overlapping each other or an input, or scratch that is NULL, not
+ * a non-finite scale, an unknown mask, a prefix NULL or outside [0, T] (MF_MASK_PREFIX), only
+ * one of pos_ids and pair_factor, npos outside [1, MF_ATTN_MAX_POSITIONS], a position id
+ * outside [0, npos), a NULL pointer, outputs overlapping each other or an input, or scratch that is NULL, not
  * 64-byte aligned or smaller than one thread's share; with less scratch than
  * the team needs, fewer threads run. Every output has the same bits for any thread count. */
 #include <stddef.h>
@@ -38,6 +45,15 @@ static int make_job(const MfAttentionParams *p, int backward, MfAttnJob *j) {
     if (mf_attn_check_mask(p->mask, p->prefix, p->B, p->T) != MF_OK) return MF_EINVAL;
     j->mask = p->mask;
     j->prefix = p->prefix;
+    if ((p->pos_ids == NULL) != (p->pair_factor == NULL)) return MF_EINVAL;
+    if (p->pair_factor != NULL) {
+        if (p->npos < 1 || p->npos > MF_ATTN_MAX_POSITIONS) return MF_EINVAL;
+        for (int64_t t = 0; t < p->B * p->T; t++)
+            if (p->pos_ids[t] < 0 || p->pos_ids[t] >= p->npos) return MF_EINVAL;
+        j->pos_ids = p->pos_ids;
+        j->factor = p->pair_factor;
+        j->npos = p->npos;
+    }
     j->qx = p->q;
     j->kx = p->k;
     j->v = p->v;
@@ -76,9 +92,9 @@ int attention_forward(const MfAttentionParams *p) {
     const int64_t n = p->B * p->T * p->H * p->D, nl = p->B * p->H * p->T;
     float *const out[] = {p->out, p->lse, p->scratch};
     const int64_t out_n[] = {n, nl, p->scratch_floats};
-    const float *const in[] = {p->q, p->k, p->v};
-    const int64_t in_n[] = {n, n, n};
-    status = mf_attn_check_overlaps(out, out_n, 3, in, in_n, 3);
+    const float *const in[] = {p->q, p->k, p->v, p->pair_factor};
+    const int64_t in_n[] = {n, n, n, p->npos * p->npos};
+    status = mf_attn_check_overlaps(out, out_n, 3, in, in_n, 4);
     if (status != MF_OK) return status;
     return mf_attn_run(mf_attn_kernels(mf_kernels()), &j, 0, p->scratch, p->scratch_floats);
 }
@@ -90,9 +106,9 @@ int attention_backward(const MfAttentionParams *p) {
     const int64_t n = p->B * p->T * p->H * p->D, nl = p->B * p->H * p->T;
     float *const out[] = {p->dq, p->dk, p->dv, p->scratch};
     const int64_t out_n[] = {n, n, n, p->scratch_floats};
-    const float *const in[] = {p->dout, p->q, p->k, p->v, p->o, p->lse_in};
-    const int64_t in_n[] = {n, n, n, n, n, nl};
-    status = mf_attn_check_overlaps(out, out_n, 4, in, in_n, 6);
+    const float *const in[] = {p->dout, p->q, p->k, p->v, p->o, p->lse_in, p->pair_factor};
+    const int64_t in_n[] = {n, n, n, n, n, nl, p->npos * p->npos};
+    status = mf_attn_check_overlaps(out, out_n, 4, in, in_n, 7);
     if (status != MF_OK) return status;
     return mf_attn_run(mf_attn_kernels(mf_kernels()), &j, 1, p->scratch, p->scratch_floats);
 }

@@ -5,10 +5,29 @@
 #define P(f) offsetof(MfAttentionParams, f)
 static const MfSize sizes[] = {{"B", P(B)}, {"T", P(T)}, {"H", P(H)}, {"D", P(D)}, {NULL, 0}};
 
+/* pos_ids and pair_factor: both or neither; ids in [0, N); N at most MF_ATTN_MAX_POSITIONS */
+static int check_factor(MfCall *c, MfAttentionParams *p) {
+    if ((p->pos_ids == NULL) != (p->pair_factor == NULL)) {
+        PyErr_Format(PyExc_ValueError, "%s is required with %s (a per-pair logit factor takes "
+                     "both: pos_ids int32 (B, T), pair_factor float32 (N, N))",
+                     p->pos_ids == NULL ? "pos_ids" : "pair_factor",
+                     p->pos_ids == NULL ? "pair_factor" : "pos_ids");
+        return -1;
+    }
+    if (p->pair_factor == NULL) return 0;
+    p->npos = mf_size(c, "N");
+    if (p->npos < 1 || p->npos > MF_ATTN_MAX_POSITIONS) {
+        PyErr_Format(PyExc_ValueError, "pair_factor must be (N, N) with N in [1, %d], got N = "
+                     "%lld", MF_ATTN_MAX_POSITIONS, (long long)p->npos);
+        return -1;
+    }
+    return mf_check_ids(p->pos_ids, p->B * p->T, p->npos, "pos_ids");
+}
+
 static int check(MfCall *c, void *params) {
     MfAttentionParams *p = params;
-    (void)c;
     if (mf_check_mask(p->mask, p->prefix, p->B, p->T) < 0) return -1;
+    if (check_factor(c, p) < 0) return -1;
     return mf_head_dim_and_scale(p->D, "q, k, v", &p->scale);
 }
 
@@ -16,6 +35,10 @@ static int check(MfCall *c, void *params) {
                    .choices = mf_mask_names}
 #define PREFIX(pos) {"prefix", pos, MF_IN, MF_OPTIONAL | MF_NONE | MF_KWONLY, "B", \
                      .field = P(prefix), .dtype = MF_I32}
+#define POS_IDS(pos) {"pos_ids", pos, MF_IN, MF_OPTIONAL | MF_NONE | MF_KWONLY, "B T", \
+                      .field = P(pos_ids), .dtype = MF_I32}
+#define PAIR_FACTOR(pos) {"pair_factor", pos, MF_IN, MF_OPTIONAL | MF_NONE | MF_KWONLY, "N N", \
+                          .field = P(pair_factor)}
 
 static const MfArg forward_args[] = {
     {"q", 1, MF_IN, 0, "B T H D", .field = P(q)},
@@ -24,6 +47,8 @@ static const MfArg forward_args[] = {
     {"scale", 4, MF_FLOAT, MF_OPTIONAL | MF_NONE, .field = P(scale), MF_FINITE},
     MASK(5),
     PREFIX(6),
+    POS_IDS(7),
+    PAIR_FACTOR(8),
     {"out", 0, MF_OUT, 0, "B T H D", .field = P(out)},
     {"lse", 0, MF_OUT, 0, "B H T", .field = P(lse)},
     {0}};
@@ -43,6 +68,8 @@ static const MfArg backward_args[] = {
     {"scale", 7, MF_FLOAT, MF_OPTIONAL | MF_NONE, .field = P(scale), MF_FINITE},
     MASK(8),
     PREFIX(9),
+    POS_IDS(10),
+    PAIR_FACTOR(11),
     {"dq", 0, MF_OUT, 0, "B T H D", .field = P(dq)},
     {"dk", 0, MF_OUT, 0, "B T H D", .field = P(dk)},
     {"dv", 0, MF_OUT, 0, "B T H D", .field = P(dv)},
@@ -57,21 +84,27 @@ MF_DEFINE(attention_backward, backward)
 
 PyMethodDef mf_attention_methods[] = {
     MF_METHOD(attention_forward,
-     "attention_forward(q, k, v, scale=None, *, mask='causal', prefix=None) -> (out, lse)\n\n"
-     "Softmax attention: out[b, i, h] = sum_{j <= lim} softmax_j(scale q_i . k_j) v_j, where\n"
-     "lim = max(i, P_b - 1): P_b = 0 for mask='causal' (j <= i), T for 'none' (every key)\n"
-     "and prefix[b] for 'prefix' (a prefix LM: full attention within the first prefix[b]\n"
-     "tokens, causal after them).\n"
+     "attention_forward(q, k, v, scale=None, *, mask='causal', prefix=None, pos_ids=None,\n"
+     "pair_factor=None) -> (out, lse)\n\n"
+     "Softmax attention: out[b, i, h] = sum_{j <= lim} softmax_j(f_ij scale q_i . k_j) v_j,\n"
+     "where lim = max(i, P_b - 1): P_b = 0 for mask='causal' (j <= i), T for 'none' (every\n"
+     "key) and prefix[b] for 'prefix' (a prefix LM: full attention within the first\n"
+     "prefix[b] tokens, causal after them); f_ij = pair_factor[pos_ids[b, i], pos_ids[b, j]]\n"
+     "(1 without a table: APE's distance decay gamma^d(i, j) with any metric d), applied to\n"
+     "the logits before the mask, which still decides the keys each query sees.\n"
      "q, k, v: float32 C-contiguous (B, T, H, D), head dim D even in [16, 128].\n"
      "scale: float, default 1/sqrt(D).\n"
      "prefix: int32 (B,) in [0, T], with mask='prefix' only.\n"
+     "pos_ids: int32 (B, T) in [0, N) and pair_factor: float32 (N, N), N <= 4096: both or\n"
+     "neither.\n"
      "Returns out float32 (B, T, H, D) and lse float32 (B, H, T), the log-sum-exp of each\n"
      "query's scaled scores: the only thing attention_backward needs besides out."),
     MF_METHOD(attention_backward,
-     "attention_backward(dout, q, k, v, out, lse, scale=None, *, mask='causal', prefix=None)\n"
-     "-> (dq, dk, dv)\n\n"
+     "attention_backward(dout, q, k, v, out, lse, scale=None, *, mask='causal', prefix=None,\n"
+     "pos_ids=None, pair_factor=None) -> (dq, dk, dv)\n\n"
      "Gradients of attention given dout, the gradient of out.\n"
      "dout, q, k, v, out: float32 C-contiguous (B, T, H, D); lse: float32 (B, H, T) from\n"
-     "attention_forward with the same scale (default 1/sqrt(D)), mask and prefix.\n"
+     "attention_forward with the same scale (default 1/sqrt(D)), mask, prefix, pos_ids and\n"
+     "pair_factor.\n"
      "Returns new float32 arrays dq, dk, dv (B, T, H, D)."),
     {NULL, NULL, 0, NULL}};

@@ -26,8 +26,18 @@ Initialisation (option ``ape_no_init`` False): RoPE in closed form, A[2i+1, 2i] 
 rope_base^(-i / NB) on each chunk (so expm(A - A^T) is the block-diagonal rotation RoPE
 applies: ape_grid starts as axial RoPE; ape_seq, with M = I and omega = RoPE's, as exactly
 the ``rope`` scheme); with ``ape_no_init``: A ~ N(0, 0.01^2), W near the identity.
-``ape_tree`` (below): binary-tree positions, one generator per branch. Not done: the paper's
-distance decay of the logits for ape_grid and ape_tree.
+``ape_tree`` (below): binary-tree positions, one generator per branch.
+
+Distance decay (``ape_decay`` gamma < 1, every APE scheme): the logit between query i and key
+j multiplied by gamma^d(i, j) (the paper's public code: gamma = 0.98), d the distance between
+their positions: |i - j| (ape_seq), floor of the Euclidean distance of the coordinates
+(ape_grid), edges on the tree path between the heap numbers (ape_tree). ape_grid's and
+ape_tree's factors do not split into f(i) g(j), so they go into the attention op itself as a
+per-pair factor: the first layer numbers the distinct positions of the batch (pos_ids
+(B, T)) and tabulates gamma^d between them (pair_factor (N, N), N <= 4096 distinct
+positions), once per forward for every layer; the kernels gather each tile's factors from
+the table (no T x T matrix). It applies to the logits before the mask, so it composes with
+every attn_mask. ape_seq keeps its cheaper separable form (causal only).
 """
 import weakref
 
@@ -51,8 +61,9 @@ def table_extent(task):
     return 2 * task_extent(task)
 
 
-APE_DECAY = Option("ape_decay", float, 1.0, "ape_seq's logits multiplied by gamma^distance "
-                   "(the paper's public code: 0.98; 1: no decay)", above=0)
+APE_DECAY = Option("ape_decay", float, 1.0, "APE's logits multiplied by gamma^distance "
+                   "(ape_seq |i - j|, ape_grid floor(Euclidean), ape_tree tree distance; the "
+                   "paper's public code: 0.98; 1: no decay)", above=0)
 
 APE_POSITIONS = Option("ape_positions", int, 128, "positions per axis ape_grid tabulates "
                        "(coordinates in [0, P); for a task: twice its grid side or sequence "
@@ -64,16 +75,31 @@ _SHARED = weakref.WeakKeyDictionary()
 
 class _Shared:
     """A generator parameter and its maps, shared by every layer's scheme: ``maps``
-    (G, P, H, E, E) from the last forward, ``dmaps`` their gradient summed by the layers."""
+    (G, P, H, E, E) from the last forward, ``dmaps`` their gradient summed by the layers;
+    ``factor``: the distance decay's attention arguments of the last forward (pos_ids,
+    pair_factor; empty without a decay)."""
 
     def __init__(self, param):
-        self.param, self.maps, self.dmaps = param, None, None
+        self.param, self.maps, self.dmaps, self.factor = param, None, None, {}
+
+
+def decay_factor(index, batch, distance, gamma):
+    """The distance decay's per-pair factor of positions ``index`` (TB, T, A) ints (TB = 1:
+    the same for every sequence) as numbered ids: (pos_ids (B, T) int32, the number of each
+    token's position among the distinct positions of the batch, pair_factor (N, N) float32
+    gamma^distance(u, w) between the distinct positions u, w), with ``distance``: (N, A),
+    (N, A) broadcast -> int distances."""
+    index = np.broadcast_to(np.asarray(index), (batch,) + np.shape(index)[1:])
+    unique, ids = np.unique(index.reshape(-1, index.shape[2]), axis=0, return_inverse=True)
+    table = reference.decay_table(distance(unique[:, None, :], unique[None, :, :]), gamma)
+    return ids.reshape(index.shape[:2]).astype(np.int32), table
 
 
 class APE(AttentionScheme):
     """Shared machinery of the APE schemes. A subclass defines ``positions(steps) ->
     (index (TB, T, A) int32, P)`` (each token's position per axis, and the positions the table
-    holds), and may change ``axes(config)`` (A), ``generators(config)`` (G),
+    holds) and ``distance(a, b)`` (integer distances between positions (..., A): ape_decay's
+    d), and may change ``axes(config)`` (A), ``generators(config)`` (G),
     ``rope_init`` and ``table_forward`` / ``table_backward`` (generators -> maps, default:
     powers). Parameter ``generator`` (G, H, E, E), declared by the first layer only. Traces:
     ``q_att``, ``k_att`` (B, T, H, D) the mapped queries and keys; ``maps`` (A, P, H, E, E)
@@ -124,16 +150,26 @@ class APE(AttentionScheme):
         if self.owner:
             shared.maps = self.table_forward(shared.param.value, positions)
             shared.dmaps = ops.zeros_like(shared.maps)
+            gamma = self.config.options["ape_decay"]
+            shared.factor = {}
+            if gamma != 1.0:
+                pos_ids, table = decay_factor(ops.to_numpy(self.index), batch, self.distance,
+                                              gamma)
+                shared.factor = dict(pos_ids=ops.as_indices(pos_ids, "pos_ids"),
+                                     pair_factor=ops.asarray(table))
+        self.factor = shared.factor
         self.q, self.k, self.v = q, k, v
         self.q_att = ops.ape_apply_forward(q, shared.maps, self.index)
         self.k_att = ops.ape_apply_forward(k, shared.maps, self.index)
-        self.out, self.lse = ops.attention_forward(self.q_att, self.k_att, v, **self.mask)
+        self.out, self.lse = ops.attention_forward(self.q_att, self.k_att, v, **self.mask,
+                                                   **self.factor)
         return self.out, state
 
     def attend_backward(self, dout, dstate):
         shared, ops = self.shared, self.ops
         dq_att, dk_att, dv = ops.attention_backward(dout, self.q_att, self.k_att, self.v,
-                                                    self.out, self.lse, **self.mask)
+                                                    self.out, self.lse, **self.mask,
+                                                    **self.factor)
         dq = ops.ape_apply_backward(dq_att, self.q, shared.maps, self.index, shared.dmaps)
         dk = ops.ape_apply_backward(dk_att, self.k, shared.maps, self.index, shared.dmaps)
         if self.owner:  # the first layer's backward runs last: every layer's dmaps are in
@@ -196,8 +232,9 @@ class APESequence(AttentionScheme):
     ``ape_decay`` scaling the rotated q_i by gamma^(i - c) and k_j by gamma^(c - j)
     (c = (T - 1) / 2), exact and without touching the attention kernels; it bounds T to
     |ln gamma| (T - 1) / 2 <= 40 (gamma = 0.98: T <= 3960). A mask with keys after the query
-    (prefix, bidirectional) would need |i - j|, a per-pair factor in the kernels. ape_grid's
-    and ape_tree's decays (Euclidean and tree distances) do not split this way: not done.
+    (prefix, bidirectional) would need |i - j|, the per-pair factor ape_grid's and ape_tree's
+    decays take (Euclidean and tree distances do not split this way: module docstring); the
+    separable form is kept here, cheaper (no factor tiles).
 
     Traces: ``basis_map`` (H, D, D) M, ``theta`` (1, T, H, NB) the angles (t + 1) omega
     (wrapped to [-pi, pi)), ``q_att``, ``k_att`` (B, T, H, D) the rotated (and decayed)
@@ -286,7 +323,7 @@ class APEGrid(APE):
     gives none and n = 1), maps W_a^x_a per axis a on chunk a of the head."""
 
     name = "ape_grid"
-    options = (ROPE_BASE, APE_NO_INIT, COORD_DIMS, COORD_SOURCE, APE_POSITIONS)
+    options = (ROPE_BASE, APE_NO_INIT, COORD_DIMS, COORD_SOURCE, APE_POSITIONS, APE_DECAY)
 
     @classmethod
     def axes(cls, config):
@@ -297,6 +334,10 @@ class APEGrid(APE):
         extent = self.config.options["ape_positions"]
         return self.ops.as_indices(coordinates), (max(extent, steps)
                                                   if task_coordinates(self) is None else extent)
+
+    def distance(self, a, b):
+        """ape_decay's d: floor of the Euclidean distance (the token index: |i - j|)."""
+        return reference.grid_distance(a, b)
 
 
 def tree_levels(task):
@@ -319,6 +360,15 @@ def tree_rope_generator(base, n_heads, dim):
                            for shift in (0.0, 0.5)])
 
 
+def node_distance(a, b):
+    """ape_tree's decay distance: edges on the tree path between heap numbers a, b (..., 1)
+    (reference.tree_distance); 0 when either is 0 (no node: no decay, as its operator is the
+    identity)."""
+    a, b = np.broadcast_arrays(np.asarray(a)[..., 0], np.asarray(b)[..., 0])
+    both = (a > 0) & (b > 0)
+    return np.where(both, reference.tree_distance(np.maximum(a, 1), np.maximum(b, 1)), 0)
+
+
 @register_scheme
 class APETree(APE):
     """``ape_tree``: position = the token's node in a binary tree by heap number h (root 1,
@@ -331,10 +381,11 @@ class APETree(APE):
     numbers index the table directly: the paper's public code looked 1-indexed heap numbers
     up in a 0-indexed enumeration (its root got a child's path); this is the numbering the
     algebra says. RoPE initialisation: W_0 at RoPE's frequencies base^(-i / NB), W_1 at
-    base^(-(i + 1/2) / NB) (both rotations: commutative until training moves them)."""
+    base^(-(i + 1/2) / NB) (both rotations: commutative until training moves them).
+    ``ape_decay``: gamma^(tree distance) on the logits (module docstring)."""
 
     name = "ape_tree"
-    options = (ROPE_BASE, APE_NO_INIT, APE_TREE_DEPTH)
+    options = (ROPE_BASE, APE_NO_INIT, APE_TREE_DEPTH, APE_DECAY)
 
     @classmethod
     def generators(cls, config):
@@ -353,6 +404,9 @@ class APETree(APE):
 
     def table_forward(self, generator, positions):
         return self.ops.ape_tree_forward(generator, positions.bit_length() - 2)
+
+    def distance(self, a, b):
+        return node_distance(a, b)
 
     def table_backward(self, dmaps, generator, dgenerator):
         self.ops.ape_tree_backward(dmaps, generator, dgenerator)

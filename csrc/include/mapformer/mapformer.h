@@ -94,8 +94,13 @@ typedef enum {
     MF_MASK_NONE = 1,
     MF_MASK_PREFIX = 2,
 } MfMask;
-/* out[b,i,h] = sum_{j seen} softmax_j(scale q_i . k_j) v_j, lse[b,h,i] = log sum_j exp(..).
- * Forward reads q, k, v, scale and writes out, lse; backward reads dout, q, k, v, o (forward's
+/* attention's optional per-pair logit factor (MfAttentionParams.pos_ids, pair_factor): the
+ * most positions its table may index (npos^2 floats: 64 MiB) */
+#define MF_ATTN_MAX_POSITIONS 4096
+/* out[b,i,h] = sum_{j seen} softmax_j(scale q_i . k_j) v_j, lse[b,h,i] = log sum_j exp(..);
+ * with pos_ids and pair_factor given, the logits are f_ij scale q_i . k_j, f_ij =
+ * pair_factor[pos_ids[b,i], pos_ids[b,j]] (before the mask). Forward reads q, k, v, scale
+ * and writes out, lse; backward reads dout, q, k, v, o (forward's
  * out), lse_in (forward's lse) and writes dq, dk, dv (=). Both take p->scratch of at least
  * <op>_scratch_floats(p) floats (64-byte aligned; 0 when p's sizes are invalid): MfAttentionParams,
  * mapformer/params.h. */

@@ -110,6 +110,11 @@ typedef struct {
     const int32_t *prefix;     /* MF_MASK_PREFIX: (B,) prefix lengths in [0, T]; else unused */
     float *scratch;
     int64_t scratch_floats;
+    const int32_t *pos_ids;    /* optional per-pair logit factor (both or neither): (B, T) */
+    const float *pair_factor;  /* position ids in [0, npos), table (npos, npos): the logit of
+                                * query i, key j is multiplied by
+                                * pair_factor[pos_ids[b,i], pos_ids[b,j]] before the mask */
+    int64_t npos;
 } MfAttentionParams;
 
 /* attention_decode: a block of Tq new queries on the keys of Tk >= Tq positions (incremental

@@ -106,6 +106,18 @@ MF_INLINE void vstream(float *p, const vf *x) {
 #endif
 }
 
+/* *x = the lanes base[idx[l]] for the MF_VW int32 indices at idx (any int32 address): a
+ * hardware gather where the target has one (AVX-512, AVX2), else lane by lane */
+MF_INLINE void vgather(vf *x, const float *base, const int32_t *idx) {
+#if MF_VW == 16 && defined(__AVX512F__)
+    *x = (vf)_mm512_i32gather_ps(_mm512_loadu_si512((const void *)idx), base, 4);
+#elif MF_VW == 8 && defined(__AVX2__)
+    *x = (vf)_mm256_i32gather_ps(base, _mm256_loadu_si256((const __m256i *)idx), 4);
+#else
+    for (int l = 0; l < MF_VW; l++) (*x)[l] = base[idx[l]];
+#endif
+}
+
 /* make stream stores visible before returning */
 MF_INLINE void vstream_fence(void) {
 #if defined(__SSE__)

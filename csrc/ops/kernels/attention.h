@@ -29,6 +29,10 @@
  *    register tiles that run past the block's last row use clamped rows and are stored in
  *    scratch but never read. A block cut by P_b (at most one key block per query block) is
  *    computed whole, its hidden scores -inf (forward) and probabilities 0 (backward).
+ * With a per-pair factor table (plain attention; MfAttnJob.factor), each pair of blocks first
+ * gathers its factor tile F into scratch (factor_tile) and the score tiles multiply
+ * by it before the mask (forward c2 F s; backward the same scores and dS F): kernels compiled
+ * apart (fac, a compile-time constant), so the plain ones are unchanged.
  * Scores are base 2 (c2 = scale log2 e folded in) and exponentials are simd.h's vexp2. Each
  * task prefetches the rows the next task will need into L2, a few rows per tile. */
 #ifndef MF_ATTN_BT
@@ -195,6 +199,25 @@ MF_INLINE void pf_step(Prefetch *pf) {
     }
 }
 
+/* The per-pair factors of a (query, key) tile: F[r * BT + c] = factor[pos_ids[i0 + r'],
+ * pos_ids[j0 + c']] for r, c < BT with r' = min(r, nr - 1), c' = min(c, nc - 1) (rows and
+ * columns past the block repeat its last: finite values where the kernels compute past
+ * it); each row gathered from the table's row (vgather), F aligned. */
+MF_INLINE void factor_tile(const MfAttnJob *p, int64_t b, float *F, int64_t i0, int64_t nr,
+                           int64_t j0, int64_t nc) {
+    const int32_t *pq = p->pos_ids + b * p->T + i0, *pk = p->pos_ids + b * p->T + j0;
+    int32_t keys[BT];
+    for (int64_t c = 0; c < BT; c++) keys[c] = pk[min64(c, nc - 1)];
+    for (int64_t r = 0; r < BT; r++) {
+        const float *row = p->factor + (int64_t)pq[min64(r, nr - 1)] * p->npos;
+        for (int64_t c = 0; c < BT; c += VW) {
+            vf x;
+            vgather(&x, row, keys + c);
+            VSTORE(F + r * BT + c, x);
+        }
+    }
+}
+
 /* Prefetch whole heads ahead only while they fit comfortably in a core's L2 next to the
  * current one; longer sequences stream through the hardware prefetchers. */
 #define PF_MAX_BYTES (1024 * 1024)
@@ -213,6 +236,7 @@ MF_INLINE void pf_step(Prefetch *pf) {
 enum { SC_ONE, SC_PROD, SC_SUM, SC_EXP };
 
 /* S^T[c][r] for keys c0 <= c < c0 + MR (rows past nc repeat key nc - 1 and are not stored)
+ * (SC_ONE with F, a compile-time NULL or not: c2 F[c][r] s_a, the per-pair factor tile)
  * and the query vectors g0 .. g0+nv of the block; when diag (an MF_BLOCK_ mask), the keys
  * c >= kfree hidden from the queries r < c + koff: -inf, or 0 for SC_EXP (the causal
  * diagonal: koff = kfree = 0). Except for SC_EXP, mrun[r] = max(mrun[r], S^T[c][r]) over
@@ -220,7 +244,8 @@ enum { SC_ONE, SC_PROD, SC_SUM, SC_EXP };
 MF_INLINE void fwd_scores(int kind, int nv, int64_t g0, float *ST, float *mrun,
                           const float *const ka[MR], const float *QaT,
                           const float *const kb[MR], const float *QbT, int64_t D, int64_t c0,
-                          int64_t nc, int diag, int64_t koff, int64_t kfree, float c2) {
+                          int64_t nc, int diag, int64_t koff, int64_t kfree, float c2,
+                          const float *F) {
     vf acc[MR][NV];
     zero_acc(acc);
     mk(acc, nv, ka, 1, QaT + VW * g0, BT, 0, D);
@@ -246,6 +271,8 @@ MF_INLINE void fwd_scores(int kind, int nv, int64_t g0, float *ST, float *mrun,
                 x = (VLOAD(st) + acc[m][v]) * c2;
             else if (kind == SC_EXP)
                 x = (VLOAD(st) * c2 - mx) + (acc[m][v] * c2 - mb);
+            else if (F != NULL)
+                x = acc[m][v] * VLOAD(F + (c0 + m) * BT + col) * c2;
             else
                 x = acc[m][v] * c2;
             /* query r < key c + koff, for keys c >= kfree */
@@ -266,11 +293,11 @@ MF_INLINE void fwd_scores(int kind, int nv, int64_t g0, float *ST, float *mrun,
 /* Scores of key block [0, nc) (rows of stride ld from ka, kb) against the packed query block:
  * MR keys at a time, on the causal diagonal the query vectors wholly above it skipped, the
  * rest in tiles of NV vectors (diag, koff, kfree: fwd_scores); pf_step once per MR keys.
- * SC_ONE reads only ka and QaT (the callers pass them twice). */
+ * SC_ONE reads only ka and QaT (the callers pass them twice); F: fwd_scores. */
 MF_INLINE void fwd_score_block(int kind, float *ST, float *mrun, const float *ka,
                                const float *QaT, const float *kb, const float *QbT, int64_t ld,
                                int64_t D, int64_t nc, int diag, int64_t koff, int64_t kfree,
-                               float c2, Prefetch *pf) {
+                               float c2, const float *F, Prefetch *pf) {
     for (int64_t c0 = 0; c0 < nc; c0 += MR) {
         pf_step(pf);
         const float *kac[MR], *kbc[MR];
@@ -280,7 +307,7 @@ MF_INLINE void fwd_score_block(int kind, float *ST, float *mrun, const float *ka
         }
         for (int64_t g0 = diag == MF_BLOCK_CAUSAL ? c0 / VW : 0; g0 < NVB; g0 += NV) {
 #define MF_SCORES(n) \
-    fwd_scores(kind, n, g0, ST, mrun, kac, QaT, kbc, QbT, D, c0, nc, diag, koff, kfree, c2)
+    fwd_scores(kind, n, g0, ST, mrun, kac, QaT, kbc, QbT, D, c0, nc, diag, koff, kfree, c2, F)
             NV_SWITCH(min64(NV, NVB - g0), MF_SCORES)
 #undef MF_SCORES
         }
@@ -364,7 +391,7 @@ static inline float lse_of(const MfAttnJob *p, float m, float l) {
 
 /* the forward's scratch, by kind */
 typedef struct {
-    float *QxT, *QpT, *ST, *O, *Vs, *mx, *l, *alpha, *mrun, *mxP, *lP;
+    float *QxT, *QpT, *ST, *O, *Vs, *mx, *l, *alpha, *mrun, *mxP, *lP, *F, *G;
 } FwdScratch;
 
 static int64_t fwd_layout(const MfAttnJob *p, float *base, FwdScratch *s) {
@@ -382,6 +409,8 @@ static int64_t fwd_layout(const MfAttnJob *p, float *base, FwdScratch *s) {
     MF_TAKE(s->mrun, BT, 1);      /* max including this key block, */
     MF_TAKE(s->mxP, BT, 1);       /* the P branch's max (softmax_product: mrun + BT), */
     MF_TAKE(s->lP, BT, 1);        /* and its sum */
+    MF_TAKE(s->F, BT * BT, p->factor != NULL); /* (BT, BT): per-pair factors [key][query], */
+    MF_TAKE(s->G, BT * BT, p->factor != NULL); /* gathered [query][key] first */
     return n;
 }
 
@@ -395,9 +424,9 @@ static int64_t fwd_npair(const MfAttnJob *p) { return (fwd_blocks(p) + 1) / 2; }
 static int64_t fwd_tasks(const MfAttnJob *p) { return p->B * p->H * fwd_npair(p); }
 
 /* One query block (rows i0 .. i0+nr of head (b, h)) against the key blocks it sees (0 .. ib,
- * or further when the mask's P_b reaches further), in `kind` (a compile-time constant at
- * every call). */
-MF_INLINE void fwd_block(int kind, const MfAttnJob *p, const FwdScratch *s, Prefetch *pf,
+ * or further when the mask's P_b reaches further), in `kind` and with the per-pair factor
+ * when fac (plain attention only; both compile-time constants at every call). */
+MF_INLINE void fwd_block(int kind, int fac, const MfAttnJob *p, const FwdScratch *s, Prefetch *pf,
                          int64_t b, int64_t h, int64_t ib) {
     const int64_t T = p->T, D = p->D, Dp = padded(D), ld = p->ld;
     const int64_t i0 = ib * BT, nr = min64(BT, T - i0);
@@ -426,11 +455,11 @@ MF_INLINE void fwd_block(int kind, const MfAttnJob *p, const FwdScratch *s, Pref
             const int diag = mf_attn_block_mask(i0, j0, nc, P);
             memcpy(mrun, mx, BT * sizeof(float));
             fwd_score_block(SC_ONE, ST, mrun, kx + j0 * ld, s->QxT, kx + j0 * ld, s->QxT,
-                            ld, D, nc, diag, j0 - i0, P - j0, c2, pf);
+                            ld, D, nc, diag, j0 - i0, P - j0, c2, NULL, pf);
             fwd_softmax_cols(ST, mx, l, alpha, mrun, nc, diag);
             memcpy(mrun, mxP, BT * sizeof(float));
             fwd_score_block(SC_ONE, ST, mrun, kp + j0 * ld, s->QpT, kp + j0 * ld, s->QpT,
-                            ld, D, nc, diag, j0 - i0, P - j0, c2, pf);
+                            ld, D, nc, diag, j0 - i0, P - j0, c2, NULL, pf);
             fwd_softmax_cols(ST, mxP, lP, alpha, mrun, nc, diag);
         }
         /* pass 2: O += A' V with A' = 2^((c2 sX - mx) + (c2 sP - mxP)) = A lX lP, no
@@ -448,7 +477,7 @@ MF_INLINE void fwd_block(int kind, const MfAttnJob *p, const FwdScratch *s, Pref
             const int64_t j0 = jb * BT, nc = min64(BT, T - j0);
             const int diag = mf_attn_block_mask(i0, j0, nc, P);
             fwd_score_block(SC_EXP, ST, mrun, kx + j0 * ld, s->QxT, kp + j0 * ld, s->QpT, ld, D,
-                            nc, diag, j0 - i0, P - j0, c2, pf);
+                            nc, diag, j0 - i0, P - j0, c2, NULL, pf);
             fwd_pv_block(O, ST, s->Vs, alpha, v + j0 * ld, ld, D, Dp, nr, nc, diag, pf);
         }
         for (int64_t r = 0; r < nr; r++) l[r] = 1.0f / (l[r] * lP[r]);
@@ -463,8 +492,13 @@ MF_INLINE void fwd_block(int kind, const MfAttnJob *p, const FwdScratch *s, Pref
         const int64_t j0 = jb * BT, nc = min64(BT, T - j0);
         const int diag = mf_attn_block_mask(i0, j0, nc, P);
         memcpy(mrun, mx, BT * sizeof(float));
+        if (fac) { /* gathered along the table's rows, then turned to [key][query] */
+            factor_tile(p, b, s->G, i0, nr, j0, nc);
+            mf_transpose(s->F, BT, s->G, BT, BT, BT);
+        }
         fwd_score_block(sc, ST, mrun, kx + j0 * ld, s->QxT, (two ? kp : kx) + j0 * ld,
-                        two ? s->QpT : s->QxT, ld, D, nc, diag, j0 - i0, P - j0, c2, pf);
+                        two ? s->QpT : s->QxT, ld, D, nc, diag, j0 - i0, P - j0, c2,
+                        fac ? s->F : NULL, pf);
         fwd_softmax_cols(ST, mx, l, alpha, mrun, nc, diag);
         fwd_pv_block(O, ST, s->Vs, alpha, v + j0 * ld, ld, D, Dp, nr, nc, diag, pf);
     }
@@ -498,7 +532,7 @@ static void fwd_prefetch_plan(const MfAttnJob *p, Prefetch *pf, int64_t t) {
     }
 }
 
-MF_INLINE void fwd_task(int kind, const MfAttnJob *p, float *scr, int64_t t) {
+MF_INLINE void fwd_task(int kind, int fac, const MfAttnJob *p, float *scr, int64_t t) {
     const int64_t npair = fwd_npair(p), bh = t / npair, pr = t % npair;
     const int64_t ib1 = fwd_blocks(p) - 1 - pr;
     FwdScratch s;
@@ -512,16 +546,28 @@ MF_INLINE void fwd_task(int kind, const MfAttnJob *p, float *scr, int64_t t) {
     const int64_t blocks = mf_attn_last_key_block(ib1, BT, p->T, P) + 1 +
                            (pr != ib1 ? mf_attn_last_key_block(pr, BT, p->T, P) + 1 : 0);
     pf_plan(&pf, blocks * (passes * BT / MR));
-    fwd_block(kind, p, &s, &pf, bh / p->H, bh % p->H, ib1);
-    if (pr != ib1) fwd_block(kind, p, &s, &pf, bh / p->H, bh % p->H, pr);
+    fwd_block(kind, fac, p, &s, &pf, bh / p->H, bh % p->H, ib1);
+    if (pr != ib1) fwd_block(kind, fac, p, &s, &pf, bh / p->H, bh % p->H, pr);
+}
+
+/* plain attention with the per-pair factor, a function of its own (noinline), so that the
+ * plain kernels' code is laid out as without it */
+static __attribute__((noinline)) void fwd_factor_task(const MfAttnJob *p, float *scr,
+                                                      int64_t t) {
+    fwd_task(MF_ATTN_PLAIN, 1, p, scr, t);
 }
 
 static int fwd_entry(const MfAttnJob *p, float *scr, int64_t t) {
     switch (p->kind) {
-        case MF_ATTN_PLAIN: fwd_task(MF_ATTN_PLAIN, p, scr, t); break;
-        case MF_CONJ_SCORE_PRODUCT: fwd_task(MF_CONJ_SCORE_PRODUCT, p, scr, t); break;
-        case MF_CONJ_SOFTMAX_PRODUCT: fwd_task(MF_CONJ_SOFTMAX_PRODUCT, p, scr, t); break;
-        default: fwd_task(MF_CONJ_SUM, p, scr, t); break;
+        case MF_ATTN_PLAIN:
+            if (p->factor != NULL)
+                fwd_factor_task(p, scr, t);
+            else
+                fwd_task(MF_ATTN_PLAIN, 0, p, scr, t);
+            break;
+        case MF_CONJ_SCORE_PRODUCT: fwd_task(MF_CONJ_SCORE_PRODUCT, 0, p, scr, t); break;
+        case MF_CONJ_SOFTMAX_PRODUCT: fwd_task(MF_CONJ_SOFTMAX_PRODUCT, 0, p, scr, t); break;
+        default: fwd_task(MF_CONJ_SUM, 0, p, scr, t); break;
     }
     return MF_OK;
 }
@@ -533,14 +579,15 @@ static int fwd_entry(const MfAttnJob *p, float *scr, int64_t t) {
  * key row r0 + m sees), GX[r][c] = dsX_rc, GP[r][c] = dsP_rc (GP is
  * GX in sum mode; unused in plain attention, whose dS is GX). la, lb: the rows' base-2 lse as
  * float pairs, la[m] + la[MR + m] (lb: softmax_product's P branch; see split_lse); dvr: Dv of
- * the rows. Rows past nr are computed on clamped pointers and stored (scratch rows < BT) but
- * never read. */
+ * the rows; F (plain attention, a compile-time NULL or not): the per-pair factor tile
+ * [query][key], the scores F s and dS F. Rows past nr are computed on clamped pointers and
+ * stored (scratch rows < BT) but never read. */
 MF_INLINE void bwd_scores(int kind, int nv, int64_t g0, float *P, float *GX, float *GP,
                           const float *const qxr[MR], const float *const qpr[MR],
                           const float *const dor[MR], const float *KxT, const float *KpT,
                           const float *VT, const float *la, const float *lb, const float *dvr,
                           const int64_t lim[MR], int64_t D, int64_t r0, int diag, float c2,
-                          float scale) {
+                          float scale, const float *F) {
     const int64_t c = VW * g0; /* the tile's first key */
     vf acc[MR][NV];
     zero_acc(acc);
@@ -579,6 +626,8 @@ MF_INLINE void bwd_scores(int kind, int nv, int64_t g0, float *P, float *GX, flo
                     a = (VLOAD(GX + e) * a * c2 - la[m]) - la[MR + m];
                 } else if (kind == MF_CONJ_SUM) {
                     a = ((VLOAD(GX + e) + a) * c2 - la[m]) - la[MR + m];
+                } else if (F != NULL) {
+                    a = (a * VLOAD(F + e) * c2 - la[m]) - la[MR + m];
                 } else {
                     a = (a * c2 - la[m]) - la[MR + m];
                 }
@@ -595,7 +644,9 @@ MF_INLINE void bwd_scores(int kind, int nv, int64_t g0, float *P, float *GX, flo
         for (int v = 0; v < nv; v++) {
             const int64_t e = (r0 + m) * BT + c + VW * v;
             const vf a = VLOAD(P + e);
-            if (kind == MF_ATTN_PLAIN || kind == MF_CONJ_SUM) {
+            if (kind == MF_ATTN_PLAIN && F != NULL) {
+                VSTORE(GX + e, a * (acc[m][v] - dvr[m]) * scale * VLOAD(F + e));
+            } else if (kind == MF_ATTN_PLAIN || kind == MF_CONJ_SUM) {
                 VSTORE(GX + e, a * (acc[m][v] - dvr[m]) * scale);
             } else if (kind == MF_CONJ_SCORE_PRODUCT) {
                 const vf ds = a * (acc[m][v] - dvr[m]) * scale, sx = VLOAD(GX + e);
@@ -676,7 +727,7 @@ MF_INLINE void bwd_dq_rows(float *dqi, int64_t ld, const float *G, const float *
 /* the backward's scratch, by kind (NULL: not used by that kind) */
 typedef struct {
     float *KxT, *KpT, *VT, *Kxs, *Kps, *dKx, *dKp, *dV, *Qxs, *Qps, *dOs, *P, *GX, *GP;
-    float *Dv, *la, *lb;
+    float *Dv, *la, *lb, *F;
 } BwdScratch;
 
 static int64_t bwd_layout(const MfAttnJob *p, float *base, BwdScratch *s) {
@@ -699,6 +750,7 @@ static int64_t bwd_layout(const MfAttnJob *p, float *base, BwdScratch *s) {
     MF_TAKE(s->P, BT * BT, 1);   /* (BT, BT) each, [query][key]: A, dsX, dsP */
     MF_TAKE(s->GX, BT * BT, 1);
     MF_TAKE(s->GP, BT * BT, gp);
+    MF_TAKE(s->F, BT * BT, p->factor != NULL); /* (BT, BT): per-pair factors [query][key] */
     MF_TAKE(s->Dv, T, 1);        /* (T,): dout_t . out_t */
     MF_TAKE(s->la, 2 * T, 1);    /* (2, T): base-2 lse, split_lse (lse_X for softmax_product) */
     MF_TAKE(s->lb, 2 * T, p->kind == MF_CONJ_SOFTMAX_PRODUCT); /* (2, T): base-2 lse_P */
@@ -712,8 +764,9 @@ static int64_t bwd_floats(const MfAttnJob *p) {
     return bwd_layout(p, NULL, &s);
 }
 
-/* Everything of head (b, h) in `kind` (compile-time); pf: the next head's rows to prefetch */
-MF_INLINE void bwd_task(int kind, const MfAttnJob *p, const BwdScratch *s, Prefetch *pf,
+/* Everything of head (b, h) in `kind`, with the per-pair factor when fac (both compile-time);
+ * pf: the next head's rows to prefetch */
+MF_INLINE void bwd_task(int kind, int fac, const MfAttnJob *p, const BwdScratch *s, Prefetch *pf,
                         int64_t b, int64_t h) {
     const int64_t T = p->T, D = p->D, Dp = padded(D), ld = p->ld, nb = (T + BT - 1) / BT;
     const int64_t off = b * T * ld + h * D, bh = b * p->H + h;
@@ -761,6 +814,7 @@ MF_INLINE void bwd_task(int kind, const MfAttnJob *p, const BwdScratch *s, Prefe
             const float *Qx = vector_rows(s->Qxs, qx + i0 * ld, ld, nr, D, &ldqx);
             const float *Qp = two ? vector_rows(s->Qps, qp + i0 * ld, ld, nr, D, &ldqp) : NULL;
             const float *dO = vector_rows(s->dOs, dout + i0 * ld, ld, nr, D, &lddo);
+            if (fac) factor_tile(p, b, s->F, i0, nr, j0, nc);
 
             for (int64_t r0 = 0; r0 < nr; r0 += MR) {
                 pf_step(pf);
@@ -785,7 +839,7 @@ MF_INLINE void bwd_task(int kind, const MfAttnJob *p, const BwdScratch *s, Prefe
                 for (int64_t g0 = 0; g0 < vhi; g0 += NV) {
 #define MF_SCORES(n)                                                                         \
     bwd_scores(kind, n, g0, s->P, s->GX, s->GP, qxr, qpr, dor, s->KxT, s->KpT, s->VT, l2a, \
-               l2b, dvr, lim, D, r0, diag, c2, scale)
+               l2b, dvr, lim, D, r0, diag, c2, scale, fac ? s->F : NULL)
                     NV_SWITCH(min64(NV, vhi - g0), MF_SCORES)
 #undef MF_SCORES
                 }
@@ -818,7 +872,7 @@ MF_INLINE void bwd_task(int kind, const MfAttnJob *p, const BwdScratch *s, Prefe
 
 /* Backward task bh: the whole head; prefetch the next head's inputs and gradient rows (the
  * outputs are fetched now, not on the store). */
-MF_INLINE void bwd_head(int kind, const MfAttnJob *p, float *scr, int64_t bh) {
+MF_INLINE void bwd_head(int kind, int fac, const MfAttnJob *p, float *scr, int64_t bh) {
     BwdScratch s;
     bwd_layout(p, scr, &s);
     const int two = kind != MF_ATTN_PLAIN;
@@ -834,15 +888,26 @@ MF_INLINE void bwd_head(int kind, const MfAttnJob *p, float *scr, int64_t bh) {
     }
     /* pf_step runs twice per MR queries and once per MR keys of every pair of blocks */
     pf_plan(&pf, nb * (nb + 1) / 2 * (3 * BT / MR));
-    bwd_task(kind, p, &s, &pf, bh / p->H, bh % p->H);
+    bwd_task(kind, fac, p, &s, &pf, bh / p->H, bh % p->H);
+}
+
+/* as fwd_factor_task */
+static __attribute__((noinline)) void bwd_factor_head(const MfAttnJob *p, float *scr,
+                                                      int64_t bh) {
+    bwd_head(MF_ATTN_PLAIN, 1, p, scr, bh);
 }
 
 static int bwd_entry(const MfAttnJob *p, float *scr, int64_t bh) {
     switch (p->kind) {
-        case MF_ATTN_PLAIN: bwd_head(MF_ATTN_PLAIN, p, scr, bh); break;
-        case MF_CONJ_SCORE_PRODUCT: bwd_head(MF_CONJ_SCORE_PRODUCT, p, scr, bh); break;
-        case MF_CONJ_SOFTMAX_PRODUCT: bwd_head(MF_CONJ_SOFTMAX_PRODUCT, p, scr, bh); break;
-        default: bwd_head(MF_CONJ_SUM, p, scr, bh); break;
+        case MF_ATTN_PLAIN:
+            if (p->factor != NULL)
+                bwd_factor_head(p, scr, bh);
+            else
+                bwd_head(MF_ATTN_PLAIN, 0, p, scr, bh);
+            break;
+        case MF_CONJ_SCORE_PRODUCT: bwd_head(MF_CONJ_SCORE_PRODUCT, 0, p, scr, bh); break;
+        case MF_CONJ_SOFTMAX_PRODUCT: bwd_head(MF_CONJ_SOFTMAX_PRODUCT, 0, p, scr, bh); break;
+        default: bwd_head(MF_CONJ_SUM, 0, p, scr, bh); break;
     }
     return MF_OK;
 }

@@ -41,6 +41,9 @@ typedef struct {
     int kind;                            /* MF_ATTN_PLAIN or an MfConjMode */
     int mask;                            /* an MfMask */
     const int32_t *prefix;               /* MF_MASK_PREFIX: (B,) */
+    const int32_t *pos_ids;              /* MF_ATTN_PLAIN's per-pair logit factor, or NULL: */
+    const float *factor;                 /* pos_ids (B, T) in [0, npos), factor (npos, npos); */
+    int64_t npos;                        /* logit_ij = factor[pos_i, pos_j] scale q_i . k_j */
 } MfAttnJob;
 
 /* P_b of batch row b (mapformer.h, MfMask): query i sees the keys j <= max(i, P_b - 1); 0

@@ -7,7 +7,9 @@
  * threshold, so calls from several OpenMP threads never start BLAS threads.
  * Products per (query block, key block): forward 2 (plain), 3 (score_product, sum) or 5
  * (softmax_product: two passes); backward 5 (plain) or 8. The mask (attention_sets.h) gives
- * every query row the keys up to max(i, P_b - 1): in a tile, the first cend of the row. */
+ * every query row the keys up to max(i, P_b - 1): in a tile, the first cend of the row. A
+ * per-pair factor table (plain attention) multiplies the score tile by its factor tile in a
+ * pass of its own before the mask (and dS after it in the backward), run only when given. */
 #define MF_VW 4
 
 #include <math.h>
@@ -167,10 +169,47 @@ static int64_t fwd_nb(const MfAttnJob *p) { return (p->T + BTB - 1) / BTB; }
 static int64_t fwd_npair(const MfAttnJob *p) { return (fwd_nb(p) + 1) / 2; }
 static int64_t fwd_tasks(const MfAttnJob *p) { return p->B * p->H * fwd_npair(p); }
 
-static int64_t fwd_floats(const MfAttnJob *p) { return 2 * BTB * BTB + BTB * p->D + 4 * BTB; }
+/* the per-pair factor tile F (BTB, BTB) [query][key] of a job with a factor table */
+static int64_t fac_floats(const MfAttnJob *p) { return p->factor != NULL ? BTB * BTB : 0; }
+
+static int64_t fwd_floats(const MfAttnJob *p) {
+    return 2 * BTB * BTB + BTB * p->D + 4 * BTB + fac_floats(p);
+}
 
 static int64_t bwd_floats(const MfAttnJob *p) {
-    return 4 * BTB * BTB + 3 * BTB * p->D + 5 * p->T;
+    return 4 * BTB * BTB + 3 * BTB * p->D + 5 * p->T + fac_floats(p);
+}
+
+/* The per-pair factors of the (query, key) tile of rows i0 .. i0+nr, keys j0 .. j0+nc:
+ * F[r * BTB + c] = factor[pos_ids[i0 + r], pos_ids[j0 + c]] */
+static void factor_tile(const MfAttnJob *j, int64_t b, float *F, int64_t i0, int64_t nr,
+                        int64_t j0, int64_t nc) {
+    const int32_t *pq = j->pos_ids + b * j->T + i0, *pk = j->pos_ids + b * j->T + j0;
+    for (int64_t r = 0; r < nr; r++) {
+        const float *row = j->factor + (int64_t)pq[r] * j->npos;
+        for (int64_t c = 0; c < nc; c++) F[r * BTB + c] = row[pk[c]];
+    }
+}
+
+/* S[r][c] *= F[r][c] for the tile's rows r < nr and keys c < nc: the per-pair factors of the
+ * pair of blocks (i0, j0) of batch row b, gathered into F first; a pass apart, run only with
+ * a factor table */
+static void scale_by_factor(const MfAttnJob *p, int64_t b, float *S, float *F, int64_t i0,
+                            int64_t nr, int64_t j0, int64_t nc) {
+    factor_tile(p, b, F, i0, nr, j0, nc);
+    for (int64_t r = 0; r < nr; r++) {
+        float *s = S + r * BTB;
+        const float *f = F + r * BTB;
+        int64_t c = 0;
+        for (; c + MF_VW <= nc; c += MF_VW) VSTOREU(s + c, VLOADU(s + c) * VLOADU(f + c));
+        for (; c < nc; c++) s[c] *= f[c];
+    }
+}
+
+/* S[r][c] *= F[r][c] with F as scale_by_factor left it */
+static void rescale_by_factor(float *S, const float *F, int64_t nr, int64_t nc) {
+    for (int64_t r = 0; r < nr; r++)
+        for (int64_t c = 0; c < nc; c++) S[r * BTB + c] *= F[r * BTB + c];
 }
 
 /* forward task t: head t / npair, query blocks nb-1-pr and pr (pr = t % npair) */
@@ -185,6 +224,7 @@ static int fwd(const MfAttnJob *p, float *scr, int64_t t) {
     float *S2 = S + BTB * BTB; /* (BTB, BTB): positional scores (score_product, pass 1) */
     float *O = S2 + BTB * BTB; /* (BTB, D): unnormalised output */
     float *mx = O + BTB * D, *l = mx + BTB, *mxP = l + BTB, *lP = mxP + BTB; /* (BTB,) each */
+    float *F = lP + BTB;       /* (BTB, BTB): per-pair factors (a factor table only) */
     const int second = kind == MF_ATTN_PLAIN ? 0 : kind == MF_CONJ_SUM ? 1
                        : kind == MF_CONJ_SCORE_PRODUCT ? 2 : 3;
     for (int half = 0; half < 2; half++) {
@@ -242,6 +282,7 @@ static int fwd(const MfAttnJob *p, float *scr, int64_t t) {
             const int64_t j0 = jb * BTB, nc = min64(BTB, T - j0);
             int st = blas_scores(p, S, S2, off, i0, nr, j0, nc, second);
             if (st != MF_OK) return st;
+            if (p->factor != NULL) scale_by_factor(p, b, S, F, i0, nr, j0, nc);
             for (int64_t r = 0; r < nr; r++) {
                 float *s = S + r * BTB, *o = O + r * D;
                 const int64_t cend = row_cend(i0 + r, j0, nc, P); /* the keys r sees */
@@ -283,6 +324,7 @@ static int bwd(const MfAttnJob *p, float *scr, int64_t bh) {
     float *dKx = GP + BTB * BTB, *dKp = dKx + BTB * D, *dV = dKp + BTB * D; /* (BTB, D) each */
     float *Dv = dV + BTB * D;                 /* (T,): dout_t . out_t */
     float *la = Dv + T, *lb = la + 2 * T;     /* (2, T) each: base-2 lse, split_lse */
+    float *F = lb + 2 * T;                    /* (BTB, BTB): per-pair factors (a table only) */
     for (int64_t t = 0; t < T; t++) {
         const float *a = dout + t * ld, *c = o + t * ld;
         float s = 0.0f;
@@ -304,6 +346,7 @@ static int bwd(const MfAttnJob *p, float *scr, int64_t bh) {
             const int64_t i0 = ib * BTB, nr = min64(BTB, T - i0);
             int st = blas_scores(p, GX, GP, off, i0, nr, j0, nc, second);
             if (st != MF_OK) return st;
+            if (p->factor != NULL) scale_by_factor(p, b, GX, F, i0, nr, j0, nc);
             for (int64_t r = 0; r < nr; r++) {
                 float *pr = P + r * BTB, *x = GX + r * BTB, *y = GP + r * BTB;
                 const float l2 = la[i0 + r], l2lo = la[T + i0 + r];
@@ -333,6 +376,7 @@ static int bwd(const MfAttnJob *p, float *scr, int64_t bh) {
                     ds_chunk(kind, pr + c, da + c, x + c, y + c, MF_VW, dvr, scale);
                 if (c < nc) ds_chunk(kind, pr + c, da + c, x + c, y + c, nc - c, dvr, scale);
             }
+            if (p->factor != NULL) rescale_by_factor(GX, F, nr, nc); /* dS_raw = F dS */
             st = mf_sgemm(1, 0, nc, D, nr, 1.0f, GX, BTB, qx + i0 * ld, ld, 1.0f, dKx, D);
             if (st == MF_OK)
                 st = mf_sgemm(0, 0, nr, D, nc, 1.0f, GX, BTB, kx + j0 * ld, ld, 1.0f,
