@@ -10,9 +10,10 @@ perplexity printed beside the paper's.
 Rows (``--rows``, comma-separated): the named rows of ROWS (``sinusoidal``, ``learned_abs``,
 ``rope``, ``rope_tuned``, ``ape_seq``, ``ape_seq_no_init``, ``ape_seq_decay``, ``none``, and
 the prefix-LM rows ``rope_prefix``, ``ape_seq_prefix``, ``none_prefix``; ``ape_tree``,
-``ape_tree_no_init``, ``ape_tree_decay`` for table (b)) or any registered positional scheme's name (so later baselines plug in), each
-run with the attention mixer. Default: sinusoidal, rope, ape_seq, none (table a);
-sinusoidal, rope_tuned, ape_seq, ape_tree (table b). Our ``learned_abs`` is the paper's
+``ape_tree_no_init``, ``ape_tree_decay`` for table (b)) or any registered positional
+scheme's name (so later baselines plug in), each run with the attention mixer. Default:
+sinusoidal, rope, ape_seq, none (table a); sinusoidal, rope_tuned, ape_seq, ape_tree (table b).
+Our ``learned_abs`` is the paper's
 "Absolute", ``rope`` its "RoPE frozen", ``rope_tuned`` (``rope_trainable``) "RoPE tuned",
 ``ape_seq`` its "APE w/ init" (RoPE's rotations at the start), ``ape_seq_no_init`` "APE w/o
 init"; the paper's decay of the logits (0.98^distance) is not applied by these rows: the

@@ -266,13 +266,19 @@ def ops(lib, xp, stream=lambda: None, params_h=None):
         if pos_ids is None or pair_factor is None:
             raise ValueError(f"{'pos_ids' if pos_ids is None else 'pair_factor'} is required "
                              "with the other (a per-pair logit factor takes both)")
-        pos_ids, pair_factor = i32(pos_ids), f32(pair_factor)
+        if xp.asarray(pos_ids).dtype.kind not in "iu":
+            raise TypeError(f"pos_ids must hold integers, got {xp.asarray(pos_ids).dtype}")
+        raw_ids, pair_factor = xp.asarray(pos_ids), f32(pair_factor)
         N = pair_factor.shape[0] if pair_factor.ndim == 2 else 0
         if pair_factor.shape != (N, N) or not 1 <= N <= 4096:
             raise ValueError(f"pair_factor must be (N, N) with N in [1, 4096], got "
                              f"{tuple(pair_factor.shape)}")
-        if (pos_ids.shape != (B, T) or int(pos_ids.min()) < 0 or int(pos_ids.max()) >= N):
+        if not bool(xp.isfinite(pair_factor).all()):
+            raise ValueError("pair_factor must be finite (it would reach the backward's masked "
+                             "pairs as 0 * inf)")
+        if (raw_ids.shape != (B, T) or int(raw_ids.min()) < 0 or int(raw_ids.max()) >= N):
             raise ValueError(f"pos_ids must be (B, T) = ({B}, {T}) int32 in [0, N = {N})")
+        pos_ids = i32(raw_ids)
         return dict(pos_ids=pos_ids, pair_factor=pair_factor, npos=N)
 
     def attention_forward(q, k, v, scale=None, *, mask="causal", prefix=None, pos_ids=None,

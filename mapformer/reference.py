@@ -173,10 +173,10 @@ def attention_mask(B, T, mask="causal", prefix=None):
     return (i[None, None, :] <= lim[:, :, None])[:, None]
 
 
-def pair_factors(pos_ids, pair_factor, dtype=np.float64):
+def pair_factors(pos_ids, pair_factor, bt, dtype=np.float64):
     """The per-pair logit factors (B, 1, T, T) [b, 0, i, j] = pair_factor[pos_ids[b, i],
-    pos_ids[b, j]] of pos_ids (B, T) ints in [0, N) and pair_factor (N, N); 1 (a scalar) when
-    both are None. Only one of them given, or ids outside [0, N): ValueError naming it."""
+    pos_ids[b, j]] of pos_ids (B, T) = bt ints in [0, N) and pair_factor (N, N) finite; 1 (a
+    scalar) when both are None. Only one of them given, or a bad one: ValueError naming it."""
     if pos_ids is None and pair_factor is None:
         return 1.0
     if pos_ids is None or pair_factor is None:
@@ -186,8 +186,12 @@ def pair_factors(pos_ids, pair_factor, dtype=np.float64):
     table = np.asarray(pair_factor, dtype=dtype)
     if table.ndim != 2 or table.shape[0] != table.shape[1]:
         raise ValueError(f"pair_factor must be (N, N), got {table.shape}")
-    if ids.ndim != 2 or np.any((ids < 0) | (ids >= table.shape[0])):
-        raise ValueError(f"pos_ids must be (B, T) in [0, N = {table.shape[0]})")
+    if not np.isfinite(table).all():
+        raise ValueError("pair_factor must be finite")
+    if (ids.shape != tuple(bt) or ids.dtype.kind not in "iu"
+            or np.any((ids < 0) | (ids >= table.shape[0]))):
+        raise ValueError(f"pos_ids must be (B, T) = {tuple(bt)} integers in "
+                         f"[0, N = {table.shape[0]})")
     return table[ids[:, :, None], ids[:, None, :]][:, None]
 
 
@@ -203,7 +207,8 @@ def attention_forward(q, k, v, scale=None, dtype=np.float64, mask="causal", pref
     q, k, v = _cast(dtype, q, k, v)
     B, T, D = q.shape[0], q.shape[1], q.shape[3]
     scale = _default_scale(D, scale)
-    s = _einsum("bihd,bjhd->bhij", q, k) * scale * pair_factors(pos_ids, pair_factor, dtype)
+    s = _einsum("bihd,bjhd->bhij", q, k) * scale * pair_factors(pos_ids, pair_factor, (B, T),
+                                                                 dtype)
     s = np.where(attention_mask(B, T, mask, prefix), s, -np.inf)
     m = s.max(-1, keepdims=True)
     lse = m[..., 0] + np.log(np.exp(s - m).sum(-1))
@@ -219,7 +224,7 @@ def attention_backward(dout, q, k, v, scale=None, dtype=np.float64, mask="causal
     scale = _default_scale(q.shape[3], scale)
     out, lse = attention_forward(q, k, v, scale, dtype=dtype, mask=mask, prefix=prefix,
                                  pos_ids=pos_ids, pair_factor=pair_factor)
-    f = pair_factors(pos_ids, pair_factor, dtype)
+    f = pair_factors(pos_ids, pair_factor, q.shape[:2], dtype)
     s = _einsum("bihd,bjhd->bhij", q, k) * scale * f
     seen = attention_mask(q.shape[0], q.shape[1], mask, prefix)
     p = np.where(seen, np.exp(s - lse[..., None]), 0.0)

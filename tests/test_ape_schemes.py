@@ -15,7 +15,7 @@ import pytest
 from conftest import assert_param_gradients, subprocess_env
 from mapformer import reference as ref
 from mapformer.models import ModelConfig, Transformer
-from mapformer.schemes.ape import node_distance
+from mapformer.schemes.ape import MAX_DECAY_POSITIONS, decay_factor, node_distance
 from mapformer.schemes.gridpe import gridpe_frequencies, simplex_directions
 from mapformer.tasks import navigation
 from mapformer.train import TrainConfig, load_checkpoint, train
@@ -303,6 +303,31 @@ def test_grid_and_tree_decay_multiply_the_logits(positional, mask):
     for name, g in gn.items():
         np.testing.assert_allclose(gc[name], g, rtol=0, atol=2e-3 * np.abs(g).max() + 1e-7,
                                    err_msg=name)
+
+
+def test_decay_tables_refused_and_rebuilt_per_batch():
+    """decay_factor raises naming ape_decay for more distinct positions than the op's table
+    takes and for gamma^distance past float32; a model's second batch with other coordinates
+    gets its own table (the loss a fresh model gives on it)."""
+    l1 = lambda a, b: np.abs(a - b).sum(-1)  # noqa: E731
+    with pytest.raises(ValueError, match="ape_decay"):
+        decay_factor(np.arange(MAX_DECAY_POSITIONS + 1)[None, :, None], 1, l1, 0.98)
+    with pytest.raises(ValueError, match="ape_decay"):
+        decay_factor(np.array([[[0], [200]]]), 1, l1, 2.0)
+    ids, table = decay_factor(np.array([[[5], [1], [5]]]), 2, l1, 0.5)
+    np.testing.assert_array_equal(ids, [[1, 0, 1], [1, 0, 1]])
+    np.testing.assert_array_equal(table, [[1.0, 0.5 ** 4], [0.5 ** 4, 1.0]])
+    cfg = ModelConfig(vocab_size=9, d_model=32, n_heads=2, n_layers=2, positional="ape_grid",
+                      options={"coord_dims": 2, "ape_positions": 8, "ape_decay": 0.7})
+    rng = np.random.default_rng(4)
+    tokens = rng.integers(0, 9, (2, 7))
+    first, second = (rng.integers(0, 8, (2, 7, 2)) for _ in range(2))
+    model = Transformer(cfg, seed=2, backend="numpy")
+    model.loss(tokens, tokens, np.ones(tokens.shape), first)
+    again = model.loss(tokens, tokens, np.ones(tokens.shape), second)
+    fresh = Transformer(cfg, seed=2, backend="numpy").loss(tokens, tokens, np.ones(tokens.shape),
+                                                           second)
+    assert again == fresh
 
 
 TASK = dict(dims=2, steps=6, grid_size=4, n_objects=3)

@@ -221,6 +221,11 @@ def test_bad_factor_arguments_name_the_argument(rng, op):
                      (np.ones((4097, 4097), np.float32), ValueError)):
         with raises_naming(exc, "pair_factor"):
             call(pos_ids=ids, pair_factor=bad)
+    for value in (np.inf, np.nan):  # masked pairs' zeros times inf would be NaN in dq, dk
+        wrong = table.copy()
+        wrong[0, 3] = value
+        with raises_naming(ValueError, "pair_factor"):
+            call(pos_ids=ids, pair_factor=wrong)
     with pytest.raises(TypeError):
         _C.attention_forward(q, k, v, None, "causal", None, ids, table)  # keyword-only
 
@@ -231,12 +236,19 @@ def test_reference_checks_factor_arguments():
         ref.attention_forward(q, q, q, pos_ids=np.zeros((1, 3), int))
     with pytest.raises(ValueError, match="pos_ids"):
         ref.attention_forward(q, q, q, pos_ids=np.full((1, 3), 2), pair_factor=np.ones((2, 2)))
+    for ids in (np.zeros((1, 1), int), np.zeros((1, 3)), np.zeros((2, 3), int)):
+        with pytest.raises(ValueError, match="pos_ids"):  # broadcast, float or batch mismatch
+            ref.attention_forward(q, q, q, pos_ids=ids, pair_factor=np.ones((2, 2)))
+    with pytest.raises(ValueError, match="pair_factor"):
+        ref.attention_forward(q, q, q, pos_ids=np.zeros((1, 3), int),
+                              pair_factor=np.array([[1.0, np.inf], [1.0, 1.0]]))
 
 
 def test_c_entry_checks_the_factor(tmp_path):
     """The C entry itself (through ctypes, past the binding): one of pos_ids and pair_factor
-    alone, npos outside [1, 4096] or an id outside [0, npos) is MF_EINVAL and nothing is
-    written; good arguments give the binding's bits."""
+    alone, npos outside [1, 4096], an id outside [0, npos), a non-finite factor or an output
+    over the ids is MF_EINVAL and nothing is written; good arguments give the binding's
+    bits."""
     script = tmp_path / "entry.py"
     script.write_text("""
 import ctypes
@@ -277,8 +289,11 @@ buf = np.empty(n + 32, np.float32)
 p.scratch, p.scratch_floats = ptr(buf[(-buf.ctypes.data // 4) % 16:]), n
 bad_ids = ids.copy()
 bad_ids[1, 3] = N
+inf_table = table.copy()
+inf_table[2, 4] = np.inf
 for i, t, npos, status in ((ids, table, N, 0), (ids, None, N, 1), (None, table, N, 1),
-                           (ids, table, 0, 1), (ids, table, 4097, 1), (bad_ids, table, N, 1)):
+                           (ids, table, 0, 1), (ids, table, 4097, 1), (bad_ids, table, N, 1),
+                           (ids, inf_table, N, 1)):
     out, lse = np.full((B, T, H, D), 7.0, np.float32), np.full((B, H, T), 7.0, np.float32)
     p.out, p.lse, p.npos = ptr(out), ptr(lse), npos
     p.pos_ids = i.ctypes.data_as(I) if i is not None else None
@@ -288,6 +303,12 @@ for i, t, npos, status in ((ids, table, N, 0), (ids, None, N, 1), (None, table, 
         assert np.array_equal(out, want) and np.array_equal(lse, want_lse)
     else:
         assert np.all(out == 7.0) and np.all(lse == 7.0)
+# the ids inside the output: the kernels would rewrite them while gathering by them
+out, lse = np.zeros((B, T, H, D), np.float32), np.full((B, H, T), 7.0, np.float32)
+p.out, p.lse, p.npos, p.pair_factor = ptr(out), ptr(lse), N, ptr(table)
+p.pos_ids = out.ctypes.data_as(I)
+assert lib.attention_forward(ctypes.byref(p)) == 1
+assert np.all(out == 0.0) and np.all(lse == 7.0)
 print("ok")
 """)
     out = subprocess.run([sys.executable, str(script)], env=subprocess_env(1), check=True,

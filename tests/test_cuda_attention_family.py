@@ -413,3 +413,11 @@ def test_attention_pair_factor_checks(emu, emulated, rng):
         emulated.attention_forward(qq, k, v, pos_ids=f["pos_ids"])
     with pytest.raises(ValueError, match="pair_factor"):
         emulated.attention_forward(qq, k, v, pos_ids=f["pos_ids"], pair_factor=table[:2])
+    inf_table = f["pair_factor"].copy()
+    inf_table[1, 2] = np.inf
+    with pytest.raises(ValueError, match="pair_factor"):
+        emulated.attention_forward(qq, k, v, pos_ids=f["pos_ids"], pair_factor=inf_table)
+    wrapped = f["pos_ids"].astype(np.int64) + 2**32  # would wrap into range if cast first
+    for bad, exc in ((wrapped, ValueError), (f["pos_ids"].astype(np.float32), TypeError)):
+        with pytest.raises(exc, match="pos_ids"):
+            emulated.attention_forward(qq, k, v, pos_ids=bad, pair_factor=f["pair_factor"])

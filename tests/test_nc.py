@@ -135,12 +135,14 @@ def test_c_op_matches_reference(rng, B, T, H, NB):
 
 def test_zero_start_blocks(rng):
     """A block with p* = 0 (the backward runs its chain from p* / |p*|, from 1 there): p and
-    dw are 0 on it, dp* is still E_1 = sum_t conj(A_t) g_t conj(C_t)."""
+    dw are 0 on it, dp* is still E_1 = sum_t conj(A_t) g_t conj(C_t). A block with
+    |p*|^2 <= 1e-30 is such a block (it grew by the renormalisation's 3/2 a step before)."""
     w, start = inputs(rng, 2, 9, 1, 3)
     start[0, 1::3] = 0.0  # block 1: components at f NB + 1
+    start[0, 2::3] = 1e-17  # block 2: |p*|^2 = 4e-34
     dp = randn(rng, 2, 9, 1, 12)
     p = _C.nc_forward(w, start)
-    assert np.all(p[..., 1::3] == 0.0)
+    assert np.all(p[..., 1::3] == 0.0) and np.all(p[..., 2::3] == 0.0)
     dstart = np.zeros_like(start)
     dw = _C.nc_backward(dp, w, start, dstart)
     assert np.all(dw[..., 1] == 0.0)

@@ -27,9 +27,12 @@
  * csrc/ops/portable/attention_blas.c). MF_EINVAL for D odd or outside [16, 128], any size < 1,
  * a non-finite scale, an unknown mask, a prefix NULL or outside [0, T] (MF_MASK_PREFIX), only
  * one of pos_ids and pair_factor, npos outside [1, MF_ATTN_MAX_POSITIONS], a position id
- * outside [0, npos), a NULL pointer, outputs overlapping each other or an input, or scratch that is NULL, not
- * 64-byte aligned or smaller than one thread's share; with less scratch than
- * the team needs, fewer threads run. Every output has the same bits for any thread count. */
+ * outside [0, npos), a non-finite factor (the backward scales masked pairs' zeros too), a
+ * NULL pointer, outputs overlapping each other or an input (pos_ids and prefix included),
+ * or scratch that is NULL, not 64-byte aligned or smaller than one thread's share; with less
+ * scratch than the team needs, fewer threads run. Every output has the same bits for any
+ * thread count. */
+#include <math.h>
 #include <stddef.h>
 
 #include "kernels/attention_sets.h"
@@ -50,6 +53,8 @@ static int make_job(const MfAttentionParams *p, int backward, MfAttnJob *j) {
         if (p->npos < 1 || p->npos > MF_ATTN_MAX_POSITIONS) return MF_EINVAL;
         for (int64_t t = 0; t < p->B * p->T; t++)
             if (p->pos_ids[t] < 0 || p->pos_ids[t] >= p->npos) return MF_EINVAL;
+        for (int64_t i = 0; i < p->npos * p->npos; i++)
+            if (!isfinite(p->pair_factor[i])) return MF_EINVAL;
         j->pos_ids = p->pos_ids;
         j->factor = p->pair_factor;
         j->npos = p->npos;
@@ -92,9 +97,12 @@ int attention_forward(const MfAttentionParams *p) {
     const int64_t n = p->B * p->T * p->H * p->D, nl = p->B * p->H * p->T;
     float *const out[] = {p->out, p->lse, p->scratch};
     const int64_t out_n[] = {n, nl, p->scratch_floats};
-    const float *const in[] = {p->q, p->k, p->v, p->pair_factor};
-    const int64_t in_n[] = {n, n, n, p->npos * p->npos};
-    status = mf_attn_check_overlaps(out, out_n, 3, in, in_n, 4);
+    /* the int32 ids and prefix lengths are 4 bytes a value, as floats are */
+    const float *const prefix = p->mask == MF_MASK_PREFIX ? (const float *)p->prefix : NULL;
+    const float *const in[] = {p->q, p->k, p->v, p->pair_factor, (const float *)p->pos_ids,
+                               prefix};
+    const int64_t in_n[] = {n, n, n, p->npos * p->npos, p->B * p->T, p->B};
+    status = mf_attn_check_overlaps(out, out_n, 3, in, in_n, 6);
     if (status != MF_OK) return status;
     return mf_attn_run(mf_attn_kernels(mf_kernels()), &j, 0, p->scratch, p->scratch_floats);
 }
@@ -106,9 +114,11 @@ int attention_backward(const MfAttentionParams *p) {
     const int64_t n = p->B * p->T * p->H * p->D, nl = p->B * p->H * p->T;
     float *const out[] = {p->dq, p->dk, p->dv, p->scratch};
     const int64_t out_n[] = {n, n, n, p->scratch_floats};
-    const float *const in[] = {p->dout, p->q, p->k, p->v, p->o, p->lse_in, p->pair_factor};
-    const int64_t in_n[] = {n, n, n, n, n, nl, p->npos * p->npos};
-    status = mf_attn_check_overlaps(out, out_n, 4, in, in_n, 7);
+    const float *const prefix = p->mask == MF_MASK_PREFIX ? (const float *)p->prefix : NULL;
+    const float *const in[] = {p->dout, p->q, p->k, p->v, p->o, p->lse_in, p->pair_factor,
+                               (const float *)p->pos_ids, prefix};
+    const int64_t in_n[] = {n, n, n, n, n, nl, p->npos * p->npos, p->B * p->T, p->B};
+    status = mf_attn_check_overlaps(out, out_n, 4, in, in_n, 9);
     if (status != MF_OK) return status;
     return mf_attn_run(mf_attn_kernels(mf_kernels()), &j, 1, p->scratch, p->scratch_floats);
 }

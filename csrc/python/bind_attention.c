@@ -5,7 +5,8 @@
 #define P(f) offsetof(MfAttentionParams, f)
 static const MfSize sizes[] = {{"B", P(B)}, {"T", P(T)}, {"H", P(H)}, {"D", P(D)}, {NULL, 0}};
 
-/* pos_ids and pair_factor: both or neither; ids in [0, N); N at most MF_ATTN_MAX_POSITIONS */
+/* pos_ids and pair_factor: both or neither; ids in [0, N); N at most MF_ATTN_MAX_POSITIONS;
+ * the factors finite */
 static int check_factor(MfCall *c, MfAttentionParams *p) {
     if ((p->pos_ids == NULL) != (p->pair_factor == NULL)) {
         PyErr_Format(PyExc_ValueError, "%s is required with %s (a per-pair logit factor takes "
@@ -21,6 +22,13 @@ static int check_factor(MfCall *c, MfAttentionParams *p) {
                      "%lld", MF_ATTN_MAX_POSITIONS, (long long)p->npos);
         return -1;
     }
+    for (int64_t i = 0; i < p->npos * p->npos; i++)
+        if (!isfinite(p->pair_factor[i])) {
+            PyErr_Format(PyExc_ValueError, "pair_factor must be finite: entry (%lld, %lld) is "
+                         "not (it would reach the backward's masked pairs as 0 * inf)",
+                         (long long)(i / p->npos), (long long)(i % p->npos));
+            return -1;
+        }
     return mf_check_ids(p->pos_ids, p->B * p->T, p->npos, "pos_ids");
 }
 

@@ -83,15 +83,28 @@ class _Shared:
         self.param, self.maps, self.dmaps, self.factor = param, None, None, {}
 
 
+# the attention op's table limit (MF_ATTN_MAX_POSITIONS: distinct positions a batch may hold)
+MAX_DECAY_POSITIONS = 4096
+
+
 def decay_factor(index, batch, distance, gamma):
     """The distance decay's per-pair factor of positions ``index`` (TB, T, A) ints (TB = 1:
     the same for every sequence) as numbered ids: (pos_ids (B, T) int32, the number of each
     token's position among the distinct positions of the batch, pair_factor (N, N) float32
-    gamma^distance(u, w) between the distinct positions u, w), with ``distance``: (N, A),
-    (N, A) broadcast -> int distances."""
+    gamma^distance(u, w) between the distinct positions u, w), with ``distance``: (N, 1, A),
+    (1, N, A) -> (N, N) int distances. ValueError naming ``ape_decay`` when the batch holds
+    more than MAX_DECAY_POSITIONS distinct positions or gamma^distance overflows float32."""
     index = np.broadcast_to(np.asarray(index), (batch,) + np.shape(index)[1:])
     unique, ids = np.unique(index.reshape(-1, index.shape[2]), axis=0, return_inverse=True)
-    table = reference.decay_table(distance(unique[:, None, :], unique[None, :, :]), gamma)
+    if len(unique) > MAX_DECAY_POSITIONS:
+        raise ValueError(f"ape_decay: the batch holds {len(unique)} distinct positions; the "
+                         f"decay's table takes at most {MAX_DECAY_POSITIONS} (use ape_decay 1, "
+                         "or smaller batches / shorter sequences / shallower trees)")
+    d = distance(unique[:, None, :], unique[None, :, :])
+    if np.log(gamma) * d.max() >= np.log(np.finfo(np.float32).max):
+        raise ValueError(f"ape_decay {gamma}: gamma^distance overflows float32 at this "
+                         f"batch's largest distance {d.max()} (a decay is gamma < 1)")
+    table = reference.decay_table(d, gamma)
     return ids.reshape(index.shape[:2]).astype(np.int32), table
 
 
@@ -215,9 +228,10 @@ class APESequence(AttentionScheme):
     per-token matrix) and the scheme (kind ``attention``) rotates by t omega with the rotary
     op (the angles: path integration of Delta = 1, as RoPE's, with trainable omega), then runs
     the causal attention. The same operators W as APE's W = expm(A - A^T) (every W in SO(D)
-    has this form, and every M, omega gives one), reached through (B, omega) in place of A: gradients flow into omega through the rotary op and into
-    B through the fold and expm's Frechet derivative (ops.ape_basis_*), not through powers of
-    a dense W. The parametrisation differs from the paper's, so training dynamics may too; and
+    has this form, and every M, omega gives one), reached through (B, omega) in place of A:
+    gradients flow into omega through the rotary op and into B through the fold and expm's
+    Frechet derivative (ops.ape_basis_*), not through powers of a dense W. The
+    parametrisation differs from the paper's, so training dynamics may too; and
     since M sits next to free W_q, W_k, the model family equals RoPE with trainable angles
     shared by the layers (APE's footnote 4); M keeps APE's operator explicit (traces).
     Initialisation: M = I (B = 0) and omega = RoPE's frequencies (exactly the ``rope``

@@ -209,7 +209,8 @@ MF_INLINE void forward_span(const MfNcParams *p, const NcShape *sh, int64_t b, i
     NcGroup gr[NC_SPAN];
     int64_t wo[NC_SPAN], po[NC_SPAN]; /* the groups' offsets in a row of w and of p */
     vq q[NC_SPAN]; /* p_t = a_t p_{t-1} c_t, renormalised to |p*| */
-    vf hinv[NC_SPAN]; /* 1 / (2 |p*|^2) (0 where |p*|^2 <= 1e-30) */
+    vf hinv[NC_SPAN]; /* 1 / (2 |p*|^2) (0 where |p*|^2 <= 1e-30: such a start is 0, so
+                         its lanes stay 0, as the backward's dw = 0 on them says) */
     for (int g = 0; g < G; g++) {
         gr[g] = group_of(sh, g0 + g);
         wo[g] = 6 * NB * gr[g].h + gr[g].k0, po[g] = 4 * NB * gr[g].h + gr[g].k0;
@@ -217,6 +218,8 @@ MF_INLINE void forward_span(const MfNcParams *p, const NcShape *sh, int64_t b, i
         const vf s2 = (q[g].w * q[g].w + q[g].x * q[g].x) + (q[g].y * q[g].y + q[g].z * q[g].z);
         const vi live = s2 > VSPLAT(1e-30f);
         hinv[g] = VSELECT(live, 0.5f / VSELECT(live, s2, VSPLAT(1.0f)), VZERO);
+        q[g] = (vq){VSELECT(live, q[g].w, VZERO), VSELECT(live, q[g].x, VZERO),
+                    VSELECT(live, q[g].y, VZERO), VSELECT(live, q[g].z, VZERO)};
     }
     /* the floats of a row that the span reads (w) and writes (p), from wo[0] and po[0] */
     const int64_t wn = wo[G - 1] + 5 * NB + gr[G - 1].n - wo[0];
