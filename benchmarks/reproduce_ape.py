@@ -17,8 +17,9 @@ Our ``learned_abs`` is the paper's
 "Absolute", ``rope`` its "RoPE frozen", ``rope_tuned`` (``rope_trainable``) "RoPE tuned",
 ``ape_seq`` its "APE w/ init" (RoPE's rotations at the start), ``ape_seq_no_init`` "APE w/o
 init"; the paper's decay of the logits (0.98^distance) is not applied by these rows: the
-rows ``ape_seq_decay`` (0.98^(i - j); causal only, so not with the tree tasks' prefix LM) and
-``ape_tree_decay`` (0.98^(tree distance)) add it (``ape_decay``). Each (task, row, seed) is
+rows ``ape_seq_decay`` (0.98^|i - j|; under the tree tasks' prefix LM through the attention's
+per-pair factor) and ``ape_tree_decay`` (0.98^(tree distance)) add it (``ape_decay``). Each
+(task, row, seed) is
 written as JSON to ``results/ape_table_a/<scale>/<task>-<row>-seed<k>.json`` as soon as it
 finishes, and a rerun skips the runs found there with the same configs (so an interrupted
 table resumes).

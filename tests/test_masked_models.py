@@ -90,8 +90,6 @@ def test_schemes_running_their_own_attention_refuse_other_masks():
     with pytest.raises(ValueError, match="attn_mask 'none' is not supported by positional "
                                          "scheme 'cope'"):
         model("none", "cope", cope_positions=8)
-    with pytest.raises(ValueError, match="attn_mask 'prefix' .* 'ape_seq'"):
-        model("prefix", "ape_seq", ape_decay=0.98)
     model("causal", "ape_seq", ape_decay=0.98)
     with pytest.raises(ValueError, match="attn_mask must be one of"):
         model("bidirectional")

@@ -37,7 +37,8 @@ per-pair factor: the first layer numbers the distinct positions of the batch (po
 (B, T)) and tabulates gamma^d between them (pair_factor (N, N), N <= 4096 distinct
 positions), once per forward for every layer; the kernels gather each tile's factors from
 the table (no T x T matrix). It applies to the logits before the mask, so it composes with
-every attn_mask. ape_seq keeps its cheaper separable form (causal only).
+every attn_mask. ape_seq keeps its cheaper separable form in causal attention and takes the
+table (gamma^|i - j| on the token index) under the other masks.
 """
 import weakref
 
@@ -106,6 +107,18 @@ def decay_factor(index, batch, distance, gamma):
                          f"batch's largest distance {d.max()} (a decay is gamma < 1)")
     table = reference.decay_table(d, gamma)
     return ids.reshape(index.shape[:2]).astype(np.int32), table
+
+
+def sequence_decay_factor(batch, steps, gamma):
+    """ape_seq's decay as a per-pair factor: (pos_ids (B, T) int32, the token index,
+    pair_factor (T, T) float32 gamma^|i - j|); ValueError naming ``ape_decay`` for T beyond the
+    op's table (MAX_DECAY_POSITIONS)."""
+    if steps > MAX_DECAY_POSITIONS:
+        raise ValueError(f"ape_decay: {steps} tokens under a non-causal attn_mask; the decay's "
+                         f"table takes at most {MAX_DECAY_POSITIONS} positions")
+    index = np.arange(steps)
+    pos_ids = np.ascontiguousarray(np.broadcast_to(index.astype(np.int32), (batch, steps)))
+    return pos_ids, reference.decay_table(np.abs(index[:, None] - index[None, :]), gamma)
 
 
 class APE(AttentionScheme):
@@ -246,9 +259,9 @@ class APESequence(AttentionScheme):
     ``ape_decay`` scaling the rotated q_i by gamma^(i - c) and k_j by gamma^(c - j)
     (c = (T - 1) / 2), exact and without touching the attention kernels; it bounds T to
     |ln gamma| (T - 1) / 2 <= 40 (gamma = 0.98: T <= 3960). A mask with keys after the query
-    (prefix, bidirectional) would need |i - j|, the per-pair factor ape_grid's and ape_tree's
-    decays take (Euclidean and tree distances do not split this way: module docstring); the
-    separable form is kept here, cheaper (no factor tiles).
+    (``none``, ``prefix``) needs gamma^|i - j|, which does not split: there the attention op
+    takes it as a per-pair factor (pos_ids = the token index, pair_factor gamma^|i - j|
+    (T, T), T <= 4096: ``decay_factor``), as ape_grid's and ape_tree's decays do.
 
     Traces: ``basis_map`` (H, D, D) M, ``theta`` (1, T, H, NB) the angles (t + 1) omega
     (wrapped to [-pi, pi)), ``q_att``, ``k_att`` (B, T, H, D) the rotated (and decayed)
@@ -262,8 +275,7 @@ class APESequence(AttentionScheme):
         super().__init__(store, name, config, ops)
         h, d = config.n_heads, config.head_dim
         self.decay = config.options["ape_decay"]
-        # the decay's factors gamma^(i - j) are for keys j <= i only: causal with a decay
-        self.masks = ("causal",) if self.decay != 1.0 else ("causal", "none", "prefix")
+        self.masks = ("causal", "none", "prefix")
         shared = _SHARED.setdefault(store, {})
         self.owner = self.name not in shared
         if self.owner:
@@ -296,8 +308,8 @@ class APESequence(AttentionScheme):
 
     def attend(self, x, q, k, v, batch, steps, state):
         """theta (1, T, H, NB) = (t + 1) omega (computed by the first layer for all); q, k
-        (already mapped by M in the projections) rotated by it, then decayed (ape_decay < 1),
-        then the causal attention."""
+        (already mapped by M in the projections) rotated by it, then the attention, decayed
+        (ape_decay < 1) by scaling q and k (causal) or by the per-pair factor (other masks)."""
         shared, ops = self.shared, self.ops
         if self.owner:
             if steps not in shared.ones:
@@ -306,16 +318,24 @@ class APESequence(AttentionScheme):
             shared.dtheta = ops.zeros_like(shared.theta)
         self.theta, self.q, self.k, self.v = shared.theta, q, k, v
         self.q_att, self.k_att = ops.rotary_forward(q, k, self.theta)
-        if self.decay != 1.0:
+        # gamma^(i - j) splits into q and k scales for keys j <= i (causal: no mask keyword)
+        self.separable, self.factor = self.decay != 1.0 and not self.mask, {}
+        if self.separable:
             self.q_att, self.k_att = ops.ape_decay_forward(self.q_att, self.k_att, self.decay)
-        self.out, self.lse = ops.attention_forward(self.q_att, self.k_att, v, **self.mask)
+        elif self.decay != 1.0:
+            pos_ids, table = sequence_decay_factor(batch, steps, self.decay)
+            self.factor = dict(pos_ids=ops.as_indices(pos_ids, "pos_ids"),
+                               pair_factor=ops.asarray(table))
+        self.out, self.lse = ops.attention_forward(self.q_att, self.k_att, v, **self.mask,
+                                                   **self.factor)
         return self.out, state
 
     def attend_backward(self, dout, dstate):
         shared, ops = self.shared, self.ops
         dq_att, dk_att, dv = ops.attention_backward(dout, self.q_att, self.k_att, self.v,
-                                                    self.out, self.lse, **self.mask)
-        if self.decay != 1.0:
+                                                    self.out, self.lse, **self.mask,
+                                                    **self.factor)
+        if self.separable:
             dq_att, dk_att = ops.ape_decay_backward(dq_att, dk_att, self.decay)
         dq, dk, dtheta = ops.rotary_backward(dq_att, dk_att, self.q, self.k, self.theta)
         ops.add_(shared.dtheta, dtheta)
