@@ -170,6 +170,35 @@ def subprocess_env(threads):
     return {**os.environ, "OMP_NUM_THREADS": str(threads), "PYTHONPATH": path}
 
 
+# The head of a script that calls the attention op's C entry through ctypes, past the
+# binding: MfAttentionParams as a ctypes.Structure (``Params``), ``lib`` with
+# attention_forward and its scratch query typed, ``ptr`` (an array's float pointer)
+ATTENTION_ENTRY = """
+import ctypes
+import numpy as np
+from mapformer import _C
+
+F = ctypes.POINTER(ctypes.c_float)
+I = ctypes.POINTER(ctypes.c_int32)
+
+
+class Params(ctypes.Structure):  # MfAttentionParams
+    _fields_ = [(name, F) for name in ("out", "lse", "dq", "dk", "dv", "q", "k", "v", "dout",
+                                        "o", "lse_in")] + \\
+               [(name, ctypes.c_int64) for name in "BTHD"] + \\
+               [("scale", ctypes.c_float), ("mask", ctypes.c_int), ("prefix", I),
+                ("scratch", F), ("scratch_floats", ctypes.c_int64), ("pos_ids", I),
+                ("pair_factor", F), ("npos", ctypes.c_int64)]
+
+
+lib = ctypes.CDLL(_C.__file__)
+lib.attention_forward.argtypes = [ctypes.POINTER(Params)]
+lib.attention_forward_scratch_floats.argtypes = [ctypes.POINTER(Params)]
+lib.attention_forward_scratch_floats.restype = ctypes.c_int64
+ptr = lambda a: a.ctypes.data_as(F)  # noqa: E731
+"""
+
+
 def copies(*arrays):
     return [a.copy() for a in arrays]
 

@@ -13,7 +13,7 @@ import sys
 import numpy as np
 import pytest
 
-from conftest import (assert_same_bits_for_thread_counts, numerical_grad, randn,
+from conftest import (ATTENTION_ENTRY, assert_same_bits_for_thread_counts, numerical_grad, randn,
                       raises_naming, subprocess_env)
 from mapformer import _C
 from mapformer import reference as ref
@@ -250,30 +250,7 @@ def test_c_entry_checks_the_factor(tmp_path):
     over the ids is MF_EINVAL and nothing is written; good arguments give the binding's
     bits."""
     script = tmp_path / "entry.py"
-    script.write_text("""
-import ctypes
-import numpy as np
-from mapformer import _C
-
-F = ctypes.POINTER(ctypes.c_float)
-I = ctypes.POINTER(ctypes.c_int32)
-
-
-class Params(ctypes.Structure):  # MfAttentionParams
-    _fields_ = [(name, F) for name in ("out", "lse", "dq", "dk", "dv", "q", "k", "v", "dout",
-                                        "o", "lse_in")] + \\
-               [(name, ctypes.c_int64) for name in "BTHD"] + \\
-               [("scale", ctypes.c_float), ("mask", ctypes.c_int), ("prefix", I),
-                ("scratch", F), ("scratch_floats", ctypes.c_int64), ("pos_ids", I),
-                ("pair_factor", F), ("npos", ctypes.c_int64)]
-
-
-lib = ctypes.CDLL(_C.__file__)
-lib.attention_forward.argtypes = [ctypes.POINTER(Params)]
-lib.attention_forward_scratch_floats.argtypes = [ctypes.POINTER(Params)]
-lib.attention_forward_scratch_floats.restype = ctypes.c_int64
-ptr = lambda a: a.ctypes.data_as(F)  # noqa: E731
-rng = np.random.default_rng(3)
+    script.write_text(ATTENTION_ENTRY + """rng = np.random.default_rng(3)
 B, T, H, D, N = 2, 70, 1, 16, 6
 q, k, v = (rng.standard_normal((B, T, H, D)).astype(np.float32) for _ in range(3))
 ids = rng.integers(0, N, (B, T)).astype(np.int32)
