@@ -94,6 +94,35 @@ def test_ape_seq_decay_multiplies_the_logits():
     np.testing.assert_allclose(got["c", 0.9][0], got["numpy", 0.9][0], rtol=2e-4, atol=2e-4)
 
 
+def assert_decay_reaches_attention(make_config, tokens, coords, factors):
+    """Models of ``make_config(decay)`` at decay 1 and 0.8 (NumPy) and 0.8 (C): at 0.8 the
+    second layer's attention gets ``factors`` (B, T, T) through its table, its output is the
+    reference attention with them, the loss changes with the decay, and the C backend's loss
+    and gradients match float64. Returns the NumPy model at 0.8."""
+    results = {}
+    for backend, decay in (("numpy", 1.0), ("numpy", 0.8), ("c", 0.8)):
+        model = Transformer(make_config(decay), seed=3, backend=backend)
+        loss = model.loss(tokens, tokens, np.ones(tokens.shape), coords)
+        model.backward()
+        results[backend, decay] = loss, {n: np.array(p.grad, np.float64)
+                                         for n, p in model.params.params.items()}
+        if backend == "numpy" and decay == 0.8:
+            decayed, scheme = model, model.blocks[1].mixer.scheme
+            ids, table = scheme.factor["pos_ids"], scheme.factor["pair_factor"]
+            np.testing.assert_allclose(table[ids[:, :, None], ids[:, None, :]], factors,
+                                       rtol=1e-6)
+            want = ref.attention_forward(scheme.q_att, scheme.k_att, scheme.v, **scheme.mask,
+                                         pos_ids=ids, pair_factor=table)[0]
+            np.testing.assert_allclose(scheme.out, want, rtol=1e-12, atol=1e-12)
+    assert abs(results["numpy", 0.8][0] - results["numpy", 1.0][0]) > 1e-6
+    (lc, gc), (ln, gn) = results["c", 0.8], results["numpy", 0.8]
+    assert abs(lc - ln) < 1e-4 * abs(ln)
+    for name, g in gn.items():
+        np.testing.assert_allclose(gc[name], g, rtol=0, atol=2e-3 * np.abs(g).max() + 1e-7,
+                                   err_msg=name)
+    return decayed
+
+
 @pytest.mark.parametrize("mask", ["none", "prefix"])
 def test_ape_seq_decay_under_non_causal_masks(mask):
     """Keys after the query: ape_decay 0.8 reaches the attention as the per-pair factor
@@ -101,33 +130,12 @@ def test_ape_seq_decay_under_non_causal_masks(mask):
     gradients match finite differences, and the C backend matches float64."""
     tokens = np.random.default_rng(5).integers(0, 9, (2, 7))
     i, j = np.arange(7)[:, None], np.arange(7)[None, :]
-    results = {}
-    for backend, decay in (("numpy", 1.0), ("numpy", 0.8), ("c", 0.8)):
-        cfg = config("ape_seq", ape_decay=decay, ape_no_init=True, attn_mask=mask,
-                     attn_prefix=3)
-        model = Transformer(cfg, seed=3, backend=backend)
-        loss = model.loss(tokens, tokens, np.ones(tokens.shape))
-        model.backward()
-        results[backend, decay] = loss, {n: np.array(p.grad, np.float64)
-                                         for n, p in model.params.params.items()}
-        if backend == "numpy" and decay == 0.8:
-            scheme = model.blocks[1].mixer.scheme
-            ids, table = scheme.factor["pos_ids"], scheme.factor["pair_factor"]
-            np.testing.assert_allclose(table[ids[:, :, None], ids[:, None, :]],
-                                       np.broadcast_to(0.8 ** np.abs(i - j), (2, 7, 7)),
-                                       rtol=1e-6)
-            want = ref.attention_forward(scheme.q_att, scheme.k_att, scheme.v, **scheme.mask,
-                                         pos_ids=ids, pair_factor=table)[0]
-            np.testing.assert_allclose(scheme.out, want, rtol=1e-12, atol=1e-12)
-            assert_param_gradients(
-                model, lambda: model.loss(tokens, tokens, np.ones(tokens.shape)),
-                [model.params.params[BASIS], model.params.params[ANGLES]])
-    assert abs(results["numpy", 0.8][0] - results["numpy", 1.0][0]) > 1e-6
-    (lc, gc), (ln, gn) = results["c", 0.8], results["numpy", 0.8]
-    assert abs(lc - ln) < 1e-4 * abs(ln)
-    for name, g in gn.items():
-        np.testing.assert_allclose(gc[name], g, rtol=0, atol=2e-3 * np.abs(g).max() + 1e-7,
-                                   err_msg=name)
+    model = assert_decay_reaches_attention(
+        lambda decay: config("ape_seq", ape_decay=decay, ape_no_init=True, attn_mask=mask,
+                             attn_prefix=3),
+        tokens, None, np.broadcast_to(0.8 ** np.abs(i - j), (2, 7, 7)))
+    assert_param_gradients(model, lambda: model.loss(tokens, tokens, np.ones(tokens.shape)),
+                           [model.params.params[BASIS], model.params.params[ANGLES]])
 
 
 def test_ape_seq_c_backend_matches_numpy():
@@ -315,30 +323,12 @@ def test_grid_and_tree_decay_multiply_the_logits(positional, mask):
         d = np.where((a > 0) & (b > 0), ref.tree_distance(np.maximum(a, 1), np.maximum(b, 1)), 0)
         np.testing.assert_array_equal(node_distance(coords[:, :, None], coords[:, None, :]), d)
     tokens = np.random.default_rng(0).integers(0, 9, coords.shape[:2])
-    results = {}
-    for backend, decay in (("numpy", 1.0), ("numpy", 0.8), ("c", 0.8)):
-        cfg = ModelConfig(vocab_size=9, d_model=32, n_heads=2, n_layers=2, positional=positional,
-                          options={**options, "ape_no_init": True, "ape_decay": decay,
-                                   "attn_mask": mask})
-        model = Transformer(cfg, seed=3, backend=backend)
-        loss = model.loss(tokens, tokens, np.ones(tokens.shape), coords)
-        model.backward()
-        results[backend, decay] = loss, {n: np.array(p.grad, np.float64)
-                                         for n, p in model.params.params.items()}
-        if backend == "numpy" and decay == 0.8:
-            scheme = model.blocks[1].mixer.scheme
-            ids, table = scheme.factor["pos_ids"], scheme.factor["pair_factor"]
-            np.testing.assert_allclose(table[ids[:, :, None], ids[:, None, :]], 0.8 ** d,
-                                       rtol=1e-6)
-            want = ref.attention_forward(scheme.q_att, scheme.k_att, scheme.v, mask=mask,
-                                         pos_ids=ids, pair_factor=table)[0]
-            np.testing.assert_allclose(scheme.out, want, rtol=1e-12, atol=1e-12)
-    assert abs(results["numpy", 0.8][0] - results["numpy", 1.0][0]) > 1e-6
-    (lc, gc), (ln, gn) = results["c", 0.8], results["numpy", 0.8]
-    assert abs(lc - ln) < 1e-4 * abs(ln)
-    for name, g in gn.items():
-        np.testing.assert_allclose(gc[name], g, rtol=0, atol=2e-3 * np.abs(g).max() + 1e-7,
-                                   err_msg=name)
+    assert_decay_reaches_attention(
+        lambda decay: ModelConfig(vocab_size=9, d_model=32, n_heads=2, n_layers=2,
+                                  positional=positional,
+                                  options={**options, "ape_no_init": True, "ape_decay": decay,
+                                           "attn_mask": mask}),
+        tokens, coords, 0.8 ** d)
 
 
 def test_decay_tables_refused_and_rebuilt_per_batch():
