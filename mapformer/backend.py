@@ -143,19 +143,34 @@ def _causal_conv1d_backward(dy, x, weight, dweight, dbias, *, bias=None, activat
     return dx
 
 
+def _step_bias_grad(ddelta, delta_bias, ddelta_bias):
+    """ddelta_bias (E,) += ddelta (B, T, E) summed over B, T when delta_bias is given (the C
+    op's rule: both or neither)."""
+    if (delta_bias is None) != (ddelta_bias is None):
+        raise ValueError("ddelta_bias is required with delta_bias, and only then")
+    if ddelta_bias is not None:
+        ddelta_bias += ddelta.sum((0, 1))
+
+
 def _selective_scan_backward(dy, x, delta, A, B, C, D, states, dA, dD, *, chunk=256,
-                             bbar="euler"):
-    dx, ddelta, gA, dB, dC, gD = ref.selective_scan_backward(dy, x, delta, A, B, C, D, chunk,
-                                                             bbar)
+                             bbar="euler", delta_bias=None, ddelta_bias=None,
+                             delta_activation="none"):
+    dx, ddelta, gA, dB, dC, gD = ref.selective_scan_backward(
+        dy, x, delta, A, B, C, D, chunk, bbar, delta_bias=delta_bias,
+        delta_activation=delta_activation)
+    _step_bias_grad(ddelta, delta_bias, ddelta_bias)
     dA += gA
     dD += gD
     return dx, ddelta, dB, dC
 
 
 def _complex_scan_backward(dy, x, delta, delta_angle, A, omega, B, C, D, states, dA, domega,
-                           dD, *, chunk=256, bbar="euler"):
+                           dD, *, chunk=256, bbar="euler", delta_bias=None, ddelta_bias=None,
+                           delta_activation="none"):
     dx, ddelta, ddangle, gA, gomega, dB, dC, gD = ref.complex_scan_backward(
-        dy, x, delta, delta_angle, A, omega, B, C, D, chunk, bbar)
+        dy, x, delta, delta_angle, A, omega, B, C, D, chunk, bbar, delta_bias=delta_bias,
+        delta_activation=delta_activation)
+    _step_bias_grad(ddelta, delta_bias, ddelta_bias)
     dA += gA
     domega += gomega
     dD += gD

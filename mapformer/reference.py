@@ -825,33 +825,58 @@ def _scan_backward(dy, x, delta, dangle, A, omega, Bc, Cc, D, bbar):
     return dx, ddelta, ddangle, dA, domega, dBc, dCc, dD
 
 
+def _scan_step(delta, delta_bias, delta_activation):
+    """The step the scans take from delta (B, T, E): delta + delta_bias (E,) (when given),
+    through softplus with delta_activation 'softplus' (Mamba's delta_bias, delta_softplus).
+    Returns (the step, the pre-activation)."""
+    if delta_activation not in ("none", "softplus"):
+        raise ValueError(f"delta_activation must be 'none' or 'softplus', got "
+                         f"{delta_activation!r}")
+    pre = delta if delta_bias is None else delta + delta_bias
+    return (softplus_forward(pre) if delta_activation == "softplus" else pre), pre
+
+
+def _step_backward(dstep, pre, delta_activation):
+    """The gradient of the step -> the gradient of delta (delta_bias's: its sum over B, T)."""
+    return softplus_backward(dstep, pre) if delta_activation == "softplus" else dstep
+
+
 def _chunk_ends(hs, chunk):
     """hs (B, T, E, K) -> the states at the ends of the chunks, (B, ceil(T / chunk), E, K)."""
     T = hs.shape[1]
     return hs[:, [min(c + chunk, T) - 1 for c in range(0, T, chunk)]]
 
 
-def selective_scan_forward(x, delta, A, B, C, D, chunk=256, bbar="euler", dtype=np.float64):
+def selective_scan_forward(x, delta, A, B, C, D, chunk=256, bbar="euler", dtype=np.float64,
+                           *, delta_bias=None, delta_activation="none"):
     """Mamba-1's selective scan (selective_scan_ref of state-spaces/mamba, real A, variable B
     and C, before the gate): x, delta (B, T, E), A (E, N) (Mamba: -exp(A_log)), B, C
     (B, T, N), D (E,) -> y (B, T, E), states (B, ceil(T / chunk), E, N), the state h at each
     chunk's last step, where
-      h_t[e, n] = exp(delta_t[e] A[e, n]) h_{t-1}[e, n] + delta_t[e] phi B_t[n] x_t[e],
+      h_t[e, n] = exp(d_t[e] A[e, n]) h_{t-1}[e, n] + d_t[e] phi B_t[n] x_t[e],
       y_t[e] = sum_n C_t[n] h_t[e, n] + D[e] x_t[e],
-    phi = 1 (bbar 'euler', Mamba's) or (exp(delta A) - 1) / (delta A) ('zoh', eq. 8)."""
+    phi = 1 (bbar 'euler', Mamba's) or (exp(d A) - 1) / (d A) ('zoh', eq. 8), and the step
+    d = delta + delta_bias (E,) (when given), through softplus with delta_activation
+    'softplus' (selective_scan_ref's delta_bias and delta_softplus)."""
     x, delta, A, B, C, D = _cast(dtype, x, delta, A, B, C, D)
+    delta, _ = _scan_step(delta, None if delta_bias is None else _cast(dtype, delta_bias)[0],
+                          delta_activation)
     _, _, _, hs = _scan_states(x, delta, delta, A, np.zeros_like(A), B, C, bbar)
     y = (C[:, :, None, :] * hs.real).sum(-1) + D * x
     return y.astype(dtype), _chunk_ends(hs.real, chunk).astype(dtype)
 
 
 def selective_scan_backward(dy, x, delta, A, B, C, D, chunk=256, bbar="euler",
-                            dtype=np.float64):
+                            dtype=np.float64, *, delta_bias=None, delta_activation="none"):
     """dy (B, T, E) and selective_scan_forward's inputs -> dx, ddelta (B, T, E), dA (E, N),
-    dB, dC (B, T, N), dD (E,)."""
+    dB, dC (B, T, N), dD (E,); ddelta is the gradient of delta (before the bias and softplus),
+    and delta_bias's gradient is its sum over B and T."""
     dy, x, delta, A, B, C, D = _cast(dtype, dy, x, delta, A, B, C, D)
-    dx, ddelta, _, dA, _, dB, dC, dD = _scan_backward(dy, x, delta, delta, A, np.zeros_like(A),
-                                                      B + 0j, C + 0j, D, bbar)
+    step, pre = _scan_step(delta, None if delta_bias is None else _cast(dtype, delta_bias)[0],
+                           delta_activation)
+    dx, dstep, _, dA, _, dB, dC, dD = _scan_backward(dy, x, step, step, A, np.zeros_like(A),
+                                                     B + 0j, C + 0j, D, bbar)
+    ddelta = _step_backward(dstep.real, pre, delta_activation)
     return [np.asarray(v.real, dtype) for v in (dx, ddelta, dA, dB, dC, dD)]
 
 
@@ -866,7 +891,7 @@ def _complex_to_pairs(z):
 
 
 def complex_scan_forward(x, delta, delta_angle, A, omega, B, C, D, chunk=256, bbar="euler",
-                         dtype=np.float64):
+                         dtype=np.float64, *, delta_bias=None, delta_activation="none"):
     """MAMPa's scan: Mamba's with each pair of states a 2x2 block A + omega S (S the rotation
     generator), i.e. one complex state per pair with eigenvalue A + i omega.
     x, delta, delta_angle (B, T, E), A, omega (E, K), B, C (B, T, 2K) (pairs (re, im)),
@@ -874,11 +899,15 @@ def complex_scan_forward(x, delta, delta_angle, A, omega, B, C, D, chunk=256, bb
       z_t = delta_t A + i delta_angle_t omega, h_t = e^z_t h_{t-1} + delta_t x_t phi(z_t) B'_t,
       y_t = sum_k 2 Re(C'_t h_t) + D x_t,
     with B' = b_re + i b_im and C' = (c_re - i c_im) / 2 (selective_scan_ref's complex A);
-    delta_angle = delta is Mamba's step, a separate signed one the signed-angle reading;
+    delta_t the step (delta + delta_bias, through softplus with delta_activation 'softplus',
+    as selective_scan_forward's); delta_angle None: the rotation takes that step (Mamba's
+    complex A), an array: taken as it is (a separate signed step, the signed-angle reading);
     phi = 1 (Euler) or (e^z - 1) / z (ZOH). The rotation angle of each step is formed from
     delta_angle omega alone; nothing accumulates an angle."""
-    x, delta, delta_angle, A, omega, B, C, D = _cast(dtype, x, delta, delta_angle, A, omega,
-                                                     B, C, D)
+    x, delta, A, omega, B, C, D = _cast(dtype, x, delta, A, omega, B, C, D)
+    delta, _ = _scan_step(delta, None if delta_bias is None else _cast(dtype, delta_bias)[0],
+                          delta_activation)
+    delta_angle = delta if delta_angle is None else _cast(dtype, delta_angle)[0]
     Bc, Cc = _pairs_to_complex(B), _pairs_to_complex(C)
     _, _, _, hs = _scan_states(x, delta, delta_angle, A, omega, Bc, Cc, bbar)
     y = 2 * np.real(((Cc.conj() / 2)[:, :, None, :] * hs)).sum(-1) + D * x
@@ -886,16 +915,24 @@ def complex_scan_forward(x, delta, delta_angle, A, omega, B, C, D, chunk=256, bb
 
 
 def complex_scan_backward(dy, x, delta, delta_angle, A, omega, B, C, D, chunk=256,
-                          bbar="euler", dtype=np.float64):
+                          bbar="euler", dtype=np.float64, *, delta_bias=None,
+                          delta_activation="none"):
     """dy (B, T, E) and complex_scan_forward's inputs -> dx, ddelta, ddelta_angle (B, T, E),
-    dA, domega (E, K), dB, dC (B, T, 2K), dD (E,)."""
-    dy, x, delta, delta_angle, A, omega, B, C, D = _cast(dtype, dy, x, delta, delta_angle, A,
-                                                         omega, B, C, D)
-    dx, ddelta, ddangle, dA, domega, dBc, dCc, dD = _scan_backward(
-        dy, x, delta, delta_angle, A, omega, _pairs_to_complex(B), _pairs_to_complex(C), D,
-        bbar)
-    return [np.asarray(v, dtype) for v in (dx, ddelta, ddangle, dA, domega,
-                                           _complex_to_pairs(dBc), _complex_to_pairs(dCc), dD)]
+    dA, domega (E, K), dB, dC (B, T, 2K), dD (E,); ddelta is the gradient of delta (before the
+    bias and softplus; with delta_angle None it holds the rotation's part too, and
+    ddelta_angle is None), delta_bias's gradient is its sum over B and T."""
+    dy, x, delta, A, omega, B, C, D = _cast(dtype, dy, x, delta, A, omega, B, C, D)
+    step, pre = _scan_step(delta, None if delta_bias is None else _cast(dtype, delta_bias)[0],
+                           delta_activation)
+    angle = step if delta_angle is None else _cast(dtype, delta_angle)[0]
+    dx, dstep, ddangle, dA, domega, dBc, dCc, dD = _scan_backward(
+        dy, x, step, angle, A, omega, _pairs_to_complex(B), _pairs_to_complex(C), D, bbar)
+    if delta_angle is None:
+        dstep, ddangle = dstep + ddangle, None
+    ddelta = _step_backward(dstep, pre, delta_activation)
+    return [None if v is None else np.asarray(v, dtype)
+            for v in (dx, ddelta, ddangle, dA, domega, _complex_to_pairs(dBc),
+                      _complex_to_pairs(dCc), dD)]
 
 
 # ---- sln: MapEM-SLN positions, 2x2 trace-free generators -----------------------------------

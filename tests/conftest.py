@@ -229,20 +229,23 @@ def bad_versions(x):
             (np.repeat(x, 2, axis=-1)[..., ::2], ValueError)]
 
 
-def assert_refuses_bad_versions(call, name, x):
+def assert_refuses_bad_versions(call, name, x, none_ok=False):
     """``call(value)`` passes ``value`` as the argument ``name`` (good array ``x``): every
-    one of :func:`bad_versions` must raise its exception, naming ``name``."""
+    one of :func:`bad_versions` must raise its exception, naming ``name`` (but None where
+    ``none_ok``: the argument takes it)."""
     for value, exc in bad_versions(x):
+        if value is None and none_ok:
+            continue
         with raises_naming(exc, name):
             call(value)
 
 
-def assert_array_argument_checked(call, name, x, sizes=True):
+def assert_array_argument_checked(call, name, x, sizes=True, none_ok=False):
     """``call(value)`` passes ``value`` as the argument ``name`` (good array ``x``): every one
-    of :func:`bad_versions` must raise its exception naming ``name``, and with ``sizes`` so
-    must an array one longer on any one axis (ValueError; not for the argument that fixes
-    the sizes the others are checked against)."""
-    assert_refuses_bad_versions(call, name, x)
+    of :func:`bad_versions` must raise its exception naming ``name`` (None not, where
+    ``none_ok``), and with ``sizes`` so must an array one longer on any one axis (ValueError;
+    not for the argument that fixes the sizes the others are checked against)."""
+    assert_refuses_bad_versions(call, name, x, none_ok)
     for axis in range(x.ndim if sizes else 0):
         shape = list(x.shape)
         shape[axis] += 1

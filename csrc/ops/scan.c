@@ -11,6 +11,14 @@
  * The rotation e^{i delta_angle omega} of each step is formed from that step's small angle
  * alone (vsincos of delta_angle * omega): no angle accumulates in float.
  *
+ * The step delta_t: delta's row, + delta_bias[e] when given, through softplus with
+ * delta_softplus (Mamba's selective_scan_fn: delta_bias, delta_softplus; simd.h's vsoftplus,
+ * the bits of softplus_forward), formed in every pass from delta's row (so the block keeps
+ * no separate (B, T, E) array of steps); delta_angle NULL (complex scan): the rotation takes
+ * the step too. The gradient written to ddelta is delta's: (the step's, plus the rotation's
+ * part when it shares the step) times softplus' (vsoftplus_slope, softplus_backward's bits);
+ * delta_bias's is its sum over b, t (as dD's).
+ *
  * Forward: sequential in t; it writes y and the state at each chunk's last step only
  * (states (B, NC, E, S), NC = ceil(T / chunk)).
  * Backward, per channel, chunks in reverse: the chunk's forward is recomputed from the
@@ -105,7 +113,8 @@
 static int bad_params(const MfScanParams *p, int cx) {
     const int64_t S = cx ? 2 * p->K : p->K;
     return p->B < 1 || p->T < 1 || p->E < 1 || p->K < 1 || S > SCAN_MAXS || p->chunk < 1 ||
-           (p->bbar != MF_BBAR_EULER && p->bbar != MF_BBAR_ZOH);
+           (p->bbar != MF_BBAR_EULER && p->bbar != MF_BBAR_ZOH) ||
+           (p->delta_softplus != 0 && p->delta_softplus != 1);
 }
 
 static int scan_forward(const MfScanParams *p, int cx) {
@@ -123,19 +132,20 @@ static int scan_forward(const MfScanParams *p, int cx) {
     return MF_OK;
 }
 
-/* scratch of the backward: per thread chunk * 2 S vectors of the widest set (h_{t-1} and
- * a_t of each step of a chunk; 4 S with ZOH's phi and phi'); dB, dC partials (B, nblk, T, S) each; dA, domega
- * partials (B, E, K) doubles each; dD partials (B, E) doubles */
+/* scratch of the backward: per thread chunk * scan_step_vectors vectors of the widest set
+ * (h_{t-1}, a_t, ZOH's phi and phi', the step and its slope of each step of a chunk); dB, dC
+ * partials (B, nblk, T, S) each; dA, domega partials (B, E, K) doubles each; dD and
+ * delta_bias's partials (B, E) doubles each */
 static int64_t per_thread(const MfScanParams *p, int cx) {
     const int64_t S = cx ? 2 * p->K : p->K;
-    return mf_scratch_size(p->chunk * (p->bbar == MF_BBAR_ZOH ? 4 : 2) * S * SCAN_MAXVW);
+    return mf_scratch_size(p->chunk * scan_step_vectors(S, p->bbar) * SCAN_MAXVW);
 }
 
 static int64_t shared_floats(const MfScanParams *p, int cx) {
     const int64_t S = cx ? 2 * p->K : p->K, nblk = (p->E + SCAN_EB - 1) / SCAN_EB;
     return 2 * mf_scratch_size(p->B * nblk * p->T * S) +
            2 * mf_scratch_size(2 * p->B * p->E * p->K) +
-           mf_scratch_size(2 * p->B * p->E);
+           2 * mf_scratch_size(2 * p->B * p->E);
 }
 
 static int64_t scan_backward_scratch(const MfScanParams *p, int cx) {
@@ -144,7 +154,8 @@ static int64_t scan_backward_scratch(const MfScanParams *p, int cx) {
 }
 
 static int scan_backward(const MfScanParams *p, int cx) {
-    if (bad_params(p, cx)) return MF_EINVAL;
+    if (bad_params(p, cx) || (p->delta_bias != NULL) != (p->ddelta_bias != NULL))
+        return MF_EINVAL;
     const int64_t B = p->B, T = p->T, E = p->E, K = p->K, S = cx ? 2 * K : K;
     const int64_t nblk = (E + SCAN_EB - 1) / SCAN_EB;
     const int64_t shared = shared_floats(p, cx);
@@ -156,6 +167,7 @@ static int scan_backward(const MfScanParams *p, int cx) {
     double *pA = (double *)mf_scratch_take(&at, 2 * B * E * K);
     double *pW = (double *)mf_scratch_take(&at, 2 * B * E * K);
     double *pD = (double *)mf_scratch_take(&at, 2 * B * E);
+    double *pS = (double *)mf_scratch_take(&at, 2 * B * E);
     float *bufs = at;
     const MfScanKernels *ks = mf_scan_kernels(mf_kernels());
     const int64_t vw = ks->vw;
@@ -170,10 +182,11 @@ static int scan_backward(const MfScanParams *p, int cx) {
             for (int64_t e0 = (it % nblk) * SCAN_EB; e0 < e1 && e0 < E; e0 += vw) {
                 const int64_t o = b * T * E + e0;
                 const GroupGrad g = {.dx = p->dx + o, .ddelta = p->ddelta + o,
-                                     .ddangle = cx ? p->ddelta_angle + o : NULL, .dBm = dBm,
-                                     .dCm = dCm, .dA = pA + (b * E + e0) * K,
+                                     .ddangle = cx && p->delta_angle ? p->ddelta_angle + o
+                                                                     : NULL,
+                                     .dBm = dBm, .dCm = dCm, .dA = pA + (b * E + e0) * K,
                                      .dW = pW + (b * E + e0) * K, .dD = pD + b * E + e0,
-                                     .buf = buf};
+                                     .dS = pS + b * E + e0, .buf = buf};
                 ks->backward(p, cx, b, e0, E - e0 < vw ? E - e0 : vw, &g);
             }
         }
@@ -201,9 +214,10 @@ static int scan_backward(const MfScanParams *p, int cx) {
         }
 #pragma omp for schedule(static)
         for (int64_t e = 0; e < E; e++) {
-            double s = 0.0;
-            for (int64_t b = 0; b < B; b++) s += pD[b * E + e];
+            double s = 0.0, sb = 0.0;
+            for (int64_t b = 0; b < B; b++) s += pD[b * E + e], sb += pS[b * E + e];
             p->dD[e] = (float)((double)p->dD[e] + s);
+            if (p->ddelta_bias) p->ddelta_bias[e] = (float)((double)p->ddelta_bias[e] + sb);
         }
     }
     return MF_OK;

@@ -8,8 +8,8 @@
 #include <string.h>
 #include <sys/mman.h>
 
-#define MF_MAX_ROWS 24    /* rows of an op */
-#define MF_MAX_PY 16      /* Python arguments of an op */
+#define MF_MAX_ROWS 28    /* rows of an op */
+#define MF_MAX_PY 20      /* Python arguments of an op */
 #define MF_MAX_LETTERS 12 /* letters of a call */
 #define MF_MAX_PARAMS 512 /* bytes of a params struct */
 
@@ -42,6 +42,13 @@ struct MfCall {
 
 static void set_field(MfCall *c, size_t field, const void *value, size_t size) {
     memcpy(c->params.bytes + field, value, size);
+}
+
+/* the pointer the params hold at `field` */
+static const void *field_pointer(const MfCall *c, size_t field) {
+    const void *v;
+    memcpy(&v, c->params.bytes + field, sizeof v);
+    return v;
 }
 
 static int table_error(const MfCall *c, const char *what) {
@@ -580,7 +587,8 @@ static int parse_args(MfCall *c, PyObject *args, PyObject *kwargs) {
     PyObject *v[MF_MAX_PY] = {NULL};
     if (!PyArg_ParseTupleAndKeywords(args, kwargs, fmt, kwlist, &v[0], &v[1], &v[2], &v[3],
                                      &v[4], &v[5], &v[6], &v[7], &v[8], &v[9], &v[10], &v[11],
-                                     &v[12], &v[13], &v[14], &v[15]))
+                                     &v[12], &v[13], &v[14], &v[15], &v[16], &v[17], &v[18],
+                                     &v[19]))
         return -1;
     for (int k = 0; k < n; k++) {
         const MfArg *a = &rows[row_at[k]];
@@ -638,6 +646,8 @@ static int set_sizes(MfCall *c) {
 static int make_outputs(MfCall *c) {
     for (int i = 0; i < c->nrows; i++) {
         const MfArg *a = &c->op->args[i];
+        if (a->kind == MF_OUT && (a->flags & MF_OPTIONAL) && field_pointer(c, a->when) == NULL)
+            continue; /* not made: None */
         if ((a->kind == MF_OUT || a->kind == MF_OUT_OR_INTO) && c->arr[i] == NULL &&
             new_output(c, i) < 0)
             return -1;
@@ -742,8 +752,9 @@ static PyObject *build_result(const MfCall *c) {
     for (int i = 0; i < c->nrows; i++) {
         const int kind = c->op->args[i].kind;
         if (kind == MF_OUT || kind == MF_OUT_OR_INTO) {
-            Py_INCREF(c->arr[i]);
-            out[n++] = (PyObject *)c->arr[i];
+            PyObject *o = c->arr[i] ? (PyObject *)c->arr[i] : Py_None; /* None: not made */
+            Py_INCREF(o);
+            out[n++] = o;
         } else if (kind == MF_RESULT && (out[n++] = PyFloat_FromDouble(c->result[i])) == NULL) {
             for (int k = 0; k < n - 1; k++) Py_DECREF(out[k]);
             return NULL;

@@ -41,7 +41,8 @@ typedef enum {
     MF_IN = 1,      /* an array the op reads */
     MF_INOUT,       /* an array the op updates in place (a gradient +=, optimizer state):
                      * must be writeable; not returned */
-    MF_OUT,         /* a new array by its letter shape; returned */
+    MF_OUT,         /* a new array by its letter shape; returned. With MF_OPTIONAL: made
+                     * only where the pointer field at `when` is not NULL, else None */
     MF_OUT_OR_INTO, /* None: as MF_OUT; an array: written into in place (+=), returned, and
                      * the int at `given` set to 1 (dx of linear_backward) */
     MF_RESULT,      /* a double the op writes through the pointer at `field`; returned as a
@@ -72,6 +73,7 @@ typedef struct {
     size_t field;      /* offsetof the params field: a pointer, a scalar, a double * */
     int dtype;         /* arrays: MF_F32 (the default), MF_I32 or MF_BOOL */
     size_t given;      /* MF_OUT_OR_INTO: offsetof the int flag set when the array is given */
+    size_t when;       /* MF_OUT with MF_OPTIONAL: offsetof the pointer field it depends on */
     double lo, hi;     /* MF_FLOAT: the range; MF_INT: the least value */
     int open;          /* MF_FLOAT: MF_LO_OPEN | MF_HI_OPEN */
     double dflt;       /* MF_FLOAT, MF_INT: when omitted; MF_CHOICE: the index */

@@ -13,6 +13,8 @@ static const MfSize scan_sizes[] = {{"B", P(B)}, {"T", P(T)}, {"E", P(E)}, {"K",
 static const MfSize complex_sizes[] = {{"B", P(B)}, {"T", P(T)}, {"E", P(E)}, {"S", P(K)},
                                        {NULL, 0}};
 static const char *const bbars[] = {"euler", "zoh", NULL};
+/* the step's activation: "none" (index 0) or "softplus" (delta_softplus = 1) */
+static const char *const delta_activations[] = {"none", "softplus", NULL};
 
 /* the conv's activation: "none" (index 0) or "silu" (silu = 1) */
 static const char *const conv_activations[] = {"none", "silu", NULL};
@@ -91,11 +93,34 @@ static int complex_check(MfCall *c, void *p) {
     ((MfScanParams *)p)->K /= 2; /* S = 2K, even: A (E, S/2) fixed it */
     return scan_check(c, p, 1, "states");
 }
+/* the backwards: delta_bias's gradient goes to ddelta_bias, given with it and only then */
+static int bias_grad_check(const MfScanParams *p) {
+    if ((p->delta_bias == NULL) != (p->ddelta_bias == NULL)) {
+        PyErr_SetString(PyExc_ValueError, p->delta_bias ? "ddelta_bias is required with "
+                        "delta_bias (its gradient is accumulated there)"
+                        : "ddelta_bias is given without delta_bias");
+        return -1;
+    }
+    return 0;
+}
+static int real_backward_check(MfCall *c, void *p) {
+    return bias_grad_check(p) < 0 ? -1 : real_check(c, p);
+}
+static int complex_backward_check(MfCall *c, void *p) {
+    return bias_grad_check(p) < 0 ? -1 : complex_check(c, p);
+}
 
 #define CHUNK(pos) {"chunk", pos, MF_INT, MF_OPTIONAL | MF_KWONLY, .field = P(chunk), .lo = 1, \
                      .dflt = 256}
 #define BBAR(pos) {"bbar", pos, MF_CHOICE, MF_OPTIONAL | MF_KWONLY, .field = P(bbar), \
                    .choices = bbars}
+/* Mamba's delta_bias and delta_softplus: the step is delta + delta_bias, through softplus */
+#define STEP(pos) {"delta_bias", pos, MF_IN, MF_OPTIONAL | MF_NONE | MF_KWONLY, "E", \
+                   .field = P(delta_bias)}, \
+                  {"delta_activation", pos + 1, MF_CHOICE, MF_OPTIONAL | MF_KWONLY, \
+                   .field = P(delta_softplus), .choices = delta_activations}
+#define STEP_GRAD(pos) {"ddelta_bias", pos, MF_INOUT, MF_OPTIONAL | MF_NONE | MF_KWONLY, "E", \
+                        .field = P(ddelta_bias)}
 
 static const MfArg real_forward_args[] = {
     {"x", 1, MF_IN, 0, "B T E", .field = P(x)},
@@ -106,6 +131,7 @@ static const MfArg real_forward_args[] = {
     {"D", 6, MF_IN, 0, "E", .field = P(D)},
     CHUNK(7),
     BBAR(8),
+    STEP(9),
     {"y", 0, MF_OUT, 0, "B T E", .field = P(y)},
     {"states", 0, MF_OUT, 0, "B NC E K", .field = P(states)},
     {0}};
@@ -126,6 +152,8 @@ static const MfArg real_backward_args[] = {
     {"dD", 10, MF_INOUT, 0, "E", .field = P(dD)},
     CHUNK(11),
     BBAR(12),
+    STEP(13),
+    STEP_GRAD(15),
     {"dx", 0, MF_OUT, 0, "B T E", .field = P(dx)},
     {"ddelta", 0, MF_OUT, 0, "B T E", .field = P(ddelta)},
     {"dB", 0, MF_OUT, 0, "B T K", .field = P(dBm)},
@@ -134,12 +162,13 @@ static const MfArg real_backward_args[] = {
 static const MfOp real_backward = {"selective_scan_backward", real_backward_args, scan_sizes,
                                    sizeof(MfScanParams), .run = MF_OP(selective_scan_backward),
                                    .scratch = MF_SCRATCH(selective_scan_backward_scratch_floats),
-                                   MF_SCRATCH_FIELDS(MfScanParams), .check = real_check};
+                                   MF_SCRATCH_FIELDS(MfScanParams),
+                                   .check = real_backward_check};
 
 static const MfArg complex_forward_args[] = {
     {"x", 1, MF_IN, 0, "B T E", .field = P(x)},
     {"delta", 2, MF_IN, 0, "B T E", .field = P(delta)},
-    {"delta_angle", 3, MF_IN, 0, "B T E", .field = P(delta_angle)},
+    {"delta_angle", 3, MF_IN, MF_NONE, "B T E", .field = P(delta_angle)},
     {"A", 4, MF_IN, 0, "E S/2", .field = P(A)},
     {"omega", 5, MF_IN, 0, "E S/2", .field = P(omega)},
     {"B", 6, MF_IN, 0, "B T S", .field = P(Bm)},
@@ -147,6 +176,7 @@ static const MfArg complex_forward_args[] = {
     {"D", 8, MF_IN, 0, "E", .field = P(D)},
     CHUNK(9),
     BBAR(10),
+    STEP(11),
     {"y", 0, MF_OUT, 0, "B T E", .field = P(y)},
     {"states", 0, MF_OUT, 0, "B NC E S", .field = P(states)},
     {0}};
@@ -158,7 +188,7 @@ static const MfArg complex_backward_args[] = {
     {"dy", 1, MF_IN, 0, "B T E", .field = P(dy)},
     {"x", 2, MF_IN, 0, "B T E", .field = P(x)},
     {"delta", 3, MF_IN, 0, "B T E", .field = P(delta)},
-    {"delta_angle", 4, MF_IN, 0, "B T E", .field = P(delta_angle)},
+    {"delta_angle", 4, MF_IN, MF_NONE, "B T E", .field = P(delta_angle)},
     {"A", 5, MF_IN, 0, "E S/2", .field = P(A)},
     {"omega", 6, MF_IN, 0, "E S/2", .field = P(omega)},
     {"B", 7, MF_IN, 0, "B T S", .field = P(Bm)},
@@ -170,9 +200,12 @@ static const MfArg complex_backward_args[] = {
     {"dD", 13, MF_INOUT, 0, "E", .field = P(dD)},
     CHUNK(14),
     BBAR(15),
+    STEP(16),
+    STEP_GRAD(18),
     {"dx", 0, MF_OUT, 0, "B T E", .field = P(dx)},
     {"ddelta", 0, MF_OUT, 0, "B T E", .field = P(ddelta)},
-    {"ddelta_angle", 0, MF_OUT, 0, "B T E", .field = P(ddelta_angle)},
+    {"ddelta_angle", 0, MF_OUT, MF_OPTIONAL, "B T E", .field = P(ddelta_angle),
+     .when = P(delta_angle)}, /* None without delta_angle (ddelta holds its part) */
     {"dB", 0, MF_OUT, 0, "B T S", .field = P(dBm)},
     {"dC", 0, MF_OUT, 0, "B T S", .field = P(dCm)},
     {0}};
@@ -180,7 +213,8 @@ static const MfOp complex_backward = {"complex_scan_backward", complex_backward_
                                       complex_sizes, sizeof(MfScanParams),
                                       .run = MF_OP(complex_scan_backward),
                                       .scratch = MF_SCRATCH(complex_scan_backward_scratch_floats),
-                                      MF_SCRATCH_FIELDS(MfScanParams), .check = complex_check};
+                                      MF_SCRATCH_FIELDS(MfScanParams),
+                                      .check = complex_backward_check};
 
 MF_DEFINE(causal_conv1d_forward, conv_forward)
 MF_DEFINE(causal_conv1d_backward, conv_backward)
@@ -203,27 +237,37 @@ PyMethodDef mf_scan_methods[] = {
      "are accumulated in place. activation 'silu': dy is the gradient of the forward's SiLU\n"
      "output; the convolution is recomputed from x and bias (E,), required then only."),
     MF_METHOD(selective_scan_forward,
-     "selective_scan_forward(x, delta, A, B, C, D, *, chunk=256, bbar='euler') -> (y, states)\n\n"
+     "selective_scan_forward(x, delta, A, B, C, D, *, chunk=256, bbar='euler',\n"
+     "delta_bias=None, delta_activation='none') -> (y, states)\n\n"
      "Mamba's selective scan (real diagonal A): x, delta float32 (B, T, E), A (E, K),\n"
      "B, C (B, T, K), D (E,) -> y (B, T, E) = sum_k C_t[k] h_t[k] + D x_t with\n"
-     "h_t = exp(delta_t A) h_{t-1} + delta_t x_t phi B_t (phi = 1 for bbar 'euler', (e^z - 1)/z,\n"
-     "z = delta A, for 'zoh'), and states (B, ceil(T / chunk), E, K): h at each chunk's end."),
+     "h_t = exp(d_t A) h_{t-1} + d_t x_t phi B_t (phi = 1 for bbar 'euler', (e^z - 1)/z,\n"
+     "z = d A, for 'zoh'), and states (B, ceil(T / chunk), E, K): h at each chunk's end.\n"
+     "The step d = delta + delta_bias (E,) when given, through softplus with\n"
+     "delta_activation 'softplus' (Mamba's delta_bias, delta_softplus; softplus_forward's\n"
+     "bits), formed inside the scan."),
     MF_METHOD(selective_scan_backward,
      "selective_scan_backward(dy, x, delta, A, B, C, D, states, dA, dD, *, chunk=256,\n"
-     "bbar='euler') -> (dx, ddelta, dB, dC)\n\n"
-     "The forward's inputs and states (same chunk and bbar) -> dx, ddelta (B, T, E), dB, dC\n"
-     "(B, T, K); dA (E, K) and dD (E,) are accumulated in place. Each chunk is recomputed from\n"
-     "the previous chunk's state."),
+     "bbar='euler', delta_bias=None, delta_activation='none', ddelta_bias=None)\n"
+     "-> (dx, ddelta, dB, dC)\n\n"
+     "The forward's inputs and states (same chunk, bbar and step) -> dx, ddelta (B, T, E),\n"
+     "dB, dC (B, T, K); dA (E, K) and dD (E,) are accumulated in place, and with delta_bias\n"
+     "its gradient into ddelta_bias (E,) (required then). ddelta is delta's gradient (through\n"
+     "the softplus). Each chunk is recomputed from the previous chunk's state."),
     MF_METHOD(complex_scan_forward,
      "complex_scan_forward(x, delta, delta_angle, A, omega, B, C, D, *, chunk=256,\n"
-     "bbar='euler') -> (y, states)\n\n"
+     "bbar='euler', delta_bias=None, delta_activation='none') -> (y, states)\n\n"
      "MAMPa's scan, K complex states (2x2 rotation-scaling blocks) per channel: x, delta,\n"
      "delta_angle float32 (B, T, E), A, omega (E, K), B, C (B, T, 2K) as (re, im) pairs,\n"
-     "D (E,) -> y (B, T, E) = sum_k Re(conj(c) h) + D x with z = delta A + i delta_angle omega,\n"
-     "h_t = e^z h_{t-1} + delta x phi(z) (b_re + i b_im), and states (B, NC, E, 2K)."),
+     "D (E,) -> y (B, T, E) = sum_k Re(conj(c) h) + D x with z = d A + i delta_angle omega,\n"
+     "h_t = e^z h_{t-1} + d x phi(z) (b_re + i b_im), and states (B, NC, E, 2K). The step d\n"
+     "as selective_scan_forward's; delta_angle None: the rotation takes the step d too."),
     MF_METHOD(complex_scan_backward,
      "complex_scan_backward(dy, x, delta, delta_angle, A, omega, B, C, D, states, dA, domega,\n"
-     "dD, *, chunk=256, bbar='euler') -> (dx, ddelta, ddelta_angle, dB, dC)\n\n"
+     "dD, *, chunk=256, bbar='euler', delta_bias=None, delta_activation='none',\n"
+     "ddelta_bias=None) -> (dx, ddelta, ddelta_angle, dB, dC)\n\n"
      "The forward's inputs and states -> dx, ddelta, ddelta_angle (B, T, E), dB, dC\n"
-     "(B, T, 2K); dA, domega (E, K) and dD (E,) are accumulated in place."),
+     "(B, T, 2K); dA, domega (E, K) and dD (E,) are accumulated in place, delta_bias's\n"
+     "gradient into ddelta_bias (E,) (required with it). delta_angle None: ddelta_angle is\n"
+     "None and ddelta holds the rotation's part."),
     {NULL, NULL, 0, NULL}};

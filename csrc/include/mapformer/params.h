@@ -380,16 +380,24 @@ typedef struct {
     float *ddelta_angle;      /* complex_scan backward (B, T, E) (=) */
     float *dBm, *dCm;         /* backward (B, T, S) (=) */
     float *dA, *domega, *dD;  /* backward (E, K) +=, complex_scan (E, K) +=, (E,) += */
+    float *ddelta_bias;       /* backward (E,) += when delta_bias is given, else NULL */
     const float *dy;          /* backward (B, T, E) */
     const float *states_in;   /* backward: forward's states (B, NC, E, S) */
-    const float *x, *delta;   /* (B, T, E); delta > 0 in Mamba's use (not checked) */
-    const float *delta_angle; /* complex_scan (B, T, E): the rotation's step (signed or delta) */
+    const float *x, *delta;   /* (B, T, E); the step is delta (+ delta_bias) (through softplus
+                               * with delta_softplus): > 0 in Mamba's use (not checked) */
+    const float *delta_bias;  /* (E,) or NULL: added to delta (Mamba's delta_bias) */
+    const float *delta_angle; /* complex_scan (B, T, E): the rotation's step, taken as it is
+                               * (signed); NULL: the rotation takes the step (delta's), and
+                               * ddelta_angle is not written (ddelta holds its part) */
     const float *A, *omega;   /* (E, K): decay rate (A <= 0 keeps the scan stable), and
                                * complex_scan's angular rate */
     const float *Bm, *Cm;     /* (B, T, S) */
     const float *D;           /* (E,) */
     int64_t B, T, E, K, chunk; /* NC = ceil(T / chunk) */
     int bbar;                 /* MfBbar */
+    int delta_softplus;       /* 1: the step is softplus(delta + delta_bias) (threshold 20, as
+                               * softplus_forward; Mamba's delta_softplus), and ddelta the
+                               * gradient of delta before it */
     float *scratch;
     int64_t scratch_floats;
 } MfScanParams;

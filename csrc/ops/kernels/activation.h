@@ -44,8 +44,6 @@ static inline const MfActKernels *mf_act_kernels(int kernels) {
 #ifdef MF_ACT_TABLE
 #include "mapformer/simd.h"
 
-#define SOFTPLUS_THRESHOLD 20.0f
-
 MF_ACT_TARGET
 static void silu_kernel(float *restrict y, const float *restrict x, int64_t n) {
     MF_VLOOP(n, vf v; VLOADN(v, x + i); vf s = v; vsigmoid(&s); s = v * s; VSTOREN(y + i, s););
@@ -58,41 +56,17 @@ static void silu_grad_kernel(float *restrict dx, const float *restrict dy,
              d = d * (s * (1.0f + v * (1.0f - s))); VSTOREN(dx + i, d););
 }
 
-/* *x = log1p(*x) for *x in [0, 1]: u + u^2 Q(u), Q of degree 8 fitted (Lawson's iteration)
- * for the least maximum relative error of the sum: 5.2e-9 (0.09 of 2^-24) before rounding,
- * within 2.8 x 2^-24 of the float64 value with float32 arithmetic (every u of a 2e5-point grid;
- * u itself is exact, the polynomial's part at most 0.31 of the sum). No exponent split and no
- * division. Separate multiplies and adds. */
-MF_INLINE void vlog1p_unit(vf *x) {
-    const vf u = *x;
-    vf q = VSPLAT(-0.0033185675f);
-    q = q * u + 0.020204982f;
-    q = q * u - 0.057665132f;
-    q = q * u + 0.10680619f;
-    q = q * u - 0.1535543f;
-    q = q * u + 0.19695412f;
-    q = q * u - 0.2495859f;
-    q = q * u + 0.33330512f;
-    q = q * u - 0.4999993f;
-    *x = u + (u * u) * q;
-}
-
-/* softplus(x) = max(x, 0) + log1p(exp(-|x|)): exp by simd.h's vexp_expm1 (about 1 ulp), 0
- * below -87 (where exp(x) is about to turn subnormal); x above the threshold: x */
+/* softplus and its slope: simd.h's vsoftplus, vsoftplus_slope */
 MF_ACT_TARGET
 static void softplus_kernel(float *restrict y, const float *restrict x, int64_t n) {
-    MF_VLOOP(n, vf v; VLOADN(v, x + i); const vf a = (vf)((vi)v | (vi)VSPLAT(-0.0f));
-             vf u, m1; vexp_expm1(&a, &u, &m1); u = VSELECT(a < VSPLAT(-87.0f), VZERO, u);
-             vlog1p_unit(&u); u = VSELECT(v > VSPLAT(0.0f), v + u, u);
-             u = VSELECT(v > VSPLAT(SOFTPLUS_THRESHOLD), v, u); VSTOREN(y + i, u););
+    MF_VLOOP(n, vf v; VLOADN(v, x + i); vsoftplus(&v); VSTOREN(y + i, v););
 }
 
 MF_ACT_TARGET
 static void softplus_grad_kernel(float *restrict dx, const float *restrict dy,
                                  const float *restrict x, int64_t n) {
-    MF_VLOOP(n, vf v; vf d; VLOADN(v, x + i); VLOADN(d, dy + i); vf s = v; vsigmoid(&s);
-             s = VSELECT(v > VSPLAT(SOFTPLUS_THRESHOLD), VSPLAT(1.0f), s); d = d * s;
-             VSTOREN(dx + i, d););
+    MF_VLOOP(n, vf s; vf d; VLOADN(s, x + i); VLOADN(d, dy + i); vsoftplus_slope(&s);
+             d = d * s; VSTOREN(dx + i, d););
 }
 
 /* y silu(z) as silu_kernel's z s times y, the gradients as silu_grad_kernel's on dout y: the

@@ -209,9 +209,12 @@ typedef struct {
     vf A[SCAN_MAXS], W[SCAN_MAXS / 2]; /* A[e, k], omega[e, k] by lane (zero lanes beyond n) */
     vf A2[SCAN_MAXS];                  /* A[e, k] log2(e): the decay is 2^(delta A2) */
     vf D;
-    const float *x, *delta, *dangle; /* at (b, 0, e0), stride E */
+    vf bias;                         /* delta_bias[e] by lane (zero without it) */
+    const float *x, *delta, *dangle; /* at (b, 0, e0), stride E; dangle NULL: the step's */
     const float *Bm, *Cm;            /* at (b, 0), stride S */
     int64_t b, e0, n, T, E, K, S, L, NC;
+    int softplus, biased, shared;    /* delta_softplus, delta_bias given, no delta_angle */
+    int64_t stride;                  /* the backward's scratch vectors per step */
 } Group;
 
 static void group_init(Group *g, const MfScanParams *p, int cx, int64_t b, int64_t e0,
@@ -227,10 +230,40 @@ static void group_init(Group *g, const MfScanParams *p, int cx, int64_t b, int64
         g->A2[k] = g->A[k] * MF_LOG2E;
     }
     load_lanes(&g->D, p->D + e0, n);
-    g->x = p->x + o, g->delta = p->delta + o, g->dangle = cx ? p->delta_angle + o : NULL;
+    g->bias = VZERO;
+    if (p->delta_bias) load_lanes(&g->bias, p->delta_bias + e0, n);
+    g->biased = p->delta_bias != NULL, g->softplus = p->delta_softplus;
+    g->shared = cx && p->delta_angle == NULL;
+    g->x = p->x + o, g->delta = p->delta + o;
+    g->dangle = cx && !g->shared ? p->delta_angle + o : NULL;
+    g->stride = scan_step_vectors(S, p->bbar);
     g->Bm = p->Bm + b * T * S, g->Cm = p->Cm + b * T * S;
     g->b = b, g->e0 = e0, g->n = n, g->T = T, g->E = E, g->K = K, g->S = S, g->L = p->chunk;
     g->NC = (T + p->chunk - 1) / p->chunk;
+}
+
+/* the step of t (lanes: channels): delta's row, + delta_bias, through softplus with
+ * delta_softplus (simd.h's vsoftplus: softplus_forward's bits), and with `slope` its
+ * derivative there (1 without softplus); the rotation's step into *ang (complex scan): the
+ * step itself without a delta_angle */
+MF_INLINE void load_step(const Group *g, int64_t t, vf *dt, vf *ang, vf *slope, int cx) {
+    load_lanes(dt, g->delta + t * g->E, g->n);
+    if (g->biased) *dt = *dt + g->bias;
+    if (g->softplus) {
+        if (slope) {
+            *slope = *dt;
+            vsoftplus_slope(slope);
+        }
+        vsoftplus(dt);
+    } else if (slope) {
+        *slope = VSPLAT(1.0f);
+    }
+    if (cx) {
+        if (g->shared)
+            *ang = *dt;
+        else
+            load_lanes(ang, g->dangle + t * g->E, g->n);
+    }
 }
 
 /* simd.h's vsincos with its multiply-adds fused (VFMAF): the same reduction and polynomials,
@@ -401,8 +434,7 @@ MF_INLINE void forward_body(const Group *g, float *y, float *states, int cx, int
             prefetch_rows(rows, 4, t + SCAN_AHEAD, E, g->n);
         vf xv, dt, ang = VZERO;
         load_lanes(&xv, g->x + t * E, g->n);
-        load_lanes(&dt, g->delta + t * E, g->n);
-        if (cx) load_lanes(&ang, g->dangle + t * E, g->n);
+        load_step(g, t, &dt, &ang, NULL, cx);
         const vf r = dt * xv;
         vf yv;
         if (zoh) {
@@ -429,9 +461,10 @@ static void forward_group(const MfScanParams *p, int cx, int64_t b, int64_t e0, 
 }
 
 
-/* the float runs of dA, domega, dD into their double sums (lane by lane) */
-static void flush_runs(const Group *g, vf *rA, vf *rW, vf *rD, double *sA, double *sW,
-                       double *sD, int cx) {
+/* the float runs of dA, domega, dD and delta_bias's gradient into their double sums (lane
+ * by lane) */
+static void flush_runs(const Group *g, vf *rA, vf *rW, vf *rD, vf *rS, double *sA, double *sW,
+                       double *sD, double *sS, int cx) {
     for (int64_t k = 0; k < g->K; k++) {
         for (int l = 0; l < MF_VW; l++) {
             sA[k * MF_VW + l] += (double)rA[k][l];
@@ -439,15 +472,18 @@ static void flush_runs(const Group *g, vf *rA, vf *rW, vf *rD, double *sA, doubl
         }
         rA[k] = VZERO, rW[k] = VZERO;
     }
-    for (int l = 0; l < MF_VW; l++) sD[l] += (double)(*rD)[l];
-    *rD = VZERO;
+    for (int l = 0; l < MF_VW; l++) {
+        sD[l] += (double)(*rD)[l];
+        sS[l] += (double)(*rS)[l];
+    }
+    *rD = VZERO, *rS = VZERO;
 }
 
 MF_INLINE void backward_body(const Group *g, const float *dy, const float *states,
                              const GroupGrad *o, int cx, int zoh) {
     vf h[SCAN_MAXS], gc[SCAN_MAXS], dbv[SCAN_MAXS], dcv[SCAN_MAXS];
-    vf rA[SCAN_MAXS], rW[SCAN_MAXS / 2], rD = VZERO;
-    double sA[SCAN_MAXS * MF_VW], sW[SCAN_MAXS / 2 * MF_VW], sD[MF_VW];
+    vf rA[SCAN_MAXS], rW[SCAN_MAXS / 2], rD = VZERO, rS = VZERO;
+    double sA[SCAN_MAXS * MF_VW], sW[SCAN_MAXS / 2 * MF_VW], sD[MF_VW], sS[MF_VW];
     const int64_t E = g->E, K = g->K, S = g->S, T = g->T, L = g->L;
     for (int64_t j = 0; j < S; j++) gc[j] = VZERO;
     for (int64_t k = 0; k < K; k++) {
@@ -458,12 +494,12 @@ MF_INLINE void backward_body(const Group *g, const float *dy, const float *state
             if (cx) sW[k * MF_VW + l] = 0.0;
         }
     }
-    for (int l = 0; l < MF_VW; l++) sD[l] = 0.0;
+    for (int l = 0; l < MF_VW; l++) sD[l] = 0.0, sS[l] = 0.0;
     int run = 0;
     vf *buf = (vf *)o->buf;
+    const int64_t W = g->stride, steps = (zoh ? 4 : 2) * S; /* a step's scratch; the step's at */
     const float *const fw_rows[3] = {g->x, g->delta, g->dangle};
-    const float *const bw_rows[7] = {dy, o->dx, o->ddelta, o->ddangle, g->x, g->delta,
-                                     g->dangle};
+    const float *const bw_rows[5] = {dy, o->dx, o->ddelta, o->ddangle, g->x};
     for (int64_t ci = g->NC - 1; ci >= 0; ci--) {
         const int64_t t0 = ci * L, t1 = t0 + L < T ? t0 + L : T;
         if (ci > 0) {
@@ -471,14 +507,14 @@ MF_INLINE void backward_body(const Group *g, const float *dy, const float *state
         } else {
             for (int64_t j = 0; j < S; j++) h[j] = VZERO;
         }
-        for (int64_t t = t0; t < t1; t++) { /* recompute, keeping h_{t-1} and a_t */
-            vf *hb = buf + (t - t0) * (zoh ? 4 : 2) * S, *ab = hb + S;
+        for (int64_t t = t0; t < t1; t++) { /* recompute, keeping h_{t-1}, a_t, the step */
+            vf *hb = buf + (t - t0) * W, *ab = hb + S, *sv = hb + steps;
             if (t + SCAN_AHEAD < t1)
                 prefetch_rows(fw_rows, 3, t + SCAN_AHEAD, E, g->n);
-            vf xv, dt, ang = VZERO;
+            vf xv, dt, ang = VZERO, slope;
             load_lanes(&xv, g->x + t * E, g->n);
-            load_lanes(&dt, g->delta + t * E, g->n);
-            if (cx) load_lanes(&ang, g->dangle + t * E, g->n);
+            load_step(g, t, &dt, &ang, &slope, cx);
+            sv[0] = dt, sv[1] = slope, sv[2] = ang;
             const vf r = dt * xv;
             if (zoh)
                 step_zoh(g, h, &r, &dt, &ang, g->Bm + t * S, NULL, cx, NULL, hb, t + 1 < t1);
@@ -486,14 +522,13 @@ MF_INLINE void backward_body(const Group *g, const float *dy, const float *state
                 step_keep(g, h, hb, ab, &r, &dt, &ang, g->Bm + t * S, cx, t + 1 < t1);
         }
         for (int64_t t = t1 - 1; t >= t0; t--) { /* the reverse sweep */
-            const vf *hp = buf + (t - t0) * (zoh ? 4 : 2) * S, *ab = hp + S, *ph = ab + S,
-                     *dph = ph + S;
-            if (t - SCAN_AHEAD >= t0) prefetch_rows(bw_rows, 7, t - SCAN_AHEAD, E, g->n);
-            vf xv, dt, ang = VZERO, gy;
+            const vf *hp = buf + (t - t0) * W, *ab = hp + S, *ph = ab + S, *dph = ph + S,
+                     *sv = hp + steps;
+            if (t - SCAN_AHEAD >= t0) prefetch_rows(bw_rows, 5, t - SCAN_AHEAD, E, g->n);
+            vf xv, gy;
+            const vf dt = sv[0], slope = sv[1], ang = sv[2];
             load_lanes(&xv, g->x + t * E, g->n);
-            load_lanes(&dt, g->delta + t * E, g->n);
             load_lanes(&gy, dy + t * E, g->n);
-            if (cx) load_lanes(&ang, g->dangle + t * E, g->n);
             const vf r = dt * xv;
             const float *Bt = g->Bm + t * S, *Ct = g->Cm + t * S;
             vf dr = VZERO, dzA = VZERO, dzW = VZERO;
@@ -558,24 +593,31 @@ MF_INLINE void backward_body(const Group *g, const float *dy, const float *state
             }
             lanesum_add(o->dBm + t * S, dbv, S, g->n);
             lanesum_add(o->dCm + t * S, dcv, S, g->n);
-            const vf dxv = dt * dr + g->D * gy, ddv = xv * dr + dzA;
+            const vf dxv = dt * dr + g->D * gy;
+            vf ddv = xv * dr + dzA; /* the gradient of the step */
+            if (g->shared)
+                ddv = ddv + dzW;   /* the rotation took the step too */
+            else if (cx)
+                store_lanes(o->ddangle + t * E, &dzW, g->n);
+            if (g->softplus) ddv = ddv * slope; /* softplus_backward's bits */
             store_lanes(o->dx + t * E, &dxv, g->n);
             store_lanes(o->ddelta + t * E, &ddv, g->n);
-            if (cx) store_lanes(o->ddangle + t * E, &dzW, g->n);
             rD += gy * xv;
+            if (g->biased) rS += ddv;
             if (++run == SCAN_RUN) {
-                flush_runs(g, rA, rW, &rD, sA, sW, sD, cx);
+                flush_runs(g, rA, rW, &rD, &rS, sA, sW, sD, sS, cx);
                 run = 0;
             }
         }
     }
-    flush_runs(g, rA, rW, &rD, sA, sW, sD, cx);
+    flush_runs(g, rA, rW, &rD, &rS, sA, sW, sD, sS, cx);
     for (int64_t l = 0; l < g->n; l++) {
         for (int64_t k = 0; k < K; k++) {
             o->dA[l * K + k] = sA[k * MF_VW + l];
             if (cx) o->dW[l * K + k] = sW[k * MF_VW + l];
         }
         o->dD[l] = sD[l];
+        if (g->biased) o->dS[l] = sS[l];
     }
 }
 

@@ -25,9 +25,15 @@
 typedef struct {
     float *dx, *ddelta, *ddangle; /* at (b, 0, e0), stride E; ddangle NULL for the real scan */
     float *dBm, *dCm;             /* (T, S) of this item, accumulated over its groups */
-    double *dA, *dW, *dD;         /* (n, K), (n, K), (n,) at (b, e0) */
-    float *buf; /* scratch: chunk * 2 S vectors (h_{t-1}, a_t per step); 4 S with ZOH's phi, phi' */
+    double *dA, *dW, *dD, *dS;    /* (n, K), (n, K), (n,), (n,) at (b, e0); dS: delta_bias's */
+    float *buf; /* scratch: chunk * scan_step_vectors(S, bbar) vectors */
 } GroupGrad;
+
+/* the backward's scratch vectors per step of a chunk: h_{t-1} and a_t (S each), ZOH's phi and
+ * phi' (S each), then the step, its slope (softplus') and the rotation's step */
+static inline int64_t scan_step_vectors(int64_t S, int bbar) {
+    return (bbar == MF_BBAR_ZOH ? 4 : 2) * S + 3;
+}
 
 /* one set: its width, and the forward and backward of the group (batch row b, channels e0 ..
  * e0 + n - 1, n <= vw) of the real (cx = 0) or complex (cx = 1) scan */
