@@ -16,7 +16,7 @@
  * the bits of softplus_forward), formed in every pass from delta's row (so the block keeps
  * no separate (B, T, E) array of steps); delta_angle NULL (complex scan): the rotation takes
  * the step too. The gradient written to ddelta is delta's: (the step's, plus the rotation's
- * part when it shares the step) times softplus' (vsoftplus_slope, softplus_backward's bits);
+ * part when it shares the step) times softplus' (vsoftplus's slope, softplus_backward's bits);
  * delta_bias's is its sum over b, t (as dD's).
  *
  * Forward: sequential in t; it writes y and the state at each chunk's last step only

@@ -5,9 +5,11 @@ x (N, C) -> in-projections x_in, z (N, E), E = expand * C; x_in through a causal
 conv1d of width d_conv and SiLU -> u (one op each way: causal_conv1d with activation 'silu',
 whose backward recomputes the conv); u projected to (dt_in (R), B (S), C (S)), R = dt_rank;
 Delta = softplus(dt_proj dt_in + bias) (E per token), the bias initialised so that Delta starts
-log-uniform in [1e-3, 1e-1] (floored at 1e-4); the scan with A = -exp(A_log), A_log = log(1..S)
-in every channel (S4D-real), skip D (init 1); y * SiLU(z) (one op each way: silu_gate);
-out-projection back to C.
+log-uniform in [1e-3, 1e-1] (floored at 1e-4): the product without its bias, the bias and the
+softplus inside the scan (selective_scan_fn's delta_bias and delta_softplus, so no (N, E) array
+of steps is kept, and the softplus costs no pass of its own); the scan with A = -exp(A_log),
+A_log = log(1..S) in every channel (S4D-real), skip D (init 1); y * SiLU(z) (one op each way:
+silu_gate); out-projection back to C.
 B_bar is Euler's Delta B (Mamba's code) unless ``zoh`` (eq. 8 of the MapFormer paper).
 Mamba's one in_proj (C -> 2E) and x_proj (E -> R + 2S) are written as separate projections of
 the same input (in_x, in_z; x_dt, x_B, x_C): the same maps. x_dt, x_B and x_C run as one
@@ -97,8 +99,8 @@ class Mamba(Mixer):
     """Parameters: ``in_x``, ``in_z`` (C -> E, no bias), ``conv_weight`` (E, d_conv),
     ``conv_bias`` (E,), ``x_dt`` (E -> R), ``x_B``, ``x_C`` (E -> S) (no bias), ``dt``
     (R -> E, bias), the state matrix's (``A_log`` (E, S) here), ``D`` (E,), ``out``
-    (E -> C, no bias). Traces: ``delta`` (B, T, E) the steps, ``y`` (B, T, E) the scan's
-    output before the gate."""
+    (E -> C, no bias). Traces: ``delta`` (B, T, E) the steps (formed when read), ``y``
+    (B, T, E) the scan's output before the gate."""
 
     name = "mamba"
     accepts = ("none",)
@@ -136,23 +138,36 @@ class Mamba(Mixer):
         self.A_log = store.declare(f"{name}.A_log", (self.E, self.S), s4d_log_init,
                                    decay=False)
 
-    def scan(self, u, delta, dt_in):
-        """The scan on u, delta (B, T, E), B, C (B, T, S) -> y (B, T, E)."""
+    @property
+    def step_args(self):
+        """The scan's step from dt_pre: dt's bias, then softplus (keyword arguments)."""
+        return dict(delta_bias=self.dt.bias.value, delta_activation="softplus")
+
+    @property
+    def delta(self):
+        """The last forward's steps (B, T, E), softplus(dt_pre + bias): formed here, on
+        demand (the scan forms them inside)."""
+        return self.ops.softplus_forward(self.dt_pre + self.dt.bias.value)
+
+    def scan(self, u, dt_pre, dt_in):
+        """The scan on u, dt_pre (the steps before bias and softplus) (B, T, E), B, C
+        (B, T, S) -> y (B, T, E)."""
         self.A = -self.ops.exp(self.A_log.value)
-        y, self.states = self.ops.selective_scan_forward(u, delta, self.A, self.Bm, self.Cm,
+        y, self.states = self.ops.selective_scan_forward(u, dt_pre, self.A, self.Bm, self.Cm,
                                                          self.D.value, chunk=CHUNK,
-                                                         bbar=self.bbar)
+                                                         bbar=self.bbar, **self.step_args)
         return y
 
     def scan_backward(self, dy):
-        """dy (B, T, E) -> du, ddelta (B, T, E), ddt_in (N, R) or None, dB, dC (B, T, S);
-        accumulates the state parameters' and D's gradients."""
+        """dy (B, T, E) -> du, ddt_pre (B, T, E), ddt_in (N, R) or None, dB, dC (B, T, S);
+        accumulates the state parameters', D's and dt's bias's gradients."""
         dA = self.ops.zeros_like(self.A)
-        du, ddelta, dB, dC = self.ops.selective_scan_backward(
-            dy, self.u, self.delta, self.A, self.Bm, self.Cm, self.D.value, self.states, dA,
-            self.D.grad, chunk=CHUNK, bbar=self.bbar)
+        du, ddt_pre, dB, dC = self.ops.selective_scan_backward(
+            dy, self.u, self.dt_pre, self.A, self.Bm, self.Cm, self.D.value, self.states, dA,
+            self.D.grad, chunk=CHUNK, bbar=self.bbar, ddelta_bias=self.dt.bias.grad,
+            **self.step_args)
         self.ops.add_(self.A_log.grad, dA * self.A)  # dA/dA_log = A
-        return du, ddelta, None, dB, dC
+        return du, ddt_pre, None, dB, dC
 
     def forward(self, x, batch, steps, state=None):
         n, shape = batch * steps, (batch, steps, self.E)
@@ -164,18 +179,19 @@ class Mamba(Mixer):
         self.w_proj, (self.dt_in, Bm, Cm) = x_proj_forward(self.ops, u2,
                                                             (self.x_dt, self.x_B, self.x_C))
         self.Bm, self.Cm = Bm.reshape(batch, steps, -1), Cm.reshape(batch, steps, -1)
-        self.dt_pre = self.dt.forward(self.dt_in)
-        self.delta = self.ops.softplus_forward(self.dt_pre).reshape(shape)
-        self.y = self.scan(self.u, self.delta, self.dt_in).reshape(n, self.E)
+        self.dt_pre = self.ops.linear_forward(self.dt_in, self.dt.weight.value,
+                                              None).reshape(shape)
+        self.y = self.scan(self.u, self.dt_pre, self.dt_in).reshape(n, self.E)
         return self.out.forward(self.ops.silu_gate_forward(self.y, self.z)), state
 
     def backward(self, dy, dstate=None):
         batch, steps = self.u.shape[:2]
         n = batch * steps
         dys, dz = self.ops.silu_gate_backward(self.out.backward(dy), self.y, self.z)
-        du, ddelta, ddt_in, dB, dC = self.scan_backward(dys.reshape(self.u.shape))
-        ddt_in = self.dt.backward(self.ops.softplus_backward(ddelta.reshape(n, self.E),
-                                                             self.dt_pre), ddt_in)
+        du, ddt_pre, ddt_in, dB, dC = self.scan_backward(dys.reshape(self.u.shape))
+        ddt_in = self.ops.linear_backward(ddt_pre.reshape(n, self.E), self.dt_in,
+                                          self.dt.weight.value, self.dt.weight.grad, None,
+                                          ddt_in)
         du = du.reshape(n, self.E)
         x_proj_backward(self.ops, self.w_proj, self.u.reshape(n, self.E),
                         (self.x_dt, self.x_B, self.x_C),

@@ -58,29 +58,30 @@ class MAMPa(Mamba):
             self.dt_angle = Linear(store, f"{name}.dt_angle", self.R, self.E, self.ops)
             self.dt_angle.weight.init = uniform_init(self.R ** -0.5)
 
-    def scan(self, u, delta, dt_in):
+    def scan(self, u, dt_pre, dt_in):
+        """The complex scan; the rotation takes the step (delta_angle None) unless
+        signed_angle gives it its own."""
         self.A = (-self.ops.exp(self.alpha_log.value) if self.alpha_log is not None
                   else self.ops.zeros(self.omega.value.shape))
-        self.delta_angle = (delta if self.dt_angle is None
-                            else self.dt_angle.forward(dt_in).reshape(delta.shape))
+        self.delta_angle = (None if self.dt_angle is None
+                            else self.dt_angle.forward(dt_in).reshape(dt_pre.shape))
         y, self.states = self.ops.complex_scan_forward(
-            u, delta, self.delta_angle, self.A, self.omega.value, self.Bm, self.Cm,
-            self.D.value, chunk=CHUNK, bbar=self.bbar)
+            u, dt_pre, self.delta_angle, self.A, self.omega.value, self.Bm, self.Cm,
+            self.D.value, chunk=CHUNK, bbar=self.bbar, **self.step_args)
         return y
 
     def scan_backward(self, dy):
         dA = self.ops.zeros_like(self.A)
-        du, ddelta, ddangle, dB, dC = self.ops.complex_scan_backward(
-            dy, self.u, self.delta, self.delta_angle, self.A, self.omega.value, self.Bm,
+        du, ddt_pre, ddangle, dB, dC = self.ops.complex_scan_backward(
+            dy, self.u, self.dt_pre, self.delta_angle, self.A, self.omega.value, self.Bm,
             self.Cm, self.D.value, self.states, dA, self.omega.grad, self.D.grad, chunk=CHUNK,
-            bbar=self.bbar)
+            bbar=self.bbar, ddelta_bias=self.dt.bias.grad, **self.step_args)
         if self.alpha_log is not None:
             self.ops.add_(self.alpha_log.grad, dA * self.A)  # dA/dalpha_log = A
-        if self.dt_angle is None:
-            self.ops.add_(ddelta, ddangle)
-            return du, ddelta, None, dB, dC
+        if self.dt_angle is None:  # ddt_pre holds the rotation's part
+            return du, ddt_pre, None, dB, dC
         n = dy.shape[0] * dy.shape[1]
-        return du, ddelta, self.dt_angle.backward(ddangle.reshape(n, self.E)), dB, dC
+        return du, ddt_pre, self.dt_angle.backward(ddangle.reshape(n, self.E)), dB, dC
 
     @classmethod
     def flops(cls, config, batch, steps):

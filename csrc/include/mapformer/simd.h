@@ -287,25 +287,22 @@ MF_INLINE void vlog1p_unit(vf *x) {
 
 #define MF_SOFTPLUS_THRESHOLD 20.0f /* Mamba's (PyTorch's softplus default): x above it -> x */
 
-/* *x = softplus(x) = max(x, 0) + log1p(exp(-|x|)): the exp by vexp_expm1 (about 1 ulp), 0
- * below -87 (where exp(x) is about to turn subnormal), log1p by vlog1p_unit; x above the
- * threshold: x. The bits of softplus_forward (csrc/ops/activation.c) wherever it is used. */
-MF_INLINE void vsoftplus(vf *x) {
+/* softplus(x) = max(x, 0) + log1p(u) and its slope sigmoid(x) = (x > 0 ? 1 : u) / (1 + u),
+ * both from one u = exp(-|x|) (vexp_expm1, about 1 ulp; 0 below -87, where exp is about to
+ * turn subnormal): *x = softplus(x), and *slope = sigmoid(x) unless slope is NULL; x above the
+ * threshold: x and 1. The bits of softplus_forward / softplus_backward (csrc/ops/activation.c)
+ * wherever they are used. */
+MF_INLINE void vsoftplus(vf *x, vf *slope) {
     const vf v = *x, a = (vf)((vi)v | (vi)VSPLAT(-0.0f));
     vf u, m1;
     vexp_expm1(&a, &u, &m1);
     u = VSELECT(a < VSPLAT(-87.0f), VZERO, u);
+    const vi above = v > VSPLAT(MF_SOFTPLUS_THRESHOLD), positive = v > VSPLAT(0.0f);
+    if (slope)
+        *slope = VSELECT(above, VSPLAT(1.0f), VSELECT(positive, VSPLAT(1.0f), u) / (1.0f + u));
     vlog1p_unit(&u);
-    u = VSELECT(v > VSPLAT(0.0f), v + u, u);
-    *x = VSELECT(v > VSPLAT(MF_SOFTPLUS_THRESHOLD), v, u);
-}
-
-/* *x = softplus'(x) = sigmoid(x) (vsigmoid), 1 above the threshold */
-MF_INLINE void vsoftplus_slope(vf *x) {
-    const vf v = *x;
-    vf s = v;
-    vsigmoid(&s);
-    *x = VSELECT(v > VSPLAT(MF_SOFTPLUS_THRESHOLD), VSPLAT(1.0f), s);
+    u = VSELECT(positive, v + u, u);
+    *x = VSELECT(above, v, u);
 }
 
 /* *d = expm1(x) - x = x^2 Q(x) for |x| < 1, Q(x) = sum_k x^k / (k + 2)! by Taylor to

@@ -56,16 +56,16 @@ static void silu_grad_kernel(float *restrict dx, const float *restrict dy,
              d = d * (s * (1.0f + v * (1.0f - s))); VSTOREN(dx + i, d););
 }
 
-/* softplus and its slope: simd.h's vsoftplus, vsoftplus_slope */
+/* softplus and its slope: simd.h's vsoftplus */
 MF_ACT_TARGET
 static void softplus_kernel(float *restrict y, const float *restrict x, int64_t n) {
-    MF_VLOOP(n, vf v; VLOADN(v, x + i); vsoftplus(&v); VSTOREN(y + i, v););
+    MF_VLOOP(n, vf v; VLOADN(v, x + i); vsoftplus(&v, NULL); VSTOREN(y + i, v););
 }
 
 MF_ACT_TARGET
 static void softplus_grad_kernel(float *restrict dx, const float *restrict dy,
                                  const float *restrict x, int64_t n) {
-    MF_VLOOP(n, vf s; vf d; VLOADN(s, x + i); VLOADN(d, dy + i); vsoftplus_slope(&s);
+    MF_VLOOP(n, vf v; vf s; vf d; VLOADN(v, x + i); VLOADN(d, dy + i); vsoftplus(&v, &s);
              d = d * s; VSTOREN(dx + i, d););
 }
 
