@@ -1,10 +1,14 @@
 /* Selective scans on the GPU (csrc/ops/scan.c's math): Mamba's real diagonal scan and MAMPa's
  * complex one (2x2 rotation-scaling blocks, (re, im) pairs), Euler or zero-order hold:
- *   z_t = delta_t A[e,k] (+ i delta_angle_t omega[e,k]),  a_t = e^z_t,
- *   h_t = a_t h_{t-1} + s_t,  s_t = delta_t x_t phi(z_t) beta_t,
+ *   z_t = d_t A[e,k] (+ i d'_t omega[e,k]),  a_t = e^z_t,
+ *   h_t = a_t h_{t-1} + s_t,  s_t = d_t x_t phi(z_t) beta_t,
  *   y_t = sum_k <c_t, h_t> + D x_t   (<c, h> = c_re h_re + c_im h_im),
- * phi = 1 (Euler) or (e^z - 1) / z (ZOH). The forward writes y and the state at each chunk's
- * last step (states (B, NC, E, S)); the backward recomputes each chunk from states_in.
+ * phi = 1 (Euler) or (e^z - 1) / z (ZOH). The step d_t: delta's row, + delta_bias[e] when
+ * given, through softplus with delta_softplus (activation.cu's softplus_forward: threshold 20),
+ * formed from delta's row in every pass (no (B, T, E) array of steps is kept); the rotation's
+ * step d'_t is delta_angle's row, or d_t itself when delta_angle is NULL (complex scan).
+ * The forward writes y and the state at each chunk's last step (states (B, NC, E, S)); the
+ * backward recomputes each chunk from states_in.
  *
  * Chunked as state-spaces/mamba's selective_scan kernel: a block is SCAN_EC channels
  * (threadIdx.x, adjacent channels adjacent threads: the (b, t, e) rows load coalesced) times a
@@ -21,12 +25,17 @@
  * adjoint g_t = gy_t c_t + conj(a_{t+1}) g_{t+1} (pairs (conj(a_{t+1}), gy_t c_t), the carry
  * conj(a_{t0}) g_{t0} handed to the earlier tile), then as the C op:
  *   u = a_t h_{t-1}, dz = g conj(u) + conj(phi') r g conj(beta), dr = sum_k Re(conj(g
- *   conj(beta)) phi), dbeta = conj(r phi) g, dc = gy h_t, dx = delta dr + D gy,
- *   ddelta = x dr + sum_k Re(dz) A, ddelta_angle = sum_k Im(dz) omega.
+ *   conj(beta)) phi), dbeta = conj(r phi) g, dc = gy h_t, dx = d dr + D gy,
+ *   dd = x dr + sum_k Re(dz) A, dd' = sum_k Im(dz) omega;
+ * ddelta_angle = dd' with a delta_angle; without one, dd' is the step's too: dd += dd' and
+ * ddelta_angle is not written. ddelta (delta's gradient) = dd times softplus'(delta + bias)
+ * (sigmoid, 1 above the threshold: softplus_backward's) with delta_softplus, else dd; and
+ * ddelta_bias += its sum over b, t.
  * Parameter gradients without atomics: dB, dC summed over the block's channels in a fixed
- * order into the block's own (T, S) slice of scratch; dA, domega, dD per (b, e) in double in
- * scratch (summed over the tile's steps in a fixed order); a last kernel sums the slices over
- * channel blocks and batch rows in a fixed order (the same bits on every run).
+ * order into the block's own (T, S) slice of scratch; dA, domega, dD and ddelta_bias per
+ * (b, e) in double in scratch (summed over the tile's steps in a fixed order); a last kernel
+ * sums the slices over channel blocks and batch rows in a fixed order (the same bits on every
+ * run).
  * ZOH's phi and phi' are formed in double (expm1 and sin(zi / 2): no cancellation; series for
  * |z| < 1e-3), the decay then rounded to float; Euler's decay is expf and sinf/cosf of the
  * step's own angle (no angle accumulates).
@@ -38,6 +47,7 @@
 #define SCAN_NT 16   /* steps per tile (threadIdx.y), a power of two */
 #define SCAN_EB 64   /* channels per backward block, a multiple of SCAN_EC */
 #define SCAN_MAXS 256 /* state floats per channel, as the C op */
+#define SCAN_SOFTPLUS_THRESHOLD 20.0f /* activation.cu's SOFTPLUS_THRESHOLD (Mamba's) */
 
 namespace { /* this file's own helpers (other kernel files may use the same names) */
 
@@ -140,6 +150,22 @@ __device__ void scan_down(Cx *m, Cx *b, Cx (*sa)[SCAN_EC], Cx (*ss)[SCAN_EC]) {
     }
 }
 
+/* the step of the element io = (b, t, e) of delta: delta + delta_bias[e] (when given),
+ * through softplus with delta_softplus (activation.cu's softplus_forward); *slope (when
+ * asked) its derivative there: sigmoid (softplus_backward's), 1 above the threshold or
+ * without softplus */
+__device__ __forceinline__ float step_at(const MfScanParams &p, int64_t io, int64_t e,
+                                         float *slope) {
+    float v = p.delta[io];
+    if (p.delta_bias) v += p.delta_bias[e];
+    if (!p.delta_softplus || v > SCAN_SOFTPLUS_THRESHOLD) {
+        if (slope) *slope = 1.0f;
+        return v;
+    }
+    if (slope) *slope = 1.0f / (1.0f + expf(-v));
+    return fmaxf(v, 0.0f) + log1pf(expf(-fabsf(v)));
+}
+
 /* state k's (beta or c) of step t as a complex number ((B, T, S) rows) */
 template <bool CX>
 __device__ __forceinline__ Cx pair_at(const float *v, int64_t row, int64_t k) {
@@ -167,8 +193,8 @@ __global__ void scan_forward_kernel(MfScanParams p) {
             const int64_t io = (b * T + t) * E + e, row = (b * T + t) * S;
             float xv = 0.0f, dt = 0.0f, ang = 0.0f;
             if (valid) {
-                xv = p.x[io], dt = p.delta[io];
-                if (CX) ang = p.delta_angle[io];
+                xv = p.x[io], dt = step_at(p, io, e, NULL);
+                if (CX) ang = p.delta_angle ? p.delta_angle[io] : dt;
             }
             const float r = dt * xv;
             float acc = 0.0f;
@@ -201,11 +227,11 @@ __global__ void scan_forward_kernel(MfScanParams p) {
     }
 }
 
-/* the backward's scratch, in floats: dA, domega partials (B, E, K) and dD (B, E) in double,
- * the tile start states (B, E, ceil(min(chunk, T) / SCAN_NT), S), dB and dC partials
- * (B, nblk, T, S) each (nblk = ceil(E / SCAN_EB)) */
+/* the backward's scratch, in floats: dA, domega partials (B, E, K), dD and ddelta_bias's
+ * (B, E) in double, the tile start states (B, E, ceil(min(chunk, T) / SCAN_NT), S), dB and dC
+ * partials (B, nblk, T, S) each (nblk = ceil(E / SCAN_EB)) */
 struct ScanScratch {
-    double *pA, *pW, *pD;
+    double *pA, *pW, *pD, *pS;
     float *hs, *pB, *pC;
     int64_t ntc, nblk;
 };
@@ -218,10 +244,11 @@ static int64_t scan_scratch_layout(const MfScanParams *p, int cx, ScanScratch *w
     if (w) {
         float *f = p->scratch;
         w->pA = (double *)f, w->pW = (double *)(f + nA), w->pD = (double *)(f + 2 * nA);
-        w->hs = f + 2 * nA + nD, w->pB = w->hs + nh, w->pC = w->pB + nB;
+        w->pS = (double *)(f + 2 * nA + nD);
+        w->hs = f + 2 * nA + 2 * nD, w->pB = w->hs + nh, w->pC = w->pB + nB;
         w->ntc = ntc, w->nblk = nblk;
     }
-    return 2 * nA + nD + nh + 2 * nB;
+    return 2 * nA + 2 * nD + nh + 2 * nB;
 }
 
 template <bool CX, bool ZOH>
@@ -229,7 +256,7 @@ __global__ void scan_backward_kernel(MfScanParams p, ScanScratch w) {
     __shared__ Cx sa[SCAN_NT][SCAN_EC], ss[SCAN_NT][SCAN_EC];
     __shared__ Cx hc[SCAN_EC][SCAN_MAXS], gc[SCAN_EC][SCAN_MAXS];
     __shared__ float red[6][SCAN_NT][SCAN_EC];
-    __shared__ double dred[SCAN_NT][SCAN_EC];
+    __shared__ double dred[2][SCAN_NT][SCAN_EC];
     const int x = threadIdx.x, y = threadIdx.y, tid = y * SCAN_EC + x;
     const int64_t b = blockIdx.y, blk = blockIdx.x;
     const int64_t T = p.T, E = p.E, K = p.K, S = CX ? 2 * K : K, L = p.chunk;
@@ -246,7 +273,7 @@ __global__ void scan_backward_kernel(MfScanParams p, ScanScratch w) {
         if (ce && y == 0)
             for (int64_t k = 0; k < K; k++) pA[k] = 0.0, pW[k] = 0.0;
         for (int64_t k = y; k < K; k += SCAN_NT) gc[x][k] = Cx{0.0f, 0.0f};
-        double dD = 0.0;
+        double dD = 0.0, dS = 0.0;
         for (int64_t ci = NC - 1; ci >= 0; ci--) {
             const int64_t c0 = ci * L, c1 = c0 + L < T ? c0 + L : T;
             /* (1) the chunk's forward from its start state, keeping each tile's start */
@@ -265,8 +292,8 @@ __global__ void scan_backward_kernel(MfScanParams p, ScanScratch w) {
                 const int64_t io = (b * T + t) * E + e, row = (b * T + t) * S;
                 float dt = 0.0f, ang = 0.0f, r = 0.0f;
                 if (valid) {
-                    dt = p.delta[io], r = dt * p.x[io];
-                    if (CX) ang = p.delta_angle[io];
+                    dt = step_at(p, io, e, NULL), r = dt * p.x[io];
+                    if (CX) ang = p.delta_angle ? p.delta_angle[io] : dt;
                 }
                 float *hst = hs + (t0 - c0) / SCAN_NT * S;
                 for (int64_t k = 0; k < K; k++) {
@@ -297,10 +324,10 @@ __global__ void scan_backward_kernel(MfScanParams p, ScanScratch w) {
                 const int64_t t0 = c0 + ti * SCAN_NT, t = t0 + y;
                 const bool valid = ce && t < c1;
                 const int64_t io = (b * T + t) * E + e, row = (b * T + t) * S;
-                float xv = 0.0f, dt = 0.0f, ang = 0.0f, gy = 0.0f;
+                float xv = 0.0f, dt = 0.0f, ang = 0.0f, gy = 0.0f, slope = 1.0f;
                 if (valid) {
-                    xv = p.x[io], dt = p.delta[io], gy = p.dy[io];
-                    if (CX) ang = p.delta_angle[io];
+                    xv = p.x[io], dt = step_at(p, io, e, &slope), gy = p.dy[io];
+                    if (CX) ang = p.delta_angle ? p.delta_angle[io] : dt;
                 }
                 const float r = dt * xv;
                 const float *hst = hs + ti * S;
@@ -367,25 +394,31 @@ __global__ void scan_backward_kernel(MfScanParams p, ScanScratch w) {
                 }
                 if (valid) {
                     p.dx[io] = dt * dr + p.D[e] * gy;
-                    p.ddelta[io] = xv * dr + dzA;
-                    if (CX) p.ddelta_angle[io] = dzW;
+                    float dd = xv * dr + dzA; /* the step's gradient */
+                    if (CX && p.delta_angle)
+                        p.ddelta_angle[io] = dzW;
+                    else if (CX)
+                        dd = dd + dzW; /* the rotation took the step too */
+                    if (p.delta_softplus) dd = dd * slope;
+                    p.ddelta[io] = dd;
                     dD += (double)gy * xv;
+                    dS += (double)dd;
                 }
             }
         }
-        dred[y][x] = dD;
+        dred[0][y][x] = dD, dred[1][y][x] = dS;
         __syncthreads();
         if (y == 0 && ce) {
-            double s = 0.0;
-            for (int l = 0; l < SCAN_NT; l++) s += dred[l][x];
-            w.pD[b * E + e] = s;
+            double s = 0.0, sb = 0.0;
+            for (int l = 0; l < SCAN_NT; l++) s += dred[0][l][x], sb += dred[1][l][x];
+            w.pD[b * E + e] = s, w.pS[b * E + e] = sb;
         }
         __syncthreads();
     }
 }
 
-/* the partials summed in a fixed order: dB, dC over channel blocks (=), dA, domega, dD over
- * batch rows (+=) */
+/* the partials summed in a fixed order: dB, dC over channel blocks (=), dA, domega, dD and
+ * ddelta_bias (when given) over batch rows (+=) */
 template <bool CX>
 __global__ void scan_reduce_kernel(MfScanParams p, ScanScratch w) {
     const int64_t B = p.B, T = p.T, E = p.E, K = p.K, S = CX ? 2 * K : K;
@@ -405,16 +438,18 @@ __global__ void scan_reduce_kernel(MfScanParams p, ScanScratch w) {
         if (CX) p.domega[i] = (float)((double)p.domega[i] + sw);
     }
     for (int64_t e = MF_GRID_START; e < E; e += MF_GRID_STRIDE) {
-        double s = 0.0;
-        for (int64_t b = 0; b < B; b++) s += w.pD[b * E + e];
+        double s = 0.0, sb = 0.0;
+        for (int64_t b = 0; b < B; b++) s += w.pD[b * E + e], sb += w.pS[b * E + e];
         p.dD[e] = (float)((double)p.dD[e] + s);
+        if (p.ddelta_bias) p.ddelta_bias[e] = (float)((double)p.ddelta_bias[e] + sb);
     }
 }
 
 static int scan_bad(const MfScanParams *p, int cx) {
     const int64_t S = cx ? 2 * p->K : p->K;
     return p->B < 1 || p->T < 1 || p->E < 1 || p->K < 1 || S > SCAN_MAXS || p->chunk < 1 ||
-           p->B > MF_MAX_GRID || (p->bbar != MF_BBAR_EULER && p->bbar != MF_BBAR_ZOH);
+           p->B > MF_MAX_GRID || (p->bbar != MF_BBAR_EULER && p->bbar != MF_BBAR_ZOH) ||
+           (p->delta_softplus != 0 && p->delta_softplus != 1);
 }
 
 template <bool CX>
@@ -428,7 +463,9 @@ static int scan_forward(const MfScanParams *p, cudaStream_t stream) {
 
 template <bool CX>
 static int scan_backward(const MfScanParams *p, cudaStream_t stream) {
-    if (scan_bad(p, CX)) return MF_EINVAL;
+    /* delta_bias's gradient goes to ddelta_bias: both or neither */
+    if (scan_bad(p, CX) || (p->delta_bias != NULL) != (p->ddelta_bias != NULL))
+        return MF_EINVAL;
     ScanScratch w;
     if (p->scratch == NULL || p->scratch_floats < scan_scratch_layout(p, CX, &w))
         return MF_EINVAL;

@@ -565,28 +565,62 @@ def ops(lib, xp, stream=lambda: None, params_h=None):
         """selective_scan (cx False) or complex_scan's forward and backward"""
         name = "complex_scan" if cx else "selective_scan"
 
-        def fields(x, delta, dangle, A, omega, Bm, Cm, D, chunk, bbar):
+        def fields(x, delta, dangle, A, omega, Bm, Cm, D, chunk, bbar, delta_bias,
+                   delta_activation):
             if bbar not in ("euler", "zoh"):
                 raise ValueError(f"bbar must be 'euler' or 'zoh', got {bbar!r}")
+            if delta_activation not in ("none", "softplus"):
+                raise ValueError(f"delta_activation must be 'none' or 'softplus', got "
+                                 f"{delta_activation!r}")
             x, A = f32(x), f32(A)
             (B, T, E), K = x.shape, A.shape[1]
             f = dict(x=x, delta=f32(delta), A=A, Bm=f32(Bm), Cm=f32(Cm), D=f32(D), B=B, T=T,
-                     E=E, K=K, chunk=chunk, bbar=int(bbar == "zoh"))
+                     E=E, K=K, chunk=chunk, bbar=int(bbar == "zoh"),
+                     delta_softplus=int(delta_activation == "softplus"))
+            if delta_bias is not None:
+                bias = xp.asarray(delta_bias)
+                if bias.dtype.kind != "f":
+                    raise TypeError(f"delta_bias must be a float array, got {bias.dtype}")
+                if bias.shape != (E,):
+                    raise ValueError(f"delta_bias must have the shape (E,) = ({E},), got "
+                                     f"{tuple(bias.shape)}")
+                f.update(delta_bias=f32(bias))
             if cx:
-                f.update(delta_angle=f32(dangle), omega=f32(omega))
+                f.update(delta_angle=None if dangle is None else f32(dangle), omega=f32(omega))
             return f
 
-        def forward(x, delta, dangle, A, omega, Bm, Cm, D, chunk, bbar):
-            f = fields(x, delta, dangle, A, omega, Bm, Cm, D, chunk, bbar)
+        def bias_grad(ddelta_bias, delta_bias, E):
+            """ddelta_bias, checked: the (E,) float32 array delta_bias's gradient is added to in
+            place, given with delta_bias and only then"""
+            if (delta_bias is None) != (ddelta_bias is None):
+                raise ValueError("ddelta_bias is required with delta_bias (its gradient is "
+                                 "accumulated there)" if delta_bias is not None else
+                                 "ddelta_bias is given without delta_bias")
+            if ddelta_bias is None:
+                return {}
+            if not hasattr(ddelta_bias, "shape") or ddelta_bias.dtype != xp.float32:
+                raise TypeError(f"ddelta_bias must be a float32 array (written in place), got "
+                                f"{getattr(ddelta_bias, 'dtype', type(ddelta_bias).__name__)}")
+            if ddelta_bias.shape != (E,) or not ddelta_bias.flags.c_contiguous:
+                raise ValueError(f"ddelta_bias must be a contiguous ({E},) array (written in "
+                                 f"place), got shape {tuple(ddelta_bias.shape)}")
+            return dict(ddelta_bias=ddelta_bias)
+
+        def forward(x, delta, dangle, A, omega, Bm, Cm, D, chunk, bbar, delta_bias,
+                    delta_activation):
+            f = fields(x, delta, dangle, A, omega, Bm, Cm, D, chunk, bbar, delta_bias,
+                       delta_activation)
             B, T, E, S = f["B"], f["T"], f["E"], f["Bm"].shape[2]
             y, states = empty(B, T, E), empty(B, -(-T // max(chunk, 1)), E, S)
             call(f"{name}_forward_cuda", "MfScanParams", y=y, states=states, **f)
             return y, states
 
         def backward(dy, x, delta, dangle, A, omega, Bm, Cm, D, states, dA, domega, dD, chunk,
-                     bbar):
-            f = fields(x, delta, dangle, A, omega, Bm, Cm, D, chunk, bbar)
+                     bbar, delta_bias, delta_activation, ddelta_bias):
+            f = fields(x, delta, dangle, A, omega, Bm, Cm, D, chunk, bbar, delta_bias,
+                       delta_activation)
             B, T, E, S = f["B"], f["T"], f["E"], f["Bm"].shape[2]
+            f.update(bias_grad(ddelta_bias, delta_bias, E))
             params = structs["MfScanParams"](**{k: v for k, v in f.items() if k in SIZES})
             size = getattr(lib, f"{name}_backward_scratch_floats_cuda")
             size.argtypes, size.restype = [ctypes.POINTER(structs["MfScanParams"])], ctypes.c_int64
@@ -594,33 +628,41 @@ def ops(lib, xp, stream=lambda: None, params_h=None):
             out = dict(dx=empty(B, T, E), ddelta=empty(B, T, E), dBm=empty(B, T, S),
                        dCm=empty(B, T, S))
             if cx:
-                out.update(ddelta_angle=empty(B, T, E), domega=domega)
+                out.update(domega=domega)
+                if dangle is not None:
+                    out.update(ddelta_angle=empty(B, T, E))
             call(f"{name}_backward_cuda", "MfScanParams", dA=dA, dD=dD, dy=f32(dy),
                  states_in=f32(states), scratch=empty(max(n, 1)), scratch_floats=n, **out, **f)
-            grads = (out["dx"], out["ddelta"]) + ((out["ddelta_angle"],) if cx else ())
+            grads = (out["dx"], out["ddelta"]) + ((out.get("ddelta_angle"),) if cx else ())
             return grads + (out["dBm"], out["dCm"])
         return forward, backward
 
-    SIZES = ("B", "T", "E", "K", "chunk", "bbar")
+    SIZES = ("B", "T", "E", "K", "chunk", "bbar", "delta_softplus")
     real_scan, real_scan_backward = scan(False)
     complex_forward, complex_backward = scan(True)
 
-    def selective_scan_forward(x, delta, A, B, C, D, *, chunk=256, bbar="euler"):
-        return real_scan(x, delta, None, A, None, B, C, D, chunk, bbar)
+    def selective_scan_forward(x, delta, A, B, C, D, *, chunk=256, bbar="euler",
+                               delta_bias=None, delta_activation="none"):
+        return real_scan(x, delta, None, A, None, B, C, D, chunk, bbar, delta_bias,
+                         delta_activation)
 
     def selective_scan_backward(dy, x, delta, A, B, C, D, states, dA, dD, *, chunk=256,
-                                bbar="euler"):
+                                bbar="euler", delta_bias=None, delta_activation="none",
+                                ddelta_bias=None):
         return real_scan_backward(dy, x, delta, None, A, None, B, C, D, states, dA, None, dD,
-                                  chunk, bbar)
+                                  chunk, bbar, delta_bias, delta_activation, ddelta_bias)
 
     def complex_scan_forward(x, delta, delta_angle, A, omega, B, C, D, *, chunk=256,
-                             bbar="euler"):
-        return complex_forward(x, delta, delta_angle, A, omega, B, C, D, chunk, bbar)
+                             bbar="euler", delta_bias=None, delta_activation="none"):
+        return complex_forward(x, delta, delta_angle, A, omega, B, C, D, chunk, bbar,
+                               delta_bias, delta_activation)
 
     def complex_scan_backward(dy, x, delta, delta_angle, A, omega, B, C, D, states, dA, domega,
-                              dD, *, chunk=256, bbar="euler"):
+                              dD, *, chunk=256, bbar="euler", delta_bias=None,
+                              delta_activation="none", ddelta_bias=None):
         return complex_backward(dy, x, delta, delta_angle, A, omega, B, C, D, states, dA,
-                                domega, dD, chunk, bbar)
+                                domega, dD, chunk, bbar, delta_bias, delta_activation,
+                                ddelta_bias)
 
     def group_sizes(delta, start, per_block):
         delta = f32(delta)

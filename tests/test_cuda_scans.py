@@ -2,7 +2,8 @@
 under the emulation of CUDA's model (tests/cuda_emulation.py) against the float64 reference,
 forward and backward, on awkward sizes (1, odd, prime; partial channel blocks and time tiles,
 chunks of 1, shorter and longer than a tile), under the three block schedules (the serial
-orders must give the same bits: test_cuda_ops.run). Tolerances: the scans' normwise bound of
+orders must give the same bits: test_cuda_ops.run); the scans' step as the C op's (delta_bias,
+softplus, the complex rotation taking the step when delta_angle is None). Tolerances: the scans' normwise bound of
 tests/test_scan.py (gamma(4 (T + K)) of the largest value, twice that for gradients); the group
 ops the C op tests' categories."""
 import ctypes
@@ -13,13 +14,13 @@ import pytest
 import test_b4 as b4_tests
 import test_nc as nc_tests
 import test_sln as sln_tests
-from conftest import U32, assert_close, assert_within, gamma, randn
+from conftest import U32, assert_close, assert_within, gamma, randn, raises_naming
 from cuda_emulation import PARAMS_H, Emulation, build
 from mapformer import _C, cuda
 from mapformer import reference as ref
 from test_cuda_backend import gpu
 from test_cuda_ops import empty, run
-from test_scan import normwise, run_ref, scan_inputs
+from test_scan import normwise, scan_inputs
 
 
 @pytest.fixture(scope="module")
@@ -43,18 +44,22 @@ def scratch_floats(emu, function, **fields):
 START = 0.25  # the parameter gradients' values before the backward
 
 
-def run_cuda_scan(emu, inp, dy, chunk, bbar):
+def run_cuda_scan(emu, inp, dy, chunk, bbar, delta_bias=None, delta_activation="none"):
     """The kernels' forward and backward: y, states, and the gradients as a dict named as
-    test_scan.run_ref's (the parameter gradients start from nonzero values: +=)."""
+    test_scan.run_ref's (the parameter gradients start from nonzero values: +=), with
+    delta_bias's ("delta_bias") when it is given; inp["delta_angle"] None: the rotation takes
+    the step (no ddelta_angle)."""
     cx = "omega" in inp
     name = "complex_scan" if cx else "selective_scan"
     B, T, E = inp["x"].shape
     K = inp["A"].shape[1]
     S = inp["B"].shape[2]
     NC = -(-T // chunk)
-    sizes = dict(B=B, T=T, E=E, K=K, chunk=chunk, bbar=int(bbar == "zoh"))
+    sizes = dict(B=B, T=T, E=E, K=K, chunk=chunk, bbar=int(bbar == "zoh"),
+                 delta_softplus=int(delta_activation == "softplus"))
     common = dict(x=inp["x"], delta=inp["delta"], A=inp["A"], Bm=inp["B"], Cm=inp["C"],
-                  D=inp["D"], **sizes)
+                  D=inp["D"], delta_bias=delta_bias, **sizes)
+    angle = cx and inp["delta_angle"] is not None
     if cx:
         common.update(delta_angle=inp["delta_angle"], omega=inp["omega"])
     y, states = run(emu, f"{name}_forward_cuda", "MfScanParams",
@@ -62,29 +67,56 @@ def run_cuda_scan(emu, inp, dy, chunk, bbar):
                     ["y", "states"])
     n = scratch_floats(emu, f"{name}_backward_scratch_floats_cuda", **sizes)
     assert n > 0
+    biased = delta_bias is not None
     start = {k: np.full(inp[k].shape, START, np.float32)
              for k in (("A", "omega", "D") if cx else ("A", "D"))}
-    outs = ["dx", "ddelta", "dBm", "dCm", "dA", "dD"] + (["ddelta_angle", "domega"] if cx else [])
+    outs = (["dx", "ddelta", "dBm", "dCm", "dA", "dD"] + (["domega"] if cx else [])
+            + (["ddelta_angle"] if angle else []) + (["ddelta_bias"] if biased else []))
 
     def make():
         f = dict(dx=empty(B, T, E), ddelta=empty(B, T, E), dBm=empty(B, T, S),
                  dCm=empty(B, T, S), dA=start["A"].copy(), dD=start["D"].copy(), dy=dy,
                  states_in=states, scratch=empty(n), scratch_floats=n, **common)
         if cx:
-            f.update(ddelta_angle=empty(B, T, E), domega=start["omega"].copy())
+            f.update(domega=start["omega"].copy())
+        if angle:
+            f.update(ddelta_angle=empty(B, T, E))
+        if biased:
+            f.update(ddelta_bias=np.full(E, START, np.float32))
         return f
     got = dict(zip(outs, run(emu, f"{name}_backward_cuda", "MfScanParams", make, outs)))
     grads = {"x": got["dx"], "delta": got["ddelta"], "B": got["dBm"], "C": got["dCm"],
              "A": got["dA"], "D": got["dD"]}
     if cx:
-        grads.update(delta_angle=got["ddelta_angle"], omega=got["domega"])
+        grads.update(omega=got["domega"])
+    if angle:
+        grads.update(delta_angle=got["ddelta_angle"])
+    if biased:
+        grads.update(delta_bias=got["ddelta_bias"])
     return y, states, grads
 
 
-def check_scan(emu, inp, dy, chunk, bbar):
-    T, K = inp["x"].shape[1], inp["A"].shape[1]
-    y, states, grads = run_cuda_scan(emu, inp, dy, chunk, bbar)
-    ry, rstates, rgrads = run_ref(inp, dy, chunk, bbar)
+def run_ref(inp, dy, chunk, bbar, delta_bias=None, delta_activation="none"):
+    """mapformer.reference's forward and backward: y, states and the gradients named as
+    run_cuda_scan's (delta_bias's: ddelta summed over b and t)."""
+    cx = "omega" in inp
+    fwd, bwd = ((ref.complex_scan_forward, ref.complex_scan_backward) if cx else
+                (ref.selective_scan_forward, ref.selective_scan_backward))
+    step = dict(delta_bias=delta_bias, delta_activation=delta_activation)
+    y, states = fwd(*inp.values(), chunk, bbar, **step)
+    names = (("x", "delta", "delta_angle", "A", "omega", "B", "C", "D") if cx else
+             ("x", "delta", "A", "B", "C", "D"))
+    grads = {k: g for k, g in zip(names, bwd(dy, *inp.values(), chunk, bbar, **step))
+             if g is not None}
+    if delta_bias is not None:
+        grads["delta_bias"] = grads["delta"].sum((0, 1))
+    return y, states, grads
+
+
+def check_scan(emu, inp, dy, chunk, bbar, delta_bias=None, delta_activation="none"):
+    B, T, K = inp["x"].shape[0], inp["x"].shape[1], inp["A"].shape[1]
+    y, states, grads = run_cuda_scan(emu, inp, dy, chunk, bbar, delta_bias, delta_activation)
+    ry, rstates, rgrads = run_ref(inp, dy, chunk, bbar, delta_bias, delta_activation)
     n = 4 * (T + K)
     normwise(y, ry, n, "y")
     normwise(states, rstates, n, "states")
@@ -94,6 +126,11 @@ def check_scan(emu, inp, dy, chunk, bbar):
             scale = np.abs(g).max()
             assert_within(grads[name], g + START,
                           gamma(2 * n) * scale + 2 * U32 * np.abs(g + START), f"d{name} (+=)")
+        elif name == "delta_bias":  # B T values of ddelta's bound, summed in double, += START
+            scale = np.abs(rgrads["delta"]).max()
+            assert_within(grads[name], g + START,
+                          B * T * gamma(2 * n) * scale + 2 * U32 * np.abs(g + START),
+                          "ddelta_bias (+=)")
         else:
             normwise(grads[name], g, 2 * n, f"d{name}")
 
@@ -130,6 +167,51 @@ def test_scan_zero_decay_small_steps(emu, rng):
         check_scan(emu, inp, randn(rng, 1, 17, 3), 4, bbar)
 
 
+def step_inputs(rng, B, T, E, K, cx, angle):
+    """scan_inputs with delta the step's pre-activation (softplus(delta + delta_bias) in about
+    [0.005, 1.5] as scan_inputs' steps; one step past softplus's threshold, one far below) and
+    delta_bias (E,); angle (complex): "array", a signed delta_angle, or "step", None (the
+    rotation takes the step). Returns (inputs, delta_bias). delta and delta_bias lie on a grid
+    of 2^-12, so that their float32 sum is exact: the reference adds them in float64, and
+    softplus(v) far below 0 (about e^v) would turn the sum's rounding into |v| ulps."""
+    inp = scan_inputs(rng, B, T, E, K, cx, signed=True)
+    grid = lambda a: (np.round(np.asarray(a) * 4096) / 4096).astype(np.float32)  # noqa: E731
+    bias = grid(randn(rng, E) * 0.5)
+    inp["delta"] = grid(rng.standard_normal((B, T, E)) * 1.5 - 2 - bias)
+    inp["delta"][0, -1, 0] = 20.5 - bias[0]
+    inp["delta"][-1, 0, -1] = -30.0
+    if cx and angle == "step":
+        inp["delta_angle"] = None
+    return inp, bias
+
+
+# (B, T, E, K, chunk): one of everything; odd sizes, chunks shorter than a time tile; two
+# channel groups (SCAN_EC = 8), the second partial, and steps past a tile (SCAN_NT = 16)
+STEP_SIZES = [(1, 1, 1, 1, 1), (2, 13, 5, 3, 5), (1, 18, 9, 2, 7)]
+
+
+@pytest.mark.parametrize("B,T,E,K,chunk", STEP_SIZES)
+@pytest.mark.parametrize("cx,angle", [(False, None), (True, "array"), (True, "step")],
+                         ids=["real", "complex", "complex_step_angle"])
+@pytest.mark.parametrize("bbar", ["euler", "zoh"])
+def test_scan_step_bias_softplus(emu, rng, B, T, E, K, chunk, cx, angle, bbar):
+    """The step softplus(delta + delta_bias) formed inside the scan (and taken by the rotation
+    when delta_angle is None): against the reference, ddelta delta's gradient, ddelta_bias
+    its sum over b, t (+=)."""
+    inp, bias = step_inputs(rng, B, T, E, K, cx, angle)
+    check_scan(emu, inp, randn(rng, B, T, E), chunk, bbar, bias, "softplus")
+
+
+@pytest.mark.parametrize("cx,angle", [(False, None), (True, "step")], ids=["real", "complex"])
+def test_scan_step_bias_or_softplus_alone(emu, rng, cx, angle):
+    """delta_bias without softplus (steps kept positive), and softplus without delta_bias."""
+    inp, bias = step_inputs(rng, 2, 11, 9, 2, cx, angle)
+    dy = randn(rng, 2, 11, 9)
+    check_scan(emu, inp, dy, 4, "zoh", None, "softplus")
+    inp["delta"] = (ref.softplus_forward(inp["delta"]) + 0.5 - bias).astype(np.float32)
+    check_scan(emu, inp, dy, 4, "euler", bias, "none")
+
+
 def test_scan_bad_sizes_and_scratch(emu, rng):
     inp = scan_inputs(rng, 1, 4, 2, 2, False)
     sizes = dict(B=1, T=4, E=2, K=2, chunk=2, bbar=0)
@@ -138,7 +220,7 @@ def test_scan_bad_sizes_and_scratch(emu, rng):
     common = dict(x=inp["x"], delta=inp["delta"], A=inp["A"], Bm=inp["B"], Cm=inp["C"],
                   D=inp["D"])
     y, st = empty(1, 4, 2), empty(1, 2, 2, 2)
-    for bad in (dict(chunk=0), dict(T=0), dict(bbar=2), dict(K=257)):
+    for bad in (dict(chunk=0), dict(T=0), dict(bbar=2), dict(K=257), dict(delta_softplus=2)):
         assert emu.call("selective_scan_forward_cuda", "MfScanParams", y=y, states=st,
                         **common, **{**sizes, **bad}) == 1, bad
     n = scratch_floats(emu, "selective_scan_backward_scratch_floats_cuda", **sizes)
@@ -147,6 +229,13 @@ def test_scan_bad_sizes_and_scratch(emu, rng):
     assert emu.call("selective_scan_backward_cuda", "MfScanParams", dx=g[0], ddelta=g[1],
                     dBm=g[2], dCm=g[3], dA=g[4], dD=g[5], dy=y, states_in=st,
                     scratch=empty(n), scratch_floats=n - 1, **common, **sizes) == 1
+    # delta_bias's gradient goes to ddelta_bias: both or neither
+    bias, dbias = np.zeros(2, np.float32), np.zeros(2, np.float32)
+    for step in (dict(delta_bias=bias), dict(ddelta_bias=dbias)):
+        assert emu.call("selective_scan_backward_cuda", "MfScanParams", dx=g[0], ddelta=g[1],
+                        dBm=g[2], dCm=g[3], dA=g[4], dD=g[5], dy=y, states_in=st,
+                        scratch=empty(n), scratch_floats=n, **common, **sizes, **step) == 1
+    assert not dbias.any() and not g[4].any() and not g[5].any()
 
 
 # ---- sln, b4, nc: one thread per sequence forward, a block per (h, k) over b backward -------
@@ -241,25 +330,43 @@ def emulated(emu):
 def compare_with_c(ops, rng, dev, host):
     """The scan and group ops of ``ops`` against mapformer._C on small inputs."""
     B, T, E, K = 2, 9, 5, 2
-    for cx in (False, True):
-        inp = scan_inputs(rng, B, T, E, K, cx)
+    # the scans as they are, then with the step's delta_bias and softplus (the complex scan's
+    # rotation taking the step: delta_angle None)
+    for cx, step in ((False, False), (True, False), (False, True), (True, True)):
+        inp, bias = step_inputs(rng, B, T, E, K, cx, "step" if step else "array")
         dy = randn(rng, B, T, E)
         args = list(inp.values())
+        dv = lambda a: None if a is None else dev(a)  # noqa: E731
         name = "complex_scan" if cx else "selective_scan"
+        if step:
+            kw, kw_c = (dict(delta_bias=b, delta_activation="softplus") for b in (dv(bias), bias))
+        else:
+            kw = kw_c = {}
+            inp["delta"] = ref.softplus_forward(inp["delta"]).astype(np.float32)
+            args = list(inp.values())
         for bbar in ("euler", "zoh"):
-            y, st = getattr(ops, f"{name}_forward")(*map(dev, args), chunk=4, bbar=bbar)
-            y_c, st_c = getattr(_C, f"{name}_forward")(*args, chunk=4, bbar=bbar)
+            y, st = getattr(ops, f"{name}_forward")(*map(dv, args), chunk=4, bbar=bbar, **kw)
+            y_c, st_c = getattr(_C, f"{name}_forward")(*args, chunk=4, bbar=bbar, **kw_c)
             assert_close(host(y), y_c, "reduction", f"{name} y")
             assert_close(host(st), st_c, "reduction", f"{name} states")
             shapes = [inp[k].shape for k in (("A", "omega", "D") if cx else ("A", "D"))]
             params = [dev(np.ones(s, np.float32)) for s in shapes]
             params_c = [np.ones(s, np.float32) for s in shapes]
-            got = getattr(ops, f"{name}_backward")(dev(dy), *map(dev, args), st, *params,
-                                                   chunk=4, bbar=bbar)
+            grad, grad_c = {}, {}
+            if step:  # delta_bias's gradient, += as the parameters'
+                grad, grad_c = dict(ddelta_bias=dev(np.ones(E, np.float32))), \
+                    dict(ddelta_bias=np.ones(E, np.float32))
+            got = getattr(ops, f"{name}_backward")(dev(dy), *map(dv, args), st, *params,
+                                                   chunk=4, bbar=bbar, **kw, **grad)
             want = getattr(_C, f"{name}_backward")(dy, *args, st_c, *params_c, chunk=4,
-                                                   bbar=bbar)
-            for a, e in zip(list(got) + params, list(want) + params_c):
-                assert_close(host(a), e, "gradient", f"{name} backward {bbar}")
+                                                   bbar=bbar, **kw_c, **grad_c)
+            assert len(got) == len(want)
+            for a, e in zip([*got, *params, *grad.values()],
+                            [*want, *params_c, *grad_c.values()]):
+                if e is None:  # ddelta_angle without delta_angle
+                    assert a is None
+                else:
+                    assert_close(host(a), e, "gradient", f"{name} backward {bbar} step {step}")
     Bg, Tg, H, NB = 2, 5, 2, 3
     delta, gen, start = sln_tests.inputs(rng, Bg, Tg, H, NB)
     dp = randn(rng, Bg, Tg, H, 2 * NB)
@@ -298,6 +405,40 @@ def test_emulated_ops_match_the_c_backend(emulated, rng):
                                         np.ones((1, 1), np.float32),
                                         *(np.ones((1, 2, 1), np.float32),) * 2,
                                         np.ones(1, np.float32), chunk=0)
+
+
+def test_emulated_scan_step_bad_input(emulated, rng):
+    """The wrappers' step arguments: ValueError or TypeError naming the argument, before any
+    launch (the gradients untouched)."""
+    inp, bias = step_inputs(rng, 1, 5, 3, 2, True, "step")
+    args = list(inp.values())
+    ops = emulated
+    with raises_naming(ValueError, "delta_activation"):
+        ops.complex_scan_forward(*args, delta_activation="relu")
+    with raises_naming(ValueError, "delta_bias"):
+        ops.complex_scan_forward(*args, delta_bias=np.zeros(4, np.float32))
+    with raises_naming(TypeError, "delta_bias"):
+        ops.complex_scan_forward(*args, delta_bias=np.zeros(3, np.int32))
+    step = dict(delta_bias=bias, delta_activation="softplus")
+    y, st = ops.complex_scan_forward(*args, chunk=2, **step)
+    grads = [np.zeros((3, 2), np.float32), np.zeros((3, 2), np.float32), np.zeros(3, np.float32)]
+    dy = randn(rng, 1, 5, 3)
+    with raises_naming(ValueError, "ddelta_bias"):  # required with delta_bias
+        ops.complex_scan_backward(dy, *args, st, *grads, chunk=2, **step)
+    with raises_naming(ValueError, "ddelta_bias"):  # given without it
+        ops.complex_scan_backward(dy, *args, st, *grads, chunk=2,
+                                  ddelta_bias=np.zeros(3, np.float32))
+    with raises_naming(TypeError, "ddelta_bias"):  # written in place: float32 only
+        ops.complex_scan_backward(dy, *args, st, *grads, chunk=2, **step,
+                                  ddelta_bias=np.zeros(3, np.float64))
+    with raises_naming(ValueError, "ddelta_bias"):
+        ops.complex_scan_backward(dy, *args, st, *grads, chunk=2, **step,
+                                  ddelta_bias=np.zeros(4, np.float32))
+    with raises_naming(ValueError, "delta_activation"):
+        ops.selective_scan_backward(dy, inp["x"], inp["delta"], inp["A"], randn(rng, 1, 5, 2),
+                                    randn(rng, 1, 5, 2), inp["D"], st[..., :2].copy(),
+                                    grads[0], grads[2], delta_activation="silu")
+    assert not any(g.any() for g in grads)
 
 
 def test_gpu_ops_match_the_c_backend(rng):
