@@ -264,42 +264,57 @@ def scan_inputs(rng, B, T, E, K, cx, signed=False):
     return dict(x=x, delta=delta, delta_angle=dangle, A=A, omega=omega, B=Bm, C=Cm, D=D)
 
 
-def run_c(inp, dy, chunk, bbar):
-    """The C forward and backward: y, states, and the gradients as a dict."""
+def run_c(inp, dy, chunk, bbar, **step):
+    """The C forward and backward: y, states, and the gradients as a dict; ``step``: the
+    step's delta_bias and delta_activation (delta_bias's gradient then under 'delta_bias')."""
     cx = "omega" in inp
     fwd, bwd = ((_C.complex_scan_forward, _C.complex_scan_backward) if cx else
                 (_C.selective_scan_forward, _C.selective_scan_backward))
-    y, states = fwd(*inp.values(), chunk=chunk, bbar=bbar)
+    y, states = fwd(*inp.values(), chunk=chunk, bbar=bbar, **step)
     params = {k: np.zeros_like(inp[k]) for k in (("A", "omega", "D") if cx else ("A", "D"))}
-    outs = bwd(dy, *inp.values(), states, *params.values(), chunk=chunk, bbar=bbar)
+    bias = step.get("delta_bias")
+    dbias = None if bias is None else np.zeros_like(bias)
+    outs = bwd(dy, *inp.values(), states, *params.values(), chunk=chunk, bbar=bbar,
+               ddelta_bias=dbias, **step)
     names = ("x", "delta", "delta_angle", "B", "C") if cx else ("x", "delta", "B", "C")
-    return y, states, {**dict(zip(names, outs)), **params}
+    grads = {**dict(zip(names, outs)), **params}
+    return y, states, grads if dbias is None else {**grads, "delta_bias": dbias}
 
 
-def run_ref(inp, dy, chunk, bbar):
+def run_ref(inp, dy, chunk, bbar, **step):
     cx = "omega" in inp
     fwd, bwd = ((ref.complex_scan_forward, ref.complex_scan_backward) if cx else
                 (ref.selective_scan_forward, ref.selective_scan_backward))
-    y, states = fwd(*inp.values(), chunk, bbar)
-    grads = bwd(dy, *inp.values(), chunk, bbar)
+    y, states = fwd(*inp.values(), chunk, bbar, **step)
     names = (("x", "delta", "delta_angle", "A", "omega", "B", "C", "D") if cx else
              ("x", "delta", "A", "B", "C", "D"))
-    return y, states, dict(zip(names, grads))
+    grads = dict(zip(names, bwd(dy, *inp.values(), chunk, bbar, **step)))
+    if step.get("delta_bias") is not None:
+        grads["delta_bias"] = grads["delta"].sum((0, 1))
+    return y, states, grads
 
 
-def check_scan(inp, dy, chunk, bbar):
+def check_scan(inp, dy, chunk, bbar, **step):
+    """C against the float64 reference, normwise; the inputs unchanged; a gradient the
+    reference gives as None (ddelta_angle without delta_angle) None from C too."""
     B, T, E = inp["x"].shape
     K = inp["A"].shape[1]
-    before = copies(*inp.values(), dy)
-    y, states, grads = run_c(inp, dy, chunk, bbar)
-    ry, rstates, rgrads = run_ref(inp, dy, chunk, bbar)
+    arrays = [v for v in (*inp.values(), *step.values()) if isinstance(v, np.ndarray)]
+    before = copies(*arrays, dy)
+    y, states, grads = run_c(inp, dy, chunk, bbar, **step)
+    ry, rstates, rgrads = run_ref(inp, dy, chunk, bbar, **step)
     assert states.shape == (B, -(-T // chunk), E, inp["B"].shape[2])
     n = 4 * (T + K)
     normwise(y, ry, n, "y")
     normwise(states, rstates, n, "states")
     for name, g in rgrads.items():
-        normwise(grads[name], g, 2 * n, f"d{name}")
-    assert_unchanged(before, [*inp.values(), dy])
+        if g is None:
+            assert grads[name] is None, name
+        else:
+            # delta's through the softplus: its slope's few ulps on top (16)
+            bound = 2 * n + (16 if step else 0)
+            normwise(grads[name], g, bound * T if name == "delta_bias" else bound, f"d{name}")
+    assert_unchanged(before, [*arrays, dy])
 
 
 SCAN_SIZES = [(1, 1, 1, 1), (2, 13, 5, 3), (3, 37, 17, 4), (1, 20, 2, 16)]
@@ -319,6 +334,133 @@ def test_scan_against_reference(rng, B, T, E, K, cx, bbar):
 def test_complex_scan_signed_angle(rng, bbar):
     inp = scan_inputs(rng, 2, 29, 6, 5, True, signed=True)
     check_scan(inp, randn(rng, 2, 29, 6), 8, bbar)
+
+
+@pytest.fixture
+def restore_kernels():
+    active = _C.kernels()
+    yield
+    _C.set_kernels(active)
+
+
+def grid(rng, *shape, scale=1.0, shift=0.0):
+    """float32 normals (times scale, plus shift) on a 2^-12 grid: delta + delta_bias is then
+    exact in float32 as in the reference's float64 (far below 0 softplus(v) ~ e^v would turn
+    the sum's rounding into |v| ulps of the step)."""
+    v = rng.standard_normal(shape) * scale + shift
+    return (np.round(v * 4096) / 4096).astype(np.float32)
+
+
+def step_inputs(rng, B, T, E, K, angle):
+    """scan_inputs with delta the steps before softplus (about -2 +- 1.5, one step past the
+    threshold and one far below when there are several), and delta_bias (E,); angle: 'real',
+    'shared' (complex, delta_angle None) or 'signed' (complex, its own array)."""
+    inp = scan_inputs(rng, B, T, E, K, angle != "real", signed=angle == "signed")
+    inp["delta"] = grid(rng, B, T, E, scale=1.5, shift=-2.0)
+    if inp["delta"].size > 2:
+        inp["delta"].flat[1], inp["delta"].flat[-1] = 21.5, -30.0
+    if angle == "shared":
+        inp["delta_angle"] = None
+    return inp, grid(rng, E, scale=0.5)
+
+
+STEP_ANGLES = ["real", "shared", "signed"]
+
+
+@pytest.mark.parametrize("B,T,E,K", SCAN_SIZES[:3])
+@pytest.mark.parametrize("angle", STEP_ANGLES)
+@pytest.mark.parametrize("bbar", ["euler", "zoh"])
+def test_scan_step_bias_and_softplus_against_reference(rng, B, T, E, K, angle, bbar):
+    """The step softplus(delta + delta_bias) formed in the scan (Mamba's delta_bias and
+    delta_softplus), the rotation taking it when delta_angle is None: forward and every
+    gradient (delta's through the softplus, delta_bias's its sum) against float64; softplus
+    alone and the bias alone too."""
+    inp, bias = step_inputs(rng, B, T, E, K, angle)
+    dy = randn(rng, B, T, E)
+    for chunk in (1, 5, 256):
+        check_scan(inp, dy, chunk, bbar, delta_bias=bias, delta_activation="softplus")
+    check_scan(inp, dy, 4, bbar, delta_activation="softplus")
+    check_scan({**inp, "delta": np.abs(inp["delta"])}, dy, 4, bbar, delta_bias=np.abs(bias))
+
+
+@pytest.mark.parametrize("angle", STEP_ANGLES)
+@pytest.mark.parametrize("bbar", ["euler", "zoh"])
+def test_scan_step_reference_gradients(angle, bbar):
+    """The reference's step (bias, softplus, the shared rotation) against finite differences,
+    delta_bias's gradient included."""
+    rng = np.random.default_rng(11)
+    inp, bias = step_inputs(rng, 2, 5, 3, 2, angle)
+    inp = {k: None if v is None else v.astype(np.float64) for k, v in inp.items()}
+    step = dict(delta_bias=bias.astype(np.float64), delta_activation="softplus")
+    inp["delta"] = rng.standard_normal(inp["delta"].shape)
+    dy = rng.standard_normal((2, 5, 3))
+    fwd = ref.selective_scan_forward if angle == "real" else ref.complex_scan_forward
+    _, _, grads = run_ref(inp, dy, 2, bbar, **step)
+    loss = lambda: (fwd(*inp.values(), 2, bbar, **step)[0] * dy).sum()
+    for name, g in grads.items():
+        if g is not None:
+            x = step["delta_bias"] if name == "delta_bias" else inp[name]
+            assert_close(g, numerical_grad(loss, x), "gradient", f"d{name}")
+
+
+@pytest.mark.parametrize("angle", STEP_ANGLES)
+def test_scan_step_same_bits_as_the_separate_ops(rng, restore_kernels, angle):
+    """On every kernel set the step inside the scan gives the bits of softplus_forward on
+    delta + delta_bias before a plain scan, and its gradient those of softplus_backward on
+    the plain scan's ddelta (+ ddelta_angle when the rotation shares the step); every other
+    output the same bits too."""
+    inp, bias = step_inputs(rng, 2, 23, 21, 5, angle)
+    dy = randn(rng, 2, 23, 21)
+    pre = inp["delta"] + bias
+    plain = {**inp, "delta": _C.softplus_forward(pre)}
+    if angle == "shared":
+        plain["delta_angle"] = plain["delta"]
+    for kset in _C.kernel_sets():
+        _C.set_kernels(kset)
+        for bbar in ("euler", "zoh"):
+            y, states, grads = run_c(inp, dy, 7, bbar, delta_bias=bias,
+                                     delta_activation="softplus")
+            py, pstates, pgrads = run_c(plain, dy, 7, bbar)
+            assert y.tobytes() == py.tobytes() and states.tobytes() == pstates.tobytes()
+            ddelta = pgrads["delta"]
+            if angle == "shared":
+                ddelta = ddelta + pgrads.pop("delta_angle")
+                assert grads.pop("delta_angle") is None
+            pgrads["delta"] = _C.softplus_backward(ddelta, pre)
+            for name, g in pgrads.items():
+                assert grads[name].tobytes() == g.tobytes(), (kset, bbar, name)
+            assert_close(grads["delta_bias"], pgrads["delta"].sum((0, 1)), "default",
+                         "ddelta_bias")
+
+
+def test_scan_step_bad_input(rng):
+    """delta_bias, delta_activation and ddelta_bias refused by name, by the C ops and the
+    NumPy backend's."""
+    for cx in (False, True):
+        inp, bias = step_inputs(rng, 2, 9, 3, 4, "shared" if cx else "real")
+        fwd = _C.complex_scan_forward if cx else _C.selective_scan_forward
+        bwd = _C.complex_scan_backward if cx else _C.selective_scan_backward
+        args = list(inp.values())
+        with raises_naming(ValueError, "delta_activation"):
+            fwd(*args, delta_activation="relu")
+        with raises_naming(ValueError, "delta_bias"):
+            fwd(*args, delta_bias=np.zeros(4, np.float32))
+        with raises_naming(TypeError, "delta_bias"):
+            fwd(*args, delta_bias=bias.astype(np.float64))
+        y, states = fwd(*args, delta_bias=bias, chunk=4)
+        dy = randn(rng, 2, 9, 3)
+        params = [np.zeros_like(inp[k]) for k in (("A", "omega", "D") if cx else ("A", "D"))]
+        for ops in (_C, backend.NUMPY):
+            call = getattr(ops, bwd.__name__)
+            with raises_naming(ValueError, "ddelta_bias"):  # its gradient has nowhere to go
+                call(dy, *args, states, *params, chunk=4, delta_bias=bias)
+            with raises_naming(ValueError, "ddelta_bias"):
+                call(dy, *args, states, *params, chunk=4, ddelta_bias=np.zeros_like(bias))
+        with raises_naming(ValueError, "ddelta_bias"):
+            bwd(dy, *args, states, *params, chunk=4, delta_bias=bias,
+                ddelta_bias=np.zeros(4, np.float32))
+    with raises_naming(ValueError, "delta_activation"):
+        ref.selective_scan_forward(*args[:1], args[1], *args[3:], delta_activation="exp")
 
 
 def test_scan_with_zero_decay_and_angle(rng):
@@ -585,13 +727,6 @@ def test_scan_same_bits_at_any_alignment(rng):
             assert np.array_equal(y, y2) and np.array_equal(states, states2), off
             for name, g in grads.items():
                 assert np.array_equal(g, grads2[name]), (off, name)
-
-
-@pytest.fixture
-def restore_kernels():
-    active = _C.kernels()
-    yield
-    _C.set_kernels(active)
 
 
 @pytest.mark.parametrize("E", [5, 17, 24, 40, 70])
