@@ -149,6 +149,9 @@ def _step_bias_grad(ddelta, delta_bias, ddelta_bias):
     if (delta_bias is None) != (ddelta_bias is None):
         raise ValueError("ddelta_bias is required with delta_bias, and only then")
     if ddelta_bias is not None:
+        if ddelta_bias.shape != ddelta.shape[-1:]:
+            raise ValueError(f"ddelta_bias must have shape ({ddelta.shape[-1]},) (E), got "
+                             f"{ddelta_bias.shape}")
         ddelta_bias += ddelta.sum((0, 1))
 
 

@@ -832,6 +832,9 @@ def _scan_step(delta, delta_bias, delta_activation):
     if delta_activation not in ("none", "softplus"):
         raise ValueError(f"delta_activation must be 'none' or 'softplus', got "
                          f"{delta_activation!r}")
+    if delta_bias is not None and np.shape(delta_bias) != delta.shape[-1:]:
+        raise ValueError(f"delta_bias must have shape ({delta.shape[-1]},) (E), got "
+                         f"{np.shape(delta_bias)}")
     pre = delta if delta_bias is None else delta + delta_bias
     return (softplus_forward(pre) if delta_activation == "softplus" else pre), pre
 

@@ -10,6 +10,7 @@ import numpy as np
 import pytest
 
 from conftest import assert_close, numerical_grad, subprocess_env
+from mapformer import reference as ref
 from mapformer.models import ModelConfig, Transformer, forward_flops
 from mapformer.train import TrainConfig, load_checkpoint, train
 
@@ -42,6 +43,21 @@ def test_c_model_matches_the_numpy_model(name, options):
     for p in c.params.params:  # every parameter gets a gradient signal
         if not p.endswith(("scheme",)):
             assert np.any(ref.params.params[p].grad != 0), p
+
+
+def test_delta_trace_is_the_forward_step():
+    """The ``delta`` trace (the scan forms the steps inside): softplus of the forward's
+    dt product plus the bias that forward read, (B, T, E), also after an optimizer has moved
+    the bias."""
+    model = Transformer(tiny("mamba", {}), seed=1)
+    data = batch(np.random.default_rng(0))
+    model.loss(*data)
+    mixer = model.blocks[0].mixer
+    bias = model.params.params["blocks.0.mixer.dt.bias"].value
+    expected = ref.softplus_forward(mixer.dt_pre.astype(np.float64) + bias)
+    bias += 1.0
+    assert mixer.delta.shape == (2, 9, mixer.E)
+    assert_close(mixer.delta, expected, "default", "delta")
 
 
 @pytest.mark.parametrize("name,options", VARIANTS)

@@ -459,8 +459,17 @@ def test_scan_step_bad_input(rng):
         with raises_naming(ValueError, "ddelta_bias"):
             bwd(dy, *args, states, *params, chunk=4, delta_bias=bias,
                 ddelta_bias=np.zeros(4, np.float32))
+    real, bias = step_inputs(rng, 2, 9, 3, 4, "real")
     with raises_naming(ValueError, "delta_activation"):
-        ref.selective_scan_forward(*args[:1], args[1], *args[3:], delta_activation="exp")
+        ref.selective_scan_forward(*real.values(), delta_activation="exp")
+    for wrong in (np.zeros(1), np.zeros((9, 3))):  # NumPy would broadcast them
+        with raises_naming(ValueError, "delta_bias"):
+            backend.NUMPY.selective_scan_forward(*real.values(), delta_bias=wrong)
+    y, states = backend.NUMPY.selective_scan_forward(*real.values(), delta_bias=bias)
+    with raises_naming(ValueError, "ddelta_bias"):
+        backend.NUMPY.selective_scan_backward(
+            randn(rng, 2, 9, 3), *real.values(), states, np.zeros((3, 4)), np.zeros(3),
+            delta_bias=bias, ddelta_bias=np.zeros((9, 3)))
 
 
 def test_scan_with_zero_decay_and_angle(rng):
@@ -635,8 +644,14 @@ def test_scan_same_bits_for_thread_counts(tmp_path):
         "g3 = [np.zeros_like(A), np.zeros_like(om), np.zeros_like(D)]\n"
         "outs3 = _C.complex_scan_backward(dy, x, dl, da, A, om, Bm, Cm, D, st3, *g3, chunk=16,\n"
         "                                 bbar='zoh')\n"
+        "bias = f(E)\n"
+        "step = dict(delta_bias=bias, delta_activation='softplus')\n"
+        "y4, st4 = _C.complex_scan_forward(x, da, None, A, om, Bm, Cm, D, chunk=16, **step)\n"
+        "g4 = [np.zeros_like(A), np.zeros_like(om), np.zeros_like(D), np.zeros_like(bias)]\n"
+        "outs4 = _C.complex_scan_backward(dy, x, da, None, A, om, Bm, Cm, D, st4, *g4[:3],\n"
+        "                                 chunk=16, ddelta_bias=g4[3], **step)\n"
         "np.savez(sys.argv[1], y, st, *outs, *g, y2, st2, *outs2, *g2, *cv, dw, db, y3, st3,\n"
-        "         *outs3, *g3)\n"))
+        "         *outs3, *g3, y4, st4, *(o for o in outs4 if o is not None), *g4)\n"))
 
 
 def test_scan_bad_input(rng):

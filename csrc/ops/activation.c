@@ -10,11 +10,12 @@
  * SiLU's sigmoid is simd.h's vsigmoid (the core's one exponential). The kernels
  * (kernels/activation.h) are compiled at 16 floats for AVX-512 (x86/activation_avx512.c, run
  * where the active kernel set is avx512) and as target_clones for AVX-512, AVX2 and baseline
- * x86-64 at 8 (here); every lane computes the same bits on each. softplus is max(x, 0) +
- * log1p(exp(-|x|)) in vector code without a division: simd.h's vexp_expm1 (Cody-Waite
- * reduction, about 1 ulp) for u = exp(-|x|) in (0, 1], then log1p(u) = u + u^2 Q(u), one
- * polynomial over [0, 1] (kernels/activation.h: no exponent split, no cancellation for small
- * u); its derivative is the same sigmoid. The loops are simd.h's MF_VLOOP.
+ * x86-64 at 8 (here); every lane computes the same bits on each. softplus is simd.h's
+ * vsoftplus (the scans form their steps with it too, to the same bits): max(x, 0) +
+ * log1p(exp(-|x|)), vexp_expm1 (Cody-Waite reduction, about 1 ulp) for u = exp(-|x|) in
+ * (0, 1], then log1p(u) = u + u^2 Q(u), one polynomial over [0, 1] (vlog1p_unit: no exponent
+ * split, no cancellation for small u, no division); its derivative sigmoid(x) = (x > 0 ? 1 :
+ * u) / (1 + u) from the same u. The loops are simd.h's MF_VLOOP.
  */
 #include <math.h>
 #include <stdint.h>

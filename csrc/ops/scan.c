@@ -32,8 +32,9 @@
  *   ddelta_t = x_t dr_t + sum_k Re(dz) A,  ddelta_angle_t = sum_k Im(dz) omega,
  *   dA += sum_t Re(dz) delta_t,  domega += sum_t Im(dz) delta_angle_t,  dD += sum_t gy x.
  * Memory: O(B E S (T / chunk)) saved + O(threads * chunk * S * MF_VW) scratch (h_{t-1} and
- * a_t of each step of a chunk, and ZOH's phi, phi', so the reverse sweep takes the decays,
- * rotations and factors of the recompute instead of evaluating them again), never O(B T E S).
+ * a_t of each step of a chunk, ZOH's phi, phi', and the step, its slope and the rotation's
+ * step, so the reverse sweep takes the decays, rotations, factors and steps of the recompute
+ * instead of evaluating them again), never O(B T E S).
  *
  * Vectorisation: over channels. A group is MF_VW channels of one batch row, one per lane
  * (MF_VW: the kernel set's width, kernels/scan_sets.h: 16 on AVX-512, 8 on other x86-64)
@@ -133,7 +134,8 @@ static int scan_forward(const MfScanParams *p, int cx) {
 }
 
 /* scratch of the backward: per thread chunk * scan_step_vectors vectors of the widest set
- * (h_{t-1}, a_t, ZOH's phi and phi', the step and its slope of each step of a chunk); dB, dC
+ * (h_{t-1}, a_t, ZOH's phi and phi', the step, its slope and the rotation's step of each
+ * step of a chunk); dB, dC
  * partials (B, nblk, T, S) each; dA, domega partials (B, E, K) doubles each; dD and
  * delta_bias's partials (B, E) doubles each */
 static int64_t per_thread(const MfScanParams *p, int cx) {

@@ -145,9 +145,9 @@ class Mamba(Mixer):
 
     @property
     def delta(self):
-        """The last forward's steps (B, T, E), softplus(dt_pre + bias): formed here, on
-        demand (the scan forms them inside)."""
-        return self.ops.softplus_forward(self.dt_pre + self.dt.bias.value)
+        """The last forward's steps (B, T, E), softplus(dt_pre + bias) with the bias that
+        forward read: formed here, on demand (the scan forms them inside)."""
+        return self.ops.softplus_forward(self.dt_pre + self.dt_bias)
 
     def scan(self, u, dt_pre, dt_in):
         """The scan on u, dt_pre (the steps before bias and softplus) (B, T, E), B, C
@@ -181,6 +181,7 @@ class Mamba(Mixer):
         self.Bm, self.Cm = Bm.reshape(batch, steps, -1), Cm.reshape(batch, steps, -1)
         self.dt_pre = self.ops.linear_forward(self.dt_in, self.dt.weight.value,
                                               None).reshape(shape)
+        self.dt_bias = self.dt.bias.value.copy()  # (E,): for the delta trace
         self.y = self.scan(self.u, self.dt_pre, self.dt_in).reshape(n, self.E)
         return self.out.forward(self.ops.silu_gate_forward(self.y, self.z)), state
 

@@ -16,9 +16,11 @@
 #include "mapformer/simd.h"
 #include "scan_sets.h"
 
-#define SCAN_RUN 16             /* steps summed in float before dA, domega, dD take them */
+#define SCAN_RUN 16             /* steps summed in float before dA, domega, dD (and
+                                 * delta_bias's gradient) take them */
 #define SCAN_AHEAD 16           /* steps ahead that the (b, t, e) rows are prefetched */
-#define SCAN_TILE 16            /* the forward's steps formed ahead of the recurrence at once */
+#define SCAN_TILE 16            /* steps formed ahead of the recurrence at once (forward and
+                                 * the backward's recompute) */
 
 
 /* x - sin x for |x| < 1: x^3 (1/3! - x^2 / 5! + ... + x^8 / 11!) (the rest below 1.6e-10 x^3) */
@@ -627,7 +629,7 @@ MF_INLINE void backward_body(const Group *g, const float *dy, const float *state
             if (cx) o->dW[l * K + k] = sW[k * MF_VW + l];
         }
         o->dD[l] = sD[l];
-        if (g->biased) o->dS[l] = sS[l];
+        o->dS[l] = sS[l]; /* 0 without delta_bias: the reduce reads every partial */
     }
 }
 
