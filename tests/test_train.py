@@ -143,20 +143,31 @@ def test_checkpoint_round_trip_and_mismatch(tmp_path):
         load_checkpoint(bad)
 
 
+def rewrite_meta(path, edit):
+    """The checkpoint at ``path`` rewritten with ``edit(meta)`` applied to its metadata."""
+    with np.load(path) as f:
+        arrays = dict(f)
+    meta = json.loads(str(arrays["meta"]))
+    edit(meta)
+    arrays["meta"] = json.dumps(meta)
+    np.savez(path, **arrays)
+
+
+def assert_refused(path, model_config, train_config, match):
+    """Loading and resuming from ``path`` both raise ValueError matching ``match``."""
+    for read in (lambda: load_checkpoint(path),
+                 lambda: check_resume(path, model_config, train_config)):
+        with pytest.raises(ValueError, match=match):
+            read()
+
+
 def test_checkpoint_of_an_older_version_is_refused_clearly(tmp_path):
     model_config, train_config = tiny_configs(sequences=16)
     train(model_config, train_config, out_dir=tmp_path, **QUIET)
     path = tmp_path / "checkpoint.npz"
-    with np.load(path) as f:
-        arrays = dict(f)
-    meta = json.loads(str(arrays["meta"]))
-    meta["version"] = 1  # version 2 (no dropout generator state) is still read
-    arrays["meta"] = json.dumps(meta)
-    np.savez(path, **arrays)
-    for read in (lambda: load_checkpoint(path),
-                 lambda: check_resume(path, model_config, train_config)):
-        with pytest.raises(ValueError, match="written by an older mapformer"):
-            read()
+    # version 2 (no dropout generator state) is still read
+    rewrite_meta(path, lambda meta: meta.update(version=1))
+    assert_refused(path, model_config, train_config, "written by an older mapformer")
 
 
 def test_checkpoint_of_mapem_nc_before_its_layout_change_is_refused(tmp_path):
@@ -165,21 +176,14 @@ def test_checkpoint_of_mapem_nc_before_its_layout_change_is_refused(tmp_path):
     model_config, train_config = tiny_configs(sequences=16)
     train(model_config, train_config, out_dir=tmp_path, **QUIET)
     path = tmp_path / "checkpoint.npz"
-    with np.load(path) as f:
-        arrays = dict(f)
-    meta = json.loads(str(arrays["meta"]))
-    meta["version"] = 3
-    arrays["meta"] = json.dumps(meta)
-    np.savez(path, **arrays)
+    rewrite_meta(path, lambda meta: meta.update(version=3))
     load_checkpoint(path)  # not mapem_nc: read
-    meta["model"]["positional"] = "mapem_nc"
-    meta["model"]["options"].update(nc_block=4, nc_generators=0)
-    arrays["meta"] = json.dumps(meta)
-    np.savez(path, **arrays)
-    for read in (lambda: load_checkpoint(path),
-                 lambda: check_resume(path, model_config, train_config)):
-        with pytest.raises(ValueError, match="quaternion path"):
-            read()
+
+    def as_nc(meta):
+        meta["model"]["positional"] = "mapem_nc"
+        meta["model"]["options"].update(nc_block=4, nc_generators=0)
+    rewrite_meta(path, as_nc)
+    assert_refused(path, model_config, train_config, "quaternion path")
 
 
 def test_cli_flags_mirror_the_configs():
