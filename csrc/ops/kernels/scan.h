@@ -247,8 +247,8 @@ static void group_init(Group *g, const MfScanParams *p, int cx, int64_t b, int64
 
 /* the step of t (lanes: channels): delta's row, + delta_bias, through softplus with
  * delta_softplus (simd.h's vsoftplus: softplus_forward's bits), and with `slope` its
- * derivative there (1 without softplus); the rotation's step into *ang (complex scan): the
- * step itself without a delta_angle */
+ * derivative there (1 without softplus); the rotation's step into *ang (complex scan: the
+ * step itself without a delta_angle; the real scan: zero) */
 MF_INLINE void load_step(const Group *g, int64_t t, vf *dt, vf *ang, vf *slope, int cx) {
     load_lanes(dt, g->delta + t * g->E, g->n);
     if (g->biased) *dt = *dt + g->bias;
@@ -257,12 +257,12 @@ MF_INLINE void load_step(const Group *g, int64_t t, vf *dt, vf *ang, vf *slope, 
     } else if (slope) {
         *slope = VSPLAT(1.0f);
     }
-    if (cx) {
-        if (g->shared)
-            *ang = *dt;
-        else
-            load_lanes(ang, g->dangle + t * g->E, g->n);
-    }
+    if (!cx)
+        *ang = VZERO;
+    else if (g->shared)
+        *ang = *dt;
+    else
+        load_lanes(ang, g->dangle + t * g->E, g->n);
 }
 
 /* simd.h's vsincos with its multiply-adds fused (VFMAF): the same reduction and polynomials,
@@ -433,10 +433,8 @@ MF_INLINE void forward_body(const Group *g, float *y, float *states, int cx, int
         if (t % SCAN_TILE == 0) /* the tile's steps first: independent of each other and of
                                  * h, they pipeline instead of delaying each step's decays
                                  * by softplus's latency (measured: 1.5x the forward's time) */
-            for (int64_t u = t; u < t + SCAN_TILE && u < g->T; u++) {
-                angs[u - t] = VZERO;
+            for (int64_t u = t; u < t + SCAN_TILE && u < g->T; u++)
                 load_step(g, u, &dts[u - t], &angs[u - t], NULL, cx);
-            }
         if (t + SCAN_AHEAD < g->T)
             prefetch_rows(rows, 4, t + SCAN_AHEAD, E, g->n);
         vf xv;
@@ -504,7 +502,8 @@ MF_INLINE void backward_body(const Group *g, const float *dy, const float *state
     for (int l = 0; l < MF_VW; l++) sD[l] = 0.0, sS[l] = 0.0;
     int run = 0;
     vf *buf = (vf *)o->buf;
-    const int64_t W = g->stride, steps = (zoh ? 4 : 2) * S; /* a step's scratch; the step's at */
+    const int64_t W = g->stride, steps = W - SCAN_STEP_VECTORS; /* a step's scratch; the
+                                                                * step's vectors from here */
     const float *const fw_rows[3] = {g->x, g->delta, g->dangle};
     const float *const bw_rows[5] = {dy, o->dx, o->ddelta, o->ddangle, g->x};
     for (int64_t ci = g->NC - 1; ci >= 0; ci--) {
@@ -518,7 +517,6 @@ MF_INLINE void backward_body(const Group *g, const float *dy, const float *state
             if ((t - t0) % SCAN_TILE == 0) /* the tile's steps first, as the forward's */
                 for (int64_t u = t; u < t + SCAN_TILE && u < t1; u++) {
                     vf *sv = buf + (u - t0) * W + steps;
-                    sv[2] = VZERO;
                     load_step(g, u, &sv[0], &sv[2], &sv[1], cx);
                 }
             vf *hb = buf + (t - t0) * W, *ab = hb + S;

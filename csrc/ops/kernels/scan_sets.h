@@ -30,9 +30,11 @@ typedef struct {
 } GroupGrad;
 
 /* the backward's scratch vectors per step of a chunk: h_{t-1} and a_t (S each), ZOH's phi and
- * phi' (S each), then the step, its slope (softplus') and the rotation's step */
+ * phi' (S each), then the SCAN_STEP_VECTORS of the step: it, its slope (softplus') and the
+ * rotation's step */
+#define SCAN_STEP_VECTORS 3
 static inline int64_t scan_step_vectors(int64_t S, int bbar) {
-    return (bbar == MF_BBAR_ZOH ? 4 : 2) * S + 3;
+    return (bbar == MF_BBAR_ZOH ? 4 : 2) * S + SCAN_STEP_VECTORS;
 }
 
 /* one set: its width, and the forward and backward of the group (batch row b, channels e0 ..
