@@ -2,7 +2,8 @@
 RatioSP and NormGED of a vanilla transformer, an LSTM, TDB(S, M) and TDB(1, enc, 1), several
 seeds (a new room per seed). Beyond the paper, the row ``mapwm_angles``: a MapWM transformer
 trained as the vanilla one, its map extracted from its path-integrated angles
-(:func:`mapformer.cogmap.evaluate_angle_map`, tolerance ``--angle-tolerance``).
+(:func:`mapformer.cogmap.evaluate_angle_map`: k-means of the angles into ``--angle-places``
+places, by default as many as TDB has codes).
 
     python benchmarks/reproduce_tdb_table1.py --scale cpu     # or paper, tiny
 
@@ -125,7 +126,7 @@ def test_accuracy(model, tokens, n_obs, batch):
 
 
 def run(row, scale, seed, log, checkpoint=None, restart_dead=0, rollouts=100,
-        angle_tolerance=0.3, plan_problems=0):
+        angle_places=None, plan_problems=0):
     config = replace(scale.room, seed=seed)
     room = rooms.make_room(config)
     train_walks = rooms.walks(config, room, scale.train_walks, [seed, 1])
@@ -141,7 +142,7 @@ def run(row, scale, seed, log, checkpoint=None, restart_dead=0, rollouts=100,
             raise ValueError(f"{checkpoint}: saved for {saved}, this run is {meta}")
         log(f"    {row} seed {seed}: weights from {checkpoint}, evaluating")
         return evaluate(row, model, saved, saved["train_s"], config, room, train_walks,
-                        test_walks, n_obs, scale, rollouts, angle_tolerance, plan_problems)
+                        test_walks, n_obs, scale, rollouts, angle_places, plan_problems)
     model = make_model(row, scale, n_obs, seed, restart_dead)
     opt = AdamW(model, TrainConfig(lr=scale.lr, weight_decay=0.0, clip=1.0))
     rng = np.random.default_rng([seed, 3])
@@ -161,11 +162,11 @@ def run(row, scale, seed, log, checkpoint=None, restart_dead=0, rollouts=100,
     if checkpoint is not None and (isinstance(model, TDB) or row == "mapwm_angles"):
         save_checkpoint(model, checkpoint, **meta)
     return evaluate(row, model, meta, meta["train_s"], config, room, train_walks, test_walks,
-                    n_obs, scale, rollouts, angle_tolerance, plan_problems)
+                    n_obs, scale, rollouts, angle_places, plan_problems)
 
 
 def evaluate(row, model, meta, train_s, config, room, train_walks, test_walks, n_obs, scale,
-             rollouts, angle_tolerance, plan_problems):
+             rollouts, angle_places, plan_problems):
     """A trained model's row of the table: TestAccu and its map's or its rollouts' metrics."""
     model.train(False)
     seed, C = meta["seed"], meta["context"]
@@ -175,9 +176,10 @@ def evaluate(row, model, meta, train_s, config, room, train_walks, test_walks, n
         _, _, metrics = cogmap.evaluate_map(model, meta, C)
         result.update(metrics)
     elif row == "mapwm_angles":
+        places = angle_places or scale.codes
         _, metrics = cogmap.evaluate_angle_map(model, config, room, train_walks, test_walks, C,
-                                               angle_tolerance)
-        result.update(metrics, angle_tolerance=angle_tolerance)
+                                               places)
+        result.update(metrics, angle_places=places)
     else:  # no map: random rollouts with tail evaluation (appendix D)
         t0 = time.perf_counter()
         k = plan_problems or len(test_walks.obs)
@@ -223,8 +225,9 @@ def main(argv=None):
     parser.add_argument("--plan-problems", type=int, default=0,
                         help="transformer and LSTM: plan only the first K test walks (0: "
                         "all; at the cpu scale a problem costs about 15 CPU seconds)")
-    parser.add_argument("--angle-tolerance", type=float, default=0.3,
-                        help="mapwm_angles: the angle clustering's tolerance (radians, RMS)")
+    parser.add_argument("--angle-places", type=int, default=None,
+                        help="mapwm_angles: k-means places of the angles (default: the "
+                        "scale's TDB codes, 500 at cpu)")
     args = parser.parse_args(argv)
     scale = SCALES[args.scale]
     out = Path(args.out or f"results/tdb_table1_{args.scale}")
@@ -240,7 +243,7 @@ def main(argv=None):
             result = run(row, scale, seed, log=print,
                          checkpoint=out / f"{row}_seed{seed}.npz",
                          restart_dead=args.restart_dead, rollouts=args.rollouts,
-                         angle_tolerance=args.angle_tolerance,
+                         angle_places=args.angle_places,
                          plan_problems=args.plan_problems)
             result["restart_dead"] = args.restart_dead
             path.write_text(json.dumps(result, indent=1))

@@ -175,8 +175,9 @@ def build_parser():
                     "(default: the current one)")
     mp.add_argument("--context", type=int, default=None,
                     help="plans go from position C to N - C (default: the checkpoint's)")
-    mp.add_argument("--angle-tolerance", type=float, default=0.3,
-                    help="MapWM / MapEM: the angle clustering's tolerance (radians, RMS)")
+    mp.add_argument("--angle-places", type=int, default=500,
+                    help="MapWM / MapEM: k-means places of the angles (default: 500, TDB's "
+                    "codes at the cpu scale)")
     return parser
 
 
@@ -195,7 +196,7 @@ def run_map(parser, args):
     elif model.config.positional in ("mapwm", "mapem"):
         config, room, train, test = cogmap.walks_of(meta)
         cm, metrics = cogmap.evaluate_angle_map(model, config, room, train, test, context,
-                                                args.angle_tolerance)
+                                                args.angle_places)
     else:
         parser.error(f"{args.checkpoint}: a {model.config.positional} transformer has no map "
                      "(TDB, mapwm or mapem only)")

@@ -19,9 +19,9 @@ Planning: networkx.shortest_path between the nodes of two tuples (a tuple never 
 replaced by the nearest seen one in Hamming distance); the plan is the edges' actions.
 
 A second extractor, beyond the paper: from a MapWM / MapEM model's path-integrated angles
-theta at the observation positions (:func:`extract_angle_map`): the angle vectors are
-clustered (leader clustering on the unit circles, a tolerance in radians), each cluster a
-place, and the places go through steps 2-4 above as 1-tuples.
+theta at the observation positions (:func:`extract_angle_map`): the angle vectors' points
+on the unit circles are clustered by k-means into a number of places (as many as TDB has
+codes, by default), and the places go through steps 2-4 above as 1-tuples.
 
 Metrics: ImpFallback (% of problems with a valid plan, one that reaches the goal cell when run
 in the true room, shorter than the fallback path), RatioSP (mean plan length / shortest
@@ -378,55 +378,122 @@ def _circle(angles):
 
 @dataclass
 class AngleClusters:
-    """centres (K, 2A): the clusters' first members on the unit circles (:func:`_circle`)."""
+    """centres (K, 2A): the places' centres on the unit circles (:func:`_circle`)."""
 
     centres: np.ndarray
 
-    def assign(self, angles):
-        """angles (..., A) -> (...) the nearest centre's id."""
+    def assign(self, angles, rows=32768):
+        """angles (..., A) -> (...) the nearest centre's id (lowest id on ties), ``rows``
+        points at a time (a (rows, K) distance block)."""
         e = _circle(angles)
         flat = e.reshape(-1, e.shape[-1])
-        d = ((flat ** 2).sum(1)[:, None] - 2 * flat @ self.centres.T
-             + (self.centres ** 2).sum(1)[None])
-        return d.argmin(1).reshape(e.shape[:-1])
+        return _nearest(flat, self.centres, rows).reshape(e.shape[:-1])
 
 
-def cluster_angles(angles, tolerance=0.3):
-    """angles (P, A) -> (ids (P,), AngleClusters): leader clustering: the first point not yet
-    assigned opens a cluster that takes every unassigned point within RMS chord distance
-    ``tolerance`` (radians, for small differences) of it; repeated until all are assigned."""
-    e = _circle(np.asarray(angles).reshape(-1, np.shape(angles)[-1]))
-    ids = np.full(len(e), -1, np.int64)
-    centres = []
-    while (ids < 0).any():
-        first = int(np.argmax(ids < 0))
-        near = ((e - e[first]) ** 2).sum(1) <= tolerance ** 2
-        ids[near & (ids < 0)] = len(centres)
-        centres.append(e[first])
-    return ids, AngleClusters(np.array(centres).reshape(-1, e.shape[1]))
+def _nearest(points, centres, rows=32768):
+    """points (P, D), centres (K, D) -> (P,) the nearest centre's index (squared Euclidean
+    distance, one product per block of ``rows`` points)."""
+    c2 = (centres ** 2).sum(1)
+    out = np.empty(len(points), np.int64)
+    for i in range(0, len(points), rows):
+        p = points[i:i + rows]
+        out[i:i + rows] = (c2[None] - 2 * p @ centres.T).argmin(1)
+    return out
 
 
-def extract_angle_map(angles, actions, tolerance=0.3, threshold=0.1):
+def _kmeans_pp(points, places, rng):
+    """Greedy k-means++ seeding (Arthur & Vassilvitskii 2007; greedy as scikit-learn's):
+    points (P, D) -> centres (<= places, D). Each next centre is the best, by the summed
+    squared distance to the nearest centre it leaves, of 2 + ln(places) candidates drawn
+    with probability proportional to that distance; stops early when every point sits on a
+    centre."""
+    candidates = 2 + int(np.log(places))
+    norms = (points ** 2).sum(1)
+    chosen = [int(rng.integers(len(points)))]
+    d2 = ((points - points[chosen[0]]) ** 2).sum(1)
+    while len(chosen) < places and d2.sum() > 0:
+        pick = rng.choice(len(points), candidates, p=d2 / d2.sum())
+        to_pick = np.maximum(norms[:, None] - 2 * points @ points[pick].T + norms[pick], 0)
+        after = np.minimum(d2[:, None], to_pick)
+        best = int(after.sum(0).argmin())
+        chosen.append(int(pick[best]))
+        d2 = after[:, best]
+    return points[chosen].copy()
+
+
+def cluster_angles(angles, places=500, iterations=30, seed=0, init_sample=50000):
+    """angles (P, A) -> (ids (P,), AngleClusters): k-means of the angle vectors' points on
+    the unit circles (:func:`_circle`, where Euclidean distance is the RMS chord distance)
+    into at most ``places`` places: greedy k-means++ seeding on ``init_sample`` points drawn
+    with ``seed``, then Lloyd's iterations (at most ``iterations``, until no point changes
+    place); a place left empty is dropped, and ids are numbered by first appearance. A step
+    is O(P K A), one product per block of points: 400k points into 500 places take seconds."""
+    if places < 1:
+        raise ValueError(f"places must be at least 1, got {places}")
+    e = _circle(np.asarray(angles).reshape(-1, np.shape(angles)[-1])).astype(np.float32)
+    rng = np.random.default_rng(seed)
+    sample = e if len(e) <= init_sample else e[rng.choice(len(e), init_sample, replace=False)]
+    centres = _kmeans_pp(sample, places, rng)
+    ids = _nearest(e, centres)
+    for _ in range(iterations):
+        counts = np.bincount(ids, minlength=len(centres))
+        sums = np.zeros_like(centres)
+        np.add.at(sums, ids, e)
+        filled = counts > 0
+        centres[filled] = sums[filled] / counts[filled, None]
+        new = _nearest(e, centres)
+        if np.array_equal(new, ids):
+            break
+        ids = new
+    used, first, inverse = np.unique(ids, return_index=True, return_inverse=True)
+    rank = np.empty(len(used), np.int64)
+    rank[np.argsort(first)] = np.arange(len(used))
+    return rank[inverse], AngleClusters(centres[used[np.argsort(first)]].astype(np.float64))
+
+
+def extract_angle_map(angles, actions, places=500, threshold=0.1):
     """angles (W, N, A) at the observations of W walks, actions (W, N) -> (CogMap over the
-    clusters' ids as 1-tuples, AngleClusters, the walks' cluster ids (W, N, 1)): the clusters
-    are the places, then appendix C's steps 2-4 as for codes (:func:`extract_map`, M = 1)."""
+    places' ids as 1-tuples, AngleClusters, the walks' place ids (W, N, 1)): the angles'
+    k-means places (:func:`cluster_angles`), then appendix C's steps 2-4 as for codes
+    (:func:`extract_map`, M = 1)."""
     angles = np.asarray(angles)
-    ids, clusters = cluster_angles(angles.reshape(-1, angles.shape[-1]), tolerance)
+    ids, clusters = cluster_angles(angles.reshape(-1, angles.shape[-1]), places)
     W, N = angles.shape[:2]
     ids = ids.reshape(W, N, 1)
     return extract_map(ids, actions, threshold=threshold), clusters, ids
 
 
-def evaluate_angle_map(model, config, room, train, test, context, tolerance=0.3):
+def place_purity(states, positions):
+    """states int (W, N) place ids, positions (W, N, 2) true cells -> the fraction of
+    positions whose place's most frequent cell is their own cell (1: every place lies in
+    one cell; for places that ignore the cell, see ``purity_chance`` of
+    :func:`evaluate_angle_map`)."""
+    s = np.asarray(states).ravel()
+    p = np.asarray(positions).reshape(-1, 2)
+    cell = np.unique(p, axis=0, return_inverse=True)[1].ravel()
+    joint = np.unique(s * (cell.max() + 1) + cell, return_counts=True)
+    place = joint[0] // (cell.max() + 1)
+    best = np.zeros(s.max() + 1, np.int64)
+    np.maximum.at(best, place, joint[1])
+    return float(best.sum() / len(s))
+
+
+def evaluate_angle_map(model, config, room, train, test, context, places=500):
     """(map, metrics) of a trained MapWM / MapEM transformer (trained on the rooms' tokens) on
-    walks of ``room`` (rooms config ``config``): the map from the training walks' angles,
-    plans between the clusters nearest the test walks' angles at ``context`` and
-    N - context; metrics as :func:`map_metrics` plus ``clusters``."""
+    walks of ``room`` (rooms config ``config``): the map from the training walks' angles
+    (``places`` k-means places), plans between the places nearest the test walks' angles at
+    ``context`` and N - context; metrics as :func:`map_metrics` plus ``clusters`` (places
+    found), ``purity`` (:func:`place_purity` over the training walks) and ``purity_chance``
+    (the same with the place ids shuffled over the positions, seed 0: places of the same
+    sizes that ignore the cell)."""
     angles = observation_angles(model, train.tokens(config.n_obs))
-    cm, clusters, states = extract_angle_map(angles, train.actions, tolerance)
+    cm, clusters, states = extract_angle_map(angles, train.actions, places)
     test_states = clusters.assign(observation_angles(model, test.tokens(config.n_obs)))
     metrics = map_metrics(cm, states, train, test_states[..., None], test, room, context)
     metrics["clusters"] = len(clusters.centres)
+    metrics["purity"] = place_purity(states[..., 0], train.pos)
+    metrics["purity_chance"] = place_purity(
+        np.random.default_rng(0).permutation(states.ravel()), train.pos)
     return cm, metrics
 
 

@@ -1,6 +1,7 @@
 """Cognitive-map extraction, planning and the TDB metrics on codes whose answer is known."""
 import networkx as nx
 import numpy as np
+import pytest
 
 from mapformer import cogmap
 from mapformer.tasks import rooms
@@ -156,10 +157,33 @@ def exact_angles(pos):
 
 def test_angle_clusters_and_assignment():
     angles = np.array([[0.0, 0.0], [0.05, 0.0], [3.0, 3.0], [0.0, 2 * np.pi]])
-    ids, clusters = cogmap.cluster_angles(angles, tolerance=0.1)
-    assert list(ids) == [0, 0, 1, 0]  # 2 pi wraps onto 0
+    ids, clusters = cogmap.cluster_angles(angles, places=2)
+    assert list(ids) == [0, 0, 1, 0]  # 2 pi wraps onto 0; ids by first appearance
     assert clusters.centres.shape == (2, 4)
     assert list(clusters.assign(np.array([[2.9, 3.1], [-0.02, 0.01]]))) == [1, 0]
+    assert list(clusters.assign(np.array([[2.9, 3.1], [-0.02, 0.01]]), rows=1)) == [1, 0]
+
+
+def test_angle_clusters_stop_at_the_distinct_points_and_refuse_no_places():
+    ids, clusters = cogmap.cluster_angles(np.array([[1.0], [2.0], [1.0], [2.0]]), places=10)
+    assert list(ids) == [0, 1, 0, 1] and clusters.centres.shape == (2, 2)
+    with pytest.raises(ValueError, match="places"):
+        cogmap.cluster_angles(np.zeros((3, 1)), places=0)
+
+
+def test_kmeans_places_of_noisy_angles_are_the_cells():
+    room, w, _ = perfect_codes()
+    noisy = exact_angles(w.pos) + np.random.default_rng(0).normal(0, 0.05, w.pos.shape[:2] + (4,))
+    ids, clusters = cogmap.cluster_angles(noisy.reshape(-1, 4), places=12)
+    assert len(clusters.centres) == 12
+    assert cogmap.place_purity(ids.reshape(w.pos.shape[:2]), w.pos) == 1.0
+
+
+def test_place_purity():
+    pos = np.array([[[0, 0], [0, 1], [0, 0], [1, 1]]])
+    assert cogmap.place_purity(np.array([[0, 1, 0, 2]]), pos) == 1.0
+    assert cogmap.place_purity(np.array([[0, 0, 0, 0]]), pos) == 0.5  # cell (0, 0): 2 of 4
+    assert cogmap.place_purity(np.array([[0, 0, 1, 1]]), pos) == 0.5
 
 
 def test_angle_map_of_exact_positions_is_the_room():
@@ -190,5 +214,6 @@ def test_angle_map_of_a_trained_mapwm_end_to_end():
     test = rooms.walks(CONFIG, room, 4, 9)
     cm, m = cogmap.evaluate_angle_map(model, CONFIG, room, w, test, 10)
     assert m["clusters"] >= 1 and 0 <= m["nodes"] <= m["clusters"]
+    assert 0.0 < m["purity"] <= 1.0 and 0.0 < m["purity_chance"] <= 1.0
     assert 0.0 <= m["NormGED"] <= 1.0 and 0.0 <= m["ImpFallback"] <= 100.0
     assert m["problems"] <= 4
