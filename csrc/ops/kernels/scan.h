@@ -467,8 +467,8 @@ static void forward_group(const MfScanParams *p, int cx, int64_t b, int64_t e0, 
 
 
 /* d[l] += (double)v[l] for the MF_VW lanes, VDL at a time (d aligned to a vd, as the sums
- * below are): the additions of a loop over the lanes, in vector code (the flushes were scalar
- * before: about 4% of the real scan's backward at the navigation step's shape) */
+ * below are): the additions of a loop over the lanes, in vector code (lane by lane they took
+ * about 4% of the real scan's backward at the navigation step's shape) */
 typedef double vd_alias __attribute__((vector_size(4 * MF_VW), __may_alias__));
 MF_INLINE void add_to_doubles(double *d, const vf *v) {
     for (int h = 0; h < MF_VW; h += VDL) {
@@ -477,8 +477,8 @@ MF_INLINE void add_to_doubles(double *d, const vf *v) {
     }
 }
 
-/* the float runs of dA, domega, dD and delta_bias's gradient into their double sums (lane
- * by lane) */
+/* the float runs of dA, domega, dD and delta_bias's gradient into their double sums (the
+ * double additions of a loop over the lanes) */
 MF_INLINE void flush_runs(const Group *g, vf *rA, vf *rW, vf *rD, vf *rS, double *sA,
                           double *sW, double *sD, double *sS, int cx) {
     for (int64_t k = 0; k < g->K; k++) {
