@@ -159,8 +159,11 @@ def run(row, scale, seed, log, checkpoint=None, restart_dead=0, rollouts=100,
             log(f"    {row} seed {seed} step {it + 1}: loss {loss:.4f}"
                 + (f" perplexity {usage['perplexity']} dead {usage['dead']}" if usage else ""))
     meta["train_s"] = time.perf_counter() - t0
-    if checkpoint is not None and (isinstance(model, TDB) or row == "mapwm_angles"):
+    if checkpoint is not None and isinstance(model, TDB):
         save_checkpoint(model, checkpoint, **meta)
+    elif checkpoint is not None and row == "mapwm_angles":  # map's default places: these
+        save_checkpoint(model, checkpoint, **meta,
+                        angle_places=scale.codes if angle_places is None else angle_places)
     return evaluate(row, model, meta, meta["train_s"], config, room, train_walks, test_walks,
                     n_obs, scale, rollouts, angle_places, plan_problems)
 
@@ -176,7 +179,7 @@ def evaluate(row, model, meta, train_s, config, room, train_walks, test_walks, n
         _, _, metrics = cogmap.evaluate_map(model, meta, C)
         result.update(metrics)
     elif row == "mapwm_angles":
-        places = angle_places or scale.codes
+        places = scale.codes if angle_places is None else angle_places
         _, metrics = cogmap.evaluate_angle_map(model, config, room, train_walks, test_walks, C,
                                                places)
         result.update(metrics, angle_places=places)

@@ -175,9 +175,9 @@ def build_parser():
                     "(default: the current one)")
     mp.add_argument("--context", type=int, default=None,
                     help="plans go from position C to N - C (default: the checkpoint's)")
-    mp.add_argument("--angle-places", type=int, default=500,
-                    help="MapWM / MapEM: k-means places of the angles (default: 500, TDB's "
-                    "codes at the cpu scale)")
+    mp.add_argument("--angle-places", type=int, default=None,
+                    help="MapWM / MapEM: k-means places of the angles (default: the "
+                    "checkpoint's angle_places, as the reproduction scored it, else 500)")
     return parser
 
 
@@ -194,9 +194,12 @@ def run_map(parser, args):
     if isinstance(model, tdb.TDB):
         cm, room, metrics = cogmap.evaluate_map(model, meta, context)
     elif model.config.positional in ("mapwm", "mapem"):
+        places = meta.get("angle_places", 500) if args.angle_places is None else args.angle_places
+        if places < 1:
+            parser.error(f"--angle-places must be at least 1, got {places}")
         config, room, train, test = cogmap.walks_of(meta)
         cm, metrics = cogmap.evaluate_angle_map(model, config, room, train, test, context,
-                                                args.angle_places)
+                                                places)
     else:
         parser.error(f"{args.checkpoint}: a {model.config.positional} transformer has no map "
                      "(TDB, mapwm or mapem only)")

@@ -378,14 +378,14 @@ def _circle(angles):
 
 @dataclass
 class AngleClusters:
-    """centres (K, 2A): the places' centres on the unit circles (:func:`_circle`)."""
+    """centres float32 (K, 2A): the places' centres on the unit circles (:func:`_circle`)."""
 
     centres: np.ndarray
 
     def assign(self, angles, rows=32768):
         """angles (..., A) -> (...) the nearest centre's id (lowest id on ties), ``rows``
         points at a time (a (rows, K) distance block)."""
-        e = _circle(angles)
+        e = _circle(angles).astype(np.float32)  # as cluster_angles computed its ids
         flat = e.reshape(-1, e.shape[-1])
         return _nearest(flat, self.centres, rows).reshape(e.shape[:-1])
 
@@ -405,7 +405,8 @@ def _kmeans_pp(points, places, rng):
     """Greedy k-means++ seeding (Arthur & Vassilvitskii 2007; greedy as scikit-learn's):
     points (P, D) -> centres (<= places, D). Each next centre is the best, by the summed
     squared distance to the nearest centre it leaves, of 2 + ln(places) candidates drawn
-    with probability proportional to that distance; stops early when every point sits on a
+    with probability proportional to that distance (squared distances under 1e-6, the
+    product's float32 rounding, count as 0); stops early when every point sits on a
     centre."""
     candidates = 2 + int(np.log(places))
     norms = (points ** 2).sum(1)
@@ -413,7 +414,8 @@ def _kmeans_pp(points, places, rng):
     d2 = ((points - points[chosen[0]]) ** 2).sum(1)
     while len(chosen) < places and d2.sum() > 0:
         pick = rng.choice(len(points), candidates, p=d2 / d2.sum())
-        to_pick = np.maximum(norms[:, None] - 2 * points @ points[pick].T + norms[pick], 0)
+        to_pick = norms[:, None] - 2 * points @ points[pick].T + norms[pick]
+        to_pick[to_pick < 1e-6] = 0
         after = np.minimum(d2[:, None], to_pick)
         best = int(after.sum(0).argmin())
         chosen.append(int(pick[best]))
@@ -427,7 +429,7 @@ def cluster_angles(angles, places=500, iterations=30, seed=0, init_sample=50000)
     into at most ``places`` places: greedy k-means++ seeding on ``init_sample`` points drawn
     with ``seed``, then Lloyd's iterations (at most ``iterations``, until no point changes
     place); a place left empty is dropped, and ids are numbered by first appearance. A step
-    is O(P K A), one product per block of points: 400k points into 500 places take seconds."""
+    is O(P K A): one product per block of points."""
     if places < 1:
         raise ValueError(f"places must be at least 1, got {places}")
     e = _circle(np.asarray(angles).reshape(-1, np.shape(angles)[-1])).astype(np.float32)
@@ -448,7 +450,7 @@ def cluster_angles(angles, places=500, iterations=30, seed=0, init_sample=50000)
     used, first, inverse = np.unique(ids, return_index=True, return_inverse=True)
     rank = np.empty(len(used), np.int64)
     rank[np.argsort(first)] = np.arange(len(used))
-    return rank[inverse], AngleClusters(centres[used[np.argsort(first)]].astype(np.float64))
+    return rank[inverse], AngleClusters(centres[used[np.argsort(first)]])
 
 
 def extract_angle_map(angles, actions, places=500, threshold=0.1):

@@ -45,7 +45,10 @@ def test_rows_run_save_and_are_skipped(tmp_path, monkeypatch, capsys):
     assert 0.0 <= lstm["ImpFallback"] <= 100.0
     mapwm = next(x for x in results if x["row"] == "mapwm_angles")  # map from its angles
     assert mapwm["clusters"] >= 1 and 0.0 <= mapwm["NormGED"] <= 1.0
-    assert (tmp_path / "mapwm_angles_seed0.npz").exists()
+    assert mapwm["angle_places"] == r.SCALES["tiny"].codes  # the default: TDB's codes
+    from mapformer.tdb import load_checkpoint
+    assert load_checkpoint(tmp_path / "mapwm_angles_seed0.npz")[1]["angle_places"] == \
+        r.SCALES["tiny"].codes  # what map reads as its default
     # weights saved but the evaluation lost: a rerun evaluates them, the same numbers
     (tmp_path / "tdb_s3_m4_seed0.json").unlink()
     (tmp_path / "mapwm_angles_seed0.json").unlink()

@@ -165,6 +165,9 @@ def test_map_command_on_a_mapwm_checkpoint(tmp_path, capsys):
     metrics = json.loads(capsys.readouterr().out.splitlines()[0])
     assert 1 <= metrics["clusters"] <= 8 and 0.0 <= metrics["NormGED"] <= 1.0
     assert (tmp_path / "map" / "cogmap.png").stat().st_size > 0
+    with pytest.raises(SystemExit):
+        main(["map", str(tmp_path / "mapwm.npz"), "--angle-places", "0"])
+    assert "--angle-places must be at least 1, got 0" in capsys.readouterr().err
     rope = Transformer(ModelConfig.preset("rope", 7, d_model=32, n_heads=2, n_layers=1))
     save_checkpoint(rope, tmp_path / "rope.npz", **meta)
     with pytest.raises(SystemExit):
