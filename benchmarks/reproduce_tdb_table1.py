@@ -126,8 +126,8 @@ def test_accuracy(model, tokens, n_obs, batch):
 
 
 def run(row, scale, seed, log, checkpoint=None, restart_dead=0, rollouts=100,
-        angle_places=None, plan_problems=0):
-    config = replace(scale.room, seed=seed)
+        angle_places=None, plan_problems=0, topology="room"):
+    config = replace(scale.room, seed=seed, topology=topology)
     room = rooms.make_room(config)
     train_walks = rooms.walks(config, room, scale.train_walks, [seed, 1])
     test_walks = rooms.walks(config, room, scale.test_walks, [seed, 2])
@@ -194,7 +194,8 @@ def evaluate(row, model, meta, train_s, config, room, train_walks, test_walks, n
     return result
 
 
-def table(results):
+def table(results, paper=PAPER):
+    """The mean ± std over seeds of each row present, ``paper``'s figures in parentheses."""
     lines = ["| model | TestAccu % | ImpFallback % | RatioSP | NormGED | seeds |",
              "|---|---|---|---|---|---|"]
     for row in ROWS:
@@ -204,7 +205,7 @@ def table(results):
         cells = []
         for i, key in enumerate(("TestAccu", "ImpFallback", "RatioSP", "NormGED")):
             values = np.array([r.get(key, np.nan) for r in runs], float)
-            ref = PAPER.get(row, (None,) * 4)[i]
+            ref = paper.get(row, (None,) * 4)[i]
             cell = "-" if np.all(np.isnan(values)) else \
                 f"{np.nanmean(values):.2f} ± {np.nanstd(values):.2f}"
             cells.append(cell + (f" ({ref})" if ref is not None else ""))
@@ -228,12 +229,16 @@ def main(argv=None):
     parser.add_argument("--plan-problems", type=int, default=0,
                         help="transformer and LSTM: plan only the first K test walks (0: "
                         "all; at the cpu scale a problem costs about 15 CPU seconds)")
+    parser.add_argument("--topology", choices=("room", "torus"), default="room",
+                        help="the rooms' (default: the paper's, walls); torus: edges joined, "
+                        "beyond the paper (default --out then ends in _torus)")
     parser.add_argument("--angle-places", type=int, default=None,
                         help="mapwm_angles: k-means places of the angles (default: the "
                         "scale's TDB codes, 500 at cpu)")
     args = parser.parse_args(argv)
     scale = SCALES[args.scale]
-    out = Path(args.out or f"results/tdb_table1_{args.scale}")
+    suffix = "" if args.topology == "room" else f"_{args.topology}"
+    out = Path(args.out or f"results/tdb_table1_{args.scale}{suffix}")
     out.mkdir(parents=True, exist_ok=True)
     for row in [r.strip() for r in args.rows.split(",")]:
         if row not in ROWS:
@@ -247,14 +252,14 @@ def main(argv=None):
                          checkpoint=out / f"{row}_seed{seed}.npz",
                          restart_dead=args.restart_dead, rollouts=args.rollouts,
                          angle_places=args.angle_places,
-                         plan_problems=args.plan_problems)
+                         plan_problems=args.plan_problems, topology=args.topology)
             result["restart_dead"] = args.restart_dead
             path.write_text(json.dumps(result, indent=1))
             print(f"  {row} seed {seed}: " + ", ".join(
                 f"{k} {result[k]:.3f}" for k in ("TestAccu", "ImpFallback", "RatioSP",
                                                  "NormGED") if k in result), flush=True)
     results = [json.loads(p.read_text()) for p in sorted(out.glob("*_seed*.json"))]
-    print(table(results))
+    print(table(results, PAPER if args.topology == "room" else {}))
     return results
 
 

@@ -1,6 +1,8 @@
 """The 2D aliased rooms of TDB: the room's aliasing, walls, walks that follow the ground-truth
 graph, and fixed seeds; the aliased cube (its adjacency against the cube's geometry) and the
 in-context rooms (palettes, colours, base targets)."""
+from dataclasses import replace
+
 import networkx as nx
 import numpy as np
 import pytest
@@ -80,7 +82,7 @@ def test_ground_truth_graph():
 
 
 @pytest.mark.parametrize("bad", [dict(height=0), dict(patch=5), dict(n_obs=100),
-                                 dict(steps=1.5), dict(topology="torus"),
+                                 dict(steps=1.5), dict(topology="sphere"),
                                  dict(topology="cube", patch=0), dict(colours=3),
                                  dict(colours=2.5)])
 def test_bad_configs(bad):
@@ -88,6 +90,20 @@ def test_bad_configs(bad):
         next(iter(bad)) if "patch" not in bad else "patch"
     with pytest.raises(ValueError, match=match):
         rooms.RoomsConfig(**{**dict(height=6, width=8), **bad})
+
+
+def test_torus_joins_the_edges_and_keeps_the_patch():
+    config = rooms.RoomsConfig(height=6, width=8, n_obs=4, patch=2, steps=50, topology="torus")
+    room = rooms.make_room(config)
+    assert np.array_equal(room.obs, rooms.make_room(replace(config, topology="room")).obs)
+    pos = np.array([[0, 0], [5, 7], [2, 3], [0, 7]])
+    assert rooms.move(room, pos, np.array([0, 1, 2, 3])).tolist() == [[5, 0], [0, 7], [2, 2],
+                                                                       [0, 0]]
+    graph = rooms.ground_truth_graph(room)
+    assert nx.number_of_selfloops(graph) == 0 and graph.number_of_edges() == 4 * 48
+    assert nx.shortest_path_length(graph, 0, 47) == 2  # (0, 0) -> (5, 7): up, left
+    w = rooms.walks(config, room, 20, 3)
+    assert (w.pos[:, 1:] != w.pos[:, :-1]).any(-1).all()  # no walls: every action moves
 
 
 # ---- the aliased cube ---------------------------------------------------------------------

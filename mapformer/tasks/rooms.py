@@ -13,7 +13,8 @@ The ground truth for the cognitive-map metrics is a networkx MultiDiGraph: one n
 (id r W + c, with its observation and position), one edge per action from every cell (key
 and attribute ``action``), walls as self-loops.
 
-Two options of the same generator (TDB appendix I.1 and section 4.5 / appendix L):
+Three options of the same generator (TDB appendix I.1 and section 4.5 / appendix L, and one
+beyond the paper):
 - ``topology="cube"``, the aliased cube: the cells are the faces' cells of an E x E x E cube's
   surface (E = height = width; 6 E^2 cells, 216 for the paper's E = 6; the paper gives no
   more than "edge size 6", the face-cell reading is the research note's recommendation), each
@@ -24,6 +25,9 @@ Two options of the same generator (TDB appendix I.1 and section 4.5 / appendix L
   Colours iid from O (no patch: the aliasing is the colours'). Positions are (r, c) in a 2 E x
   3 E grid of the faces side by side (face f at block (f // 3, f % 3); not a net: adjacency
   comes from ``Room.transitions``), so cell ids, walks and graphs work as for a room.
+- ``topology="torus"``: the flat room with its edges joined (a move off one side enters at the
+  opposite one: no walls, the MapFormer paper's grids), aliased patch and all; for asking
+  whether a model that integrates its path needs walls out of the way to form a map.
 - ``colours=K > 0``, the in-context rooms: one base layout (the room of the config: H x W,
   O symbols, the aliased patch), recoloured per room by an injective map phi from the O
   symbols to K colours (:func:`palettes`: same partition of cells, new colours; K = 30 in the
@@ -41,15 +45,15 @@ N_ACTIONS = 4
 MOVES = np.array([(-1, 0), (1, 0), (0, -1), (0, 1)])  # up, down, left, right
 
 
-TOPOLOGIES = ("room", "cube")
+TOPOLOGIES = ("room", "cube", "torus")
 
 
 @dataclass(frozen=True)
 class RoomsConfig:
     """height, width: the room's cells (the cube: both its edge E); n_obs: observation symbols
     (O); patch: the side of the aliased patch (p; 0: none; the cube has none); steps:
-    observations per walk (N); seed: the room's; topology: 'room' (a flat grid with walls)
-    or 'cube' (the surface of a cube); colours: 0, or K > n_obs colours of the in-context
+    observations per walk (N); seed: the room's; topology: 'room' (a flat grid with walls),
+    'cube' (the surface of a cube) or 'torus' (the flat grid with its edges joined); colours: 0, or K > n_obs colours of the in-context
     rooms' palettes (see the module)."""
 
     height: int = 15
@@ -140,7 +144,8 @@ def make_room(config):
             obs[b[0]:b[0] + p, b[1]:b[1] + p] = obs[a[0]:a[0] + p, a[1]:a[1] + p]
             patches = (a, b)
         if len(np.unique(obs)) == config.n_obs:
-            return Room(obs, patches)
+            return Room(obs, patches, torus_transitions(h, w) if config.topology == "torus"
+                        else None)
 
 
 def step(pos, actions, height, width):
@@ -150,6 +155,13 @@ def step(pos, actions, height, width):
     inside = ((nxt[..., 0] >= 0) & (nxt[..., 0] < height) & (nxt[..., 1] >= 0)
               & (nxt[..., 1] < width))
     return np.where(inside[..., None], nxt, pos)
+
+
+def torus_transitions(height, width):
+    """int (H W, 4): the cell id after each action from each cell of an H x W grid whose
+    edges are joined (rows and columns modulo H and W)."""
+    r, c = np.divmod(np.arange(height * width), width)
+    return ((r[:, None] + MOVES[:, 0]) % height) * width + (c[:, None] + MOVES[:, 1]) % width
 
 
 # ---- the aliased cube -----------------------------------------------------------------------
@@ -204,7 +216,7 @@ def cube_transitions(e):
 
 def move(room, pos, actions):
     """pos int (..., 2), actions int (...) -> the positions after the actions in ``room``:
-    :func:`step` in a flat room, its ``transitions`` otherwise (a cube)."""
+    :func:`step` in a flat room, its ``transitions`` otherwise (a cube, a torus)."""
     h, w = room.obs.shape
     if room.transitions is None:
         return step(pos, actions, h, w)
@@ -284,7 +296,8 @@ def node_of(pos, width):
 
 def ground_truth_graph(room):
     """networkx MultiDiGraph of the room: node r W + c (attributes obs, pos), one edge per
-    action from every node (key = attribute action), walls as self-loops (a cube has none)."""
+    action from every node (key = attribute action), walls as self-loops (a cube and a torus
+    have none)."""
     h, w = room.obs.shape
     graph = nx.MultiDiGraph()
     cells = np.stack(np.meshgrid(np.arange(h), np.arange(w), indexing="ij"), -1).reshape(-1, 2)
