@@ -480,14 +480,32 @@ def place_purity(states, positions):
     return float(best.sum() / len(s))
 
 
+def revisit_distances(angles, positions, pairs=20000, seed=0):
+    """angles (W, N, A), positions (W, N, 2) of the same walks -> {"revisit_distance": the
+    median RMS chord distance (:func:`_circle`) between the angles at two observations of one
+    walk in the same cell, "other_distance": the same over two different cells}, over
+    ``pairs`` position pairs drawn within walks with ``seed`` (nan where no pair was drawn).
+    A path integrator's revisits are near 0; angles that ignore the cell give both alike."""
+    angles, positions = np.asarray(angles), np.asarray(positions)
+    W, N = angles.shape[:2]
+    rng = np.random.default_rng(seed)
+    w, i, j = rng.integers(0, W, pairs), rng.integers(0, N, pairs), rng.integers(0, N, pairs)
+    keep = i != j
+    w, i, j = w[keep], i[keep], j[keep]
+    d = np.sqrt(((_circle(angles[w, i]) - _circle(angles[w, j])) ** 2).sum(-1))
+    same = (positions[w, i] == positions[w, j]).all(-1)
+    return {"revisit_distance": float(np.median(d[same])) if same.any() else float("nan"),
+            "other_distance": float(np.median(d[~same])) if (~same).any() else float("nan")}
+
+
 def evaluate_angle_map(model, config, room, train, test, context, places=500):
     """(map, metrics) of a trained MapWM / MapEM transformer (trained on the rooms' tokens) on
     walks of ``room`` (rooms config ``config``): the map from the training walks' angles
     (``places`` k-means places), plans between the places nearest the test walks' angles at
     ``context`` and N - context; metrics as :func:`map_metrics` plus ``clusters`` (places
-    found), ``purity`` (:func:`place_purity` over the training walks) and ``purity_chance``
+    found), ``purity`` (:func:`place_purity` over the training walks), ``purity_chance``
     (the same with the place ids shuffled over the positions, seed 0: places of the same
-    sizes that ignore the cell)."""
+    sizes that ignore the cell) and :func:`revisit_distances` of the training walks."""
     angles = observation_angles(model, train.tokens(config.n_obs))
     cm, clusters, states = extract_angle_map(angles, train.actions, places)
     test_states = clusters.assign(observation_angles(model, test.tokens(config.n_obs)))
@@ -496,6 +514,7 @@ def evaluate_angle_map(model, config, room, train, test, context, places=500):
     metrics["purity"] = place_purity(states[..., 0], train.pos)
     metrics["purity_chance"] = place_purity(
         np.random.default_rng(0).permutation(states.ravel()), train.pos)
+    metrics.update(revisit_distances(angles, train.pos))
     return cm, metrics
 
 

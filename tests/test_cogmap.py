@@ -179,6 +179,15 @@ def test_kmeans_places_of_noisy_angles_are_the_cells():
     assert cogmap.place_purity(ids.reshape(w.pos.shape[:2]), w.pos) == 1.0
 
 
+def test_revisit_distances():
+    pos = np.array([[[0, 0], [0, 1], [0, 0]]])
+    angles = np.array([[[0.0, 0.0], [np.pi, 0.0], [2 * np.pi, 0.0]]])  # cell (0, 0) twice
+    d = cogmap.revisit_distances(angles, pos, pairs=200)
+    assert abs(d["revisit_distance"]) < 1e-12
+    assert abs(d["other_distance"] - np.sqrt(2.0)) < 1e-12  # chord 2 on one of two circles
+    assert np.isnan(cogmap.revisit_distances(angles[:, :2], pos[:, :2], 50)["revisit_distance"])
+
+
 def test_place_purity():
     pos = np.array([[[0, 0], [0, 1], [0, 0], [1, 1]]])
     assert cogmap.place_purity(np.array([[0, 1, 0, 2]]), pos) == 1.0
@@ -207,6 +216,7 @@ def test_evaluate_angle_map_on_angles_that_are_the_cells(monkeypatch):
         w.pos if len(tokens) == len(w.pos) else test.pos))
     cm, m = cogmap.evaluate_angle_map(None, CONFIG, room, w, test, 10, places=50)
     assert m["clusters"] == 12 and m["purity"] == 1.0 and m["purity_chance"] < 0.5
+    assert m["revisit_distance"] == 0.0 and m["other_distance"] > 0.3
     assert m["NormGED"] == 0.0 and m["ImpFallback"] == 100.0
 
 
