@@ -498,6 +498,28 @@ def revisit_distances(angles, positions, pairs=20000, seed=0):
             "other_distance": float(np.median(d[~same])) if (~same).any() else float("nan")}
 
 
+def step_closure(model, tokens, n_obs, walks=32):
+    """How far a step there and back (x a x a') turns a MapWM / MapEM model's first-block
+    angles: the median over its (head, block) angles and the two pairs of opposite actions
+    (up / down, left / right) of |wrap(omega (Delta_a + Delta_a' + 2 Delta_x))|, radians in
+    [0, pi], each Delta the mean over the token's occurrences in the first ``walks`` walks of
+    ``tokens`` (W, 2N) (Delta_x: over the n_obs observation tokens). 0 for a path integrator
+    (away from walls); about pi / 2 for steps unrelated to the moves; nan when a token is
+    missing from those walks."""
+    model.train(False)
+    t = np.asarray(tokens[:walks])
+    model.forward(t)
+    scheme = model.blocks[0].mixer.scheme
+    delta = np.asarray(model.ops.to_numpy(scheme.delta), np.float64).reshape(t.shape + (-1,))
+    omega = np.asarray(model.ops.to_numpy(scheme.frequencies), np.float64).reshape(-1)
+    if not all((t == k).any() for k in range(n_obs + rooms.N_ACTIONS)):
+        return float("nan")
+    mean = [delta[t == k].mean(0) for k in range(n_obs + rooms.N_ACTIONS)]
+    obs = np.mean(mean[:n_obs], 0)
+    turns = [omega * (mean[n_obs + a] + mean[n_obs + a + 1] + 2 * obs) for a in (0, 2)]
+    return float(np.median(np.abs(np.angle(np.exp(1j * np.array(turns))))))
+
+
 def evaluate_angle_map(model, config, room, train, test, context, places=500):
     """(map, metrics) of a trained MapWM / MapEM transformer (trained on the rooms' tokens) on
     walks of ``room`` (rooms config ``config``): the map from the training walks' angles
@@ -505,7 +527,8 @@ def evaluate_angle_map(model, config, room, train, test, context, places=500):
     ``context`` and N - context; metrics as :func:`map_metrics` plus ``clusters`` (places
     found), ``purity`` (:func:`place_purity` over the training walks), ``purity_chance``
     (the same with the place ids shuffled over the positions, seed 0: places of the same
-    sizes that ignore the cell) and :func:`revisit_distances` of the training walks."""
+    sizes that ignore the cell), :func:`revisit_distances` of the training walks and
+    :func:`step_closure`."""
     angles = observation_angles(model, train.tokens(config.n_obs))
     cm, clusters, states = extract_angle_map(angles, train.actions, places)
     test_states = clusters.assign(observation_angles(model, test.tokens(config.n_obs)))
@@ -515,6 +538,7 @@ def evaluate_angle_map(model, config, room, train, test, context, places=500):
     metrics["purity_chance"] = place_purity(
         np.random.default_rng(0).permutation(states.ravel()), train.pos)
     metrics.update(revisit_distances(angles, train.pos))
+    metrics["step_closure"] = step_closure(model, train.tokens(config.n_obs), config.n_obs)
     return cm, metrics
 
 

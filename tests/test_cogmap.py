@@ -214,6 +214,7 @@ def test_evaluate_angle_map_on_angles_that_are_the_cells(monkeypatch):
     test = rooms.walks(CONFIG, room, 10, 7)
     monkeypatch.setattr(cogmap, "observation_angles", lambda model, tokens: exact_angles(
         w.pos if len(tokens) == len(w.pos) else test.pos))
+    monkeypatch.setattr(cogmap, "step_closure", lambda model, tokens, n_obs: 0.0)
     cm, m = cogmap.evaluate_angle_map(None, CONFIG, room, w, test, 10, places=50)
     assert m["clusters"] == 12 and m["purity"] == 1.0 and m["purity_chance"] < 0.5
     assert m["revisit_distance"] == 0.0 and m["other_distance"] > 0.3
@@ -239,3 +240,7 @@ def test_angle_map_of_a_trained_mapwm_end_to_end():
     assert m["clusters"] >= 1 and 0 <= m["nodes"] <= m["clusters"]
     assert 0.0 <= m["NormGED"] <= 1.0 and 0.0 <= m["ImpFallback"] <= 100.0
     assert m["problems"] <= 4
+    assert 0.0 <= m["step_closure"] <= np.pi
+    model.blocks[0].mixer.scheme.omega.value[...] = 0.0  # no turn: every step closes
+    assert cogmap.step_closure(model, w.tokens(CONFIG.n_obs), CONFIG.n_obs) == 0.0
+    assert np.isnan(cogmap.step_closure(model, w.tokens(CONFIG.n_obs)[:1, :2], CONFIG.n_obs))
