@@ -128,6 +128,7 @@ def test_accuracy(model, tokens, n_obs, batch):
 def run(row, scale, seed, log, checkpoint=None, restart_dead=0, rollouts=100,
         angle_places=None, plan_problems=0, topology="room"):
     config = replace(scale.room, seed=seed, topology=topology)
+    places = scale.codes if angle_places is None else angle_places  # mapwm_angles' places
     room = rooms.make_room(config)
     train_walks = rooms.walks(config, room, scale.train_walks, [seed, 1])
     test_walks = rooms.walks(config, room, scale.test_walks, [seed, 2])
@@ -142,7 +143,7 @@ def run(row, scale, seed, log, checkpoint=None, restart_dead=0, rollouts=100,
             raise ValueError(f"{checkpoint}: saved for {saved}, this run is {meta}")
         log(f"    {row} seed {seed}: weights from {checkpoint}, evaluating")
         return evaluate(row, model, saved, saved["train_s"], config, room, train_walks,
-                        test_walks, n_obs, scale, rollouts, angle_places, plan_problems)
+                        test_walks, n_obs, scale, rollouts, places, plan_problems)
     model = make_model(row, scale, n_obs, seed, restart_dead)
     opt = AdamW(model, TrainConfig(lr=scale.lr, weight_decay=0.0, clip=1.0))
     rng = np.random.default_rng([seed, 3])
@@ -162,14 +163,13 @@ def run(row, scale, seed, log, checkpoint=None, restart_dead=0, rollouts=100,
     if checkpoint is not None and isinstance(model, TDB):
         save_checkpoint(model, checkpoint, **meta)
     elif checkpoint is not None and row == "mapwm_angles":  # map's default places: these
-        save_checkpoint(model, checkpoint, **meta,
-                        angle_places=scale.codes if angle_places is None else angle_places)
+        save_checkpoint(model, checkpoint, **meta, angle_places=places)
     return evaluate(row, model, meta, meta["train_s"], config, room, train_walks, test_walks,
-                    n_obs, scale, rollouts, angle_places, plan_problems)
+                    n_obs, scale, rollouts, places, plan_problems)
 
 
 def evaluate(row, model, meta, train_s, config, room, train_walks, test_walks, n_obs, scale,
-             rollouts, angle_places, plan_problems):
+             rollouts, places, plan_problems):
     """A trained model's row of the table: TestAccu and its map's or its rollouts' metrics."""
     model.train(False)
     seed, C = meta["seed"], meta["context"]
@@ -179,7 +179,6 @@ def evaluate(row, model, meta, train_s, config, room, train_walks, test_walks, n
         _, _, metrics = cogmap.evaluate_map(model, meta, C)
         result.update(metrics)
     elif row == "mapwm_angles":
-        places = scale.codes if angle_places is None else angle_places
         _, metrics = cogmap.evaluate_angle_map(model, config, room, train_walks, test_walks, C,
                                                places)
         result.update(metrics, angle_places=places)

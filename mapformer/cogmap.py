@@ -34,6 +34,7 @@ from dataclasses import dataclass, field
 import networkx as nx
 import numpy as np
 
+from .analysis import wrap
 from .tasks import rooms
 
 
@@ -473,10 +474,10 @@ def place_purity(states, positions):
     s = np.asarray(states).ravel()
     p = np.asarray(positions).reshape(-1, 2)
     cell = np.unique(p, axis=0, return_inverse=True)[1].ravel()
-    joint = np.unique(s * (cell.max() + 1) + cell, return_counts=True)
-    place = joint[0] // (cell.max() + 1)
+    cells = int(cell.max()) + 1
+    pair, count = np.unique(s * cells + cell, return_counts=True)
     best = np.zeros(s.max() + 1, np.int64)
-    np.maximum.at(best, place, joint[1])
+    np.maximum.at(best, pair // cells, count)
     return float(best.sum() / len(s))
 
 
@@ -517,7 +518,7 @@ def step_closure(model, tokens, n_obs, walks=32):
     mean = [delta[t == k].mean(0) for k in range(n_obs + rooms.N_ACTIONS)]
     obs = np.mean(mean[:n_obs], 0)
     turns = [omega * (mean[n_obs + a] + mean[n_obs + a + 1] + 2 * obs) for a in (0, 2)]
-    return float(np.median(np.abs(np.angle(np.exp(1j * np.array(turns))))))
+    return float(np.median(np.abs(wrap(np.array(turns)))))
 
 
 def evaluate_angle_map(model, config, room, train, test, context, places=500):

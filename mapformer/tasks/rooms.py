@@ -53,8 +53,8 @@ class RoomsConfig:
     """height, width: the room's cells (the cube: both its edge E); n_obs: observation symbols
     (O); patch: the side of the aliased patch (p; 0: none; the cube has none); steps:
     observations per walk (N); seed: the room's; topology: 'room' (a flat grid with walls),
-    'cube' (the surface of a cube) or 'torus' (the flat grid with its edges joined); colours: 0, or K > n_obs colours of the in-context
-    rooms' palettes (see the module)."""
+    'cube' (the surface of a cube) or 'torus' (the flat grid with its edges joined);
+    colours: 0, or K > n_obs colours of the in-context rooms' palettes (see the module)."""
 
     height: int = 15
     width: int = 20
