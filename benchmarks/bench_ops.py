@@ -555,7 +555,9 @@ def scan_benches(C, B=128, T=256, E=256, N=16, numpy_batch=2, copy_mb=512, seed=
     with dtype float32 (its sequential loop over t on (B, E, K) complex arrays) on
     ``numpy_batch`` rows, its time scaled to B. The "zoh" rows are the same four with
     bbar="zoh" (zero-order hold: phi(z) = (e^z - 1) / z per step and state, phi' in the
-    backward; no NumPy side), to set against the Euler rows.
+    backward; no NumPy side), to set against the Euler rows. The "softplus" rows are the
+    Euler four as the models call them: the steps before their bias and softplus, which the
+    scan forms (delta_bias, delta_activation="softplus"; no NumPy side).
 
     With M = B*T*E, P = B*T*N, Q = B*NC*E*N (the saved chunk states):
       bytes  forward   x, delta (, delta_angle) in; B, C in; y, states out   4 (3M + 2P + Q)
@@ -635,6 +637,40 @@ def scan_benches(C, B=128, T=256, E=256, N=16, numpy_batch=2, copy_mb=512, seed=
                                                 np.zeros_like(omega), np.zeros_like(D), **zb),
                 None, check_zoh),
     ]
+    # the models' configuration (mamba.py, mampa.py): the steps before their bias and
+    # softplus, formed inside the scan (Mamba's delta_bias, delta_softplus); the same steps
+    # as above (dt_pre = softplus^-1(delta), bias 0), against the rows above
+    sp = dict(delta_bias=np.zeros(E, np.float32), delta_activation="softplus")
+    dt_pre = np.log(np.expm1(delta)).astype(np.float32)
+    real_sp = (x, dt_pre, *real_in[2:])
+    cx_sp = (x, dt_pre, *cx_in[2:])
+    y_rs, st_rs = C.selective_scan_forward(*real_sp, **sp)
+    y_cs, st_cs = C.complex_scan_forward(*cx_sp, **sp)
+
+    def check_softplus():
+        close(y_rs, y_r, "softplus scan y")
+        close(y_cs, y_c, "softplus complex scan y")
+
+    softplus = [
+        OpBench("selective_scan_forward softplus", sizes, lambda: 6.0 * M * N,
+                lambda: 4.0 * (3 * M + 2 * P + Q),
+                lambda: C.selective_scan_forward(*real_sp, **sp), None, check_softplus),
+        OpBench("selective_scan_backward softplus", sizes, lambda: 22.0 * M * N,
+                lambda: 4.0 * (5 * M + 4 * P + Q),
+                lambda: C.selective_scan_backward(dy, *real_sp, st_rs, np.zeros_like(A_real),
+                                                  np.zeros_like(D),
+                                                  ddelta_bias=np.zeros(E, np.float32), **sp),
+                None, check_softplus),
+        OpBench("complex_scan_forward softplus", sizes, lambda: 10.0 * M * N,
+                lambda: 4.0 * (4 * M + 2 * P + Q),
+                lambda: C.complex_scan_forward(*cx_sp, **sp), None, check_softplus),
+        OpBench("complex_scan_backward softplus", sizes, lambda: 32.0 * M * N,
+                lambda: 4.0 * (7 * M + 4 * P + Q),
+                lambda: C.complex_scan_backward(dy, *cx_sp, st_cs, np.zeros_like(A_cx),
+                                                np.zeros_like(omega), np.zeros_like(D),
+                                                ddelta_bias=np.zeros(E, np.float32), **sp),
+                None, check_softplus),
+    ]
     return [
         OpBench(f"memcpy {copy_mb} MB", dict(MB=copy_mb), lambda: 0.0,
                 lambda: 2.0 * src.nbytes, lambda: np.copyto(dst, src), None, lambda: None,
@@ -659,6 +695,7 @@ def scan_benches(C, B=128, T=256, E=256, N=16, numpy_batch=2, copy_mb=512, seed=
                 lambda: ref.complex_scan_backward(dy[:nb], *cx_small, **f32ref), check_cx,
                 extra=scale),
         *zoh,
+        *softplus,
     ]
 
 

@@ -12,8 +12,10 @@
  *
  * Build and run from the repository root (1 thread; the figures are process CPU time, the
  * median of `repeats` calls, so that on a shared machine the time a thread waited for a core
- * is not counted):
- *   F="-std=c11 -O3 -fopenmp -ffp-contract=off -fno-math-errno -Icsrc/include"
+ * is not counted). -fwrapv is in the flags because setup.py's builds get it from Python's
+ * own CFLAGS, and it changes the vectoriser's choices (once, the library's scan backward
+ * 1.75x slower than this program's without it):
+ *   F="-std=c11 -O3 -fwrapv -fopenmp -ffp-contract=off -fno-math-errno -Icsrc/include"
  *   gcc $F -mavx512f -mavx512dq -mavx512bw -mavx512vl -mavx2 -mfma \
  *       -c csrc/ops/x86/scan_avx512.c -o /tmp/scan_avx512.o
  *   gcc $F benchmarks/scan_bound.c csrc/ops/cpu.c /tmp/scan_avx512.o -o /tmp/scan_bound -lm
