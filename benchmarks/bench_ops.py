@@ -556,8 +556,10 @@ def scan_benches(C, B=128, T=256, E=256, N=16, numpy_batch=2, copy_mb=512, seed=
     ``numpy_batch`` rows, its time scaled to B. The "zoh" rows are the same four with
     bbar="zoh" (zero-order hold: phi(z) = (e^z - 1) / z per step and state, phi' in the
     backward; no NumPy side), to set against the Euler rows. The "softplus" rows are the
-    Euler four as the models call them: the steps before their bias and softplus, which the
-    scan forms (delta_bias, delta_activation="softplus"; no NumPy side).
+    Euler four as the models call them by default: the steps before their bias and softplus,
+    which the scan forms (delta_bias, delta_activation="softplus"), and the complex scan's
+    rotation taking the same step (delta_angle None: no delta_angle read, no ddelta_angle
+    written, so its bytes are the real scan's); no NumPy side, checked against the plain rows.
 
     With M = B*T*E, P = B*T*N, Q = B*NC*E*N (the saved chunk states):
       bytes  forward   x, delta (, delta_angle) in; B, C in; y, states out   4 (3M + 2P + Q)
@@ -637,20 +639,45 @@ def scan_benches(C, B=128, T=256, E=256, N=16, numpy_batch=2, copy_mb=512, seed=
                                                 np.zeros_like(omega), np.zeros_like(D), **zb),
                 None, check_zoh),
     ]
-    # the models' configuration (mamba.py, mampa.py): the steps before their bias and
-    # softplus, formed inside the scan (Mamba's delta_bias, delta_softplus); the same steps
-    # as above (dt_pre = softplus^-1(delta), bias 0), against the rows above
-    sp = dict(delta_bias=np.zeros(E, np.float32), delta_activation="softplus")
-    dt_pre = np.log(np.expm1(delta)).astype(np.float32)
+    # the models' default calls (mamba.py, mampa.py): the steps before their bias and
+    # softplus, formed inside the scan (Mamba's delta_bias, delta_softplus), and for MAMPa the
+    # rotation taking the same step (delta_angle None); the steps are the rows' above:
+    # dt_pre = softplus^-1(delta) - bias
+    bias = np.linspace(-0.5, 0.5, E, dtype=np.float32)
+    sp = dict(delta_bias=bias, delta_activation="softplus")
+    dt_pre = (np.log(np.expm1(delta.astype(np.float64))) - bias).astype(np.float32)
     real_sp = (x, dt_pre, *real_in[2:])
-    cx_sp = (x, dt_pre, *cx_in[2:])
+    cx_sp = (x, dt_pre, None, *cx_in[3:])
     y_rs, st_rs = C.selective_scan_forward(*real_sp, **sp)
     y_cs, st_cs = C.complex_scan_forward(*cx_sp, **sp)
 
     def check_softplus():
-        close(y_rs, y_r, "softplus scan y")
-        close(y_cs, y_c, "softplus complex scan y")
+        """Against the plain scans on the same steps (the complex one with delta_angle =
+        delta): y, dx, and ddelta = the plain scan's step gradient (both of the complex
+        one's) times softplus' slope, summed over (b, t) for delta_bias."""
+        slope = 1.0 / (1.0 + np.exp(-(dt_pre.astype(np.float64) + bias)))
+        zeros = np.zeros_like
+        y_sh, st_sh = C.complex_scan_forward(x, delta, delta, *cx_in[3:])
+        close(y_rs, y_r, "softplus scan y", 1e-5)
+        close(y_cs, y_sh, "softplus complex scan y", 1e-5)
+        dbias = np.zeros(E, np.float32)
+        g = C.selective_scan_backward(dy, *real_sp, st_rs, zeros(A_real), zeros(D),
+                                      ddelta_bias=dbias, **sp)
+        want = C.selective_scan_backward(dy, *real_in, st_r, zeros(A_real), zeros(D))
+        close(g[0], want[0], "softplus scan dx", 1e-5)
+        close(g[1], want[1] * slope, "softplus scan ddelta", 1e-5)
+        close(dbias, (want[1] * slope).sum((0, 1)), "softplus scan ddelta_bias", 1e-5)
+        dbias[:] = 0
+        g = C.complex_scan_backward(dy, *cx_sp, st_cs, zeros(A_cx), zeros(omega), zeros(D),
+                                    ddelta_bias=dbias, **sp)
+        want = C.complex_scan_backward(dy, x, delta, delta, *cx_in[3:], st_sh, zeros(A_cx),
+                                       zeros(omega), zeros(D))
+        step = (want[1].astype(np.float64) + want[2]) * slope
+        close(g[0], want[0], "softplus complex scan dx", 1e-5)
+        close(g[1], step, "softplus complex scan ddelta", 1e-5)
+        close(dbias, step.sum((0, 1)), "softplus complex scan ddelta_bias", 1e-5)
 
+    db = np.zeros(E, np.float32)
     softplus = [
         OpBench("selective_scan_forward softplus", sizes, lambda: 6.0 * M * N,
                 lambda: 4.0 * (3 * M + 2 * P + Q),
@@ -658,17 +685,16 @@ def scan_benches(C, B=128, T=256, E=256, N=16, numpy_batch=2, copy_mb=512, seed=
         OpBench("selective_scan_backward softplus", sizes, lambda: 22.0 * M * N,
                 lambda: 4.0 * (5 * M + 4 * P + Q),
                 lambda: C.selective_scan_backward(dy, *real_sp, st_rs, np.zeros_like(A_real),
-                                                  np.zeros_like(D),
-                                                  ddelta_bias=np.zeros(E, np.float32), **sp),
+                                                  np.zeros_like(D), ddelta_bias=db, **sp),
                 None, check_softplus),
         OpBench("complex_scan_forward softplus", sizes, lambda: 10.0 * M * N,
-                lambda: 4.0 * (4 * M + 2 * P + Q),
+                lambda: 4.0 * (3 * M + 2 * P + Q),
                 lambda: C.complex_scan_forward(*cx_sp, **sp), None, check_softplus),
         OpBench("complex_scan_backward softplus", sizes, lambda: 32.0 * M * N,
-                lambda: 4.0 * (7 * M + 4 * P + Q),
+                lambda: 4.0 * (5 * M + 4 * P + Q),
                 lambda: C.complex_scan_backward(dy, *cx_sp, st_cs, np.zeros_like(A_cx),
                                                 np.zeros_like(omega), np.zeros_like(D),
-                                                ddelta_bias=np.zeros(E, np.float32), **sp),
+                                                ddelta_bias=db, **sp),
                 None, check_softplus),
     ]
     return [

@@ -14,7 +14,7 @@
  * median of `repeats` calls, so that on a shared machine the time a thread waited for a core
  * is not counted). -fwrapv is in the flags because setup.py's builds get it from Python's
  * own CFLAGS, and it changes the vectoriser's choices (once, the library's scan backward
- * 1.75x slower than this program's without it):
+ * 1.65x slower than this program's without it):
  *   F="-std=c11 -O3 -fwrapv -fopenmp -ffp-contract=off -fno-math-errno -Icsrc/include"
  *   gcc $F -mavx512f -mavx512dq -mavx512bw -mavx512vl -mavx2 -mfma \
  *       -c csrc/ops/x86/scan_avx512.c -o /tmp/scan_avx512.o
