@@ -573,10 +573,18 @@ def ops(lib, xp, stream=lambda: None, params_h=None):
                 raise ValueError(f"delta_activation must be 'none' or 'softplus', got "
                                  f"{delta_activation!r}")
             x, A = f32(x), f32(A)
+            for arg, a, axes in (("x", x, "(B, T, E)"), ("A", A, "(E, K)")):
+                if a.ndim != axes.count(",") + 1:
+                    raise ValueError(f"{arg} must be {axes}, got shape {tuple(a.shape)}")
             (B, T, E), K = x.shape, A.shape[1]
             f = dict(x=x, delta=f32(delta), A=A, Bm=f32(Bm), Cm=f32(Cm), D=f32(D), B=B, T=T,
                      E=E, K=K, chunk=chunk, bbar=int(bbar == "zoh"),
                      delta_softplus=int(delta_activation == "softplus"))
+            S = 2 * K if cx else K
+            for arg, key, want in (("delta", "delta", (B, T, E)), ("A", "A", (E, K)),
+                                   ("B", "Bm", (B, T, S)), ("C", "Cm", (B, T, S)),
+                                   ("D", "D", (E,))):
+                shaped(arg, f[key], want)
             if delta_bias is not None:
                 bias = xp.asarray(delta_bias)
                 if bias.dtype.kind != "f":
@@ -587,7 +595,27 @@ def ops(lib, xp, stream=lambda: None, params_h=None):
                 f.update(delta_bias=f32(bias))
             if cx:
                 f.update(delta_angle=None if dangle is None else f32(dangle), omega=f32(omega))
+                if dangle is not None:
+                    shaped("delta_angle", f["delta_angle"], (B, T, E))
+                shaped("omega", f["omega"], (E, K))
             return f
+
+        def shaped(arg, a, want):
+            """ValueError naming ``arg`` unless a has the shape ``want`` (the kernels read
+            and write by the sizes of x and A alone)."""
+            if tuple(a.shape) != want:
+                raise ValueError(f"{arg} must have the shape {want} (from x (B, T, E) and A "
+                                 f"(E, K)), got {tuple(a.shape)}")
+
+        def written(arg, a, want):
+            """a, checked as an array the kernel adds to in place: float32 (TypeError),
+            contiguous and of the shape ``want`` (ValueError), each naming ``arg``"""
+            if not hasattr(a, "shape") or a.dtype != xp.float32:
+                raise TypeError(f"{arg} must be a float32 array (written in place), got "
+                                f"{getattr(a, 'dtype', type(a).__name__)}")
+            if tuple(a.shape) != want or not a.flags.c_contiguous:
+                raise ValueError(f"{arg} must be a contiguous {want} array (written in place), "
+                                 f"got shape {tuple(a.shape)}")
 
         def bias_grad(ddelta_bias, delta_bias, E):
             """ddelta_bias, checked: the (E,) float32 array delta_bias's gradient is added to in
@@ -598,12 +626,7 @@ def ops(lib, xp, stream=lambda: None, params_h=None):
                                  "ddelta_bias is given without delta_bias")
             if ddelta_bias is None:
                 return {}
-            if not hasattr(ddelta_bias, "shape") or ddelta_bias.dtype != xp.float32:
-                raise TypeError(f"ddelta_bias must be a float32 array (written in place), got "
-                                f"{getattr(ddelta_bias, 'dtype', type(ddelta_bias).__name__)}")
-            if ddelta_bias.shape != (E,) or not ddelta_bias.flags.c_contiguous:
-                raise ValueError(f"ddelta_bias must be a contiguous ({E},) array (written in "
-                                 f"place), got shape {tuple(ddelta_bias.shape)}")
+            written("ddelta_bias", ddelta_bias, (E,))
             return dict(ddelta_bias=ddelta_bias)
 
         def forward(x, delta, dangle, A, omega, Bm, Cm, D, chunk, bbar, delta_bias,
@@ -621,6 +644,12 @@ def ops(lib, xp, stream=lambda: None, params_h=None):
                        delta_activation)
             B, T, E, S = f["B"], f["T"], f["E"], f["Bm"].shape[2]
             f.update(bias_grad(ddelta_bias, delta_bias, E))
+            dy, states = f32(dy), f32(states)
+            shaped("dy", dy, (B, T, E))
+            shaped("states", states, (B, -(-T // max(chunk, 1)), E, S))
+            for arg, a, want in (("dA", dA, (E, f["K"])), ("dD", dD, (E,)),
+                                 *((("domega", domega, (E, f["K"])),) if cx else ())):
+                written(arg, a, want)
             params = structs["MfScanParams"](**{k: v for k, v in f.items() if k in SIZES})
             size = getattr(lib, f"{name}_backward_scratch_floats_cuda")
             size.argtypes, size.restype = [ctypes.POINTER(structs["MfScanParams"])], ctypes.c_int64
@@ -631,8 +660,8 @@ def ops(lib, xp, stream=lambda: None, params_h=None):
                 out.update(domega=domega)
                 if dangle is not None:
                     out.update(ddelta_angle=empty(B, T, E))
-            call(f"{name}_backward_cuda", "MfScanParams", dA=dA, dD=dD, dy=f32(dy),
-                 states_in=f32(states), scratch=empty(max(n, 1)), scratch_floats=n, **out, **f)
+            call(f"{name}_backward_cuda", "MfScanParams", dA=dA, dD=dD, dy=dy,
+                 states_in=states, scratch=empty(max(n, 1)), scratch_floats=n, **out, **f)
             grads = (out["dx"], out["ddelta"]) + ((out.get("ddelta_angle"),) if cx else ())
             return grads + (out["dBm"], out["dCm"])
         return forward, backward

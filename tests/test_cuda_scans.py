@@ -407,6 +407,42 @@ def test_emulated_ops_match_the_c_backend(emulated, rng):
                                         np.ones(1, np.float32), chunk=0)
 
 
+@pytest.mark.parametrize("cx", [False, True], ids=["real", "complex"])
+def test_emulated_scan_bad_shapes(emulated, rng, cx):
+    """The scans' wrappers check every array against the sizes of x (B, T, E) and A (E, K)
+    (the kernels index by those alone), and the gradients added to in place for float32 and
+    their shape: an error naming the argument before any launch, the gradients untouched."""
+    inp = scan_inputs(rng, 2, 5, 3, 2, cx, signed=True)
+    name = "complex_scan" if cx else "selective_scan"
+    forward, backward = (getattr(emulated, f"{name}_{d}") for d in ("forward", "backward"))
+    y, st = forward(*inp.values(), chunk=2)
+    dy = randn(rng, 2, 5, 3)
+    grads = {k: np.full_like(inp[k], 0.5) for k in (("A", "omega", "D") if cx else ("A", "D"))}
+    # a last axis one too long; x's and A's set the sizes, so the first array that then
+    # disagrees is named (for x delta, for A B); x and A with an axis too few are named
+    for arg, a in inp.items():
+        wider = np.zeros(a.shape[:-1] + (a.shape[-1] + 1,), np.float32)
+        with raises_naming(ValueError, {"x": "delta", "A": "B"}.get(arg, arg)):
+            forward(*{**inp, arg: wider}.values(), chunk=2)
+        if arg in ("x", "A"):
+            with raises_naming(ValueError, arg):
+                forward(*{**inp, arg: a[0]}.values(), chunk=2)
+    with raises_naming(ValueError, "dy"):
+        backward(dy[:, :4], *inp.values(), st, *grads.values(), chunk=2)
+    with raises_naming(ValueError, "states"):
+        backward(dy, *inp.values(), st, *grads.values(), chunk=1)
+    for arg in grads:
+        g = grads[arg]
+        strided = np.zeros(g.shape[:-1] + (2 * g.shape[-1],), np.float32)[..., ::2]
+        for bad, exc in ((g.astype(np.float64), TypeError),
+                         (np.zeros(g.size + 1, np.float32), ValueError),
+                         (strided, ValueError)):
+            with raises_naming(exc, "d" + arg):
+                backward(dy, *inp.values(), st, *{**grads, arg: bad}.values(), chunk=2)
+    for arg, g in grads.items():
+        assert (g == 0.5).all(), arg
+
+
 def test_emulated_scan_step_bad_input(emulated, rng):
     """The wrappers' step arguments: ValueError or TypeError naming the argument, before any
     launch (the gradients untouched)."""
