@@ -621,24 +621,37 @@ def scan_benches(C, B=128, T=256, E=256, N=16, numpy_batch=2, copy_mb=512, seed=
         close(y_rz[:nb], ref.selective_scan_forward(*real_small, **zb)[0], "zoh scan y")
         close(y_cz[:nb], ref.complex_scan_forward(*cx_small, **zb)[0], "zoh complex scan y")
 
+    def variant(label, real_args, cx_args, st_real, st_cx, kw, grad_kw, check):
+        """The four rows of a variant of the scans (``label``): forward and backward of the
+        real and the complex scan on those arguments with the keywords ``kw`` (and the
+        backward's ``grad_kw``); the complex scan's bytes with delta_angle read (and
+        ddelta_angle written) where cx_args gives one."""
+        angle = cx_args[2] is not None
+        def real_grads():
+            return np.zeros_like(A_real), np.zeros_like(D)
+
+        def cx_grads():
+            return np.zeros_like(A_cx), np.zeros_like(omega), np.zeros_like(D)
+
+        return [
+            OpBench(f"selective_scan_forward {label}", sizes, lambda: 6.0 * M * N,
+                    lambda: 4.0 * (3 * M + 2 * P + Q),
+                    lambda: C.selective_scan_forward(*real_args, **kw), None, check),
+            OpBench(f"selective_scan_backward {label}", sizes, lambda: 22.0 * M * N,
+                    lambda: 4.0 * (5 * M + 4 * P + Q),
+                    lambda: C.selective_scan_backward(dy, *real_args, st_real, *real_grads(),
+                                                      **kw, **grad_kw), None, check),
+            OpBench(f"complex_scan_forward {label}", sizes, lambda: 10.0 * M * N,
+                    lambda: 4.0 * ((3 + angle) * M + 2 * P + Q),
+                    lambda: C.complex_scan_forward(*cx_args, **kw), None, check),
+            OpBench(f"complex_scan_backward {label}", sizes, lambda: 32.0 * M * N,
+                    lambda: 4.0 * ((5 + 2 * angle) * M + 4 * P + Q),
+                    lambda: C.complex_scan_backward(dy, *cx_args, st_cx, *cx_grads(), **kw,
+                                                    **grad_kw), None, check),
+        ]
+
     # zero-order hold (bbar="zoh"): the same scans with phi(z), phi'(z) (against Euler's rows)
-    zoh = [
-        OpBench("selective_scan_forward zoh", sizes, lambda: 6.0 * M * N,
-                lambda: 4.0 * (3 * M + 2 * P + Q),
-                lambda: C.selective_scan_forward(*real_in, **zb), None, check_zoh),
-        OpBench("selective_scan_backward zoh", sizes, lambda: 22.0 * M * N,
-                lambda: 4.0 * (5 * M + 4 * P + Q),
-                lambda: C.selective_scan_backward(dy, *real_in, st_rz, np.zeros_like(A_real),
-                                                  np.zeros_like(D), **zb), None, check_zoh),
-        OpBench("complex_scan_forward zoh", sizes, lambda: 10.0 * M * N,
-                lambda: 4.0 * (4 * M + 2 * P + Q),
-                lambda: C.complex_scan_forward(*cx_in, **zb), None, check_zoh),
-        OpBench("complex_scan_backward zoh", sizes, lambda: 32.0 * M * N,
-                lambda: 4.0 * (7 * M + 4 * P + Q),
-                lambda: C.complex_scan_backward(dy, *cx_in, st_cz, np.zeros_like(A_cx),
-                                                np.zeros_like(omega), np.zeros_like(D), **zb),
-                None, check_zoh),
-    ]
+    zoh = variant("zoh", real_in, cx_in, st_rz, st_cz, zb, {}, check_zoh)
     # the models' default calls (mamba.py, mampa.py): the steps before their bias and
     # softplus, formed inside the scan (Mamba's delta_bias, delta_softplus), and for MAMPa the
     # rotation taking the same step (delta_angle None); the steps are the rows' above:
@@ -677,26 +690,8 @@ def scan_benches(C, B=128, T=256, E=256, N=16, numpy_batch=2, copy_mb=512, seed=
         close(g[1], step, "softplus complex scan ddelta", 1e-5)
         close(dbias, step.sum((0, 1)), "softplus complex scan ddelta_bias", 1e-5)
 
-    db = np.zeros(E, np.float32)
-    softplus = [
-        OpBench("selective_scan_forward softplus", sizes, lambda: 6.0 * M * N,
-                lambda: 4.0 * (3 * M + 2 * P + Q),
-                lambda: C.selective_scan_forward(*real_sp, **sp), None, check_softplus),
-        OpBench("selective_scan_backward softplus", sizes, lambda: 22.0 * M * N,
-                lambda: 4.0 * (5 * M + 4 * P + Q),
-                lambda: C.selective_scan_backward(dy, *real_sp, st_rs, np.zeros_like(A_real),
-                                                  np.zeros_like(D), ddelta_bias=db, **sp),
-                None, check_softplus),
-        OpBench("complex_scan_forward softplus", sizes, lambda: 10.0 * M * N,
-                lambda: 4.0 * (3 * M + 2 * P + Q),
-                lambda: C.complex_scan_forward(*cx_sp, **sp), None, check_softplus),
-        OpBench("complex_scan_backward softplus", sizes, lambda: 32.0 * M * N,
-                lambda: 4.0 * (5 * M + 4 * P + Q),
-                lambda: C.complex_scan_backward(dy, *cx_sp, st_cs, np.zeros_like(A_cx),
-                                                np.zeros_like(omega), np.zeros_like(D),
-                                                ddelta_bias=db, **sp),
-                None, check_softplus),
-    ]
+    softplus = variant("softplus", real_sp, cx_sp, st_rs, st_cs, sp,
+                       dict(ddelta_bias=np.zeros(E, np.float32)), check_softplus)
     return [
         OpBench(f"memcpy {copy_mb} MB", dict(MB=copy_mb), lambda: 0.0,
                 lambda: 2.0 * src.nbytes, lambda: np.copyto(dst, src), None, lambda: None,

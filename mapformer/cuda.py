@@ -109,13 +109,17 @@ def ops(lib, xp, stream=lambda: None, params_h=None):
     def empty(*shape):
         return xp.empty(shape, xp.float32)
 
+    def shaped(name, a, want):
+        """ValueError naming ``name`` unless a has the shape ``want`` (a tuple): the kernels
+        index every array by sizes taken from others."""
+        if tuple(a.shape) != tuple(want):
+            raise ValueError(f"{name} must have the shape {tuple(want)}, got {tuple(a.shape)}")
+
     def shaped_like(ref, **arrays):
         """ValueError naming the first of ``arrays`` whose shape is not ref's (the elementwise
         kernels read ref.size floats of each)."""
         for name, a in arrays.items():
-            if a.shape != ref.shape:
-                raise ValueError(f"{name} must have the shape {tuple(ref.shape)}, got "
-                                 f"{tuple(a.shape)}")
+            shaped(name, a, ref.shape)
 
     def exact(approximate):
         if approximate not in ("tanh", "none"):
@@ -580,7 +584,7 @@ def ops(lib, xp, stream=lambda: None, params_h=None):
             f = dict(x=x, delta=f32(delta), A=A, Bm=f32(Bm), Cm=f32(Cm), D=f32(D), B=B, T=T,
                      E=E, K=K, chunk=chunk, bbar=int(bbar == "zoh"),
                      delta_softplus=int(delta_activation == "softplus"))
-            S = 2 * K if cx else K
+            S = 2 * K if cx else K  # x and A set the sizes the kernels index every array by
             for arg, key, want in (("delta", "delta", (B, T, E)), ("A", "A", (E, K)),
                                    ("B", "Bm", (B, T, S)), ("C", "Cm", (B, T, S)),
                                    ("D", "D", (E,))):
@@ -589,9 +593,7 @@ def ops(lib, xp, stream=lambda: None, params_h=None):
                 bias = xp.asarray(delta_bias)
                 if bias.dtype.kind != "f":
                     raise TypeError(f"delta_bias must be a float array, got {bias.dtype}")
-                if bias.shape != (E,):
-                    raise ValueError(f"delta_bias must have the shape (E,) = ({E},), got "
-                                     f"{tuple(bias.shape)}")
+                shaped("delta_bias", bias, (E,))
                 f.update(delta_bias=f32(bias))
             if cx:
                 f.update(delta_angle=None if dangle is None else f32(dangle), omega=f32(omega))
@@ -599,13 +601,6 @@ def ops(lib, xp, stream=lambda: None, params_h=None):
                     shaped("delta_angle", f["delta_angle"], (B, T, E))
                 shaped("omega", f["omega"], (E, K))
             return f
-
-        def shaped(arg, a, want):
-            """ValueError naming ``arg`` unless a has the shape ``want`` (the kernels read
-            and write by the sizes of x and A alone)."""
-            if tuple(a.shape) != want:
-                raise ValueError(f"{arg} must have the shape {want} (from x (B, T, E) and A "
-                                 f"(E, K)), got {tuple(a.shape)}")
 
         def written(arg, a, want):
             """a, checked as an array the kernel adds to in place: float32 (TypeError),
