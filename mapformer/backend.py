@@ -16,7 +16,6 @@ A backend also owns allocation and the tensor arithmetic between ops (:func:`arr
 layers never call NumPy on activations or gradients, so a backend whose arrays live elsewhere
 (CuPy on a GPU) can run the same layers by supplying its own.
 """
-import inspect
 from types import SimpleNamespace
 
 import numpy as np
@@ -435,18 +434,6 @@ class KernelBackend(SimpleNamespace):
         raise AttributeError(f"backend has no attribute {name!r}")
 
 
-def _masked(name, function):
-    """An attention kernel without the C op's ``mask`` / ``prefix`` keywords, given them: the
-    causal mask (the default) runs, another raises MissingKernel."""
-    def op(*args, mask="causal", prefix=None, **kwargs):
-        if mask != "causal":
-            raise MissingKernel(f"the CUDA kernel of {name} (family {family_of(name)!r}) is "
-                                f"causal only: attn_mask {mask!r} has none yet; use "
-                                "backend='c'")
-        return function(*args, **kwargs)
-    return op
-
-
 def cuda_backend(kernels, xp, to_numpy, families=(), name="cuda"):
     """The CUDA backend: float32 ``xp`` arrays (CuPy on a GPU; NumPy with the kernels
     compiled for the CPU emulation, how it is tested without one), the tensor arithmetic
@@ -458,12 +445,7 @@ def cuda_backend(kernels, xp, to_numpy, families=(), name="cuda"):
     ``to_numpy``: xp array -> NumPy array (checkpoints and metrics go to the host through
     it). ``families``: the kernel families, for the messages."""
     ops = {**array_ops(np.float32, xp, to_numpy), **_ape_powers(np.float32, xp, to_numpy)}
-    for op, function in vars(kernels).items():
-        if op in ("attention_forward", "attention_backward", "conj_attention_forward",
-                  "conj_attention_backward") and \
-                "mask" not in inspect.signature(function).parameters:
-            function = _masked(op, function)
-        ops[op] = function
+    ops.update(vars(kernels))
     return KernelBackend(name=name, dtype=np.float32, xp=xp, families=tuple(families), **ops)
 
 

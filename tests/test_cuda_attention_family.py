@@ -166,9 +166,7 @@ def test_ape_apply(emu, rng, B, T, H, A, E, P, TB):
 
 @pytest.fixture(scope="module")
 def emulated(emu):
-    from cuda_emulation import PARAMS_H
-    from mapformer import cuda
-    return cuda.ops(emu.lib, np, params_h=PARAMS_H)
+    return emu.ops()
 
 
 def test_wrappers_match_the_c_backend(emulated, rng):

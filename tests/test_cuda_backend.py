@@ -7,13 +7,13 @@ import numpy as np
 import pytest
 
 from conftest import assert_close, randn
-from cuda_emulation import PARAMS_H, Emulation, build
+from cuda_emulation import kernels
 from mapformer import _C, backend, cuda
 
 
 @pytest.fixture(scope="module")
 def emulated():
-    return cuda.ops(Emulation(build()).lib, np, params_h=PARAMS_H)
+    return kernels().ops()
 
 
 def gpu():

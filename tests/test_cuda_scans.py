@@ -15,8 +15,8 @@ import test_b4 as b4_tests
 import test_nc as nc_tests
 import test_sln as sln_tests
 from conftest import U32, assert_close, assert_within, gamma, randn, raises_naming
-from cuda_emulation import PARAMS_H, Emulation, build
-from mapformer import _C, cuda
+from cuda_emulation import kernels
+from mapformer import _C
 from mapformer import reference as ref
 from test_cuda_backend import gpu
 from test_cuda_ops import empty, run
@@ -25,7 +25,7 @@ from test_scan import normwise, scan_inputs
 
 @pytest.fixture(scope="module")
 def emu():
-    e = Emulation(build())
+    e = kernels()
     yield e
     e.schedule("concurrent")
 
@@ -324,7 +324,7 @@ def test_group_ops_bad_sizes(emu, rng):
 # ---- the Python wrappers (mapformer.cuda.ops) against the C backend -------------------------
 @pytest.fixture(scope="module")
 def emulated(emu):
-    return cuda.ops(emu.lib, np, params_h=PARAMS_H)
+    return emu.ops()
 
 
 def compare_with_c(ops, rng, dev, host):

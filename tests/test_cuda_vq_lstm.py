@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 
 from conftest import assert_close, randn
-from cuda_emulation import PARAMS_H, Emulation, build
+from cuda_emulation import kernels
 from mapformer import _C, cuda
 from mapformer import backend as backends
 from mapformer import reference as ref
@@ -25,7 +25,7 @@ LSTM_SIZES = [(1, 1, 1, 1), (3, 5, 7, 2), (2, 9, 5, 11), (5, 3, 33, 9)]
 
 @pytest.fixture(scope="module")
 def emu():
-    e = Emulation(build())
+    e = kernels()
     yield e
     e.schedule("concurrent")
 
@@ -140,10 +140,10 @@ def test_lstm_refuses_bad_sizes(emu):
     assert emu.call("vq_forward_cuda", "MfVqParams", N=1, M=1, K=0, D=1) == 1
 
 
-def test_wrappers_match_the_c_ops(rng):
+def test_wrappers_match_the_c_ops(emu, rng):
     """mapformer.cuda.ops' vq and lstm (NumPy arrays on the emulated kernels) against
     mapformer._C's, which the C backend runs."""
-    ops = cuda.ops(Emulation(build()).lib, np, params_h=PARAMS_H)
+    ops = emu.ops()
     z, codebook = randn(rng, 9, 2, 5), randn(rng, 2, 6, 5)
     got, want = ops.vq_forward(z, codebook), _C.vq_forward(z, codebook)
     assert np.array_equal(got[1], want[1]) and np.array_equal(got[0], want[0])
@@ -171,10 +171,10 @@ def test_wrappers_match_the_c_ops(rng):
             assert_close(g, w, "gradient", "lstm backward")
 
 
-def test_tdb_enc_on_the_emulated_backend():
+def test_tdb_enc_on_the_emulated_backend(emu):
     """A TDB with the enc objective (vq, the heads, l2_normalize, ema) on the CUDA backend of
     emulated kernels: the C backend's loss, gradients and teacher update."""
-    kernels = cuda.ops(Emulation(build()).lib, np, params_h=PARAMS_H)
+    kernels = emu.ops()
     ops = backends.cuda_backend(kernels, np, np.asarray, cuda.FAMILIES)
     cfg = TDBConfig(n_obs=5, d_model=32, n_heads=2, n_layers=1, codes=8, head_hidden=8,
                     enc=True, ema=0.9)
