@@ -147,7 +147,8 @@ def build_cuda(out_dir, temp_dir):
         with ThreadPoolExecutor(os.cpu_count() or 1) as pool:
             list(pool.map(lambda so: subprocess.run([nvcc, *NVCC_ARGS, "-c", so[0], "-o", so[1]],
                                                     check=True), zip(sources, objects)))
-        subprocess.run([nvcc, "-shared", "--cudart=static", *objects, "-o", library], check=True)
+        subprocess.run([nvcc, "-shared", "--cudart=static", *objects, "-ldl", "-o", library],
+                       check=True)
         # the parameter structs' layout, read by mapformer/cuda.py at run time
         shutil.copyfile(os.path.join("csrc", "include", "mapformer", "params.h"),
                         os.path.join(out_dir, "params.h"))

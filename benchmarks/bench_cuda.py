@@ -138,18 +138,19 @@ def add_common_arguments(p, repeats, warmup):
 
 def backend(emulate):
     """(ops, dev, host, sync, device): the emulation build on NumPy arrays (emulate) or the
-    GPU through CuPy; dev / host move an array there / back, device names the machine."""
+    GPU through CuPy; dev / host move an array there / back, device names the machine
+    (and, on a GPU, the path of the matrix products: cuBLAS or the kernels' tiles)."""
     if emulate:
         sys.path.insert(0, os.path.join(ROOT, "tests"))
         from cuda_emulation import Emulation, build
 
         return (cuda.ops(Emulation(build()).lib, np), np.asarray, np.asarray, lambda: None,
                 "CPU emulation (not a GPU speed)")
-    ops = cuda.gpu_ops()
-    import cupy
-
-    return (ops, cupy.asarray, cupy.asnumpy, cupy.cuda.get_current_stream().synchronize,
-            cupy.cuda.runtime.getDeviceProperties(0)["name"].decode())
+    lib, cupy = cuda.load()
+    return (cuda.gpu_ops(), cupy.asarray, cupy.asnumpy,
+            cupy.cuda.get_current_stream().synchronize,
+            cupy.cuda.runtime.getDeviceProperties(0)["name"].decode()
+            + f", matrix products on {cuda.products(lib)}")
 
 
 def measure(name, call, check, a, sync):

@@ -92,6 +92,45 @@ __device__ T mf_block_reduce(T v, T *buf, Op op) {
     return r;
 }
 
+/* Column sums without atomics or scratch: for each column c < C two double sums over the rows
+ * r < R, add(r, c, s0, s1) adding row r's terms to them, then done(c, s0, s1). A block is
+ * MF_COL_WIDTH columns x MF_COL_LANES row lanes (mf_column_block(), grid mf_column_grid(C),
+ * columns in a grid-stride loop): lane l sums rows l, l + MF_COL_LANES, ... in order, and the
+ * lanes' sums meet in a fixed shared-memory tree, so every run and schedule gives the same
+ * bits. Every thread of the block must call it. */
+#define MF_COL_WIDTH 32
+#define MF_COL_LANES 32
+template <class Add, class Done>
+__device__ void mf_column_sums2(int64_t R, int64_t C, Add add, Done done) {
+    __shared__ double sums[2][MF_COL_LANES][MF_COL_WIDTH + 1];
+    const int tx = (int)threadIdx.x, ty = (int)threadIdx.y;
+    for (int64_t c0 = (int64_t)blockIdx.x * MF_COL_WIDTH; c0 < C;
+         c0 += (int64_t)gridDim.x * MF_COL_WIDTH) {
+        const int64_t c = c0 + tx;
+        double s0 = 0.0, s1 = 0.0;
+        if (c < C)
+            for (int64_t r = ty; r < R; r += MF_COL_LANES) add(r, c, s0, s1);
+        sums[0][ty][tx] = s0;
+        sums[1][ty][tx] = s1;
+        __syncthreads();
+        for (int h = MF_COL_LANES / 2; h > 0; h >>= 1) {
+            if (ty < h) {
+                sums[0][ty][tx] += sums[0][ty + h][tx];
+                sums[1][ty][tx] += sums[1][ty + h][tx];
+            }
+            __syncthreads();
+        }
+        if (ty == 0 && c < C) done(c, sums[0][0][tx], sums[1][0][tx]);
+        __syncthreads();
+    }
+}
+
+static inline dim3 mf_column_block() { return dim3(MF_COL_WIDTH, MF_COL_LANES); }
+static inline dim3 mf_column_grid(int64_t C) {
+    const unsigned grid = mf_blocks(C, MF_COL_WIDTH);
+    return dim3(grid < MF_MAX_GRID ? grid : MF_MAX_GRID);
+}
+
 /* The scores of one key tile for one query row: s[j] = q . k_j (row j of ks, n x D) for
  * j < n; returns the larger of m and every s[j] (the tile's running max). */
 __device__ __forceinline__ float mf_tile_scores(float *s, const float *q, const float *ks,

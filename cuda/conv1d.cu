@@ -5,9 +5,9 @@
  *             dx[b, u, e] = sum_j weight[e, j] g[b, u + W - 1 - j, e] (=);
  *             dweight[e, j] += sum_{b, t} g[b, t, e] x[b, t - W + 1 + j, e];
  *             dbias[e] += sum_{b, t} g[b, t, e].
- * One thread per element of y / dx (grid-stride); the parameter gradients one thread per
- * (e, j) and per e, summing over (b, t) in order in double (deterministic, no scratch: the
- * struct's scratch is ignored). */
+ * One thread per element of y / dx (grid-stride); the parameter gradients as double column
+ * sums over the (b, t) rows (mf_column_sums2: deterministic, no scratch: the struct's scratch
+ * is ignored). */
 #include "common.cuh"
 
 #define CONV_THREADS 256
@@ -54,20 +54,22 @@ __global__ void conv1d_dx_kernel(MfConv1dParams p) {
 }
 
 __global__ void conv1d_params_kernel(MfConv1dParams p) {
-    /* items e * (W + 1) + j: j < W is dweight[e, j], j = W is dbias[e] */
-    for (int64_t i = MF_GRID_START; i < p.E * (p.W + 1); i += MF_GRID_STRIDE) {
-        const int64_t e = i / (p.W + 1), j = i % (p.W + 1), s = p.W - 1 - j;
-        double acc = 0.0;
-        for (int64_t b = 0; b < p.B; b++)
-            for (int64_t t = j < p.W ? s : 0; t < p.T; t++) {
-                const float dy = grad_at(p, b, t, e);
-                acc += j < p.W ? (double)dy * p.x[(b * p.T + t - s) * p.E + e] : (double)dy;
-            }
-        if (j < p.W)
-            p.dweight[e * p.W + j] = (float)((double)p.dweight[e * p.W + j] + acc);
-        else
-            p.dbias[e] = (float)((double)p.dbias[e] + acc);
-    }
+    /* columns j E + e: j < W is dweight[e, j], j = W is dbias[e]; rows b T + t */
+    mf_column_sums2(
+        p.B * p.T, (p.W + 1) * p.E,
+        [&](int64_t r, int64_t i, double &acc, double &) {
+            const int64_t j = i / p.E, e = i % p.E, b = r / p.T, t = r % p.T, s = p.W - 1 - j;
+            if (j < p.W && t < s) return;
+            const float dy = grad_at(p, b, t, e);
+            acc += j < p.W ? (double)dy * p.x[(b * p.T + t - s) * p.E + e] : (double)dy;
+        },
+        [&](int64_t i, double acc, double) {
+            const int64_t j = i / p.E, e = i % p.E;
+            if (j < p.W)
+                p.dweight[e * p.W + j] = (float)((double)p.dweight[e * p.W + j] + acc);
+            else
+                p.dbias[e] = (float)((double)p.dbias[e] + acc);
+        });
 }
 
 static unsigned conv_grid(int64_t n) {
@@ -90,6 +92,6 @@ extern "C" int causal_conv1d_backward_cuda(const MfConv1dParams *p, cudaStream_t
     const int status = MF_LAUNCH(conv1d_dx_kernel, dim3(conv_grid(p->B * p->T * p->E)),
                                  dim3(CONV_THREADS), 0, stream, *p);
     if (status != MF_OK) return status;
-    return MF_LAUNCH(conv1d_params_kernel, dim3(conv_grid(p->E * (p->W + 1))),
-                     dim3(CONV_THREADS), 0, stream, *p);
+    return MF_LAUNCH(conv1d_params_kernel, mf_column_grid((p->W + 1) * p->E),
+                     mf_column_block(), 0, stream, *p);
 }

@@ -5,8 +5,8 @@
  *            dx = rstd (g - mean_c(g) - xhat mean_c(g xhat)) (= or += with accumulate_dx),
  *            dweight += sum_n dy xhat, dbias += sum_n dy.
  * One block of 128 threads per row (rows in a grid-stride loop), per-row sums by a fixed
- * shared-memory tree. dweight and dbias: one thread per column summing its N rows in double
- * in row order (deterministic: no atomics), a second kernel. */
+ * shared-memory tree. dweight and dbias: a second kernel, double column sums over the N rows
+ * (mf_column_sums2: 32 row lanes per column, then a fixed tree; deterministic, no atomics). */
 #include "common.cuh"
 
 #define LN_THREADS 128
@@ -60,17 +60,18 @@ __global__ void layernorm_backward_dx_kernel(MfLayernormParams p) {
 }
 
 __global__ void layernorm_backward_params_kernel(MfLayernormParams p) {
-    for (int64_t c = MF_GRID_START; c < p.C; c += MF_GRID_STRIDE) {
-        double dw = 0.0, db = 0.0;
-        for (int64_t n = 0; n < p.N; n++) {
+    mf_column_sums2(
+        p.N, p.C,
+        [&](int64_t n, int64_t c, double &dw, double &db) {
             const float dy = p.dy[n * p.C + c];
             const float xhat = (p.x[n * p.C + c] - p.mean_in[n]) * p.rstd_in[n];
             dw += (double)(dy * xhat);
             db += (double)dy;
-        }
-        p.dweight[c] = (float)((double)p.dweight[c] + dw);
-        p.dbias[c] = (float)((double)p.dbias[c] + db);
-    }
+        },
+        [&](int64_t c, double dw, double db) {
+            p.dweight[c] = (float)((double)p.dweight[c] + dw);
+            p.dbias[c] = (float)((double)p.dbias[c] + db);
+        });
 }
 
 static unsigned ln_rows(int64_t N) { return N < MF_MAX_GRID ? (unsigned)N : MF_MAX_GRID; }
@@ -86,8 +87,6 @@ extern "C" int layernorm_backward_cuda(const MfLayernormParams *p, cudaStream_t 
     int status = MF_LAUNCH(layernorm_backward_dx_kernel, dim3(ln_rows(p->N)), dim3(LN_THREADS),
                            0, stream, *p);
     if (status != MF_OK) return status;
-    const unsigned grid = mf_blocks(p->C, LN_THREADS);
-    return MF_LAUNCH(layernorm_backward_params_kernel,
-                     dim3(grid < MF_MAX_GRID ? grid : MF_MAX_GRID), dim3(LN_THREADS), 0, stream,
-                     *p);
+    return MF_LAUNCH(layernorm_backward_params_kernel, mf_column_grid(p->C), mf_column_block(),
+                     0, stream, *p);
 }

@@ -13,8 +13,8 @@
  *     and dc_t f_t carried to the step before
  *   recurrent part of dh_{t-1} = dpre[:, t] w_hh   (B, H), a GEMM per step
  *   then for all steps at once: dx = dpre w_ih (=), dw_ih += dpre^T x, dw_hh += dpre^T h_prev
- *   (h_prev: h shifted one step, h0 or zeros first), db += column sums of dpre (rows in
- *   order, one thread per column).
+ *   (h_prev: h shifted one step, h0 or zeros first), db += column sums of dpre
+ *   (mf_column_sums2: row lanes, then a fixed tree).
  * Gradient rule: dw_ih, dw_hh, db += ; dx, dh0, dc0 (=). Every sum runs in a fixed order: the
  * same bits on every run.
  * Scratch (backward, the caller's, device): dpre (B T G), h_prev (B T H), the running dh and

@@ -157,7 +157,8 @@ def build_parser():
     ev.add_argument("--json", action="store_true", help="print the results as JSON")
     ev.add_argument("--backend", **BACKEND_HELP)
     sub.add_parser("info", help="the version, the kernel set in use, the BLAS, the thread "
-                   "count and the output pool: the first thing a bug report needs")
+                   "count, the output pool and the CUDA backend's state: the first thing a "
+                   "bug report needs")
     pl = sub.add_parser("plot", help="learning curves of training runs side by side, as a PNG")
     pl.add_argument("runs", nargs="+", metavar="RUN_DIR",
                     help="directories written by train --out (each holds metrics.jsonl)")
@@ -214,7 +215,7 @@ def run_map(parser, args):
 def format_info():
     """What ``python -m mapformer info`` prints: mapformer's version and what its C core sees
     (:func:`mapformer._C.info`)."""
-    from . import __version__, _C
+    from . import __version__, _C, cuda
 
     info = _C.info()
     pool = info["pool"]
@@ -230,7 +231,8 @@ def format_info():
         f"compiler     {info['compiler']['name']} {info['compiler']['version']}",
         f"output pool  holds {pool['held_bytes'] / 2**20:.1f} MB in {pool['held_blocks']} "
         f"blocks, at most {pool['limit_bytes'] / 2**20:.0f} MB (MAPFORMER_POOL_MB)",
-        f"python       {sys.version.split()[0]}, numpy {np.__version__}"])
+        f"python       {sys.version.split()[0]}, numpy {np.__version__}",
+        f"cuda         {cuda.describe()}"])
 
 
 def import_modules(argv):

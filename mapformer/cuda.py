@@ -8,8 +8,8 @@ build) plus a stream. :func:`ops` wraps them for an array module ``xp``: CuPy on
 the CPU emulation of CUDA's model (tests/cuda_emulation.py), which is how the wrappers are
 tested on machines without a GPU.
 
-Only the families in :data:`FAMILIES` have kernels so far; a model cannot run on CUDA yet
-(mapformer.backend.get("cuda") says so).
+The families in :data:`FAMILIES` have kernels; ``mapformer.backend.get("cuda")`` builds the
+model-level backend on them, or says what is missing.
 """
 import ctypes
 import math
@@ -69,7 +69,31 @@ def load():
         raise RuntimeError(f"no usable CUDA device ({error})") from None
     if count < 1:
         raise RuntimeError("no CUDA device found")
+    try:  # CuPy loads its cuBLAS, which cuda/blas.cu then finds by soname for the products
+        cupy.cuda.device.get_cublas_handle()
+    except Exception:  # noqa: BLE001 (CuPy without cuBLAS: the products run on the kernels' tiles)
+        pass
     return ctypes.CDLL(LIBRARY), cupy
+
+
+def products(lib):
+    """'cublas' or 'tiled': the path of the kernels' matrix products in ``lib`` (cuda/blas.cu:
+    cuBLAS when it could be loaded and MAPFORMER_CUDA_GEMM is not 'tiled'; the tiles of
+    cuda/gemm.cuh otherwise, and always under the CPU emulation)."""
+    lib.mf_blas_library.restype = ctypes.c_int
+    return ("tiled", "cublas")[lib.mf_blas_library()]
+
+
+def describe():
+    """One line for ``python -m mapformer info``: the GPU the CUDA backend would run on and
+    the path of its products, or why it cannot run here."""
+    try:
+        lib, cupy = load()
+    except RuntimeError as error:
+        return f"unavailable: {error}"
+    name = cupy.cuda.runtime.getDeviceProperties(cupy.cuda.Device().id)["name"].decode()
+    return (f"{name} (CuPy {cupy.__version__}), matrix products on {products(lib)} "
+            "(MAPFORMER_CUDA_GEMM=tiled for the kernels' own)")
 
 
 def _pointer(a):

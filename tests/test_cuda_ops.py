@@ -5,11 +5,14 @@ tolerances (conftest.TOLERANCES). Each case runs under the three block schedules
 concurrent one (real threads) is compared with the reference, and the two serial orders must
 give the same bits (a race between barriers would make them differ; embedding's backward,
 which adds with atomics, is compared with a tolerance instead)."""
+import os
+
 import numpy as np
 import pytest
 
 from conftest import assert_close, randn
-from cuda_emulation import Emulation, build
+from cuda_emulation import Device, kernels
+from mapformer import cuda
 from mapformer import reference as ref
 
 SCHEDULES = ("concurrent", "serial_forward", "serial_reverse")
@@ -17,7 +20,7 @@ SCHEDULES = ("concurrent", "serial_forward", "serial_reverse")
 
 @pytest.fixture(scope="module")
 def emu():
-    e = Emulation(build())
+    e = kernels()
     yield e
     e.schedule("concurrent")
 
@@ -41,6 +44,14 @@ def run(emu, function, struct, make, outputs, exact=True):
             else:
                 assert_close(b, a, "reduction", f"{function} {name} {schedule}")
     return results["concurrent"]
+
+
+def test_products_path(emu):
+    """The path of the matrix products (cuda/blas.cu, gemm.cuh): the tiles under the emulation,
+    which this file's product tests then check; on a GPU cuBLAS, unless MAPFORMER_CUDA_GEMM=tiled
+    asks for the tiles there (.ci/gpu_check runs the product tests both ways)."""
+    gpu = isinstance(emu, Device) and os.environ.get("MAPFORMER_CUDA_GEMM") != "tiled"
+    assert cuda.products(emu.lib) == ("cublas" if gpu else "tiled")
 
 
 def empty(*shape, dtype=np.float32):

@@ -373,3 +373,4 @@ def test_cli_info_names_the_kernels_and_threads():
     assert lines["threads"].startswith("1 (OpenMP")
     assert "own threads: 1" in lines["blas"] and lines["mapformer"].startswith("0.")
     assert "MAPFORMER_POOL_MB" in lines["output"]
+    assert lines["cuda"].startswith("unavailable: ") or "matrix products on" in lines["cuda"]
