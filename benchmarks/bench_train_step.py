@@ -27,6 +27,11 @@ choice, not work the step needs.
 APE's generator side runs on NumPy's OpenBLAS: set OPENBLAS_NUM_THREADS=1 for it (its own
 threads fight the C core's OpenMP ones).
 
+With --backend cuda the same steps run on the CUDA backend (a CUDA build, CuPy and a GPU;
+wall clock, the stream synchronized after each step), the sgemm rate is cuBLAS's float32 one
+through CuPy (CUDA events), and the per-op table's step synchronizes after every op (so its
+ops' times add up to more than the step's, which overlaps launches with the GPU's work).
+
 Prints one JSON line at the end.
 """
 import argparse
@@ -55,10 +60,26 @@ def step_flops(cfg, batch, tokens):
 clock = time.perf_counter
 
 
-def sgemm_rate(size, repeats):
+def sgemm_rate(size, repeats, on_gpu=False):
     """Best GFLOP/s of a size^3 sgemm through the C core's linear op (its OpenBLAS, split over
-    the OpenMP threads as the model's products are). The best of many runs is the machine's
-    capability; on a shared machine it makes the sgemm-bound time the conservative one."""
+    the OpenMP threads as the model's products are), or on_gpu through CuPy's cuBLAS. The best
+    of many runs is the machine's capability; on a shared machine it makes the sgemm-bound
+    time the conservative one."""
+    if on_gpu:
+        import cupy
+
+        x, w = (cupy.random.default_rng(0).standard_normal((size, size), cupy.float32)
+                for _ in range(2))
+        x @ w
+        times = []
+        for _ in range(repeats):
+            start, end = cupy.cuda.Event(), cupy.cuda.Event()
+            start.record()
+            x @ w
+            end.record()
+            end.synchronize()
+            times.append(cupy.cuda.get_elapsed_time(start, end) / 1e3)
+        return 2 * size**3 / min(times) / 1e9
     rng = np.random.default_rng(0)
     x = rng.standard_normal((size, size)).astype(np.float32)
     w = rng.standard_normal((size, size)).astype(np.float32)
@@ -72,26 +93,29 @@ def sgemm_rate(size, repeats):
 
 
 class OpTimer:
-    """Wraps every function of the C backend to add up its wall time per op."""
+    """Wraps every function of a backend (``ops``) to add up its time per op; ``sync`` waits
+    for the op to finish (the CUDA backend's stream) before the clock is read."""
 
-    def __init__(self):
+    def __init__(self, ops, sync):
+        self.ops, self.sync = ops, sync
         self.totals = defaultdict(float)
-        self.original = dict(vars(backend.C))
+        self.original = dict(vars(ops))
         for name, fn in self.original.items():
             if callable(fn) and not isinstance(fn, type):
-                setattr(backend.C, name, self.wrap(name, fn))
+                setattr(ops, name, self.wrap(name, fn))
 
     def wrap(self, name, fn):
         def timed(*args, **kwargs):
             t0 = clock()
             out = fn(*args, **kwargs)
+            self.sync()
             self.totals[name] += clock() - t0
             return out
         return timed
 
     def restore(self):
         for name, fn in self.original.items():
-            setattr(backend.C, name, fn)
+            setattr(self.ops, name, fn)
 
 
 def bench(model_name, args):
@@ -105,8 +129,10 @@ def bench(model_name, args):
     cfg = ModelConfig.for_task(preset, task, d_model=args.d_model, n_heads=args.heads,
                                n_layers=args.layers,
                                **({"positional": positional} if positional else {}))
-    model = Transformer(cfg, seed=0)
+    model = Transformer(cfg, seed=0, backend=args.backend)
     opt = AdamW(model, TrainConfig())
+    sync = model.ops.xp.cuda.get_current_stream().synchronize if args.backend == "cuda" \
+        else lambda: None
     batch = navigation.generate(task, args.batch, np.random.default_rng(0))
     coordinates = navigation.token_coordinates(batch)
     times = []
@@ -115,9 +141,11 @@ def bench(model_name, args):
         model.loss(batch.tokens, batch.targets, batch.mask, coordinates)
         model.backward()
         opt.step(1e-4)
+        sync()
         if i >= args.warmup:
             times.append(clock() - t0)
-    timer = OpTimer()
+    sync()
+    timer = OpTimer(model.ops, sync)
     try:
         model.loss(batch.tokens, batch.targets, batch.mask, coordinates)
         model.backward()
@@ -144,21 +172,30 @@ def main():
     p.add_argument("--clock", choices=("wall", "cpu"), default="wall",
                    help="wall time, or the process's CPU time (for one-thread figures on a "
                         "shared machine)")
+    p.add_argument("--backend", choices=("c", "cuda"), default="c",
+                   help="c (the default), or cuda: the CUDA backend on a GPU")
     p.add_argument("--models", default="mapwm,rope",
                    help=f"comma-separated model presets, of {', '.join(MODELS)}, each "
                         "optionally with another positional scheme: preset/scheme (e.g. "
                         "rope/ape_seq)")
     args = p.parse_args()
+    if args.backend == "cuda" and args.clock == "cpu":
+        p.error("--backend cuda times the wall clock: --clock cpu would leave out the GPU")
+    if args.backend == "cuda":
+        try:
+            backend.get("cuda")
+        except RuntimeError as error:
+            p.error(str(error))
     global clock
     clock = time.process_time if args.clock == "cpu" else time.perf_counter
 
-    rate = sgemm_rate(args.sgemm_size, 15)
-    figures = {"clock": args.clock, "batch": args.batch, "tokens": args.tokens,
+    rate = sgemm_rate(args.sgemm_size, 15, args.backend == "cuda")
+    figures = {"backend": args.backend, "clock": args.clock, "batch": args.batch, "tokens": args.tokens,
                "d_model": args.d_model, "heads": args.heads, "layers": args.layers}
     results = [bench(model_name, args) for model_name in args.models.split(",")]
     # the steps' peak, before the second sgemm (whose matrices would sit on the output pool)
     peak_rss_mb = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
-    rate = max(rate, sgemm_rate(args.sgemm_size, 15))  # measured before and after the steps
+    rate = max(rate, sgemm_rate(args.sgemm_size, 15, args.backend == "cuda"))  # measured before and after the steps
     figures["sgemm_gflops"] = round(rate, 1)
     print(f"sgemm {args.sgemm_size}^3: {rate:.1f} GFLOP/s (best of 30, before and after)")
     for model_name, (cfg, seconds, ops) in zip(args.models.split(","), results):
