@@ -189,13 +189,15 @@ def main():
     global clock
     clock = time.process_time if args.clock == "cpu" else time.perf_counter
 
-    rate = sgemm_rate(args.sgemm_size, 15, args.backend == "cuda")
-    figures = {"backend": args.backend, "clock": args.clock, "batch": args.batch, "tokens": args.tokens,
-               "d_model": args.d_model, "heads": args.heads, "layers": args.layers}
+    on_gpu = args.backend == "cuda"
+    rate = sgemm_rate(args.sgemm_size, 15, on_gpu)
+    figures = {"backend": args.backend, "clock": args.clock, "batch": args.batch,
+               "tokens": args.tokens, "d_model": args.d_model, "heads": args.heads,
+               "layers": args.layers}
     results = [bench(model_name, args) for model_name in args.models.split(",")]
     # the steps' peak, before the second sgemm (whose matrices would sit on the output pool)
     peak_rss_mb = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
-    rate = max(rate, sgemm_rate(args.sgemm_size, 15, args.backend == "cuda"))  # measured before and after the steps
+    rate = max(rate, sgemm_rate(args.sgemm_size, 15, on_gpu))  # measured before and after
     figures["sgemm_gflops"] = round(rate, 1)
     print(f"sgemm {args.sgemm_size}^3: {rate:.1f} GFLOP/s (best of 30, before and after)")
     for model_name, (cfg, seconds, ops) in zip(args.models.split(","), results):

@@ -20,8 +20,8 @@
  * (B, H, T); dq by a query-row kernel shaped as the forward; dk and dv by a key-row kernel,
  * one thread per key row, looping over the query tiles that see it (from its own, or from the
  * first for keys inside the prefix; Q, dout, lse and delta tiles in shared memory).
- * First version: per-thread rows in local memory and scalar dot products, no tensor cores;
- * its speed is unmeasured (no GPU was available). */
+ * First version: per-thread rows in local memory and scalar dot products, no tensor cores:
+ * about 1.1 TFLOP/s forward and 0.7 backward on an H100 (README, "On a GPU"). */
 #include "common.cuh"
 
 #define ATT_MAX_D 128

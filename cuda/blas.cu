@@ -7,8 +7,11 @@
  * when present: mapformer.cuda.load asks CuPy for its cuBLAS handle first, so the soname
  * resolves to CuPy's copy) and one handle per device, made on that device's first product.
  * Every call sets the handle's stream under a lock (ctypes releases the GIL), so products
- * from several host threads stay on their own streams. Full float32 arithmetic (cuBLAS's
- * default math mode: no TF32). mf_blas_library() says which path products take.
+ * from several host threads stay on their own streams; cuBLAS gives the same bits run to run
+ * while one stream at a time uses a handle (its reproducibility condition). Full float32
+ * arithmetic (cuBLAS's default math mode: no TF32). A device whose handle cannot be made
+ * runs the tiles. mf_blas_library() says which path products take; mapformer.cuda.load
+ * refuses a MAPFORMER_CUDA_GEMM other than cublas or tiled.
  *
  * Under the CPU emulation there is no cuBLAS: mf_blas_sgemm answers MF_BLAS_NONE and the
  * tiles run, which is how the emulated tests check gemm.cuh. */
@@ -43,6 +46,7 @@ struct Blas {
     CublasSetStream set_stream = nullptr;
     CublasSgemm sgemm = nullptr;
     void *handles[MAX_DEVICES] = {};
+    bool failed[MAX_DEVICES] = {}; /* cublasCreate refused: the tiles run there */
     int library = MF_BLAS_TILED;
 };
 Blas blas;
@@ -77,9 +81,11 @@ extern "C" int mf_blas_sgemm(int ta, int tb, int64_t M, int64_t N, int64_t K, co
     if (cudaGetDevice(&device) != cudaSuccess) return MF_ECUDA;
     if (device < 0 || device >= MAX_DEVICES) return MF_BLAS_NONE;
     std::lock_guard<std::mutex> guard(blas.lock);
+    if (blas.failed[device]) return MF_BLAS_NONE;
     if (blas.handles[device] == nullptr && blas.create(&blas.handles[device]) != 0) {
         blas.handles[device] = nullptr;
-        return MF_ECUDA;
+        blas.failed[device] = true;
+        return MF_BLAS_NONE;
     }
     /* row-major C (M, N) = op(A) op(B) is column-major C^T (N, M) = op(B)^T op(A)^T: cuBLAS
      * multiplies B's column-major view by A's */

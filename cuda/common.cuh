@@ -100,6 +100,8 @@ __device__ T mf_block_reduce(T v, T *buf, Op op) {
  * bits. Every thread of the block must call it. */
 #define MF_COL_WIDTH 32
 #define MF_COL_LANES 32
+/* a kernel that calls mf_column_sums2: 1024-thread blocks need at most 64 registers a thread */
+#define MF_COLUMN_KERNEL __global__ __launch_bounds__(MF_COL_WIDTH * MF_COL_LANES)
 template <class Add, class Done>
 __device__ void mf_column_sums2(int64_t R, int64_t C, Add add, Done done) {
     __shared__ double sums[2][MF_COL_LANES][MF_COL_WIDTH + 1];

@@ -20,8 +20,8 @@
  *   sum:             dsX = dsP = scale A (dA - Dv)
  * dqx, dqp by a query-row kernel shaped as the forward; dkx, dkp, dv (=) by a key-row kernel
  * (a thread per key row, qx, qp, dout, lse and Dv tiles of CJ_BQ rows in shared memory).
- * First version: per-thread rows in local memory, scalar dot products, no tensor cores; its
- * speed is unmeasured. */
+ * First version: per-thread rows in local memory, scalar dot products, no tensor cores: 2.7
+ * TFLOP/s forward and 0.5 backward on an H100 (README, "On a GPU"). */
 #include "common.cuh"
 
 #define CJ_MAX_D 128

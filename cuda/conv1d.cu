@@ -53,7 +53,7 @@ __global__ void conv1d_dx_kernel(MfConv1dParams p) {
     }
 }
 
-__global__ void conv1d_params_kernel(MfConv1dParams p) {
+MF_COLUMN_KERNEL void conv1d_params_kernel(MfConv1dParams p) {
     /* columns j E + e: j < W is dweight[e, j], j = W is dbias[e]; rows b T + t */
     mf_column_sums2(
         p.B * p.T, (p.W + 1) * p.E,

@@ -92,7 +92,7 @@ static int mf_gemm(int64_t M, int64_t N, int64_t K, const float *A, int64_t lda,
 }
 
 /* out (C,) += the column sums of a (N, C) (mf_column_sums2: double sums, deterministic) */
-static __global__ void mf_column_sums_kernel(float *out, const float *a, int64_t N, int64_t C) {
+static MF_COLUMN_KERNEL void mf_column_sums_kernel(float *out, const float *a, int64_t N, int64_t C) {
     mf_column_sums2(
         N, C, [&](int64_t n, int64_t c, double &s, double &) { s += (double)a[n * C + c]; },
         [&](int64_t c, double s, double) { out[c] = (float)((double)out[c] + s); });

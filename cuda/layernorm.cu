@@ -59,7 +59,7 @@ __global__ void layernorm_backward_dx_kernel(MfLayernormParams p) {
     }
 }
 
-__global__ void layernorm_backward_params_kernel(MfLayernormParams p) {
+MF_COLUMN_KERNEL void layernorm_backward_params_kernel(MfLayernormParams p) {
     mf_column_sums2(
         p.N, p.C,
         [&](int64_t n, int64_t c, double &dw, double &db) {

@@ -1,8 +1,8 @@
 /* Linear layer on the GPU (csrc/ops/linear.c's math): y = x weight^T + bias.
- *   forward:  y (N, Cout) = x (N, Cin) weight^T + bias          (gemm.cuh, bias in its epilogue)
+ *   forward:  y (N, Cout) = x (N, Cin) weight^T + bias          (gemm.cuh's mf_gemm)
  *   backward: dx (N, Cin) = dy weight (=, or += with accumulate_dx);
- *             dweight (Cout, Cin) += dy^T x;  dbias (Cout,) += sum_n dy (one thread per
- *             column, rows in order: deterministic).
+ *             dweight (Cout, Cin) += dy^T x;  dbias (Cout,) += sum_n dy (mf_add_column_sums:
+ *             deterministic).
  * No scratch (the struct's scratch fields are ignored). */
 #include "gemm.cuh"
 

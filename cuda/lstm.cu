@@ -2,7 +2,7 @@
  * in one row of G = 4H pre-activations.
  * Forward:
  *   gates (B T, G) = x (B T, C) w_ih^T + b         one GEMM for every step, hoisted out of the
- *                                                  time loop (gemm.cuh, b in its epilogue)
+ *                                                  time loop (gemm.cuh's mf_gemm, with b)
  *   for t in order (the recurrence is sequential: two launches per step):
  *     gates[:, t] += h_{t-1} w_hh^T                (B, G), a GEMM accumulating into the rows
  *     fused cell kernel, one thread per (b, j): the four gates of unit j activated in place

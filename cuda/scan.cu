@@ -40,7 +40,8 @@
  * |z| < 1e-3), the decay then rounded to float; Euler's decay is expf and sinf/cosf of the
  * step's own angle (no angle accumulates).
  * First version: scalar per-thread complex arithmetic (the real scan carries a zero imaginary
- * part through the scan), no warp shuffles; its speed is unmeasured (no GPU was used). */
+ * part through the scan), no warp shuffles: on an H100 the real forward moves 67 GB/s and
+ * the backward takes 17x the forward (README, "On a GPU"). */
 #include "common.cuh"
 
 #define SCAN_EC 8    /* channels per block (threadIdx.x) */

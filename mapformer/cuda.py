@@ -17,6 +17,8 @@ import os
 import re
 from types import SimpleNamespace
 
+import numpy as np
+
 HERE = os.path.dirname(os.path.abspath(__file__))
 LIBRARY = os.path.join(HERE, "libmapformer_cuda.so")
 PARAMS_H = [os.path.join(HERE, "params.h"),
@@ -69,6 +71,9 @@ def load():
         raise RuntimeError(f"no usable CUDA device ({error})") from None
     if count < 1:
         raise RuntimeError("no CUDA device found")
+    gemm = os.environ.get("MAPFORMER_CUDA_GEMM", "cublas")
+    if gemm not in ("cublas", "tiled"):
+        raise RuntimeError(f"MAPFORMER_CUDA_GEMM must be cublas or tiled, got {gemm!r}")
     try:  # CuPy loads its cuBLAS, which cuda/blas.cu then finds by soname for the products
         cupy.cuda.device.get_cublas_handle()
     except Exception:  # noqa: BLE001 (CuPy without cuBLAS: the products run on the kernels' tiles)
@@ -89,7 +94,7 @@ def describe():
     the path of its products, or why it cannot run here."""
     try:
         lib, cupy = load()
-    except RuntimeError as error:
+    except (RuntimeError, OSError) as error:
         return f"unavailable: {error}"
     name = cupy.cuda.runtime.getDeviceProperties(cupy.cuda.Device().id)["name"].decode()
     return (f"{name} (CuPy {cupy.__version__}), matrix products on {products(lib)} "
@@ -121,6 +126,9 @@ def ops(lib, xp, stream=lambda: None, params_h=None):
     def call(function, struct, **fields):
         params = structs[struct]()
         for key, value in fields.items():
+            if xp is not np and isinstance(value, np.ndarray):
+                raise TypeError(f"{function}: {key} is a NumPy array, a host pointer to the "
+                                f"kernel: pass {xp.__name__} arrays")
             setattr(params, key, _pointer(value) if hasattr(value, "shape") else value)
         fn = getattr(lib, function)
         fn.argtypes = [ctypes.POINTER(structs[struct]), ctypes.c_void_p]

@@ -125,6 +125,9 @@ class Device:
     def __init__(self):
         self.lib, self.cupy = cuda.load()
         self.structs = parse_params(PARAMS_H)
+        # every array its own cudaMalloc (no pool): compute-sanitizer's memcheck then sees
+        # each array's own bounds, not a pool chunk's
+        self.cupy.cuda.set_allocator(None)
 
     def schedule(self, name):
         assert name in SCHEDULES, name
@@ -167,8 +170,9 @@ class Device:
             return result
 
         def device_copy(a):
-            """a on the device with a's strides (a strided view stays one, so the wrappers'
-            contiguity checks see what they see on the host)."""
+            """a on the device with a's strides (a view with positive strides stays a strided
+            view, so the wrappers' contiguity checks see what they see on the host; a negative
+            stride becomes a contiguous copy)."""
             d = cupy.asarray(a)
             if a.flags.c_contiguous or a.size == 0 or min(a.strides) < 0:
                 return d

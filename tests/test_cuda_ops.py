@@ -161,7 +161,8 @@ def test_l2_normalize(emu, rng, N, D):
                     norm=empty(N), x=x, N=N, D=D, eps=0.0) == 1  # MF_EINVAL
 
 
-@pytest.mark.parametrize("N,C", [(1, 1), (3, 7), (5, 128), (4, 130), (2, 1000)])
+# (67, 33): more rows than the column sums' 32 lanes, and a second, partial column block
+@pytest.mark.parametrize("N,C", [(1, 1), (3, 7), (5, 128), (4, 130), (2, 1000), (67, 33)])
 def test_layernorm(emu, rng, N, C):
     x = randn(rng, N, C, scale=2.0) + 1.5
     w, b, dy = randn(rng, C), randn(rng, C), randn(rng, N, C)
