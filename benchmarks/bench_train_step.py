@@ -179,9 +179,10 @@ def main():
                         "optionally with another positional scheme: preset/scheme (e.g. "
                         "rope/ape_seq)")
     args = p.parse_args()
-    if args.backend == "cuda" and args.clock == "cpu":
+    on_gpu = args.backend == "cuda"
+    if on_gpu and args.clock == "cpu":
         p.error("--backend cuda times the wall clock: --clock cpu would leave out the GPU")
-    if args.backend == "cuda":
+    if on_gpu:
         try:
             backend.get("cuda")
         except RuntimeError as error:
@@ -189,7 +190,6 @@ def main():
     global clock
     clock = time.process_time if args.clock == "cpu" else time.perf_counter
 
-    on_gpu = args.backend == "cuda"
     rate = sgemm_rate(args.sgemm_size, 15, on_gpu)
     figures = {"backend": args.backend, "clock": args.clock, "batch": args.batch,
                "tokens": args.tokens, "d_model": args.d_model, "heads": args.heads,

@@ -81,6 +81,23 @@ def build():
     return lib
 
 
+def invoke(kernels, function, struct_name, fields, pointer, stream):
+    """Fill ``kernels.structs[struct_name]`` from ``fields`` (each NumPy array, C-contiguous,
+    as the address ``pointer(key, array)``) and call ``kernels.lib``'s ``function`` on it and
+    ``stream``; its status."""
+    params = kernels.structs[struct_name]()
+    for key, value in fields.items():
+        assert hasattr(params, key), f"{struct_name} has no field {key}"
+        if isinstance(value, np.ndarray):
+            assert value.flags.c_contiguous, key
+            value = pointer(key, value)
+        setattr(params, key, value)
+    fn = getattr(kernels.lib, function)
+    fn.argtypes = [ctypes.POINTER(kernels.structs[struct_name]), ctypes.c_void_p]
+    fn.restype = ctypes.c_int
+    return fn(ctypes.byref(params), stream)
+
+
 class Emulation:
     """The loaded library: ``call(function, struct_name, **fields)`` fills the struct (NumPy
     arrays become pointers to their data; they must be C-contiguous and of the right dtype,
@@ -97,17 +114,7 @@ class Emulation:
         assert self.lib.mf_emu_set_schedule(SCHEDULES[name]) >= 0
 
     def call(self, function, struct_name, **fields):
-        params = self.structs[struct_name]()
-        for key, value in fields.items():
-            assert hasattr(params, key), f"{struct_name} has no field {key}"
-            if isinstance(value, np.ndarray):
-                assert value.flags.c_contiguous, key
-                value = value.ctypes.data
-            setattr(params, key, value)
-        fn = getattr(self.lib, function)
-        fn.argtypes = [ctypes.POINTER(self.structs[struct_name]), ctypes.c_void_p]
-        fn.restype = ctypes.c_int
-        return fn(ctypes.byref(params), None)
+        return invoke(self, function, struct_name, fields, lambda key, a: a.ctypes.data, None)
 
     def ops(self):
         """mapformer.cuda.ops on this library with NumPy arrays."""
@@ -136,19 +143,12 @@ class Device:
         return self.cupy.cuda.get_current_stream()
 
     def call(self, function, struct_name, **fields):
-        params = self.structs[struct_name]()
         on_device = {}
-        for key, value in fields.items():
-            assert hasattr(params, key), f"{struct_name} has no field {key}"
-            if isinstance(value, np.ndarray):
-                assert value.flags.c_contiguous, key
-                on_device[key] = self.cupy.asarray(value)
-                value = on_device[key].data.ptr
-            setattr(params, key, value)
-        fn = getattr(self.lib, function)
-        fn.argtypes = [ctypes.POINTER(self.structs[struct_name]), ctypes.c_void_p]
-        fn.restype = ctypes.c_int
-        status = fn(ctypes.byref(params), self.stream().ptr)
+
+        def pointer(key, a):
+            on_device[key] = self.cupy.asarray(a)
+            return on_device[key].data.ptr
+        status = invoke(self, function, struct_name, fields, pointer, self.stream().ptr)
         self.stream().synchronize()
         for key, array in on_device.items():
             if fields[key].flags.writeable:
