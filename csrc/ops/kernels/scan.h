@@ -22,6 +22,22 @@
 #define SCAN_TILE 16            /* steps formed ahead of the recurrence at once (forward and
                                  * the backward's recompute) */
 
+/* The 16-float set compiles the Euler scans once more for Mamba's and MAMPa's d_state of 16
+ * (16 real states, 8 complex ones; the bodies' `kc`), with the state loops unrolled: the same
+ * bits. benchmarks/scan_bound.c at 128 256 256 16 (the navigation step's shape), one thread,
+ * CPU time, this build and the general loops alternated 15 times, medians: the real backward
+ * 114.3 -> 97.3 ms, the complex one 133.0 -> 119.2 ms, the forwards within 3%. The 8-float
+ * clones run the general loops: unrolled, GCC's clones of them were slower (the same
+ * benchmark on the avx2 set, 5 alternations: real backward 157.5 -> 224.9 ms, complex 220.9 ->
+ * 287.3 ms) and scan.c took 7x as long to compile. */
+#if MF_VW == 16
+#define SCAN_UNROLL _Pragma("GCC unroll 16")
+#define SCAN_FIXED_K 1
+#else
+#define SCAN_UNROLL
+#define SCAN_FIXED_K 0
+#endif
+
 
 /* x - sin x for |x| < 1: x^3 (1/3! - x^2 / 5! + ... + x^8 / 11!) (the rest below 1.6e-10 x^3) */
 MF_INLINE void x_minus_sin(vf *d, const vf *x) {
@@ -306,10 +322,11 @@ MF_INLINE void decay(const Group *g, const vf *dt, const vf *ang, int64_t k, vf 
 
 /* Euler's step with its decays formed on the fly (the forward: nothing kept), the same
  * arithmetic as step_keep */
-MF_INLINE void step_euler(const Group *g, vf *h, const vf *r, const vf *dt, const vf *ang,
-                          const float *Bt, const float *Ct, int cx, vf *out) {
+MF_INLINE void step_euler(const Group *g, int64_t K, vf *h, const vf *r, const vf *dt,
+                          const vf *ang, const float *Bt, const float *Ct, int cx, vf *out) {
     vf acc = VZERO;
-    for (int64_t k = 0; k < g->K; k++) {
+SCAN_UNROLL
+    for (int64_t k = 0; k < K; k++) {
         vf ar, ai;
         decay(g, dt, ang, k, &ar, &ai, cx);
         if (cx) {
@@ -330,9 +347,10 @@ MF_INLINE void step_euler(const Group *g, vf *h, const vf *r, const vf *dt, cons
 /* the backward's recompute of an Euler step: keeps h_{t-1} (hb) and the step's decays (ab),
  * and moves h on to h_t when `advance` (not at a chunk's last step); the same arithmetic as
  * step_euler */
-MF_INLINE void step_keep(const Group *g, vf *h, vf *hb, vf *ab, const vf *r, const vf *dt,
-                         const vf *ang, const float *Bt, int cx, int advance) {
-    for (int64_t k = 0; k < g->K; k++) {
+MF_INLINE void step_keep(const Group *g, int64_t K, vf *h, vf *hb, vf *ab, const vf *r,
+                         const vf *dt, const vf *ang, const float *Bt, int cx, int advance) {
+SCAN_UNROLL
+    for (int64_t k = 0; k < K; k++) {
         vf ar, ai;
         decay(g, dt, ang, k, &ar, &ai, cx);
         if (cx) {
@@ -375,12 +393,12 @@ MF_INLINE void zoh_parts(const Group *g, const vf *dt, const vf *ang, int64_t k,
 /* ZOH's step h_t = a h_{t-1} + r phi(z) beta_t in place, the readout sum_k <c_t, h_t> into
  * *out (lanes: channels) unless out is NULL; with `kb` (the backward's recompute) it keeps
  * h_{t-1}, a, phi, phi' of each state in kb[0 .. 4S) and moves h on only when `advance` */
-MF_INLINE void step_zoh(const Group *g, vf *h, const vf *r, const vf *dt, const vf *ang,
-                        const float *Bt, const float *Ct, int cx, vf *out, vf *kb,
-                        int advance) {
-    const int64_t S = g->S;
+MF_INLINE void step_zoh(const Group *g, int64_t K, vf *h, const vf *r, const vf *dt,
+                        const vf *ang, const float *Bt, const float *Ct, int cx, vf *out,
+                        vf *kb, int advance) {
+    const int64_t S = cx ? 2 * K : K;
     vf acc = VZERO;
-    for (int64_t k = 0; k < g->K; k++) {
+    for (int64_t k = 0; k < K; k++) {
         vf ar, ai = VZERO, pr, pi = VZERO, qr = VZERO, qi = VZERO;
         zoh_parts(g, dt, ang, k, cx, kb != NULL, &ar, &ai, &pr, &pi, &qr, &qi);
         const vf sr = *r * pr, si = *r * pi;
@@ -423,9 +441,11 @@ static void get_state(const Group *g, const float *states, int64_t ci, vf *h) {
     }
 }
 
-MF_INLINE void forward_body(const Group *g, float *y, float *states, int cx, int zoh) {
+/* kc: the states per channel as a constant (SCAN_FIXED_K), or 0 for g->K */
+MF_INLINE void forward_body(const Group *g, float *y, float *states, int cx, int zoh,
+                            int64_t kc) {
     vf h[SCAN_MAXS];
-    const int64_t E = g->E, S = g->S;
+    const int64_t E = g->E, K = kc ? kc : g->K, S = cx ? 2 * K : K;
     const float *const rows[4] = {g->x, g->delta, g->dangle, y};
     vf dts[SCAN_TILE], angs[SCAN_TILE];
     for (int64_t j = 0; j < S; j++) h[j] = VZERO;
@@ -443,9 +463,9 @@ MF_INLINE void forward_body(const Group *g, float *y, float *states, int cx, int
         const vf r = dt * xv;
         vf yv;
         if (zoh) {
-            step_zoh(g, h, &r, &dt, &ang, g->Bm + t * S, g->Cm + t * S, cx, &yv, NULL, 1);
+            step_zoh(g, K, h, &r, &dt, &ang, g->Bm + t * S, g->Cm + t * S, cx, &yv, NULL, 1);
         } else {
-            step_euler(g, h, &r, &dt, &ang, g->Bm + t * S, g->Cm + t * S, cx, &yv);
+            step_euler(g, K, h, &r, &dt, &ang, g->Bm + t * S, g->Cm + t * S, cx, &yv);
         }
         yv += g->D * xv;
         store_lanes(y + t * E, &yv, g->n);
@@ -459,10 +479,15 @@ static void forward_group(const MfScanParams *p, int cx, int64_t b, int64_t e0, 
     group_init(&g, p, cx, b, e0, n);
     float *y = p->y + b * p->T * p->E + e0;
     const int zoh = p->bbar == MF_BBAR_ZOH;
+    const int fixed = SCAN_FIXED_K && !zoh && g.K == (cx ? 8 : 16);
     if (cx)
-        zoh ? forward_body(&g, y, p->states, 1, 1) : forward_body(&g, y, p->states, 1, 0);
+        zoh ? forward_body(&g, y, p->states, 1, 1, 0)
+            : fixed ? forward_body(&g, y, p->states, 1, 0, 8)
+                    : forward_body(&g, y, p->states, 1, 0, 0);
     else
-        zoh ? forward_body(&g, y, p->states, 0, 1) : forward_body(&g, y, p->states, 0, 0);
+        zoh ? forward_body(&g, y, p->states, 0, 1, 0)
+            : fixed ? forward_body(&g, y, p->states, 0, 0, 16)
+                    : forward_body(&g, y, p->states, 0, 0, 0);
 }
 
 
@@ -479,9 +504,9 @@ MF_INLINE void add_to_doubles(double *d, const vf *v) {
 
 /* the float runs of dA, domega, dD and delta_bias's gradient into their double sums (the
  * double additions of a loop over the lanes) */
-MF_INLINE void flush_runs(const Group *g, vf *rA, vf *rW, vf *rD, vf *rS, double *sA,
+MF_INLINE void flush_runs(int64_t K, vf *rA, vf *rW, vf *rD, vf *rS, double *sA,
                           double *sW, double *sD, double *sS, int cx) {
-    for (int64_t k = 0; k < g->K; k++) {
+    for (int64_t k = 0; k < K; k++) {
         add_to_doubles(sA + k * MF_VW, &rA[k]);
         if (cx) add_to_doubles(sW + k * MF_VW, &rW[k]);
         rA[k] = VZERO, rW[k] = VZERO;
@@ -491,14 +516,15 @@ MF_INLINE void flush_runs(const Group *g, vf *rA, vf *rW, vf *rD, vf *rS, double
     *rD = VZERO, *rS = VZERO;
 }
 
+/* kc as forward_body's */
 MF_INLINE void backward_body(const Group *g, const float *dy, const float *states,
-                             const GroupGrad *o, int cx, int zoh) {
+                             const GroupGrad *o, int cx, int zoh, int64_t kc) {
     vf h[SCAN_MAXS], gc[SCAN_MAXS], dbv[SCAN_MAXS], dcv[SCAN_MAXS];
     vf rA[SCAN_MAXS], rW[SCAN_MAXS / 2], rD = VZERO, rS = VZERO;
     double sA[SCAN_MAXS * MF_VW] __attribute__((aligned(64)));
     double sW[SCAN_MAXS / 2 * MF_VW] __attribute__((aligned(64)));
     double sD[MF_VW] __attribute__((aligned(64))), sS[MF_VW] __attribute__((aligned(64)));
-    const int64_t E = g->E, K = g->K, S = g->S, T = g->T, L = g->L;
+    const int64_t E = g->E, K = kc ? kc : g->K, S = cx ? 2 * K : K, T = g->T, L = g->L;
     for (int64_t j = 0; j < S; j++) gc[j] = VZERO;
     for (int64_t k = 0; k < K; k++) {
         rA[k] = VZERO;
@@ -536,14 +562,17 @@ MF_INLINE void backward_body(const Group *g, const float *dy, const float *state
             load_lanes(&xv, g->x + t * E, g->n);
             const vf r = dt * xv;
             if (zoh)
-                step_zoh(g, h, &r, &dt, &ang, g->Bm + t * S, NULL, cx, NULL, hb, t + 1 < t1);
+                step_zoh(g, K, h, &r, &dt, &ang, g->Bm + t * S, NULL, cx, NULL, hb, t + 1 < t1);
             else
-                step_keep(g, h, hb, ab, &r, &dt, &ang, g->Bm + t * S, cx, t + 1 < t1);
+                step_keep(g, K, h, hb, ab, &r, &dt, &ang, g->Bm + t * S, cx, t + 1 < t1);
         }
         for (int64_t t = t1 - 1; t >= t0; t--) { /* the reverse sweep */
             const vf *hp = buf + (t - t0) * W, *ab = hp + S, *ph = ab + S, *dph = ph + S,
                      *sv = hp + steps;
-            if (t - SCAN_AHEAD >= t0) prefetch_rows(bw_rows, 5, t - SCAN_AHEAD, E, g->n);
+            if (t - SCAN_AHEAD >= 0) {
+                prefetch_rows(bw_rows, 5, t - SCAN_AHEAD, E, g->n);
+                if (t - SCAN_AHEAD < t0) prefetch_rows(fw_rows, 3, t - SCAN_AHEAD, E, g->n);
+            }
             vf xv, gy;
             const vf dt = sv[0], slope = sv[1], ang = sv[2];
             load_lanes(&xv, g->x + t * E, g->n);
@@ -551,6 +580,7 @@ MF_INLINE void backward_body(const Group *g, const float *dy, const float *state
             const vf r = dt * xv;
             const float *Bt = g->Bm + t * S, *Ct = g->Cm + t * S;
             vf dr = VZERO, dzA = VZERO, dzW = VZERO;
+SCAN_UNROLL
             for (int64_t k = 0; k < K; k++) {
                 vf pr = VSPLAT(1.0f), pi = VZERO, qr = VZERO, qi = VZERO;
                 if (zoh) {
@@ -624,12 +654,12 @@ MF_INLINE void backward_body(const Group *g, const float *dy, const float *state
             rD += gy * xv;
             if (g->biased) rS += ddv;
             if (++run == SCAN_RUN) {
-                flush_runs(g, rA, rW, &rD, &rS, sA, sW, sD, sS, cx);
+                flush_runs(K, rA, rW, &rD, &rS, sA, sW, sD, sS, cx);
                 run = 0;
             }
         }
     }
-    flush_runs(g, rA, rW, &rD, &rS, sA, sW, sD, sS, cx);
+    flush_runs(K, rA, rW, &rD, &rS, sA, sW, sD, sS, cx);
     for (int64_t l = 0; l < g->n; l++) {
         for (int64_t k = 0; k < K; k++) {
             o->dA[l * K + k] = sA[k * MF_VW + l];
@@ -647,12 +677,15 @@ static void backward_group(const MfScanParams *p, int cx, int64_t b, int64_t e0,
     group_init(&g, p, cx, b, e0, n);
     const float *dy = p->dy + b * p->T * p->E + e0;
     const int zoh = p->bbar == MF_BBAR_ZOH;
+    const int fixed = SCAN_FIXED_K && !zoh && g.K == (cx ? 8 : 16);
     if (cx)
-        zoh ? backward_body(&g, dy, p->states_in, o, 1, 1)
-            : backward_body(&g, dy, p->states_in, o, 1, 0);
+        zoh ? backward_body(&g, dy, p->states_in, o, 1, 1, 0)
+            : fixed ? backward_body(&g, dy, p->states_in, o, 1, 0, 8)
+                    : backward_body(&g, dy, p->states_in, o, 1, 0, 0);
     else
-        zoh ? backward_body(&g, dy, p->states_in, o, 0, 1)
-            : backward_body(&g, dy, p->states_in, o, 0, 0);
+        zoh ? backward_body(&g, dy, p->states_in, o, 0, 1, 0)
+            : fixed ? backward_body(&g, dy, p->states_in, o, 0, 0, 16)
+                    : backward_body(&g, dy, p->states_in, o, 0, 0, 0);
 }
 
 const MfScanKernels MF_SCAN_TABLE = {MF_VW, forward_group, backward_group};
