@@ -441,7 +441,13 @@ static void get_state(const Group *g, const float *states, int64_t ci, vf *h) {
     }
 }
 
-/* kc: the states per channel as a constant (SCAN_FIXED_K), or 0 for g->K */
+/* whether the group runs the bodies compiled for a constant state count (SCAN_FIXED_K: the
+ * Euler scans at 16 real states or 8 complex ones) */
+MF_INLINE int fixed_states(const Group *g, int cx, int zoh) {
+    return SCAN_FIXED_K && !zoh && g->K == (cx ? 8 : 16);
+}
+
+/* kc: the states per channel as a constant (fixed_states), or 0 for g->K */
 MF_INLINE void forward_body(const Group *g, float *y, float *states, int cx, int zoh,
                             int64_t kc) {
     vf h[SCAN_MAXS];
@@ -479,7 +485,7 @@ static void forward_group(const MfScanParams *p, int cx, int64_t b, int64_t e0, 
     group_init(&g, p, cx, b, e0, n);
     float *y = p->y + b * p->T * p->E + e0;
     const int zoh = p->bbar == MF_BBAR_ZOH;
-    const int fixed = SCAN_FIXED_K && !zoh && g.K == (cx ? 8 : 16);
+    const int fixed = fixed_states(&g, cx, zoh);
     if (cx)
         zoh ? forward_body(&g, y, p->states, 1, 1, 0)
             : fixed ? forward_body(&g, y, p->states, 1, 0, 8)
@@ -677,7 +683,7 @@ static void backward_group(const MfScanParams *p, int cx, int64_t b, int64_t e0,
     group_init(&g, p, cx, b, e0, n);
     const float *dy = p->dy + b * p->T * p->E + e0;
     const int zoh = p->bbar == MF_BBAR_ZOH;
-    const int fixed = SCAN_FIXED_K && !zoh && g.K == (cx ? 8 : 16);
+    const int fixed = fixed_states(&g, cx, zoh);
     if (cx)
         zoh ? backward_body(&g, dy, p->states_in, o, 1, 1, 0)
             : fixed ? backward_body(&g, dy, p->states_in, o, 1, 0, 8)
