@@ -26,7 +26,9 @@
  * vector on AVX-512, where the exp figure, taken at scan.c's own width of 8, is no bound)
  *   OMP_NUM_THREADS=1 /tmp/scan_bound 128 256 256 16 real 5
  *   OMP_NUM_THREADS=1 /tmp/scan_bound 128 256 256 16 complex 5
- * Usage: scan_bound B T E N real|complex repeats (N state floats per channel). Prints one
+ * Usage: scan_bound B T E N real|complex repeats [kernels] (N state floats per channel;
+ * kernels: a kernel set's name, avx2 say, to time that set's scans instead of the CPU's best,
+ * as _C.set_kernels does). Prints one
  * JSON line: ms and GB/s of the copy, the forward, the backward and the exp work, the scans'
  * fractions of the copy's GB/s, the fraction the forward would reach at the exp bound, and the
  * FMA rate (fma_bits 0 where it is not measured). */
@@ -142,8 +144,12 @@ static double median(double *t, int n) {
 }
 
 int main(int argc, char **argv) {
-    if (argc != 7) {
-        fprintf(stderr, "usage: scan_bound B T E N real|complex repeats\n");
+    if (argc != 7 && argc != 8) {
+        fprintf(stderr, "usage: scan_bound B T E N real|complex repeats [kernels]\n");
+        return 2;
+    }
+    if (argc == 8 && mf_set_kernels(mf_kernels_from_name(argv[7])) != MF_OK) {
+        fprintf(stderr, "kernel set %s unknown or not supported by this CPU\n", argv[7]);
         return 2;
     }
     const int64_t B = atoll(argv[1]), T = atoll(argv[2]), E = atoll(argv[3]), N = atoll(argv[4]);
@@ -203,14 +209,14 @@ int main(int argc, char **argv) {
     const double fwd_bytes = 4.0 * ((cx ? 4 : 3) * Md + 2 * P + Q);
     const double bwd_bytes = 4.0 * ((cx ? 7 : 5) * Md + 4 * P + Q);
     const double copy_gbps = 2.0 * (double)copy_bytes / c / 1e9;
-    printf("{\"bench\": \"scan_bound\", \"scan\": \"%s\", \"B\": %lld, \"T\": %lld, \"E\": %lld, "
+    printf("{\"bench\": \"scan_bound\", \"kernels\": \"%s\", \"scan\": \"%s\", \"B\": %lld, \"T\": %lld, \"E\": %lld, "
            "\"N\": %lld, \"repeats\": %d, \"copy_gbps\": %.2f, \"forward_ms\": %.2f, "
            "\"backward_ms\": %.2f, \"exp_ms\": %.2f, \"forward_gbps\": %.3f, "
            "\"backward_gbps\": %.3f, \"forward_fraction_of_copy\": %.4f, "
            "\"backward_fraction_of_copy\": %.4f, \"forward_over_exp\": %.2f, "
            "\"backward_over_exp\": %.2f, \"forward_fraction_of_copy_at_exp_bound\": %.4f, "
            "\"fma_bits\": %d, \"fma_gops\": %.2f, \"sink\": %g}\n",
-           cx ? "complex" : "real", (long long)B, (long long)T, (long long)E, (long long)N, reps,
+           mf_kernels_name(mf_kernels()), cx ? "complex" : "real", (long long)B, (long long)T, (long long)E, (long long)N, reps,
            copy_gbps, f * 1e3, b * 1e3, e * 1e3, fwd_bytes / f / 1e9, bwd_bytes / b / 1e9,
            fwd_bytes / f / 1e9 / copy_gbps, bwd_bytes / b / 1e9 / copy_gbps, f / e, b / e,
            fwd_bytes / e / 1e9 / copy_gbps, fma_bits, fma_gops, (double)sink);

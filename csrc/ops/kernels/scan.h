@@ -28,8 +28,8 @@
  * CPU time, this build and the general loops alternated 15 times, medians: the real backward
  * 114.3 -> 97.3 ms, the complex one 133.0 -> 119.2 ms, the forwards within 3%. The 8-float
  * clones run the general loops: unrolled, GCC's clones of them were slower (the same
- * benchmark on the avx2 set, 5 alternations: real backward 157.5 -> 224.9 ms, complex 220.9 ->
- * 287.3 ms) and scan.c took 7x as long to compile. */
+ * benchmark with the kernel set `avx2`, 5 alternations on a loaded host: real backward 236.6 ->
+ * 279.3 ms, complex 250.1 -> 339.4 ms) and scan.c took 7x as long to compile. */
 #if MF_VW == 16
 #define SCAN_UNROLL _Pragma("GCC unroll 16")
 #define SCAN_FIXED_K 1
