@@ -181,7 +181,7 @@ __global__ void scan_forward_kernel(MfScanParams p) {
     __shared__ Cx carry[SCAN_EC][SCAN_MAXS];
     const int x = threadIdx.x, y = threadIdx.y;
     const int64_t b = blockIdx.y, e = (int64_t)blockIdx.x * SCAN_EC + x;
-    const int64_t T = p.T, E = p.E, K = p.K, S = CX ? 2 * K : K, L = p.chunk;
+    const int64_t T = p.T, E = p.E, K = p.K, S = CX ? 2 * K : K, L = p.chunk < T ? p.chunk : T;
     const int64_t NC = (T + L - 1) / L;
     const bool ce = e < E;
     for (int64_t k = y; k < K; k += SCAN_NT) carry[x][k] = Cx{0.0f, 0.0f};
@@ -260,7 +260,7 @@ __global__ void scan_backward_kernel(MfScanParams p, ScanScratch w) {
     __shared__ double dred[2][SCAN_NT][SCAN_EC];
     const int x = threadIdx.x, y = threadIdx.y, tid = y * SCAN_EC + x;
     const int64_t b = blockIdx.y, blk = blockIdx.x;
-    const int64_t T = p.T, E = p.E, K = p.K, S = CX ? 2 * K : K, L = p.chunk;
+    const int64_t T = p.T, E = p.E, K = p.K, S = CX ? 2 * K : K, L = p.chunk < T ? p.chunk : T;
     const int64_t NC = (T + L - 1) / L;
     float *pB = w.pB + (b * w.nblk + blk) * T * S, *pC = w.pC + (b * w.nblk + blk) * T * S;
     for (int64_t i = tid; i < T * S; i += SCAN_EC * SCAN_NT) pB[i] = 0.0f, pC[i] = 0.0f;

@@ -614,7 +614,7 @@ def ops(lib, xp, stream=lambda: None, params_h=None):
                     raise ValueError(f"{arg} must be {axes}, got shape {tuple(a.shape)}")
             (B, T, E), K = x.shape, A.shape[1]
             f = dict(x=x, delta=f32(delta), A=A, Bm=f32(Bm), Cm=f32(Cm), D=f32(D), B=B, T=T,
-                     E=E, K=K, chunk=chunk, bbar=int(bbar == "zoh"),
+                     E=E, K=K, chunk=min(chunk, T), bbar=int(bbar == "zoh"),
                      delta_softplus=int(delta_activation == "softplus"))
             S = 2 * K if cx else K  # x and A set the sizes the kernels index every array by
             for arg, key, want in (("delta", "delta", (B, T, E)), ("A", "A", (E, K)),

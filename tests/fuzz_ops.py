@@ -1,14 +1,17 @@
 """Seeded fuzzing of every function of mapformer._C (issue 13), run as a script by
 tests/test_fuzz.py in a child process, so that a crash fails the test with its reproducer.
 
-Call i of seed S draws from ``default_rng([S, i])``: a good call of one op (small random sizes),
+Call i of seed S draws from ``default_rng([S, i])``: a good call of one op (small random sizes;
+the scans' K sometimes at the binding's limit or one past it, their chunk from 1 to 2**63 - 1),
 then one or two defects: a wrong dtype, non-native byte order, one axis too many or too few, a
 changed or zero-sized axis, a strided or Fortran-ordered view, a read-only written array, a
 non-array, two arguments sharing memory, out-of-range ids, NaN, infinite, overflowing or
 ill-typed scalars, unknown or missing arguments. Each call must either raise TypeError or
 ValueError whose message names an argument of the op, or return exactly (bit for bit, every
 array it wrote included) what the same call on fresh copies of its arguments returns; a call
-whose scalars are ordinary must return finite values.
+whose scalars are ordinary must return finite values. One call in five instead gives a real
+hyper-parameter (or chunk) as a NumPy scalar of another kind: a complex one must be refused with
+a TypeError naming it. A scan's good call whose chunk exceeds T must return chunk = T's bits.
 
     python tests/fuzz_ops.py --seed 0 --calls 10000 --log calls.txt   # the test's run
     python tests/fuzz_ops.py --seed 0 --only 1234                      # one call, verbosely
@@ -54,6 +57,19 @@ IDS = {"embedding_forward": ("tokens", "V"), "embedding_backward": ("tokens", "V
        **{op: ("prefix", "T+1") for op in ("attention_forward", "attention_backward",
                                            "conj_attention_forward", "conj_attention_backward")}}
 MODULE_FUNCTIONS = ("cpu_level", "info", "kernel_sets", "kernels", "release_pool", "set_kernels")
+
+
+# the scans' K at the binding's limit and one past it (real: K <= 256 states; complex: 2K <=
+# 256 floats): past it the call is refused naming A, and states are then not made
+SCAN_LIMITS = {False: (256, 257), True: (128, 129)}
+SCANS = ("selective_scan_forward", "selective_scan_backward", "complex_scan_forward",
+         "complex_scan_backward")
+
+
+def chunks(T):
+    """The scans' chunk lengths drawn: ordinary ones, T and around it, and huge ones whose
+    products with the scratch sizes wrap int64 (each >= T must give chunk = T's bits)."""
+    return [1, 2, max(T - 1, 1), T, T + 1, 256, 2**31, 2**60, 2**62, 2**63 - 1]
 
 
 def f32(rng, *shape):
@@ -186,23 +202,27 @@ def good_call(op, rng):
         return dict(dy=f32(rng, B, T, C), x=f32(rng, B, T, C), weight=f32(rng, C, W),
                     dweight=f32(rng, C, W), dbias=f32(rng, C), **bias,
                     activation=activation), s
-    K = int(rng.integers(1, 5))
+    cx = op.startswith("complex_scan")
+    K = int(rng.choice(SCAN_LIMITS[cx])) if rng.random() < 0.1 else int(rng.integers(1, 5))
+    chunk = int(rng.choice(chunks(T)))
     delta = np.abs(f32(rng, B, T, C)) * np.float32(0.1)
     real_scan = dict(x=f32(rng, B, T, C), delta=delta, A=-np.abs(f32(rng, C, K)),
-                     B=f32(rng, B, T, K), C=f32(rng, B, T, K), D=f32(rng, C))
+                     B=f32(rng, B, T, K), C=f32(rng, B, T, K), D=f32(rng, C), chunk=chunk)
+    s["K"] = K
     if op == "selective_scan_forward":
         return real_scan, s
     if op == "selective_scan_backward":
-        _, states = _C.selective_scan_forward(**real_scan)
+        _, states = _C.selective_scan_forward(**real_scan) if K <= 256 else (None, None)
         return dict(dy=f32(rng, B, T, C), **real_scan, states=states, dA=f32(rng, C, K),
                     dD=f32(rng, C)), s
     complex_scan = dict(x=f32(rng, B, T, C), delta=delta, delta_angle=f32(rng, B, T, C),
                         A=-np.abs(f32(rng, C, K)), omega=f32(rng, C, K),
-                        B=f32(rng, B, T, 2 * K), C=f32(rng, B, T, 2 * K), D=f32(rng, C))
+                        B=f32(rng, B, T, 2 * K), C=f32(rng, B, T, 2 * K), D=f32(rng, C),
+                        chunk=chunk)
     if op == "complex_scan_forward":
         return complex_scan, s
     if op == "complex_scan_backward":
-        _, states = _C.complex_scan_forward(**complex_scan)
+        _, states = _C.complex_scan_forward(**complex_scan) if K <= 128 else (None, None)
         return dict(dy=f32(rng, B, T, C), **complex_scan, states=states, dA=f32(rng, C, K),
                     domega=f32(rng, C, K), dD=f32(rng, C)), s
     if op in ("ape_apply_forward", "ape_apply_backward"):
@@ -281,7 +301,11 @@ BAD_SCALARS = [float("nan"), float("inf"), -float("inf"), 2**2000, -(2**2000), 1
                2**63, -(2**63) - 1, -1, 0, "1", b"x", [1.0], None, True, np.float64("nan"),
                np.int64(-5), 3.5e38, -3.5e38]
 SCALAR_NAMES = {"scale", "eps", "lr", "step", "beta1", "beta2", "weight_decay", "max_norm",
-                "mode", "gamma", "mask", "decay"}
+                "mode", "gamma", "mask", "decay", "codebook_weight", "commitment_weight",
+                "chunk"}
+# the real hyper-parameters a good call gives a value (the NumPy scalar kinds replace them)
+REAL_SCALARS = {"eps", "lr", "weight_decay", "max_norm", "gamma", "decay", "codebook_weight",
+                "commitment_weight", "scale"}
 BAD_MODES = ["score_product\0junk", "", "sum\0", "SUM", "score_product ", 3, None, b"sum"]
 
 
@@ -400,6 +424,31 @@ def mutate(op, kwargs, sizes, rng):
     return what, ordinary
 
 
+def numpy_scalar(op, kwargs, rng):
+    """Give one real hyper-parameter (or a scan's chunk) as a NumPy scalar of another kind, in
+    place; returns (description, must_refuse): a complex one must be refused with a TypeError
+    naming it (as Python's complex is: NumPy's float() would drop the imaginary part), a
+    real, integer or 0-d one must give the plain value's result. None when the call has no
+    such scalar."""
+    names = [k for k in kwargs if (k in REAL_SCALARS and isinstance(kwargs[k], float))
+             or (k == "chunk" and isinstance(kwargs[k], int))]
+    if not names:
+        return None
+    name = str(rng.choice(names))
+    value = kwargs[name]
+    if name == "chunk":
+        kinds = [np.int64, np.int32, np.uint64, np.complex128, np.complex64]
+    else:
+        kinds = [np.float32, np.float64, np.complex128, np.complex64, np.clongdouble,
+                 lambda v: np.array(v, np.complex128), lambda v: np.array(v, np.float64)]
+    kind = kinds[int(rng.integers(0, len(kinds)))]
+    if name == "chunk" and kind is np.int32 and value > 2**31 - 1:
+        kind = np.int64
+    kwargs[name] = kind(value)
+    refused = np.iscomplexobj(kwargs[name])
+    return f"{name}={kwargs[name]!r} ({type(kwargs[name]).__name__})", refused
+
+
 # ---- one call -----------------------------------------------------------------------------
 
 def copy_args(kwargs):
@@ -424,20 +473,26 @@ def finite(values):
                if isinstance(v, (np.ndarray, float)) and np.asarray(v).dtype.kind == "f")
 
 
-def check_call(op, kwargs, ordinary):
-    """None if the call behaved, else what went wrong."""
+def check_call(op, kwargs, ordinary, refused=None, equivalent=None):
+    """None if the call behaved, else what went wrong. ``refused``: the argument the call must
+    be refused naming (TypeError); ``equivalent``: the keyword arguments of another call that
+    must return the same bits (a scan's chunk beyond T against chunk = T)."""
     call = getattr(_C, op)
     fresh = copy_args(kwargs)
     try:
         result = call(**kwargs)
     except (TypeError, ValueError) as exc:
         message = str(exc)
-        names = list(kwargs) + [op]
+        names = [refused] if refused else list(kwargs) + [op]
+        if refused and not isinstance(exc, TypeError):
+            return f"raised {type(exc).__name__}, not TypeError, for {refused}: {message!r}"
         if not any(re.search(rf"\b{re.escape(n)}\b", message) for n in names):
             return f"{type(exc).__name__} names no argument: {message!r}"
         return None
     except Exception as exc:  # MemoryError, SystemError, OverflowError ...
         return f"raised {type(exc).__name__}: {exc}"
+    if refused:
+        return f"accepted {refused} of {type(kwargs[refused]).__name__}"
     got = list(as_tuple(result)) + [kwargs[n] for n in WRITTEN.get(op, ()) if n in kwargs]
     try:
         again = call(**fresh)
@@ -446,6 +501,15 @@ def check_call(op, kwargs, ordinary):
     want = list(as_tuple(again)) + [fresh[n] for n in WRITTEN.get(op, ()) if n in fresh]
     if len(got) != len(want) or not all(same(g, w) for g, w in zip(got, want)):
         return "returned other values than the same call on fresh copies"
+    if equivalent is not None:
+        try:
+            again = call(**equivalent)
+        except Exception as exc:
+            return f"succeeded, but its equivalent call raised {type(exc).__name__}: {exc}"
+        want = list(as_tuple(again)) + [equivalent[n] for n in WRITTEN.get(op, ())
+                                        if n in equivalent]
+        if len(got) != len(want) or not all(same(g, w) for g, w in zip(got, want)):
+            return "returned other values than its equivalent call (chunk = T)"
     if ordinary and not finite(got):
         return "returned non-finite values for finite inputs"
     return None
@@ -480,16 +544,29 @@ def run_call(seed, index, log=None):
         return what, None
     op = OPS[pick]
     kwargs, sizes = good_call(op, rng)
-    whats, ordinary = [], True
-    for _ in range(1 + int(rng.random() < 0.25)):
-        what, ok = mutate(op, kwargs, sizes, rng)
-        whats.append(what)
-        ordinary &= ok
+    equivalent = None
+    if op in SCANS and kwargs["chunk"] > sizes["T"]:  # must give chunk = T's bits
+        equivalent = copy_args(kwargs)
+        equivalent["chunk"] = sizes["T"]
+    whats, ordinary, refused = [f"K={sizes['K']} chunk={kwargs['chunk']}"] if op in SCANS \
+        else [], True, None
+    scalar = numpy_scalar(op, kwargs, rng) if rng.random() < 0.2 else None
+    if scalar is not None:  # the one change: the call is otherwise good
+        whats.append(scalar[0])
+        refused = scalar[0].split("=")[0] if scalar[1] else None
+    elif op in SCANS and rng.random() < 0.3:  # a good scan call, its chunk the only test
+        whats.append("no defect")
+    else:
+        for _ in range(1 + int(rng.random() < 0.25)):
+            what, ok = mutate(op, kwargs, sizes, rng)
+            whats.append(what)
+            ordinary &= ok
+        equivalent = None  # a defect may make the twin invalid
     what = f"{op}: " + "; ".join(whats)
     if log:
         log.write(f"{index} {what}\n")
         log.flush()
-    return what, check_call(op, kwargs, ordinary)
+    return what, check_call(op, kwargs, ordinary, refused, equivalent)
 
 
 def main(argv=None):

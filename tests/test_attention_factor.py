@@ -246,9 +246,9 @@ def test_reference_checks_factor_arguments():
 
 def test_c_entry_checks_the_factor(tmp_path):
     """The C entry itself (through ctypes, past the binding): one of pos_ids and pair_factor
-    alone, npos outside [1, 4096], an id outside [0, npos), a non-finite factor or an output
-    over the ids is MF_EINVAL and nothing is written; good arguments give the binding's
-    bits."""
+    alone, npos outside [1, 4096], a non-finite factor or an output over the ids is MF_EINVAL,
+    an id outside [0, npos) MF_EINDEX (3: the binding names pos_ids), and nothing is written;
+    good arguments give the binding's bits."""
     script = tmp_path / "entry.py"
     script.write_text(ATTENTION_ENTRY + """rng = np.random.default_rng(3)
 B, T, H, D, N = 2, 70, 1, 16, 6
@@ -269,7 +269,7 @@ bad_ids[1, 3] = N
 inf_table = table.copy()
 inf_table[2, 4] = np.inf
 for i, t, npos, status in ((ids, table, N, 0), (ids, None, N, 1), (None, table, N, 1),
-                           (ids, table, 0, 1), (ids, table, 4097, 1), (bad_ids, table, N, 1),
+                           (ids, table, 0, 1), (ids, table, 4097, 1), (bad_ids, table, N, 3),
                            (ids, inf_table, N, 1)):
     out, lse = np.full((B, T, H, D), 7.0, np.float32), np.full((B, H, T), 7.0, np.float32)
     p.out, p.lse, p.npos = ptr(out), ptr(lse), npos

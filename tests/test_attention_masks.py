@@ -237,9 +237,9 @@ def test_bad_mask_and_prefix_name_the_argument(rng, op):
 
 
 def test_c_entry_checks_mask_and_prefix(tmp_path):
-    """The C entry itself (through ctypes, past the binding): an unknown mask, a NULL prefix or
-    one outside [0, T] with MF_MASK_PREFIX is MF_EINVAL, and nothing is written; good prefixes
-    give the binding's bits."""
+    """The C entry itself (through ctypes, past the binding): an unknown mask or a NULL prefix
+    with MF_MASK_PREFIX is MF_EINVAL, a prefix outside [0, T] MF_EINDEX (3: the binding names
+    prefix), and nothing is written; good prefixes give the binding's bits."""
     script = tmp_path / "entry.py"
     script.write_text(ATTENTION_ENTRY + """rng = np.random.default_rng(3)
 B, T, H, D = 2, 70, 1, 16
@@ -254,8 +254,8 @@ assert n > 0
 buf = np.empty(n + 32, np.float32)
 p.scratch, p.scratch_floats = ptr(buf[(-buf.ctypes.data // 4) % 16:]), n
 for mask, prefix, status in ((2, good, 0), (3, good, 1), (-1, good, 1), (2, None, 1),
-                             (2, np.array([0, 71], np.int32), 1),
-                             (2, np.array([-1, 3], np.int32), 1)):
+                             (2, np.array([0, 71], np.int32), 3),
+                             (2, np.array([-1, 3], np.int32), 3)):
     out, lse = np.full((B, T, H, D), 7.0, np.float32), np.full((B, H, T), 7.0, np.float32)
     p.out, p.lse, p.mask = ptr(out), ptr(lse), mask
     p.prefix = prefix.ctypes.data_as(I) if prefix is not None else None

@@ -1,7 +1,8 @@
 """The binding's shared checker and module functions: every array an op writes in place is
-refused when it shares memory with any other argument; token and target ids are checked by the
-kernel where it reads them (a racing writer gives a ValueError naming the argument, never a
-read out of bounds); info() and set_kernels."""
+refused when it shares memory with any other argument; every id-like array (tokens, targets,
+pos_ids, index, indices; prefix lengths clamped) is checked by the kernel where it reads it (a
+racing writer gives a ValueError naming the argument, never a read out of bounds); info() and
+set_kernels."""
 import os
 import re
 import subprocess
@@ -130,28 +131,72 @@ def test_bad_id_is_refused_naming_the_argument(rng, bad):
             call(t)
 
 
-@pytest.mark.parametrize("op", ["embedding_forward", "softmax_xent_backward"])
-def test_id_changed_while_the_op_runs(rng, op):
-    """Another thread flips one id between in and out of range in a tight loop while the op
-    runs (the GIL is released while the kernel runs, so the flips land there): each call
-    either succeeds or raises ValueError naming the argument, and at least one refusal comes
-    from the kernel's own check (the binding's check had passed). At least 200 calls, and on
-    until the kernel has refused one (a loaded machine may schedule the flipper rarely)."""
+def _racing_calls(rng):
+    """For every id-like array an op reads: (op, argument, the array, a call of the op on it,
+    an id outside its range). Sizes make each call long enough for a flip to land inside."""
     V = 50
-    if op == "embedding_forward":
-        N, name, weight = 20_000, "tokens", randn(rng, V, 32)
-        call = lambda: _C.embedding_forward(ids, weight)  # noqa: E731
-    else:
-        N, name, logits = 5_000, "targets", randn(rng, 5_000, V)
-        mask = np.ones(N, np.float32)
-        call = lambda: _C.softmax_xent_backward(logits, ids, mask, 1.0)  # noqa: E731
-    ids = rng.integers(0, V, N).astype(np.int32)
+    weight, logits = randn(rng, V, 32), randn(rng, 5_000, V)
+    B, T, H, D = 2, 128, 2, 32
+    q, k, v, dout = (randn(rng, B, T, H, D) for _ in range(4))
+    pos_ids = rng.integers(0, T, (B, T)).astype(np.int32)
+    factor = np.ones((T, T), np.float32)
+    attn = dict(pos_ids=pos_ids, pair_factor=factor)
+    out, lse = _C.attention_forward(q, k, v, **attn)
+    prefix = np.full(B, T // 2, np.int32)
+    out_p, lse_p = _C.attention_forward(q, k, v, mask="prefix", prefix=prefix)
+    P = 40
+    maps, index = randn(rng, 1, P, H, D, D), rng.integers(0, P, (B, T, 1)).astype(np.int32)
+    z, codebook = randn(rng, 4_000, 2, 16), randn(rng, 2, 64, 16)
+    _, indices, _, _ = _C.vq_forward(z, codebook)
+    tokens = rng.integers(0, V, 20_000).astype(np.int32)
+    targets = rng.integers(0, V, 5_000).astype(np.int32)
+    mask = np.ones(5_000, np.float32)
+    return [
+        ("embedding_forward", "tokens", tokens, lambda: _C.embedding_forward(tokens, weight),
+         V + 7),
+        ("softmax_xent_backward", "targets", targets,
+         lambda: _C.softmax_xent_backward(logits, targets, mask, 1.0), V + 7),
+        ("attention_forward", "pos_ids", pos_ids, lambda: _C.attention_forward(q, k, v, **attn),
+         2**31 - 1),
+        ("attention_backward", "pos_ids", pos_ids,
+         lambda: _C.attention_backward(dout, q, k, v, out, lse, **attn), 2**31 - 1),
+        ("attention_forward", "prefix", prefix,
+         lambda: _C.attention_forward(q, k, v, mask="prefix", prefix=prefix), 2**31 - 1),
+        ("attention_backward", "prefix", prefix,
+         lambda: _C.attention_backward(dout, q, k, v, out_p, lse_p, mask="prefix",
+                                       prefix=prefix), 2**31 - 1),
+        ("conj_attention_forward", "prefix", prefix,
+         lambda: _C.conj_attention_forward(q, k, q, k, v, mask="prefix", prefix=prefix), T + 1),
+        ("ape_apply_forward", "index", index, lambda: _C.ape_apply_forward(q, maps, index),
+         P + 3),
+        ("vq_backward", "indices", indices,
+         lambda: _C.vq_backward(z, z, codebook, indices, np.zeros_like(codebook), 1.0, 0.25),
+         64 + 5),
+    ]
+
+
+RACING = [(op, name) for op, name, *_ in _racing_calls(np.random.default_rng(0))]
+
+
+@pytest.mark.parametrize("op,name", RACING, ids=[f"{o}-{n}" for o, n in RACING])
+def test_id_changed_while_the_op_runs(rng, op, name):
+    """Another thread flips the last entry of an id-like array between in and out of range
+    in a tight loop while the op runs (the GIL is released while the kernel runs, so the
+    flips land there): each call either succeeds or raises ValueError naming the argument,
+    never reads out of bounds; at least one refusal comes from the op's own check (the
+    binding's had passed): at least 200 calls, and on until the op has refused one (a loaded
+    machine may schedule the flipper rarely). The C entry checks prefix and pos_ids again, a
+    task checks its copy of a row of pos_ids and clamps the prefix it reads."""
+    _, _, ids, call, bad = next(
+        c for c in _racing_calls(rng) if c[0] == op and c[1] == name)
+    flat = ids.reshape(-1)
+    good = int(flat[-1])
     stop = threading.Event()
 
     def flip():
         while not stop.is_set():
-            ids[N - 1] = V + 7
-            ids[N - 1] = 3
+            flat[-1] = bad
+            flat[-1] = good
 
     interval = sys.getswitchinterval()
     sys.setswitchinterval(1e-4)  # the GIL comes back to the caller soon after each kernel
@@ -167,7 +212,7 @@ def test_id_changed_while_the_op_runs(rng, op):
                 outcomes["ok"] += 1
             except ValueError as err:
                 msg = str(err)
-                assert msg.startswith(name), msg
+                assert re.search(rf"\b{name}\b", msg), msg
                 outcomes["kernel" if " where " in msg else "binding"] += 1
     finally:
         stop.set()
@@ -253,3 +298,87 @@ def test_unknown_kernel_set_in_the_environment_fails_the_import():
     run = subprocess.run([sys.executable, "-c", "from mapformer import _C; print(_C.kernels())"],
                          env=env, capture_output=True, text=True, check=True)
     assert run.stdout.strip() == "blas"
+
+
+# ---- numbers, choices and sizes the harness of issue 33 found mishandled ----------------
+
+@pytest.mark.parametrize("value", [np.complex128(0.5), np.complex64(0.5 + 1j), 0.5 + 0j,
+                                   np.clongdouble(0.5), np.array(0.5 + 0j)],
+                         ids=["complex128", "complex64", "complex", "clongdouble", "0-d"])
+def test_complex_real_argument_is_refused(rng, value):
+    """A complex number for a real hyper-parameter is refused as Python's complex is (NumPy's
+    float() of one drops the imaginary part: it was accepted, silently), naming it."""
+    p = np.ones(4, np.float32)
+    with raises_naming(TypeError, "lr"):
+        _C.adamw_step(p, p.copy(), p.copy(), p.copy(), np.ones(4, bool), lr=value, step=1)
+    with raises_naming(TypeError, "scale"):
+        _C.conj_attention_forward(*_conj_inputs(rng), scale=value)
+    with raises_naming(TypeError, "chunk"):
+        x = randn(rng, 1, 3, 2)
+        _C.selective_scan_forward(x, x.copy(), -np.ones((2, 1), np.float32),
+                                  randn(rng, 1, 3, 1), randn(rng, 1, 3, 1), randn(rng, 2),
+                                  chunk=value)
+
+
+def test_numpy_real_scalars_give_the_plain_values_result():
+    p, g = np.ones(4, np.float32), np.full(4, 0.5, np.float32)
+    runs = []
+    for lr in (1e-3, np.float64(1e-3), np.float32(1e-3), np.array(1e-3)):
+        params = p.copy()
+        _C.adamw_step(params, g, np.zeros(4, np.float32), np.zeros(4, np.float32),
+                      np.ones(4, bool), lr=lr, step=np.int64(1))
+        runs.append(params)
+    assert all(np.array_equal(runs[0], r) for r in runs[1:])
+    assert not np.array_equal(runs[0], p)
+
+
+def _conj_inputs(rng):
+    x = randn(rng, 1, 3, 1, 16)
+    return [x, x.copy(), x.copy(), x.copy(), x.copy()]
+
+
+@pytest.mark.parametrize("mode", ["\ud800", "sum\udfff"])
+def test_choice_with_a_lone_surrogate_is_refused_naming_it(rng, mode):
+    """A str with no UTF-8 form was a UnicodeEncodeError naming nothing."""
+    with raises_naming(ValueError, "mode"):
+        _C.conj_attention_forward(*_conj_inputs(rng), mode=mode)
+
+
+def test_gridpe_backward_odd_last_axis_names_dy(rng):
+    """dy's last axis is 2E (a cos and a sin per angle); an odd one was 'status 1'."""
+    with raises_naming(ValueError, "dy"):
+        _C.gridpe_complex_backward(randn(rng, 1, 2, 1, 7), randn(rng, 1, 2, 1, 3))
+
+
+def test_linear_size_beyond_blas_int_names_the_array(tmp_path):
+    """Cin = 2^31 (x and weight memory-mapped from sparse files: nothing is read) is refused
+    naming x, before any kernel: it was 'linear_forward failed ... (status 1)'."""
+    n = 2**31
+    arrays = []
+    for name in ("x", "weight", "dweight"):
+        path = tmp_path / name
+        with open(path, "wb") as f:
+            f.truncate(n * 4)
+        arrays.append(np.memmap(path, np.float32, "r+", shape=(1, n)))
+    x, weight, dweight = arrays
+    with raises_naming(ValueError, "x's Cin"):
+        _C.linear_forward(x, weight)
+    with raises_naming(ValueError, "x's Cin"):
+        _C.linear_backward(np.zeros((1, 1), np.float32), x, weight, dweight)
+
+
+@pytest.mark.parametrize("value", ["-1", "abc", "", "12MB", "99999999999999999999"])
+def test_pool_size_from_the_environment_is_checked_at_import(value):
+    """MAPFORMER_POOL_MB is a whole number of megabytes: anything else fails the import with
+    a message naming the variable (it was read with strtoull: "abc" a 0 MB pool, "-1" 16
+    EiB), as MAPFORMER_KERNELS does."""
+    env = {**subprocess_env(1), "MAPFORMER_POOL_MB": value}
+    done = subprocess.run([sys.executable, "-c", "import mapformer._C"], env=env,
+                          capture_output=True, text=True)
+    assert done.returncode != 0
+    assert "ImportError: MAPFORMER_POOL_MB must be a whole number of megabytes" in done.stderr
+    ok = subprocess.run([sys.executable, "-c", "from mapformer import _C; "
+                         "print(_C.info()['pool']['limit_bytes'])"],
+                        env={**env, "MAPFORMER_POOL_MB": "7"}, capture_output=True, text=True,
+                        check=True)
+    assert int(ok.stdout) == 7 << 20

@@ -767,6 +767,48 @@ def test_scan_same_bits_on_every_kernel_set(rng, restore_kernels, E):
                     assert a.tobytes() == b.tobytes(), (kset, cx, bbar)
 
 
+@pytest.mark.parametrize("cx", [False, True], ids=["real", "complex"])
+def test_scan_chunk_beyond_t_is_one_chunk(rng, restore_kernels, cx):
+    """A chunk longer than T is one chunk of T steps: clamped to T before any arithmetic, so
+    huge ones (2**31: scratch sized by chunk was a MemoryError; 2**60: its scratch size
+    wrapped int64 and the backward wrote past it; 2**63 - 1: ceil(T / chunk) wrapped to 0
+    chunks and the forward wrote past states) give chunk = T's bits, states of one chunk, on
+    every kernel set, Euler and ZOH."""
+    T = 5
+    inp = scan_inputs(rng, 2, T, 9, 3, cx)
+    dy = randn(rng, 2, T, 9)
+    for kset in _C.kernel_sets():
+        _C.set_kernels(kset)
+        for bbar in ("euler", "zoh"):
+            want = run_c(inp, dy, T, bbar)
+            for chunk in (T + 1, 2**31, 2**60, 2**62, 2**63 - 1):
+                y, states, grads = run_c(inp, dy, chunk, bbar)
+                assert states.shape == (2, 1, 9, inp["B"].shape[2])
+                assert y.tobytes() == want[0].tobytes(), (kset, bbar, chunk)
+                assert states.tobytes() == want[1].tobytes(), (kset, bbar, chunk)
+                for name in grads:
+                    assert grads[name].tobytes() == want[2][name].tobytes(), (name, chunk)
+    check_scan(inp, dy, 2**63 - 1, "euler")  # and both against the reference
+
+
+@pytest.mark.parametrize("cx,K", [(False, 129), (False, 256), (True, 128)],
+                         ids=["real-129", "real-256", "complex-128"])
+def test_scan_at_the_bindings_state_limit(rng, restore_kernels, cx, K):
+    """K up to the binding's limit (real: 256 states; complex: 128, 2K = 256 floats) against
+    the reference on every kernel set (the real backward's domega runs, sized for 128
+    vectors, were zeroed for every k < K: past the array for 128 < K; UBSan saw it), and one
+    state past it refused naming A."""
+    inp = scan_inputs(rng, 1, 6, 3, K, cx)
+    dy = randn(rng, 1, 6, 3)
+    for kset in _C.kernel_sets():
+        _C.set_kernels(kset)
+        check_scan(inp, dy, 4, "euler")
+    wide = scan_inputs(rng, 1, 6, 3, K + 1 if K in (128, 256) else 257, cx)
+    fwd = _C.complex_scan_forward if cx else _C.selective_scan_forward
+    with raises_naming(ValueError, "A"):
+        fwd(*wide.values())
+
+
 def test_activations_same_bits_on_every_kernel_set(rng, restore_kernels):
     """SiLU, softplus and the SiLU gate run 16 floats a vector on the avx512 set, 8 on the
     others: the same bits (lengths with tails of every size, softplus past its threshold and

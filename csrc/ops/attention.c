@@ -24,10 +24,13 @@
  * runs the job on the active kernel set (mf_kernels(), read once per call): plain attention is
  * the conjunctive attention kernels' MF_ATTN_PLAIN kind, one score product per tile
  * (csrc/ops/kernels/attention.h at 16, 8 or 4 floats, or the OpenBLAS tiles of
- * csrc/ops/portable/attention_blas.c). MF_EINVAL for D odd or outside [16, 128], any size < 1,
- * a non-finite scale, an unknown mask, a prefix NULL or outside [0, T] (MF_MASK_PREFIX), only
- * one of pos_ids and pair_factor, npos outside [1, MF_ATTN_MAX_POSITIONS], a position id
- * outside [0, npos), a non-finite factor (the backward scales masked pairs' zeros too), a
+ * csrc/ops/portable/attention_blas.c). MF_EINDEX for a prefix outside [0, T]
+ * (MF_MASK_PREFIX) or a position id outside [0, npos), here or where a task reads it (another
+ * thread may write the arrays while the op runs: each task indexes with its own copy of its
+ * row of pos_ids, checked as it is copied, and clamps the prefix it reads; the outputs are
+ * then unspecified). MF_EINVAL for D odd or outside [16, 128], any size < 1, a non-finite
+ * scale, an unknown mask, a prefix NULL (MF_MASK_PREFIX), only one of pos_ids and
+ * pair_factor, npos outside [1, MF_ATTN_MAX_POSITIONS], a non-finite factor (the backward scales masked pairs' zeros too), a
  * NULL pointer, outputs overlapping each other or an input (pos_ids and prefix included),
  * or scratch that is NULL, not 64-byte aligned or smaller than one thread's share; with less
  * scratch than the team needs, fewer threads run. Every output has the same bits for any
@@ -45,14 +48,15 @@ static int make_job(const MfAttentionParams *p, int backward, MfAttnJob *j) {
     const int status = mf_attn_check_sizes(p->B, p->T, p->H, p->D, p->scale);
     if (status != MF_OK) return status;
     mf_attn_job_init(j, p->B, p->T, p->H, p->D, p->scale, MF_ATTN_PLAIN);
-    if (mf_attn_check_mask(p->mask, p->prefix, p->B, p->T) != MF_OK) return MF_EINVAL;
+    const int mask_status = mf_attn_check_mask(p->mask, p->prefix, p->B, p->T);
+    if (mask_status != MF_OK) return mask_status;
     j->mask = p->mask;
     j->prefix = p->prefix;
     if ((p->pos_ids == NULL) != (p->pair_factor == NULL)) return MF_EINVAL;
     if (p->pair_factor != NULL) {
         if (p->npos < 1 || p->npos > MF_ATTN_MAX_POSITIONS) return MF_EINVAL;
         for (int64_t t = 0; t < p->B * p->T; t++)
-            if (p->pos_ids[t] < 0 || p->pos_ids[t] >= p->npos) return MF_EINVAL;
+            if (p->pos_ids[t] < 0 || p->pos_ids[t] >= p->npos) return MF_EINDEX;
         for (int64_t i = 0; i < p->npos * p->npos; i++)
             if (!isfinite(p->pair_factor[i])) return MF_EINVAL;
         j->pos_ids = p->pos_ids;

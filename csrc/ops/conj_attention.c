@@ -30,8 +30,9 @@
  * csrc/ops/portable/attention_blas.c, which serve plain attention (attention.c) too. Products
  * per (query block, key block): forward 3 (5 for softmax_product), backward 8. MF_EINVAL for
  * D odd or outside [16, 128], any size < 1, a non-finite scale, an unknown mode or mask, a
- * prefix NULL or outside [0, T], a NULL pointer, outputs overlapping each other or an input,
- * or scratch that is NULL, not 64-byte aligned or smaller than one thread's share; with less
+ * prefix NULL, a NULL pointer, outputs overlapping each other or an input,
+ * or scratch that is NULL, not 64-byte aligned or smaller than one thread's share
+ * (MF_EINDEX for a prefix outside [0, T]: a kernel clamps the one it reads); with less
  * scratch than the team needs, fewer threads run. Every output has the same bits for any
  * thread count. */
 #include <stddef.h>
@@ -51,7 +52,8 @@ static int make_job(const MfConjAttentionParams *p, int backward, MfAttnJob *j) 
     const int status = mf_attn_check_sizes(p->B, p->T, p->H, p->D, p->scale);
     if (status != MF_OK) return status;
     mf_attn_job_init(j, p->B, p->T, p->H, p->D, p->scale, p->mode);
-    if (mf_attn_check_mask(p->mask, p->prefix, p->B, p->T) != MF_OK) return MF_EINVAL;
+    const int mask_status = mf_attn_check_mask(p->mask, p->prefix, p->B, p->T);
+    if (mask_status != MF_OK) return mask_status;
     j->mask = p->mask;
     j->prefix = p->prefix;
     j->qx = p->qx;

@@ -19,7 +19,7 @@ const char *mf_status_string(int status) {
         case MF_OK: return "ok";
         case MF_EINVAL: return "a size or scalar argument is out of range";
         case MF_ENOMEM: return "out of memory for scratch buffers";
-        case MF_EINDEX: return "an index is outside [0, V)";
+        case MF_EINDEX: return "an id is outside its range";
         default: return "unknown error";
     }
 }

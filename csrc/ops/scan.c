@@ -118,8 +118,18 @@ static int bad_params(const MfScanParams *p, int cx) {
            (p->delta_softplus != 0 && p->delta_softplus != 1);
 }
 
-static int scan_forward(const MfScanParams *p, int cx) {
-    if (bad_params(p, cx)) return MF_EINVAL;
+/* p with chunk at most T: a longer chunk is one chunk of T steps (the same bits), so it is
+ * clamped before any arithmetic on it (ceil(T / chunk) and the scratch sizes cannot wrap for
+ * any int64 chunk) */
+static MfScanParams clamped(const MfScanParams *p) {
+    MfScanParams q = *p;
+    if (q.chunk > q.T) q.chunk = q.T;
+    return q;
+}
+
+static int scan_forward(const MfScanParams *params, int cx) {
+    if (bad_params(params, cx)) return MF_EINVAL;
+    const MfScanParams clamp = clamped(params), *p = &clamp;
     const int64_t T = p->T, E = p->E, S = cx ? 2 * p->K : p->K;
     const int64_t nblk = (E + SCAN_EB - 1) / SCAN_EB;
     const MfScanKernels *ks = mf_scan_kernels(mf_kernels());
@@ -133,7 +143,8 @@ static int scan_forward(const MfScanParams *p, int cx) {
     return MF_OK;
 }
 
-/* scratch of the backward: per thread chunk * scan_step_vectors vectors of the widest set
+/* scratch of the backward (p's chunk clamped to T): per thread chunk * scan_step_vectors
+ * vectors of the widest set
  * (h_{t-1}, a_t, ZOH's phi and phi', the step, its slope and the rotation's step of each
  * step of a chunk); dB, dC
  * partials (B, nblk, T, S) each; dA, domega partials (B, E, K) doubles each; dD and
@@ -150,14 +161,16 @@ static int64_t shared_floats(const MfScanParams *p, int cx) {
            2 * mf_scratch_size(2 * p->B * p->E);
 }
 
-static int64_t scan_backward_scratch(const MfScanParams *p, int cx) {
-    if (bad_params(p, cx)) return 0;
-    return shared_floats(p, cx) + mf_max_threads() * per_thread(p, cx);
+static int64_t scan_backward_scratch(const MfScanParams *params, int cx) {
+    if (bad_params(params, cx)) return 0;
+    const MfScanParams p = clamped(params);
+    return shared_floats(&p, cx) + mf_max_threads() * per_thread(&p, cx);
 }
 
-static int scan_backward(const MfScanParams *p, int cx) {
-    if (bad_params(p, cx) || (p->delta_bias != NULL) != (p->ddelta_bias != NULL))
+static int scan_backward(const MfScanParams *params, int cx) {
+    if (bad_params(params, cx) || (params->delta_bias != NULL) != (params->ddelta_bias != NULL))
         return MF_EINVAL;
+    const MfScanParams clamp = clamped(params), *p = &clamp;
     const int64_t B = p->B, T = p->T, E = p->E, K = p->K, S = cx ? 2 * K : K;
     const int64_t nblk = (E + SCAN_EB - 1) / SCAN_EB;
     const int64_t shared = shared_floats(p, cx);

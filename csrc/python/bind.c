@@ -1,6 +1,7 @@
 /* The checker of every op (bind.h): mf_call, its helpers for the hooks, and the output pool. */
 #include "bind.h"
 
+#include <limits.h>
 #include <math.h>
 #include <stdarg.h>
 #include <stdio.h>
@@ -271,7 +272,7 @@ static int check_array(MfCall *c, int row, PyObject *obj) {
 static void *pool_blocks[MF_POOL_SLOTS];
 static int pool_count = 0;
 static size_t pool_bytes = 0;
-static size_t pool_limit = (size_t)-1; /* read from the environment on first use */
+static size_t pool_limit; /* MAPFORMER_POOL_MB's, set at import (mf_pool_read_env) */
 static uint64_t pool_clock = 0;        /* requests so far */
 static struct {
     size_t size;
@@ -294,15 +295,27 @@ static void *block_new(size_t size) {
 
 static void block_free(void *block) { munmap(block, MF_BLOCK_HEADER + block_size(block)); }
 
-static void pool_read_limit(void) {
-    if (pool_limit == (size_t)-1) {
-        const char *env = getenv("MAPFORMER_POOL_MB");
-        pool_limit = (size_t)(env ? strtoull(env, NULL, 10) : 1024) << 20;
+/* The pool's cap from MAPFORMER_POOL_MB (unset: 1024 MB): 0, or -1 with a ValueError naming
+ * the variable when it is not a whole number of megabytes (decimal digits, at most 2^40) */
+int mf_pool_read_env(void) {
+    const char *env = getenv("MAPFORMER_POOL_MB");
+    unsigned long long mb = 1024;
+    if (env != NULL) {
+        int digits = env[0] != '\0';
+        for (const char *ch = env; *ch != '\0'; ch++) digits &= *ch >= '0' && *ch <= '9';
+        mb = digits && strlen(env) <= 13 ? strtoull(env, NULL, 10) : ULLONG_MAX;
+        if (mb > (1ULL << 40)) {
+            PyErr_Format(PyExc_ValueError, "MAPFORMER_POOL_MB must be a whole number of "
+                         "megabytes in [0, 2**40], got '%s'", env);
+            return -1;
+        }
     }
+    pool_limit = (size_t)mb << 20;
+    return 0;
 }
 
+
 void mf_pool_stats(size_t *limit, size_t *held, int *blocks) {
-    pool_read_limit();
     *limit = pool_limit;
     *held = pool_bytes;
     *blocks = pool_count;
@@ -362,7 +375,6 @@ static void pool_trim(void) {
 
 /* a block of `size` bytes (a multiple of MF_BLOCK_HEADER) after its header, or NULL */
 static void *pool_take(size_t size) {
-    pool_read_limit();
     pool_note(size);
     for (int i = pool_count - 1; i >= 0; i--) {
         if (block_size(pool_blocks[i]) == size) {
@@ -472,12 +484,24 @@ static int in_range(const MfArg *a, double x) {
     return lo_ok && hi_ok && (isfinite(x) || (isinf(x) && x == a->hi && !(a->open & MF_HI_OPEN)));
 }
 
+/* a complex number: Python's, a NumPy complex scalar or a complex array (NumPy's float()
+ * of one drops the imaginary part; Python's refuses it, and so do the real arguments) */
+static int is_complex(PyObject *obj) {
+    return PyComplex_Check(obj) || PyArray_IsScalar(obj, ComplexFloating) ||
+           (PyArray_Check(obj) && PyArray_ISCOMPLEX((PyArrayObject *)obj));
+}
+
 static int parse_float(MfCall *c, const MfArg *a, PyObject *obj) {
     float f = (float)a->dflt;
     if (obj == NULL || (obj == Py_None && (a->flags & MF_NONE))) {
         if (a->flags & MF_NONE) f = NAN; /* the check hook's default */
         set_field(c, a->field, &f, sizeof f);
         return 0;
+    }
+    if (is_complex(obj)) {
+        PyErr_Format(PyExc_TypeError, "%s must be a real number%s, got %s", a->name,
+                     a->flags & MF_NONE ? " or None" : "", Py_TYPE(obj)->tp_name);
+        return -1;
     }
     double x = PyFloat_AsDouble(obj); /* anything with __float__, as the "d" format */
     if (x == -1.0 && PyErr_Occurred()) {
@@ -508,7 +532,13 @@ static int parse_int(MfCall *c, const MfArg *a, PyObject *obj) {
             return -1;
         }
         PyObject *i = PyNumber_Index(obj);
-        if (i == NULL) return -1;
+        if (i == NULL) {
+            if (!PyErr_ExceptionMatches(PyExc_TypeError)) return -1;
+            PyErr_Clear(); /* a 0-d array of floats has __index__ but no integer: say which */
+            PyErr_Format(PyExc_TypeError, "%s must be an int >= %lld, got %R", a->name,
+                         (long long)a->lo, obj);
+            return -1;
+        }
         int overflow = 0;
         const long long x = PyLong_AsLongLongAndOverflow(i, &overflow);
         Py_DECREF(i);
@@ -533,8 +563,13 @@ static int parse_choice(MfCall *c, const MfArg *a, PyObject *obj) {
     int index = (int)a->dflt;
     const char *s = obj == NULL ? a->choices[index] : NULL;
     Py_ssize_t len = s != NULL ? (Py_ssize_t)strlen(s) : 0;
-    if (obj != NULL && PyUnicode_Check(obj) && (s = PyUnicode_AsUTF8AndSize(obj, &len)) == NULL)
-        return -1;
+    int text = 0; /* a str that has no UTF-8 form (a lone surrogate): no name, a ValueError */
+    if (obj != NULL && PyUnicode_Check(obj) &&
+        (s = PyUnicode_AsUTF8AndSize(obj, &len)) == NULL) {
+        if (!PyErr_ExceptionMatches(PyExc_UnicodeEncodeError)) return -1;
+        PyErr_Clear();
+        text = 1;
+    }
     if (s != NULL) /* the whole string: one with an embedded NUL matches no name */
         for (index = 0; a->choices[index] != NULL; index++)
             if ((size_t)len == strlen(a->choices[index]) && strcmp(s, a->choices[index]) == 0)
@@ -545,7 +580,7 @@ static int parse_choice(MfCall *c, const MfArg *a, PyObject *obj) {
         for (int i = 0; a->choices[i] != NULL && used < sizeof names; i++)
             used += (size_t)snprintf(names + used, sizeof names - used, "%s'%s'", i ? ", " : "",
                                      a->choices[i]);
-        if (s == NULL)
+        if (s == NULL && !text)
             PyErr_Format(PyExc_TypeError, "%s must be a str, one of %s; got %s", a->name, names,
                          Py_TYPE(obj)->tp_name);
         else

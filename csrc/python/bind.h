@@ -99,7 +99,7 @@ typedef struct {
     size_t scratch_field, scratch_floats_field; /* where it goes: MF_SCRATCH_FIELDS */
     int (*prepare)(MfCall *c, void *params); /* or NULL; -1 with an exception set */
     int (*check)(MfCall *c, void *params);   /* or NULL; -1 with an exception set */
-    const char *index_arg;     /* the argument MF_EINDEX names */
+    const char *index_arg;     /* the argument MF_EINDEX names ("a or b": either) */
 } MfOp;
 
 /* An op or scratch function as the table stores it: the params pointer's type differs by op
@@ -123,6 +123,9 @@ int mf_pin(MfCall *c, const char *letter, int64_t value, const char *from);
 /* ValueError naming the first id outside [0, V) in ids (n,); 0 if all fit */
 int mf_check_ids(const int32_t *ids, int64_t n, int64_t V, const char *name);
 
+/* The output pool's cap from MAPFORMER_POOL_MB, read once at import: 0, or -1 with a
+ * ValueError naming the variable (not a whole number of megabytes) */
+int mf_pool_read_env(void);
 /* The output pool: its cap (MAPFORMER_POOL_MB), the bytes of the free blocks it holds, and
  * how many */
 void mf_pool_stats(size_t *limit, size_t *held, int *blocks);

@@ -63,7 +63,8 @@ static const MfArg forward_args[] = {
 static const MfOp forward = {"attention_forward", forward_args, sizes, sizeof(MfAttentionParams),
                              .run = MF_OP(attention_forward),
                              .scratch = MF_SCRATCH(attention_forward_scratch_floats),
-                             MF_SCRATCH_FIELDS(MfAttentionParams), .check = check};
+                             MF_SCRATCH_FIELDS(MfAttentionParams), .check = check,
+                             .index_arg = "pos_ids or prefix"};
 
 /* q (which fixes B, T, H, D) is checked first */
 static const MfArg backward_args[] = {
@@ -85,7 +86,8 @@ static const MfArg backward_args[] = {
 static const MfOp backward = {"attention_backward", backward_args, sizes,
                               sizeof(MfAttentionParams), .run = MF_OP(attention_backward),
                               .scratch = MF_SCRATCH(attention_backward_scratch_floats),
-                              MF_SCRATCH_FIELDS(MfAttentionParams), .check = check};
+                              MF_SCRATCH_FIELDS(MfAttentionParams), .check = check,
+                             .index_arg = "pos_ids or prefix"};
 
 MF_DEFINE(attention_forward, forward)
 MF_DEFINE(attention_backward, backward)

@@ -43,7 +43,7 @@ static const MfOp forward = {"conj_attention_forward", forward_args, sizes,
                              sizeof(MfConjAttentionParams), .run = MF_OP(conj_attention_forward),
                              .scratch = MF_SCRATCH(conj_attention_forward_scratch_floats),
                              MF_SCRATCH_FIELDS(MfConjAttentionParams), .prepare = prepare,
-                             .check = check};
+                             .check = check, .index_arg = "prefix"};
 
 /* qx (which fixes B, T, H, D) is checked first */
 static const MfArg backward_args[] = {
@@ -70,7 +70,7 @@ static const MfOp backward = {"conj_attention_backward", backward_args, sizes,
                               .run = MF_OP(conj_attention_backward),
                               .scratch = MF_SCRATCH(conj_attention_backward_scratch_floats),
                               MF_SCRATCH_FIELDS(MfConjAttentionParams), .prepare = prepare,
-                              .check = check};
+                              .check = check, .index_arg = "prefix"};
 
 MF_DEFINE(conj_attention_forward, forward)
 MF_DEFINE(conj_attention_backward, backward)

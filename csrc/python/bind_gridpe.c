@@ -5,10 +5,16 @@
 static const MfSize sizes[] = {{"B", G(B)}, {"T", G(T)}, {"H", G(H)}, {"W", G(W)},
                                {"TB", G(TB)}, {NULL, 0}};
 
-/* theta's TB = 1 (broadcast over b) or B */
+/* theta's TB = 1 (broadcast over b) or B; the backward's dy of an even last axis W = 2E (the
+ * forward's y is made so) */
 static int check(MfCall *c, void *params) {
     (void)c;
     const MfGridpeParams *p = params;
+    if (p->W % 2 != 0) {
+        PyErr_Format(PyExc_ValueError, "dy must have an even last axis (2E: a cos and a sin "
+                     "per angle), got %lld", (long long)p->W);
+        return -1;
+    }
     if (p->TB == 1 || p->TB == p->B) return 0;
     PyErr_Format(PyExc_ValueError,
                  "theta must have shape (TB, T, H, W/2) with TB = 1 or TB = B = %lld, got "

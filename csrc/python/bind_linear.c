@@ -1,8 +1,26 @@
 /* Binding of csrc/ops/linear.c. */
 #include "bind.h"
 
+#include <limits.h>
+
 #define P(f) offsetof(MfLinearParams, f)
 static const MfSize sizes[] = {{"N", P(N)}, {"Cin", P(Cin)}, {"Cout", P(Cout)}, {NULL, 0}};
+
+/* N, Cin and Cout each fit OpenBLAS's int (a weight of more than 2^18 floats is multiplied by
+ * it on every kernel set, and the blas set multiplies every one) */
+static int check(MfCall *c, void *params) {
+    (void)c;
+    const MfLinearParams *p = params;
+    const char *size = p->N > INT_MAX     ? "x's N (rows)"
+                       : p->Cin > INT_MAX  ? "x's Cin (columns)"
+                       : p->Cout > INT_MAX ? "weight's Cout (rows)"
+                                           : NULL;
+    if (size == NULL) return 0;
+    PyErr_Format(PyExc_ValueError, "%s must be at most 2**31 - 1 (OpenBLAS's int), got N = "
+                 "%lld, Cin = %lld, Cout = %lld", size, (long long)p->N, (long long)p->Cin,
+                 (long long)p->Cout);
+    return -1;
+}
 
 static const MfArg forward_args[] = {
     {"x", 1, MF_IN, 0, "N Cin", .field = P(x)},
@@ -13,7 +31,7 @@ static const MfArg forward_args[] = {
 static const MfOp forward = {"linear_forward", forward_args, sizes, sizeof(MfLinearParams),
                              .run = MF_OP(linear_forward),
                              .scratch = MF_SCRATCH(linear_forward_scratch_floats),
-                             MF_SCRATCH_FIELDS(MfLinearParams)};
+                             MF_SCRATCH_FIELDS(MfLinearParams), .check = check};
 
 /* dbias is checked before dweight: of two gradients sharing memory, dbias is named */
 static const MfArg backward_args[] = {
@@ -28,7 +46,7 @@ static const MfArg backward_args[] = {
 static const MfOp backward = {"linear_backward", backward_args, sizes, sizeof(MfLinearParams),
                               .run = MF_OP(linear_backward),
                               .scratch = MF_SCRATCH(linear_backward_scratch_floats),
-                              MF_SCRATCH_FIELDS(MfLinearParams)};
+                              MF_SCRATCH_FIELDS(MfLinearParams), .check = check};
 
 MF_DEFINE(linear_forward, forward)
 MF_DEFINE(linear_backward, backward)

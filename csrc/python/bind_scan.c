@@ -66,11 +66,13 @@ static const MfOp conv_backward = {"causal_conv1d_backward", conv_backward_args,
                                    MF_SCRATCH_FIELDS(MfConv1dParams),
                                    .check = conv_backward_check};
 
-/* NC = ceil(T / chunk): pinned for the forward's new states, checked for the backward's;
- * the state per channel S = K (real) or 2K (complex) floats at most 256 */
+/* NC = ceil(T / min(chunk, T)): pinned for the forward's new states, checked for the
+ * backward's (a chunk longer than T is one chunk: clamped before any arithmetic, as the ops
+ * clamp it); the state per channel S = K (real) or 2K (complex) floats at most 256 */
 static int scan_check(MfCall *c, void *params, int cx, const char *state_arg) {
     const MfScanParams *p = params;
-    const int64_t S = cx ? 2 * p->K : p->K, NC = (p->T + p->chunk - 1) / p->chunk;
+    const int64_t chunk = p->chunk < p->T ? p->chunk : p->T;
+    const int64_t S = cx ? 2 * p->K : p->K, NC = (p->T + chunk - 1) / chunk;
     if (S > 256) {
         PyErr_Format(PyExc_ValueError,
                      "A has K = %lld states: at most %d%s", (long long)p->K, cx ? 128 : 256,

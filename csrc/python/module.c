@@ -153,8 +153,9 @@ PyMODINIT_FUNC PyInit__C(void) {
     mf_blas_single_thread();
     mf_cpu_level(); /* detected once, here, with the GIL held */
     const char *forced = getenv("MAPFORMER_KERNELS");
-    if (forced != NULL && forced[0] != '\0' &&
-        set_kernels_by_name(forced, "the environment variable MAPFORMER_KERNELS") < 0) {
+    if ((forced != NULL && forced[0] != '\0' &&
+         set_kernels_by_name(forced, "the environment variable MAPFORMER_KERNELS") < 0) ||
+        mf_pool_read_env() < 0) {
         PyObject *type, *value, *tb; /* re-raised as ImportError, the message kept */
         PyErr_Fetch(&type, &value, &tb);
         PyErr_SetObject(PyExc_ImportError, value);

@@ -36,7 +36,10 @@ typedef struct {
 /* c (m, n; row stride ldc) = init + a (m, k; lda) . b (k, n; prepared by mf_gemm_prepare_b),
  * with init and the extras as `opt` says (NULL: none). Each c element is its init plus the
  * sum of the products (over k in order, one rounding per fused multiply-add, on the tiled
- * sets), so the result depends on the sizes only. gelu has the bits of mf_gelu_kernel on c
+ * sets), so the result depends on the sizes only, and a row's values not on m. OpenBLAS (the
+ * blas set) promises neither: a row in the ragged tail of its M tiles may take another
+ * kernel (its Haswell kernels give other last bits to the last rows of a 1,000-row call than
+ * to the same rows of an 8,197-row one), so there a row's bits may depend on m. gelu has the bits of mf_gelu_kernel on c
  * (simd.h's vgelu), or with gelu_exact those of mf_gelu_erf_kernel (vgelu_erf);
  * stream and prefetch are hints that change no result.
  * Returns MF_OK, or MF_EINVAL when a size does not fit BLAS's int (OpenBLAS path). */

@@ -27,7 +27,7 @@ typedef enum {
     MF_OK = 0,
     MF_EINVAL = 1,  /* a size or scalar argument out of range, or too little scratch */
     MF_ENOMEM = 2,  /* out of memory (the caller's allocation of outputs or scratch) */
-    MF_EINDEX = 3,  /* a token or target id outside [0, V) */
+    MF_EINDEX = 3,  /* an id outside its range: a token, target, position id, index, prefix */
 } MfStatus;
 
 const char *mf_status_string(int status);

@@ -199,13 +199,13 @@ MF_INLINE void pf_step(Prefetch *pf) {
     }
 }
 
-/* The per-pair factors of a (query, key) tile: F[r * BT + c] = factor[pos_ids[i0 + r'],
- * pos_ids[j0 + c']] for r, c < BT with r' = min(r, nr - 1), c' = min(c, nc - 1) (rows and
+/* The per-pair factors of a (query, key) tile: F[r * BT + c] = factor[ids[i0 + r'],
+ * ids[j0 + c']] for r, c < BT (ids: the task's checked copy of pos_ids[b, :]) with r' = min(r, nr - 1), c' = min(c, nc - 1) (rows and
  * columns past the block repeat its last: finite values where the kernels compute past
  * it); each row gathered from the table's row (vgather), F aligned. */
-MF_INLINE void factor_tile(const MfAttnJob *p, int64_t b, float *F, int64_t i0, int64_t nr,
-                           int64_t j0, int64_t nc) {
-    const int32_t *pq = p->pos_ids + b * p->T + i0, *pk = p->pos_ids + b * p->T + j0;
+MF_INLINE void factor_tile(const MfAttnJob *p, const int32_t *ids, float *F, int64_t i0,
+                           int64_t nr, int64_t j0, int64_t nc) {
+    const int32_t *pq = ids + i0, *pk = ids + j0;
     int32_t keys[BT];
     for (int64_t c = 0; c < BT; c++) keys[c] = pk[min64(c, nc - 1)];
     for (int64_t r = 0; r < BT; r++) {
@@ -392,10 +392,11 @@ static inline float lse_of(const MfAttnJob *p, float m, float l) {
 /* the forward's scratch, by kind */
 typedef struct {
     float *QxT, *QpT, *ST, *O, *Vs, *mx, *l, *alpha, *mrun, *mxP, *lP, *F, *G;
+    int32_t *ids;
 } FwdScratch;
 
 static int64_t fwd_layout(const MfAttnJob *p, float *base, FwdScratch *s) {
-    const int64_t D = p->D, Dp = padded(D);
+    const int64_t D = p->D, Dp = padded(D), T = p->T;
     const int two = p->kind != MF_ATTN_PLAIN;
     int64_t n = 0;
     MF_TAKE(s->QxT, D * BT, 1);   /* (D, BT): content queries of the block transposed, 0 past nr */
@@ -411,6 +412,9 @@ static int64_t fwd_layout(const MfAttnJob *p, float *base, FwdScratch *s) {
     MF_TAKE(s->lP, BT, 1);        /* and its sum */
     MF_TAKE(s->F, BT * BT, p->factor != NULL); /* (BT, BT): per-pair factors [key][query], */
     MF_TAKE(s->G, BT * BT, p->factor != NULL); /* gathered [query][key] first */
+    float *ids;
+    MF_TAKE(ids, T, p->factor != NULL); /* (T,) int32: the task's checked copy of pos_ids */
+    s->ids = (int32_t *)ids;
     return n;
 }
 
@@ -493,7 +497,7 @@ MF_INLINE void fwd_block(int kind, int fac, const MfAttnJob *p, const FwdScratch
         const int diag = mf_attn_block_mask(i0, j0, nc, P);
         memcpy(mrun, mx, BT * sizeof(float));
         if (fac) { /* gathered along the table's rows, then turned to [key][query] */
-            factor_tile(p, b, s->G, i0, nr, j0, nc);
+            factor_tile(p, s->ids, s->G, i0, nr, j0, nc);
             mf_transpose(s->F, BT, s->G, BT, BT, BT);
         }
         fwd_score_block(sc, ST, mrun, kx + j0 * ld, s->QxT, (two ? kp : kx) + j0 * ld,
@@ -532,11 +536,12 @@ static void fwd_prefetch_plan(const MfAttnJob *p, Prefetch *pf, int64_t t) {
     }
 }
 
-MF_INLINE void fwd_task(int kind, int fac, const MfAttnJob *p, float *scr, int64_t t) {
+MF_INLINE int fwd_task(int kind, int fac, const MfAttnJob *p, float *scr, int64_t t) {
     const int64_t npair = fwd_npair(p), bh = t / npair, pr = t % npair;
     const int64_t ib1 = fwd_blocks(p) - 1 - pr;
     FwdScratch s;
     fwd_layout(p, scr, &s);
+    if (fac && mf_attn_copy_ids(p, bh / p->H, s.ids) != MF_OK) return MF_EINDEX;
     Prefetch pf;
     fwd_prefetch_plan(p, &pf, t + 1);
     /* pf_step runs once per MR keys of each score pass and once per MR queries of the PV
@@ -548,28 +553,25 @@ MF_INLINE void fwd_task(int kind, int fac, const MfAttnJob *p, float *scr, int64
     pf_plan(&pf, blocks * (passes * BT / MR));
     fwd_block(kind, fac, p, &s, &pf, bh / p->H, bh % p->H, ib1);
     if (pr != ib1) fwd_block(kind, fac, p, &s, &pf, bh / p->H, bh % p->H, pr);
+    return MF_OK;
 }
 
 /* plain attention with the per-pair factor, a function of its own (noinline), so that the
  * plain kernels' code is laid out as without it */
-static __attribute__((noinline)) void fwd_factor_task(const MfAttnJob *p, float *scr,
-                                                      int64_t t) {
-    fwd_task(MF_ATTN_PLAIN, 1, p, scr, t);
+static __attribute__((noinline)) int fwd_factor_task(const MfAttnJob *p, float *scr,
+                                                     int64_t t) {
+    return fwd_task(MF_ATTN_PLAIN, 1, p, scr, t);
 }
 
 static int fwd_entry(const MfAttnJob *p, float *scr, int64_t t) {
     switch (p->kind) {
         case MF_ATTN_PLAIN:
-            if (p->factor != NULL)
-                fwd_factor_task(p, scr, t);
-            else
-                fwd_task(MF_ATTN_PLAIN, 0, p, scr, t);
-            break;
-        case MF_CONJ_SCORE_PRODUCT: fwd_task(MF_CONJ_SCORE_PRODUCT, 0, p, scr, t); break;
-        case MF_CONJ_SOFTMAX_PRODUCT: fwd_task(MF_CONJ_SOFTMAX_PRODUCT, 0, p, scr, t); break;
-        default: fwd_task(MF_CONJ_SUM, 0, p, scr, t); break;
+            return p->factor != NULL ? fwd_factor_task(p, scr, t)
+                                     : fwd_task(MF_ATTN_PLAIN, 0, p, scr, t);
+        case MF_CONJ_SCORE_PRODUCT: return fwd_task(MF_CONJ_SCORE_PRODUCT, 0, p, scr, t);
+        case MF_CONJ_SOFTMAX_PRODUCT: return fwd_task(MF_CONJ_SOFTMAX_PRODUCT, 0, p, scr, t);
+        default: return fwd_task(MF_CONJ_SUM, 0, p, scr, t);
     }
-    return MF_OK;
 }
 
 /* ---- backward ------------------------------------------------------------------------------ */
@@ -728,6 +730,7 @@ MF_INLINE void bwd_dq_rows(float *dqi, int64_t ld, const float *G, const float *
 typedef struct {
     float *KxT, *KpT, *VT, *Kxs, *Kps, *dKx, *dKp, *dV, *Qxs, *Qps, *dOs, *P, *GX, *GP;
     float *Dv, *la, *lb, *F;
+    int32_t *ids;
 } BwdScratch;
 
 static int64_t bwd_layout(const MfAttnJob *p, float *base, BwdScratch *s) {
@@ -754,6 +757,9 @@ static int64_t bwd_layout(const MfAttnJob *p, float *base, BwdScratch *s) {
     MF_TAKE(s->Dv, T, 1);        /* (T,): dout_t . out_t */
     MF_TAKE(s->la, 2 * T, 1);    /* (2, T): base-2 lse, split_lse (lse_X for softmax_product) */
     MF_TAKE(s->lb, 2 * T, p->kind == MF_CONJ_SOFTMAX_PRODUCT); /* (2, T): base-2 lse_P */
+    float *ids;
+    MF_TAKE(ids, T, p->factor != NULL); /* (T,) int32: the task's checked copy of pos_ids */
+    s->ids = (int32_t *)ids;
 #undef MF_TAKE
     if (two && !gp) s->GP = s->GX; /* sum: dsP = dsX */
     return n;
@@ -814,7 +820,7 @@ MF_INLINE void bwd_task(int kind, int fac, const MfAttnJob *p, const BwdScratch 
             const float *Qx = vector_rows(s->Qxs, qx + i0 * ld, ld, nr, D, &ldqx);
             const float *Qp = two ? vector_rows(s->Qps, qp + i0 * ld, ld, nr, D, &ldqp) : NULL;
             const float *dO = vector_rows(s->dOs, dout + i0 * ld, ld, nr, D, &lddo);
-            if (fac) factor_tile(p, b, s->F, i0, nr, j0, nc);
+            if (fac) factor_tile(p, s->ids, s->F, i0, nr, j0, nc);
 
             for (int64_t r0 = 0; r0 < nr; r0 += MR) {
                 pf_step(pf);
@@ -872,9 +878,10 @@ MF_INLINE void bwd_task(int kind, int fac, const MfAttnJob *p, const BwdScratch 
 
 /* Backward task bh: the whole head; prefetch the next head's inputs and gradient rows (the
  * outputs are fetched now, not on the store). */
-MF_INLINE void bwd_head(int kind, int fac, const MfAttnJob *p, float *scr, int64_t bh) {
+MF_INLINE int bwd_head(int kind, int fac, const MfAttnJob *p, float *scr, int64_t bh) {
     BwdScratch s;
     bwd_layout(p, scr, &s);
+    if (fac && mf_attn_copy_ids(p, bh / p->H, s.ids) != MF_OK) return MF_EINDEX;
     const int two = kind != MF_ATTN_PLAIN;
     const int64_t nrows = two ? 12 : 8, nb = (p->T + BT - 1) / BT;
     Prefetch pf;
@@ -889,27 +896,24 @@ MF_INLINE void bwd_head(int kind, int fac, const MfAttnJob *p, float *scr, int64
     /* pf_step runs twice per MR queries and once per MR keys of every pair of blocks */
     pf_plan(&pf, nb * (nb + 1) / 2 * (3 * BT / MR));
     bwd_task(kind, fac, p, &s, &pf, bh / p->H, bh % p->H);
+    return MF_OK;
 }
 
 /* as fwd_factor_task */
-static __attribute__((noinline)) void bwd_factor_head(const MfAttnJob *p, float *scr,
-                                                      int64_t bh) {
-    bwd_head(MF_ATTN_PLAIN, 1, p, scr, bh);
+static __attribute__((noinline)) int bwd_factor_head(const MfAttnJob *p, float *scr,
+                                                     int64_t bh) {
+    return bwd_head(MF_ATTN_PLAIN, 1, p, scr, bh);
 }
 
 static int bwd_entry(const MfAttnJob *p, float *scr, int64_t bh) {
     switch (p->kind) {
         case MF_ATTN_PLAIN:
-            if (p->factor != NULL)
-                bwd_factor_head(p, scr, bh);
-            else
-                bwd_head(MF_ATTN_PLAIN, 0, p, scr, bh);
-            break;
-        case MF_CONJ_SCORE_PRODUCT: bwd_head(MF_CONJ_SCORE_PRODUCT, 0, p, scr, bh); break;
-        case MF_CONJ_SOFTMAX_PRODUCT: bwd_head(MF_CONJ_SOFTMAX_PRODUCT, 0, p, scr, bh); break;
-        default: bwd_head(MF_CONJ_SUM, 0, p, scr, bh); break;
+            return p->factor != NULL ? bwd_factor_head(p, scr, bh)
+                                     : bwd_head(MF_ATTN_PLAIN, 0, p, scr, bh);
+        case MF_CONJ_SCORE_PRODUCT: return bwd_head(MF_CONJ_SCORE_PRODUCT, 0, p, scr, bh);
+        case MF_CONJ_SOFTMAX_PRODUCT: return bwd_head(MF_CONJ_SOFTMAX_PRODUCT, 0, p, scr, bh);
+        default: return bwd_head(MF_CONJ_SUM, 0, p, scr, bh);
     }
-    return MF_OK;
 }
 
 const MfAttnKernels MF_ATTN_TABLE = {fwd_tasks, fwd_floats, bwd_floats, fwd_entry, bwd_entry};

@@ -56,6 +56,22 @@ static inline int64_t mf_attn_prefix(const MfAttnJob *j, int64_t b) {
     return P < 0 ? 0 : P > j->T ? j->T : P;
 }
 
+/* The position ids a task with a per-pair factor indexes the table with: pos_ids[b, :]
+ * copied into ids (T int32), each entry read once and checked there, since another thread
+ * may have written the array after the entry checked it (a kernel indexes only with what it
+ * checked itself). MF_OK, or MF_EINDEX when an id is outside [0, npos) (ids is then not to
+ * be used). */
+static inline int mf_attn_copy_ids(const MfAttnJob *j, int64_t b, int32_t *ids) {
+    const volatile int32_t *src = j->pos_ids + b * j->T;
+    int bad = 0;
+    for (int64_t t = 0; t < j->T; t++) {
+        const int32_t id = src[t];
+        bad |= id < 0 || id >= j->npos;
+        ids[t] = id;
+    }
+    return bad ? MF_EINDEX : MF_OK;
+}
+
 /* How a (query block, key block) pair is masked, the blocks starting at rows i0 and j0, the
  * key block nc rows long, the keys before P seen by every query (a pair with no key seen is
  * never visited: j0 > i0 and j0 >= P):
@@ -121,12 +137,13 @@ static inline int mf_attn_check_sizes(int64_t B, int64_t T, int64_t H, int64_t D
 }
 
 /* MF_OK when mask is an MfMask and, for MF_MASK_PREFIX, prefix (B,) is given with every
- * entry in [0, T]; else MF_EINVAL */
+ * entry in [0, T]; MF_EINVAL for an unknown mask or a missing prefix, MF_EINDEX for an entry
+ * outside [0, T] (an index-like value, as the binding's message for it says) */
 static inline int mf_attn_check_mask(int mask, const int32_t *prefix, int64_t B, int64_t T) {
     if (mask == MF_MASK_CAUSAL || mask == MF_MASK_NONE) return MF_OK;
     if (mask != MF_MASK_PREFIX || prefix == NULL) return MF_EINVAL;
     for (int64_t b = 0; b < B; b++)
-        if (prefix[b] < 0 || prefix[b] > T) return MF_EINVAL;
+        if (prefix[b] < 0 || prefix[b] > T) return MF_EINDEX;
     return MF_OK;
 }
 

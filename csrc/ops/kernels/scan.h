@@ -257,8 +257,9 @@ static void group_init(Group *g, const MfScanParams *p, int cx, int64_t b, int64
     g->dangle = cx && !g->shared ? p->delta_angle + o : NULL;
     g->stride = scan_step_vectors(S, p->bbar);
     g->Bm = p->Bm + b * T * S, g->Cm = p->Cm + b * T * S;
-    g->b = b, g->e0 = e0, g->n = n, g->T = T, g->E = E, g->K = K, g->S = S, g->L = p->chunk;
-    g->NC = (T + p->chunk - 1) / p->chunk;
+    g->b = b, g->e0 = e0, g->n = n, g->T = T, g->E = E, g->K = K, g->S = S;
+    g->L = p->chunk < T ? p->chunk : T; /* clamped before any arithmetic (scan.c does too) */
+    g->NC = (T + g->L - 1) / g->L;
 }
 
 /* the step of t (lanes: channels): delta's row, + delta_bias, through softplus with
@@ -515,7 +516,8 @@ MF_INLINE void flush_runs(int64_t K, vf *rA, vf *rW, vf *rD, vf *rS, double *sA,
     for (int64_t k = 0; k < K; k++) {
         add_to_doubles(sA + k * MF_VW, &rA[k]);
         if (cx) add_to_doubles(sW + k * MF_VW, &rW[k]);
-        rA[k] = VZERO, rW[k] = VZERO;
+        rA[k] = VZERO;
+        if (cx) rW[k] = VZERO; /* rW holds SCAN_MAXS / 2 vectors: K of them for cx only */
     }
     add_to_doubles(sD, rD);
     add_to_doubles(sS, rS);

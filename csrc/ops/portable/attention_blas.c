@@ -169,8 +169,11 @@ static int64_t fwd_nb(const MfAttnJob *p) { return (p->T + BTB - 1) / BTB; }
 static int64_t fwd_npair(const MfAttnJob *p) { return (fwd_nb(p) + 1) / 2; }
 static int64_t fwd_tasks(const MfAttnJob *p) { return p->B * p->H * fwd_npair(p); }
 
-/* the per-pair factor tile F (BTB, BTB) [query][key] of a job with a factor table */
-static int64_t fac_floats(const MfAttnJob *p) { return p->factor != NULL ? BTB * BTB : 0; }
+/* the per-pair factor tile F (BTB, BTB) [query][key] of a job with a factor table, then
+ * the task's checked copy of pos_ids[b, :] (T int32) */
+static int64_t fac_floats(const MfAttnJob *p) {
+    return p->factor != NULL ? BTB * BTB + p->T : 0;
+}
 
 static int64_t fwd_floats(const MfAttnJob *p) {
     return 2 * BTB * BTB + BTB * p->D + 4 * BTB + fac_floats(p);
@@ -181,10 +184,11 @@ static int64_t bwd_floats(const MfAttnJob *p) {
 }
 
 /* The per-pair factors of the (query, key) tile of rows i0 .. i0+nr, keys j0 .. j0+nc:
- * F[r * BTB + c] = factor[pos_ids[i0 + r], pos_ids[j0 + c]] */
-static void factor_tile(const MfAttnJob *j, int64_t b, float *F, int64_t i0, int64_t nr,
-                        int64_t j0, int64_t nc) {
-    const int32_t *pq = j->pos_ids + b * j->T + i0, *pk = j->pos_ids + b * j->T + j0;
+ * F[r * BTB + c] = factor[ids[i0 + r], ids[j0 + c]] (ids: the task's checked copy of
+ * pos_ids[b, :], mf_attn_copy_ids) */
+static void factor_tile(const MfAttnJob *j, const int32_t *ids, float *F, int64_t i0,
+                        int64_t nr, int64_t j0, int64_t nc) {
+    const int32_t *pq = ids + i0, *pk = ids + j0;
     for (int64_t r = 0; r < nr; r++) {
         const float *row = j->factor + (int64_t)pq[r] * j->npos;
         for (int64_t c = 0; c < nc; c++) F[r * BTB + c] = row[pk[c]];
@@ -194,9 +198,9 @@ static void factor_tile(const MfAttnJob *j, int64_t b, float *F, int64_t i0, int
 /* S[r][c] *= F[r][c] for the tile's rows r < nr and keys c < nc: the per-pair factors of the
  * pair of blocks (i0, j0) of batch row b, gathered into F first; a pass apart, run only with
  * a factor table */
-static void scale_by_factor(const MfAttnJob *p, int64_t b, float *S, float *F, int64_t i0,
-                            int64_t nr, int64_t j0, int64_t nc) {
-    factor_tile(p, b, F, i0, nr, j0, nc);
+static void scale_by_factor(const MfAttnJob *p, const int32_t *ids, float *S, float *F,
+                            int64_t i0, int64_t nr, int64_t j0, int64_t nc) {
+    factor_tile(p, ids, F, i0, nr, j0, nc);
     for (int64_t r = 0; r < nr; r++) {
         float *s = S + r * BTB;
         const float *f = F + r * BTB;
@@ -224,7 +228,9 @@ static int fwd(const MfAttnJob *p, float *scr, int64_t t) {
     float *S2 = S + BTB * BTB; /* (BTB, BTB): positional scores (score_product, pass 1) */
     float *O = S2 + BTB * BTB; /* (BTB, D): unnormalised output */
     float *mx = O + BTB * D, *l = mx + BTB, *mxP = l + BTB, *lP = mxP + BTB; /* (BTB,) each */
-    float *F = lP + BTB;       /* (BTB, BTB): per-pair factors (a factor table only) */
+    float *F = lP + BTB;       /* (BTB, BTB): per-pair factors (a factor table only), */
+    int32_t *ids = (int32_t *)(F + BTB * BTB); /* then pos_ids[b, :] as checked here */
+    if (p->factor != NULL && mf_attn_copy_ids(p, b, ids) != MF_OK) return MF_EINDEX;
     const int second = kind == MF_ATTN_PLAIN ? 0 : kind == MF_CONJ_SUM ? 1
                        : kind == MF_CONJ_SCORE_PRODUCT ? 2 : 3;
     for (int half = 0; half < 2; half++) {
@@ -282,7 +288,7 @@ static int fwd(const MfAttnJob *p, float *scr, int64_t t) {
             const int64_t j0 = jb * BTB, nc = min64(BTB, T - j0);
             int st = blas_scores(p, S, S2, off, i0, nr, j0, nc, second);
             if (st != MF_OK) return st;
-            if (p->factor != NULL) scale_by_factor(p, b, S, F, i0, nr, j0, nc);
+            if (p->factor != NULL) scale_by_factor(p, ids, S, F, i0, nr, j0, nc);
             for (int64_t r = 0; r < nr; r++) {
                 float *s = S + r * BTB, *o = O + r * D;
                 const int64_t cend = row_cend(i0 + r, j0, nc, P); /* the keys r sees */
@@ -324,7 +330,9 @@ static int bwd(const MfAttnJob *p, float *scr, int64_t bh) {
     float *dKx = GP + BTB * BTB, *dKp = dKx + BTB * D, *dV = dKp + BTB * D; /* (BTB, D) each */
     float *Dv = dV + BTB * D;                 /* (T,): dout_t . out_t */
     float *la = Dv + T, *lb = la + 2 * T;     /* (2, T) each: base-2 lse, split_lse */
-    float *F = lb + 2 * T;                    /* (BTB, BTB): per-pair factors (a table only) */
+    float *F = lb + 2 * T;                    /* (BTB, BTB): per-pair factors (a table only), */
+    int32_t *ids = (int32_t *)(F + BTB * BTB); /* then pos_ids[b, :] as checked here */
+    if (p->factor != NULL && mf_attn_copy_ids(p, b, ids) != MF_OK) return MF_EINDEX;
     for (int64_t t = 0; t < T; t++) {
         const float *a = dout + t * ld, *c = o + t * ld;
         float s = 0.0f;
@@ -346,7 +354,7 @@ static int bwd(const MfAttnJob *p, float *scr, int64_t bh) {
             const int64_t i0 = ib * BTB, nr = min64(BTB, T - i0);
             int st = blas_scores(p, GX, GP, off, i0, nr, j0, nc, second);
             if (st != MF_OK) return st;
-            if (p->factor != NULL) scale_by_factor(p, b, GX, F, i0, nr, j0, nc);
+            if (p->factor != NULL) scale_by_factor(p, ids, GX, F, i0, nr, j0, nc);
             for (int64_t r = 0; r < nr; r++) {
                 float *pr = P + r * BTB, *x = GX + r * BTB, *y = GP + r * BTB;
                 const float l2 = la[i0 + r], l2lo = la[T + i0 + r];
