@@ -12,5 +12,7 @@ except ModuleNotFoundError as exc:  # only when the build is missing
         "mapformer's C extension is not built. Install the package with `pip install .` "
         "from the repository root (it compiles csrc/ with OpenMP and OpenBLAS)."
     ) from exc
+except ImportError:  # the core refused its environment (MAPFORMER_KERNELS, MAPFORMER_POOL_MB):
+    pass  # each import of mapformer._C raises it again, so `python -m mapformer` reports it
 
 __version__ = "0.1.0"

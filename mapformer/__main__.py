@@ -1,4 +1,4 @@
-"""Command line: ``python -m mapformer train | eval | plot | info | map``.
+"""Command line: ``python -m mapformer train | eval | plot | info | map | reproduce``.
 
 ``--model`` picks one of the paper's models (a preset of mixer, positional scheme and options:
 mapformer.models.MODELS); ``--mixer`` and ``--positional`` replace the preset's parts. Every
@@ -19,8 +19,16 @@ from pathlib import Path
 
 import numpy as np
 
+try:
+    from . import _C  # noqa: F401  (first: a C core that refuses to load is one line)
+except ImportError as exc:  # MAPFORMER_KERNELS or MAPFORMER_POOL_MB refused (mapformer/__init__)
+    if __name__ != "__main__":
+        raise
+    print(f"python -m mapformer: error: {exc}", file=sys.stderr)
+    sys.exit(2)
 from . import backend as backends
 from . import registry
+from .experiments import cli as experiments_cli
 from .bottlenecks import BOTTLENECKS
 from .mixers import MIXERS
 from .plots import learning_curves
@@ -85,6 +93,14 @@ def flag(name):
     return "--" + name.replace("_", "-")
 
 
+def positive_int(text):
+    """argparse type: an integer >= 1 (0 is refused, never read as 'the default')."""
+    value = int(text)
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"must be an integer >= 1, got {value}")
+    return value
+
+
 FIELD_CHOICES = {"task": sorted(TASKS), "preset": list(PRESETS), "schedule": list(SCHEDULES),
                  "loss_positions": list(navigation.LOSS_POSITIONS),
                  "tree_order": list(trees.ORDERS)}
@@ -129,7 +145,8 @@ def pick(args, names):
 
 def build_parser():
     parser = argparse.ArgumentParser(prog="python -m mapformer", description=__doc__,
-                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+                                     formatter_class=argparse.RawDescriptionHelpFormatter,
+                                     allow_abbrev=False)  # --import whole, as import_modules
     parser.add_argument("--import", dest="imports", action="append", default=[],
                         metavar="MODULE", help="import MODULE first (it may register schemes, "
                         "mixers or bottlenecks); repeatable")
@@ -141,6 +158,10 @@ def build_parser():
     tr.add_argument("--no-progress", action="store_true", help="no progress line")
     tr.add_argument("--json", action="store_true", help="print the final results as JSON")
     tr.add_argument("--backend", **BACKEND_HELP)
+    tr.add_argument("--data-parallel", action="store_true",
+                    help="one rank of data-parallel training over MPI: run as mpiexec -n K "
+                    "python -m mapformer train ... --data-parallel (mapformer.parallel; "
+                    "pip install \".[mpi]\")")
     model = tr.add_argument_group("model")
     model.add_argument("--model", default="mapwm", choices=list(MODELS),
                        help="the paper's model: a preset of mixer, positional scheme and "
@@ -151,7 +172,7 @@ def build_parser():
     add_field_flags(tr.add_argument_group("training"), TRAIN_FIELDS)
     ev = sub.add_parser("eval", help="evaluate a checkpoint on the IID and OOD presets")
     ev.add_argument("checkpoint", help="path to a checkpoint.npz written by train")
-    ev.add_argument("--sequences", type=int, default=None,
+    ev.add_argument("--sequences", type=positive_int, default=None,
                     help="sequences per preset (default: the run's eval_sequences)")
     ev.add_argument("--seed", type=int, default=None, help="evaluation seed")
     ev.add_argument("--json", action="store_true", help="print the results as JSON")
@@ -176,28 +197,28 @@ def build_parser():
                     "(default: the current one)")
     mp.add_argument("--context", type=int, default=None,
                     help="plans go from position C to N - C (default: the checkpoint's)")
-    mp.add_argument("--angle-places", type=int, default=None,
+    mp.add_argument("--angle-places", type=positive_int, default=None,
                     help="MapWM / MapEM: k-means places of the angles (default: the "
                     "checkpoint's angle_places, as the reproduction scored it, else 500)")
+    experiments_cli.add_parser(sub, positive_int)
     return parser
 
 
 def run_map(parser, args):
     """The ``map`` command: prints the metrics as JSON, writes the graph and its plot."""
     from . import cogmap, tdb
+    model, meta = tdb.load_checkpoint(args.checkpoint)  # CheckpointError: one line, exit 2
     try:
-        model, meta = tdb.load_checkpoint(args.checkpoint)
-    except (OSError, KeyError, ValueError) as exc:
-        parser.error(f"{args.checkpoint} is not a TDB or transformer checkpoint: {exc}")
+        steps = cogmap.room_config(meta).steps
+    except ValueError as exc:
+        fail(f"{args.checkpoint}: {exc}", 2)
     context = meta.get("context", 1) if args.context is None else args.context
-    if not 0 <= context < meta["room"]["steps"] - context:
+    if not 0 <= context < steps - context:
         parser.error(f"--context must leave positions between C and N - C, got {context}")
     if isinstance(model, tdb.TDB):
         cm, room, metrics = cogmap.evaluate_map(model, meta, context)
     elif model.config.positional in ("mapwm", "mapem"):
         places = meta.get("angle_places", 500) if args.angle_places is None else args.angle_places
-        if places < 1:
-            parser.error(f"--angle-places must be at least 1, got {places}")
         config, room, train, test = cogmap.walks_of(meta)
         cm, metrics = cogmap.evaluate_angle_map(model, config, room, train, test, context,
                                                 places)
@@ -235,12 +256,38 @@ def format_info():
         f"cuda         {cuda.describe()}"])
 
 
+def leading_imports(argv):
+    """(modules, the rest of argv) of the ``--import MODULE`` (or ``--import=MODULE``) flags
+    that open the command line: their documented place, before the command."""
+    modules, i = [], 0
+    while i < len(argv):
+        name, eq, module = argv[i].partition("=")
+        if name != "--import":
+            break
+        if not eq:  # --import MODULE
+            if i + 1 == len(argv) or argv[i + 1].startswith("-"):
+                break  # no value: the parser refuses the line
+            i += 1
+            module = argv[i]
+        modules.append(module)
+        i += 1
+    return modules, argv[i:]
+
+
 def import_modules(argv):
-    """Import the --import modules before the parser's flags are made from the registries."""
-    pre = argparse.ArgumentParser(add_help=False)
-    pre.add_argument("--import", dest="imports", action="append", default=[])
-    for module in pre.parse_known_args(argv)[0].imports:
-        importlib.import_module(module)
+    """Import the modules of the --import flags before the command (:func:`leading_imports`;
+    anywhere else the parser refuses them), before the parser's flags are made from the
+    registries they fill, and only once the command line parses as far as it can without
+    them: a command other than train (whose flags the registries make) parses in full first.
+    A module that is missing or raises: one line on stderr, exit 2."""
+    modules, rest = leading_imports(argv)
+    if modules and rest[:1] != ["train"]:
+        build_parser().parse_args(argv)  # a line refused here imports nothing
+    for module in modules:
+        try:
+            importlib.import_module(module)
+        except Exception as exc:  # whatever the module raises
+            fail(f"--import {module}: {type(exc).__name__}: {exc}", 2)
 
 
 def model_config(parser, args, task):
@@ -283,6 +330,10 @@ def main(argv=None):
         fail(str(exc), 1)
     except (ValueError, OSError, backends.MissingKernel) as exc:  # CheckpointError: ValueError
         fail(str(exc), 2)
+    except MemoryError as exc:
+        fail(f"out of memory ({str(exc) or 'MemoryError'}): lower the batch size (--batch-size, "
+             "--eval-batch-size), the sequence length (--steps, --mean-length, ...) or the "
+             "model (--d-model, --n-layers)", 2)
 
 
 def run(parser, args):
@@ -293,14 +344,25 @@ def run(parser, args):
             config = model_config(parser, args, train_config.task_config())
         except ValueError as exc:
             parser.error(str(exc))
+        parallel = None
+        if args.data_parallel:
+            from .parallel import DataParallel
+            try:
+                parallel = DataParallel()
+            except ImportError as exc:
+                fail(str(exc), 2)
         result = train(config, train_config, out_dir=args.out, resume=args.resume,
-                       progress=not args.no_progress, backend=args.backend)
+                       progress=not args.no_progress, backend=args.backend, parallel=parallel)
+        if parallel is not None and not parallel.root:
+            return 0
         if args.json:
             print(json.dumps({k: v for k, v in result.items() if k != "model"}))
     elif args.command == "info":
         print(format_info())
     elif args.command == "map":
         run_map(parser, args)
+    elif args.command == "reproduce":
+        return experiments_cli.run(args)
     elif args.command == "plot":
         import matplotlib
         matplotlib.use("Agg")  # a file, no window
@@ -315,7 +377,8 @@ def run(parser, args):
     else:
         model, _, train_config, step = load_checkpoint(args.checkpoint, args.backend)
         results = evaluate(model, train_config.eval_tasks(),
-                           args.sequences or train_config.eval_sequences,
+                           train_config.eval_sequences if args.sequences is None
+                           else args.sequences,
                            eval_seed(train_config) if args.seed is None else args.seed,
                            train_config.eval_batch_size)
         print(json.dumps(results) if args.json else

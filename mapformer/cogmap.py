@@ -310,10 +310,36 @@ def norm_ged(learned, truth):
     return cost / empty if empty else 0.0
 
 
+META_MINIMUMS = {"seed": 0, "train_walks": 1, "test_walks": 1, "context": 0, "angle_places": 1}
+OPTIONAL_META = ("context", "angle_places")
+
+
+def room_config(meta):
+    """The RoomsConfig of a map checkpoint's ``meta`` (as the reproduction script writes it),
+    its fields checked: room (RoomsConfig's fields), seed, train_walks, test_walks and, where
+    present, context and angle_places (integers, at least META_MINIMUMS'). ValueError naming
+    the field."""
+    if not isinstance(meta.get("room"), dict):
+        raise ValueError(f"meta field 'room' must be a JSON object of RoomsConfig fields, got "
+                         f"{meta.get('room')!r:.80}")
+    try:
+        config = rooms.RoomsConfig(**meta["room"])
+    except (TypeError, ValueError) as exc:
+        raise ValueError(f"meta field 'room' is not a room: {exc}") from None
+    for name, low in META_MINIMUMS.items():
+        value = meta.get(name)
+        if value is None and name in OPTIONAL_META:
+            continue
+        if not isinstance(value, int) or isinstance(value, bool) or value < low:
+            raise ValueError(f"meta field {name!r} must be an integer >= {low}, got "
+                             f"{value!r:.80}")
+    return config
+
+
 def walks_of(meta):
-    """(room config, room, training walks, test walks) of a TDB checkpoint's ``meta`` (as the
-    reproduction script writes it: room, train_walks, test_walks, seed)."""
-    config = rooms.RoomsConfig(**meta["room"])
+    """(room config, room, training walks, test walks) of a TDB checkpoint's ``meta``
+    (checked: :func:`room_config`)."""
+    config = room_config(meta)
     room = rooms.make_room(config)
     seed = meta["seed"]
     return (config, room, rooms.walks(config, room, meta["train_walks"], [seed, 1]),

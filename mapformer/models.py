@@ -332,20 +332,24 @@ class Transformer:
 
     ``backend`` is 'c' (the C core, float32), 'numpy' (the float64 reference ops), 'cuda'
     (the CUDA kernels on CuPy arrays, float32: mapformer.backend.get) or a backend object.
-    All parameters live in ``self.params`` (a :class:`ParameterStore`)."""
+    All parameters live in ``self.params`` (a :class:`ParameterStore`). ``declare_only=P``:
+    only declare them (names, shapes, ``params.size``; nothing allocated, the model cannot
+    run), ValueError past P of them: how a checkpoint's config is checked against its arrays
+    before the model is built."""
 
-    def __init__(self, config, seed=0, backend="c"):
+    def __init__(self, config, seed=0, backend="c", declare_only=None):
         self.config = config
         self.ops = backends.get(backend)
         rng = np.random.default_rng(seed)
-        self.params = ParameterStore(self.ops)
+        self.params = ParameterStore(self.ops, limit=declare_only)
         c = config.d_model
         self.embed = Embedding(self.params, "embed", config.vocab_size, c, self.ops)
         self.blocks = [Block(self.params, f"blocks.{i}", config, self.ops, rng)
                        for i in range(config.n_layers)]
         self.ln_f = LayerNorm(self.params, "ln_f", c, self.ops, config.layernorm_eps)
         self.head = Linear(self.params, "head", c, config.vocab_size, self.ops)
-        self.params.build(rng)
+        if declare_only is None:
+            self.params.build(rng)
         self.rng = rng  # draws the dropout masks from here on (a checkpoint saves its state)
 
     def train(self, mode=True):
@@ -432,10 +436,12 @@ class Transformer:
         _, loss = self.ops.softmax_xent_forward(self.logits, self.targets, self.mask)
         return loss + sum(block.bottleneck.aux_loss() for block in self.blocks)
 
-    def backward(self):
-        """Gradient of the last loss() into ``self.params.grad`` (zeroed first)."""
+    def backward(self, scored=None):
+        """Gradient of the last loss() into ``self.params.grad`` (zeroed first). scored: the
+        count of scored positions the loss is a mean over (default: the last loss's mask's;
+        data-parallel training gives the whole batch's, mapformer.parallel)."""
         self.params.zero_grad()
-        scale = 1.0 / max(float(self.mask.sum()), 1.0)
+        scale = 1.0 / max(float(self.mask.sum() if scored is None else scored), 1.0)
         dx = self.head.backward(
             self.ops.softmax_xent_backward(self.logits, self.targets, self.mask, scale))
         if self.pooled is not None:  # every token gets 1/T of the pooled features' gradient

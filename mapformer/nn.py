@@ -46,10 +46,12 @@ class ParameterStore:
     """All parameters of a model in one flat buffer (``data``), gradients in a second one
     with the same layout (``grad``), and a bool ``decay_mask`` saying which entries AdamW
     decays; the backend ``ops`` allocates them. ``params`` maps names to :class:`Param` in
-    declaration order."""
+    declaration order. ``limit``: declaring past that many parameters is a ValueError (a
+    checkpoint's config is checked against its arrays before anything is allocated)."""
 
-    def __init__(self, ops):
+    def __init__(self, ops, limit=None):
         self.ops = ops
+        self.limit = limit
         self.params = {}
         self.data = self.grad = self.decay_mask = None
 
@@ -60,6 +62,9 @@ class ParameterStore:
             raise ValueError(f"parameter {name!r} declared twice")
         offset = sum(p.size for p in self.params.values())
         param = Param(name, tuple(shape), init, decay, offset)
+        if self.limit is not None and offset + param.size > self.limit:
+            raise ValueError(f"the parameters reach {offset + param.size} at {name!r} "
+                             f"{param.shape}, past {self.limit}")
         self.params[name] = param
         return param
 

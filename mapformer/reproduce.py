@@ -1,6 +1,7 @@
-"""Reproductions of the MapFormer paper's Tables 1, 2, 3 and 4: every row trained over several
-seeds at one of two scales, printed beside the paper's numbers with mean and spread, and
-recorded (configs, seeds, training sequences, per-seed accuracies) as JSON.
+"""The MapFormer paper's Tables 1, 2, 3 and 4 as data: every row (a model preset, a depth,
+options), the paper's figures, and two scales of tasks and model sizes. The experiment layer
+makes them table specs (:mod:`mapformer.experiments.specs`) and runs them:
+``python -m mapformer reproduce mapformer 2 --scale cpu --seeds 3``.
 
 Scales:
 - ``paper``: the paper's settings (200K training sequences, batch 128, its model sizes and
@@ -9,20 +10,14 @@ Scales:
   ``cpu`` entry states its reduction (shorter sequences, smaller grids and models, fewer
   training sequences). OOD sets keep the paper's ratios to the training set.
 
-The scripts benchmarks/reproduce_table{1,2,3,4}.py are thin wrappers around :func:`main`.
-With ``--out`` the JSON record is rewritten after every finished run (row x seed), and
-``--resume`` skips the runs an earlier record of the same scale and sequences holds.
+Also the resumable one-record-per-run helper of the APE and GridPE scripts
+(:func:`train_or_load`) and their statistic (:func:`mean_ci`).
 """
-import argparse
 import json
-import math
-import time
 from dataclasses import dataclass, field
-from pathlib import Path
 
-import numpy as np
-
-from .models import ModelConfig, options_of, preset_parts
+from .experiments.tables import mean_spread
+from .models import ModelConfig
 from .tasks import navigation, selective_copy
 from .train import TrainConfig, train
 
@@ -169,7 +164,6 @@ TABLES = {
         "paper": {"2D": {"Mamba": (0.42, 0.77, 0.40), "MAMPa": (0.74, 0.93, 0.60),
                          "MapWM": (1.0, 1.0, 1.0), "MapEM-os": (1.0, 1.0, 1.0),
                          "MapEM-s": (1.0, 1.0, 1.0)}},
-        "out": "results/table3_{scale}.json",
         "scales": {
             "paper": Scale(128, 2, 128, PAPER_SEQUENCES, {"2D": table3_part(2, 16, 64)},
                            "train 16 steps, grid 64, p_empty 0.5; OOD-dense 8 steps/grid 32/"
@@ -214,175 +208,10 @@ TABLES = {
 }
 
 
-def run_row(row, part, scale, seed, sequences, eval_sequences, log):
-    """Train one row on one part with one seed; returns ({metric: {column: value}} for every
-    metric of METRICS, and a record of the configs, floors and wall time)."""
-    train_config = TrainConfig(**part["train_fields"], sequences=sequences,
-                               batch_size=scale.batch_size, seed=seed,
-                               eval_sequences=eval_sequences)
-    task = part["train"]
-    options = dict(row.options)
-    if "delta_rank" in options_of(*preset_parts(row.model)[:3]):  # r = the world's dimension
-        options.setdefault("delta_rank", getattr(task, "dims", 1))
-    model_config = ModelConfig.for_task(row.model, task, d_model=scale.d_model,
-                                        n_heads=scale.n_heads, n_layers=row.n_layers, **options)
-    result = train(model_config, train_config, progress=False, log=log,
-                   eval_tasks=part["eval"])
-    evals = result["eval"]
-    return ({m: {c: evals[c][m] for c in evals} for m in METRICS},
-            {"model": model_config.to_dict(), "train": train_config.to_dict(),
-             "floor": {c: evals[c]["floor"] for c in evals},
-             "object_floor": {c: evals[c]["object_floor"] for c in evals},
-             "wall_s": result["wall_s"]})
-
-
-def format_table(title, parts, rows, measured, paper, metric="accuracy"):
-    """Markdown: one line per row, measured mean +- spread of ``metric`` beside the paper per
-    column. measured: {part: {row label: [{metric: {column: value}} per seed]}}."""
-    lines = [f"**{title}**", "", "| model | " + " | ".join(
-        f"{p} {c}".strip() for p in parts for c in COLUMNS) + " |",
-        "|---|" + "---|" * (len(parts) * len(COLUMNS))]
-    for row in rows:
-        cells = []
-        for p in parts:
-            accs = measured.get(p, {}).get(row.label)
-            ref = paper.get(p, {}).get(row.label) if paper else None
-            for i, c in enumerate(COLUMNS):
-                if accs is None:
-                    cells.append("-")
-                    continue
-                values = np.array([a[metric][c] for a in accs])
-                cell = f"{values.mean():.2f} ± {values.std():.2f}"
-                cells.append(cell + (f" ({ref[i]:.2f})" if ref else ""))
-        lines.append(f"| {row.label} | " + " | ".join(cells) + " |")
-    return "\n".join(lines)
-
-
-def main(table_id, argv=None):
-    table = TABLES[table_id]
-    parser = argparse.ArgumentParser(
-        description=f"Reproduce MapFormer {table['title']}: every row over several seeds, "
-                    "printed beside the paper (in parentheses) as mean ± std over seeds.")
-    parser.add_argument("--scale", choices=sorted(table["scales"]), default="cpu")
-    parser.add_argument("--seeds", type=int, default=3, help="seeds per row (0, 1, ...)")
-    parser.add_argument("--rows", default=None,
-                        help="comma-separated row labels to run (default: all)")
-    parser.add_argument("--sequences", type=int, default=None,
-                        help="override the scale's training sequences (not a reproduction)")
-    parser.add_argument("--eval-sequences", type=int, default=256,
-                        help="sequences per evaluation set (default 256)")
-    default_out = table.get("out")
-    parser.add_argument("--out", default=None,
-                        help="JSON file for configs and results, rewritten after every run"
-                        + (f" (default {default_out.format(scale='SCALE')})" if default_out
-                           else ""))
-    parser.add_argument("--resume", action="store_true",
-                        help="skip the runs (part, row, seed) the --out file already holds "
-                        "(same scale and training sequences)")
-    if "ablation" in table:
-        parser.add_argument("--no-ablation", action="store_true",
-                            help="skip the MapEM-os combination-mode ablation")
-    args = parser.parse_args(argv)
-    scale = table["scales"][args.scale]
-    sequences = args.sequences or scale.sequences
-    rows = table["rows"] + ([] if getattr(args, "no_ablation", True) else table["ablation"])
-    if args.rows:
-        wanted = {label.strip() for label in args.rows.split(",")}
-        rows = [r for r in rows if r.label in wanted]
-        if not rows:
-            parser.error(f"no row among {[r.label for r in table['rows']]} matches {args.rows}")
-    print(f"{table['title']}, scale {args.scale}: {scale.note}"
-          + (f"; sequences overridden to {sequences}" if args.sequences else ""))
-    out = args.out or (default_out.format(scale=args.scale) if default_out else None)
-    done = previous_runs(out, args.scale, sequences) if args.resume else []
-    # the earlier record's runs of rows not run now stay in the record and the table
-    running = {(p, r.label) for p in scale.parts for r in rows}
-    records = [r for r in done if (r["part"], r["row"]) not in running]
-    measured = {}
-    for record in records:
-        measured.setdefault(record["part"], {}).setdefault(record["row"], []).append(
-            {m: record[m] for m in METRICS})
-    every_row = table["rows"] + table.get("ablation", [])
-    t0 = time.perf_counter()
-
-    def tables():
-        shown = [r for r in every_row
-                 if r in rows or any(r.label in m for m in measured.values())]
-        return "\n\n".join(format_table(
-            f"{table['title']}, {METRICS[metric]} (scale {args.scale}, {args.seeds} seeds, "
-            f"{sequences} training sequences per run; paper in parentheses)",
-            list(scale.parts), shown, measured, table["paper"], metric)
-            for metric in table["metrics"])
-
-    for part_name, part in scale.parts.items():
-        for row in rows:
-            for seed in range(args.seeds):
-                held = [r for r in done
-                        if (r["part"], r["row"], r["seed"]) == (part_name, row.label, seed)]
-                if held:
-                    record = held[0]
-                    accs = {m: record[m] for m in METRICS}
-                else:
-                    accs, record = run_row(row, part, scale, seed, sequences,
-                                           args.eval_sequences, log=lambda *a: None)
-                    record = {"part": part_name, "row": row.label, "seed": seed, **accs,
-                              **record}
-                measured.setdefault(part_name, {}).setdefault(row.label, []).append(accs)
-                records.append(record)
-                print(f"  {part_name} {row.label} seed {seed}: " + "   ".join(
-                    f"{metric} " + " ".join(f"{c} {a:.3f}" for c, a in accs[metric].items())
-                    for metric in table["metrics"]) + f"  ({record['wall_s']:.0f}s"
-                    + (", from the earlier record)" if held else ")"), flush=True)
-                if out:
-                    # runs of the earlier record not reached yet stay in the file too, so an
-                    # interrupted rerun loses nothing
-                    reached = {(r["part"], r["row"], r["seed"]) for r in records}
-                    write_record(out, table_id, args, scale, sequences, records + [
-                        r for r in done if (r["part"], r["row"], r["seed"]) not in reached],
-                        tables())
-    text = tables()
-    print()
-    print(text)
-    print(f"\ntotal {time.perf_counter() - t0:.0f}s")
-    return measured
-
-
-T975 = {2: 12.706, 3: 4.303, 4: 3.182, 5: 2.776, 6: 2.571, 7: 2.447, 8: 2.365, 9: 2.306,
-        10: 2.262}  # Student's t, 97.5% quantile, by sample size (normal beyond)
-
-
 def mean_ci(values, digits: int = 2) -> str:
     """'mean ± half-width of the 95% t interval' of the values (the APE and GridPE tables'
     statistic), ``digits`` decimals; one value: its mean alone."""
-    values = np.asarray(values, dtype=np.float64)
-    if len(values) < 2:
-        return f"{values.mean():.{digits}f}"
-    half = T975.get(len(values), 1.96) * values.std(ddof=1) / math.sqrt(len(values))
-    return f"{values.mean():.{digits}f} ± {half:.{digits}f}"
-
-
-def previous_runs(path, scale, sequences):
-    """The runs of the record at ``path`` (none if it does not exist); ValueError if it is of
-    another scale or number of training sequences."""
-    if path is None or not Path(path).exists():
-        return []
-    record = json.loads(Path(path).read_text())
-    if (record["scale"], record["sequences"]) != (scale, sequences):
-        raise ValueError(f"{path} holds scale {record['scale']!r} with {record['sequences']} "
-                         f"sequences, not {scale!r} with {sequences}: use another --out")
-    return record["runs"]
-
-
-def write_record(path, table_id, args, scale, sequences, records, text):
-    """The JSON record of the runs so far (written to a temporary file, then renamed)."""
-    path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_suffix(".tmp")
-    tmp.write_text(json.dumps(
-        {"table": table_id, "scale": args.scale, "note": scale.note, "seeds": args.seeds,
-         "sequences": sequences, "eval_sequences": args.eval_sequences, "runs": records,
-         "markdown": text}, indent=1))
-    tmp.replace(path)
+    return mean_spread(values, "ci95", digits)
 
 
 def write_json(path, record):

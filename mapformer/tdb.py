@@ -33,6 +33,7 @@ from . import backend as backends
 from .bottlenecks.vq import VQ
 from .models import Block, ModelConfig, Transformer
 from .nn import LayerNorm, Linear, ParameterStore, normal_init
+from .train import CheckpointError, check_arrays, json_object, read_npz, write_npz
 
 
 @dataclass(frozen=True)
@@ -139,13 +140,15 @@ class Head:
 
 
 class TDB:
-    """The model: ``params`` one flat store (ParameterStore); ``backend`` 'c' or 'numpy'."""
+    """The model: ``params`` one flat store (ParameterStore); ``backend`` 'c' or 'numpy';
+    ``declare_only=P``: only declare the parameters, at most P (as
+    :class:`mapformer.models.Transformer`'s; no teacher)."""
 
-    def __init__(self, config, seed=0, backend="c"):
+    def __init__(self, config, seed=0, backend="c", declare_only=None):
         self.config = config
         self.ops = backends.get(backend)
         rng = np.random.default_rng(seed)
-        self.params = ParameterStore(self.ops)
+        self.params = ParameterStore(self.ops, limit=declare_only)
         body = config.body_config()
         self.embed = self.params.declare("embed.weight", (config.vocab_size, config.d_model),
                                          normal_init(0.02), decay=True)
@@ -159,8 +162,10 @@ class TDB:
         # declared last: the teacher's parameters are a prefix of the student's
         self.enc = (Head(self.params, "enc", config, self.ops, 0, n_out=config.d_model)
                     if config.enc else None)
-        self.params.build(rng)
         self.teacher = None
+        if declare_only is not None:
+            return
+        self.params.build(rng)
         if config.enc:
             self.teacher = TDB(replace(config, enc=False, dropout=0.0, restart_dead=0),
                                seed=seed, backend=backend)
@@ -272,25 +277,36 @@ class TDB:
 
 def save_checkpoint(model, path, **meta):
     """Write the model's parameters, its config and ``meta`` (JSON-able: the room, the walks'
-    seeds, ...) to the .npz ``path``. The model is a TDB, or a
+    seeds, ...) to an .npz file at exactly ``path`` (no suffix added; atomically:
+    :func:`mapformer.train.write_npz`). The model is a TDB, or a
     :class:`mapformer.models.Transformer` (kind 'transformer': a MapWM / MapEM one's map comes
     from its angles, :func:`mapformer.cogmap.evaluate_angle_map`)."""
     kind, config = (("tdb", asdict(model.config)) if isinstance(model, TDB)
                     else ("transformer", model.config.to_dict()))
-    np.savez(path, params=model.ops.to_numpy(model.params.data), config=json.dumps(config),
-             meta=json.dumps(meta), kind=kind)
+    write_npz(path, params=np.asarray(model.ops.to_numpy(model.params.data), np.float32),
+              config=json.dumps(config), meta=json.dumps(meta), kind=kind)
 
 
 def load_checkpoint(path, backend="c"):
-    """(model, meta) from a file written by :func:`save_checkpoint`: a TDB or a Transformer."""
-    with np.load(path) as data:
-        values = json.loads(str(data["config"]))
-        if "kind" in data and str(data["kind"]) == "transformer":
-            model = Transformer(ModelConfig.from_dict(values), backend=backend)
-        else:
-            model = TDB(TDBConfig(**values), backend=backend)
-        if data["params"].shape != (model.params.size,):
-            raise ValueError(f"{path}: {data['params'].shape[0]} parameters, the config "
-                             f"builds {model.params.size}")
-        model.params.data[:] = model.ops.asarray(data["params"])
-        return model, json.loads(str(data["meta"]))
+    """(model, meta) from the file ``path`` written by :func:`save_checkpoint`: a TDB or a
+    Transformer. Checked as :func:`mapformer.train.load_checkpoint` checks a training
+    checkpoint, before the model is built: CheckpointError (a ValueError) naming the file and
+    what is wrong for a file that is missing, unreadable, truncated or a bare .npy, a config or
+    meta that is not a JSON object, an unknown kind, a config with unknown or bad fields,
+    params that are not float32 of shape (P,) for the P parameters the config describes, or
+    non-finite parameters."""
+    arrays = read_npz(path, ("params", "config", "meta"), optional=("kind",))
+    values, meta = json_object(path, arrays, "config"), json_object(path, arrays, "meta")
+    kind = str(arrays.get("kind", "tdb"))
+    if kind not in ("tdb", "transformer"):
+        raise CheckpointError(f"{path}: kind must be 'tdb' or 'transformer', got {kind!r:.80}")
+    cls = TDB if kind == "tdb" else Transformer
+    try:
+        config = TDBConfig(**values) if kind == "tdb" else ModelConfig.from_dict(values)
+    except (TypeError, ValueError, KeyError) as exc:
+        raise CheckpointError(f"{path}: the saved configuration is invalid: {exc}") from None
+    check_arrays(path, arrays, ("params",),
+                 lambda limit: cls(config, backend="numpy", declare_only=limit).params)
+    model = cls(config, backend=backend)
+    model.params.data[:] = model.ops.asarray(arrays["params"])
+    return model, meta

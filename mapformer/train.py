@@ -353,7 +353,15 @@ def evaluate(model, tasks, sequences=256, seed=0, batch_size=32):
     - a task module with ``eval_metrics(loss, exact, sequences)`` (transduction: perplexity
       and sequence_accuracy) adds its metrics, from the mean loss and the count of sequences
       whose masked positions are all right.
+
+    ValueError when ``sequences`` < 1 or a task's vocabulary exceeds the model's.
     """
+    if sequences < 1:
+        raise ValueError(f"sequences must be >= 1, got {sequences!r}")
+    for name, task in tasks.items():
+        if task.vocab_size > model.config.vocab_size:
+            raise ValueError(f"{name}: the task's vocabulary ({task.vocab_size}) exceeds the "
+                             f"model's ({model.config.vocab_size})")
     model.train(False)
     results = {}
     for name, task in tasks.items():
@@ -446,19 +454,26 @@ def save_checkpoint(path, model, optimizer, train_config, step):
     so that ``path`` always holds the last complete checkpoint. A non-finite parameter or
     moment is never written (FloatingPointError naming the step and the tensor)."""
     check_finite_state(model, optimizer, step)
-    path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
     meta = {"version": CHECKPOINT_VERSION, "model": model.config.to_dict(),
             "train": train_config.to_dict(), "step": step,
             "param_names": list(model.params.params),
             "dropout_rng": model.rng.bit_generator.state}
-    tmp = temp_path(path)
     to_numpy = model.ops.to_numpy
+    write_npz(path, meta=json.dumps(meta), **{  # host float32, whatever the backend
+        name: np.asarray(to_numpy(a), np.float32) for name, a in (
+            ("params", model.params.data), ("m", optimizer.m), ("v", optimizer.v))})
+
+
+def write_npz(path, **arrays):
+    """Write ``arrays`` to an .npz file at exactly ``path`` (no suffix added), atomically: to
+    a temporary file (:func:`temp_path`), synced, then renamed over ``path``, so that ``path``
+    always holds the last complete file."""
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = temp_path(path)
     try:
         with open(tmp, "wb") as f:
-            np.savez(f, meta=json.dumps(meta), **{  # host float32, whatever the backend
-                name: np.asarray(to_numpy(a), np.float32) for name, a in (
-                    ("params", model.params.data), ("m", optimizer.m), ("v", optimizer.v))})
+            np.savez(f, **arrays)
             f.flush()
             os.fsync(f.fileno())
         tmp.replace(path)
@@ -467,31 +482,82 @@ def save_checkpoint(path, model, optimizer, train_config, step):
         raise
 
 
-def read_checkpoint(path):
-    """(meta, {name: array}) of a checkpoint file, every member read (so that a truncated file
-    or a bad CRC shows here); CheckpointError with one line for anything unreadable."""
+def read_npz(path, names, optional=()):
+    """{name: array} of the .npz file ``path``: the members ``names`` (each required) and
+    those of ``optional`` it holds, every one read (so that a truncated file or a bad CRC shows
+    here). CheckpointError with one line naming the file for a missing file, a bare .npy, a
+    missing member or anything unreadable."""
     path = Path(path)
     if not path.is_file():
         raise CheckpointError(f"{path}: no such checkpoint file")
     try:
-        with np.load(path, allow_pickle=False) as f:
-            if not hasattr(f, "files"):
-                raise CheckpointError(f"{path} is not a checkpoint: a bare array, not an .npz")
-            missing = [k for k in ("meta", *CHECKPOINT_ARRAYS) if k not in f.files]
+        f = np.load(path, allow_pickle=False)
+        if not isinstance(f, np.lib.npyio.NpzFile):
+            raise CheckpointError(f"{path} is not a checkpoint: a bare array, not an .npz")
+        with f:
+            missing = [k for k in names if k not in f.files]
             if missing:
                 raise CheckpointError(f"{path} is not a mapformer checkpoint: it lacks "
                                       f"{', '.join(missing)}")
-            arrays = {k: f[k] for k in ("meta", *CHECKPOINT_ARRAYS)}
-        meta = json.loads(str(arrays.pop("meta")))
+            return {k: f[k] for k in (*names, *optional) if k in f.files}
     except CheckpointError:
         raise
-    except (OSError, ValueError, EOFError, KeyError, zipfile.BadZipFile,
-            UnicodeDecodeError) as exc:
+    except (OSError, ValueError, EOFError, KeyError, zipfile.BadZipFile) as exc:
         raise CheckpointError(f"{path} is not a readable checkpoint (corrupt or truncated: "
                               f"{type(exc).__name__}: {exc})") from None
-    if not isinstance(meta, dict):
-        raise CheckpointError(f"{path}: meta must be a JSON object, got {type(meta).__name__}")
-    return meta, arrays
+
+
+def json_object(path, arrays, name):
+    """The dict stored as JSON text in the member ``name`` of ``arrays`` (CheckpointError
+    naming it otherwise)."""
+    value = arrays[name]
+    if value.shape != () or value.dtype.kind != "U":
+        raise CheckpointError(f"{path}: {name} must be JSON text, got {value.dtype} of shape "
+                              f"{value.shape}")
+    try:
+        obj = json.loads(str(value))
+    except ValueError as exc:
+        raise CheckpointError(f"{path}: {name} is not JSON: {exc}") from None
+    if not isinstance(obj, dict):
+        raise CheckpointError(f"{path}: {name} must be a JSON object, got "
+                              f"{type(obj).__name__}")
+    return obj
+
+
+def check_arrays(path, arrays, names, declare):
+    """Check a checkpoint's flat arrays ``names`` against the model its config describes,
+    before that model is built: ``declare(P)`` declares the model's parameters, ValueError
+    past P of them, P the length of the first array (a ParameterStore, nothing allocated:
+    e.g. ``Transformer(config, backend="numpy", declare_only=P).params``). CheckpointError
+    naming what differs, unless every array is float32 of shape (the parameter count,) with
+    finite values. Returns the declared store (names and offsets)."""
+    first = arrays[names[0]]
+    if first.dtype != np.float32 or first.ndim != 1:
+        raise CheckpointError(f"{path}: {names[0]} must be a float32 vector (P,), got "
+                              f"{first.dtype} of shape {first.shape}")
+    try:
+        store = declare(first.shape[0])
+    except ValueError as exc:
+        raise CheckpointError(f"{path}: the saved configuration does not describe the "
+                              f"{first.shape[0]} parameters that {names[0]} holds: "
+                              f"{exc}") from None
+    for name in names:
+        a = arrays[name]
+        if a.dtype != np.float32 or a.shape != (store.size,):
+            raise CheckpointError(f"{path}: {name} must be float32 of shape ({store.size},) "
+                                  f"(the parameters the saved config describes), got "
+                                  f"{a.dtype} of shape {a.shape}")
+        tensor = nonfinite_tensor(store, a)
+        if tensor is not None:
+            raise CheckpointError(f"{path}: {name} holds non-finite values (in {tensor!r})")
+    return store
+
+
+def read_checkpoint(path):
+    """(meta, {name: array}) of a training checkpoint file (:func:`read_npz`; meta a JSON
+    object)."""
+    arrays = read_npz(path, ("meta", *CHECKPOINT_ARRAYS))
+    return json_object(path, arrays, "meta"), arrays
 
 
 def check_version(path, meta):
@@ -529,8 +595,9 @@ def load_checkpoint(path, backend="c"):
     """Load a checkpoint onto ``backend`` (any: a checkpoint holds host float32 arrays,
     whichever backend saved it): returns (model, optimizer, train_config, step). Every field is
     checked (CheckpointError naming it): the configs, the step (an int in [0, total steps]),
-    the parameter names, the arrays' dtype (float32) and shape (P,), finite parameters and
-    moments, v >= 0, and the dropout generator's state."""
+    the arrays' dtype (float32) and shape (P,) for the P parameters the config describes
+    (before the model is built: :func:`check_arrays`), finite parameters and moments, the
+    parameter names, v >= 0, and the dropout generator's state."""
     meta, arrays = read_checkpoint(path)
     check_version(path, meta)
 
@@ -550,23 +617,15 @@ def load_checkpoint(path, backend="c"):
     if isinstance(step, bool) or not 0 <= step <= train_config.total_steps:
         raise CheckpointError(f"{path}: step must be an int in [0, {train_config.total_steps}] "
                               f"(the run's total steps), got {step!r}")
-    model = Transformer(model_config, backend=backend)
-    names = list(model.params.params)
+    store = check_arrays(path, arrays, CHECKPOINT_ARRAYS, lambda limit: Transformer(
+        model_config, backend="numpy", declare_only=limit).params)
+    names = list(store.params)
     if field("param_names", list) != names:
         raise CheckpointError(f"{path}: parameters {meta['param_names'][:3]}... do not match "
-                              f"the model's {names[:3]}... ({model.params.size} values)")
-    for name in CHECKPOINT_ARRAYS:
-        a = arrays[name]
-        if a.dtype != np.float32 or a.shape != (model.params.size,):
-            raise CheckpointError(f"{path}: {name} must be float32 of shape "
-                                  f"({model.params.size},) (the model's parameters), got "
-                                  f"{a.dtype} of shape {a.shape}; parameters "
-                                  f"{names[:3]}... do not match")
-        tensor = nonfinite_tensor(model.params, a)
-        if tensor is not None:
-            raise CheckpointError(f"{path}: {name} holds non-finite values (in {tensor!r})")
+                              f"the model's {names[:3]}... ({store.size} values)")
     if (arrays["v"] < 0).any():
         raise CheckpointError(f"{path}: v (AdamW's second moment) must be >= 0")
+    model = Transformer(model_config, backend=backend)
     if "dropout_rng" in meta:  # version 2 did not save it
         try:
             model.rng.bit_generator.state = field("dropout_rng", dict)
@@ -623,22 +682,35 @@ def check_scored_positions(train_config, task, module, start):
 
 
 def train(model_config, train_config, out_dir=None, resume=None, progress=True, log=print,
-          eval_tasks=None, backend="c"):
+          eval_tasks=None, backend="c", parallel=None):
     """Train a model on ``train_config``'s task and evaluate it.
 
     model_config: ModelConfig (vocab_size must equal the task's). out_dir: where
-    ``checkpoint.npz`` and ``metrics.jsonl`` go (None: nothing written). resume: a checkpoint
-    to continue from (its configs must equal these). eval_tasks: {name: task config} (default: the three presets, see
-    TrainConfig.eval_tasks). backend: the model's ('c', 'cuda', 'numpy' or a backend object:
-    mapformer.backend.get). Returns a dict with the final evaluation, the last training loss,
-    wall time, steps, sequences and the model."""
+    ``checkpoint.npz`` and ``metrics.jsonl`` go (None: nothing written; a ``checkpoint.npz``
+    there that is not a file is a ValueError before training). resume: a checkpoint to
+    continue from (its configs must equal these). eval_tasks: {name: task config} (default:
+    the three presets, see TrainConfig.eval_tasks). backend: the model's ('c', 'cuda',
+    'numpy' or a backend object: mapformer.backend.get). parallel: a
+    mapformer.parallel.DataParallel: this process is one of its ranks, training on its share
+    of every batch (rank 0 alone logs, shows progress, writes ``out_dir`` and evaluates).
+    Returns a dict with the final evaluation, the last training loss, wall time, steps,
+    sequences and the model."""
     task = train_config.task_config()
     module = task_module(task)
     eval_tasks = eval_tasks or train_config.eval_tasks()
+    if parallel is not None:
+        from .parallel import check_data_parallel
+        check_data_parallel(model_config)
+        parallel.rows(train_config.batch_size)  # every rank has a row
+        if not parallel.root:
+            out_dir, progress, log = None, False, lambda *a: None
 
     def run_eval():
-        return evaluate(model, eval_tasks, train_config.eval_sequences,
-                        eval_seed(train_config), train_config.eval_batch_size)
+        if parallel is not None and not parallel.root:
+            return parallel.broadcast(None)
+        results = evaluate(model, eval_tasks, train_config.eval_sequences,
+                           eval_seed(train_config), train_config.eval_batch_size)
+        return results if parallel is None else parallel.broadcast(results)
 
     if model_config.vocab_size != task.vocab_size:
         raise ValueError(f"model vocab_size {model_config.vocab_size} != the task's vocab_size "
@@ -658,7 +730,11 @@ def train(model_config, train_config, out_dir=None, resume=None, progress=True, 
     metrics = None
     if out_dir:
         out_dir.mkdir(parents=True, exist_ok=True)
-        stale = temp_path(out_dir / "checkpoint.npz")
+        checkpoint = out_dir / "checkpoint.npz"
+        if checkpoint.exists() and not checkpoint.is_file():  # found now, not after training
+            raise ValueError(f"out_dir: {checkpoint} is not a file, so the checkpoint cannot "
+                             "be written there")
+        stale = temp_path(checkpoint)
         if stale.exists():  # left by a run killed while writing its checkpoint
             stale.unlink()
             log(f"removed {stale}, an incomplete checkpoint of an interrupted run")
@@ -677,11 +753,19 @@ def train(model_config, train_config, out_dir=None, resume=None, progress=True, 
         for step in range(start, total):
             batch = module.generate(task, train_config.batch_size,
                                     np.random.default_rng([train_config.seed, step]))
-            loss = model.loss(batch.tokens, batch.targets,
-                              module.loss_mask(batch, train_config.loss_positions),
-                              module.token_coordinates(batch), batch_prefix(module, batch),
-                              batch_pool(module))
-            model.backward()
+            mask = module.loss_mask(batch, train_config.loss_positions)
+            inputs = [batch.tokens, batch.targets, mask, module.token_coordinates(batch),
+                      batch_prefix(module, batch)]
+            scored = float(np.sum(mask))  # the whole batch's: the loss is a mean over it
+            if parallel is not None:  # this rank's rows; the gradient of the whole batch's
+                rows = parallel.rows(train_config.batch_size)  # mean, once summed
+                inputs = [None if a is None else a[rows] for a in inputs]
+                batch = parallel.share(batch)
+            loss = model.loss(*inputs, batch_pool(module))
+            model.backward(scored)
+            if parallel is not None:
+                parallel.allreduce(model.params.grad)
+                loss = parallel.sum(loss * float(np.sum(inputs[2]))) / max(scored, 1.0)
             lr = learning_rate(train_config, step)
             norm = optimizer.step(lr)
             done = step + 1
@@ -693,10 +777,14 @@ def train(model_config, train_config, out_dir=None, resume=None, progress=True, 
                                       else ""))
             if done % train_config.log_every == 0 or done == total:
                 elapsed = time.perf_counter() - t0
+                accuracy = masked_accuracy(model.ops.to_numpy(model.logits).reshape(
+                    batch.mask.shape + (-1,)), batch)
+                if parallel is not None:  # over the whole batch's scored positions
+                    shared = np.count_nonzero(batch.mask)
+                    accuracy = parallel.sum(accuracy * shared if shared else 0.0) / max(
+                        parallel.sum(shared), 1)
                 record = {"step": done, "sequences": done * train_config.batch_size,
-                          "loss": loss, "accuracy": masked_accuracy(
-                              model.ops.to_numpy(model.logits).reshape(
-                                  batch.mask.shape + (-1,)), batch),
+                          "loss": loss, "accuracy": accuracy,
                           "lr": lr, "grad_norm": norm, "elapsed": elapsed,
                           "seq_per_s": (done - start) * train_config.batch_size / elapsed}
                 usage = [u for u in (getattr(b.bottleneck, "usage", lambda: None)()

@@ -1,9 +1,13 @@
 """Training state (issue 13): checkpoints are atomic, never hold non-finite values, are
-validated field by field when read (corrupt files give one clear message), resume is exact
-with dropout on; ids beyond int32, negative mask weights and a task with nothing to score are
-refused; the command line ends expected errors in one line, never a traceback."""
+validated field by field when read (corrupt files give one clear message; the config is
+checked against the arrays before the model is built), resume is exact with dropout on; ids
+beyond int32, negative mask weights and a task with nothing to score are refused; the
+command line ends expected errors in one line, never a traceback (out of memory, a C core
+that does not load and --import included)."""
 import json
+import os
 import re
+import resource
 import subprocess
 import sys
 
@@ -11,9 +15,10 @@ import numpy as np
 import pytest
 
 from conftest import subprocess_env
+from mapformer.__main__ import main
 from mapformer.models import ModelConfig, Transformer
-from mapformer.train import (CheckpointError, TrainConfig, load_checkpoint, save_checkpoint,
-                             temp_path, train)
+from mapformer.train import (CheckpointError, TrainConfig, evaluate, load_checkpoint,
+                             save_checkpoint, temp_path, train)
 
 TINY_TASK = dict(dims=1, steps=12, grid_size=6, p_empty=0.5, n_objects=5)
 QUIET = dict(progress=False, log=lambda *a: None)
@@ -82,6 +87,55 @@ def test_bad_dropout_state_and_configs_are_refused(saved, tmp_path):
         load_checkpoint(rewrite(tmp_path, arrays, {**meta, "dropout_rng": {"bit_generator": 3}}))
     with pytest.raises(CheckpointError, match="configuration"):
         load_checkpoint(rewrite(tmp_path, arrays, {**meta, "train": {"lr": -1.0}}))
+
+
+def test_bare_npy_is_refused(saved, tmp_path):
+    """np.load gives a bare .npy as an array, not a context manager (it was a TypeError)."""
+    path = tmp_path / "params.npy"
+    np.save(path, saved[1]["params"])
+    with pytest.raises(CheckpointError) as info:
+        load_checkpoint(path)
+    assert str(info.value) == f"{path} is not a checkpoint: a bare array, not an .npz"
+
+
+def test_config_is_checked_against_the_arrays_before_the_model_is_built(saved, tmp_path):
+    """A config edited to ask for a 192 GiB model (d_model 65536) is refused from the stored
+    arrays' size, not built (it allocated 192 GiB); a smaller edit names both counts."""
+    _, arrays, meta = saved
+    size = arrays["params"].shape[0]
+    vocab = meta["model"]["vocab_size"]
+    huge = rewrite(tmp_path, arrays, {**meta, "model": {**meta["model"], "d_model": 65536,
+                                                         "n_heads": 512}})
+    with pytest.raises(CheckpointError) as info:
+        load_checkpoint(huge)
+    assert str(info.value) == (
+        f"{huge}: the saved configuration does not describe the {size} parameters that params "
+        f"holds: the parameters reach {vocab * 65536} at 'embed.weight' ({vocab}, 65536), past "
+        f"{size}")
+    narrower = {**meta["model"], "mlp_ratio": 1}
+    fewer = Transformer(ModelConfig.from_dict(narrower), backend="numpy").params.size
+    assert fewer < size
+    path = rewrite(tmp_path, arrays, {**meta, "model": narrower})
+    with pytest.raises(CheckpointError) as info:
+        load_checkpoint(path)
+    assert str(info.value) == (f"{path}: params must be float32 of shape ({fewer},) (the "
+                               "parameters the saved config describes), got float32 of shape "
+                               f"({size},)")
+
+
+def test_a_task_vocabulary_beyond_the_model_is_named(saved, tmp_path):
+    """A run whose task has more tokens than the model: the mismatch, not a token index."""
+    _, arrays, meta = saved
+    path = rewrite(tmp_path, arrays, {**meta, "train": {**meta["train"], "n_objects": 50}})
+    model, _, train_config, _ = load_checkpoint(path)
+    task_vocab = train_config.task_config().vocab_size
+    message = (f"iid: the task's vocabulary ({task_vocab}) exceeds the model's "
+               f"({model.config.vocab_size})")
+    with pytest.raises(ValueError) as info:
+        evaluate(model, train_config.eval_tasks(), 4)
+    assert str(info.value) == message and task_vocab > model.config.vocab_size
+    with pytest.raises(ValueError, match=r"^sequences must be >= 1, got 0$"):
+        evaluate(model, TrainConfig(**TINY_TASK).eval_tasks(), 0)
 
 
 def corrupt_versions(path, tmp_path):
@@ -222,9 +276,14 @@ def test_task_with_no_scored_position_is_refused(tmp_path):
 
 # ---- the command line -------------------------------------------------------------------
 
-def cli(*argv, cwd):
-    return subprocess.run([sys.executable, "-m", "mapformer", *argv], env=subprocess_env(1),
-                          capture_output=True, text=True, cwd=cwd)
+TINY_FLAGS = ["--dims", "1", "--grid-size", "4", "--d-model", "32", "--n-heads", "2",
+              "--eval-sequences", "8", "--no-progress"]
+
+
+def cli(*argv, cwd, env=None, **run):
+    return subprocess.run([sys.executable, "-m", "mapformer", *argv],
+                          env=env or subprocess_env(1), capture_output=True, text=True, cwd=cwd,
+                          **run)
 
 
 def test_cli_errors_are_one_line_without_traceback(saved, tmp_path):
@@ -232,8 +291,7 @@ def test_cli_errors_are_one_line_without_traceback(saved, tmp_path):
     params = saved[1]["params"].copy()
     params[0] = np.nan
     np.savez(nan, **{**saved[1], "params": params})
-    tiny_flags = ["--dims", "1", "--grid-size", "4", "--d-model", "32", "--n-heads", "2",
-                  "--eval-sequences", "8", "--no-progress"]
+    tiny_flags = TINY_FLAGS
     cases = [  # (argv, exit status, words of the message)
         (["eval", str(nan)], 2, "params holds non-finite values"),
         (["eval", str(tmp_path / "missing.npz")], 2, "no such checkpoint file"),
@@ -253,6 +311,140 @@ def test_cli_errors_are_one_line_without_traceback(saved, tmp_path):
         last = done.stderr.strip().splitlines()[-1]
         assert last.startswith("python -m mapformer: error: ") and words in last, done.stderr
     load_checkpoint(tmp_path / "run" / "checkpoint.npz")  # the diverged run's last good one
+
+
+def main_error(capsys, *argv):
+    """The lines main(argv) writes on stderr, where it must exit with status 2."""
+    with pytest.raises(SystemExit) as info:
+        main([str(a) for a in argv])
+    assert info.value.code == 2
+    return capsys.readouterr().err.splitlines()
+
+
+def error_of(call, *args):
+    """The message of the ValueError ``call(*args)`` raises."""
+    with pytest.raises(ValueError) as info:
+        call(*args)
+    return str(info.value)
+
+
+def test_eval_refuses_in_one_line(saved, tmp_path, capsys):
+    """A bare .npy, a config that asks for a 192 GiB model and a task vocabulary beyond the
+    model's: each the Python API's message, on one line."""
+    _, arrays, meta = saved
+    npy = tmp_path / "params.npy"
+    np.save(npy, arrays["params"])
+    huge = tmp_path / "huge.npz"
+    rewrite(tmp_path, arrays, {**meta, "model": {**meta["model"], "d_model": 65536,
+                                                  "n_heads": 512}}).rename(huge)
+    vocab = rewrite(tmp_path, arrays, {**meta, "train": {**meta["train"], "n_objects": 50}})
+    model, _, train_config, _ = load_checkpoint(vocab)
+    for path, message in [
+            (npy, error_of(load_checkpoint, npy)), (huge, error_of(load_checkpoint, huge)),
+            (vocab, error_of(evaluate, model, train_config.eval_tasks(), 4))]:
+        assert main_error(capsys, "eval", path) == [f"python -m mapformer: error: {message}"]
+
+
+@pytest.mark.parametrize("argv, line", [
+    (["eval", "x.npz", "--sequences", "0"],
+     "python -m mapformer eval: error: argument --sequences: must be an integer >= 1, got 0"),
+    (["eval", "x.npz", "--sequences", "-3"],
+     "python -m mapformer eval: error: argument --sequences: must be an integer >= 1, got -3"),
+    (["map", "x.npz", "--angle-places", "0"],
+     "python -m mapformer map: error: argument --angle-places: must be an integer >= 1, got 0"),
+])
+def test_zero_is_refused_not_read_as_the_default(capsys, argv, line):
+    """eval --sequences 0 evaluated the default number of sequences."""
+    lines = main_error(capsys, *argv)
+    assert lines[0].startswith(f"usage: python -m mapformer {argv[0]} ") and lines[-1] == line
+
+
+def test_out_dir_whose_checkpoint_is_a_directory_is_refused_before_training(tmp_path,
+                                                                             capsys):
+    """It failed only after training, when the checkpoint was renamed over the directory."""
+    (tmp_path / "checkpoint.npz").mkdir()
+    message = (f"out_dir: {tmp_path / 'checkpoint.npz'} is not a file, so the checkpoint "
+               "cannot be written there")
+    lines = []
+    with pytest.raises(ValueError) as info:
+        train(*tiny(), out_dir=tmp_path, progress=False, log=lines.append)
+    assert str(info.value) == message and lines == []
+    assert main_error(capsys, "train", "--steps", "8", "--sequences", "8", "--batch-size", "8",
+                      *TINY_FLAGS, "--out", tmp_path) == [f"python -m mapformer: error: {message}"]
+    assert not (tmp_path / "metrics.jsonl").exists()
+
+
+@pytest.mark.parametrize("sizes", [["--batch-size", "200000", "--sequences", "200000"],
+                                   ["--steps", "100000000", "--batch-size", "8"]])
+def test_out_of_memory_is_one_line_saying_what_to_lower(tmp_path, sizes):
+    """Under a 1 GiB address-space limit (a normal run of this size takes about 0.3 GiB), a
+    batch of 200000 walks or a walk of 10^8 steps: it was a MemoryError traceback."""
+    def limit():
+        resource.setrlimit(resource.RLIMIT_AS, (1 << 30, 1 << 30))
+
+    done = cli("train", "--steps", "8", "--sequences", "8", *TINY_FLAGS, *sizes, cwd=tmp_path,
+               preexec_fn=limit)
+    assert done.returncode == 2, done.stderr
+    assert re.fullmatch(
+        r"python -m mapformer: error: out of memory \((MemoryError|Unable to allocate .*)\): "
+        r"lower the batch size \(--batch-size, --eval-batch-size\), the sequence length "
+        r"\(--steps, --mean-length, \.\.\.\) or the model \(--d-model, --n-layers\)\n",
+        done.stderr), done.stderr
+
+
+@pytest.mark.parametrize("variable, value, message", [
+    ("MAPFORMER_KERNELS", "garbage", r"the environment variable MAPFORMER_KERNELS must name a "
+     r"kernel set this CPU runs: .*, got 'garbage'"),
+    ("MAPFORMER_POOL_MB", "abc", r"MAPFORMER_POOL_MB must be a whole number of megabytes in "
+     r"\[0, 2\*\*40\], got 'abc'"),
+])
+def test_a_c_core_that_does_not_load_is_one_line(tmp_path, variable, value, message):
+    """An environment the C core refuses: an ImportError in Python, one line here (it was a
+    traceback)."""
+    env = {**subprocess_env(1), variable: value}
+    done = cli("info", cwd=tmp_path, env=env)
+    assert done.returncode == 2
+    assert re.fullmatch(f"python -m mapformer: error: {message}\n", done.stderr), done.stderr
+    python = subprocess.run([sys.executable, "-c", "import mapformer.train"], env=env,
+                            capture_output=True, text=True, cwd=tmp_path)
+    assert python.returncode == 1
+    assert re.fullmatch(f"ImportError: {message}", python.stderr.splitlines()[-1])
+
+
+@pytest.mark.parametrize("argv, status, last, imported", [
+    (["info", "--import", "marker"], 2,
+     "python -m mapformer: error: unrecognized arguments: --import marker", False),
+    (["train", "--out", "--import", "marker"], 2,
+     "python -m mapformer train: error: argument --out: expected one argument", False),
+    (["--import", "marker", "eval"], 2,
+     "python -m mapformer eval: error: the following arguments are required: checkpoint",
+     False),
+    (["--imp", "marker", "info"], 2, "python -m mapformer: error: argument command: invalid "
+     "choice: 'marker' (choose from 'train', 'eval', 'info', 'plot', 'map', 'reproduce')", False),
+    (["--import", "marker", "--import=nowhere_such_module", "info"], 2,
+     "python -m mapformer: error: --import nowhere_such_module: ModuleNotFoundError: No module "
+     "named 'nowhere_such_module'", True),
+    (["--import", "raising", "info"], 2,
+     "python -m mapformer: error: --import raising: RuntimeError: raised on import", False),
+    (["--import", "marker", "info"], 0, None, True),
+])
+def test_import_runs_only_from_its_place_once_the_line_parses(tmp_path, argv, status, last,
+                                                              imported):
+    """--import MODULE is documented before the command: after the command, as another flag's
+    missing value or on a line refused without it, the module is never run; a missing or
+    raising module is one line."""
+    (tmp_path / "marker.py").write_text("open('imported', 'w').close()\n")
+    (tmp_path / "raising.py").write_text("raise RuntimeError('raised on import')\n")
+    env = subprocess_env(1)
+    env["PYTHONPATH"] += os.pathsep + str(tmp_path)
+    done = cli(*argv, cwd=tmp_path, env=env)
+    assert done.returncode == status, done.stderr
+    assert (tmp_path / "imported").exists() == imported
+    if last is None:
+        assert done.stdout.startswith("mapformer ")
+    else:
+        lines = done.stderr.splitlines()
+        assert lines[-1] == last and (len(lines) == 1 or lines[0].startswith("usage: ")), lines
 
 
 KEEP_WRITING = """

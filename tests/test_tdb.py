@@ -167,8 +167,97 @@ def test_map_command_on_a_mapwm_checkpoint(tmp_path, capsys):
     assert (tmp_path / "map" / "cogmap.png").stat().st_size > 0
     with pytest.raises(SystemExit):
         main(["map", str(tmp_path / "mapwm.npz"), "--angle-places", "0"])
-    assert "--angle-places must be at least 1, got 0" in capsys.readouterr().err
+    assert "argument --angle-places: must be an integer >= 1, got 0" in capsys.readouterr().err
     rope = Transformer(ModelConfig.preset("rope", 7, d_model=32, n_heads=2, n_layers=1))
     save_checkpoint(rope, tmp_path / "rope.npz", **meta)
     with pytest.raises(SystemExit):
         main(["map", str(tmp_path / "rope.npz")])
+
+
+MAP_META = {"room": {"height": 4, "width": 5, "n_obs": 3, "patch": 2, "steps": 12, "seed": 0},
+            "seed": 0, "train_walks": 16, "test_walks": 4, "context": 2}
+
+
+def test_checkpoint_is_saved_at_exactly_the_path_given(tmp_path):
+    """save_checkpoint(model, "x") wrote x.npz, which load_checkpoint("x") did not find."""
+    from mapformer.tdb import load_checkpoint, save_checkpoint
+    model = TDB(small(codebooks=1, steps=1), seed=4)
+    save_checkpoint(model, tmp_path / "x", **MAP_META)
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["x"]
+    loaded, meta = load_checkpoint(tmp_path / "x")
+    assert loaded.config == model.config and meta == MAP_META
+    assert np.array_equal(loaded.params.data, model.params.data)
+
+
+def bad_map_checkpoints(tmp_path):
+    """{case: (path, the message refusing it)}: files the map command must refuse."""
+    from mapformer.tdb import save_checkpoint
+    good = tmp_path / "good.npz"
+    save_checkpoint(TDB(small(codebooks=1, steps=1), seed=4), good, **MAP_META)
+    with np.load(good) as f:
+        arrays = dict(f)
+    config, size = json.loads(str(arrays["config"])), arrays["params"].shape[0]
+
+    def edit(name, **changes):
+        np.savez(tmp_path / name, **{**arrays, **changes})
+        return tmp_path / name
+
+    empty, truncated, npy = tmp_path / "empty.npz", tmp_path / "truncated.npz", tmp_path / "a.npy"
+    empty.write_bytes(b"")
+    truncated.write_bytes(good.read_bytes()[:good.stat().st_size // 2])
+    np.save(npy, arrays["params"])
+    nan = arrays["params"].copy()
+    nan[3] = np.nan
+    huge = {**config, "d_model": 65536, "n_heads": 512, "head_hidden": 65536}  # > 128 GiB
+    return {
+        "empty": (empty, f"{empty} is not a readable checkpoint (corrupt or truncated: "
+                         "EOFError: No data left in file)"),
+        "truncated": (truncated, f"{truncated} is not a readable checkpoint (corrupt or "
+                                 "truncated: BadZipFile: File is not a zip file)"),
+        "config list": (edit("list.npz", config=json.dumps([1, 2])),
+                        "config must be a JSON object, got list"),
+        "unknown field": (edit("field.npz", config=json.dumps({**config, "colour": 1})),
+                          "the saved configuration is invalid: TDBConfig.__init__() got an "
+                          "unexpected keyword argument 'colour'"),
+        "0-d params": (edit("scalar.npz", params=np.float32(1.0)),
+                       "params must be a float32 vector (P,), got float32 of shape ()"),
+        "bare npy": (npy, f"{npy} is not a checkpoint: a bare array, not an .npz"),
+        "huge model": (edit("huge.npz", config=json.dumps(huge)),
+                       f"the saved configuration does not describe the {size} parameters that "
+                       f"params holds: the parameters reach {7 * 65536} at 'embed.weight' (7, "
+                       f"65536), past {size}"),
+        "nan params": (edit("nan.npz", params=nan),
+                       "params holds non-finite values (in 'embed.weight')"),
+        "int64 params": (edit("int.npz", params=arrays["params"].astype(np.int64)),
+                         f"params must be a float32 vector (P,), got int64 of shape ({size},)"),
+        "meta without room": (edit("room.npz", meta=json.dumps({"seed": 0})),
+                              "meta field 'room' must be a JSON object of RoomsConfig fields, "
+                              "got None"),
+        "meta seed": (edit("seed.npz", meta=json.dumps({**MAP_META, "seed": [1]})),
+                      "meta field 'seed' must be an integer >= 0, got [1]"),
+    }
+
+
+def test_map_command_refuses_bad_checkpoints_in_one_line(tmp_path, capsys):
+    """Each was a traceback (EOFError, BadZipFile, TypeError, IndexError, KeyError,
+    MemoryError) or a map drawn from NaN or int64 parameters. The Python API raises the same
+    message: load_checkpoint a CheckpointError, cogmap.room_config (the map's meta) a
+    ValueError."""
+    from mapformer.__main__ import main
+    from mapformer.tdb import load_checkpoint
+    from mapformer.train import CheckpointError
+    for case, (path, message) in bad_map_checkpoints(tmp_path).items():
+        if case.startswith("meta"):  # a readable checkpoint whose meta describes no room
+            with pytest.raises(ValueError) as info:
+                cogmap.room_config(load_checkpoint(path)[1])
+            line = f"{path}: {info.value}"
+        else:
+            with pytest.raises(CheckpointError) as info:
+                load_checkpoint(path)
+            line = str(info.value)
+        assert line == (message if message.startswith(str(path)) else f"{path}: {message}"), case
+        with pytest.raises(SystemExit) as info:
+            main(["map", str(path), "--out", str(tmp_path / "map")])
+        assert info.value.code == 2, case
+        assert capsys.readouterr().err.splitlines() == [f"python -m mapformer: error: {line}"]
+    assert not (tmp_path / "map").exists()

@@ -139,7 +139,8 @@ def test_checkpoint_round_trip_and_mismatch(tmp_path):
         arrays = dict(f)
     arrays["params"] = arrays["params"][:-1]
     np.savez(bad, **arrays)
-    with pytest.raises(ValueError, match="do not match"):
+    with pytest.raises(ValueError, match=rf"the saved configuration does not describe the "
+                       rf"{model.params.size - 1} parameters that params holds"):
         load_checkpoint(bad)
 
 
@@ -361,7 +362,7 @@ def test_readme_command_line_block_is_the_cli_usage(monkeypatch):
     section = readme[readme.index("## Command line"):readme.index("## Results")]
     for usage in [parser.format_usage()] + [p.format_usage() for p in commands.values()]:
         assert usage in section, f"README's Command line section lacks:\n{usage}"
-    assert set(commands) == {"train", "eval", "plot", "info", "map"}
+    assert set(commands) == {"train", "eval", "plot", "info", "map", "reproduce"}
 
 
 def test_cli_info_names_the_kernels_and_threads():

@@ -1,0 +1,90 @@
+"""Records: one JSON file per run id, and the provenance every record carries."""
+import functools
+import json
+import os
+import platform
+import subprocess
+from pathlib import Path
+
+import numpy as np
+
+ROOT = Path(__file__).resolve().parents[2]  # the checkout mapformer was imported from
+
+
+@functools.lru_cache(maxsize=None)
+def git_state():
+    """{"commit": HEAD's hash, "dirty": whether tracked files differ from it} of the checkout
+    this mapformer was imported from; "unknown" for both when it is not a git checkout (an
+    installed copy)."""
+    def git(*args):
+        return subprocess.run(["git", "-C", str(ROOT), *args], capture_output=True, text=True,
+                              timeout=30)
+    try:
+        head = git("rev-parse", "HEAD")
+        if head.returncode != 0 or not (ROOT / "mapformer").is_dir():
+            return {"commit": "unknown", "dirty": "unknown"}
+        status = git("status", "--porcelain", "--untracked-files=no")
+        return {"commit": head.stdout.strip(), "dirty": bool(status.stdout.strip())}
+    except (OSError, subprocess.SubprocessError):
+        return {"commit": "unknown", "dirty": "unknown"}
+
+
+def cpu_model():
+    """The CPU's model name (/proc/cpuinfo on Linux), else platform.processor()."""
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return platform.processor() or platform.machine()
+
+
+def provenance():
+    """What produced a record: library version, git commit and dirty flag, kernel set, CPU,
+    thread count, NumPy, OpenBLAS and Python versions, machine and host."""
+    from .. import __version__, _C
+
+    info = _C.info()
+    return {"mapformer": __version__, **git_state(), "kernels": info["kernels"],
+            "cpu": cpu_model(), "cpu_level": info["cpu_level"], "threads": info["threads"],
+            "numpy": np.__version__, "blas": info["blas"]["config"],
+            "python": platform.python_version(), "machine": platform.machine(),
+            "host": platform.node()}
+
+
+class RecordStore:
+    """A directory of records, ``<id>.json`` each, written atomically (a temporary file in the
+    same directory, then a rename): a killed writer leaves the old state, never half a
+    record."""
+
+    def __init__(self, directory):
+        self.directory = Path(directory)
+
+    def path(self, run_id):
+        return self.directory / f"{run_id}.json"
+
+    def __contains__(self, run_id):
+        return self.path(run_id).is_file()
+
+    def get(self, run_id):
+        """The record of ``run_id``, or None."""
+        path = self.path(run_id)
+        if not path.is_file():
+            return None
+        record = json.loads(path.read_text())
+        if record.get("id") != run_id:
+            raise ValueError(f"{path} holds the record of run {record.get('id')!r}")
+        return record
+
+    def put(self, record):
+        """Write ``record`` (its "id" names the file); returns its path."""
+        self.directory.mkdir(parents=True, exist_ok=True)
+        path = self.path(record["id"])
+        tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
+        tmp.write_text(json.dumps(record, indent=1, sort_keys=True))
+        tmp.replace(path)
+        return path
+
+    def ids(self):
+        return sorted(p.stem for p in self.directory.glob("*.json"))

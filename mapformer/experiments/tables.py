@@ -1,0 +1,172 @@
+"""Tables: declarative specs of runs whose cells are rendered from records only, and
+:func:`run_all`, which executes the runs a record store lacks."""
+import json
+import math
+import sys
+from dataclasses import dataclass, field
+from typing import Callable
+
+import numpy as np
+
+from .executors import Serial
+
+T975 = {2: 12.706, 3: 4.303, 4: 3.182, 5: 2.776, 6: 2.571, 7: 2.447, 8: 2.365, 9: 2.306,
+        10: 2.262}  # Student's t, 97.5% quantile, by sample size (normal beyond)
+
+
+def run_all(runs, store, executor=None, force=False, progress=True):
+    """Execute the runs whose record ``store`` lacks (all of them with ``force``) on
+    ``executor`` (default: Serial), writing each record as it finishes. Returns {"held": runs
+    whose record existed, "ran": runs executed, "failed": [(run id, error text)]}; progress: a
+    tqdm bar of runs done, with pending and failed counts."""
+    executor = executor or Serial()
+    runs = list(dict.fromkeys(runs))  # one of each id, in order
+    todo = runs if force else [r for r in runs if r.id not in store]
+    if force:
+        for run in todo:
+            store.path(run.id).unlink(missing_ok=True)
+    summary = {"held": len(runs) - len(todo), "ran": 0, "failed": []}
+    bar = None
+    if progress and todo:
+        from tqdm import tqdm
+        bar = tqdm(total=len(todo), desc=f"runs ({executor.name})", file=sys.stderr,
+                   unit="run")
+    try:
+        for run, outcome in executor.execute(todo, str(store.directory)):
+            if isinstance(outcome, BaseException):
+                summary["failed"].append((run.id, f"{type(outcome).__name__}: {outcome}"))
+            else:
+                if run.id not in store:  # the worker's directory may not be this one
+                    store.put(outcome)
+                summary["ran"] += 1
+            if bar is not None:
+                bar.update()
+                bar.set_postfix(pending=len(todo) - bar.n, failed=len(summary["failed"]))
+    finally:
+        if bar is not None:
+            bar.close()
+    return summary
+
+
+def mean_spread(values, statistic="std", digits=2):
+    """'mean ± std' (population std over seeds) or, with statistic "ci95", 'mean ± half-width
+    of the 95% t interval'; one value: the value alone."""
+    values = np.asarray(values, np.float64)
+    if len(values) < 2:
+        return f"{values.mean():.{digits}f}"
+    if statistic == "ci95":
+        spread = T975.get(len(values), 1.96) * values.std(ddof=1) / math.sqrt(len(values))
+    else:
+        spread = values.std()
+    return f"{values.mean():.{digits}f} ± {spread:.{digits}f}"
+
+
+@dataclass(frozen=True)
+class Table:
+    """A table (or figure) of one paper at one scale: parts x rows x seeds, each cell a run
+    per seed, each column an evaluation set, read at ``metrics``.
+
+    make_run(part, row, seed) -> Run; reference: the paper's figures {part: {row: (value per
+    column)}}; statistic: how a cell aggregates its seeds ("std": mean ± std, "ci95": mean ±
+    the 95% t interval's half-width), always with n."""
+
+    paper: str
+    name: str
+    title: str
+    scale: str
+    note: str
+    parts: tuple
+    rows: tuple
+    columns: tuple
+    metrics: tuple
+    make_run: Callable = field(compare=False, repr=False)
+    reference: dict = field(default_factory=dict, compare=False, repr=False)
+    statistic: str = "std"
+
+    def keys(self, seeds):
+        """(part, row, seed) of every run, in order."""
+        return [(p, r, s) for p in self.parts for r in self.rows for s in range(seeds)]
+
+    def runs(self, seeds, rows=None):
+        """The runs of ``seeds`` seeds (0, 1, ...), of ``rows`` only when given."""
+        return [self.make_run(p, r, s) for p, r, s in self.keys(seeds)
+                if rows is None or r in rows]
+
+    def cells(self, store, seeds):
+        """{(part, row): {"n": records found, "missing": seeds without one, "values":
+        {metric: {column: [value per found seed]}}, "commits": the records' commits,
+        "dirty": whether one came from a dirty tree, "unknown": whether one's provenance is
+        unknown (converted from an older harness: mapformer.experiments.legacy)}}, read from
+        ``store`` only."""
+        cells = {}
+        for part, row, seed in self.keys(seeds):
+            cell = cells.setdefault((part, row), {
+                "n": 0, "missing": [], "commits": set(), "dirty": False, "unknown": False,
+                "values": {m: {c: [] for c in self.columns} for m in self.metrics}})
+            record = store.get(self.make_run(part, row, seed).id)
+            if record is None:
+                cell["missing"].append(seed)
+                continue
+            cell["n"] += 1
+            commit = record["provenance"]["commit"]
+            if commit == "unknown":
+                cell["unknown"] = True
+            else:
+                cell["commits"].add(commit)
+                cell["dirty"] |= record["provenance"]["dirty"] is not False
+            for m in self.metrics:
+                for c in self.columns:
+                    cell["values"][m][c].append(record["metrics"][c][m])
+        return cells
+
+    def markdown(self, store, seeds, metric=None):
+        """Markdown of ``metric`` (default: the first): a line per row, a cell per part and
+        column: mean ± spread (n) of the seeds' records, the paper's figure in parentheses.
+        A cell whose records come from more than one commit is marked †, one with a record
+        from a dirty tree ‡, one with a record of unknown provenance §; a cell without
+        records is '-'."""
+        metric = metric or self.metrics[0]
+        cells = self.cells(store, seeds)
+        head = [f"{p} {c}".strip() for p in self.parts for c in self.columns]
+        lines = [f"**{self.title}** ({metric}; scale {self.scale}: {self.note})", "",
+                 "| model | " + " | ".join(head) + " |", "|---|" + "---|" * len(head)]
+        marks = set()
+        for row in self.rows:
+            out = []
+            for part in self.parts:
+                cell = cells[(part, row)]
+                ref = self.reference.get(part, {}).get(row)
+                for i, column in enumerate(self.columns):
+                    values = cell["values"][metric][column]
+                    if not values:
+                        out.append("-")
+                        continue
+                    mark = ("†" if len(cell["commits"]) > 1 else "") + \
+                        ("‡" if cell["dirty"] else "") + ("§" if cell["unknown"] else "")
+                    marks.update(mark)
+                    text = f"{mean_spread(values, self.statistic)} (n={len(values)}){mark}"
+                    out.append(text + (f" [{ref[i]:.2f}]" if ref is not None else ""))
+            lines.append(f"| {row} | " + " | ".join(out) + " |")
+        lines += ["", "Paper in brackets; " + ("mean ± std over seeds" if self.statistic ==
+                                                "std" else "mean ± 95% t interval") + "."]
+        if "†" in marks:
+            lines.append("† records from more than one commit.")
+        if "‡" in marks:
+            lines.append("‡ a record from a tree with uncommitted changes.")
+        if "§" in marks:
+            lines.append("§ records of unknown provenance (converted from the harness before "
+                         "the experiment layer).")
+        return "\n".join(lines)
+
+    def to_json(self, store, seeds):
+        """The table as JSON values: spec fields, the paper's figures, and per cell the
+        seeds' values, commits and missing seeds."""
+        cells = self.cells(store, seeds)
+        return {"paper": self.paper, "table": self.name, "title": self.title,
+                "scale": self.scale, "note": self.note, "seeds": seeds,
+                "columns": list(self.columns), "metrics": list(self.metrics),
+                "reference": json.loads(json.dumps(self.reference)),
+                "cells": [{"part": p, "row": r, "n": c["n"], "missing": c["missing"],
+                           "commits": sorted(c["commits"]), "dirty": c["dirty"],
+                           "unknown_provenance": c["unknown"],
+                           "values": c["values"]} for (p, r), c in cells.items()]}
