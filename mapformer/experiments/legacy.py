@@ -70,7 +70,7 @@ def convert(path):
 def main(argv=None):
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("files", nargs="+")
-    parser.add_argument("--records", default="results/records/mapformer")
+    parser.add_argument("--records", default="results/records/mapformer-legacy")
     args = parser.parse_args(argv)
     store = RecordStore(args.records)
     for path in args.files:
