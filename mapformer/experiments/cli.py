@@ -9,13 +9,6 @@ from .records import RecordStore
 from .tables import run_all
 
 
-def positive(text):
-    value = int(text)
-    if value < 1:
-        raise ValueError(f"must be >= 1, got {value}")
-    return value
-
-
 def add_parser(sub, positive_int):
     """The ``reproduce`` subcommand on the CLI's subparsers."""
     rp = sub.add_parser("reproduce", help="run a paper's table (the runs whose record is "

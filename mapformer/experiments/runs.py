@@ -34,8 +34,8 @@ def task_to_dict(config):
 
 
 def task_from_dict(values):
-    """The task config :func:`task_to_dict` wrote (lists back to tuples where a field's
-    default is a tuple)."""
+    """The task config :func:`task_to_dict` wrote (JSON's lists back to the tuples they
+    were)."""
     values = dict(values)
     name = values.pop("config", None)
     if name not in TASK_CONFIGS:
