@@ -38,7 +38,7 @@ sys.path.insert(0, str(ROOT))
 
 from mapformer import ood  # noqa: E402
 from mapformer.models import ModelConfig  # noqa: E402
-from mapformer.reproduce import TABLES  # noqa: E402
+from mapformer.reproduce.mapformer import TABLES  # noqa: E402
 from mapformer.train import (TrainConfig, eval_seed, load_checkpoint, task_module,  # noqa: E402
                              train)
 

@@ -100,7 +100,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from mapformer.models import ModelConfig  # noqa: E402
 from mapformer.schemes import SCHEMES  # noqa: E402
 from mapformer.tasks import transduction, trees  # noqa: E402
-from mapformer.reproduce import mean_ci, train_or_load  # noqa: E402
+from mapformer.reproduce.mapformer import mean_ci, train_or_load  # noqa: E402
 from mapformer.train import TrainConfig  # noqa: E402
 
 TASKS = transduction.OPERATIONS

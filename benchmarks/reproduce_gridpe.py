@@ -102,7 +102,7 @@ from mapformer.models import ModelConfig  # noqa: E402
 from mapformer.schemes import SCHEMES  # noqa: E402
 from mapformer.schemes.gridpe import (code_kernel, gridpe_frequencies,  # noqa: E402
                                       neuron_count)
-from mapformer.reproduce import mean_ci, train_or_load, write_json  # noqa: E402
+from mapformer.reproduce.mapformer import mean_ci, train_or_load, write_json  # noqa: E402
 from mapformer.train import TrainConfig  # noqa: E402
 
 

@@ -694,7 +694,9 @@ def train(model_config, train_config, out_dir=None, resume=None, progress=True, 
     mapformer.parallel.DataParallel: this process is one of its ranks, training on its share
     of every batch (rank 0 alone logs, shows progress, writes ``out_dir`` and evaluates).
     Returns a dict with the final evaluation, the last training loss, wall time, steps,
-    sequences and the model."""
+    sequences, the model, ``log`` (the records logged every ``log_every`` steps: step, loss,
+    accuracy, lr, grad_norm, ...) and ``evals`` ([{"step", "eval"}] of the evaluations every
+    ``eval_every`` steps, the final one excluded)."""
     task = train_config.task_config()
     module = task_module(task)
     eval_tasks = eval_tasks or train_config.eval_tasks()
@@ -749,6 +751,7 @@ def train(model_config, train_config, out_dir=None, resume=None, progress=True, 
                dynamic_ncols=True, mininterval=0.5)
     t0 = time.perf_counter()
     record = None
+    history, evals = [], []
     try:
         for step in range(start, total):
             batch = module.generate(task, train_config.batch_size,
@@ -791,6 +794,7 @@ def train(model_config, train_config, out_dir=None, resume=None, progress=True, 
                                      for b in model.blocks) if u is not None]
                 if usage:  # VQ bottlenecks: perplexity and dead codes since the last record
                     record["code_usage"] = usage
+                history.append(record)
                 bar.set_postfix(loss=f"{loss:.4f}", acc=f"{record['accuracy']:.3f}",
                                 seq_per_s=f"{record['seq_per_s']:.0f}")
                 if metrics:
@@ -799,6 +803,7 @@ def train(model_config, train_config, out_dir=None, resume=None, progress=True, 
             bar.update(1)
             if train_config.eval_every and done % train_config.eval_every == 0 and done < total:
                 results = run_eval()
+                evals.append({"step": done, "eval": results})
                 log(f"step {done}:\n{format_eval(results)}")
                 if metrics:
                     metrics.write(json.dumps({"step": done, "eval": results}) + "\n")
@@ -818,5 +823,6 @@ def train(model_config, train_config, out_dir=None, resume=None, progress=True, 
         if metrics:
             metrics.close()
     return {"eval": results, "loss": record["loss"] if record else None, "wall_s": wall,
-            "steps": total, "sequences": total * train_config.batch_size, "model": model}
+            "steps": total, "sequences": total * train_config.batch_size, "model": model,
+            "log": history, "evals": evals}
 

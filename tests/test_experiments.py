@@ -15,7 +15,8 @@ from pathlib import Path
 import pytest
 
 from conftest import subprocess_env
-from mapformer.experiments import Dask, Pool, RecordStore, Run, Serial, run_all, specs
+from mapformer import reproduce
+from mapformer.experiments import Dask, Pool, RecordStore, Run, Serial, run_all
 from mapformer.experiments.records import git_state
 from mapformer.experiments.runs import task_from_dict, task_to_dict
 from mapformer.experiments.tables import Table
@@ -26,7 +27,7 @@ HERE = Path(__file__).resolve().parent
 
 def tiny_table():
     """MapFormer's Table 1 at 64 training sequences, 4 per evaluation set."""
-    return specs.table("mapformer", "1", sequences=64, eval_sequences=4)
+    return reproduce.table("mapformer", "1", sequences=64, eval_sequences=4)
 
 
 def toy_runs(ledger, n, sleep=0.0):
@@ -53,8 +54,8 @@ def test_run_id_is_stable_and_the_description_round_trips():
     other = tiny_table().runs(2, rows=["MapWM"])[1]
     assert other.id != run.id and other.seed == 1
     # the id is the description's: the same in another process
-    code = ("from mapformer.experiments import specs; "
-            "print(specs.table('mapformer', '1', sequences=64, eval_sequences=4)"
+    code = ("from mapformer import reproduce; "
+            "print(reproduce.table('mapformer', '1', sequences=64, eval_sequences=4)"
             ".runs(1, rows=['MapWM'])[0].id)")
     done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
                           check=True, env=subprocess_env(1))

@@ -219,7 +219,7 @@ def test_records_written_before_grid_side_and_rope_trainable_still_match(tmp_pat
     """A reproduction's JSON written before TrainConfig.grid_side and rope_axial's
     rope_trainable existed (both at their defaults here) is read back, not retrained; a
     record of other configs is still refused."""
-    from mapformer.reproduce import train_or_load
+    from mapformer.reproduce.mapformer import train_or_load
 
     train_config = TrainConfig(dims=2, steps=4, grid_size=4, sequences=8, batch_size=8,
                                eval_sequences=2)

@@ -1,16 +1,16 @@
-"""MapFormer's tables as experiment specs (mapformer.experiments.specs over
-mapformer.reproduce.TABLES) on a few training sequences: every table's rows build and train,
+"""MapFormer's tables as experiment specs (mapformer.reproduce.table over
+mapformer.reproduce.mapformer.TABLES) on a few training sequences: every table's rows build and train,
 the rendered table carries the paper's figures, Table 3 keeps its own task sets."""
 import pytest
 
 from mapformer import reproduce
-from mapformer.experiments import RecordStore, run_all, specs
-from mapformer.reproduce import COLUMNS, TABLES
+from mapformer.experiments import RecordStore, run_all
+from mapformer.reproduce.mapformer import COLUMNS, TABLES, mean_ci
 
 
-@pytest.mark.parametrize("name", specs.PAPERS["mapformer"])
+@pytest.mark.parametrize("name", reproduce.table_names("mapformer"))
 def test_every_row_builds_and_trains(name, tmp_path):
-    table = specs.table("mapformer", name, sequences=64, eval_sequences=4)
+    table = reproduce.table("mapformer", name, sequences=64, eval_sequences=4)
     store = RecordStore(tmp_path)
     runs = table.runs(1)
     assert len(runs) == len(table.parts) * len(table.rows)
@@ -32,16 +32,16 @@ def test_every_row_builds_and_trains(name, tmp_path):
 
 
 def test_rows_and_scales():
-    assert specs.table("mapformer", "2-modes").rows == (
+    assert reproduce.table("mapformer", "2-modes").rows == (
         "MapEM-os (score_product)", "MapEM-os (softmax_product)", "MapEM-os (sum)")
-    paper = specs.table("mapformer", "2", scale="paper")
+    paper = reproduce.table("mapformer", "2", scale="paper")
     run = paper.runs(1, rows=["MapWM"])[0]
     assert run.train["sequences"] == 200_000 and run.train["batch_size"] == 128
     assert run.model["d_model"] == 128 and run.model["options"]["delta_rank"] == 1
     with pytest.raises(ValueError, match="not 'x'"):
-        specs.table("mapformer", "x")
+        reproduce.table("mapformer", "x")
     with pytest.raises(ValueError, match="has scales"):
-        specs.table("mapformer", "1", scale="huge")
+        reproduce.table("mapformer", "1", scale="huge")
 
 
 def test_table3_task_sets():
@@ -49,7 +49,7 @@ def test_table3_task_sets():
     part = TABLES["3"]["scales"]["cpu"].parts["2D"]
     assert [(t.steps, t.grid_size, t.p_empty) for t in part["eval"].values()] == [
         (16, 64, 0.5), (8, 32, 0.2), (32, 128, 0.8)]
-    run = specs.table("mapformer", "3").runs(1, rows=["Mamba"])[0]
+    run = reproduce.table("mapformer", "3").runs(1, rows=["Mamba"])[0]
     assert run.model["mixer"] == "mamba"
     assert [(e["steps"], e["grid_size"]) for e in run.evals.values()] == [
         (16, 64), (8, 32), (32, 128)]
@@ -58,6 +58,6 @@ def test_table3_task_sets():
 def test_mean_ci():
     """Mean and the 95% t interval's half-width (t = 4.303 at 3 values: 1 * 4.303 / sqrt(3)),
     at the digits asked for; one value: its mean alone."""
-    assert reproduce.mean_ci([1.0, 2.0, 3.0]) == "2.00 ± 2.48"
-    assert reproduce.mean_ci([1.0, 2.0, 3.0], digits=3) == "2.000 ± 2.484"
-    assert reproduce.mean_ci([0.5]) == "0.50"
+    assert mean_ci([1.0, 2.0, 3.0]) == "2.00 ± 2.48"
+    assert mean_ci([1.0, 2.0, 3.0], digits=3) == "2.000 ± 2.484"
+    assert mean_ci([0.5]) == "0.50"

@@ -11,8 +11,9 @@ the paper's figures beside it) whose cells are rendered from the store's records
 local process pool, Dask distributed) and writes each record as it finishes, so a table can
 span sittings and a rerun skips what is done.
 
-    from mapformer.experiments import RecordStore, run_all, specs
-    table = specs.table("mapformer", "2", scale="cpu")
+    from mapformer import reproduce
+    from mapformer.experiments import RecordStore, run_all
+    table = reproduce.table("mapformer", "2", scale="cpu")   # every paper's: mapformer.reproduce
     store = RecordStore("records/mapformer")
     run_all(table.runs(seeds=3), store)          # serial; executor=Pool(2) or Dask(...)
     print(table.markdown(store, seeds=3))

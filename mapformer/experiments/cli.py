@@ -3,7 +3,7 @@ is missing) on an executor, then the table rendered from the records."""
 import json
 from pathlib import Path
 
-from . import specs
+from .. import reproduce
 from .executors import make_executor
 from .records import RecordStore
 from .tables import run_all
@@ -13,18 +13,18 @@ def add_parser(sub, positive_int):
     """The ``reproduce`` subcommand on the CLI's subparsers."""
     rp = sub.add_parser("reproduce", help="run a paper's table (the runs whose record is "
                         "missing) on an executor, then print it from the records")
-    rp.add_argument("paper", choices=sorted(specs.PAPERS))
+    rp.add_argument("paper", choices=sorted(reproduce.PAPERS))
     rp.add_argument("table", help="the table: " + "; ".join(
-        f"{p}: {', '.join(names)}" for p, names in specs.PAPERS.items()))
-    rp.add_argument("--scale", default="cpu", choices=("cpu", "paper"),
-                    help="the paper's settings, or the reduced ones of a 2-core CPU (default)")
+        f"{p}: {', '.join(reproduce.table_names(p))}" for p in reproduce.PAPERS))
+    rp.add_argument("--scale", default="cpu", help="cpu: reduced for a 2-core CPU (the "
+                    "default); paper: the paper's settings; some tables have more (tiny)")
     rp.add_argument("--seeds", type=positive_int, default=3, help="seeds 0 .. N-1 (default 3)")
     rp.add_argument("--rows", default=None, help="comma-separated row labels to run (default: "
                     "all; the table shows every row that has records)")
     rp.add_argument("--sequences", type=positive_int, default=None,
                     help="override the scale's training sequences (not a reproduction)")
-    rp.add_argument("--eval-sequences", type=positive_int, default=256,
-                    help="sequences per evaluation set (default 256)")
+    rp.add_argument("--eval-sequences", type=positive_int, default=None,
+                    help="sequences per evaluation set (default: the table's)")
     rp.add_argument("--records", default=None, help="directory of the run records (default: "
                     "results/records/PAPER)")
     rp.add_argument("--executor", default="serial", choices=("serial", "pool", "dask", "slurm"),
@@ -42,13 +42,16 @@ def add_parser(sub, positive_int):
                     help="run nothing: render the table from the records there are")
     rp.add_argument("--json", default=None, metavar="FILE",
                     help="also write the table (cells' per-seed values and provenance) here")
+    rp.add_argument("--plot", default=None, metavar="FILE", help="where a figure's plot goes "
+                    "(default: results/figures/PAPER-TABLE-SCALE.png; tables without a plot "
+                    "draw none)")
     rp.add_argument("--no-progress", action="store_true", help="no progress bar")
     return rp
 
 
 def run(args):
     """Execute and render; returns the exit status (1 when a run failed)."""
-    table = specs.table(args.paper, args.table, args.scale, sequences=args.sequences,
+    table = reproduce.table(args.paper, args.table, args.scale, sequences=args.sequences,
                         eval_sequences=args.eval_sequences)
     rows = None
     if args.rows:
@@ -77,4 +80,10 @@ def run(args):
         print(table.markdown(store, args.seeds, metric))
     if args.json:
         Path(args.json).write_text(json.dumps(table.to_json(store, args.seeds), indent=1))
+    if table.plot is not None:
+        path = Path(args.plot or Path("results", "figures",
+                                      f"{args.paper}-{args.table}-{args.scale}.png"))
+        path.parent.mkdir(parents=True, exist_ok=True)
+        table.plot(table, store, args.seeds, path)
+        print(f"\nplot: {path}")
     return 1 if failed else 0

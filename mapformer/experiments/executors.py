@@ -1,7 +1,8 @@
 """Executors: where runs execute, all behind one interface.
 
 ``executor.execute(runs, directory)`` yields ``(run, record or exception)`` as each run
-finishes, in any order. Every executor calls :func:`execute_into` on its worker, which first
+finishes, in any order; ``executor.running()`` is the number of its runs started and not
+finished. Every executor calls :func:`execute_into` on its worker, which first
 looks for the run's record in ``directory`` (a retried task whose run had finished returns that
 record: a finished run never runs twice) and writes the record there when it finishes (workers
 of a cluster with a shared directory write their own; the client writes them too, so a
@@ -59,6 +60,9 @@ class Serial:
 
     name = "serial"
 
+    def running(self):
+        return 0  # asked between runs: none is running
+
     def execute(self, runs, directory=None):
         for run in runs:
             try:
@@ -81,16 +85,22 @@ class Pool:
             raise ValueError(f"workers must be >= 1, got {workers}")
         self.workers = workers
         self.threads = threads if threads is not None else (1 if workers > 1 else None)
+        self.futures = {}
+
+    def running(self):
+        return min(self.workers, sum(f.running() for f in self.futures))
 
     def execute(self, runs, directory=None):
         import multiprocessing
 
         with omp_threads(self.threads), ProcessPoolExecutor(
                 self.workers, mp_context=multiprocessing.get_context("spawn")) as pool:
-            futures = {pool.submit(execute_into, run.to_dict(), directory): run for run in runs}
+            futures = self.futures = {pool.submit(execute_into, run.to_dict(), directory): run
+                                      for run in runs}
             for future in as_completed(futures):
                 exc = future.exception()
                 yield futures[future], exc if exc is not None else future.result()
+            self.futures = {}
 
     def close(self):
         pass
@@ -129,6 +139,10 @@ class Dask:
         run at a time with ``cores`` OpenMP threads); ``options`` go to SLURMCluster."""
         cluster = slurm_cluster(jobs, partition, cores, memory, walltime, **options)
         return cls(cluster=cluster)
+
+    def running(self):
+        """Runs the workers are processing (the scheduler's count)."""
+        return sum(len(keys) for keys in self.client.processing().values())
 
     def execute(self, runs, directory=None):
         from distributed import as_completed as completed

@@ -12,8 +12,8 @@ from pathlib import Path
 from dataclasses import fields
 
 from ..models import ModelConfig, options_of, preset_parts
-from ..reproduce import TABLES, recorded_configs
-from . import specs
+from .. import reproduce
+from ..reproduce.mapformer import TABLES, recorded_configs
 from .records import RecordStore
 from .runs import Run
 
@@ -49,7 +49,7 @@ def convert(path):
     ablation = {r.label for r in TABLES[name].get("ablation", [])}
     out = []
     for old in legacy["runs"]:
-        table = specs.table("mapformer", "2-modes" if old["row"] in ablation else name, scale,
+        table = reproduce.table("mapformer", "2-modes" if old["row"] in ablation else name, scale,
                             sequences=sequences, eval_sequences=legacy["eval_sequences"])
         run = table.make_run(old["part"], old["row"], old["seed"])
         same = recorded_configs({**old, "model": upgrade_model(old["model"])}) == (

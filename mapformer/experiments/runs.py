@@ -99,10 +99,16 @@ def json_safe(value):
                                  else str(v)))
 
 
+CLOCK = ("elapsed", "seq_per_s")  # the training log's clock readings: not in the record
+
+
 def execute_train(run):
     """Kind "train": train run.model on run.train's task, evaluate on run.evals. Returns the
     result part of the record: {"metrics": {set: {metric: value}}, "final_train_loss",
-    "steps", "sequences", "eval_seed", "wall_s"}."""
+    "steps", "sequences", "eval_seed", "wall_s", "log": the training log (every log_every
+    steps: loss, accuracy, lr, grad_norm, code usage; not the clock's readings, so a
+    record's contents are the same wherever it ran, but for wall_s), "evals": the evaluations every
+    eval_every steps}."""
     from ..models import ModelConfig
     from ..train import TrainConfig, eval_seed, train
 
@@ -113,7 +119,9 @@ def execute_train(run):
                    eval_tasks=evals)
     return json_safe({"metrics": result["eval"], "final_train_loss": result["loss"],
                       "steps": result["steps"], "sequences": result["sequences"],
-                      "eval_seed": eval_seed(train_config), "wall_s": result["wall_s"]})
+                      "eval_seed": eval_seed(train_config), "wall_s": result["wall_s"],
+                   "log": [{k: v for k, v in entry.items() if k not in CLOCK}
+                           for entry in result["log"]], "evals": result["evals"]})
 
 
 KINDS = {"train": execute_train}

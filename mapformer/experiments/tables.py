@@ -18,7 +18,8 @@ def run_all(runs, store, executor=None, force=False, progress=True):
     """Execute the runs whose record ``store`` lacks (all of them with ``force``) on
     ``executor`` (default: Serial), writing each record as it finishes. Returns {"held": runs
     whose record existed, "ran": runs executed, "failed": [(run id, error text)]}; progress: a
-    tqdm bar of runs done, with pending and failed counts."""
+    tqdm bar of runs done, with the counts running (started, not finished), pending (not
+    started) and failed."""
     executor = executor or Serial()
     runs = list(dict.fromkeys(runs))  # one of each id, in order
     todo = runs if force else [r for r in runs if r.id not in store]
@@ -41,7 +42,9 @@ def run_all(runs, store, executor=None, force=False, progress=True):
                 summary["ran"] += 1
             if bar is not None:
                 bar.update()
-                bar.set_postfix(pending=len(todo) - bar.n, failed=len(summary["failed"]))
+                running = min(executor.running(), len(todo) - bar.n)
+                bar.set_postfix(running=running, pending=len(todo) - bar.n - running,
+                                failed=len(summary["failed"]))
     finally:
         if bar is not None:
             bar.close()
@@ -61,14 +64,27 @@ def mean_spread(values, statistic="std", digits=2):
     return f"{values.mean():.{digits}f} ± {spread:.{digits}f}"
 
 
+def paper_figure(figure, digits=2):
+    """The text of one of the paper's figures: a number, (mean, spread) or None (empty)."""
+    if figure is None:
+        return ""
+    if isinstance(figure, (tuple, list)):
+        return f"{figure[0]:.{digits}f} ± {figure[1]:.{digits}f}"
+    return f"{figure:.{digits}f}"
+
+
 @dataclass(frozen=True)
 class Table:
     """A table (or figure) of one paper at one scale: parts x rows x seeds, each cell a run
     per seed, each column an evaluation set, read at ``metrics``.
 
-    make_run(part, row, seed) -> Run; reference: the paper's figures {part: {row: (value per
-    column)}}; statistic: how a cell aggregates its seeds ("std": mean ± std, "ci95": mean ±
-    the 95% t interval's half-width), always with n."""
+    make_run(part, row, seed) -> Run; reference: the paper's figures {part: {row: (figure
+    per column)}}, a figure being a number, (mean, spread) or None (the paper has none);
+    reference_metrics: the metrics the paper's figures are of (None: shown beside every
+    metric); statistic: how a cell aggregates its seeds ("std": mean ± std, "ci95": mean ±
+    the 95% t interval's half-width), always with n; digits: decimals shown; plot:
+    plot(table, store, seeds, path) draws the paper's plot from the records as a PNG (None:
+    the paper shows a table)."""
 
     paper: str
     name: str
@@ -82,6 +98,9 @@ class Table:
     make_run: Callable = field(compare=False, repr=False)
     reference: dict = field(default_factory=dict, compare=False, repr=False)
     statistic: str = "std"
+    reference_metrics: tuple = None
+    digits: int = 2
+    plot: Callable = field(default=None, compare=False, repr=False)
 
     def keys(self, seeds):
         """(part, row, seed) of every run, in order."""
@@ -91,6 +110,15 @@ class Table:
         """The runs of ``seeds`` seeds (0, 1, ...), of ``rows`` only when given."""
         return [self.make_run(p, r, s) for p, r, s in self.keys(seeds)
                 if rows is None or r in rows]
+
+    def records(self, store, seeds):
+        """{(part, row, seed): record} of the runs whose record ``store`` holds."""
+        found = {}
+        for key in self.keys(seeds):
+            record = store.get(self.make_run(*key).id)
+            if record is not None:
+                found[key] = record
+        return found
 
     def cells(self, store, seeds):
         """{(part, row): {"n": records found, "missing": seeds without one, "values":
@@ -127,6 +155,7 @@ class Table:
         records is '-'."""
         metric = metric or self.metrics[0]
         cells = self.cells(store, seeds)
+        beside = self.reference_metrics is None or metric in self.reference_metrics
         head = [f"{p} {c}".strip() for p in self.parts for c in self.columns]
         lines = [f"**{self.title}** ({metric}; scale {self.scale}: {self.note})", "",
                  "| model | " + " | ".join(head) + " |", "|---|" + "---|" * len(head)]
@@ -135,7 +164,7 @@ class Table:
             out = []
             for part in self.parts:
                 cell = cells[(part, row)]
-                ref = self.reference.get(part, {}).get(row)
+                ref = self.reference.get(part, {}).get(row) if beside else None
                 for i, column in enumerate(self.columns):
                     values = cell["values"][metric][column]
                     if not values:
@@ -144,8 +173,10 @@ class Table:
                     mark = ("†" if len(cell["commits"]) > 1 else "") + \
                         ("‡" if cell["dirty"] else "") + ("§" if cell["unknown"] else "")
                     marks.update(mark)
-                    text = f"{mean_spread(values, self.statistic)} (n={len(values)}){mark}"
-                    out.append(text + (f" [{ref[i]:.2f}]" if ref is not None else ""))
+                    text = (f"{mean_spread(values, self.statistic, self.digits)} "
+                            f"(n={len(values)}){mark}")
+                    figure = paper_figure(ref[i], self.digits) if ref is not None else ""
+                    out.append(text + (f" [{figure}]" if figure else ""))
             lines.append(f"| {row} | " + " | ".join(out) + " |")
         lines += ["", "Paper in brackets; " + ("mean ± std over seeds" if self.statistic ==
                                                 "std" else "mean ± 95% t interval") + "."]

@@ -1,7 +1,6 @@
-"""The MapFormer paper's Tables 1, 2, 3 and 4 as data: every row (a model preset, a depth,
-options), the paper's figures, and two scales of tasks and model sizes. The experiment layer
-makes them table specs (:mod:`mapformer.experiments.specs`) and runs them:
-``python -m mapformer reproduce mapformer 2 --scale cpu --seeds 3``.
+"""The MapFormer paper's Tables 1, 2, 3 and 4 as data (every row: a model preset, a depth,
+options; the paper's figures; two scales of tasks and model sizes) and as table specs
+(:func:`table`): ``python -m mapformer reproduce mapformer 2 --scale cpu --seeds 3``.
 
 Scales:
 - ``paper``: the paper's settings (200K training sequences, batch 128, its model sizes and
@@ -10,16 +9,17 @@ Scales:
   ``cpu`` entry states its reduction (shorter sequences, smaller grids and models, fewer
   training sequences). OOD sets keep the paper's ratios to the training set.
 
-Also the resumable one-record-per-run helper of the APE and GridPE scripts
-(:func:`train_or_load`) and their statistic (:func:`mean_ci`).
+Tables: "1" selective copy, "2" 1D and 2D navigation, "2-modes" the MapEM-os combination-mode
+ablation, "3" SSMs against MapFormers, "4" 3D and 5D navigation.
 """
 import json
 from dataclasses import dataclass, field
 
-from .experiments.tables import mean_spread
-from .models import ModelConfig
-from .tasks import navigation, selective_copy
-from .train import TrainConfig, train
+from ..experiments.runs import Run
+from ..experiments.tables import Table, mean_spread
+from ..models import ModelConfig, options_of, preset_parts
+from ..tasks import navigation, selective_copy
+from ..train import TrainConfig, train
 
 COLUMNS = ("iid", "ood_dense", "ood_sparse")
 METRICS = {"accuracy": "accuracy over every scored position",
@@ -206,6 +206,48 @@ TABLES = {
         },
     },
 }
+
+
+TABLE_NAMES = ("1", "2", "2-modes", "3", "4")
+
+
+def mapformer_run(row, part, scale, seed, sequences, eval_sequences):
+    """The run of a MapFormer table row (reproduce.Row) on a part of a scale at a seed: the
+    preset at the scale's width and heads, r = the world's dimension where the preset has a
+    path-integration rank, trained on the part's task, evaluated on its three sets."""
+    train_config = TrainConfig(**part["train_fields"], sequences=sequences,
+                               batch_size=scale.batch_size, seed=seed,
+                               eval_sequences=eval_sequences)
+    task = part["train"]
+    options = dict(row.options)
+    if "delta_rank" in options_of(*preset_parts(row.model)[:3]):
+        options.setdefault("delta_rank", getattr(task, "dims", 1))
+    model_config = ModelConfig.for_task(row.model, task, d_model=scale.d_model,
+                                        n_heads=scale.n_heads, n_layers=row.n_layers, **options)
+    return Run.of(model_config, train_config, part["eval"])
+
+
+def table(name, scale="cpu", sequences=None, eval_sequences=None):
+    """MapFormer table ``name`` at ``scale``; ``sequences`` overrides the scale's training
+    sequences (then it is not a reproduction, and the note says so)."""
+    key = "2" if name == "2-modes" else name
+    if key not in TABLES or name not in TABLE_NAMES:
+        raise ValueError(f"MapFormer has tables {', '.join(TABLE_NAMES)}, not {name!r}")
+    eval_sequences = eval_sequences or 256
+    spec = TABLES[key]
+    if scale not in spec["scales"]:
+        raise ValueError(f"table {name} has scales {sorted(spec['scales'])}, not {scale!r}")
+    at = spec["scales"][scale]
+    n = sequences or at.sequences
+    rows = {r.label: r for r in (spec["ablation"] if name == "2-modes" else spec["rows"])}
+    note = at.note + (f"; training sequences overridden to {n}" if sequences else "")
+
+    def make_run(part, label, seed):
+        return mapformer_run(rows[label], at.parts[part], at, seed, n, eval_sequences)
+
+    title = spec["title"] + (", MapEM-os combination modes" if name == "2-modes" else "")
+    return Table("mapformer", name, title, scale, note, tuple(at.parts), tuple(rows), COLUMNS,
+                 spec["metrics"], make_run, {} if name == "2-modes" else spec["paper"])
 
 
 def mean_ci(values, digits: int = 2) -> str:
