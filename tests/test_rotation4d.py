@@ -2,6 +2,7 @@
 batches follow the Cayley table with navigation's token/target/mask conventions, and the CLI
 trains on it."""
 import json
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -106,27 +107,42 @@ def test_cli_trains_a_tiny_model_on_rotation4d(tmp_path, capsys):
         assert result["eval"][name]["positions"] > 0
 
 
-def test_reproduce_fig7_runs_at_tiny_scale(tmp_path):
-    import importlib.util
-    from pathlib import Path
-    path = Path(__file__).resolve().parents[1] / "benchmarks" / "reproduce_fig7.py"
-    spec = importlib.util.spec_from_file_location("reproduce_fig7", path)
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    runs = module.main(["--scale", "tiny", "--seeds", "1", "--panels", "bd",
-                        "--out", str(tmp_path)])
-    assert [r["model"] for r in runs] == list(module.FIG7BD)
-    saved = json.loads((tmp_path / "fig7_tiny.json").read_text())
-    assert len(saved["runs"]) == 4 and (tmp_path / "fig7_tiny.png").stat().st_size > 0
-    for r in runs:  # one evaluation per optimizer step (eval_every 1), 2 steps
-        assert [step for step, _ in r["curve"]] == [1, 2]
-        assert 0 <= r["eval"]["ood_sparse"]["accuracy"] <= 1
-    # a rerun skips the runs the file holds and trains only the missing seed
-    again = module.main(["--scale", "tiny", "--seeds", "2", "--panels", "bd",
-                         "--out", str(tmp_path)])
-    assert again[:4] == saved["runs"]
-    assert [(r["model"], r["seed"]) for r in again[4:]] == [(m, 1) for m in module.FIG7BD]
-    table = module.summary(again).splitlines()
-    assert len(table) == 2 + 4 and all(f"| {m} |" in line for m, line in zip(module.FIG7BD, table[2:]))
-    r0, r1 = (r["eval"]["iid"]["accuracy"] for r in (again[0], again[4]))
-    assert f"{(r0 + r1) / 2:.3f} ± {abs(r0 - r1) / 2:.3f} (2)" in table[2]
+def test_fig7_specs_run_at_tiny_scale_and_plot_from_their_records(tmp_path):
+    """Fig. 7b-d's runs keep their evaluations through training (eval_every 1: steps 1 and
+    2 of 2, the last being the final evaluation); a rerun with a second seed runs only that
+    seed; the table's cells are the seeds' mean ± std; both panels plot from the records."""
+    from mapformer import reproduce
+    from mapformer.experiments import RecordStore, run_all
+    from mapformer.reproduce.mapformer_fig7 import FIG7BD
+    store = RecordStore(tmp_path / "records")
+    bd = reproduce.table("mapformer", "fig7bd", "tiny", eval_sequences=4)
+    assert run_all(bd.runs(1), store, progress=False)["ran"] == 4
+    for run in bd.runs(1):
+        record = store.get(run.id)
+        assert [e["step"] for e in record["evals"]] == [1] and record["steps"] == 2
+        assert 0 <= record["metrics"]["ood_sparse"]["accuracy"] <= 1
+        assert run.train["task"] == "rotation4d" and run.model["d_model"] == 32
+    assert run_all(bd.runs(2), store, progress=False) == {"held": 4, "ran": 4, "failed": []}
+    a0, a1 = (store.get(r.id)["metrics"]["iid"]["accuracy"] for r in bd.runs(2)[:2])
+    line = next(x for x in bd.markdown(store, 2).splitlines() if x.startswith(f"| {bd.rows[0]} |"))
+    assert f"{(a0 + a1) / 2:.3f} ± {abs(a0 - a1) / 2:.3f} (n=2)" in line
+    assert bd.rows == tuple(FIG7BD)
+    bd.plot(bd, store, 2, tmp_path / "bd.png")
+    a = reproduce.table("mapformer", "fig7a", "tiny", eval_sequences=4)
+    assert a.parts == ("d_model 32",) and run_all(a.runs(1), store, progress=False)["ran"] == 4
+    a.plot(a, store, 1, tmp_path / "a.png")
+    for name in ("a.png", "bd.png"):
+        assert (tmp_path / name).read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+
+
+def test_fig7_legacy_records_keep_the_old_tables_numbers():
+    """The converted records of the old script's results/fig7_cpu.json render its tables."""
+    from mapformer import reproduce
+    from mapformer.experiments import RecordStore
+    store = RecordStore(Path(__file__).resolve().parents[1] / "results" / "records"
+                        / "mapformer-legacy")
+    text = reproduce.table("mapformer", "fig7a").markdown(store, 3)
+    assert "| MapEM-NC | 0.554 ± 0.033 (n=3)§ | 0.855 ± 0.060 (n=3)§ | 0.917 ± 0.080 (n=3)§ |" \
+        in text
+    text = reproduce.table("mapformer", "fig7bd").markdown(store, 3)
+    assert "| MapEM-NC-NL | 0.980 ± 0.020 (n=3)§ | 0.921 ± 0.059 (n=3)§ |" in text

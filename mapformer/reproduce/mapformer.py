@@ -208,7 +208,7 @@ TABLES = {
 }
 
 
-TABLE_NAMES = ("1", "2", "2-modes", "3", "4")
+TABLE_NAMES = ("1", "2", "2-modes", "3", "4", "fig7a", "fig7bd")
 
 
 def mapformer_run(row, part, scale, seed, sequences, eval_sequences):
@@ -230,6 +230,9 @@ def mapformer_run(row, part, scale, seed, sequences, eval_sequences):
 def table(name, scale="cpu", sequences=None, eval_sequences=None):
     """MapFormer table ``name`` at ``scale``; ``sequences`` overrides the scale's training
     sequences (then it is not a reproduction, and the note says so)."""
+    if name in ("fig7a", "fig7bd"):
+        from .mapformer_fig7 import table as figure
+        return figure(name, scale, sequences, eval_sequences)
     key = "2" if name == "2-modes" else name
     if key not in TABLES or name not in TABLE_NAMES:
         raise ValueError(f"MapFormer has tables {', '.join(TABLE_NAMES)}, not {name!r}")
