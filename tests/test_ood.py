@@ -1,7 +1,7 @@
 """mapformer.ood (issue 16's instruments) on hand-made inputs and tiny untrained models, the
 query-scaling options of the attention mixers (numbers, gradients against finite differences,
-C against the float64 reference) and benchmarks/diagnose_ood.py at a tiny size."""
-import importlib.util
+C against the float64 reference) and the diagnosis spec
+(mapformer.reproduce.mapformer_ood) at a tiny size."""
 import json
 import math
 from pathlib import Path
@@ -18,7 +18,6 @@ from mapformer.train import TrainConfig, check_resume, evaluate, train
 
 NAV = navigation.NavigationConfig(dims=2, steps=24, grid_size=4, p_empty=0.3, n_objects=5)
 COPY = selective_copy.SelectiveCopyConfig(n_copy=4, n_blanks=6, n_symbols=5)
-SCRIPT = Path(__file__).resolve().parents[1] / "benchmarks" / "diagnose_ood.py"
 
 
 def tiny(model, task, seed=3, backend="c", **options):
@@ -355,20 +354,23 @@ def test_a_checkpoint_without_the_new_options_resumes(tmp_path):
                                                 attn_scale=2.0), train_config)
 
 
-# ---- the script --------------------------------------------------------------------------------
-def test_diagnose_script_writes_json_and_skips_on_rerun(tmp_path, capsys):
-    spec = importlib.util.spec_from_file_location("diagnose_ood", SCRIPT)
-    script = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(script)
-    argv = ["--configs", "table2_1d", "--sequences", "128", "--eval-sequences", "8",
-            "--detail-sequences", "4", "--temperature", "1,2", "--eval-log-scale",
-            "--delta-rank", "1,2", "--out", str(tmp_path / "ood"), "--checkpoints",
-            str(tmp_path / "runs")]
-    script.main(argv)
-    files = sorted(p.name for p in (tmp_path / "ood").iterdir())
-    assert files == ["table2_1d_mapwm_r1_n128_s0.json", "table2_1d_mapwm_r2_n128_s0.json"]
-    record = json.loads((tmp_path / "ood" / files[1]).read_text())
-    assert record["model"]["options"]["delta_rank"] == 2 and record["train"]["steps"] == 32
+# ---- the diagnosis spec (mapformer.reproduce.mapformer_ood) ------------------------------------
+def test_diagnosis_spec_records_and_resumes(tmp_path, monkeypatch):
+    """Two ranks of Table 2's 1D MapWM row at 128 sequences: the records hold every variant's
+    diagnosis and metrics; a rerun runs nothing; a run whose record is lost reads its
+    finished checkpoint back (no training); an interrupted run resumes from its checkpoint."""
+    from mapformer import reproduce
+    from mapformer.experiments import RecordStore, run_all
+    from mapformer.reproduce import mapformer_ood
+    monkeypatch.setenv("MAPFORMER_RUNS", str(tmp_path / "runs"))
+    table = reproduce.table("mapformer", "ood", sequences=128, eval_sequences=8)
+    runs = [mapformer_ood.make_run("table2_1d", row, 0, 128, 8, 4)
+            for row in ("MapWM", "MapWM r=2")]
+    store = RecordStore(tmp_path / "records")
+    assert run_all(runs, store, progress=False) == {"held": 0, "ran": 2, "failed": []}
+    record = store.get(runs[1].id)
+    assert record["run"]["model"]["options"]["delta_rank"] == 2
+    assert record["run"]["train"]["sequences"] == 128
     assert record["variants"] == {"T=1": {}, "T=1,log": {"attn_log_scale": 64},
                                   "T=2": {"attn_scale": 2.0},
                                   "T=2,log": {"attn_scale": 2.0, "attn_log_scale": 64}}
@@ -378,26 +380,41 @@ def test_diagnose_script_writes_json_and_skips_on_rerun(tmp_path, capsys):
     assert max(row["hi"] for row in sparse["attention"]["0"]["best"]["by_keys"]) > 128
     angles = record["diagnosis"]["angles"]["ood_sparse"]["0"]
     assert all(row["model_error_max"] < 1e-3 for row in angles["head 0"])
-    printed = capsys.readouterr().out
-    assert "table2_1d_mapwm_r2_n128_s0: trained" in printed and "T=2,log" in printed
-    script.main(argv)
-    assert capsys.readouterr().out.count("(earlier record)") == 2
+    assert record["metrics"]["ood_sparse"]["accuracy T=2"] == \
+        record["diagnosis"]["variants"]["T=2"]["ood_sparse"]["accuracy"]["accuracy"]
+    assert run_all(runs, store, progress=False)["ran"] == 0
     # the checkpoint of a run whose record is lost is read back, not trained again
-    (tmp_path / "ood" / files[0]).unlink()
-    script.main(argv)
-    printed = capsys.readouterr().out
-    assert "training" not in printed and printed.count("(earlier record)") == 1
-    assert "table2_1d_mapwm_r1_n128_s0: read from its checkpoint" in printed
+    store.path(runs[0].id).unlink()
+    assert run_all(runs, store, progress=False)["ran"] == 1
+    assert store.get(runs[0].id)["wall_s"] is None  # read from its checkpoint
+    first = store.get(runs[0].id)["metrics"]
     # an interrupted run (its checkpoint at step 1 of 2) is resumed, not started again
-    (tmp_path / "ood" / files[0]).unlink()
-    checkpoint = tmp_path / "runs" / files[0].replace(".json", "") / "checkpoint.npz"
+    store.path(runs[0].id).unlink()
+    checkpoint = tmp_path / "runs" / "ood" / runs[0].id / "checkpoint.npz"
     with np.load(checkpoint) as f:
         arrays = {k: f[k] for k in f.files}
     meta = json.loads(str(arrays["meta"]))
     assert (meta["step"], meta["train"]["checkpoint_every"]) == (2, 100)
     arrays["meta"] = json.dumps({**meta, "step": 1})
     np.savez(checkpoint, **arrays)
-    script.main(argv)
-    printed = capsys.readouterr().out
-    assert "2 steps of 64 sequences, 64 tokens each, resuming at step 1" in printed
-    assert (tmp_path / "ood" / files[0]).exists()
+    assert run_all(runs, store, progress=False)["ran"] == 1
+    resumed = store.get(runs[0].id)
+    assert resumed["wall_s"] is not None and resumed["metrics"].keys() == first.keys()
+    assert "MapWM r=2" in table.markdown(store, 1)
+
+
+def test_diagnosis_legacy_records_keep_the_old_numbers():
+    """The converted records of the old script (results/records/mapformer-legacy) render its
+    figures: Table 1's MapWM OOD-sparse object recalls 0.330 at 38,400 sequences, 1.000 at
+    200,000; MapEM-os trained with log-n scaling at 200,000: 0.998."""
+    from mapformer import reproduce
+    from mapformer.experiments import RecordStore
+    store = RecordStore(Path(__file__).resolve().parents[1] / "results" / "records"
+                        / "mapformer-legacy")
+    line = next(x for x in reproduce.table("mapformer", "ood").markdown(store, 3).splitlines()
+                if x.startswith("| MapWM |"))
+    assert line.split(" | ")[3] == "0.330 ± 0.066 (n=3)§"
+    text = reproduce.table("mapformer", "ood", sequences=200_000).markdown(store, 3)
+    cells = {x.split(" | ")[0]: x.split(" | ") for x in text.splitlines() if x.startswith("|")}
+    assert cells["| MapWM"][3] == "1.000 ± 0.000 (n=3)§"
+    assert cells["| MapEM-os log-n"][3] == "0.998 ± 0.003 (n=3)§"

@@ -43,7 +43,7 @@ def add_parser(sub, positive_int):
     rp.add_argument("--json", default=None, metavar="FILE",
                     help="also write the table (cells' per-seed values and provenance) here")
     rp.add_argument("--plot", default=None, metavar="FILE", help="where a figure's plot goes "
-                    "(default: results/figures/PAPER-TABLE-SCALE.png; tables without a plot "
+                    "(default: results/figures/PAPER-TABLE-SCALE[-nSEQUENCES].png; tables without a plot "
                     "draw none)")
     rp.add_argument("--no-progress", action="store_true", help="no progress bar")
     return rp
@@ -75,14 +75,15 @@ def run(args):
               f"{len(failed)} failed")
         for run_id, error in failed:
             print(f"  run {run_id} failed: {error}")
-    for metric in table.metrics:
+    for metric in table.measured_metrics(store, args.seeds) or table.metrics[:1]:
         print()
         print(table.markdown(store, args.seeds, metric))
     if args.json:
         Path(args.json).write_text(json.dumps(table.to_json(store, args.seeds), indent=1))
     if table.plot is not None:
-        path = Path(args.plot or Path("results", "figures",
-                                      f"{args.paper}-{args.table}-{args.scale}.png"))
+        name = f"{args.paper}-{args.table}-{args.scale}" + (
+            f"-n{args.sequences}" if args.sequences else "")
+        path = Path(args.plot or Path("results", "figures", name + ".png"))
         path.parent.mkdir(parents=True, exist_ok=True)
         table.plot(table, store, args.seeds, path)
         print(f"\nplot: {path}")

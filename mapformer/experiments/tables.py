@@ -122,7 +122,7 @@ class Table:
 
     def cells(self, store, seeds):
         """{(part, row): {"n": records found, "missing": seeds without one, "values":
-        {metric: {column: [value per found seed]}}, "commits": the records' commits,
+        {metric: {column: [value per found seed that has it]}}, "commits": the records' commits,
         "dirty": whether one came from a dirty tree, "unknown": whether one's provenance is
         unknown (converted from an older harness: mapformer.experiments.legacy)}}, read from
         ``store`` only."""
@@ -142,9 +142,11 @@ class Table:
             else:
                 cell["commits"].add(commit)
                 cell["dirty"] |= record["provenance"]["dirty"] is not False
-            for m in self.metrics:
+            for m in self.metrics:  # a record without a metric (an older diagnosis) adds none
                 for c in self.columns:
-                    cell["values"][m][c].append(record["metrics"][c][m])
+                    value = record["metrics"].get(c, {}).get(m)
+                    if value is not None:
+                        cell["values"][m][c].append(value)
         return cells
 
     def markdown(self, store, seeds, metric=None):
@@ -178,8 +180,9 @@ class Table:
                     figure = paper_figure(ref[i], self.digits) if ref is not None else ""
                     out.append(text + (f" [{figure}]" if figure else ""))
             lines.append(f"| {row} | " + " | ".join(out) + " |")
-        lines += ["", "Paper in brackets; " + ("mean ± std over seeds" if self.statistic ==
-                                                "std" else "mean ± 95% t interval") + "."]
+        lines += ["", ("Paper in brackets; " if self.reference else "") + (
+            "mean ± std over seeds" if self.statistic == "std" else "mean ± 95% t interval")
+            + "."]
         if "†" in marks:
             lines.append("† records from more than one commit.")
         if "‡" in marks:
@@ -188,6 +191,12 @@ class Table:
             lines.append("§ records of unknown provenance (converted from the harness before "
                          "the experiment layer).")
         return "\n".join(lines)
+
+    def measured_metrics(self, store, seeds):
+        """The metrics of which ``store`` holds at least one value."""
+        cells = self.cells(store, seeds).values()
+        return tuple(m for m in self.metrics
+                     if any(v for cell in cells for v in cell["values"][m].values()))
 
     def to_json(self, store, seeds):
         """The table as JSON values: spec fields, the paper's figures, and per cell the

@@ -10,7 +10,8 @@ Scales:
   training sequences). OOD sets keep the paper's ratios to the training set.
 
 Tables: "1" selective copy, "2" 1D and 2D navigation, "2-modes" the MapEM-os combination-mode
-ablation, "3" SSMs against MapFormers, "4" 3D and 5D navigation.
+ablation, "3" SSMs against MapFormers, "4" 3D and 5D navigation; figures "fig7a" and "fig7bd"
+(:mod:`.mapformer_fig7`); "ood", where long sparse sequences are lost (:mod:`.mapformer_ood`).
 """
 import json
 from dataclasses import dataclass, field
@@ -208,7 +209,7 @@ TABLES = {
 }
 
 
-TABLE_NAMES = ("1", "2", "2-modes", "3", "4", "fig7a", "fig7bd")
+TABLE_NAMES = ("1", "2", "2-modes", "3", "4", "fig7a", "fig7bd", "ood")
 
 
 def mapformer_run(row, part, scale, seed, sequences, eval_sequences):
@@ -233,6 +234,9 @@ def table(name, scale="cpu", sequences=None, eval_sequences=None):
     if name in ("fig7a", "fig7bd"):
         from .mapformer_fig7 import table as figure
         return figure(name, scale, sequences, eval_sequences)
+    if name == "ood":
+        from .mapformer_ood import table as diagnosis
+        return diagnosis(name, scale, sequences, eval_sequences)
     key = "2" if name == "2-modes" else name
     if key not in TABLES or name not in TABLE_NAMES:
         raise ValueError(f"MapFormer has tables {', '.join(TABLE_NAMES)}, not {name!r}")
