@@ -395,23 +395,14 @@ def test_schemes_train_through_the_cli(tmp_path, positional, flags):
 
 
 def test_reproduce_scripts_have_decay_rows(monkeypatch):
-    """reproduce_ape's ape_seq_decay / ape_tree_decay and reproduce_gridpe's ape_grid_decay
-    rows configure ape_decay 0.98 (the paper's public code), the tree row as a prefix LM."""
-    import importlib.util
-    from pathlib import Path
-
-    from test_transduction import load_reproduce_ape
-    ape = load_reproduce_ape(monkeypatch)
-    cfg, _ = ape.configs("reverse", ape.row_of("ape_seq_decay"), ape.SCALES["cpu"], 0, 8)
-    assert cfg.positional == "ape_seq" and cfg.options["ape_decay"] == 0.98
-    cfg, _ = ape.configs("tree_copy", ape.row_of("ape_tree_decay"), ape.TREE_SCALES["cpu"], 0,
-                         8, order="breadth")
-    assert cfg.positional == "ape_tree" and cfg.options["ape_decay"] == 0.98
-    assert cfg.options["attn_mask"] == "prefix"
-    path = Path(__file__).resolve().parents[1] / "benchmarks" / "reproduce_gridpe.py"
-    spec = importlib.util.spec_from_file_location("reproduce_gridpe", path)
-    script = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(script)
-    cfg, _ = script.configs("navigation", script.row_of("ape_grid_decay"),
-                            script.SCALES["cpu"], 0, 8)
-    assert cfg.positional == "ape_grid" and cfg.options["ape_decay"] == 0.98
+    """APE's ape_seq_decay / ape_tree_decay (mapformer.reproduce.ape) and GridPE's
+    ape_grid_decay (mapformer.reproduce.gridpe) rows configure ape_decay 0.98 (the paper's
+    public code), the tree row as a prefix LM."""
+    from mapformer import reproduce
+    run = reproduce.table("ape", "a").make_run("reverse", "ape_seq_decay", 0)
+    assert run.model["positional"] == "ape_seq" and run.model["options"]["ape_decay"] == 0.98
+    run = reproduce.table("ape", "b").make_run("tree_copy breadth", "ape_tree_decay", 0)
+    assert run.model["positional"] == "ape_tree" and run.model["options"]["ape_decay"] == 0.98
+    assert run.model["options"]["attn_mask"] == "prefix"
+    run = reproduce.table("gridpe", "navigation").make_run("", "ape_grid_decay", 0)
+    assert run.model["positional"] == "ape_grid" and run.model["options"]["ape_decay"] == 0.98

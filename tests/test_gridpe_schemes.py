@@ -191,49 +191,6 @@ def test_coord_source_index_ignores_the_task_coordinates(positional):
         Transformer(two, seed=0, backend="numpy").forward(tokens, coords)
 
 
-def test_reproduce_gridpe_writes_its_analyses_and_one_json_per_run(tmp_path, capsys,
-                                                                    monkeypatch):
-    """--scale tiny: the Fig. 3 plot and analysis.json (the ratio check passed), one JSON per
-    (task, row, seed) for navigation and digits, skipped on a rerun with the same configs."""
-    import importlib.util
-    import json
-    import os
-    from pathlib import Path
-
-    for name in ("OMP_NUM_THREADS", "OPENBLAS_NUM_THREADS"):  # the script sets them if unset
-        monkeypatch.setenv(name, os.environ.get(name, "1"))
-    path = Path(__file__).resolve().parents[1] / "benchmarks" / "reproduce_gridpe.py"
-    spec = importlib.util.spec_from_file_location("reproduce_gridpe", path)
-    script = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(script)
-    argv = ["--scale", "tiny", "--tasks", "navigation,digits", "--rows",
-            "gridpe_complex,learned_abs", "--seeds", "2", "--sequences", "16", "--out",
-            str(tmp_path)]
-    first = script.main(argv)
-    runs = [f"{task}-{row}-seed{s}.json" for task in ("navigation", "digits")
-            for row in ("gridpe_complex", "learned_abs") for s in (0, 1)]
-    assert sorted(p.name for p in tmp_path.iterdir()) == sorted(
-        ["analysis.json", "fig3_decay.png", *runs])
-    analysis = json.loads((tmp_path / "analysis.json").read_text())
-    assert analysis["fig3"]["ring_means"]["0"] == pytest.approx(1.0)
-    assert analysis["optimal_ratio"]["2"]["argmin R=10"] == pytest.approx(math.exp(0.5),
-                                                                          abs=1e-4)
-    record = json.loads((tmp_path / "navigation-gridpe_complex-seed1.json").read_text())
-    assert record["model"]["options"]["gridpe_variant"] == "complex"
-    assert record["model"]["options"]["coord_dims"] == 2 and record["train"]["seed"] == 1
-    digits = json.loads((tmp_path / "digits-gridpe_complex-seed0.json").read_text())
-    assert digits["model"]["options"]["attn_mask"] == "none" and set(digits["eval"]) == {
-        "iid", "dev"}
-    out = capsys.readouterr().out
-    assert "**navigation, scale tiny" in out and "**digits, scale tiny" in out
-    assert "| gridpe_complex | yes | " in out and "| learned_abs | no | " in out
-    again = script.main(argv)
-    assert all(r.get("cached") for r in again)
-    assert [r["eval"] for r in again] == [r["eval"] for r in first]
-    with pytest.raises(ValueError, match="unknown row 'alibi'"):
-        script.row_of("alibi")
-
-
 @pytest.mark.parametrize("variant", ["rotate", "complex", "merge", "deep"])
 def test_variants_on_digits_attend_both_ways(variant):
     """On the digits task (2D pixel coordinates, attn_mask 'none' from the task) the first

@@ -1,7 +1,7 @@
 """Tests of APE's tree transduction tasks (copy, rotation, C3 reduction, tree operations):
 the operations and serialisations on hand-built trees, the random trees, the splits, a
-tiny training run that learns tree copy with ape_tree, the command line and the table (b)
-script."""
+tiny training run that learns tree copy with ape_tree and the command line (table (b)'s
+spec: tests/test_reproduce_ape.py)."""
 import json
 import math
 
@@ -207,24 +207,3 @@ def test_cli_trains_and_evaluates_a_tree_task(tmp_path, capsys):
           "--positional", "rope", "--no-progress", "--json"])
     assert math.isfinite(json.loads(capsys.readouterr().out.strip().splitlines()[-1])[
         "eval"]["iid"]["perplexity"])
-
-
-def test_reproduce_ape_table_b_writes_one_json_per_run(tmp_path, capsys, monkeypatch):
-    from test_transduction import load_reproduce_ape
-
-    ape = load_reproduce_ape(monkeypatch)
-    argv = ["--tasks", "tree_c3", "--orders", "depth", "--rows", "ape_tree,ape_seq",
-            "--seeds", "1", "--sequences", "4", "--eval-sequences", "4", "--out",
-            str(tmp_path)]
-    first = ape.main(argv)
-    assert sorted(p.name for p in tmp_path.iterdir()) == [
-        "tree_c3-depth-ape_seq-seed0.json", "tree_c3-depth-ape_tree-seed0.json"]
-    record = json.loads((tmp_path / "tree_c3-depth-ape_tree-seed0.json").read_text())
-    assert record["model"]["options"]["attn_mask"] == "prefix"
-    assert (record["train"]["tree_depth"], record["train"]["tree_order"]) == (5, "depth")
-    table = capsys.readouterr().out
-    assert "| tree_c3 | depth | ape_tree | " in table and "(1.00 ± 0.00 APE tree)" in table
-    assert "(1.83 ± 0.02 APE seq)" in table
-    again = ape.main(argv)
-    assert all(r.get("cached") for r in again)
-    assert [r["eval"] for r in again] == [r["eval"] for r in first]

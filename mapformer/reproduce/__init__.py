@@ -17,7 +17,9 @@ and so does the command line: ``python -m mapformer reproduce PAPER TABLE --scal
 import importlib
 
 # paper -> the module of its specs (mapformer.reproduce.<module>)
-PAPERS = {"mapformer": "mapformer"}
+PAPERS = {"mapformer": "mapformer",
+          "gridpe": "gridpe",
+          "ape": "ape"}
 
 
 def paper_module(paper):

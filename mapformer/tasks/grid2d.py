@@ -39,7 +39,8 @@ head whose score depends on the displacement alone (rope_axial, ape_grid, gridpe
 finds it in one hop; the model must combine heads or layers (e.g. a target token finding its
 own row and column by attending along the page). With the 1D token index the same structure
 is index arithmetic modulo the row width. Which scheme learns which operation is what the
-comparison (benchmarks/reproduce_gridpe.py ``--tasks grid_transpose,...``) measures.
+comparison (``python -m mapformer reproduce gridpe grid_transpose``, and the other
+operations: :mod:`mapformer.reproduce.gridpe`) measures.
 
 Layout for next-token prediction, one sequence (n source tokens with newlines, m target
 tokens): the input is the full sequence ``source SEP target`` but its last token (n + m
