@@ -8,7 +8,7 @@ from mapformer.experiments import RecordStore, run_all
 from mapformer.reproduce.mapformer import COLUMNS, TABLES, mean_ci
 
 
-@pytest.mark.parametrize("name", reproduce.table_names("mapformer"))
+@pytest.mark.parametrize("name", ("1", "2", "2-modes", "3", "4"))  # figures: their own tests
 def test_every_row_builds_and_trains(name, tmp_path):
     table = reproduce.table("mapformer", name, sequences=64, eval_sequences=4)
     store = RecordStore(tmp_path)
@@ -61,3 +61,17 @@ def test_mean_ci():
     assert mean_ci([1.0, 2.0, 3.0]) == "2.00 ± 2.48"
     assert mean_ci([1.0, 2.0, 3.0], digits=3) == "2.000 ± 2.484"
     assert mean_ci([0.5]) == "0.50"
+
+
+def test_runs_of_named_parts_and_default_rows():
+    """runs(parts=) keeps the named parts; a table's default_rows are what runs without
+    rows named (GridPE's navigation: its seven default rows of twelve)."""
+    table = reproduce.table("mapformer", "2")
+    runs = table.runs(1, rows=["MapWM"], parts=["1D"])
+    assert len(runs) == 1 and runs[0].train["dims"] == 1
+    assert len(table.runs(1)) == len(table.parts) * len(table.rows)
+    from mapformer.reproduce.gridpe import DEFAULT_ROWS
+    grid = reproduce.table("gridpe", "navigation")
+    assert len(grid.rows) > len(DEFAULT_ROWS) and grid.default_rows == DEFAULT_ROWS
+    assert [r.model["positional"] for r in grid.runs(1)] == [
+        grid.make_run("", row, 0).model["positional"] for row in DEFAULT_ROWS]

@@ -20,7 +20,10 @@ def add_parser(sub, positive_int):
                     "default); paper: the paper's settings; some tables have more (tiny)")
     rp.add_argument("--seeds", type=positive_int, default=3, help="seeds 0 .. N-1 (default 3)")
     rp.add_argument("--rows", default=None, help="comma-separated row labels to run (default: "
-                    "all; the table shows every row that has records)")
+                    "the table's default rows, most often all; the table shows every row that "
+                    "has records)")
+    rp.add_argument("--parts", default=None, help="comma-separated parts to run (e.g. a task "
+                    "or 1D; default: all)")
     rp.add_argument("--sequences", type=positive_int, default=None,
                     help="override the scale's training sequences (not a reproduction)")
     rp.add_argument("--eval-sequences", type=positive_int, default=None,
@@ -60,13 +63,20 @@ def run(args):
         if unknown:
             raise ValueError(f"--rows: no row {unknown[0]!r} in table {args.table} (rows: "
                              f"{', '.join(table.rows)})")
+    parts = None
+    if args.parts:
+        parts = [p.strip() for p in args.parts.split(",")]
+        unknown = [p for p in parts if p not in table.parts]
+        if unknown:
+            raise ValueError(f"--parts: no part {unknown[0]!r} in table {args.table} (parts: "
+                             f"{', '.join(table.parts)})")
     store = RecordStore(args.records or Path("results", "records", args.paper))
     failed = []
     if not args.render_only:
         executor = make_executor(args.executor, args.workers, args.threads, args.scheduler,
                                  args.jobs, args.partition)
         try:
-            summary = run_all(table.runs(args.seeds, rows), store, executor, args.force,
+            summary = run_all(table.runs(args.seeds, rows, parts), store, executor, args.force,
                               progress=not args.no_progress)
         finally:
             executor.close()

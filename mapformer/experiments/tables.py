@@ -82,7 +82,9 @@ class Table:
     per column)}}, a figure being a number, (mean, spread) or None (the paper has none);
     reference_metrics: the metrics the paper's figures are of (None: shown beside every
     metric); statistic: how a cell aggregates its seeds ("std": mean ± std, "ci95": mean ±
-    the 95% t interval's half-width), always with n; digits: decimals shown; plot:
+    the 95% t interval's half-width), always with n; digits: decimals shown; default_rows:
+    the rows :meth:`runs` executes when none are named (None: every row; a table may show
+    rows beyond them, optional ablations run by name); plot:
     plot(table, store, seeds, path) draws the paper's plot from the records as a PNG (None:
     the paper shows a table)."""
 
@@ -101,15 +103,18 @@ class Table:
     reference_metrics: tuple = None
     digits: int = 2
     plot: Callable = field(default=None, compare=False, repr=False)
+    default_rows: tuple = None
 
     def keys(self, seeds):
         """(part, row, seed) of every run, in order."""
         return [(p, r, s) for p in self.parts for r in self.rows for s in range(seeds)]
 
-    def runs(self, seeds, rows=None):
-        """The runs of ``seeds`` seeds (0, 1, ...), of ``rows`` only when given."""
+    def runs(self, seeds, rows=None, parts=None):
+        """The runs of ``seeds`` seeds (0, 1, ...) of ``rows`` (default: :attr:`default_rows`,
+        or every row) on ``parts`` (default: every part)."""
+        rows = rows or self.default_rows or self.rows
         return [self.make_run(p, r, s) for p, r, s in self.keys(seeds)
-                if rows is None or r in rows]
+                if r in rows and (parts is None or p in parts)]
 
     def records(self, store, seeds):
         """{(part, row, seed): record} of the runs whose record ``store`` holds."""

@@ -409,7 +409,8 @@ def table(name, scale="cpu", sequences=None, eval_sequences=None):
 
     metrics = ("accuracy", "sequence_accuracy") if name in TASK_OPTIONS else ("accuracy",)
     return Table("gridpe", name, TITLES[name], scale, note, ("",), task_rows(name),
-                 TASKS[name][2], metrics, make_run, statistic="ci95", digits=3)
+                 TASKS[name][2], metrics, make_run, statistic="ci95", digits=3,
+                 default_rows=tuple(TASKS[name][1]))
 
 
 # ---- the old script's records -------------------------------------------------------------
