@@ -1,5 +1,5 @@
 """The map-free baselines' rollout planning (mapformer/rollouts.py, TDB appendix D) on one
-cpu-scale problem of benchmarks/reproduce_tdb_table1.py (a 10 x 15 room, walks of 200 steps,
+cpu-scale problem of TDB's Table 1 (mapformer/reproduce/tdb.py; a 10 x 15 room, walks of 200 steps,
 C = 25, width 128, 2 layers, 4 heads; untrained models, whose greedy predictions cost what a
 trained model's do): seconds of the recomputed rollouts (a forward of every prefix per
 generated observation) and of the decoded ones (a KV cache; the LSTM's state), for the
@@ -17,16 +17,13 @@ the number of rollouts; at 100 rollouts the recomputation takes minutes.
 """
 import argparse
 import os
-import sys
 import time
 
 import numpy as np
 
-sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from reproduce_tdb_table1 import SCALES, make_model  # noqa: E402
-
-from mapformer import _C, rollouts  # noqa: E402
-from mapformer.tasks import rooms  # noqa: E402
+from mapformer import _C, rollouts
+from mapformer.reproduce.tdb import SCALES, build_model
+from mapformer.tasks import rooms
 
 
 def cpu_seconds(fn):
@@ -51,7 +48,7 @@ def main(argv=None):
           f"OMP_NUM_THREADS={os.environ.get('OMP_NUM_THREADS', '(unset)')}, kernels "
           f"{_C.kernels()}")
     for row in args.rows.split(","):
-        model = make_model(row, scale, n_obs, seed=0)
+        model = build_model(row, scale, seed=0)
         actions = np.random.default_rng(0).integers(0, rooms.N_ACTIONS,
                                                     (args.rollouts, len(tokens) // 2 - 2 * C))
         runs = {}

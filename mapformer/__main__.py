@@ -36,7 +36,7 @@ from .models import MODELS, ModelConfig, components, options_of, preset_parts
 from .schemes import SCHEMES
 from .tasks import navigation, trees
 from .train import (PRESETS, SCHEDULES, TASKS, TrainConfig, eval_seed, evaluate, format_eval,
-                    load_checkpoint, train)
+                    load_checkpoint, model_kind, train)
 
 MODEL_FIELDS = [f for f in fields(ModelConfig)
                 if f.name not in ("vocab_size", "options", "mixer", "positional", "bottleneck")]
@@ -45,7 +45,11 @@ PARTS = {"mixer": MIXERS, "positional": SCHEMES, "bottleneck": BOTTLENECKS}
 FIELD_HELP = {
     "task": "the task (copy, repeat, reverse: APE's sequence transductions; tree_copy, "
             "tree_rotate, tree_c3, tree_ops: its tree transductions; grid_copy, "
-            "grid_transpose, grid_rotate90, grid_flip: 2D grid transductions)",
+            "grid_transpose, grid_rotate90, grid_flip: 2D grid transductions; rooms: walks "
+            "of one of TDB's aliased rooms, with --loss-positions observations)",
+    "task_options": "the task's own options, 'name=value,...' (rooms: height, width, n_obs, "
+                    "patch, topology, walks (the training pool), context), e.g. "
+                    "'height=10,width=15,patch=3,walks=2048'",
     "grid_side": "grid tasks: the mean grid side (sides within +-1 of it; default 5)",
     "tree_depth": "tree tasks: the mean tree depth (the paper's 7)",
     "tree_order": "tree tasks: the target's order, breadth(-first) or depth(-first, pre-order)",
@@ -69,7 +73,7 @@ FIELD_HELP = {
     "planes": "rotation4d: the 90-degree rotation planes generating the group, pairs of axes "
               "1..4 (default '12,23': 24 elements; '12,23,34': 192; '12,34': commuting, 16)",
     "sequences": "training sequences in all",
-    "schedule": "linear (the paper's) or cosine (with --warmup-steps)",
+    "schedule": "linear (the paper's), cosine (with --warmup-steps) or constant (TDB's)",
     "eval_every": "optimizer steps between evaluations (0: at the end only)",
     "checkpoint_every": "optimizer steps between checkpoints (0: at the end only)",
 }
@@ -110,7 +114,8 @@ def add_field_flags(parser, config_fields):
     for f in config_fields:
         default = None if f.default is MISSING else f.default
         kind = type(default) if default is not None else (float if f.name == "p_empty" else int)
-        if f.name in ("ood_dense", "ood_sparse", "decay", "planes", *FIELD_CHOICES):
+        if f.name in ("ood_dense", "ood_sparse", "decay", "planes", "task_options",
+                      *FIELD_CHOICES):
             kind = str
         help_text = FIELD_HELP.get(f.name, f.name.replace("_", " "))
         parser.add_argument(flag(f.name), type=kind, default=None,
@@ -189,36 +194,41 @@ def build_parser():
                     help="comma-separated legend labels, one per run (default: the "
                          "directory names)")
     mp = sub.add_parser("map", help="the cognitive map of a TDB checkpoint, or of a MapWM / "
-                        "MapEM one from its path-integrated angles (written by "
-                        "benchmarks/reproduce_tdb_table1.py): GraphML, a plot beside the true "
+                        "MapEM one from its path-integrated angles (a training checkpoint of "
+                        "the rooms task: mapformer.reproduce.tdb's runs with "
+                        "MAPFORMER_RUN_DIR set write them): GraphML, a plot beside the true "
                         "room, and the planning metrics")
-    mp.add_argument("checkpoint", help="a TDB (or MapWM / MapEM transformer) checkpoint .npz")
+    mp.add_argument("checkpoint", help="a TDB (or MapWM / MapEM transformer) checkpoint.npz of "
+                    "the rooms task")
     mp.add_argument("--out", default=".", help="directory for cogmap.graphml and cogmap.png "
                     "(default: the current one)")
     mp.add_argument("--context", type=int, default=None,
                     help="plans go from position C to N - C (default: the checkpoint's)")
     mp.add_argument("--angle-places", type=positive_int, default=None,
-                    help="MapWM / MapEM: k-means places of the angles (default: the "
-                    "checkpoint's angle_places, as the reproduction scored it, else 500)")
+                    help="MapWM / MapEM: k-means places of the angles (default 500, the cpu "
+                    "scale's, as the reproduction scores it)")
     experiments_cli.add_parser(sub, positive_int)
     return parser
 
 
 def run_map(parser, args):
-    """The ``map`` command: prints the metrics as JSON, writes the graph and its plot."""
-    from . import cogmap, tdb
-    model, meta = tdb.load_checkpoint(args.checkpoint)  # CheckpointError: one line, exit 2
-    try:
-        steps = cogmap.room_config(meta).steps
-    except ValueError as exc:
-        fail(f"{args.checkpoint}: {exc}", 2)
-    context = meta.get("context", 1) if args.context is None else args.context
+    """The ``map`` command: prints the metrics as JSON, writes the graph and its plot. The
+    room, its walks and the context come from the checkpoint's rooms task."""
+    from . import cogmap
+    # CheckpointError: one line, exit 2
+    model, _, train_config, _ = load_checkpoint(args.checkpoint)
+    if train_config.task != "rooms":
+        fail(f"{args.checkpoint}: a checkpoint of task {train_config.task!r} has no room: map "
+             "reads one of the rooms task", 2)
+    meta = train_config.task_config().map_meta(train_config.eval_sequences)
+    steps = cogmap.room_config(meta).steps
+    context = meta["context"] if args.context is None else args.context
     if not 0 <= context < steps - context:
         parser.error(f"--context must leave positions between C and N - C, got {context}")
-    if isinstance(model, tdb.TDB):
+    if model_kind(model.config).name == "tdb":
         cm, room, metrics = cogmap.evaluate_map(model, meta, context)
     elif model.config.positional in ("mapwm", "mapem"):
-        places = meta.get("angle_places", 500) if args.angle_places is None else args.angle_places
+        places = 500 if args.angle_places is None else args.angle_places
         config, room, train, test = cogmap.walks_of(meta)
         cm, metrics = cogmap.evaluate_angle_map(model, config, room, train, test, context,
                                                 places)
@@ -305,6 +315,20 @@ def model_config(parser, args, task):
                                 **pick(args, [f.name for f in MODEL_FIELDS]), **given)
 
 
+def parse_task_options(text):
+    """'name=value,...' -> {name: value} (--task-options): integers as int, the rest as
+    text; the task checks names and types. ValueError for an item without '='."""
+    options = {}
+    for item in text.split(","):
+        key, sep, value = item.partition("=")
+        if not sep or not key.strip():
+            raise ValueError(f"task_options: expected 'name=value,...', got {item!r}")
+        value = value.strip()
+        options[key.strip().replace("-", "_")] = int(value) if value.lstrip("-").isdigit() \
+            else value
+    return options
+
+
 def fail(message, status):
     """One line on stderr, ``python -m mapformer: error: ...``, and exit with ``status`` (2: a
     bad argument, as argparse's own errors; 1: a run that failed)."""
@@ -340,7 +364,10 @@ def run(parser, args):
     """The command of parsed ``args``."""
     if args.command == "train":
         try:
-            train_config = TrainConfig(**pick(args, [f.name for f in TRAIN_FIELDS]))
+            given = pick(args, [f.name for f in TRAIN_FIELDS])
+            if "task_options" in given:
+                given["task_options"] = parse_task_options(given["task_options"])
+            train_config = TrainConfig(**given)
             config = model_config(parser, args, train_config.task_config())
         except ValueError as exc:
             parser.error(str(exc))

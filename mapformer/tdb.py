@@ -23,17 +23,22 @@ teacher's update (``ema_update``) are backend ops: C ops on the C backend.
 The vanilla transformer and the LSTM of the paper's Table 1 need no class of their own: a
 :class:`mapformer.models.Transformer` on the same tokens with targets x_{n+1} at the action
 positions (:func:`vanilla_targets`).
+
+TDB trains through :func:`mapformer.train.train` as a Transformer does (its model kind "tdb"
+there: :data:`mapformer.train.MODEL_KINDS`): :meth:`TDB.loss` and :meth:`TDB.backward` take the
+loop's arguments, the teacher's EMA runs after every optimizer step, and the library's
+checkpoint holds what an exact resume needs beside the parameters
+(:meth:`TDB.checkpoint_state`: the teacher, the VQ's usage and restart state).
 """
-import json
-from dataclasses import asdict, dataclass, replace
+from dataclasses import asdict, dataclass, fields, replace
 
 import numpy as np
 
 from . import backend as backends
 from .bottlenecks.vq import VQ
-from .models import Block, ModelConfig, Transformer
+from .models import Block, ModelConfig
 from .nn import LayerNorm, Linear, ParameterStore, normal_init
-from .train import CheckpointError, check_arrays, json_object, read_npz, write_npz
+from .tasks.rooms import next_observation_targets
 
 
 @dataclass(frozen=True)
@@ -74,6 +79,23 @@ class TDBConfig:
     def vocab_size(self):
         return self.n_obs + self.n_actions
 
+    @property
+    def label(self):
+        """'TDB(3, 1)', 'TDB(1, enc, 1)': the paper's name of the model (S, M)."""
+        return f"TDB({self.steps}, {'enc, ' if self.enc else ''}{self.codebooks})"
+
+    def to_dict(self):
+        return asdict(self)
+
+    @classmethod
+    def from_dict(cls, values):
+        """The config of ``values`` (its to_dict()); TypeError for an unknown field."""
+        known = {f.name for f in fields(cls)}
+        unknown = sorted(set(values) - known)
+        if unknown:
+            raise TypeError(f"TDBConfig has no field {unknown[0]!r}")
+        return cls(**values)
+
     def body_config(self, bottleneck="none"):
         """The ModelConfig of the transformer body (or, with bottleneck 'vq', of the VQ)."""
         options = {} if bottleneck == "none" else dict(
@@ -104,13 +126,9 @@ def head_inputs(tokens, n_obs, steps):
 
 def vanilla_targets(tokens, n_obs):
     """tokens int (B, 2N) -> (targets, mask) (B, 2N) for a plain transformer: at the action
-    a_n's position the target is x_{n+1}; every other position (and a_N's) is masked out."""
-    tokens = np.asarray(tokens)
-    targets = np.zeros_like(tokens)
-    mask = np.zeros(tokens.shape, bool)
-    targets[:, 1:-1:2] = tokens[:, 2::2]
-    mask[:, 1:-1:2] = True
-    return targets, mask
+    a_n's position the target is x_{n+1}; every other position (and a_N's) is masked out
+    (:func:`mapformer.tasks.rooms.next_observation_targets`, the rooms task's)."""
+    return next_observation_targets(tokens)
 
 
 class Head:
@@ -142,12 +160,16 @@ class Head:
 class TDB:
     """The model: ``params`` one flat store (ParameterStore); ``backend`` 'c' or 'numpy';
     ``declare_only=P``: only declare the parameters, at most P (as
-    :class:`mapformer.models.Transformer`'s; no teacher)."""
+    :class:`mapformer.models.Transformer`'s; no teacher); ``rng`` the dropout masks'
+    generator (a checkpoint saves its state)."""
+
+    STATE_ARRAYS = ("teacher", "vq_counts", "vq_restart_counts")  # checkpoint_state's arrays
 
     def __init__(self, config, seed=0, backend="c", declare_only=None):
         self.config = config
         self.ops = backends.get(backend)
         rng = np.random.default_rng(seed)
+        self.rng = rng
         self.params = ParameterStore(self.ops, limit=declare_only)
         body = config.body_config()
         self.embed = self.params.declare("embed.weight", (config.vocab_size, config.d_model),
@@ -198,9 +220,16 @@ class TDB:
         codes = self.vq.forward(ops.asarray(y[:, 0::2]).reshape(B * (T // 2), -1))
         return codes, self.vq.indices.reshape(B, T // 2, -1)
 
-    def loss(self, tokens):
+    def loss(self, tokens, targets=None, mask=None, coordinates=None, prefix=None, pool=None):
         """Mean over the heads of the masked next-observation cross-entropy, plus the VQ
-        loss (float). Keeps what backward() needs; ``self.logits[s]`` (B N, O)."""
+        loss (float). Keeps what backward() needs; ``self.logits[s]`` (B N, O). The other
+        arguments are the training loop's (:meth:`mapformer.models.Transformer.loss`'s): the
+        heads' targets come from ``tokens`` (x_{n+s+1}), so a task's ``targets`` and ``mask``
+        (the rooms task's: x_{n+1} at a_n, head 0's) are not read; ``coordinates``, ``prefix``
+        and ``pool`` must be None (TDB reads no positions, is causal and predicts per token)."""
+        for name, value in (("coordinates", coordinates), ("prefix", prefix), ("pool", pool)):
+            if value is not None:
+                raise ValueError(f"TDB.loss: {name} must be None (TDB has no use for it)")
         ops, c = self.ops, self.config
         codes, _ = self.encode(tokens)
         ids, targets, masks = head_inputs(ops.to_numpy(self.tokens), c.n_obs, c.steps)
@@ -239,8 +268,10 @@ class TDB:
         dg = self.ops.l2_normalize_backward(dy, self.enc_y, self.enc_norm)
         self.ops.add_(dembedded[0], self.enc.backward(dg, dcode)[0])
 
-    def backward(self):
-        """Gradient of the last loss() into ``self.params.grad`` (zeroed first)."""
+    def backward(self, scored=None):
+        """Gradient of the last loss() into ``self.params.grad`` (zeroed first). ``scored``
+        (the training loop's count of scored positions) is not read: each head's loss is a
+        mean over its own positions."""
         ops, c = self.ops, self.config
         self.params.zero_grad()
         B, T = self.tokens.shape
@@ -273,40 +304,53 @@ class TDB:
         """The s = 0 head's argmax (B N,) of the last loss(), as NumPy."""
         return self.ops.to_numpy(self.logits[0]).argmax(-1)
 
+    def token_predictions(self):
+        """int (B, 2N): the s = 0 head's argmax of the last loss() at each action a_n's position
+        (its prediction of x_{n+1}, aligned with the rooms task's targets), 0 elsewhere."""
+        B, T = self.tokens.shape
+        out = np.zeros((B, T), np.int64)
+        out[:, 1::2] = self.predictions().reshape(B, T // 2)
+        return out
 
+    def checkpoint_state(self):
+        """(meta, arrays): what a checkpoint holds beside the parameters so that a resumed run
+        goes on as the uninterrupted one: the teacher's parameters (enc; float32), the VQ's
+        usage and restart counts (int64 (M, K)), its count of forwards and its restart
+        generator's state."""
+        arrays = {"vq_counts": self.vq.counts.copy(),
+                  "vq_restart_counts": self.vq.restart_counts.copy()}
+        if self.teacher is not None:
+            arrays["teacher"] = np.asarray(self.ops.to_numpy(self.teacher.params.data),
+                                           np.float32)
+        return {"vq_forwards": self.vq.forwards,
+                "vq_rng": self.vq.rng.bit_generator.state}, arrays
 
-def save_checkpoint(model, path, **meta):
-    """Write the model's parameters, its config and ``meta`` (JSON-able: the room, the walks'
-    seeds, ...) to an .npz file at exactly ``path`` (no suffix added; atomically:
-    :func:`mapformer.train.write_npz`). The model is a TDB, or a
-    :class:`mapformer.models.Transformer` (kind 'transformer': a MapWM / MapEM one's map comes
-    from its angles, :func:`mapformer.cogmap.evaluate_angle_map`)."""
-    kind, config = (("tdb", asdict(model.config)) if isinstance(model, TDB)
-                    else ("transformer", model.config.to_dict()))
-    write_npz(path, params=np.asarray(model.ops.to_numpy(model.params.data), np.float32),
-              config=json.dumps(config), meta=json.dumps(meta), kind=kind)
-
-
-def load_checkpoint(path, backend="c"):
-    """(model, meta) from the file ``path`` written by :func:`save_checkpoint`: a TDB or a
-    Transformer. Checked as :func:`mapformer.train.load_checkpoint` checks a training
-    checkpoint, before the model is built: CheckpointError (a ValueError) naming the file and
-    what is wrong for a file that is missing, unreadable, truncated or a bare .npy, a config or
-    meta that is not a JSON object, an unknown kind, a config with unknown or bad fields,
-    params that are not float32 of shape (P,) for the P parameters the config describes, or
-    non-finite parameters."""
-    arrays = read_npz(path, ("params", "config", "meta"), optional=("kind",))
-    values, meta = json_object(path, arrays, "config"), json_object(path, arrays, "meta")
-    kind = str(arrays.get("kind", "tdb"))
-    if kind not in ("tdb", "transformer"):
-        raise CheckpointError(f"{path}: kind must be 'tdb' or 'transformer', got {kind!r:.80}")
-    cls = TDB if kind == "tdb" else Transformer
-    try:
-        config = TDBConfig(**values) if kind == "tdb" else ModelConfig.from_dict(values)
-    except (TypeError, ValueError, KeyError) as exc:
-        raise CheckpointError(f"{path}: the saved configuration is invalid: {exc}") from None
-    check_arrays(path, arrays, ("params",),
-                 lambda limit: cls(config, backend="numpy", declare_only=limit).params)
-    model = cls(config, backend=backend)
-    model.params.data[:] = model.ops.asarray(arrays["params"])
-    return model, meta
+    def restore_state(self, meta, arrays):
+        """Set what :meth:`checkpoint_state` returned; ValueError naming the field that is
+        missing or does not fit this model."""
+        shape = self.vq.counts.shape
+        for name in ("vq_counts", "vq_restart_counts"):
+            a = arrays.get(name)
+            if a is None or a.dtype != np.int64 or a.shape != shape or (a < 0).any():
+                raise ValueError(f"{name} must be int64 counts >= 0 of shape {shape}, got "
+                                 + ("none" if a is None else f"{a.dtype} of shape {a.shape}"))
+        forwards = meta.get("vq_forwards")
+        if not isinstance(forwards, int) or isinstance(forwards, bool) or forwards < 0:
+            raise ValueError(f"state field 'vq_forwards' must be an integer >= 0, got "
+                             f"{forwards!r:.80}")
+        try:
+            self.vq.rng.bit_generator.state = meta.get("vq_rng")
+        except (TypeError, ValueError, KeyError) as exc:
+            raise ValueError(f"state field 'vq_rng' is not a state of "
+                             f"{type(self.vq.rng.bit_generator).__name__}: {exc}") from None
+        if self.teacher is not None:
+            t, size = arrays.get("teacher"), self.teacher.params.size
+            if t is None or t.dtype != np.float32 or t.shape != (size,) or \
+                    not np.isfinite(t).all():
+                raise ValueError(f"teacher must be finite float32 of shape ({size},) (the enc "
+                                 "teacher's parameters), got "
+                                 + ("none" if t is None else f"{t.dtype} of shape {t.shape}"))
+            self.teacher.params.data[:] = self.ops.asarray(t)
+        self.vq.counts[...] = arrays["vq_counts"]
+        self.vq.restart_counts[...] = arrays["vq_restart_counts"]
+        self.vq.forwards = forwards

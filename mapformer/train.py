@@ -1,9 +1,19 @@
-"""Training and evaluation on the tasks (forced navigation, selective copy): AdamW over the
-flat parameter buffer, learning-rate schedules, accuracy on the IID and OOD presets beside the
-trivial floor, checkpoints, a JSONL metrics log and a progress line.
+"""Training and evaluation on the tasks (forced navigation, selective copy, TDB's rooms, ...):
+AdamW over the flat parameter buffer, learning-rate schedules, accuracy on the IID and OOD
+presets beside the trivial floor, checkpoints, a JSONL metrics log and a progress line.
 
 The batch of step s is generated from ``default_rng([seed, s])``, so a resumed run sees
 exactly the batches the uninterrupted run would have seen.
+
+One loop trains every kind of model (:data:`MODEL_KINDS`: the Transformer, TDB), each keeping
+a small protocol: ``params`` (a ParameterStore), ``ops``, ``config`` (its kind's config class:
+``to_dict``/``from_dict``, ``vocab_size``, ``dropout``, ``label``), ``rng`` (the dropout
+generator), ``train(mode)``, ``loss(tokens, targets, mask, coordinates, prefix, pool)``
+(a float; keeps what backward needs) and ``backward(scored)`` (the gradient into
+``params.grad``, zeroed first). What differs between kinds (building one, reading its
+predictions and code usage, an after-step hook such as TDB's teacher EMA, the state beyond
+the parameters a checkpoint holds) is the kind's :class:`ModelKind` entry; a model's kind is
+found by its config's class, and a checkpoint names it.
 """
 import dataclasses
 import fnmatch
@@ -12,21 +22,25 @@ import math
 import os
 import time
 import zipfile
-from dataclasses import asdict, dataclass, fields
+from dataclasses import asdict, dataclass, field, fields
 from pathlib import Path
+from typing import Callable
 
 import numpy as np
 from tqdm.auto import tqdm
 
 from .models import ModelConfig, Transformer
-from .tasks import digits, grid2d, navigation, rotation4d, selective_copy, transduction, trees
+from .tasks import (digits, grid2d, navigation, rooms, rotation4d, selective_copy,
+                    transduction, trees)
+from .tdb import TDB, TDBConfig
 
 TASKS = {"navigation": navigation, "selective_copy": selective_copy,
-         "rotation4d": rotation4d, **{op: transduction for op in transduction.OPERATIONS},
+         "rotation4d": rotation4d, "rooms": rooms,
+         **{op: transduction for op in transduction.OPERATIONS},
          **{name: digits for name in digits.VARIANTS},
          **{name: trees for name in trees.TASK_NAMES},
          **{name: grid2d for name in grid2d.TASK_NAMES}}
-SCHEDULES = ("linear", "cosine")
+SCHEDULES = ("linear", "cosine", "constant")
 EVAL_SETS = ("iid", "ood_dense", "ood_sparse")
 PRESETS = EVAL_SETS + ("table3",)  # training presets: navigation's "table3" has its own OOD sets
 # 2: ModelConfig names mixer, positional scheme, bottleneck, options; 3: + the dropout
@@ -49,17 +63,24 @@ class TrainConfig:
     :mod:`mapformer.tasks.digits`), or APE's tree transductions 'tree_copy', 'tree_rotate',
     'tree_c3', 'tree_ops' (see :mod:`mapformer.tasks.trees`), or the 2D grid transductions
     'grid_copy', 'grid_transpose', 'grid_rotate90', 'grid_flip' (see
-    :mod:`mapformer.tasks.grid2d`); preset: 'iid', 'ood_dense',
-    'ood_sparse' or (navigation) 'table3', the SSM comparison's 16-step training set
-    (transduction, trees, grids: 'iid' only).
+    :mod:`mapformer.tasks.grid2d`), or 'rooms', the walks of one of TDB's aliased rooms (a
+    fixed pool of training walks, the room's test walks as the evaluation set: see
+    :class:`mapformer.tasks.rooms.RoomsTask`; the room's seed is the run's); preset: 'iid',
+    'ood_dense', 'ood_sparse' or (navigation) 'table3', the SSM comparison's 16-step training
+    set (transduction, trees, grids, rooms: 'iid' only).
     dims, steps, grid_size, p_empty, n_objects: navigation (see
     :func:`mapformer.tasks.navigation.preset`); n_copy, n_blanks, n_symbols: selective copy
     (see :func:`mapformer.tasks.selective_copy.preset`); steps, p_empty, n_objects, planes:
     4D-rotation navigation (see :mod:`mapformer.tasks.rotation4d`); mean_length, n_symbols:
     transduction (see :mod:`mapformer.tasks.transduction`); tree_depth (the mean depth),
     tree_order ('breadth' or 'depth', the target's order): the tree tasks; grid_side (the
-    mean grid side, sides within +-1 of it), n_symbols: the grid tasks. None keeps the
-    preset's value.
+    mean grid side, sides within +-1 of it), n_symbols: the grid tasks; steps (the walk's
+    observations N): rooms. None keeps the preset's value.
+    task_options: {name: value}, the options of a task that has them beyond these fields
+    (rooms: :data:`mapformer.tasks.rooms.TASK_OPTIONS`: height, width, n_obs, patch,
+    topology, walks, context), validated by the task; None for the others. It is written by
+    :meth:`to_dict` only when set, so the description (and a run's id) of a config without it
+    is what it was before the field existed.
     ood_dense, ood_sparse: overrides ("field=value,...", e.g. "steps=256,p_empty=0.9") of the
     OOD test sets, which are derived from the training task by the paper's ratios (see
     :meth:`eval_tasks`). sequences: training sequences in all (rounded up to whole batches).
@@ -71,7 +92,8 @@ class TrainConfig:
     CoPE's position embeddings and TAPE's head mix: the library's rule), 'all', 'none', and
     glob patterns of parameter names (e.g. 'matrices,*.omega' also decays MapWM's
     frequencies, as a public reproduction does). schedule: 'linear' (decay from lr to 0) or
-    'cosine' (linear warmup over ``warmup_steps``, then cosine to 0). eval_every: optimizer
+    'cosine' (linear warmup over ``warmup_steps``, then cosine to 0) or 'constant' (lr
+    throughout, TDB's recipe). eval_every: optimizer
     steps between evaluations (0: only at the end). eval_sequences: sequences per set in
     each evaluation (fixed set from ``seed``).
     """
@@ -91,6 +113,7 @@ class TrainConfig:
     tree_depth: int = None
     tree_order: str = None
     grid_side: int = None
+    task_options: dict = field(default=None, hash=False)
     ood_dense: str = None
     ood_sparse: str = None
     sequences: int = 200_000
@@ -116,6 +139,10 @@ class TrainConfig:
             raise ValueError(f"task must be one of {sorted(TASKS)}, got {self.task!r}")
         if self.schedule not in SCHEDULES:
             raise ValueError(f"schedule must be one of {SCHEDULES}, got {self.schedule!r}")
+        if self.task_options is not None and (self.task != "rooms"
+                                              or not isinstance(self.task_options, dict)):
+            raise ValueError(f"task_options must be None for task {self.task!r} (only 'rooms' "
+                             f"has options) or a dict, got {self.task_options!r:.80}")
         if not isinstance(self.decay, str) or not all(t.strip() for t in self.decay.split(",")):
             raise ValueError("decay must be a comma-separated list of 'matrices', 'all', "
                              f"'none' or parameter-name patterns, got {self.decay!r}")
@@ -148,6 +175,9 @@ class TrainConfig:
         overrides. Other presets take only the vocabulary overrides (n_objects, n_symbols)
         and keep their own lengths, as the paper's OOD sets do."""
         name = preset or self.preset
+        if self.task == "rooms":
+            return rooms.task_preset(name, seed=self.seed, steps=self.steps,
+                                     **(self.task_options or {}))
         if self.task == "navigation":
             shape, vocab = ("steps", "grid_size", "p_empty"), {"n_objects": self.n_objects}
         elif self.task == "rotation4d":
@@ -208,7 +238,11 @@ class TrainConfig:
         return sets
 
     def to_dict(self):
-        return asdict(self)
+        """The fields as a dict; ``task_options`` only when set (see the class)."""
+        values = asdict(self)
+        if values["task_options"] is None:
+            del values["task_options"]
+        return values
 
     @classmethod
     def from_dict(cls, values):
@@ -268,6 +302,8 @@ def learning_rate(config, step):
     total = config.total_steps
     if config.schedule == "linear":
         return config.lr * (1.0 - step / total)
+    if config.schedule == "constant":
+        return config.lr
     if step < config.warmup_steps:
         return config.lr * (step + 1) / config.warmup_steps
     progress = (step - config.warmup_steps) / max(total - config.warmup_steps, 1)
@@ -297,8 +333,10 @@ class AdamW:
 
 
 def task_module(task):
-    """The module (navigation, rotation4d, selective_copy, transduction, digits, trees or
-    grid2d) that generates batches of a task config."""
+    """The module (navigation, rotation4d, selective_copy, transduction, digits, trees,
+    grid2d or rooms) that generates batches of a task config."""
+    if isinstance(task, rooms.RoomsTask):
+        return rooms
     if isinstance(task, rotation4d.Rotation4DConfig):
         return rotation4d
     if isinstance(task, transduction.TransductionConfig):
@@ -331,8 +369,74 @@ def batch_pool(module):
 def masked_accuracy(logits, batch):
     """Fraction of masked positions whose argmax prediction equals the target.
     logits (B, T, V), batch with targets (B, T) and mask (B, T)."""
-    pred = logits.argmax(-1)
+    return predicted_accuracy(logits.argmax(-1), batch)
+
+
+def predicted_accuracy(pred, batch):
+    """Fraction of masked positions whose prediction pred int (B, T) equals the target."""
     return float((pred == batch.targets)[batch.mask].mean()) if batch.mask.any() else math.nan
+
+
+# ---- the kinds of model the loop trains --------------------------------------------------
+@dataclass(frozen=True)
+class ModelKind:
+    """What the training loop, evaluation and checkpoints need of one kind of model beyond
+    the protocol every model keeps (see the module).
+
+    name: the kind's name (a checkpoint's "kind"); config: its config class; build(config,
+    seed=0, backend="c", declare_only=None) -> model (declare_only=P: only declare at most P
+    parameters, as a checkpoint is checked); predictions(model, batch) -> int (B, T): the
+    argmax predictions of the last loss, aligned with ``batch.targets``; usage(model) -> [code
+    usage since the last call, one entry per VQ bottleneck]; after_step(model), or None:
+    called after every optimizer step (TDB: the teacher's EMA); state(model) -> (meta,
+    {name: array}) and restore(model, meta, arrays), or None: what a checkpoint holds beside
+    the parameters and moments for an exact resume, its arrays named in ``state_arrays``;
+    data_parallel: whether mapformer.parallel may train it."""
+
+    name: str
+    config: type
+    build: Callable
+    predictions: Callable
+    usage: Callable
+    after_step: Callable = None
+    state: Callable = None
+    restore: Callable = None
+    state_arrays: tuple = ()
+    data_parallel: bool = False
+
+
+def transformer_predictions(model, batch):
+    """The argmax of a Transformer's last logits, shaped as ``batch.mask``."""
+    return model.ops.to_numpy(model.logits).reshape(batch.mask.shape + (-1,)).argmax(-1)
+
+
+def bottleneck_usage(model):
+    """Each block's VQ bottleneck's code usage since the last call (blocks without one give
+    nothing)."""
+    return [u for u in (getattr(b.bottleneck, "usage", lambda: None)() for b in model.blocks)
+            if u is not None]
+
+
+MODEL_KINDS = {
+    "transformer": ModelKind("transformer", ModelConfig, Transformer, transformer_predictions,
+                             bottleneck_usage, data_parallel=True),
+    "tdb": ModelKind("tdb", TDBConfig, TDB, lambda model, batch: model.token_predictions(),
+                     lambda model: [model.vq.usage()], after_step=TDB.update_teacher,
+                     state=TDB.checkpoint_state, restore=TDB.restore_state,
+                     state_arrays=TDB.STATE_ARRAYS),
+}
+STATE_ARRAYS = tuple(dict.fromkeys(a for k in MODEL_KINDS.values() for a in k.state_arrays))
+
+
+def model_kind(config):
+    """The :class:`ModelKind` whose config class ``config`` is (TypeError naming the kinds
+    otherwise)."""
+    for kind in MODEL_KINDS.values():
+        if type(config) is kind.config:
+            return kind
+    raise TypeError(f"a model config must be one of "
+                    f"{', '.join(k.config.__name__ for k in MODEL_KINDS.values())} (the kinds "
+                    f"{', '.join(MODEL_KINDS)}), got {type(config).__name__}")
 
 
 def eval_seed(train_config):
@@ -350,6 +454,8 @@ def evaluate(model, tasks, sequences=256, seed=0, batch_size=32):
     - object_accuracy over the masked positions whose target is not the blank token (the
       revisits of cells that hold an object), beside its floor: always the most frequent
       object. Blank-free tasks (selective copy) give the same number twice;
+    - a task without a blank token (``blank_id`` None: rooms) counts every target as an
+      object;
     - a task module with ``eval_metrics(loss, exact, sequences)`` (transduction: perplexity
       and sequence_accuracy) adds its metrics, from the mean loss and the count of sequences
       whose masked positions are all right.
@@ -362,6 +468,7 @@ def evaluate(model, tasks, sequences=256, seed=0, batch_size=32):
         if task.vocab_size > model.config.vocab_size:
             raise ValueError(f"{name}: the task's vocabulary ({task.vocab_size}) exceeds the "
                              f"model's ({model.config.vocab_size})")
+    kind = model_kind(model.config)
     model.train(False)
     results = {}
     for name, task in tasks.items():
@@ -376,17 +483,18 @@ def evaluate(model, tasks, sequences=256, seed=0, batch_size=32):
             loss_sum += model.loss(batch.tokens, batch.targets, batch.mask,
                                    module.token_coordinates(batch),
                                    batch_prefix(module, batch), batch_pool(module)) * n
-            pred = model.ops.to_numpy(model.logits).reshape(batch.mask.shape + (-1,)).argmax(-1)
+            pred = kind.predictions(model, batch)
             correct = (pred == batch.targets) & batch.mask
             hits += int(correct.sum())
             scored = batch.mask.any(axis=1)
             exact += int((correct == batch.mask).all(axis=1)[scored].sum())
             rows += int(scored.sum())
-            object_hits += int(correct[batch.targets != task.blank_id].sum())
+            object_hits += int(correct.sum() if task.blank_id is None
+                               else correct[batch.targets != task.blank_id].sum())
             counts += np.bincount(batch.targets[batch.mask], minlength=task.vocab_size)
             total += n
         majority = int(counts.argmax())
-        objects = np.delete(counts, task.blank_id)
+        objects = counts if task.blank_id is None else np.delete(counts, task.blank_id)
         n_objects = int(objects.sum())
         results[name] = {"accuracy": hits / max(total, 1), "loss": loss_sum / max(total, 1),
                          "floor": int(counts[majority]) / max(total, 1),
@@ -419,6 +527,8 @@ class CheckpointError(ValueError):
 
 
 CHECKPOINT_ARRAYS = ("params", "m", "v")  # float32 (P,) each: parameters, AdamW moments
+# beside them: "meta" (JSON: version, kind, configs, step, parameter names, dropout generator,
+# the kind's "state") and the kind's state arrays (ModelKind.state_arrays)
 
 
 def temp_path(path):
@@ -449,17 +559,23 @@ def check_finite_state(model, optimizer, step):
 
 
 def save_checkpoint(path, model, optimizer, train_config, step):
-    """Write config, flat parameters, AdamW moments, the dropout generator's state and the step
-    to ``path`` (.npz), atomically: to a temporary file, synced, then renamed over ``path``,
-    so that ``path`` always holds the last complete checkpoint. A non-finite parameter or
-    moment is never written (FloatingPointError naming the step and the tensor)."""
+    """Write the model's kind and config, flat parameters, AdamW moments, the dropout
+    generator's state, the step and the kind's state (:class:`ModelKind`: TDB's teacher and VQ
+    state) to ``path`` (.npz), atomically: to a temporary file, synced, then renamed over
+    ``path``, so that ``path`` always holds the last complete checkpoint. A non-finite
+    parameter or moment is never written (FloatingPointError naming the step and the
+    tensor)."""
     check_finite_state(model, optimizer, step)
-    meta = {"version": CHECKPOINT_VERSION, "model": model.config.to_dict(),
+    kind = model_kind(model.config)
+    meta = {"version": CHECKPOINT_VERSION, "kind": kind.name, "model": model.config.to_dict(),
             "train": train_config.to_dict(), "step": step,
             "param_names": list(model.params.params),
             "dropout_rng": model.rng.bit_generator.state}
+    state, state_arrays = kind.state(model) if kind.state is not None else ({}, {})
+    if kind.state is not None:
+        meta["state"] = state
     to_numpy = model.ops.to_numpy
-    write_npz(path, meta=json.dumps(meta), **{  # host float32, whatever the backend
+    write_npz(path, meta=json.dumps(meta), **state_arrays, **{  # host float32, any backend
         name: np.asarray(to_numpy(a), np.float32) for name, a in (
             ("params", model.params.data), ("m", optimizer.m), ("v", optimizer.v))})
 
@@ -556,7 +672,7 @@ def check_arrays(path, arrays, names, declare):
 def read_checkpoint(path):
     """(meta, {name: array}) of a training checkpoint file (:func:`read_npz`; meta a JSON
     object)."""
-    arrays = read_npz(path, ("meta", *CHECKPOINT_ARRAYS))
+    arrays = read_npz(path, ("meta", *CHECKPOINT_ARRAYS), optional=STATE_ARRAYS)
     return json_object(path, arrays, "meta"), arrays
 
 
@@ -583,6 +699,16 @@ def check_version(path, meta):
                 "the mapformer that wrote it")
 
 
+def checkpoint_kind(path, meta):
+    """The :class:`ModelKind` a checkpoint's ``meta`` names ("kind"; absent: a Transformer,
+    as every checkpoint was before TDB's), or CheckpointError naming it."""
+    name = meta.get("kind", "transformer")
+    if not isinstance(name, str) or name not in MODEL_KINDS:
+        raise CheckpointError(f"{path}: meta field 'kind' must be one of "
+                              f"{', '.join(MODEL_KINDS)}, got {name!r:.80}")
+    return MODEL_KINDS[name]
+
+
 def checkpoint_meta(path):
     """The metadata of a checkpoint (configs, step, parameter names), or ValueError if it is
     unreadable or another version of mapformer wrote it."""
@@ -593,23 +719,25 @@ def checkpoint_meta(path):
 
 def load_checkpoint(path, backend="c"):
     """Load a checkpoint onto ``backend`` (any: a checkpoint holds host float32 arrays,
-    whichever backend saved it): returns (model, optimizer, train_config, step). Every field is
-    checked (CheckpointError naming it): the configs, the step (an int in [0, total steps]),
-    the arrays' dtype (float32) and shape (P,) for the P parameters the config describes
-    (before the model is built: :func:`check_arrays`), finite parameters and moments, the
-    parameter names, v >= 0, and the dropout generator's state."""
+    whichever backend saved it): returns (model, optimizer, train_config, step); the model is
+    of the checkpoint's kind (a Transformer or a TDB). Every field is checked (CheckpointError
+    naming it): the kind, the configs, the step (an int in [0, total steps]), the arrays'
+    dtype (float32) and shape (P,) for the P parameters the config describes (before the
+    model is built: :func:`check_arrays`), finite parameters and moments, the parameter
+    names, v >= 0, the dropout generator's state and the kind's state."""
     meta, arrays = read_checkpoint(path)
     check_version(path, meta)
+    kind = checkpoint_kind(path, meta)
 
-    def field(name, kind):
-        if not isinstance(meta.get(name), kind):
+    def field(name, expected):
+        if not isinstance(meta.get(name), expected):
             raise CheckpointError(f"{path}: meta field {name!r} must be a "
-                                  f"{getattr(kind, '__name__', 'dict')}, got "
+                                  f"{getattr(expected, '__name__', 'dict')}, got "
                                   f"{meta.get(name)!r:.80}")
         return meta[name]
 
     try:
-        model_config = ModelConfig.from_dict(field("model", dict))
+        model_config = kind.config.from_dict(field("model", dict))
         train_config = TrainConfig.from_dict(field("train", dict))
     except (TypeError, ValueError, KeyError) as exc:
         raise CheckpointError(f"{path}: the saved configuration is invalid: {exc}") from None
@@ -617,7 +745,7 @@ def load_checkpoint(path, backend="c"):
     if isinstance(step, bool) or not 0 <= step <= train_config.total_steps:
         raise CheckpointError(f"{path}: step must be an int in [0, {train_config.total_steps}] "
                               f"(the run's total steps), got {step!r}")
-    store = check_arrays(path, arrays, CHECKPOINT_ARRAYS, lambda limit: Transformer(
+    store = check_arrays(path, arrays, CHECKPOINT_ARRAYS, lambda limit: kind.build(
         model_config, backend="numpy", declare_only=limit).params)
     names = list(store.params)
     if field("param_names", list) != names:
@@ -625,7 +753,7 @@ def load_checkpoint(path, backend="c"):
                               f"the model's {names[:3]}... ({store.size} values)")
     if (arrays["v"] < 0).any():
         raise CheckpointError(f"{path}: v (AdamW's second moment) must be >= 0")
-    model = Transformer(model_config, backend=backend)
+    model = kind.build(model_config, backend=backend)
     if "dropout_rng" in meta:  # version 2 did not save it
         try:
             model.rng.bit_generator.state = field("dropout_rng", dict)
@@ -637,21 +765,30 @@ def load_checkpoint(path, backend="c"):
     optimizer = AdamW(model, train_config)
     optimizer.m[:], optimizer.v[:] = asarray(arrays["m"]), asarray(arrays["v"])
     optimizer.step_count = step
+    if kind.restore is not None:
+        try:
+            kind.restore(model, field("state", dict), arrays)
+        except ValueError as exc:
+            raise CheckpointError(f"{path}: the {kind.name} state: {exc}") from None
     return model, optimizer, train_config, step
 
 
 def check_resume(path, model_config, train_config):
     """Raise ValueError naming every field (and model option) where a checkpoint's configs
     differ from these."""
-    def flat(model_dict):  # options.<name> beside the fields
+    def flat(model_dict):  # options.<name> beside the fields (a Transformer's)
         values = dict(model_dict)
-        values.update({f"options.{k}": v for k, v in values.pop("options").items()})
+        values.update({f"options.{k}": v for k, v in values.pop("options", {}).items()})
         return values
 
     meta = checkpoint_meta(path)
+    kind, saved_kind = model_kind(model_config), checkpoint_kind(path, meta)
+    if saved_kind is not kind:
+        raise ValueError(f"{path} does not match this run:\n  kind: checkpoint "
+                         f"{saved_kind.name!r} != {kind.name!r}")
     saved = meta["model"]
     try:  # options completed with today's defaults: an option added since is no difference
-        saved = ModelConfig.from_dict(saved).to_dict()
+        saved = kind.config.from_dict(saved).to_dict()
     except (TypeError, ValueError, KeyError):
         pass  # compared as written: the differences name what no longer fits
     saved, ours = flat(saved), flat(model_config.to_dict())
@@ -685,7 +822,8 @@ def train(model_config, train_config, out_dir=None, resume=None, progress=True, 
           eval_tasks=None, backend="c", parallel=None):
     """Train a model on ``train_config``'s task and evaluate it.
 
-    model_config: ModelConfig (vocab_size must equal the task's). out_dir: where
+    model_config: ModelConfig or TDBConfig, the model's kind (:data:`MODEL_KINDS`; its
+    vocab_size must equal the task's). out_dir: where
     ``checkpoint.npz`` and ``metrics.jsonl`` go (None: nothing written; a ``checkpoint.npz``
     there that is not a file is a ValueError before training). resume: a checkpoint to
     continue from (its configs must equal these). eval_tasks: {name: task config} (default:
@@ -699,9 +837,12 @@ def train(model_config, train_config, out_dir=None, resume=None, progress=True, 
     ``eval_every`` steps, the final one excluded)."""
     task = train_config.task_config()
     module = task_module(task)
+    kind = model_kind(model_config)
     eval_tasks = eval_tasks or train_config.eval_tasks()
     if parallel is not None:
         from .parallel import check_data_parallel
+        if not kind.data_parallel:
+            raise ValueError(f"--data-parallel: a {kind.name} model trains in one process")
         check_data_parallel(model_config)
         parallel.rows(train_config.batch_size)  # every rank has a row
         if not parallel.root:
@@ -724,7 +865,7 @@ def train(model_config, train_config, out_dir=None, resume=None, progress=True, 
             log(f"warning: {resume} (version 2) does not hold the dropout generator's state: "
                 "the resumed run's dropout masks differ from the uninterrupted run's")
     else:
-        model = Transformer(model_config, seed=train_config.seed, backend=backend)
+        model = kind.build(model_config, seed=train_config.seed, backend=backend)
         optimizer, start = AdamW(model, train_config), 0
     total = train_config.total_steps
     check_scored_positions(train_config, task, module, start)
@@ -771,6 +912,8 @@ def train(model_config, train_config, out_dir=None, resume=None, progress=True, 
                 loss = parallel.sum(loss * float(np.sum(inputs[2]))) / max(scored, 1.0)
             lr = learning_rate(train_config, step)
             norm = optimizer.step(lr)
+            if kind.after_step is not None:
+                kind.after_step(model)
             done = step + 1
             if not (math.isfinite(loss) and math.isfinite(norm)):
                 raise FloatingPointError(
@@ -780,8 +923,7 @@ def train(model_config, train_config, out_dir=None, resume=None, progress=True, 
                                       else ""))
             if done % train_config.log_every == 0 or done == total:
                 elapsed = time.perf_counter() - t0
-                accuracy = masked_accuracy(model.ops.to_numpy(model.logits).reshape(
-                    batch.mask.shape + (-1,)), batch)
+                accuracy = predicted_accuracy(kind.predictions(model, batch), batch)
                 if parallel is not None:  # over the whole batch's scored positions
                     shared = np.count_nonzero(batch.mask)
                     accuracy = parallel.sum(accuracy * shared if shared else 0.0) / max(
@@ -790,8 +932,7 @@ def train(model_config, train_config, out_dir=None, resume=None, progress=True, 
                           "loss": loss, "accuracy": accuracy,
                           "lr": lr, "grad_norm": norm, "elapsed": elapsed,
                           "seq_per_s": (done - start) * train_config.batch_size / elapsed}
-                usage = [u for u in (getattr(b.bottleneck, "usage", lambda: None)()
-                                     for b in model.blocks) if u is not None]
+                usage = kind.usage(model)
                 if usage:  # VQ bottlenecks: perplexity and dead codes since the last record
                     record["code_usage"] = usage
                 history.append(record)

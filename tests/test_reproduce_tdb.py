@@ -1,62 +1,174 @@
-"""benchmarks/reproduce_tdb_table1.py at a scale smaller than tiny: every kind of row runs,
-each run is saved as it finishes, and a rerun skips finished runs."""
-import importlib.util
+"""TDB's Table 1 on the experiment layer (mapformer.reproduce.tdb) at a scale smaller than
+tiny: every kind of row runs through run_all on the library's training loop, a record holds the
+room its seed used, a TDB run resumes from its library checkpoint to the parameters of an
+uninterrupted run, and the records converted from the old harness render its numbers."""
 import json
-from dataclasses import replace
+from dataclasses import asdict, replace
 from pathlib import Path
 
+import numpy as np
+import pytest
 
-SCRIPT = Path(__file__).resolve().parents[1] / "benchmarks" / "reproduce_tdb_table1.py"
+from mapformer import reproduce
+from mapformer.experiments import RecordStore, run_all
+from mapformer.reproduce import tdb
+from mapformer.tasks import rooms
+from mapformer.train import TrainConfig, load_checkpoint, train
+
+ROOT = Path(__file__).resolve().parents[1]
+ROWS = ["lstm", "tdb_s1_enc_m1", "tdb_s3_m4", "mapwm_angles"]  # rollouts, codes (enc), angles
 
 
-def load_script():
-    spec = importlib.util.spec_from_file_location("reproduce_tdb_table1", SCRIPT)
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
+@pytest.fixture
+def micro(monkeypatch):
+    """A scale smaller than tiny: walks of 24 in a 6 x 8 room, 16 training walks, 4 test
+    walks, 3 steps; 5 rollouts on 2 problems; 16 codes, dead ones restarted every 2 steps."""
+    tiny = tdb.SCALES["tiny"]
+    scale = replace(tiny, room=replace(tiny.room, steps=24), train_walks=16, test_walks=4,
+                    iterations=3, context=4, codes=16, restart_dead=2, rollouts=5,
+                    plan_problems=2)
+    monkeypatch.setitem(tdb.SCALES, "micro", scale)
+    return scale
 
 
-def test_rows_run_save_and_are_skipped(tmp_path, monkeypatch, capsys):
-    r = load_script()
-    tiny = r.SCALES["tiny"]
-    monkeypatch.setitem(r.SCALES, "tiny", replace(
-        tiny, room=replace(tiny.room, steps=24), train_walks=16, test_walks=4, iterations=3,
-        context=4))
-    rows = "lstm,tdb_s1_enc_m1,tdb_s3_m4,mapwm_angles"
-    results = r.main(["--scale", "tiny", "--seeds", "1", "--rows", rows, "--out",
-                      str(tmp_path), "--rollouts", "5", "--plan-problems", "2"])
-    assert sorted(x["row"] for x in results) == sorted(rows.split(","))
-    for x in results:
-        assert 0.0 <= x["TestAccu"] <= 100.0 and x["problems"] <= 4
-        assert (tmp_path / f"{x['row']}_seed0.json").exists()
-    tdb = [x for x in results if x["row"].startswith("tdb")]
-    assert all(0.0 <= x["NormGED"] <= 1.0 for x in tdb)
-    assert (tmp_path / "tdb_s3_m4_seed0.npz").exists()
-    assert "| tdb_s3_m4 |" in capsys.readouterr().out
-    # a rerun trains nothing and reads the same results back
-    again = r.main(["--scale", "tiny", "--seeds", "1", "--rows", rows, "--out",
-                    str(tmp_path)])
-    assert "done" in capsys.readouterr().out
-    assert json.dumps(sorted(again, key=lambda x: x["row"]), sort_keys=True) == json.dumps(
-        sorted(results, key=lambda x: x["row"]), sort_keys=True)
-    lstm = next(x for x in results if x["row"] == "lstm")  # planned by rollouts
-    assert lstm["rollouts"] == 5 and lstm["problems"] <= 2
-    assert 0 <= lstm["returned_valid"] <= lstm["returned"]
-    assert 0.0 <= lstm["ImpFallback"] <= 100.0
-    mapwm = next(x for x in results if x["row"] == "mapwm_angles")  # map from its angles
-    assert mapwm["clusters"] >= 1 and 0.0 <= mapwm["NormGED"] <= 1.0
-    assert mapwm["angle_places"] == r.SCALES["tiny"].codes  # the default: TDB's codes
-    from mapformer.tdb import load_checkpoint
-    assert load_checkpoint(tmp_path / "mapwm_angles_seed0.npz")[1]["angle_places"] == \
-        r.SCALES["tiny"].codes  # what map reads as its default
-    # weights saved but the evaluation lost: a rerun evaluates them, the same numbers
-    (tmp_path / "tdb_s3_m4_seed0.json").unlink()
-    (tmp_path / "mapwm_angles_seed0.json").unlink()
-    resumed = r.main(["--scale", "tiny", "--seeds", "1", "--rows", "tdb_s3_m4,mapwm_angles",
-                      "--out", str(tmp_path)])
-    assert capsys.readouterr().out.count("evaluating") == 2
-    before = [x for x in results if x["row"] in ("tdb_s3_m4", "mapwm_angles")]
-    after = [x for x in resumed if x["row"] in ("tdb_s3_m4", "mapwm_angles")]
-    assert len(after) == 2 and json.dumps(sorted(after, key=lambda x: x["row"]),
-                                          sort_keys=True) == json.dumps(
-        sorted(before, key=lambda x: x["row"]), sort_keys=True)
+def test_every_kind_of_row_runs_and_records_its_room(micro, tmp_path):
+    table = reproduce.table("tdb", "1", "micro")
+    store = RecordStore(tmp_path)
+    summary = run_all(table.runs(1, ROWS), store, progress=False)
+    assert summary["ran"] == len(ROWS) and not summary["failed"]
+    records = {row: store.get(table.make_run("", row, 0).id) for row in ROWS}
+    for row, record in records.items():
+        run = record["run"]
+        assert run["kind"] == tdb.KIND and run["train"]["task"] == "rooms"
+        assert 0.0 <= record["metrics"]["TestAccu"]["test"] <= 100.0
+        assert record["metrics"]["TestAccu"]["test"] == pytest.approx(
+            100 * record["eval"]["iid"]["accuracy"])
+        # the room this seed used, as the task generates it
+        task = TrainConfig.from_dict(run["train"]).task_config()
+        room = rooms.make_room(task.room)
+        assert record["room"]["obs"] == room.obs.tolist()
+        assert record["room"]["config"]["seed"] == 0 and record["seeds"]["test_walks"] == [0, 2]
+        assert record["provenance"]["commit"] != "unknown"
+        assert len(record["log"]) == 3 and "elapsed" not in record["log"][0]
+    for row in ("tdb_s1_enc_m1", "tdb_s3_m4"):  # maps from codes
+        assert 0.0 <= records[row]["metrics"]["NormGED"]["test"] <= 1.0
+        assert records[row]["evaluation"]["problems"] <= 4
+        assert records[row]["log"][-1]["code_usage"]
+    lstm = records["lstm"]  # planned by rollouts, on 2 problems
+    assert lstm["evaluation"]["rollouts"] == 5 and lstm["evaluation"]["problems"] == 2
+    assert 0 <= lstm["evaluation"]["returned_valid"] <= lstm["evaluation"]["returned"]
+    assert np.isnan(lstm["metrics"]["NormGED"]["test"])  # no map
+    mapwm = records["mapwm_angles"]  # a map from its angles, as many places as codes
+    assert mapwm["evaluation"]["angle_places"] == micro.codes
+    assert 1 <= mapwm["evaluation"]["clusters"] <= micro.codes
+    assert "| tdb_s3_m4 | " in table.markdown(store, 1)
+    # a rerun executes nothing
+    assert run_all(table.runs(1, ROWS), store, progress=False)["held"] == len(ROWS)
+
+
+def test_torus_table_and_run_options(micro):
+    """1-torus trains in the same rooms with their edges joined; rollouts and plan_problems
+    are run options of the transformer's and LSTM's rows only; sequences round up to whole
+    batches."""
+    flat, torus = tdb.table("1", "micro"), tdb.table("1-torus", "micro")
+    run = torus.make_run("", "tdb_s3_m1", 1)
+    task = TrainConfig.from_dict(run.train).task_config()
+    assert task.room.topology == "torus" and task.room.seed == 1
+    assert run.id != flat.make_run("", "tdb_s3_m1", 1).id and not torus.reference
+    more = tdb.table("1", "micro", rollouts=7, plan_problems=3)
+    assert more.make_run("", "transformer", 0).extra["rollouts"] == 7
+    assert more.make_run("", "lstm", 0).extra["plan_problems"] == 3
+    assert more.make_run("", "tdb_s3_m1", 0) == flat.make_run(
+        "", "tdb_s3_m1", 0)  # the planner's options are not a TDB run's
+    longer = tdb.table("1", "micro", sequences=10).make_run("", "lstm", 0)
+    assert TrainConfig.from_dict(longer.train).total_steps == 2  # 10 / batch 8, rounded up
+    with pytest.raises(ValueError, match="tables 1, 1-torus"):
+        tdb.table("2")
+
+
+def test_tdb_resumes_from_the_library_checkpoint(micro, tmp_path):
+    """Stopped after step 2 of 6 and resumed from train's checkpoint, a TDB(1, enc, 1) run (its
+    EMA teacher, dead codes restarted every 2 steps) ends with the bits of one never stopped."""
+    scale = replace(micro, iterations=6)
+    config = tdb.model_config("tdb_s1_enc_m1", scale)
+    train_config = replace(tdb.train_config(scale, 0), checkpoint_every=2, eval_every=2)
+    quiet = dict(progress=False, log=lambda *a: None)
+    whole = train(config, train_config, out_dir=tmp_path / "whole", **quiet)
+    calls = []
+
+    def crash_at_second_eval(*args):  # two start lines, the step-2 evaluation, the step-4 one
+        calls.append(args)
+        if len(calls) == 4:
+            raise KeyboardInterrupt
+
+    with pytest.raises(KeyboardInterrupt):
+        train(config, train_config, out_dir=tmp_path / "cut", progress=False,
+              log=crash_at_second_eval)
+    checkpoint = tmp_path / "cut" / "checkpoint.npz"
+    model, _, saved, step = load_checkpoint(checkpoint)
+    assert step == 2 and saved == train_config and model.config == config
+    resumed = train(config, train_config, out_dir=tmp_path / "cut", resume=checkpoint, **quiet)
+    for a, b in ((resumed["model"], whole["model"]),
+                 (resumed["model"].teacher, whole["model"].teacher)):
+        np.testing.assert_array_equal(a.params.data, b.params.data)
+    np.testing.assert_array_equal(resumed["model"].vq.restart_counts,
+                                  whole["model"].vq.restart_counts)
+    assert resumed["eval"] == whole["eval"]
+
+
+def test_a_run_dir_checkpoints_and_a_rerun_evaluates_it(micro, tmp_path, monkeypatch):
+    """With MAPFORMER_RUN_DIR a run leaves its checkpoint (map draws it); executed again it
+    evaluates those weights without training: the same metrics."""
+    from mapformer.__main__ import main
+    monkeypatch.setenv("MAPFORMER_RUN_DIR", str(tmp_path))
+    # no dead-code restarts: the VQ restarts on evaluation forwards too (it counts every
+    # forward), so with restarts every 2 forwards the evaluation itself would move the codes
+    monkeypatch.setitem(tdb.SCALES, "micro", replace(micro, restart_dead=0))
+    run = tdb.table("1", "micro").make_run("", "tdb_s3_m4", 0)
+    first = tdb.execute(run)
+    checkpoint = tmp_path / run.id / "checkpoint.npz"
+    assert load_checkpoint(checkpoint)[3] == micro.iterations
+    again = tdb.execute(run)
+    assert json.dumps(again["metrics"]) == json.dumps(first["metrics"])
+    assert again["log"] == []  # nothing trained
+    assert main(["map", str(checkpoint), "--out", str(tmp_path / "map")]) == 0
+    assert (tmp_path / "map" / "cogmap.png").stat().st_size > 0
+
+
+def test_legacy_files_convert_to_spec_runs(tmp_path):
+    """A file of benchmarks/reproduce_tdb_table1.py (a torus folder's: the file does not say)
+    becomes the record of today's spec run, its provenance unknown and of the old loop."""
+    scale = asdict(tdb.SCALES["cpu"])  # as the script wrote it: the room a template (seed 0)
+    for name in ("restart_dead", "plan_problems", "rollouts"):
+        del scale[name]
+    old = {"row": "mapwm_angles", "seed": 1, "scale": scale, "train_s": 100.0, "TestAccu": 70.0,
+        "ImpFallback": 0.0, "RatioSP": float("nan"), "NormGED": 0.8, "problems": 252,
+        "clusters": 40, "angle_places": 500, "restart_dead": 200}
+    path = tmp_path / "tdb_table1_cpu_torus" / "mapwm_angles_seed1.json"
+    path.parent.mkdir()
+    path.write_text(json.dumps(old))
+    record, same = tdb.convert_legacy(path)
+    assert same and record["id"] == tdb.table("1-torus", "cpu").make_run(
+        "", "mapwm_angles", 1).id
+    assert record["provenance"]["commit"] == "unknown" and "old loop" in \
+        record["provenance"]["loop"]
+    assert record["metrics"]["NormGED"]["test"] == 0.8
+    assert record["evaluation"]["clusters"] == 40
+    assert np.isnan(record["metrics"]["RatioSP"]["test"])
+    assert record["room"]["config"]["topology"] == "torus" and record["wall_s"] == 100.0
+
+
+def test_the_converted_records_render_the_old_numbers(capsys):
+    """results/records/tdb-legacy: the old harness's cpu-scale Table 1, as README showed it."""
+    from mapformer.__main__ import main
+    assert main(["reproduce", "tdb", "1", "--render-only", "--records",
+                 str(ROOT / "results" / "records" / "tdb-legacy")]) == 0
+    lines = {line.split(" | ")[0]: line for line in capsys.readouterr().out.splitlines()
+             if line.startswith("| ")}
+    assert "| 57.28 ± 5.61 (n=3)§ [99.55] |" in lines["| tdb_s3_m1"]
+    assert "| 14.29 ± 1.98 (n=3)§ [99.20] |" in lines["| tdb_s1_enc_m1"]
+    assert "| 11.14 ± 7.87 (n=3)§ [96.59] |" in lines["| tdb_s3_m4"]
+    assert "| 100.00 ± 0.00 (n=3)§ [31.97] |" in lines["| lstm"]
+    torus = tdb.table("1-torus", "cpu").cells(
+        RecordStore(ROOT / "results" / "records" / "tdb-legacy"), 2)[("", "mapwm_angles")]
+    assert torus["n"] == 2 and torus["unknown"]

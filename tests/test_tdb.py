@@ -94,16 +94,33 @@ def test_bad_config():
         TDBConfig(n_obs=3, d_model=30, n_heads=4)
 
 
+def rooms_checkpoint(tmp_path, config, name, steps=2):
+    """The library checkpoint of ``config`` (a TDBConfig or ModelConfig) trained ``steps``
+    steps by mapformer.train on the rooms task in ROOM (16 training walks, 4 test walks,
+    context 2): (path, train config)."""
+    from mapformer.train import train
+    train_config = TrainConfig(
+        task="rooms", steps=ROOM.steps, task_options=dict(
+            height=ROOM.height, width=ROOM.width, n_obs=ROOM.n_obs, patch=ROOM.patch,
+            walks=16, context=2), sequences=4 * steps, batch_size=4,
+        loss_positions="observations", schedule="constant", weight_decay=0.0, seed=ROOM.seed,
+        eval_sequences=4, eval_batch_size=4)
+    train(config, train_config, out_dir=tmp_path / name, progress=False, log=lambda *a: None)
+    return tmp_path / name / "checkpoint.npz", train_config
+
+
 def test_checkpoint_and_map_command(tmp_path, capsys):
+    """A TDB trained by mapformer.train: its library checkpoint loads as a TDB, and map draws
+    its map in the room of the checkpoint's rooms task."""
+    from dataclasses import asdict
+
     from mapformer.__main__ import main
-    from mapformer.tdb import load_checkpoint, save_checkpoint
-    model = TDB(small(codebooks=1, steps=1), seed=4)
-    meta = {"room": {"height": 4, "width": 5, "n_obs": 3, "patch": 2, "steps": 12, "seed": 0},
-            "seed": 0, "train_walks": 16, "test_walks": 4, "context": 2}
-    path = tmp_path / "tdb.npz"
-    save_checkpoint(model, path, **meta)
-    loaded, got = load_checkpoint(path)
-    assert got == meta and np.array_equal(loaded.params.data, model.params.data)
+    from mapformer.train import load_checkpoint
+    path, train_config = rooms_checkpoint(tmp_path, small(codebooks=1, steps=1), "tdb")
+    loaded, _, saved, step = load_checkpoint(path)
+    assert isinstance(loaded, TDB) and saved == train_config and step == 2
+    assert train_config.task_config().map_meta(4) == {
+        "room": asdict(ROOM), "seed": 0, "train_walks": 16, "test_walks": 4, "context": 2}
     assert main(["map", str(path), "--out", str(tmp_path / "map")]) == 0
     metrics = json.loads(capsys.readouterr().out.splitlines()[0])
     assert metrics["problems"] <= 4 and 0.0 <= metrics["NormGED"] <= 1.0
@@ -152,55 +169,56 @@ def test_map_command_on_a_mapwm_checkpoint(tmp_path, capsys):
     """A MapWM transformer's checkpoint: the map comes from its angles; a RoPE one has none."""
     from mapformer.__main__ import main
     from mapformer.models import ModelConfig, Transformer
-    from mapformer.tdb import load_checkpoint, save_checkpoint
-    meta = {"room": {"height": 4, "width": 5, "n_obs": 3, "patch": 2, "steps": 12, "seed": 0},
-            "seed": 0, "train_walks": 8, "test_walks": 4, "context": 2}
-    model = Transformer(ModelConfig.preset("mapwm", 7, d_model=32, n_heads=2, n_layers=1))
-    save_checkpoint(model, tmp_path / "mapwm.npz", **meta)
-    loaded, got = load_checkpoint(tmp_path / "mapwm.npz")
-    assert isinstance(loaded, Transformer) and loaded.config == model.config and got == meta
-    assert np.array_equal(loaded.params.data, model.params.data)
-    assert main(["map", str(tmp_path / "mapwm.npz"), "--out", str(tmp_path / "map"),
-                 "--angle-places", "8"]) == 0
+    from mapformer.train import load_checkpoint
+    config = ModelConfig.preset("mapwm", 7, d_model=32, n_heads=2, n_layers=1)
+    path, _ = rooms_checkpoint(tmp_path, config, "mapwm")
+    loaded = load_checkpoint(path)[0]
+    assert isinstance(loaded, Transformer) and loaded.config == config
+    assert main(["map", str(path), "--out", str(tmp_path / "map"), "--angle-places", "8"]) == 0
     metrics = json.loads(capsys.readouterr().out.splitlines()[0])
     assert 1 <= metrics["clusters"] <= 8 and 0.0 <= metrics["NormGED"] <= 1.0
     assert (tmp_path / "map" / "cogmap.png").stat().st_size > 0
     with pytest.raises(SystemExit):
-        main(["map", str(tmp_path / "mapwm.npz"), "--angle-places", "0"])
+        main(["map", str(path), "--angle-places", "0"])
     assert "argument --angle-places: must be an integer >= 1, got 0" in capsys.readouterr().err
-    rope = Transformer(ModelConfig.preset("rope", 7, d_model=32, n_heads=2, n_layers=1))
-    save_checkpoint(rope, tmp_path / "rope.npz", **meta)
+    rope, _ = rooms_checkpoint(tmp_path, ModelConfig.preset("rope", 7, d_model=32, n_heads=2,
+                                                            n_layers=1), "rope")
     with pytest.raises(SystemExit):
-        main(["map", str(tmp_path / "rope.npz")])
-
-
-MAP_META = {"room": {"height": 4, "width": 5, "n_obs": 3, "patch": 2, "steps": 12, "seed": 0},
-            "seed": 0, "train_walks": 16, "test_walks": 4, "context": 2}
+        main(["map", str(rope)])
 
 
 def test_checkpoint_is_saved_at_exactly_the_path_given(tmp_path):
-    """save_checkpoint(model, "x") wrote x.npz, which load_checkpoint("x") did not find."""
-    from mapformer.tdb import load_checkpoint, save_checkpoint
+    """save_checkpoint(path "x", ...) of a TDB writes x (no suffix added), which
+    load_checkpoint("x") reads back with its kind, parameters and VQ state."""
+    from mapformer.train import load_checkpoint, save_checkpoint
     model = TDB(small(codebooks=1, steps=1), seed=4)
-    save_checkpoint(model, tmp_path / "x", **MAP_META)
+    model.vq.counts[0, 3] = 5
+    config = TrainConfig(task="rooms", steps=12, task_options=dict(
+        height=4, width=5, n_obs=3, patch=2, walks=16), loss_positions="observations",
+        sequences=8, batch_size=4)
+    save_checkpoint(tmp_path / "x", model, AdamW(model, config), config, 0)
     assert sorted(p.name for p in tmp_path.iterdir()) == ["x"]
-    loaded, meta = load_checkpoint(tmp_path / "x")
-    assert loaded.config == model.config and meta == MAP_META
+    loaded, _, saved, step = load_checkpoint(tmp_path / "x")
+    assert loaded.config == model.config and saved == config and step == 0
     assert np.array_equal(loaded.params.data, model.params.data)
+    assert loaded.vq.counts[0, 3] == 5
 
 
 def bad_map_checkpoints(tmp_path):
-    """{case: (path, the message refusing it)}: files the map command must refuse."""
-    from mapformer.tdb import save_checkpoint
-    good = tmp_path / "good.npz"
-    save_checkpoint(TDB(small(codebooks=1, steps=1), seed=4), good, **MAP_META)
+    """{case: (path, the message refusing it)}: files the map command must refuse (the
+    library checkpoint of a TDB on the rooms task, edited)."""
+    good, _ = rooms_checkpoint(tmp_path, small(codebooks=1, steps=1), "good")
     with np.load(good) as f:
         arrays = dict(f)
-    config, size = json.loads(str(arrays["config"])), arrays["params"].shape[0]
+    meta, size = json.loads(str(arrays["meta"])), arrays["params"].shape[0]
+    config = meta["model"]
 
     def edit(name, **changes):
         np.savez(tmp_path / name, **{**arrays, **changes})
         return tmp_path / name
+
+    def edit_meta(name, **changes):
+        return edit(name, meta=json.dumps({**meta, **changes}))
 
     empty, truncated, npy = tmp_path / "empty.npz", tmp_path / "truncated.npz", tmp_path / "a.npy"
     empty.write_bytes(b"")
@@ -209,20 +227,23 @@ def bad_map_checkpoints(tmp_path):
     nan = arrays["params"].copy()
     nan[3] = np.nan
     huge = {**config, "d_model": 65536, "n_heads": 512, "head_hidden": 65536}  # > 128 GiB
+    navigation = {k: v for k, v in meta["train"].items() if k != "task_options"}
     return {
         "empty": (empty, f"{empty} is not a readable checkpoint (corrupt or truncated: "
                          "EOFError: No data left in file)"),
         "truncated": (truncated, f"{truncated} is not a readable checkpoint (corrupt or "
                                  "truncated: BadZipFile: File is not a zip file)"),
-        "config list": (edit("list.npz", config=json.dumps([1, 2])),
-                        "config must be a JSON object, got list"),
-        "unknown field": (edit("field.npz", config=json.dumps({**config, "colour": 1})),
-                          "the saved configuration is invalid: TDBConfig.__init__() got an "
-                          "unexpected keyword argument 'colour'"),
+        "meta list": (edit("list.npz", meta=json.dumps([1, 2])),
+                      "meta must be a JSON object, got list"),
+        "unknown kind": (edit_meta("kind.npz", kind="lstm"),
+                         "meta field 'kind' must be one of transformer, tdb, got 'lstm'"),
+        "unknown field": (edit_meta("field.npz", model={**config, "colour": 1}),
+                          "the saved configuration is invalid: TDBConfig has no field "
+                          "'colour'"),
         "0-d params": (edit("scalar.npz", params=np.float32(1.0)),
                        "params must be a float32 vector (P,), got float32 of shape ()"),
         "bare npy": (npy, f"{npy} is not a checkpoint: a bare array, not an .npz"),
-        "huge model": (edit("huge.npz", config=json.dumps(huge)),
+        "huge model": (edit_meta("huge.npz", model=huge),
                        f"the saved configuration does not describe the {size} parameters that "
                        f"params holds: the parameters reach {7 * 65536} at 'embed.weight' (7, "
                        f"65536), past {size}"),
@@ -230,32 +251,28 @@ def bad_map_checkpoints(tmp_path):
                        "params holds non-finite values (in 'embed.weight')"),
         "int64 params": (edit("int.npz", params=arrays["params"].astype(np.int64)),
                          f"params must be a float32 vector (P,), got int64 of shape ({size},)"),
-        "meta without room": (edit("room.npz", meta=json.dumps({"seed": 0})),
-                              "meta field 'room' must be a JSON object of RoomsConfig fields, "
-                              "got None"),
-        "meta seed": (edit("seed.npz", meta=json.dumps({**MAP_META, "seed": [1]})),
-                      "meta field 'seed' must be an integer >= 0, got [1]"),
+        "vq counts": (edit("counts.npz", vq_counts=arrays["vq_counts"].astype(np.int32)),
+                      "the tdb state: vq_counts must be int64 counts >= 0 of shape (1, 8), "
+                      "got int32 of shape (1, 8)"),
+        "no room": (edit_meta("room.npz", train={**navigation, "task": "navigation"}),
+                    "a checkpoint of task 'navigation' has no room: map reads one of the "
+                    "rooms task"),
     }
 
 
 def test_map_command_refuses_bad_checkpoints_in_one_line(tmp_path, capsys):
     """Each was a traceback (EOFError, BadZipFile, TypeError, IndexError, KeyError,
     MemoryError) or a map drawn from NaN or int64 parameters. The Python API raises the same
-    message: load_checkpoint a CheckpointError, cogmap.room_config (the map's meta) a
-    ValueError."""
+    message (load_checkpoint a CheckpointError) but for a checkpoint that loads and holds no
+    room, which only map refuses."""
     from mapformer.__main__ import main
-    from mapformer.tdb import load_checkpoint
-    from mapformer.train import CheckpointError
+    from mapformer.train import CheckpointError, load_checkpoint
     for case, (path, message) in bad_map_checkpoints(tmp_path).items():
-        if case.startswith("meta"):  # a readable checkpoint whose meta describes no room
-            with pytest.raises(ValueError) as info:
-                cogmap.room_config(load_checkpoint(path)[1])
-            line = f"{path}: {info.value}"
-        else:
+        line = message if message.startswith(str(path)) else f"{path}: {message}"
+        if case != "no room":
             with pytest.raises(CheckpointError) as info:
                 load_checkpoint(path)
-            line = str(info.value)
-        assert line == (message if message.startswith(str(path)) else f"{path}: {message}"), case
+            assert str(info.value) == line, case
         with pytest.raises(SystemExit) as info:
             main(["map", str(path), "--out", str(tmp_path / "map")])
         assert info.value.code == 2, case

@@ -18,6 +18,7 @@ import importlib
 
 # paper -> the module of its specs (mapformer.reproduce.<module>)
 PAPERS = {"mapformer": "mapformer",
+          "tdb": "tdb",
           "gridpe": "gridpe",
           "ape": "ape"}
 

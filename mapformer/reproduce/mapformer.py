@@ -13,14 +13,13 @@ Tables: "1" selective copy, "2" 1D and 2D navigation, "2-modes" the MapEM-os com
 ablation, "3" SSMs against MapFormers, "4" 3D and 5D navigation; figures "fig7a" and "fig7bd"
 (:mod:`.mapformer_fig7`); "ood", where long sparse sequences are lost (:mod:`.mapformer_ood`).
 """
-import json
 from dataclasses import dataclass, field
 
 from ..experiments.runs import Run
 from ..experiments.tables import Table, mean_spread
 from ..models import ModelConfig, options_of, preset_parts
 from ..tasks import navigation, selective_copy
-from ..train import TrainConfig, train
+from ..train import TrainConfig
 
 COLUMNS = ("iid", "ood_dense", "ood_sparse")
 METRICS = {"accuracy": "accuracy over every scored position",
@@ -263,14 +262,6 @@ def mean_ci(values, digits: int = 2) -> str:
     return mean_spread(values, "ci95", digits)
 
 
-def write_json(path, record):
-    """Write ``record`` to ``path`` as JSON atomically (a temporary file, then a rename)."""
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_suffix(".tmp")
-    tmp.write_text(json.dumps(record, indent=1))
-    tmp.replace(path)
-
-
 def recorded_configs(record):
     """(model dict, train dict) of a run's record as the current library reads them: a field
     or option added since the record was written takes its default (so the record of a run
@@ -280,23 +271,3 @@ def recorded_configs(record):
                 TrainConfig.from_dict(record["train"]).to_dict())
     except (ValueError, TypeError, KeyError):
         return None
-
-
-def train_or_load(path, model_config, train_config, **fields):
-    """One run of a resumable reproduction: the record at ``path`` when it holds the same
-    configs (marked ``cached``; fields and options added to the library since it was written
-    compare at their defaults, :func:`recorded_configs`), else train and write it there. The
-    record: ``fields`` (e.g. task, row, seed), both configs, the final evaluation and loss,
-    wall time and steps. A record of other configs at ``path`` is a ValueError."""
-    if path.exists():
-        record = json.loads(path.read_text())
-        if recorded_configs(record) == (model_config.to_dict(), train_config.to_dict()):
-            record["cached"] = True
-            return record
-        raise ValueError(f"{path} holds a run of other configs: remove it or use another --out")
-    result = train(model_config, train_config, progress=False, log=lambda *a: None)
-    record = {**fields, "model": model_config.to_dict(), "train": train_config.to_dict(),
-              "eval": result["eval"], "final_train_loss": result["loss"],
-              "wall_s": result["wall_s"], "steps": result["steps"]}
-    write_json(path, record)
-    return record

@@ -35,8 +35,13 @@ beyond the paper):
   ``colours`` = phi(symbol); :meth:`Walks.tokens` then tokenises colours (vocabulary K + 4),
   and :func:`base_targets` gives the paper's "training in base" targets: the rank of x_n
   among the distinct colours seen in x_1 .. x_n (0 = lowest).
+
+The walks of one room are also a training task of :func:`mapformer.train.train` (task
+"rooms", :class:`RoomsTask`): a fixed pool of training walks per room, each step's batch drawn
+from it, the room's test walks as the evaluation set, the loss on every next observation.
 """
-from dataclasses import dataclass
+import functools
+from dataclasses import asdict, dataclass
 
 import networkx as nx
 import numpy as np
@@ -308,3 +313,180 @@ def ground_truth_graph(room):
         for u, v in zip(node_of(cells, w), node_of(nxt, w)):
             graph.add_edge(int(u), int(v), key=a, action=a)
     return graph
+
+
+# ---- the room's walks as a training task (mapformer.train's task "rooms") --------------------
+PRESETS = {"iid": dict(height=15, width=20, n_obs=4, patch=4, steps=400)}
+"""The rooms task's presets: "iid", the room of TDB's Table 1 (15 x 20, O = 4, one 4 x 4 patch
+twice, walks of 400)."""
+TASK_OPTIONS = {"height": int, "width": int, "n_obs": int, "patch": int, "topology": str,
+                "walks": int, "context": int}
+"""The rooms task's options (TrainConfig.task_options) and their types: the room's fields,
+``walks`` (the training pool) and ``context`` (the planning problems' C)."""
+LOSS_POSITIONS = ("observations",)
+"""The choices of :func:`loss_mask`: every position whose target is the next observation."""
+
+
+@dataclass(frozen=True)
+class RoomsTask:
+    """The walks of one room as a training task (TDB's Table 1): ``room`` the RoomsConfig (its
+    seed the run's: a room per seed); ``walks`` the size of the fixed pool of training walks
+    (:func:`training_walks`, drawn from ``[room.seed, 1]``), from which each step's batch draws
+    its walks uniformly with replacement; ``context`` C: a test walk's planning problem goes
+    from its position C to N - C (TDB appendix D; None: N // 8, the paper's 50 of 400). The
+    evaluation set is the room's test walks (:func:`evaluation_walks`, ``[room.seed, 2]``),
+    which :func:`mapformer.cogmap.walks_of` draws again from :meth:`map_meta`. No blank
+    token: every next observation is a target."""
+
+    room: RoomsConfig
+    walks: int = 2048
+    context: int = None
+    blank_id = None  # not a field: the task has no blank token
+
+    def __post_init__(self):
+        if self.room.colours:
+            raise ValueError("task 'rooms': the in-context rooms (colours > 0) are no training "
+                             "task yet")
+        if not isinstance(self.walks, int) or isinstance(self.walks, bool) or self.walks < 1:
+            raise ValueError(f"task 'rooms': walks must be an integer >= 1, got {self.walks!r}")
+        c, n = self.planning_context, self.room.steps
+        if not isinstance(c, int) or isinstance(c, bool) or not 0 <= c < n - c:
+            raise ValueError(f"task 'rooms': context must be an integer C with 0 <= C < N - C "
+                             f"(N = {n} steps), got {self.context!r}")
+
+    @property
+    def vocab_size(self):
+        return self.room.vocab_size
+
+    @property
+    def seq_len(self):
+        return 2 * self.room.steps
+
+    @property
+    def planning_context(self):
+        """C: ``context``, or N // 8 when it is None."""
+        return self.room.steps // 8 if self.context is None else self.context
+
+    def map_meta(self, test_walks):
+        """The room, seed, walks and context as :func:`mapformer.cogmap.walks_of` reads them
+        (its "meta"), with ``test_walks`` test walks."""
+        return {"room": asdict(self.room), "seed": self.room.seed, "train_walks": self.walks,
+                "test_walks": test_walks, "context": self.planning_context}
+
+
+def task_preset(name="iid", seed=0, steps=None, **options):
+    """The RoomsTask of preset ``name`` (:data:`PRESETS`) for the run seed ``seed`` (the
+    room's), its walks ``steps`` long (None: the preset's), with ``options``
+    (:data:`TASK_OPTIONS`, each of its type). ValueError naming the option for an unknown one
+    or a bad value."""
+    if name not in PRESETS:
+        raise ValueError(f"task 'rooms' has presets {sorted(PRESETS)}, not {name!r}")
+    for key, value in options.items():
+        if key not in TASK_OPTIONS:
+            raise ValueError(f"task_options: task 'rooms' has options {sorted(TASK_OPTIONS)}, "
+                             f"not {key!r}")
+        kind = TASK_OPTIONS[key]
+        if not (value is None and key == "context") and (
+                not isinstance(value, kind) or isinstance(value, bool)):
+            raise ValueError(f"task_options: {key} must be a {kind.__name__}, got {value!r}")
+    room = {**PRESETS[name], **{k: v for k, v in options.items() if k not in ("walks",
+                                                                                "context")}}
+    if steps is not None:
+        room["steps"] = steps
+    pool = {k: options[k] for k in ("walks", "context") if k in options}
+    return RoomsTask(RoomsConfig(**room, seed=seed), **pool)
+
+
+@dataclass
+class RoomsBatch:
+    """A batch of walks: tokens int32 (B, 2N) (:meth:`Walks.tokens`), targets int32 (B, 2N)
+    and mask bool (B, 2N) (:func:`next_observation_targets`), positions int64 (B, N, 2): the
+    cell of each observation."""
+
+    tokens: np.ndarray
+    targets: np.ndarray
+    mask: np.ndarray
+    positions: np.ndarray
+
+
+def next_observation_targets(tokens):
+    """tokens int (B, 2N) -> (targets, mask) (B, 2N): at the action a_n's position the target
+    is x_{n+1}; every other position (and a_N's) is masked out."""
+    tokens = np.asarray(tokens)
+    targets = np.zeros_like(tokens)
+    mask = np.zeros(tokens.shape, bool)
+    targets[:, 1:-1:2] = tokens[:, 2::2]
+    mask[:, 1:-1:2] = True
+    return targets, mask
+
+
+@functools.lru_cache(maxsize=4)
+def _room_walks(task, stream, n_walks):
+    """(walks, their tokens, read-only) of ``task``'s room, drawn from [room.seed, stream]."""
+    config = task.room
+    drawn = walks(config, make_room(config), n_walks, [config.seed, stream])
+    tokens = drawn.tokens(config.n_symbols)
+    for a in (drawn.obs, drawn.actions, drawn.pos, tokens):
+        a.flags.writeable = False
+    return drawn, tokens
+
+
+def training_walks(task):
+    """The task's pool of ``task.walks`` training walks (cached; read-only)."""
+    return _room_walks(task, 1, task.walks)[0]
+
+
+def evaluation_walks(task, n_walks):
+    """The room's ``n_walks`` test walks (cached; read-only; :func:`walks` from [room.seed,
+    2], so another count draws other walks)."""
+    return _room_walks(task, 2, n_walks)[0]
+
+
+def _batch(drawn, tokens):
+    targets, mask = next_observation_targets(tokens)
+    return RoomsBatch(np.ascontiguousarray(tokens), targets, mask, np.asarray(drawn.pos))
+
+
+def generate(task, batch_size, rng=None):
+    """``batch_size`` walks of the task's training pool, drawn uniformly with replacement by
+    ``rng`` (a Generator or a seed)."""
+    pool, tokens = _room_walks(task, 1, task.walks)
+    idx = np.random.default_rng(rng).integers(0, task.walks, batch_size)
+    return _batch(Walks(pool.obs[idx], pool.actions[idx], pool.pos[idx]), tokens[idx])
+
+
+def eval_set(task, n_sequences, seed=None, batch_size=32):
+    """The room's ``n_sequences`` test walks (:func:`evaluation_walks`) in batches of
+    ``batch_size`` (the last one holds the rest). ``seed`` is not read: the test walks are
+    the room's ([room.seed, 2]), the ones its map is planned on."""
+    pool, tokens = _room_walks(task, 2, n_sequences)
+    return [_batch(Walks(pool.obs[i:i + batch_size], pool.actions[i:i + batch_size],
+                         pool.pos[i:i + batch_size]), tokens[i:i + batch_size])
+            for i in range(0, n_sequences, batch_size)]
+
+
+def loss_mask(batch, positions):
+    """bool (B, 2N): "observations", every position whose target is the next observation
+    (``batch.mask``)."""
+    if positions not in LOSS_POSITIONS:
+        raise ValueError(f"loss_positions must be one of {LOSS_POSITIONS} for task 'rooms', "
+                         f"got {positions!r}")
+    return batch.mask
+
+
+def token_coordinates(batch):
+    """None: the model is not told where the agent is (TDB's setting)."""
+    return None
+
+
+def ood_sets(task):
+    """None beyond the test walks: {}."""
+    return {}
+
+
+def describe(task):
+    """'10 x 15 room, O 4, patch 3, walks of 200 from a pool of 2048, room seed 0, C 25'."""
+    r = task.room
+    return (f"{r.height} x {r.width} {r.topology}, O {r.n_obs}, patch {r.patch}, walks of "
+            f"{r.steps} from a pool of {task.walks}, room seed {r.seed}, C "
+            f"{task.planning_context}")
