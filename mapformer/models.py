@@ -353,9 +353,10 @@ class Transformer:
         self.rng = rng  # draws the dropout masks from here on (a checkpoint saves its state)
 
     def train(self, mode=True):
-        """Switch dropout on (training) or off (evaluation)."""
+        """Switch dropout, and the bottlenecks' usage counts and restarts, on (training) or
+        off (evaluation)."""
         for block in self.blocks:
-            block.drop1.training = block.drop2.training = mode
+            block.drop1.training = block.drop2.training = block.bottleneck.training = mode
 
     def forward(self, tokens, coordinates=None, prefix=None, pool=None):
         """tokens int (B, T) -> logits (B, T, V), or (B, 1, V) with ``pool='mean'``: the logits

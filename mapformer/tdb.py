@@ -201,8 +201,10 @@ class TDB:
         self.ops.ema_update(t, self.params.data[:t.shape[0]], self.config.ema)
 
     def train(self, mode=True):
+        """Dropout and the VQ's usage counts and restarts on (training) or off."""
         for block in self.blocks:
             block.drop1.training = block.drop2.training = mode
+        self.vq.training = mode
 
     def encode(self, tokens):
         """tokens int (B, 2N) -> (codes (B N, C) at the observation positions, indices

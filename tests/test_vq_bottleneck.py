@@ -77,6 +77,24 @@ def test_usage_and_dead_code_restarts():
     assert np.min(np.abs(rows - vq.codebook.value[0, 5]).sum(-1)) == 0.0
 
 
+def test_evaluation_forwards_leave_codebook_and_counts():
+    """In evaluation mode (train(False)) a forward neither counts its codes nor restarts dead
+    ones, so an evaluation cannot move the codebook; back in training it does both."""
+    model = Transformer(config(vq_restart_dead=1), seed=1, backend="numpy")
+    batch = navigation.generate(TASK, 2, np.random.default_rng(0))
+    vq = model.blocks[-1].bottleneck
+    vq.codebook.value[0, 5] = 1e3
+    before = vq.codebook.value.copy()
+    model.train(False)
+    model.loss(batch.tokens, batch.targets, batch.mask)
+    assert np.array_equal(vq.codebook.value, before)
+    assert vq.counts.sum() == 0 and vq.forwards == 0
+    model.train(True)
+    model.loss(batch.tokens, batch.targets, batch.mask)
+    assert vq.counts.sum() == vq.z.shape[0] * vq.M and vq.forwards == 1
+    assert not np.array_equal(vq.codebook.value[0, 5], before[0, 5])
+
+
 def test_code_usage_statistics():
     counts = codeusage.count_codes(np.array([[0, 1], [0, 1], [2, 1], [3, 1]]), 4)
     assert counts.tolist() == [[2, 0, 1, 1], [0, 4, 0, 0]]

@@ -22,9 +22,14 @@ from abc import ABC, abstractmethod
 
 
 class Bottleneck(ABC):
+    """A slot between a block's mixer and its MLP. ``training`` follows the model's
+    ``train(mode)``: a bottleneck with state beyond its parameters (VQ's usage counts and
+    dead-code restarts) changes it in training forwards only."""
+
     name = None
     options = ()
     traces = ()
+    training = True
 
     def __init__(self, store, name, config, ops):
         self.config, self.ops = config, ops

@@ -86,7 +86,11 @@ class VQ(Bottleneck):
         return self.codes.reshape(rows, -1)
 
     def count(self, rows):
-        """Add the last forward's indices to the usage counts; restart dead codes when due."""
+        """Add the last forward's indices to the usage counts; restart dead codes when due.
+        Training forwards only: an evaluation leaves the codebook and the counts as they
+        were."""
+        if not self.training:
+            return
         counts = codeusage.count_codes(self.ops.to_numpy(self.indices), self.K)
         self.counts += counts
         if not self.restart_every:
