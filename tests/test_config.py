@@ -28,7 +28,7 @@ PRESET_PARTS = {  # the preset names the reproduction tables and users know
     "mamba": ("mamba", "none", {"d_state": 16, "expand": 2, "d_conv": 4, "dt_rank": 0,
                                 "zoh": False}),
     "mampa": ("mampa", "none", {"d_state": 16, "expand": 2, "d_conv": 4, "dt_rank": 0,
-                                "zoh": False, "mampa_alpha": True, "signed_angle": False,
+                                "zoh": False, "mampa_alpha": False, "signed_angle": False,
                                 "omega_max": math.pi, "omega_grid": 64.0}),
 }
 

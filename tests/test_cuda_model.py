@@ -132,7 +132,8 @@ def assert_model_matches_c(cfg, emulated, rng, steps):
 
 
 @pytest.mark.parametrize("name,options", [("mamba", {}), ("mampa", {}),
-                                          ("mampa", {"signed_angle": True, "zoh": True})])
+                                          ("mampa", {"signed_angle": True, "zoh": True,
+                                                     "mampa_alpha": True})])
 def test_mamba_models_match_the_c_backend(emulated, rng, name, options):
     """Mamba and MAMPa (cuda/scan.cu's step: dt's bias and softplus inside the scan, the
     rotation sharing the step unless signed_angle) in a model: the C backend's loss and

@@ -15,7 +15,8 @@ from mapformer.models import ModelConfig, Transformer, forward_flops
 from mapformer.train import TrainConfig, load_checkpoint, train
 
 VARIANTS = [("mamba", {}), ("mamba", {"zoh": True}), ("mampa", {}),
-            ("mampa", {"signed_angle": True, "zoh": True}), ("mampa", {"mampa_alpha": False})]
+            ("mampa", {"signed_angle": True, "zoh": True}), ("mampa", {"mampa_alpha": True}),
+            ("mampa", {"mampa_alpha": True, "signed_angle": True, "zoh": True})]
 
 
 def tiny(name, options, vocab=11):
@@ -87,7 +88,7 @@ def test_numpy_model_gradients_by_finite_differences(name, options):
 
 def test_options_and_refusals():
     config = ModelConfig.preset("mampa", 11, d_model=32, n_heads=2, d_state=8, expand=3,
-                                dt_rank=5, signed_angle=True)
+                                dt_rank=5, signed_angle=True, mampa_alpha=True)
     model = Transformer(config)
     p = model.params.params
     assert p["blocks.0.mixer.omega"].shape == (96, 4)
@@ -98,8 +99,8 @@ def test_options_and_refusals():
     assert delta0.min() >= 1e-3 * 0.999 and delta0.max() <= 1e-1 * 1.001
     np.testing.assert_allclose(np.exp(p["blocks.0.mixer.alpha_log"].value[5]), [1, 2, 3, 4],
                                rtol=1e-6)
-    assert "blocks.0.mixer.alpha_log" not in Transformer(
-        ModelConfig.preset("mampa", 11, d_model=32, n_heads=2, mampa_alpha=False)).params.params
+    assert "blocks.0.mixer.alpha_log" not in Transformer(  # the default: no decay
+        ModelConfig.preset("mampa", 11, d_model=32, n_heads=2)).params.params
     mamba = Transformer(ModelConfig.preset("mamba", 11, d_model=32, n_heads=2)).params.params
     np.testing.assert_allclose(np.exp(mamba["blocks.0.mixer.A_log"].value[0]),
                                np.arange(1, 17), rtol=1e-6)
@@ -112,8 +113,8 @@ def test_options_and_refusals():
     with pytest.raises(ValueError, match="mixer 'mamba' takes positional schemes"):
         ModelConfig(vocab_size=11, mixer="mamba", positional="mapwm")
     flops = forward_flops(config, 4, 10) - forward_flops(
-        ModelConfig.preset("mampa", 11, d_model=32, n_heads=2, d_state=8, expand=3, dt_rank=5),
-        4, 10)
+        ModelConfig.preset("mampa", 11, d_model=32, n_heads=2, d_state=8, expand=3, dt_rank=5,
+                           mampa_alpha=True), 4, 10)
     assert flops == 2 * 40 * 5 * 96  # the signed angle's projection
 
 

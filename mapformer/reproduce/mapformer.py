@@ -156,10 +156,12 @@ TABLES = {
     "3": {
         "title": "Table 3: 2D forced-navigation recall accuracy, SSMs against MapFormers",
         "metrics": ("accuracy", "object_accuracy"),
-        "rows": [Row("Mamba", "mamba"), Row("MAMPa", "mampa"),
+        "rows": [Row("Mamba", "mamba"), Row("MAMPa", "mampa"),  # no decay: the paper's A := S
                  Row("MAMPa (signed angle)", "mampa", 1, {"signed_angle": True}),
-                 Row("MAMPa (ZOH)", "mampa", 1, {"zoh": True}),
-                 Row("MAMPa (no decay)", "mampa", 1, {"mampa_alpha": False}),
+                 Row("MAMPa (decay)", "mampa", 1, {"mampa_alpha": True}),
+                 Row("MAMPa (decay, signed angle)", "mampa", 1,
+                     {"mampa_alpha": True, "signed_angle": True}),
+                 Row("MAMPa (decay, ZOH)", "mampa", 1, {"mampa_alpha": True, "zoh": True}),
                  Row("MapWM", "mapwm"), Row("MapEM-os", "mapem_os"), Row("MapEM-s", "mapem_s")],
         "paper": {"2D": {"Mamba": (0.42, 0.77, 0.40), "MAMPa": (0.74, 0.93, 0.60),
                          "MapWM": (1.0, 1.0, 1.0), "MapEM-os": (1.0, 1.0, 1.0),
