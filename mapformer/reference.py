@@ -11,6 +11,9 @@ import math
 
 import numpy as np
 
+from .geometry import (CONJ_MODES, decay_table, grid_distance, rope_generator,  # noqa: F401
+                       tape_initial_state, tree_distance)
+
 TWO_PI = 2.0 * np.pi
 GELU_K = float(np.sqrt(2.0 / np.pi))
 
@@ -233,40 +236,6 @@ def attention_backward(dout, q, k, v, scale=None, dtype=np.float64, mask="causal
     delta = _einsum("bihd,bihd->bhi", dout, out)
     ds = p * (dp - delta[..., None]) * scale * f
     return _einsum("bhij,bjhd->bihd", ds, k), _einsum("bhij,bihd->bjhd", ds, q), dv
-
-
-def tree_distance(a, b):
-    """Edges on the path between binary-tree nodes of heap numbers a, b >= 1 (root 1, children
-    2h and 2h + 1), elementwise on int arrays: depth(a) + depth(b) - 2 depth(lca(a, b)), with
-    depth(h) = floor(log2 h) (|a| + |b| - 2 lcp(a, b) on their root paths)."""
-    a, b = np.broadcast_arrays(np.asarray(a, np.int64), np.asarray(b, np.int64))
-    if np.any(a < 1) or np.any(b < 1):
-        raise ValueError("heap numbers start at 1 (the root)")
-    a, b = a.copy(), b.copy()
-    dist = np.zeros(a.shape, np.int64)
-    while np.any(a != b):  # lift the deeper (larger) of each unequal pair one level
-        up_a = (a != b) & (a > b)
-        up_b = (a != b) & (b > a)
-        a[up_a] >>= 1
-        b[up_b] >>= 1
-        dist += up_a + up_b
-    return dist
-
-
-def grid_distance(x, y):
-    """floor of the Euclidean distance between integer coordinates x, y (..., n): APE's grid
-    distance (its public code), elementwise over the leading axes."""
-    d = np.asarray(x, np.int64) - np.asarray(y, np.int64)
-    sq = (d * d).sum(-1)
-    r = np.floor(np.sqrt(sq)).astype(np.int64)
-    r -= r * r > sq  # exact integer floor(sqrt) despite float rounding
-    r += (r + 1) * (r + 1) <= sq
-    return r
-
-
-def decay_table(distance, gamma):
-    """A pair_factor table gamma^distance (float32, (N, N)) of integer distances (N, N)."""
-    return (np.float64(gamma) ** np.asarray(distance, np.float64)).astype(np.float32)
 
 
 def attention_decode_forward(q, k, v, scale=None, keys=None, dtype=np.float64):
@@ -522,17 +491,6 @@ def _sigmoid_pair(x):
     return np.where(x >= 0, big, small), np.where(x >= 0, small, big)
 
 
-def tape_initial_state(T, H, D, base=10000.0):
-    """-> e (1, T, H, D): the RoPE state e[0, t-1, h] = exp(i omega_k t) for t = 1..T, stored as
-    (cos, sin) pairs, omega_k = base^(-2k/D), k = 0..D/2-1 (the same for every head).
-    tape_rotate_forward with this state is rotary_forward with theta = omega * t, i.e. path
-    integration with delta = 1 and omega_k for every head."""
-    omega = base ** (-2.0 * np.arange(D // 2) / D)
-    ang = np.arange(1, T + 1, dtype=np.float64)[:, None] * omega  # (T, NB)
-    e = _as_pairs(np.exp(1j * ang))  # (T, D)
-    return np.broadcast_to(e[None, :, None, :], (1, T, H, D)).copy()
-
-
 def tape_rotate_forward(q, k, e, dtype=np.float64):
     """q, k (B, T, H, D), e (B, T, H, D) (or (1, T, H, D), broadcast over b) -> q_out, k_out
     (B, T, H, D).
@@ -590,9 +548,6 @@ def tape_mix_backward(de_new, e_att, gate_logits, w, dtype=np.float64):
 
 
 # ---- conjunctive attention ---------------------------------------------------------------
-CONJ_MODES = ("score_product", "softmax_product", "sum")
-
-
 def _conj_parts(qx, kx, qp, kp, mode, scale, mask="causal", prefix=None):
     """The score matrices of conjunctive attention, (B, H, T, T) each: returns
     (sx, sp, zx, zp, z, causal) with sX = qx kx^T, sP = qp kp^T (unmasked), zx = scale sX and
@@ -1349,17 +1304,6 @@ def ape_basis_backward(dbasis, generator, eig=None, dtype=np.float64):
     uh = _swap(u).conj()
     ds = (u @ (phi.conj() * (uh @ dbasis @ u)) @ uh).real
     return (ds - _swap(ds)).astype(dtype)
-
-
-def rope_generator(frequencies, n_generators=1):
-    """frequencies (H, NB) -> generator (n_generators, H, 2 NB, 2 NB) whose W = expm(A - A^T)
-    is RoPE's block-diagonal rotation by omega_i on the pair (2i, 2i+1) (as rotate_pairs turns
-    it: A[2i+1, 2i] = omega_i, so W^p rotates the pair by p omega_i)."""
-    h, nb = frequencies.shape
-    a = np.zeros((n_generators, h, 2 * nb, 2 * nb))
-    i = np.arange(nb)
-    a[:, :, 2 * i + 1, 2 * i] = frequencies
-    return a
 
 
 def ape_tree_forward(generator, depth, dtype=np.float64):

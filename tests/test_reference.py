@@ -300,3 +300,21 @@ def test_every_op_computes_in_its_dtype(rng):
             assert w.dtype == np.float64, f"{name}: {w.dtype}"
             np.testing.assert_allclose(g, w, rtol=2e-4, atol=2e-5 * (1 + np.abs(w).max()),
                                        err_msg=name)
+
+
+def test_model_components_do_not_import_the_reference():
+    """The schemes, mixers, bottlenecks and tasks take what they share with the float64
+    oracle from mapformer.geometry, never from mapformer.reference (the test oracle)."""
+    import ast
+    from pathlib import Path
+    root = Path(__file__).resolve().parents[1] / "mapformer"
+    found = []
+    for folder in ("schemes", "mixers", "bottlenecks", "tasks"):
+        for path in sorted((root / folder).glob("*.py")):
+            for node in ast.walk(ast.parse(path.read_text())):
+                names = ([a.name for a in node.names] if isinstance(node, ast.Import) else
+                         [node.module or ""] + [a.name for a in node.names]
+                         if isinstance(node, ast.ImportFrom) else [])
+                if any(n.split(".")[-1] == "reference" for n in names):
+                    found.append(f"{folder}/{path.name}")
+    assert found == []

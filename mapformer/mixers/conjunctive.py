@@ -14,7 +14,7 @@ they scale the positional query, and the content query too unless the mode is sc
 ``attn_mask``, ``attn_prefix`` (:data:`mapformer.mixers.base.MASK_OPTIONS`): which keys a query
 sees, causal by default, as for ``attention``.
 """
-from ..reference import CONJ_MODES
+from ..geometry import CONJ_MODES
 from ..registry import Option
 from ..schemes import get_scheme
 from . import QKVMixer, register_mixer

@@ -44,7 +44,7 @@ import weakref
 
 import numpy as np
 
-from .. import reference
+from .. import geometry
 from ..nn import constant_init, normal_init
 from ..registry import Option
 from . import AttentionScheme, register_scheme
@@ -105,7 +105,7 @@ def decay_factor(index, batch, distance, gamma):
     if np.log(gamma) * d.max() >= np.log(np.finfo(np.float32).max):
         raise ValueError(f"ape_decay {gamma}: gamma^distance overflows float32 at this "
                          f"batch's largest distance {d.max()} (a decay is gamma < 1)")
-    table = reference.decay_table(d, gamma)
+    table = geometry.decay_table(d, gamma)
     return ids.reshape(index.shape[:2]).astype(np.int32), table
 
 
@@ -118,7 +118,7 @@ def sequence_decay_factor(batch, steps, gamma):
                          f"table takes at most {MAX_DECAY_POSITIONS} positions")
     index = np.arange(steps)
     pos_ids = np.ascontiguousarray(np.broadcast_to(index.astype(np.int32), (batch, steps)))
-    return pos_ids, reference.decay_table(np.abs(index[:, None] - index[None, :]), gamma)
+    return pos_ids, geometry.decay_table(np.abs(index[:, None] - index[None, :]), gamma)
 
 
 class APE(AttentionScheme):
@@ -148,7 +148,7 @@ class APE(AttentionScheme):
     def rope_init(self, rng, shape):
         """RoPE's rotation on every generator (closed form)."""
         g, h, e, _ = shape
-        return reference.rope_generator(rope_frequencies(self.config.options["rope_base"], h,
+        return geometry.rope_generator(rope_frequencies(self.config.options["rope_base"], h,
                                                          e // 2), g)
 
     def __init__(self, store, name, config, ops):
@@ -371,7 +371,7 @@ class APEGrid(APE):
 
     def distance(self, a, b):
         """ape_decay's d: floor of the Euclidean distance (the token index: |i - j|)."""
-        return reference.grid_distance(a, b)
+        return geometry.grid_distance(a, b)
 
 
 def tree_levels(task):
@@ -389,18 +389,18 @@ def tree_rope_generator(base, n_heads, dim):
     """(2, H, D, D): branch 0 at RoPE's frequencies base^(-i / NB), branch 1 half a step
     lower, base^(-(i + 1/2) / NB), NB = D / 2."""
     nb = dim // 2
-    return np.concatenate([reference.rope_generator(np.tile(base ** (-(np.arange(nb) + shift)
+    return np.concatenate([geometry.rope_generator(np.tile(base ** (-(np.arange(nb) + shift)
                                                                    / nb), (n_heads, 1)))
                            for shift in (0.0, 0.5)])
 
 
 def node_distance(a, b):
     """ape_tree's decay distance: edges on the tree path between heap numbers a, b (..., 1)
-    (reference.tree_distance); 0 when either is 0 (no node: no decay, as its operator is the
+    (geometry.tree_distance); 0 when either is 0 (no node: no decay, as its operator is the
     identity)."""
     a, b = np.broadcast_arrays(np.asarray(a)[..., 0], np.asarray(b)[..., 0])
     both = (a > 0) & (b > 0)
-    return np.where(both, reference.tree_distance(np.maximum(a, 1), np.maximum(b, 1)), 0)
+    return np.where(both, geometry.tree_distance(np.maximum(a, 1), np.maximum(b, 1)), 0)
 
 
 @register_scheme

@@ -7,7 +7,7 @@ numbers; after attention E_att = A E (the same attention, E as the values) and
 E_new = E_att + g * (W E_att over heads), g = sigmoid(x W_g^T + b_g) (B, T, H): the state for
 the next layer (see mapformer/reference.py, TAPE).
 """
-from .. import reference
+from ..geometry import tape_initial_state
 from ..nn import Linear, constant_init
 from . import AttentionScheme, register_scheme
 from .rope import ROPE_BASE
@@ -35,7 +35,7 @@ class TAPE(AttentionScheme):
         array per call)."""
         cfg = self.config
         if steps not in self.rope_states:
-            self.rope_states[steps] = self.ops.asarray(reference.tape_initial_state(
+            self.rope_states[steps] = self.ops.asarray(tape_initial_state(
                 steps, cfg.n_heads, cfg.head_dim, cfg.options["rope_base"])[0])
         state = self.rope_states[steps]
         return self.ops.broadcast_rows(state, (batch,) + state.shape)
