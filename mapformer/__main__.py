@@ -48,8 +48,9 @@ FIELD_HELP = {
             "grid_transpose, grid_rotate90, grid_flip: 2D grid transductions; rooms: walks "
             "of one of TDB's aliased rooms, with --loss-positions observations)",
     "task_options": "the task's own options, 'name=value,...' (rooms: height, width, n_obs, "
-                    "patch, topology, walks (the training pool), context), e.g. "
-                    "'height=10,width=15,patch=3,walks=2048'",
+                    "patch, topology, walks (the training pool), context, e.g. "
+                    "'height=10,width=15,patch=3,walks=2048'; navigation: walk (uniform or "
+                    "no_backtrack), action_repeat, fixed_map, map_seed)",
     "grid_side": "grid tasks: the mean grid side (sides within +-1 of it; default 5)",
     "tree_depth": "tree tasks: the mean tree depth (the paper's 7)",
     "tree_order": "tree tasks: the target's order, breadth(-first) or depth(-first, pre-order)",

@@ -78,7 +78,8 @@ class TrainConfig:
     observations N): rooms. None keeps the preset's value.
     task_options: {name: value}, the options of a task that has them beyond these fields
     (rooms: :data:`mapformer.tasks.rooms.TASK_OPTIONS`: height, width, n_obs, patch,
-    topology, walks, context), validated by the task; None for the others. It is written by
+    topology, walks, context; navigation: :data:`mapformer.tasks.navigation.TASK_OPTIONS`:
+    fixed_map, action_repeat, map_seed, walk), validated by the task; None for the others. It is written by
     :meth:`to_dict` only when set, so the description (and a run's id) of a config without it
     is what it was before the field existed.
     ood_dense, ood_sparse: overrides ("field=value,...", e.g. "steps=256,p_empty=0.9") of the
@@ -139,10 +140,22 @@ class TrainConfig:
             raise ValueError(f"task must be one of {sorted(TASKS)}, got {self.task!r}")
         if self.schedule not in SCHEDULES:
             raise ValueError(f"schedule must be one of {SCHEDULES}, got {self.schedule!r}")
-        if self.task_options is not None and (self.task != "rooms"
+        if self.task_options is not None and (self.task not in ("rooms", "navigation")
                                               or not isinstance(self.task_options, dict)):
             raise ValueError(f"task_options must be None for task {self.task!r} (only 'rooms' "
-                             f"has options) or a dict, got {self.task_options!r:.80}")
+                             f"and 'navigation' have options) or a dict, got "
+                             f"{self.task_options!r:.80}")
+        if self.task == "navigation" and self.task_options:
+            for key, value in list(self.task_options.items()):
+                kind = navigation.TASK_OPTIONS.get(key)
+                if kind is bool and value in ("true", "false"):  # as the command line gives it
+                    value = self.task_options[key] = value == "true"
+                if kind is None:
+                    raise ValueError(f"task_options: task 'navigation' has options "
+                                     f"{sorted(navigation.TASK_OPTIONS)}, not {key!r}")
+                if type(value) is not kind:
+                    raise ValueError(f"task_options: {key} must be a {kind.__name__}, got "
+                                     f"{value!r}")
         if not isinstance(self.decay, str) or not all(t.strip() for t in self.decay.split(",")):
             raise ValueError("decay must be a comma-separated list of 'matrices', 'all', "
                              f"'none' or parameter-name patterns, got {self.decay!r}")
@@ -200,7 +213,8 @@ class TrainConfig:
         if name == self.preset:
             overrides.update({k: getattr(self, k) for k in shape if getattr(self, k) is not None})
         if self.task == "navigation":
-            return navigation.preset(name, dims=self.dims, **overrides)
+            return navigation.preset(name, dims=self.dims, **overrides,
+                                     **(self.task_options or {}))
         if self.task == "rotation4d":
             return rotation4d.preset(name, **overrides)
         if self.task in transduction.OPERATIONS:

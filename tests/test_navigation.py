@@ -287,3 +287,32 @@ def test_presets():
     cfg = nav.preset("ood_sparse", dims=3, steps=20, fixed_map=True)
     assert (cfg.steps, cfg.grid_size, cfg.fixed_map) == (20, 32, True)
     assert nav.preset("iid").vocab_size == 21
+
+
+def test_no_backtrack_walks_never_undo_a_step():
+    """walk "no_backtrack": no action is the inverse of the one before it (with action_repeat:
+    no run's action undoes the previous run's), every other action still drawn; the walk
+    reaches the train config through task_options and stays in the derived OOD sets; a
+    uniform walk's description (and so a run's id) has no walk field, as before it existed."""
+    from mapformer.experiments.runs import task_to_dict
+    from mapformer.train import TrainConfig
+    config = nav.NavigationConfig(dims=2, steps=64, grid_size=16, walk="no_backtrack")
+    actions = nav.generate(config, 256, np.random.default_rng(3)).tokens[:, 0::2]
+    assert not np.any(actions[:, 1:] == (actions[:, :-1] ^ 1))
+    assert set(np.unique(actions)) == {0, 1, 2, 3}
+    follows = np.bincount(4 * actions[:, :-1].ravel() + actions[:, 1:].ravel(), minlength=16)
+    assert follows.reshape(4, 4)[[0, 1, 2, 3], [1, 0, 3, 2]].sum() == 0
+    assert follows.min() == 0 and np.sort(follows)[4] > 0  # the 12 allowed pairs all occur
+    runs = nav.NavigationConfig(dims=2, steps=64, grid_size=16, walk="no_backtrack",
+                            action_repeat=3)
+    a = nav.generate(runs, 64, np.random.default_rng(4)).tokens[:, 0::2]
+    assert not np.any(a[:, 1:] == (a[:, :-1] ^ 1))
+    train = TrainConfig(task="navigation", steps=16, grid_size=8,
+                        task_options={"walk": "no_backtrack"})
+    assert {t.walk for t in train.eval_tasks().values()} == {"no_backtrack"}
+    assert "walk" not in task_to_dict(nav.NavigationConfig())
+    assert task_to_dict(config)["walk"] == "no_backtrack"
+    with pytest.raises(ValueError, match="walk must be one of"):
+        nav.NavigationConfig(walk="spiral")
+    with pytest.raises(ValueError, match="task 'navigation' has options"):
+        TrainConfig(task="navigation", task_options={"walks": 3})

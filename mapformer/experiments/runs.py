@@ -25,12 +25,22 @@ def canonical(value):
     return json.dumps(value, sort_keys=True, separators=(",", ":"))
 
 
+# fields added to a task config after records of it existed, at the value that behaves as
+# before the field: left out of the description there, so the runs' ids stay what they were
+ADDED_FIELDS = {"NavigationConfig": {"walk": "uniform"}}
+
+
 def task_to_dict(config):
-    """{"config": class name, **fields} of a task config (one of :data:`TASK_CONFIGS`)."""
+    """{"config": class name, **fields} of a task config (one of :data:`TASK_CONFIGS`); a
+    field of :data:`ADDED_FIELDS` at its old behaviour's value is left out."""
     name = type(config).__name__
     if name not in TASK_CONFIGS:
         raise TypeError(f"an evaluation set must be one of {sorted(TASK_CONFIGS)}, got {name}")
-    return {"config": name, **json.loads(json.dumps(asdict(config)))}
+    values = json.loads(json.dumps(asdict(config)))
+    for key, old in ADDED_FIELDS.get(name, {}).items():
+        if values.get(key) == old:
+            del values[key]
+    return {"config": name, **values}
 
 
 def task_from_dict(values):

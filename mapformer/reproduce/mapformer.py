@@ -10,10 +10,12 @@ Scales:
   training sequences). OOD sets keep the paper's ratios to the training set.
 
 Tables: "1" selective copy, "2" 1D and 2D navigation, "2-modes" the MapEM-os combination-mode
-ablation, "3" SSMs against MapFormers, "4" 3D and 5D navigation; figures "fig7a" and "fig7bd"
+ablation, "2-no-backtrack" Table 2's 2D part under the walk reading that never undoes a step
+(:data:`mapformer.tasks.navigation.WALKS`), "3" SSMs against MapFormers, "4" 3D and 5D
+navigation; figures "fig7a" and "fig7bd"
 (:mod:`.mapformer_fig7`); "ood", where long sparse sequences are lost (:mod:`.mapformer_ood`).
 """
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 from ..experiments.runs import Run
 from ..experiments.tables import Table, mean_spread
@@ -210,7 +212,15 @@ TABLES = {
 }
 
 
-TABLE_NAMES = ("1", "2", "2-modes", "3", "4", "fig7a", "fig7bd", "ood")
+TABLE_NAMES = ("1", "2", "2-modes", "2-no-backtrack", "3", "4", "fig7a", "fig7bd", "ood")
+
+
+def no_backtrack(part):
+    """A navigation part under the walk reading "no_backtrack" (no action undoes the one
+    before it): its training and evaluation sets, and the training config's task_options."""
+    evals = {k: replace(v, walk="no_backtrack") for k, v in part["eval"].items()}
+    return {"train": evals["iid"], "eval": evals,
+            "train_fields": {**part["train_fields"], "task_options": {"walk": "no_backtrack"}}}
 
 
 def mapformer_run(row, part, scale, seed, sequences, eval_sequences):
@@ -238,7 +248,7 @@ def table(name, scale="cpu", sequences=None, eval_sequences=None):
     if name == "ood":
         from .mapformer_ood import table as diagnosis
         return diagnosis(name, scale, sequences, eval_sequences)
-    key = "2" if name == "2-modes" else name
+    key = "2" if name in ("2-modes", "2-no-backtrack") else name
     if key not in TABLES or name not in TABLE_NAMES:
         raise ValueError(f"MapFormer has tables {', '.join(TABLE_NAMES)}, not {name!r}")
     eval_sequences = eval_sequences or 256
@@ -246,6 +256,10 @@ def table(name, scale="cpu", sequences=None, eval_sequences=None):
     if scale not in spec["scales"]:
         raise ValueError(f"table {name} has scales {sorted(spec['scales'])}, not {scale!r}")
     at = spec["scales"][scale]
+    if name == "2-no-backtrack":  # 2D only: a 1D walk that never backtracks goes straight on
+        at = replace(at, parts={"2D": no_backtrack(at.parts["2D"])},
+                     note=at.note.replace("32 steps", "2D only; walks that never undo their "
+                                          "previous step; 32 steps", 1))
     n = sequences or at.sequences
     rows = {r.label: r for r in (spec["ablation"] if name == "2-modes" else spec["rows"])}
     note = at.note + (f"; training sequences overridden to {n}" if sequences else "")
@@ -253,7 +267,8 @@ def table(name, scale="cpu", sequences=None, eval_sequences=None):
     def make_run(part, label, seed):
         return mapformer_run(rows[label], at.parts[part], at, seed, n, eval_sequences)
 
-    title = spec["title"] + (", MapEM-os combination modes" if name == "2-modes" else "")
+    title = spec["title"] + {"2-modes": ", MapEM-os combination modes",
+                             "2-no-backtrack": ", walks without backtracking"}.get(name, "")
     return Table("mapformer", name, title, scale, note, tuple(at.parts), tuple(rows), COLUMNS,
                  spec["metrics"], make_run, {} if name == "2-modes" else spec["paper"])
 

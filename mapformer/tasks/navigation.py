@@ -41,6 +41,14 @@ import numpy as np
 from . import stream
 from .stream import check_int
 MAX_FIXED_MAP_CELLS = 10_000_000
+WALKS = ("uniform", "no_backtrack")
+"""NavigationConfig.walk's readings. "uniform" is the library's (and the current tables');
+"no_backtrack" removes the revisits of a step and its inverse, which a model with fixed
+relative positions recalls without a map (the cell two steps back is always two tokens
+pairs back)."""
+TASK_OPTIONS = {"fixed_map": bool, "action_repeat": int, "map_seed": int, "walk": str}
+"""The fields a training config sets through TrainConfig.task_options (its own fields carry
+dims, steps, grid_size, p_empty and n_objects)."""
 _MAX_KEY = 2**62
 
 
@@ -58,6 +66,11 @@ class NavigationConfig:
         action_repeat: actions come in runs of uniform length 1..action_repeat, >= 1
             (1 gives i.i.d. uniform actions).
         map_seed: seed of the shared map when fixed_map is True, >= 0; unused otherwise.
+        walk: how actions follow each other (a reading of the paper's task; see WALKS):
+            "uniform" (the default: i.i.d. actions, so a step is undone by the next with
+            probability 1 / (2 dims), and many revisits are the cell two steps back) or
+            "no_backtrack" (an action is never the inverse of the one before it; with
+            action_repeat, of the run before it).
     """
 
     dims: int = 2
@@ -68,8 +81,11 @@ class NavigationConfig:
     fixed_map: bool = False
     action_repeat: int = 1
     map_seed: int = 0
+    walk: str = "uniform"
 
     def __post_init__(self) -> None:
+        if self.walk not in WALKS:
+            raise ValueError(f"walk must be one of {WALKS}, got {self.walk!r}")
         check_int("dims", self.dims, 1)
         check_int("steps", self.steps, 1)
         check_int("grid_size", self.grid_size, 2)
@@ -148,7 +164,7 @@ def describe(config: NavigationConfig) -> str:
     then the other fields that differ from their defaults."""
     text = f"{config.dims}D, {config.steps} steps, grid {config.grid_size}, p_empty {config.p_empty}"
     defaults = NavigationConfig()
-    rest = ("n_objects", "fixed_map", "action_repeat", "map_seed")
+    rest = ("n_objects", "fixed_map", "action_repeat", "map_seed", "walk")
     extra = [f"{f} {getattr(config, f)}" for f in rest if getattr(config, f) != getattr(defaults, f)]
     return ", ".join([text, *extra])
 
@@ -259,10 +275,26 @@ def _draw_contents(rng: np.random.Generator, n: int, first_object: int, n_object
     return np.where(rng.random(n) < p_empty, np.int32(first_object + n_objects), objects)
 
 
+def _no_backtrack(rng: np.random.Generator, n_actions: int, shape: tuple) -> np.ndarray:
+    """Actions int32 (B, T), each uniform among the n_actions - 1 that do not undo the one
+    before it (the inverse of 2j is 2j + 1 and back); the first uniform among all."""
+    actions = np.empty(shape, dtype=np.int32)
+    actions[:, 0] = rng.integers(0, n_actions, size=shape[0], dtype=np.int32)
+    draws = rng.integers(0, n_actions - 1, size=(shape[0], shape[1] - 1), dtype=np.int32)
+    for t in range(1, shape[1]):
+        inverse = actions[:, t - 1] ^ 1
+        actions[:, t] = draws[:, t - 1] + (draws[:, t - 1] >= inverse)
+    return actions
+
+
 def _draw_actions(rng: np.random.Generator, config: NavigationConfig, batch_size: int) -> np.ndarray:
-    """Actions int32 (B, T): i.i.d. uniform, or runs of uniform length 1..action_repeat."""
+    """Actions int32 (B, T): i.i.d. uniform (walk "uniform") or never undoing the previous
+    one ("no_backtrack"), in runs of uniform length 1..action_repeat."""
     shape = (batch_size, config.steps)
-    actions = rng.integers(0, config.n_actions, size=shape, dtype=np.int32)
+    if config.walk == "no_backtrack":
+        actions = _no_backtrack(rng, config.n_actions, shape)
+    else:
+        actions = rng.integers(0, config.n_actions, size=shape, dtype=np.int32)
     if config.action_repeat == 1:
         return actions
     lengths = rng.integers(1, config.action_repeat + 1, size=shape)
