@@ -75,3 +75,33 @@ def test_runs_of_named_parts_and_default_rows():
     assert len(grid.rows) > len(DEFAULT_ROWS) and grid.default_rows == DEFAULT_ROWS
     assert [r.model["positional"] for r in grid.runs(1)] == [
         grid.make_run("", row, 0).model["positional"] for row in DEFAULT_ROWS]
+
+
+def test_fig4_and_5d_data_sweeps(tmp_path):
+    """Fig. 4's three sweeps vary what the paper varies and hold the rest (cpu: head sizes
+    16-128 at 64 steps, lengths 16-128 at head size 48, objects 10-10,000 at head size 32 and
+    16 steps; 2 heads, r = 2); the 5D sweep is Table 4's 5D task at 6,400-204,800 sequences;
+    at the tiny scale every row trains and both plots' panels draw from the records."""
+    shapes = {}
+    for name in ("fig4a", "fig4b", "fig4c"):
+        runs = reproduce.table("mapformer", name).runs(1, rows=["MapWM"])
+        shapes[name] = [(r.model["d_model"], r.train["steps"], r.train["grid_size"],
+                         r.train["n_objects"]) for r in runs]
+        assert all(r.model["n_heads"] == 2 and r.model["options"]["delta_rank"] == 2
+                   for r in runs)
+    assert shapes["fig4a"] == [(32, 64, 32, 10), (64, 64, 32, 10), (128, 64, 32, 10),
+                               (256, 64, 32, 10)]
+    assert shapes["fig4b"] == [(96, 16, 8, 10), (96, 32, 16, 10), (96, 64, 32, 10),
+                               (96, 128, 64, 10)]
+    assert shapes["fig4c"] == [(64, 16, 8, n) for n in (10, 100, 1000, 10000)]
+    data = reproduce.table("mapformer", "5d-data").runs(1, rows=["CoPE (1L)", "MapEM-os"])
+    assert [r.train["sequences"] for r in data[::2]] == [6400 * 2 ** k for k in range(6)]
+    assert {(r.train["dims"], r.train["steps"], r.train["grid_size"]) for r in data} == {
+        (5, 16, 5)}
+    assert data[0].model["options"]["delta_rank"] == 5 and data[1].model["mixer"] == "attention"
+    store = RecordStore(tmp_path)
+    for name in ("fig4a", "5d-data"):
+        table = reproduce.table("mapformer", name, "tiny", eval_sequences=4)
+        assert run_all(table.runs(1), store, progress=False)["failed"] == []
+        table.plot(table, store, 1, tmp_path / f"{name}.png")
+        assert (tmp_path / f"{name}.png").read_bytes()[:4] == b"\x89PNG"

@@ -12,8 +12,9 @@ Scales:
 Tables: "1" selective copy, "2" 1D and 2D navigation, "2-modes" the MapEM-os combination-mode
 ablation, "2-no-backtrack" Table 2's 2D part under the walk reading that never undoes a step
 (:data:`mapformer.tasks.navigation.WALKS`), "3" SSMs against MapFormers, "4" 3D and 5D
-navigation; figures "fig7a" and "fig7bd"
-(:mod:`.mapformer_fig7`); "ood", where long sparse sequences are lost (:mod:`.mapformer_ood`).
+navigation; figures "fig4a", "fig4b", "fig4c" and the 5D data sweep "5d-data"
+(:mod:`.mapformer_fig4`), "fig7a" and "fig7bd" (:mod:`.mapformer_fig7`); "ood", where
+long sparse sequences are lost (:mod:`.mapformer_ood`).
 """
 from dataclasses import dataclass, field, replace
 
@@ -212,7 +213,8 @@ TABLES = {
 }
 
 
-TABLE_NAMES = ("1", "2", "2-modes", "2-no-backtrack", "3", "4", "fig7a", "fig7bd", "ood")
+TABLE_NAMES = ("1", "2", "2-modes", "2-no-backtrack", "3", "4", "fig4a", "fig4b", "fig4c",
+               "5d-data", "fig7a", "fig7bd", "ood")
 
 
 def no_backtrack(part):
@@ -245,6 +247,9 @@ def table(name, scale="cpu", sequences=None, eval_sequences=None):
     if name in ("fig7a", "fig7bd"):
         from .mapformer_fig7 import table as figure
         return figure(name, scale, sequences, eval_sequences)
+    if name in ("fig4a", "fig4b", "fig4c", "5d-data"):
+        from .mapformer_fig4 import table as sweep
+        return sweep(name, scale, sequences, eval_sequences)
     if name == "ood":
         from .mapformer_ood import table as diagnosis
         return diagnosis(name, scale, sequences, eval_sequences)

@@ -20,6 +20,7 @@ from ..experiments.runs import Run
 from ..experiments.tables import Table
 from ..models import ModelConfig
 from ..train import TrainConfig
+from .plots import finish, pyplot, sweep
 
 MAPEM_S = {"mapem_scores": "positional"}
 FIG7A = {"MapEM-b2": ("mapem", {}), "MapEM-b4": ("mapem_b4", {}),
@@ -99,25 +100,8 @@ def table(name, scale="cpu", sequences=None, eval_sequences=None):
 
 def plot_fig7a(table, store, seeds, path):
     """Mean IID accuracy against d_model, a line per model (seeds' spread as error bars)."""
-    import numpy as np
-    plt = pyplot()
-    cells = table.cells(store, seeds)
-    fig, ax = plt.subplots(figsize=(5.5, 4))
-    for row in table.rows:
-        xs, means, stds = [], [], []
-        for part in table.parts:
-            values = cells[(part, row)]["values"]["accuracy"]["iid"]
-            if values:
-                xs.append(int(part.split()[1]))
-                means.append(np.mean(values))
-                stds.append(np.std(values))
-        if xs:
-            ax.errorbar(xs, means, yerr=stds, marker="o", capsize=3, label=row)
-    ax.set(title=f"Fig. 7a ({table.scale} scale): 2D navigation", xlabel="d_model (2 heads)",
-           ylabel="IID accuracy", xscale="log")
-    ax.set_xticks([int(p.split()[1]) for p in table.parts])
-    ax.set_xticklabels([p.split()[1] for p in table.parts])
-    finish(fig, ax, path)
+    sweep(table, store, seeds, path, {p: int(p.split()[1]) for p in table.parts},
+          "d_model (2 heads)", title=f"Fig. 7a ({table.scale} scale): 2D navigation")
 
 
 def plot_fig7bd(table, store, seeds, path):
@@ -142,26 +126,6 @@ def plot_fig7bd(table, store, seeds, path):
     axes[1].set(title="7d: 4D rotations, OOD (32 steps)", xlabel="optimizer step",
                 ylabel="accuracy")
     finish(fig, axes, path)
-
-
-def pyplot():
-    import matplotlib
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-    return plt
-
-
-def finish(fig, axes, path):
-    import numpy as np
-    for ax in np.atleast_1d(axes):
-        ax.grid(alpha=0.3)
-        if ax.lines:
-            ax.legend(fontsize=8)
-    fig.tight_layout()
-    fig.savefig(path, dpi=100)
-    fig.clf()
-    import matplotlib.pyplot as plt
-    plt.close(fig)
 
 
 def steps(run):

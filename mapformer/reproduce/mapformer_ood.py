@@ -155,7 +155,7 @@ def table(name="ood", scale="cpu", sequences=None, eval_sequences=None):
 def plot_by_lag(table, store, seeds, path):
     """Object-recall accuracy on ood_sparse against the lag (T=1), a panel per part, a line
     per row (the seeds' mean)."""
-    from .mapformer_fig7 import finish, pyplot
+    from .plots import finish, pyplot
     plt = pyplot()
     found = table.records(store, seeds)
     parts = [p for p in table.parts if any(k[0] == p for k in found)]
