@@ -1,8 +1,9 @@
-"""README's "Adding a positional scheme", kept honest: a toy scheme defined in one module
-(tests/toy_scheme.py) registers, gets its options validated, builds, trains a step through
-the Python API and through the command line (its option a flag), and unregisters; and the
-errors for a scheme its mixer cannot use, an option of another component, and registrations
-that would clash."""
+"""The guides docs/how-to/add-a-scheme.md and add-a-mixer.md, kept honest: a toy scheme
+(tests/toy_scheme.py) and a toy mixer (tests/toy_mixer.py), each defined in one module and
+shown statement for statement in its guide, register, get their options validated, build,
+train a step through the Python API (and the scheme through the command line, its option a
+flag), and unregister; and the errors for a scheme its mixer cannot use, an option of another
+component, and registrations that would clash."""
 import ast
 import importlib
 import json
@@ -17,6 +18,7 @@ import numpy as np
 import pytest
 
 from conftest import assert_param_gradients, subprocess_env
+from mapformer.mixers import MIXERS
 from mapformer.models import ModelConfig, Transformer
 from mapformer.registry import Option
 from mapformer.schemes import SCHEMES, AngleScheme, register_scheme
@@ -26,6 +28,7 @@ from mapformer.train import TrainConfig, load_checkpoint, train
 TASK = dict(dims=1, steps=6, grid_size=4, n_objects=3)
 RATE = "blocks.0.mixer.scheme.rate"
 HERE = Path(__file__).resolve().parent
+GUIDES = HERE.parent / "docs" / "how-to"
 
 SCALING = {"attn_scale": 1.0, "attn_log_scale": 0, "attn_log_clamp": True,
            "attn_mask": "causal", "attn_prefix": 0}  # defaults
@@ -43,12 +46,13 @@ def code_without_docstrings(source):
     return ast.dump(tree)
 
 
-def test_the_guide_shows_the_tested_toy_scheme():
-    """README's example is tests/toy_scheme.py, statement for statement."""
-    guide = (HERE.parent / "README.md").read_text().split("## Adding a positional scheme\n")[1]
-    example = guide.split("```python\n")[1].split("```")[0]
+@pytest.mark.parametrize("guide, module", [("add-a-scheme.md", "toy_scheme.py"),
+                                           ("add-a-mixer.md", "toy_mixer.py")])
+def test_the_guide_shows_the_tested_toy(guide, module):
+    """A guide's first Python block is the tested toy module, statement for statement."""
+    example = (GUIDES / guide).read_text().split("```python\n")[1].split("```")[0]
     assert code_without_docstrings(example) == code_without_docstrings(
-        (HERE / "toy_scheme.py").read_text())
+        (HERE / module).read_text())
 
 
 @contextmanager
@@ -207,3 +211,57 @@ def test_a_shared_option_declaration_is_accepted():
         assert config.options == {**SCALING, "delta_rank": 3, "gelu": "tanh"}
     finally:
         SCHEMES.unregister("toy2")
+
+
+@contextmanager
+def toy_mixer_registered():
+    """tests/toy_mixer.py imported (which registers ``toy_shift``), then unregistered."""
+    sys.modules.pop("toy_mixer", None)
+    try:
+        yield importlib.import_module("toy_mixer")
+    finally:
+        MIXERS.unregister("toy_shift")
+        sys.modules.pop("toy_mixer", None)
+
+
+def test_toy_mixer_trains_a_step_and_shifts():
+    with toy_mixer_registered() as toy:
+        train_config = TrainConfig(**TASK, sequences=8, batch_size=8, eval_sequences=2)
+        config = ModelConfig(vocab_size=train_config.task_config().vocab_size, d_model=32,
+                             n_heads=2, mixer="toy_shift", positional="none",
+                             options={"toy_shift_by": 2})
+        assert config.options == {"toy_shift_by": 2, "gelu": "tanh"}
+        assert config.label == "toy_shift/none"
+        with pytest.raises(ValueError, match="toy_shift_by must be an integer >= 1"):
+            ModelConfig(vocab_size=8, d_model=32, n_heads=2, mixer="toy_shift",
+                        positional="none", options={"toy_shift_by": 0})
+        with pytest.raises(ValueError, match="mixer 'toy_shift' takes positional schemes of "
+                           "kind 'none'"):
+            ModelConfig(vocab_size=8, d_model=32, n_heads=2, mixer="toy_shift",
+                        positional="rope")
+        result = train(config, train_config, progress=False, log=lambda *a: None)
+        assert result["steps"] == 1 and math.isfinite(result["loss"])
+        model = result["model"]
+        model.forward(np.arange(12, dtype=np.int32).reshape(1, 12) % 6)
+        mixer = model.blocks[0].mixer
+        assert isinstance(mixer, toy.TokenShift)
+        assert np.all(mixer.shifted[0, :2] == 0) and np.any(mixer.shifted[0, 2:] != 0)
+    assert "toy_shift" not in MIXERS.entries
+
+
+def test_toy_mixer_gradient_matches_finite_differences():
+    """Its backward is the gradient of its forward, into its projection and through dx to
+    the parameters before it (NumPy backend, float64)."""
+    with toy_mixer_registered():
+        task = navigation.NavigationConfig(**TASK)
+        config = ModelConfig(vocab_size=task.vocab_size, d_model=32, n_heads=2,
+                             mixer="toy_shift", positional="none")
+        model = Transformer(config, seed=1, backend="numpy")
+        batch = navigation.generate(task, 2, np.random.default_rng(0))
+
+        def loss():
+            return model.loss(batch.tokens, batch.targets, batch.mask)
+
+        params = model.params.params
+        assert_param_gradients(model, loss, [params["blocks.0.mixer.out.bias"],
+                                             params["blocks.0.ln1.weight"]])

@@ -1,6 +1,8 @@
 """Every notebook runs end to end (MAPFORMER_NOTEBOOK_SMALL=1, matplotlib Agg): the MapFormer
-notebooks' last cells print the accuracy lines, tdb_maps.ipynb's its map metrics, and their
-analysis cells print their summaries.
+notebooks' last cells print the accuracy lines, tdb_maps.ipynb's its map metrics,
+records.ipynb's the traced cell of Table 2, and their analysis cells print their summaries. The
+committed notebooks carry the outputs of their full setting (notebooks/run_all.py writes them);
+the small run here starts from a copy without outputs.
 
 The kernel is this interpreter (a throwaway kernelspec whose argv is sys.executable -m
 ipykernel_launcher), importing the same mapformer as this test process. nbclient, nbformat,
@@ -27,6 +29,7 @@ SUMMARIES = {
     "quickstart.ipynb": ("mean |Delta|: actions", "cosine of opposite actions",
                          "mapwm closure error", "rope closure error"),
     "tdb_maps.ipynb": ("aliased patches", "step 30: loss", "walk 0: "),
+    "records.ipynb": ("records in results/records/mapformer", "mapwm seed 0"),
 }
 
 
@@ -47,9 +50,17 @@ def check_map_lines(text):
     assert re.search(r"true room: 30, 116\)", text), text  # the 5 x 6 room's graph
 
 
+def check_traced_cell(text):
+    match = re.search(r"Table 2 MapWM 2D ood_sparse object recalls: .*\(mean ([0-9.]+); paper "
+                      r"([0-9.]+)\)", text)
+    assert match, f"no traced cell in the last cell's output: {text!r}"
+    assert 0.0 <= float(match.group(1)) <= 1.0 and float(match.group(2)) == 0.96
+
+
 # notebook: the check of its last cell's printed output
 LAST_CELL = {"mapformer_navigation.ipynb": check_accuracy_lines,
-             "quickstart.ipynb": check_accuracy_lines, "tdb_maps.ipynb": check_map_lines}
+             "quickstart.ipynb": check_accuracy_lines, "tdb_maps.ipynb": check_map_lines,
+             "records.ipynb": check_traced_cell}
 
 
 def kernel_manager(tmp_path):
@@ -73,10 +84,24 @@ def test_every_notebook_is_tested():
 
 
 @pytest.mark.parametrize("name", sorted(SUMMARIES))
+def test_notebook_is_committed_with_its_outputs(name):
+    """Every code cell has the outputs of a full run (python notebooks/run_all.py NAME after
+    editing a notebook), executed in order, and the last cell passes its check."""
+    nb = nbformat.read(NOTEBOOKS / name, as_version=4)
+    code = [c for c in nb.cells if c.cell_type == "code"]
+    counts = [c.execution_count for c in code]
+    assert counts == list(range(1, len(code) + 1)), \
+        f"{name}: run python notebooks/run_all.py {name} (execution counts {counts})"
+    text = "".join(o.get("text", "") for o in code[-1].outputs if o.output_type == "stream")
+    LAST_CELL[name](text)
+
+
+@pytest.mark.parametrize("name", sorted(SUMMARIES))
 def test_notebook_runs_small(tmp_path, name):
     nb = nbformat.read(NOTEBOOKS / name, as_version=4)
-    assert all(not c.get("outputs") for c in nb.cells if c.cell_type == "code"), \
-        "the notebook must be saved without outputs"
+    for cell in nb.cells:  # the committed outputs are the full run's: start without them
+        if cell.cell_type == "code":
+            cell.outputs, cell.execution_count = [], None
     workdir = tmp_path / "run"
     workdir.mkdir()
     client = NotebookClient(nb, km=kernel_manager(tmp_path), timeout=600,

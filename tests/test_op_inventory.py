@@ -1,4 +1,4 @@
-"""Every op of the C core has all its pieces (README, "Adding an op"): a float64 reference in
+"""Every op of the C core has all its pieces (docs/how-to/add-an-op.md): a float64 reference in
 mapformer/reference.py, the same function on the NumPy backend, a declaration in
 csrc/include/mapformer/mapformer.h taking its family's parameter struct from params.h, and a
 test file that calls the C op and its reference."""

@@ -1,6 +1,6 @@
-"""A toy positional scheme in one module, written as README's "Adding a positional scheme"
-says: learned rotation rates, theta[t, h, i] = rate[h, i] * (t + 1) (RoPE whose frequencies
-are learned, one per head and rotation block). Importing this module registers it as
+"""A toy positional scheme in one module, written as docs/how-to/add-a-scheme.md says:
+learned rotation rates, theta[t, h, i] = rate[h, i] * (t + 1) (RoPE whose frequencies are
+learned, one per head and rotation block). Importing this module registers it as
 ``toy``; tests/test_extending.py trains it."""
 from mapformer.nn import constant_init
 from mapformer.registry import Option

@@ -13,8 +13,8 @@ paper's.
 Tables: "a": parts copy, repeat, reverse; columns ``iid`` (the test split) and ``ood_long``;
 "b": parts "task order" (``tree_copy breadth`` ... ``tree_ops depth``, 8 of them); columns
 ``iid`` and ``dev``; "masks": rope and ape_seq causal against the same as prefix LMs, at the
-``tiny`` scale (800 steps, one seed: what README's mask section measured first) or at ``cpu``
-(table (a)'s runs, the same records). Metrics: ``perplexity`` on the target tokens (the
+``tiny`` scale (800 steps, one seed: the first table of docs/reproduction/ape.md's masks) or
+at ``cpu`` (table (a)'s runs, the same records). Metrics: ``perplexity`` on the target tokens (the
 paper's; its figure beside it, mean ± 95% CI over its 3 runs) and ``sequence_accuracy``
 (exact match: every target token right, teacher-forced); cells are mean ± 95% t interval
 over seeds. Every run is evaluated on all of its task's sets (``iid``, ``dev``, and

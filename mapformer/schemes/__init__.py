@@ -1,7 +1,7 @@
 """Positional schemes, one module each, registered in SCHEMES by ``@register_scheme``.
 
 Every module of this package is imported here, so a new scheme is one new module (see
-README, "Adding a positional scheme"); a scheme defined elsewhere registers when its module
+docs/how-to/add-a-scheme.md); a scheme defined elsewhere registers when its module
 is imported (``python -m mapformer --import MODULE``). What a scheme declares, and the
 interfaces of its ``kind``, are in :mod:`mapformer.schemes.base`.
 """

@@ -1,0 +1,59 @@
+"""The documentation's generated pages (docs/gen_pages.py) are current: each committed page
+equals what its template gives now from the run records, the binding tables, the CUDA sources,
+the command line's parser and the benchmarks' JSON, so that a new record, op or flag cannot
+leave the site stale; and every record in results/records is shown by some page's table."""
+import importlib.util
+import shutil
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1]
+spec = importlib.util.spec_from_file_location("gen_pages", ROOT / "docs" / "gen_pages.py")
+gen_pages = importlib.util.module_from_spec(spec)
+spec.loader.exec_module(gen_pages)
+
+needs_cc = pytest.mark.skipif(shutil.which("cc") is None and shutil.which("c++") is None,
+                              reason="the op table reads the bindings through the C preprocessor")
+
+
+@pytest.fixture(scope="module")
+def generated():
+    return gen_pages.pages()
+
+
+@needs_cc
+def test_every_generated_page_is_committed_and_current(generated, tmp_path):
+    pages, _ = generated
+    assert {"reproduction/mapformer.md", "reproduction/tdb.md", "reproduction/ape.md",
+            "reproduction/gridpe.md", "reference/ops.md", "reference/cli.md",
+            "performance/gpu-h100.md"} <= set(pages)
+    for name, text in pages.items():  # regenerated into a temporary tree, compared there
+        fresh = tmp_path / name
+        fresh.parent.mkdir(parents=True, exist_ok=True)
+        fresh.write_text(text)
+        committed = ROOT / "docs" / name
+        assert committed.exists(), f"docs/{name} is missing: run python docs/gen_pages.py"
+        assert committed.read_text() == fresh.read_text(), \
+            f"docs/{name} is stale against its sources: run python docs/gen_pages.py"
+
+
+@needs_cc
+def test_every_record_is_on_a_page(generated):
+    _, shown = generated
+    missing = sorted(set(gen_pages.every_record()) - shown)
+    assert not missing, (f"{len(missing)} records are in no page's table (add a "
+                         f"'<!-- gen: table ... -->' line to a template): {missing[:5]}")
+
+
+def test_a_stale_page_is_named(tmp_path, monkeypatch):
+    """The check compares text: a page edited by hand (or a record added) is reported."""
+    template = tmp_path / "_templates" / "x.md"
+    template.parent.mkdir()
+    template.write_text("# x\n\n<!-- gen: file results/gpu_h100/tests.txt -->\n")
+    monkeypatch.setattr(gen_pages, "TEMPLATES", tmp_path / "_templates")
+    monkeypatch.setattr(gen_pages, "DOCS", tmp_path)
+    assert gen_pages.stale() == ["x.md"]
+    assert gen_pages.main([]) == 0 and gen_pages.stale() == []
+    (tmp_path / "x.md").write_text((tmp_path / "x.md").read_text() + "edited\n")
+    assert gen_pages.stale() == ["x.md"] and gen_pages.main(["--check"]) == 1
