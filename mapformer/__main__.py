@@ -196,8 +196,8 @@ def build_parser():
                          "directory names)")
     mp = sub.add_parser("map", help="the cognitive map of a TDB checkpoint, or of a MapWM / "
                         "MapEM one from its path-integrated angles (a training checkpoint of "
-                        "the rooms task: mapformer.reproduce.tdb's runs with "
-                        "MAPFORMER_RUN_DIR set write them): GraphML, a plot beside the true "
+                        "the rooms task: mapformer.reproduce.tdb's runs write them to "
+                        "$MAPFORMER_RUNS/RUN_ID/): GraphML, a plot beside the true "
                         "room, and the planning metrics")
     mp.add_argument("checkpoint", help="a TDB (or MapWM / MapEM transformer) checkpoint.npz of "
                     "the rooms task")

@@ -152,6 +152,13 @@ def kernel(request):
     _C.set_kernels(before)
 
 
+@pytest.fixture(autouse=True, scope="session")
+def run_checkpoints(tmp_path_factory):
+    """Runs whose kind checkpoints (the OOD diagnosis, TDB's table) keep their checkpoints in
+    a temporary directory (subprocesses inherit it), not in runs/ of the working directory."""
+    os.environ["MAPFORMER_RUNS"] = str(tmp_path_factory.mktemp("runs"))
+
+
 @pytest.fixture
 def rng():
     return np.random.default_rng(1234)

@@ -390,7 +390,7 @@ def test_diagnosis_spec_records_and_resumes(tmp_path, monkeypatch):
     first = store.get(runs[0].id)["metrics"]
     # an interrupted run (its checkpoint at step 1 of 2) is resumed, not started again
     store.path(runs[0].id).unlink()
-    checkpoint = tmp_path / "runs" / "ood" / runs[0].id / "checkpoint.npz"
+    checkpoint = tmp_path / "runs" / runs[0].id / "checkpoint.npz"
     with np.load(checkpoint) as f:
         arrays = {k: f[k] for k in f.files}
     meta = json.loads(str(arrays["meta"]))

@@ -117,10 +117,10 @@ def test_tdb_resumes_from_the_library_checkpoint(micro, tmp_path):
 
 
 def test_a_run_dir_checkpoints_and_a_rerun_evaluates_it(micro, tmp_path, monkeypatch):
-    """With MAPFORMER_RUN_DIR a run leaves its checkpoint (map draws it); executed again it
+    """A run leaves its checkpoint in $MAPFORMER_RUNS/<run id> (map draws it); executed again it
     evaluates those weights without training: the same metrics."""
     from mapformer.__main__ import main
-    monkeypatch.setenv("MAPFORMER_RUN_DIR", str(tmp_path))
+    monkeypatch.setenv("MAPFORMER_RUNS", str(tmp_path))
     # no dead-code restarts: the VQ restarts on evaluation forwards too (it counts every
     # forward), so with restarts every 2 forwards the evaluation itself would move the codes
     monkeypatch.setitem(tdb.SCALES, "micro", replace(micro, restart_dead=0))

@@ -9,6 +9,7 @@ so the same description has the same id in every process and on every machine.
 """
 import hashlib
 import json
+import os
 from dataclasses import asdict, dataclass, field, fields
 
 from ..tasks import digits, grid2d, navigation, rotation4d, selective_copy, transduction, trees
@@ -101,6 +102,14 @@ class Run:
         return cls(model=model_config.to_dict(), train=train_config.to_dict(),
                    evals={k: task_to_dict(v) for k, v in (evals or {}).items()}, kind=kind,
                    extra=extra)
+
+
+def run_directory(run):
+    """Where a run whose kind checkpoints (the OOD diagnosis, TDB's table) keeps its training
+    checkpoint: ``$MAPFORMER_RUNS/<run id>`` (default ``runs/<run id>``), so that an interrupted
+    run resumes there when it is executed again and a finished one is read back."""
+    from pathlib import Path
+    return Path(os.environ.get("MAPFORMER_RUNS", "runs"), run.id)
 
 
 def json_safe(value):

@@ -12,7 +12,7 @@ recall accuracy bucketed by position and by lag, the attention mass on the corre
 against the number of keys (per layer and head), and the float32 against float64 error of the
 path-integrated angles (``diagnosis``); its ``metrics`` are the accuracy and object-recall
 accuracy of every variant ("object_accuracy T=2"). Runs checkpoint every 100 steps under
-``$MAPFORMER_RUNS/ood/<run id>/`` (default ``runs/``), so an interrupted run resumes where it
+``$MAPFORMER_RUNS/<run id>/`` (default ``runs/``), so an interrupted run resumes where it
 stopped when the table is run again.
 
 Parts: ``table1`` (Table 1 at scale cpu: selective copy, 16 tokens among 16 blanks, OOD 8 and
@@ -26,13 +26,12 @@ unclamped log-length scaling of the logits (``attn_log_scale`` = the training le
 tokens, ``attn_log_clamp`` false). A rank row on a part whose own rank it is (r = 2 on
 ``table2_2d`` and ``main``) is that part's MapWM row: the same runs.
 """
-import os
 from pathlib import Path
 
 import numpy as np
 
 from .. import ood
-from ..experiments.runs import Run, json_safe, task_to_dict
+from ..experiments.runs import Run, json_safe, run_directory, task_to_dict
 from ..experiments.tables import Table
 from ..models import ModelConfig, options_of, preset_parts
 from ..train import TrainConfig, eval_seed, task_module, train
@@ -98,14 +97,14 @@ def variants(train_length, trained_options):
 
 
 def execute(run):
-    """Train ``run`` (resuming its checkpoint under $MAPFORMER_RUNS/ood/<id>/ when there is
-    one) and diagnose the model: the record's metrics, diagnosis and variants."""
+    """Train ``run`` (resuming its checkpoint in :func:`~mapformer.experiments.runs.
+    run_directory` when there is one) and diagnose the model: the record's metrics, diagnosis and variants."""
     from ..experiments.runs import task_from_dict
     from ..train import load_checkpoint
     model_config = ModelConfig.from_dict(run.model)
     train_config = TrainConfig.from_dict(run.train)
     eval_tasks = {k: task_from_dict(v) for k, v in run.evals.items()}
-    run_dir = Path(os.environ.get("MAPFORMER_RUNS", "runs"), "ood", run.id)
+    run_dir = run_directory(run)
     checkpoint = run_dir / "checkpoint.npz"
     resume = None
     if checkpoint.is_file():

@@ -18,10 +18,10 @@ constant learning rate, no weight decay, gradients clipped at 1, TDB's teacher f
 student by EMA after every step; the room's test walks are the evaluation set (TestAccu, the
 next-observation accuracy over every test position with a next observation). A run's record
 holds the room the seed used (its observation grid and patches), the seeds of the room, the
-walks, the batches and the rollouts, the training log and the planning metrics. With
-``MAPFORMER_RUN_DIR`` set, a run checkpoints (the library's checkpoint, every tenth of its
-steps) into ``$MAPFORMER_RUN_DIR/<run id>/`` and a rerun resumes from there (a trained run is
-evaluated without retraining); ``python -m mapformer map $MAPFORMER_RUN_DIR/<run
+walks, the batches and the rollouts, the training log and the planning metrics. A run checkpoints (the library's checkpoint, every
+tenth of its steps) into ``$MAPFORMER_RUNS/<run id>/`` (default ``runs/``,
+:func:`mapformer.experiments.runs.run_directory`) and a rerun resumes from there (a trained
+run is evaluated without retraining); ``python -m mapformer map runs/<run
 id>/checkpoint.npz`` draws its map beside the room.
 
 Scales (the paper: 15 x 20 room, O = 4, one 4 x 4 patch twice, walks of 400, 2048 training
@@ -56,14 +56,13 @@ s's from ``default_rng([seed, s])``), so a rerun on today's loop gives other num
 import argparse
 import json
 import math
-import os
 import time
 from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 
 from .. import cogmap, rollouts as rollout_planner
 from ..experiments.records import RecordStore
-from ..experiments.runs import CLOCK, Run, json_safe
+from ..experiments.runs import CLOCK, Run, json_safe, run_directory
 from ..experiments.tables import Table
 from ..models import ModelConfig
 from ..tasks import rooms
@@ -192,12 +191,6 @@ def tdb_run(row, scale, seed, topology="room"):
     return Run.of(config, train_config(scale, seed, topology), kind=KIND, **extra)
 
 
-def run_directory(run):
-    """Where ``run`` checkpoints: ``$MAPFORMER_RUN_DIR/<run id>``, or None when unset."""
-    root = os.environ.get("MAPFORMER_RUN_DIR")
-    return Path(root, run.id) if root else None
-
-
 def room_record(task):
     """The room a run's task generated: its config (with the seed), the observation grid
     (a list of rows) and the aliased patches' corners."""
@@ -239,7 +232,7 @@ def plan(run, model, task, test_walks):
 def execute(run):
     """Kind "mapformer.reproduce.tdb:execute": train run.model (its kind
     run.extra["model_kind"]) on run.train's rooms task with :func:`mapformer.train.train`
-    (checkpointed and resumed in :func:`run_directory` when MAPFORMER_RUN_DIR is set), then
+    (checkpointed and resumed in :func:`mapformer.experiments.runs.run_directory`), then
     TestAccu (100 x the accuracy on the test walks) and the planning metrics. Returns the
     record's result: "metrics" {column: {"test": value}} (NaN where the row has none: the
     map-free rows' NormGED), "evaluation" (every planning number), "eval" (train's
@@ -251,7 +244,7 @@ def execute(run):
     task = train_cfg.task_config()
     out_dir = run_directory(run)
     resume = None
-    if out_dir is not None and (out_dir / "checkpoint.npz").is_file():
+    if (out_dir / "checkpoint.npz").is_file():
         resume = out_dir / "checkpoint.npz"
     result = train(config, train_cfg, out_dir=out_dir, resume=resume, progress=False,
                    log=lambda *a: None)
