@@ -37,7 +37,7 @@ Two ways to run the model, with the same plans (the test compares them):
 
 A model enters as a ``predict`` function: tokens int (B, T) -> (B, T) the argmax observation
 after each position (:func:`greedy_predictor` wraps a :class:`mapformer.models.Transformer`
-trained with :func:`mapformer.tdb.vanilla_targets`), or as a :class:`Decoder`
+trained with :func:`mapformer.tasks.rooms.next_observation_targets`), or as a :class:`Decoder`
 (:func:`greedy_decoder`, the same model through its ``decode``: transformers whose scheme
 decodes at an offset, rope or none, and the LSTM).
 """

@@ -22,7 +22,7 @@ teacher's update (``ema_update``) are backend ops: C ops on the C backend.
 
 The vanilla transformer and the LSTM of the paper's Table 1 need no class of their own: a
 :class:`mapformer.models.Transformer` on the same tokens with targets x_{n+1} at the action
-positions (:func:`vanilla_targets`).
+positions (:func:`mapformer.tasks.rooms.next_observation_targets`).
 
 TDB trains through :func:`mapformer.train.train` as a Transformer does (its model kind "tdb"
 there: :data:`mapformer.train.MODEL_KINDS`): :meth:`TDB.loss` and :meth:`TDB.backward` take the
@@ -38,7 +38,6 @@ from . import backend as backends
 from .bottlenecks.vq import VQ
 from .models import Block, ModelConfig
 from .nn import LayerNorm, Linear, ParameterStore, normal_init
-from .tasks.rooms import next_observation_targets
 
 
 @dataclass(frozen=True)
@@ -122,13 +121,6 @@ def head_inputs(tokens, n_obs, steps):
         targets[s, :, :N - s - 1] = obs[:, s + 1:]
         masks[s, :, :N - s - 1] = 1.0
     return ids.reshape(steps, -1), targets.reshape(steps, -1), masks.reshape(steps, -1)
-
-
-def vanilla_targets(tokens, n_obs):
-    """tokens int (B, 2N) -> (targets, mask) (B, 2N) for a plain transformer: at the action
-    a_n's position the target is x_{n+1}; every other position (and a_N's) is masked out
-    (:func:`mapformer.tasks.rooms.next_observation_targets`, the rooms task's)."""
-    return next_observation_targets(tokens)
 
 
 class Head:

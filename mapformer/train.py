@@ -32,6 +32,7 @@ from tqdm.auto import tqdm
 from .models import ModelConfig, Transformer
 from .tasks import (digits, grid2d, navigation, rooms, rotation4d, selective_copy,
                     transduction, trees)
+from .tasks.stream import check_task_options
 from .tdb import TDB, TDBConfig
 
 TASKS = {"navigation": navigation, "selective_copy": selective_copy,
@@ -146,16 +147,8 @@ class TrainConfig:
                              f"and 'navigation' have options) or a dict, got "
                              f"{self.task_options!r:.80}")
         if self.task == "navigation" and self.task_options:
-            for key, value in list(self.task_options.items()):
-                kind = navigation.TASK_OPTIONS.get(key)
-                if kind is bool and value in ("true", "false"):  # as the command line gives it
-                    value = self.task_options[key] = value == "true"
-                if kind is None:
-                    raise ValueError(f"task_options: task 'navigation' has options "
-                                     f"{sorted(navigation.TASK_OPTIONS)}, not {key!r}")
-                if type(value) is not kind:
-                    raise ValueError(f"task_options: {key} must be a {kind.__name__}, got "
-                                     f"{value!r}")
+            self.task_options.update(check_task_options("navigation", self.task_options,
+                                                        navigation.TASK_OPTIONS))
         if not isinstance(self.decay, str) or not all(t.strip() for t in self.decay.split(",")):
             raise ValueError("decay must be a comma-separated list of 'matrices', 'all', "
                              f"'none' or parameter-name patterns, got {self.decay!r}")
@@ -378,12 +371,6 @@ def batch_pool(module):
     tasks (one class per sequence: the module's ``POOL``), else None (a prediction per
     token)."""
     return getattr(module, "POOL", None)
-
-
-def masked_accuracy(logits, batch):
-    """Fraction of masked positions whose argmax prediction equals the target.
-    logits (B, T, V), batch with targets (B, T) and mask (B, T)."""
-    return predicted_accuracy(logits.argmax(-1), batch)
 
 
 def predicted_accuracy(pred, batch):

@@ -223,14 +223,14 @@ def test_evaluate_angle_map_on_angles_that_are_the_cells(monkeypatch):
 
 def test_angle_map_of_a_trained_mapwm_end_to_end():
     from mapformer.models import ModelConfig, Transformer
-    from mapformer.tdb import vanilla_targets
+    from mapformer.tasks.rooms import next_observation_targets
     from mapformer.train import AdamW, TrainConfig
     room, w, _ = perfect_codes(n_walks=16)
     model = Transformer(ModelConfig.preset("mapwm", CONFIG.vocab_size, d_model=32, n_heads=2,
                                            n_layers=1))
     opt = AdamW(model, TrainConfig(lr=3e-3, weight_decay=0.0, clip=1.0))
     tokens = w.tokens(CONFIG.n_obs)
-    targets, mask = vanilla_targets(tokens, CONFIG.n_obs)
+    targets, mask = next_observation_targets(tokens)
     for _ in range(10):
         model.loss(tokens, targets, mask)
         model.backward()

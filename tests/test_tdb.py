@@ -8,7 +8,8 @@ import pytest
 from conftest import numerical_grad
 from mapformer import cogmap
 from mapformer.tasks import rooms
-from mapformer.tdb import TDB, TDBConfig, head_inputs, vanilla_targets
+from mapformer.tasks.rooms import next_observation_targets
+from mapformer.tdb import TDB, TDBConfig, head_inputs
 from mapformer.train import AdamW, TrainConfig
 
 ROOM = rooms.RoomsConfig(height=4, width=5, n_obs=3, patch=2, steps=12, seed=0)
@@ -25,14 +26,14 @@ def small(**values):
     return TDBConfig(**base)
 
 
-def test_head_inputs_and_vanilla_targets():
+def test_head_inputs_and_next_observation_targets():
     # x1 a1 x2 a2 x3 a3 with O = 3 (actions are ids 3..6)
     t = np.array([[0, 3, 1, 5, 2, 6]])
     ids, targets, masks = head_inputs(t, 3, 2)
     assert ids.tolist() == [[3, 5, 6], [5, 6, 0]]
     assert targets.tolist() == [[1, 2, 0], [2, 0, 0]]
     assert masks.tolist() == [[1, 1, 0], [1, 0, 0]]
-    tg, mask = vanilla_targets(t, 3)
+    tg, mask = next_observation_targets(t)
     assert tg.tolist() == [[0, 1, 0, 2, 0, 0]]
     assert mask.tolist() == [[False, True, False, True, False, False]]
 

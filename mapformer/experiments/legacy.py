@@ -14,7 +14,7 @@ from dataclasses import fields
 from ..models import ModelConfig, options_of, preset_parts
 from .. import reproduce
 from ..reproduce.mapformer import TABLES, recorded_configs
-from .records import RecordStore
+from .records import RecordStore, unknown_provenance
 from .runs import Run
 
 METRICS = ("accuracy", "object_accuracy", "floor", "object_floor")
@@ -60,10 +60,7 @@ def convert(path):
         out.append(({"id": run.id, "run": run.to_dict(),
                      "metrics": {c: {m: old[m][c] for m in METRICS} for c in columns},
                      "wall_s": old["wall_s"],
-                     "provenance": {"commit": "unknown", "dirty": "unknown",
-                                    "converted_from": str(path),
-                                    "note": "written by the harness before the experiment "
-                                            "layer, which recorded no provenance"}}, same))
+                     "provenance": unknown_provenance(path, "the harness")}, same))
     return out
 
 

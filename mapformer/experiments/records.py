@@ -53,6 +53,16 @@ def provenance():
             "host": platform.node()}
 
 
+def unknown_provenance(path, script, detail=None, **fields):
+    """The provenance of a record converted from the file ``path`` that ``script`` wrote
+    before the experiment layer, which recorded none: commit and dirty "unknown" (tables mark
+    such cells §), the file, a note (``detail`` appended) and ``fields``."""
+    note = (f"written by {script} before the experiment layer, which recorded no provenance"
+            + (f"; {detail}" if detail else ""))
+    return {"commit": "unknown", "dirty": "unknown", "converted_from": str(path),
+            "note": note, **fields}
+
+
 class RecordStore:
     """A directory of records, ``<id>.json`` each, written atomically (a temporary file in the
     same directory, then a rename): a killed writer leaves the old state, never half a

@@ -103,7 +103,7 @@ import json
 from dataclasses import dataclass, replace
 from pathlib import Path
 
-from ..experiments.records import RecordStore
+from ..experiments.records import RecordStore, unknown_provenance
 from ..experiments.runs import Run
 from ..experiments.tables import Table
 from ..models import ModelConfig
@@ -349,11 +349,8 @@ def legacy_records(directory):
         out.append(({"id": run.id, "run": run.to_dict(), "metrics": old["eval"],
                      "wall_s": old["wall_s"], "final_train_loss": old["final_train_loss"],
                      "steps": old["steps"],
-                     "provenance": {"commit": "unknown", "dirty": "unknown",
-                                    "converted_from": str(path),
-                                    "note": "written by benchmarks/reproduce_ape.py before "
-                                            "the experiment layer, which recorded no "
-                                            "provenance"}}, same))
+                     "provenance": unknown_provenance(path, "benchmarks/reproduce_ape.py")},
+                    same))
     return out
 
 

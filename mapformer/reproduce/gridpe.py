@@ -110,6 +110,7 @@ from pathlib import Path
 
 import numpy as np
 
+from ..experiments.records import unknown_provenance
 from ..experiments.runs import Run
 from ..experiments.tables import Table
 from ..models import ModelConfig
@@ -442,9 +443,7 @@ def legacy_records(directory, scale=None):
         out.append(({"id": run.id, "run": run.to_dict(), "metrics": old["eval"],
                      "wall_s": old["wall_s"], "final_train_loss": old["final_train_loss"],
                      "steps": old["steps"],
-                     "provenance": {"commit": "unknown", "dirty": "unknown",
-                                    "converted_from": str(path),
-                                    "note": "written by benchmarks/reproduce_gridpe.py before "
-                                            "the experiment layer, which recorded no "
-                                            "provenance"}}, same))
+                     "provenance": unknown_provenance(path,
+                                                      "benchmarks/reproduce_gridpe.py")},
+                    same))
     return out

@@ -16,6 +16,7 @@ Scales: ``paper`` (7a: 128 steps, grid 64, d_model 32-256; 200K sequences of bat
 ``cpu`` (7a: 32 steps, grid 16, d_model 32-128; 7b-d: d_model 64; 400 steps of batch 64, 25,600
 sequences, evaluations every 50 steps), ``tiny`` (proves the specs).
 """
+from ..experiments.records import unknown_provenance
 from ..experiments.runs import Run
 from ..experiments.tables import Table
 from ..models import ModelConfig
@@ -153,10 +154,8 @@ def legacy_records(path):
                     "evals": [{"step": step, "eval": e} for step, e in old.get("curve", [])
                               if step < steps(run)],
                     "steps": steps(run),
-                    "provenance": {"commit": "unknown", "dirty": "unknown",
-                                   "converted_from": str(path),
-                                   "note": "written by benchmarks/reproduce_fig7.py before the "
-                                           "experiment layer, which recorded no provenance "
-                                           "and no configs: the run is today's spec's for "
-                                           "the file's (panel, model, width, seed)"}})
+                    "provenance": unknown_provenance(
+                        path, "benchmarks/reproduce_fig7.py", "it recorded no configs either: "
+                        "the run is today's spec's for the file's (panel, model, width, "
+                        "seed)")})
     return out

@@ -31,6 +31,7 @@ from pathlib import Path
 import numpy as np
 
 from .. import ood
+from ..experiments.records import unknown_provenance
 from ..experiments.runs import Run, json_safe, run_directory, task_to_dict
 from ..experiments.tables import Table
 from ..models import ModelConfig, options_of, preset_parts
@@ -98,24 +99,23 @@ def variants(train_length, trained_options):
 
 def execute(run):
     """Train ``run`` (resuming its checkpoint in :func:`~mapformer.experiments.runs.
-    run_directory` when there is one) and diagnose the model: the record's metrics, diagnosis and variants."""
+    run_directory` when there is one; a finished one is read back, not trained) and diagnose
+    the model: the record's metrics, diagnosis and variants (wall_s None when read back)."""
     from ..experiments.runs import task_from_dict
-    from ..train import load_checkpoint
+    from ..train import checkpoint_meta, load_checkpoint
     model_config = ModelConfig.from_dict(run.model)
     train_config = TrainConfig.from_dict(run.train)
     eval_tasks = {k: task_from_dict(v) for k, v in run.evals.items()}
     run_dir = run_directory(run)
     checkpoint = run_dir / "checkpoint.npz"
-    resume = None
-    if checkpoint.is_file():
-        model, _, _, step = load_checkpoint(checkpoint)
-        resume = checkpoint if step < train_config.total_steps else None
-    if resume is not None or not checkpoint.is_file():
-        result = train(model_config, train_config, out_dir=run_dir, resume=resume,
-                       progress=False, log=lambda *a: None, eval_tasks=eval_tasks)
-        model, wall = result["model"], result["wall_s"]
+    done = checkpoint.is_file() and checkpoint_meta(checkpoint)["step"] == train_config.total_steps
+    if done:
+        model, wall = load_checkpoint(checkpoint)[0], None
     else:
-        wall = None  # trained to the end before: read back
+        result = train(model_config, train_config, out_dir=run_dir,
+                       resume=checkpoint if checkpoint.is_file() else None, progress=False,
+                       log=lambda *a: None, eval_tasks=eval_tasks)
+        model, wall = result["model"], result["wall_s"]
     found = variants(train_config.task_config().seq_len, model.config.options)
     diagnosis = diagnose(model, train_config, eval_tasks, found, run.extra["eval_sequences"],
                          run.extra["detail_sequences"])
@@ -245,10 +245,7 @@ def legacy_records(directory):
                   "diagnosis": old["diagnosis"],
                   "wall_s": old["wall_s"] if old["wall_s"] is not None
                   else (held[0]["wall_s"] if held else None),
-                  "provenance": {"commit": "unknown", "dirty": "unknown",
-                                 "converted_from": str(path),
-                                 "note": "written by benchmarks/diagnose_ood.py before the "
-                                         "experiment layer, which recorded no provenance"}}
+                  "provenance": unknown_provenance(path, "benchmarks/diagnose_ood.py")}
         if held is None or len(old["variants"]) > len(held[0]["variants"]):
             if held is not None and record["wall_s"] is None:
                 record["wall_s"] = held[0]["wall_s"]

@@ -61,7 +61,7 @@ from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 
 from .. import cogmap, rollouts as rollout_planner
-from ..experiments.records import RecordStore
+from ..experiments.records import RecordStore, unknown_provenance
 from ..experiments.runs import CLOCK, Run, json_safe, run_directory
 from ..experiments.tables import Table
 from ..models import ModelConfig
@@ -339,18 +339,16 @@ def convert_legacy(path):
         "metrics": {c: {METRIC: old.get(c, math.nan)} for c in COLUMNS},
         "evaluation": evaluation, "room": room_record(task), "seeds": seeds,
         "wall_s": old["train_s"] + old.get("plan_s", 0.0),
-        "provenance": {
-            "commit": "unknown", "dirty": "unknown", "converted_from": str(path),
-            "loop": "benchmarks/reproduce_tdb_table1.py (the old loop, not mapformer.train)",
-            "note": "written by benchmarks/reproduce_tdb_table1.py, which recorded no "
-                    "provenance and trained in a loop of its own: the same configs as this "
-                    "run's, but its batches came from one generator default_rng([seed, 3]) "
-                    "over the whole run (mapformer.train draws step s's from "
-                    "default_rng([seed, s])), so this run on today's loop is another training "
-                    "stream and gives other numbers; wall_s is its training (and rollout "
-                    "planning) time; the room and seeds are regenerated from the seed by "
-                    "today's mapformer.tasks.rooms (the file held the room's template, seed "
-                    "0)"}}
+        "provenance": unknown_provenance(
+            path, "benchmarks/reproduce_tdb_table1.py",
+            "it trained in a loop of its own: the same configs as this run's, but its batches "
+            "came from one generator default_rng([seed, 3]) over the whole run "
+            "(mapformer.train draws step s's from default_rng([seed, s])), so this run on "
+            "today's loop is another training stream and gives other numbers; wall_s is its "
+            "training (and rollout planning) time; the room and seeds are regenerated from "
+            "the seed by today's mapformer.tasks.rooms (the file held the room's template, "
+            "seed 0)",
+            loop="benchmarks/reproduce_tdb_table1.py (the old loop, not mapformer.train)")}
     return json_safe(record), same
 
 

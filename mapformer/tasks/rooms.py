@@ -46,6 +46,8 @@ from dataclasses import asdict, dataclass
 import networkx as nx
 import numpy as np
 
+from .stream import check_task_options
+
 N_ACTIONS = 4
 MOVES = np.array([(-1, 0), (1, 0), (0, -1), (0, 1)])  # up, down, left, right
 
@@ -331,7 +333,7 @@ LOSS_POSITIONS = ("observations",)
 class RoomsTask:
     """The walks of one room as a training task (TDB's Table 1): ``room`` the RoomsConfig (its
     seed the run's: a room per seed); ``walks`` the size of the fixed pool of training walks
-    (:func:`training_walks`, drawn from ``[room.seed, 1]``), from which each step's batch draws
+    (drawn from ``[room.seed, 1]``, cached), from which each step's batch draws
     its walks uniformly with replacement; ``context`` C: a test walk's planning problem goes
     from its position C to N - C (TDB appendix D; None: N // 8, the paper's 50 of 400). The
     evaluation set is the room's test walks (:func:`evaluation_walks`, ``[room.seed, 2]``),
@@ -381,14 +383,7 @@ def task_preset(name="iid", seed=0, steps=None, **options):
     or a bad value."""
     if name not in PRESETS:
         raise ValueError(f"task 'rooms' has presets {sorted(PRESETS)}, not {name!r}")
-    for key, value in options.items():
-        if key not in TASK_OPTIONS:
-            raise ValueError(f"task_options: task 'rooms' has options {sorted(TASK_OPTIONS)}, "
-                             f"not {key!r}")
-        kind = TASK_OPTIONS[key]
-        if not (value is None and key == "context") and (
-                not isinstance(value, kind) or isinstance(value, bool)):
-            raise ValueError(f"task_options: {key} must be a {kind.__name__}, got {value!r}")
+    options = check_task_options("rooms", options, TASK_OPTIONS, nullable=("context",))
     room = {**PRESETS[name], **{k: v for k, v in options.items() if k not in ("walks",
                                                                                 "context")}}
     if steps is not None:
@@ -429,11 +424,6 @@ def _room_walks(task, stream, n_walks):
     for a in (drawn.obs, drawn.actions, drawn.pos, tokens):
         a.flags.writeable = False
     return drawn, tokens
-
-
-def training_walks(task):
-    """The task's pool of ``task.walks`` training walks (cached; read-only)."""
-    return _room_walks(task, 1, task.walks)[0]
 
 
 def evaluation_walks(task, n_walks):

@@ -14,6 +14,26 @@ from collections.abc import Callable, Iterator
 import numpy as np
 
 
+def check_task_options(task: str, options: dict, kinds: dict, nullable=()) -> dict:
+    """``options`` (TrainConfig.task_options) of task ``task`` checked against ``kinds``
+    ({name: type}; ``nullable`` names may be None): ValueError naming the first unknown name
+    or value of another type; a bool given as the command line gives it ("true", "false")
+    becomes a bool. Returns the checked options."""
+    checked = {}
+    for key, value in options.items():
+        kind = kinds.get(key)
+        if kind is None:
+            raise ValueError(f"task_options: task {task!r} has options {sorted(kinds)}, "
+                             f"not {key!r}")
+        if kind is bool and value in ("true", "false"):
+            value = value == "true"
+        if not (value is None and key in nullable) and (
+                not isinstance(value, kind) or (isinstance(value, bool) and kind is not bool)):
+            raise ValueError(f"task_options: {key} must be a {kind.__name__}, got {value!r}")
+        checked[key] = value
+    return checked
+
+
 def check_int(name: str, value, low: int) -> None:
     """ValueError naming ``name`` unless value is an integer (not a bool) >= low."""
     if isinstance(value, bool) or not isinstance(value, numbers.Integral) or value < low:
