@@ -72,17 +72,11 @@ def recalls(batch, task):
         cell = np.ravel_multi_index(tuple(np.moveaxis(pos, -1, 0)), (task.grid_size,) * task.dims)
         key_group = np.full((bsz, t_len), -1, dtype=np.int64)
         key_group[:, 1::2] = cell
-        last = np.empty_like(cell)  # last[b, t]: the latest s < t with cell[b, s] == cell[b, t]
-        for b in range(bsz):
-            seen = {}
-            for t, c in enumerate(cell[b]):
-                last[b, t] = seen.get(c, -1)
-                seen[c] = t
         steps = query // 2
-        earlier = last[seq, steps]
-        if (earlier < 0).any():
+        lag = navigation.visit_lags(batch)[seq, steps]
+        if (lag == 0).any():
             raise ValueError("a masked position is not a revisit: the batch does not fit task")
-        return Recalls(seq, query, 2 * earlier + 1, steps - earlier, target,
+        return Recalls(seq, query, 2 * (steps - lag) + 1, lag, target,
                        target != task.blank_id, key_group, cell[seq, steps])
     if isinstance(task, selective_copy.SelectiveCopyConfig):
         positions = np.asarray(batch.positions)

@@ -459,7 +459,12 @@ def evaluate(model, tasks, sequences=256, seed=0, batch_size=32):
       object;
     - a task module with ``eval_metrics(loss, exact, sequences)`` (transduction: perplexity
       and sequence_accuracy) adds its metrics, from the mean loss and the count of sequences
-      whose masked positions are all right.
+      whose masked positions are all right;
+    - a task module with ``recall_lags(batch)`` (navigation: steps since the revisited cell was
+      last seen) adds "object_recalls_by_lag" ({"positions", "hits"}: lists indexed by lag,
+      the object recalls of each lag and how many were right) and, for each k of its
+      ``SCORED_LAGS``, "object_accuracy_lag_gt{k}": the object recalls whose lag exceeds k
+      (nan when there is none).
 
     ValueError when ``sequences`` < 1 or a task's vocabulary exceeds the model's.
     """
@@ -476,11 +481,13 @@ def evaluate(model, tasks, sequences=256, seed=0, batch_size=32):
         hits = object_hits = total = exact = rows = 0
         loss_sum = 0.0
         counts = np.zeros(task.vocab_size, dtype=np.int64)
-        for batch in task_module(task).eval_set(task, sequences, seed, batch_size):
+        module = task_module(task)
+        lags_of = getattr(module, "recall_lags", None)
+        lag_positions = lag_hits = np.zeros(0, dtype=np.int64)
+        for batch in module.eval_set(task, sequences, seed, batch_size):
             n = int(batch.mask.sum())
             if n == 0:
                 continue
-            module = task_module(task)
             loss_sum += model.loss(batch.tokens, batch.targets, batch.mask,
                                    module.token_coordinates(batch),
                                    batch_prefix(module, batch), batch_pool(module)) * n
@@ -494,6 +501,11 @@ def evaluate(model, tasks, sequences=256, seed=0, batch_size=32):
                                else correct[batch.targets != task.blank_id].sum())
             counts += np.bincount(batch.targets[batch.mask], minlength=task.vocab_size)
             total += n
+            if lags_of is not None:
+                is_object = batch.mask & (batch.targets != task.blank_id)
+                lag = lags_of(batch)
+                lag_positions = _add_counts(lag_positions, lag[is_object])
+                lag_hits = _add_counts(lag_hits, lag[is_object & correct])
         majority = int(counts.argmax())
         objects = counts if task.blank_id is None else np.delete(counts, task.blank_id)
         n_objects = int(objects.sum())
@@ -504,11 +516,33 @@ def evaluate(model, tasks, sequences=256, seed=0, batch_size=32):
                          "object_floor": int(objects.max(initial=0)) / max(n_objects, 1),
                          "sequences": sequences, "positions": total,
                          "object_positions": n_objects}
-        extra = getattr(task_module(task), "eval_metrics", None)
+        if lags_of is not None:
+            results[name].update(lag_metrics(lag_positions, lag_hits, module.SCORED_LAGS))
+        extra = getattr(module, "eval_metrics", None)
         if extra is not None:
             results[name].update(extra(results[name]["loss"], exact, rows))
     model.train(True)
     return results
+
+
+def _add_counts(counts, values):
+    """counts (L,) int64 plus the histogram of the non-negative ints ``values``, grown to fit."""
+    more = np.bincount(values.ravel(), minlength=counts.size)
+    more[:counts.size] += counts
+    return more
+
+
+def lag_metrics(positions, hits, thresholds):
+    """{"object_recalls_by_lag": {"positions", "hits"} (lists indexed by lag), and
+    "object_accuracy_lag_gt{k}" for each k of ``thresholds``: hits over positions of the lags
+    above k (nan when none)}. positions, hits: int64 (L,) counts per lag."""
+    hits = np.pad(hits, (0, positions.size - hits.size))
+    metrics = {"object_recalls_by_lag": {"positions": positions.tolist(),
+                                         "hits": hits.tolist()}}
+    for k in thresholds:
+        n = int(positions[k + 1:].sum())
+        metrics[f"object_accuracy_lag_gt{k}"] = int(hits[k + 1:].sum()) / n if n else math.nan
+    return metrics
 
 
 def format_eval(results):

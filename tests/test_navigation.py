@@ -109,6 +109,39 @@ def test_map_consistent_within_sequence(dims):
     assert n_revisits == batch.mask.sum() > 0
 
 
+def lags_ref(batch):
+    """Steps since each step's cell was last visited, 0 at a first visit (slow reference)."""
+    B, T = batch.positions.shape[:2]
+    lags = np.zeros((B, T), dtype=np.int64)
+    for b in range(B):
+        last = {}
+        for t in range(T):
+            cell = tuple(int(x) for x in batch.positions[b, t])
+            lags[b, t] = t - last[cell] if cell in last else 0
+            last[cell] = t
+    return lags
+
+
+@pytest.mark.parametrize("dims, grid, steps, walk", [(1, 4, 33, "uniform"),
+                                                     (2, 7, 40, "no_backtrack"),
+                                                     (3, 3, 25, "uniform"),
+                                                     (5, 5, 16, "no_backtrack")])
+def test_visit_lags_match_the_slow_reference(dims, grid, steps, walk):
+    cfg = nav.NavigationConfig(dims=dims, steps=steps, grid_size=grid, walk=walk,
+                               action_repeat=2)
+    batch = nav.generate(cfg, 9, 3)
+    lags = nav.visit_lags(batch)
+    np.testing.assert_array_equal(lags, lags_ref(batch))
+    np.testing.assert_array_equal(lags > 0, batch.mask[:, 0::2])
+    recall = nav.recall_lags(batch)
+    np.testing.assert_array_equal(recall[:, 0::2], lags)
+    assert (recall[:, 1::2] == 0).all()
+    if walk == "no_backtrack" and dims > 1:
+        assert lags.max() > 2 and not (lags == 2).any()  # never straight back
+    else:
+        assert (lags == 2).any()
+
+
 def test_per_sequence_maps_differ():
     cfg = nav.NavigationConfig(dims=1, steps=400, grid_size=8, p_empty=0.0)
     batch = nav.generate(cfg, 2, 6)

@@ -60,6 +60,30 @@ def test_evaluate_scores_all_revisits_and_object_recalls():
     assert 0.0 < o["object_accuracy"] <= o["object_floor"] < 0.5
 
 
+def test_evaluate_counts_object_recalls_by_lag():
+    task = navigation.NavigationConfig(dims=2, steps=40, grid_size=5, p_empty=0.5, n_objects=4)
+    first_object = min(task.object_ids())
+    r = evaluate(constant_model(task, first_object), {"iid": task}, sequences=24)["iid"]
+    by_lag = r["object_recalls_by_lag"]
+    positions, hits = np.array(by_lag["positions"]), np.array(by_lag["hits"])
+    assert positions.sum() == r["object_positions"] and positions[:2].sum() == 0
+    assert hits.sum() == round(r["object_accuracy"] * r["object_positions"])
+    # the same counts, slowly: each object recall's lag and whether first_object was right
+    want_n, want_hits = np.zeros(41, np.int64), np.zeros(41, np.int64)
+    for batch in navigation.eval_set(task, 24, 0, 32):
+        lags = navigation.visit_lags(batch)
+        for b, i in zip(*np.nonzero(batch.mask)):
+            if batch.targets[b, i] != task.blank_id:
+                want_n[lags[b, i // 2]] += 1
+                want_hits[lags[b, i // 2]] += batch.targets[b, i] == first_object
+    np.testing.assert_array_equal(np.pad(positions, (0, 41 - positions.size)), want_n)
+    np.testing.assert_array_equal(np.pad(hits, (0, 41 - hits.size)), want_hits)
+    for k in navigation.SCORED_LAGS:
+        assert r[f"object_accuracy_lag_gt{k}"] == pytest.approx(
+            want_hits[k + 1:].sum() / want_n[k + 1:].sum())
+    assert r["object_accuracy_lag_gt2"] != r["object_accuracy"]
+
+
 def test_learning_rate_schedules():
     linear = TrainConfig(sequences=1000, batch_size=100, lr=1e-3)
     assert [learning_rate(linear, s) for s in (0, 5, 9)] == pytest.approx([1e-3, 5e-4, 1e-4])

@@ -49,6 +49,11 @@ pairs back)."""
 TASK_OPTIONS = {"fixed_map": bool, "action_repeat": int, "map_seed": int, "walk": str}
 """The fields a training config sets through TrainConfig.task_options (its own fields carry
 dims, steps, grid_size, p_empty and n_objects)."""
+SCORED_LAGS = (2, 4)
+"""The scoring readings besides "every revisit" (issue 34): object recalls whose lag (steps
+since the cell was last visited, :func:`visit_lags`) exceeds 2 (no step straight back) or 4
+(no smallest 2D loop either); :func:`mapformer.train.evaluate` reports each as
+``object_accuracy_lag_gt{k}`` beside the per-lag counts."""
 _MAX_KEY = 2**62
 
 
@@ -381,6 +386,35 @@ def token_coordinates(batch: Batch) -> np.ndarray:
     """The cell of every token: int64 (B, 2T, dims); a_t and o_t both sit at p_t (the action
     moves the agent there, the observation is what it sees there)."""
     return np.repeat(batch.positions, 2, axis=1)
+
+
+def visit_lags(batch: Batch) -> np.ndarray:
+    """Steps since each position's cell was last visited: int64 (B, T), t - s for the latest
+    s < t with p_s == p_t, 0 where p_t is visited the first time (the start cell counts from
+    its first observation, as the mask does).
+
+    ``visit_lags(batch) > 0`` is the mask's revisit pattern, ``batch.mask[:, 0::2]``."""
+    pos = np.asarray(batch.positions)
+    n_seq, steps, dims = pos.shape
+    base = int(pos.max(initial=0)) + 1  # every coordinate lies in [0, grid_size)
+    cell = np.zeros((n_seq, steps), dtype=np.int64)
+    for j in range(dims):
+        cell = cell * base + pos[..., j]
+    key = (np.arange(n_seq, dtype=np.int64)[:, None] * base**dims + cell).ravel()
+    order = np.argsort(key, kind="stable")  # visits of one (sequence, cell) in time order
+    previous = np.full(key.size, -1, dtype=np.int64)
+    repeat = key[order[1:]] == key[order[:-1]]
+    previous[order[1:][repeat]] = order[:-1][repeat]
+    index = np.arange(key.size, dtype=np.int64)
+    return np.where(previous >= 0, index - previous, 0).reshape(n_seq, steps)
+
+
+def recall_lags(batch: Batch) -> np.ndarray:
+    """The lag of each scored position: int64 (B, 2T), :func:`visit_lags` at the masked
+    action positions (whose target is the revisited cell's content), 0 elsewhere."""
+    lags = np.zeros(batch.mask.shape, dtype=np.int64)
+    lags[:, 0::2] = visit_lags(batch)
+    return np.where(batch.mask, lags, 0)
 
 
 def blank_floor(batch: Batch, blank_id: int) -> float:
