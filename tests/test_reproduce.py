@@ -105,3 +105,31 @@ def test_fig4_and_5d_data_sweeps(tmp_path):
         assert run_all(table.runs(1), store, progress=False)["failed"] == []
         table.plot(table, store, 1, tmp_path / f"{name}.png")
         assert (tmp_path / f"{name}.png").read_bytes()[:4] == b"\x89PNG"
+
+
+def test_by_lag_view_reads_table_2s_records(tmp_path):
+    """'2-by-lag' is Table 2's runs (the same ids, so the same records) read at the object
+    recalls of lag above 2 and 4, which the records' per-lag counts give again; its plot
+    draws from those counts."""
+    import numpy as np
+
+    view = reproduce.table("mapformer", "2-by-lag", sequences=64, eval_sequences=8)
+    base = reproduce.table("mapformer", "2", sequences=64, eval_sequences=8)
+    runs = view.runs(1, rows=["RoPE (1L)", "MapWM"], parts=["2D"])
+    assert [r.id for r in runs] == [r.id for r in base.runs(1, rows=["RoPE (1L)", "MapWM"],
+                                                             parts=["2D"])]
+    store = RecordStore(tmp_path)
+    assert run_all(runs, store, progress=False)["failed"] == []
+    for run in runs:
+        for column, m in store.get(run.id)["metrics"].items():
+            positions = np.array(m["object_recalls_by_lag"]["positions"])
+            hits = np.array(m["object_recalls_by_lag"]["hits"])
+            assert positions.sum() == m["object_positions"] and (hits <= positions).all()
+            for k in (2, 4):
+                assert m[f"object_accuracy_lag_gt{k}"] == pytest.approx(
+                    hits[k + 1:].sum() / positions[k + 1:].sum())
+    value = store.get(runs[1].id)["metrics"]["iid"]["object_accuracy_lag_gt2"]
+    text = view.markdown(store, seeds=1)
+    assert "object_accuracy_lag_gt2" in text and f"| MapWM | - | - | - | {value:.2f} (n=1)" in text
+    view.plot(view, store, 1, tmp_path / "lag.png")
+    assert (tmp_path / "lag.png").read_bytes()[:4] == b"\x89PNG"

@@ -18,6 +18,8 @@ long sparse sequences are lost (:mod:`.mapformer_ood`).
 """
 from dataclasses import dataclass, field, replace
 
+import numpy as np
+
 from ..experiments.runs import Run
 from ..experiments.tables import Table, mean_spread
 from ..models import ModelConfig, options_of, preset_parts
@@ -217,8 +219,11 @@ TABLES = {
 }
 
 
-TABLE_NAMES = ("1", "2", "2-modes", "2-no-backtrack", "3", "4", "fig4a", "fig4b", "fig4c",
-               "5d-data", "fig7a", "fig7bd", "ood")
+TABLE_NAMES = ("1", "2", "2-by-lag", "2-modes", "2-no-backtrack", "2-no-backtrack-by-lag", "3",
+               "4", "fig4a", "fig4b", "fig4c", "5d-data", "fig7a", "fig7bd", "ood")
+LAG_METRICS = NAVIGATION_METRICS[2:]
+LAG_ROWS = ("MapEM-o", "RoPE (1L)", "TAPE (1L)", "CoPE (1L)", "MapWM", "MapEM-os", "MapEM-s")
+LAG_EDGES = (1, 3, 5, 9, 17, 33, 65, 129, 257, 513)  # lag buckets: 1-2, 3-4, 5-8, ...
 
 
 def no_backtrack(part):
@@ -257,6 +262,8 @@ def table(name, scale="cpu", sequences=None, eval_sequences=None):
     if name == "ood":
         from .mapformer_ood import table as diagnosis
         return diagnosis(name, scale, sequences, eval_sequences)
+    if name.endswith("-by-lag"):
+        return by_lag(table(name[:-len("-by-lag")], scale, sequences, eval_sequences))
     key = "2" if name in ("2-modes", "2-no-backtrack") else name
     if key not in TABLES or name not in TABLE_NAMES:
         raise ValueError(f"MapFormer has tables {', '.join(TABLE_NAMES)}, not {name!r}")
@@ -280,6 +287,67 @@ def table(name, scale="cpu", sequences=None, eval_sequences=None):
                              "2-no-backtrack": ", walks without backtracking"}.get(name, "")
     return Table("mapformer", name, title, scale, note, tuple(at.parts), tuple(rows), COLUMNS,
                  spec["metrics"], make_run, {} if name == "2-modes" else spec["paper"])
+
+
+def by_lag(base):
+    """The scoring readings' view of a navigation table: the same runs (so the same records),
+    read at the object recalls of lag above 2 and above 4 steps beside the paper's figures,
+    and plotted as object recalls against the lag (:func:`plot_by_lag`)."""
+    return replace(base, name=base.name + "-by-lag", metrics=LAG_METRICS, plot=plot_by_lag,
+                   title=base.title + ", object recalls scored by lag",
+                   default_rows=tuple(r for r in base.rows if r in LAG_ROWS) or None)
+
+
+def recalls_by_lag(records, column):
+    """(positions, hits) int64 (L,) summed over ``records``' ``object_recalls_by_lag`` on
+    evaluation set ``column`` (None when no record has them)."""
+    found = [r["metrics"][column]["object_recalls_by_lag"] for r in records
+             if "object_recalls_by_lag" in r["metrics"].get(column, {})]
+    if not found:
+        return None
+    size = max(len(f["positions"]) for f in found)
+    positions, hits = np.zeros(size, np.int64), np.zeros(size, np.int64)
+    for f in found:
+        positions[:len(f["positions"])] += f["positions"]
+        hits[:len(f["hits"])] += f["hits"]
+    return positions, hits
+
+
+def plot_by_lag(table, store, seeds, path, columns=("iid", "ood_sparse")):
+    """A panel per (part, column): object-recall accuracy against the lag (steps since the
+    cell was last visited, in the buckets of :data:`LAG_EDGES`), a line per row (its seeds'
+    recalls pooled, from the records' per-lag counts), and under it the share of the recalls
+    in each bucket (of the first row drawn: the sets are the same for every row)."""
+    from .plots import finish, pyplot
+
+    plt = pyplot()
+    found = table.records(store, seeds)
+    panels = [(p, c) for p in table.parts for c in columns]
+    fig, axes = plt.subplots(2, len(panels), figsize=(4.5 * len(panels), 5.5), squeeze=False,
+                             gridspec_kw={"height_ratios": (3, 1)}, sharex="col")
+    edges = np.array(LAG_EDGES)
+    labels = [f"{lo}-{hi - 1}" for lo, hi in zip(edges[:-1], edges[1:])]
+    for (part, column), ax, share in zip(panels, axes[0], axes[1]):
+        used = np.zeros(len(labels), bool)
+        for row in table.default_rows or table.rows:
+            counts = recalls_by_lag([r for (p, w, _), r in found.items()
+                                     if p == part and w == row], column)
+            if counts is None:
+                continue
+            n, k = (np.add.reduceat(np.pad(c, (0, max(0, edges[-1] - c.size)))[:edges[-1]],
+                                    edges[:-1]) for c in counts)
+            keep = n > 0
+            ax.plot(np.flatnonzero(keep), k[keep] / n[keep], marker="o", label=row)
+            if not used.any():
+                share.bar(np.flatnonzero(keep), n[keep] / n.sum(), color="grey")
+            used |= keep
+        ax.set(title=f"{part} {column}".strip(), ylabel="object recall accuracy",
+               ylim=(0, 1.02))
+        share.set(xlabel="lag (steps since the last visit)", ylabel="share of recalls")
+        share.set_xticks(np.flatnonzero(used), [labels[i] for i in np.flatnonzero(used)],
+                         fontsize=7)
+    fig.suptitle(f"{table.title} ({table.scale} scale)", fontsize=9)
+    finish(fig, axes[0], path)
 
 
 def mean_ci(values, digits: int = 2) -> str:
