@@ -504,8 +504,8 @@ def evaluate(model, tasks, sequences=256, seed=0, batch_size=32):
             if lags_of is not None:
                 is_object = batch.mask & (batch.targets != task.blank_id)
                 lag = lags_of(batch)
-                lag_positions = _add_counts(lag_positions, lag[is_object])
-                lag_hits = _add_counts(lag_hits, lag[is_object & correct])
+                lag_positions = add_histogram(lag_positions, lag[is_object])
+                lag_hits = add_histogram(lag_hits, lag[is_object & correct])
         majority = int(counts.argmax())
         objects = counts if task.blank_id is None else np.delete(counts, task.blank_id)
         n_objects = int(objects.sum())
@@ -525,7 +525,7 @@ def evaluate(model, tasks, sequences=256, seed=0, batch_size=32):
     return results
 
 
-def _add_counts(counts, values):
+def add_histogram(counts, values):
     """counts (L,) int64 plus the histogram of the non-negative ints ``values``, grown to fit."""
     more = np.bincount(values.ravel(), minlength=counts.size)
     more[:counts.size] += counts

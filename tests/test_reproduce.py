@@ -133,3 +133,28 @@ def test_by_lag_view_reads_table_2s_records(tmp_path):
     assert "object_accuracy_lag_gt2" in text and f"| MapWM | - | - | - | {value:.2f} (n=1)" in text
     view.plot(view, store, 1, tmp_path / "lag.png")
     assert (tmp_path / "lag.png").read_bytes()[:4] == b"\x89PNG"
+
+
+def test_lag_shares_and_predictions(tmp_path):
+    """lag_shares: the share of a task's object recalls per lag bucket (none at lag 1-2 on
+    walks that never backtrack, most of them there on uniform 1D walks); predicted_by_lag
+    weights a row's recorded per-bucket accuracy by another task's shares."""
+    import numpy as np
+    from mapformer.reproduce.mapformer import bucket_counts, lag_shares, predicted_by_lag
+    from mapformer.tasks import navigation
+
+    uniform = navigation.NavigationConfig(dims=1, steps=32, grid_size=16)
+    straight = navigation.NavigationConfig(dims=2, steps=32, grid_size=16, walk="no_backtrack")
+    for task in (uniform, straight):
+        assert lag_shares(task, 64).sum() == pytest.approx(1.0)
+    assert lag_shares(straight, 64)[0] == 0.0 and lag_shares(uniform, 64)[0] > 0.5
+    view = reproduce.table("mapformer", "2-by-lag", sequences=64, eval_sequences=8)
+    store = RecordStore(tmp_path)
+    assert run_all(view.runs(1, rows=["RoPE (1L)"], parts=["1D"]), store,
+                   progress=False)["failed"] == []
+    record = store.get(view.make_run("1D", "RoPE (1L)", 0).id)
+    counts = record["metrics"]["iid"]["object_recalls_by_lag"]
+    n, k = (bucket_counts(np.array(counts[key])) for key in ("positions", "hits"))
+    want = (lag_shares(uniform) * k / np.maximum(n, 1)).sum()
+    got = predicted_by_lag(view, store, 1, {("1D", "iid"): uniform}, rows=["RoPE (1L)"])
+    assert got == {("1D", "RoPE (1L)", "iid"): pytest.approx(want)}

@@ -313,6 +313,46 @@ def recalls_by_lag(records, column):
     return positions, hits
 
 
+def bucket_counts(counts):
+    """Per-lag counts int64 (L,) summed into the buckets of :data:`LAG_EDGES` (lags beyond the
+    last edge dropped): int64 (len(LAG_EDGES) - 1,)."""
+    edges = np.array(LAG_EDGES)
+    return np.add.reduceat(np.pad(counts, (0, max(0, edges[-1] - counts.size)))[:edges[-1]],
+                           edges[:-1])
+
+
+def lag_shares(task, sequences=512, seed=0):
+    """The share of a navigation task's object recalls in each lag bucket of
+    :data:`LAG_EDGES`, over ``sequences`` generated sequences: float64 (len(LAG_EDGES) - 1,)."""
+    from ..train import add_histogram
+    counts = np.zeros(0, np.int64)
+    for batch in navigation.eval_set(task, sequences, seed):
+        counts = add_histogram(counts, navigation.recall_lags(batch)[
+            batch.mask & (batch.targets != task.blank_id)])
+    buckets = bucket_counts(counts)
+    return buckets / max(buckets.sum(), 1)
+
+
+def predicted_by_lag(table, store, seeds, tasks, rows=None):
+    """What the rows of a navigation ``table`` would score on other tasks if their accuracy at
+    each lag stayed what their records measured: {(part, row, column): sum over lag buckets of
+    the task's share of object recalls there (:func:`lag_shares`) times the records' pooled
+    accuracy there (0 for a bucket the records never saw)}. tasks: {(part, column): task
+    config}, e.g. the paper's presets for the cpu scale's sets."""
+    found = table.records(store, seeds)
+    predicted = {}
+    for (part, column), task in tasks.items():
+        shares = lag_shares(task)
+        for row in rows or table.rows:
+            counts = recalls_by_lag([r for (p, w, _), r in found.items()
+                                     if p == part and w == row], column)
+            if counts is None:
+                continue
+            n, k = (bucket_counts(c) for c in counts)
+            predicted[(part, row, column)] = float((shares * k / np.maximum(n, 1)).sum())
+    return predicted
+
+
 def plot_by_lag(table, store, seeds, path, columns=("iid", "ood_sparse")):
     """A panel per (part, column): object-recall accuracy against the lag (steps since the
     cell was last visited, in the buckets of :data:`LAG_EDGES`), a line per row (its seeds'
@@ -334,8 +374,7 @@ def plot_by_lag(table, store, seeds, path, columns=("iid", "ood_sparse")):
                                      if p == part and w == row], column)
             if counts is None:
                 continue
-            n, k = (np.add.reduceat(np.pad(c, (0, max(0, edges[-1] - c.size)))[:edges[-1]],
-                                    edges[:-1]) for c in counts)
+            n, k = (bucket_counts(c) for c in counts)
             keep = n > 0
             ax.plot(np.flatnonzero(keep), k[keep] / n[keep], marker="o", label=row)
             if not used.any():
