@@ -464,7 +464,7 @@ def evaluate(model, tasks, sequences=256, seed=0, batch_size=32):
       last seen) adds "object_recalls_by_lag" ({"positions", "hits"}: lists indexed by lag,
       the object recalls of each lag and how many were right) and, for each k of its
       ``SCORED_LAGS``, "object_accuracy_lag_gt{k}": the object recalls whose lag exceeds k
-      (nan when there is none).
+      (None when there is none).
 
     ValueError when ``sequences`` < 1 or a task's vocabulary exceeds the model's.
     """
@@ -535,13 +535,14 @@ def add_histogram(counts, values):
 def lag_metrics(positions, hits, thresholds):
     """{"object_recalls_by_lag": {"positions", "hits"} (lists indexed by lag), and
     "object_accuracy_lag_gt{k}" for each k of ``thresholds``: hits over positions of the lags
-    above k (nan when none)}. positions, hits: int64 (L,) counts per lag."""
+    above k (None when none: a table leaves it out)}. positions, hits: int64 (L,) counts per
+    lag."""
     hits = np.pad(hits, (0, positions.size - hits.size))
     metrics = {"object_recalls_by_lag": {"positions": positions.tolist(),
                                          "hits": hits.tolist()}}
     for k in thresholds:
         n = int(positions[k + 1:].sum())
-        metrics[f"object_accuracy_lag_gt{k}"] = int(hits[k + 1:].sum()) / n if n else math.nan
+        metrics[f"object_accuracy_lag_gt{k}"] = int(hits[k + 1:].sum()) / n if n else None
     return metrics
 
 

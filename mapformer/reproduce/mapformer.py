@@ -24,15 +24,17 @@ from ..experiments.runs import Run
 from ..experiments.tables import Table, mean_spread
 from ..models import ModelConfig, options_of, preset_parts
 from ..tasks import navigation, selective_copy
-from ..train import TrainConfig
+from ..train import TrainConfig, add_histogram
 
 COLUMNS = ("iid", "ood_dense", "ood_sparse")
-NAVIGATION_METRICS = ("accuracy", "object_accuracy", "object_accuracy_lag_gt2",
-                      "object_accuracy_lag_gt4")
-"""The navigation tables' metrics (:func:`mapformer.train.evaluate`): every revisit, the object
-recalls (revisits whose target is not blank: the paper's figures), and the object recalls of
-lag above 2 and above 4 steps (:data:`mapformer.tasks.navigation.SCORED_LAGS`: the scoring
-readings that leave out a step straight back, and the smallest 2D loops too)."""
+LAG_METRICS = tuple(f"object_accuracy_lag_gt{k}" for k in navigation.SCORED_LAGS)
+NAVIGATION_METRICS = ("accuracy", "object_accuracy") + LAG_METRICS
+"""Table 2's metrics (:func:`mapformer.train.evaluate`): every revisit, the object recalls
+(revisits whose target is not blank: the paper's figures), and the object recalls of lag
+above 2 and above 4 steps (:data:`LAG_METRICS`, from
+:data:`mapformer.tasks.navigation.SCORED_LAGS`: the scoring readings that leave out a step
+straight back, and the smallest 2D loops too). Tables 3 and 4 read the first two (their
+records hold the others too)."""
 
 
 @dataclass(frozen=True)
@@ -164,7 +166,7 @@ TABLES = {
     },
     "3": {
         "title": "Table 3: 2D forced-navigation recall accuracy, SSMs against MapFormers",
-        "metrics": NAVIGATION_METRICS,
+        "metrics": NAVIGATION_METRICS[:2],
         "rows": [Row("Mamba", "mamba"), Row("MAMPa", "mampa"),  # no decay: the paper's A := S
                  Row("MAMPa (signed angle)", "mampa", 1, {"signed_angle": True}),
                  Row("MAMPa (decay)", "mampa", 1, {"mampa_alpha": True}),
@@ -191,7 +193,7 @@ TABLES = {
     },
     "4": {
         "title": "Table 4: 3D and 5D forced-navigation recall accuracy",
-        "metrics": NAVIGATION_METRICS,
+        "metrics": NAVIGATION_METRICS[:2],
         "rows": [Row("RoPE (1L)", "rope"), Row("CoPE (1L)", "cope"), Row("MapWM", "mapwm"),
                  Row("MapEM-os", "mapem_os"), Row("MapEM-s", "mapem_s")],
         "paper": {
@@ -221,7 +223,6 @@ TABLES = {
 
 TABLE_NAMES = ("1", "2", "2-by-lag", "2-modes", "2-no-backtrack", "2-no-backtrack-by-lag", "3",
                "4", "fig4a", "fig4b", "fig4c", "5d-data", "fig7a", "fig7bd", "ood")
-LAG_METRICS = NAVIGATION_METRICS[2:]
 LAG_ROWS = ("MapEM-o", "RoPE (1L)", "TAPE (1L)", "CoPE (1L)", "MapWM", "MapEM-os", "MapEM-s")
 LAG_EDGES = (1, 3, 5, 9, 17, 33, 65, 129, 257, 513)  # lag buckets: 1-2, 3-4, 5-8, ...
 
@@ -262,7 +263,7 @@ def table(name, scale="cpu", sequences=None, eval_sequences=None):
     if name == "ood":
         from .mapformer_ood import table as diagnosis
         return diagnosis(name, scale, sequences, eval_sequences)
-    if name.endswith("-by-lag"):
+    if name in ("2-by-lag", "2-no-backtrack-by-lag"):
         return by_lag(table(name[:-len("-by-lag")], scale, sequences, eval_sequences))
     key = "2" if name in ("2-modes", "2-no-backtrack") else name
     if key not in TABLES or name not in TABLE_NAMES:
@@ -321,10 +322,18 @@ def bucket_counts(counts):
                            edges[:-1])
 
 
+def bucketed_recalls(found, part, row, column):
+    """(object recalls, hits) per lag bucket, int64 (len(LAG_EDGES) - 1,) each, of the
+    records ``found`` ({(part, row, seed): record}, :meth:`Table.records`) of one part and row
+    on evaluation set ``column``, the seeds pooled; None when none has per-lag counts."""
+    counts = recalls_by_lag([r for (p, w, _), r in found.items() if p == part and w == row],
+                            column)
+    return None if counts is None else tuple(bucket_counts(c) for c in counts)
+
+
 def lag_shares(task, sequences=512, seed=0):
     """The share of a navigation task's object recalls in each lag bucket of
     :data:`LAG_EDGES`, over ``sequences`` generated sequences: float64 (len(LAG_EDGES) - 1,)."""
-    from ..train import add_histogram
     counts = np.zeros(0, np.int64)
     for batch in navigation.eval_set(task, sequences, seed):
         counts = add_histogram(counts, navigation.recall_lags(batch)[
@@ -344,19 +353,18 @@ def predicted_by_lag(table, store, seeds, tasks, rows=None):
     for (part, column), task in tasks.items():
         shares = lag_shares(task)
         for row in rows or table.rows:
-            counts = recalls_by_lag([r for (p, w, _), r in found.items()
-                                     if p == part and w == row], column)
+            counts = bucketed_recalls(found, part, row, column)
             if counts is None:
                 continue
-            n, k = (bucket_counts(c) for c in counts)
+            n, k = counts
             predicted[(part, row, column)] = float((shares * k / np.maximum(n, 1)).sum())
     return predicted
 
 
 def plot_by_lag(table, store, seeds, path, columns=("iid", "ood_sparse")):
     """A panel per (part, column): object-recall accuracy against the lag (steps since the
-    cell was last visited, in the buckets of :data:`LAG_EDGES`), a line per row (its seeds'
-    recalls pooled, from the records' per-lag counts), and under it the share of the recalls
+    cell was last visited, in the buckets of :data:`LAG_EDGES`), a line per default row
+    (:data:`LAG_ROWS`; its seeds' recalls pooled, from the records' per-lag counts), and under it the share of the recalls
     in each bucket (of the first row drawn: the sets are the same for every row)."""
     from .plots import finish, pyplot
 
@@ -370,11 +378,10 @@ def plot_by_lag(table, store, seeds, path, columns=("iid", "ood_sparse")):
     for (part, column), ax, share in zip(panels, axes[0], axes[1]):
         used = np.zeros(len(labels), bool)
         for row in table.default_rows or table.rows:
-            counts = recalls_by_lag([r for (p, w, _), r in found.items()
-                                     if p == part and w == row], column)
+            counts = bucketed_recalls(found, part, row, column)
             if counts is None:
                 continue
-            n, k = (bucket_counts(c) for c in counts)
+            n, k = counts
             keep = n > 0
             ax.plot(np.flatnonzero(keep), k[keep] / n[keep], marker="o", label=row)
             if not used.any():
