@@ -17,7 +17,7 @@ import pytest
 from conftest import subprocess_env
 from mapformer import reproduce
 from mapformer.experiments import Dask, Pool, RecordStore, Run, Serial, run_all
-from mapformer.experiments.records import git_state
+from mapformer.experiments.records import ROOT, git_state
 from mapformer.experiments.runs import task_from_dict, task_to_dict
 from mapformer.experiments.tables import Table
 from mapformer.tasks import navigation
@@ -94,6 +94,22 @@ def test_record_holds_metrics_and_provenance(tmp_path):
     (tmp_path / "0000000000000000.json").write_text(json.dumps(record))
     with pytest.raises(ValueError, match="holds the record of run"):
         store.get("0000000000000000")
+
+
+def test_git_state_is_unknown_for_a_copy_inside_another_repository(tmp_path):
+    """An installed copy under some other checkout (pyenv's site-packages are one) must not
+    report that checkout's commit as its own."""
+    subprocess.run(["git", "init", "-q", str(tmp_path)], check=True)
+    subprocess.run(["git", "-C", str(tmp_path), "-c", "user.name=t", "-c", "user.email=t@t",
+                    "commit", "-q", "--allow-empty", "-m", "other"], check=True)
+    copy = tmp_path / "lib" / "site-packages"
+    (copy / "mapformer").mkdir(parents=True)
+    assert git_state(copy) == {"commit": "unknown", "dirty": "unknown"}
+    top = git_state(tmp_path)  # the checkout's own top does report
+    assert len(top["commit"]) == 40 and top["dirty"] is False
+    assert git_state()["commit"] == subprocess.run(
+        ["git", "-C", str(ROOT), "rev-parse", "HEAD"], capture_output=True,
+        text=True).stdout.strip()
 
 
 def test_rerun_executes_only_what_is_missing_and_force_reruns(tmp_path):

@@ -12,16 +12,20 @@ ROOT = Path(__file__).resolve().parents[2]  # the checkout mapformer was importe
 
 
 @functools.lru_cache(maxsize=None)
-def git_state():
+def git_state(root=ROOT):
     """{"commit": HEAD's hash, "dirty": whether tracked files differ from it} of the checkout
-    this mapformer was imported from; "unknown" for both when it is not a git checkout (an
-    installed copy)."""
+    at ``root``, by default the one this mapformer was imported from; "unknown" for both when
+    ``root`` is not the top of a git checkout (an installed copy, even one that sits inside
+    another repository, as pyenv's site-packages do)."""
     def git(*args):
-        return subprocess.run(["git", "-C", str(ROOT), *args], capture_output=True, text=True,
+        return subprocess.run(["git", "-C", str(root), *args], capture_output=True, text=True,
                               timeout=30)
     try:
+        top = git("rev-parse", "--show-toplevel")
+        if top.returncode != 0 or Path(top.stdout.strip()).resolve() != Path(root).resolve():
+            return {"commit": "unknown", "dirty": "unknown"}
         head = git("rev-parse", "HEAD")
-        if head.returncode != 0 or not (ROOT / "mapformer").is_dir():
+        if head.returncode != 0:
             return {"commit": "unknown", "dirty": "unknown"}
         status = git("status", "--porcelain", "--untracked-files=no")
         return {"commit": head.stdout.strip(), "dirty": bool(status.stdout.strip())}
