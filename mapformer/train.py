@@ -460,6 +460,13 @@ def evaluate(model, tasks, sequences=256, seed=0, batch_size=32):
     - a task module with ``eval_metrics(loss, exact, sequences)`` (transduction: perplexity
       and sequence_accuracy) adds its metrics, from the mean loss and the count of sequences
       whose masked positions are all right;
+    - a model with path-integrating layers (a scheme that traces Delta: MapWM, MapEM) adds
+      "delta_abs_by_token": per layer, None where the layer integrates no Delta, else per input
+      token id the mean |Delta| over the positions holding it (every head and block; None for
+      an id the set never shows): which tokens move the map (navigation: the actions;
+      selective copy: the data tokens, not the blanks, if the positions count only data),
+      and a task module's ``delta_metrics(task, by_token)`` its readings of them (selective
+      copy: blank over data, per layer);
     - a task module with ``recall_lags(batch)`` (navigation: steps since the revisited cell was
       last seen) adds "object_recalls_by_lag" ({"positions", "hits"}: lists indexed by lag,
       the object recalls of each lag and how many were right) and, for each k of its
@@ -484,6 +491,7 @@ def evaluate(model, tasks, sequences=256, seed=0, batch_size=32):
         module = task_module(task)
         lags_of = getattr(module, "recall_lags", None)
         lag_positions = lag_hits = np.zeros(0, dtype=np.int64)
+        delta_sums = DeltaByToken(model, task.vocab_size)
         for batch in module.eval_set(task, sequences, seed, batch_size):
             n = int(batch.mask.sum())
             if n == 0:
@@ -491,6 +499,7 @@ def evaluate(model, tasks, sequences=256, seed=0, batch_size=32):
             loss_sum += model.loss(batch.tokens, batch.targets, batch.mask,
                                    module.token_coordinates(batch),
                                    batch_prefix(module, batch), batch_pool(module)) * n
+            delta_sums.add(batch.tokens)  # the forward of the loss left its traces
             pred = kind.predictions(model, batch)
             correct = (pred == batch.targets) & batch.mask
             hits += int(correct.sum())
@@ -518,11 +527,50 @@ def evaluate(model, tasks, sequences=256, seed=0, batch_size=32):
                          "object_positions": n_objects}
         if lags_of is not None:
             results[name].update(lag_metrics(lag_positions, lag_hits, module.SCORED_LAGS))
+        if delta_sums.layers:
+            by_token = results[name]["delta_abs_by_token"] = delta_sums.means()
+            readings = getattr(module, "delta_metrics", None)
+            if readings is not None:
+                results[name].update(readings(task, by_token))
         extra = getattr(module, "eval_metrics", None)
         if extra is not None:
             results[name].update(extra(results[name]["loss"], exact, rows))
     model.train(True)
     return results
+
+
+class DeltaByToken:
+    """Sums of |Delta| per input token id over the path-integrating layers of ``model``
+    (``layers``: their indices; empty for a model without one), from the traces its last
+    forward left."""
+
+    def __init__(self, model, vocab_size):
+        blocks = getattr(model, "blocks", ())
+        self.model, self.n_layers = model, len(blocks)
+        self.layers = [i for i, b in enumerate(blocks)
+                       if "delta" in getattr(getattr(b.mixer, "scheme", None), "traces", ())]
+        self.sums = np.zeros((len(self.layers), vocab_size))
+        self.counts = np.zeros(vocab_size, dtype=np.int64)
+
+    def add(self, tokens):
+        """tokens int (B, T): the input of the forward just run."""
+        if not self.layers:
+            return
+        ids = np.asarray(tokens).ravel()
+        self.counts += np.bincount(ids, minlength=self.counts.size)
+        for row, i in enumerate(self.layers):
+            delta = np.abs(self.model.ops.to_numpy(self.model.blocks[i].mixer.scheme.delta))
+            per_position = delta.reshape(ids.size, -1).mean(axis=1, dtype=np.float64)
+            self.sums[row] += np.bincount(ids, weights=per_position,
+                                          minlength=self.counts.size)
+
+    def means(self):
+        """Per layer None (no Delta) or a list per token id of its mean |Delta| (None: the
+        id never occurred)."""
+        out = [None] * self.n_layers
+        for row, i in enumerate(self.layers):
+            out[i] = [float(s / n) if n else None for s, n in zip(self.sums[row], self.counts)]
+        return out
 
 
 def add_histogram(counts, values):

@@ -135,6 +135,50 @@ def test_by_lag_view_reads_table_2s_records(tmp_path):
     assert (tmp_path / "lag.png").read_bytes()[:4] == b"\x89PNG"
 
 
+def test_delta_view_reads_table_1s_records(tmp_path):
+    """'1-delta' is Table 1's runs of the rows that integrate Delta (the same ids), read at
+    the blanks' |Delta| over the data tokens' per layer; no paper figure beside those."""
+    view = reproduce.table("mapformer", "1-delta", sequences=64, eval_sequences=8)
+    base = reproduce.table("mapformer", "1", sequences=64, eval_sequences=8)
+    assert view.rows == ("MapEM-o", "MapEM-s", "MapWM", "MapEM-os")
+    runs = view.runs(1, rows=["MapEM-s"])
+    assert [r.id for r in runs] == [r.id for r in base.runs(1, rows=["MapEM-s"])]
+    store = RecordStore(tmp_path)
+    assert run_all(runs, store, progress=False)["failed"] == []
+    metrics = store.get(runs[0].id)["metrics"]["iid"]
+    by_token = metrics["delta_abs_by_token"]
+    blank = 16  # the cpu scale's 16 symbols: the blank's id
+    for layer in range(2):
+        want = by_token[layer][blank] / sum(by_token[layer][:blank]) * blank
+        assert metrics[f"delta_blank_over_data_layer{layer}"] == pytest.approx(want)
+    text = view.markdown(store, seeds=1, metric="delta_blank_over_data_layer0")
+    assert f"| MapEM-s | {metrics['delta_blank_over_data_layer0']:.2f} (n=1)" in text
+    assert "[" not in text.split("| MapEM-s |")[1].splitlines()[0]  # no paper figure
+
+
+def test_delta_steps_view_evaluates_through_training(tmp_path):
+    """'1-delta-steps' runs Table 1's rows with evaluations every few steps (their own ids),
+    and its curves end at the final evaluation; the plot draws them."""
+    import numpy as np
+
+    from mapformer.reproduce.mapformer import delta_curves, delta_steps
+
+    base = reproduce.table("mapformer", "1", sequences=192, eval_sequences=8)
+    view = delta_steps(base, every=1)
+    run = view.runs(1, rows=["MapEM-s"])[0]
+    assert run.train["eval_every"] == 1 and run.id != base.runs(1, rows=["MapEM-s"])[0].id
+    assert reproduce.table("mapformer", "1-delta-steps").runs(1)[0].train["eval_every"] == 50
+    store = RecordStore(tmp_path)
+    assert run_all([run], store, progress=False)["failed"] == []
+    record = store.get(run.id)
+    steps, accuracy, ratio = delta_curves(record)
+    np.testing.assert_array_equal(steps, [1, 2, 3])
+    assert accuracy[-1] == record["metrics"]["iid"]["accuracy"]
+    assert ratio[0, 1] == record["evals"][0]["eval"]["iid"]["delta_blank_over_data_layer1"]
+    view.plot(view, store, 1, tmp_path / "steps.png")
+    assert (tmp_path / "steps.png").read_bytes()[:4] == b"\x89PNG"
+
+
 def test_lag_shares_and_predictions(tmp_path):
     """lag_shares: the share of a task's object recalls per lag bucket (none at lag 1-2 on
     walks that never backtrack, most of them there on uniform 1D walks); predicted_by_lag

@@ -6,7 +6,7 @@ import sys
 import numpy as np
 import pytest
 
-from dataclasses import fields
+from dataclasses import fields, replace
 
 from conftest import subprocess_env
 from mapformer.__main__ import build_parser
@@ -82,6 +82,35 @@ def test_evaluate_counts_object_recalls_by_lag():
         assert r[f"object_accuracy_lag_gt{k}"] == pytest.approx(
             want_hits[k + 1:].sum() / want_n[k + 1:].sum())
     assert r["object_accuracy_lag_gt2"] != r["object_accuracy"]
+
+
+def test_evaluate_records_delta_by_input_token():
+    """delta_abs_by_token: per path-integrating layer, the mean |Delta| of each input token
+    id over the evaluation set, as analysis.integration_times reads the same forwards."""
+    from mapformer.analysis import integration_times
+
+    task = selective_copy.SelectiveCopyConfig(n_copy=5, n_blanks=3, n_symbols=6)
+    model = Transformer(ModelConfig.for_task("mapem_s", task, d_model=32, n_heads=2,
+                                             n_layers=2), seed=3)
+    got = evaluate(model, {"iid": task}, sequences=20, batch_size=8)["iid"]
+    sums, counts = np.zeros((2, task.vocab_size)), np.zeros(task.vocab_size)
+    for batch in selective_copy.eval_set(task, 20, 0, 8):
+        for layer in range(2):
+            delta = np.abs(integration_times(model, batch, layer)["delta"]).mean(axis=(2, 3))
+            np.add.at(sums[layer], batch.tokens, delta)
+        np.add.at(counts, batch.tokens, 1)
+    assert counts.all()  # every id occurs: data, blank and separator
+    np.testing.assert_allclose(np.array(got["delta_abs_by_token"]), sums / counts, rtol=1e-12)
+    assert len(set(np.round(got["delta_abs_by_token"][0], 9))) == task.vocab_size
+    for layer in range(2):  # selective copy's reading: blank over the symbols' mean
+        assert got[f"delta_blank_over_data_layer{layer}"] == pytest.approx(
+            sums[layer, 6] / counts[6] / np.mean(sums[layer, :6] / counts[:6]), rel=1e-12)
+    # a model without Delta records none; an id the set never shows is None
+    rope = Transformer(ModelConfig.for_task("rope", task, d_model=32, n_heads=2), seed=0)
+    assert "delta_abs_by_token" not in evaluate(rope, {"iid": task}, sequences=4)["iid"]
+    unseen = evaluate(model, {"iid": replace(task, n_blanks=0)}, sequences=4)["iid"]
+    assert unseen["delta_abs_by_token"][1][task.n_symbols] is None  # no blank shown
+    assert not any(k.startswith("delta_blank") for k in unseen)  # so no reading of blanks
 
 
 def test_learning_rate_schedules():

@@ -221,7 +221,7 @@ TABLES = {
 }
 
 
-TABLE_NAMES = ("1", "2", "2-by-lag", "2-modes", "2-no-backtrack", "2-no-backtrack-by-lag", "3",
+TABLE_NAMES = ("1", "1-delta", "1-delta-steps", "2", "2-by-lag", "2-modes", "2-no-backtrack", "2-no-backtrack-by-lag", "3",
                "4", "fig4a", "fig4b", "fig4c", "5d-data", "fig7a", "fig7bd", "ood")
 LAG_ROWS = ("MapEM-o", "RoPE (1L)", "TAPE (1L)", "CoPE (1L)", "MapWM", "MapEM-os", "MapEM-s")
 LAG_EDGES = (1, 3, 5, 9, 17, 33, 65, 129, 257, 513)  # lag buckets: 1-2, 3-4, 5-8, ...
@@ -263,6 +263,10 @@ def table(name, scale="cpu", sequences=None, eval_sequences=None):
     if name == "ood":
         from .mapformer_ood import table as diagnosis
         return diagnosis(name, scale, sequences, eval_sequences)
+    if name == "1-delta":
+        return delta_view(table("1", scale, sequences, eval_sequences))
+    if name == "1-delta-steps":
+        return delta_steps(table("1", scale, sequences, eval_sequences))
     if name in ("2-by-lag", "2-no-backtrack-by-lag"):
         return by_lag(table(name[:-len("-by-lag")], scale, sequences, eval_sequences))
     key = "2" if name in ("2-modes", "2-no-backtrack") else name
@@ -288,6 +292,80 @@ def table(name, scale="cpu", sequences=None, eval_sequences=None):
                              "2-no-backtrack": ", walks without backtracking"}.get(name, "")
     return Table("mapformer", name, title, scale, note, tuple(at.parts), tuple(rows), COLUMNS,
                  spec["metrics"], make_run, {} if name == "2-modes" else spec["paper"])
+
+
+DELTA_ROWS = ("MapEM-o", "MapEM-s", "MapWM", "MapEM-os")  # Table 1's rows that integrate Delta
+
+
+def delta_view(base):
+    """Table 1's runs (so its records) read at what their integration times do with the
+    blanks: accuracy beside the paper, then mean |Delta| on blanks over that on data tokens
+    per layer (``tasks.selective_copy.delta_metrics``; no paper figure)."""
+    return replace(base, name=base.name + "-delta", reference_metrics=("accuracy",),
+                   metrics=("accuracy",) + tuple(f"delta_blank_over_data_layer{i}"
+                                                 for i in range(2)),
+                   title=base.title + ", and what Delta does on the blanks",
+                   rows=DELTA_ROWS, default_rows=DELTA_ROWS)
+
+
+DELTA_STEP_ROWS = ("MapEM-s", "MapEM-os", "MapWM")
+DELTA_EVAL_EVERY = 50  # optimizer steps between the evaluations of "1-delta-steps"
+
+
+def delta_steps(base, every=DELTA_EVAL_EVERY):
+    """Table 1's MapEM-s, MapEM-os and MapWM runs evaluated every ``every`` optimizer steps
+    through training (their own runs: eval_every is part of a run), read as :func:`delta_view`
+    reads its records, with a plot of accuracy and the blanks' |Delta| against the step."""
+    def make_run(part, label, seed):
+        run = base.make_run(part, label, seed)
+        return replace(run, train={**run.train, "eval_every": every})
+
+    view = delta_view(base)
+    return replace(view, name=base.name + "-delta-steps", make_run=make_run,
+                   rows=DELTA_STEP_ROWS, default_rows=DELTA_STEP_ROWS, plot=plot_delta_steps,
+                   title=base.title + f", and Delta on the blanks through training (evaluated "
+                                      f"every {every} steps)")
+
+
+def delta_curves(record, column="iid"):
+    """steps (E,), accuracy (E,), blank-over-data |Delta| (E, 2 layers) of a record's
+    evaluations through training, the final one last."""
+    evals = [(e["step"], e["eval"][column]) for e in record["evals"]]
+    evals.append((record["steps"], record["metrics"][column]))
+    steps = np.array([s for s, _ in evals])
+    accuracy = np.array([m["accuracy"] for _, m in evals])
+    ratio = np.array([[m.get(f"delta_blank_over_data_layer{i}", np.nan) for i in range(2)]
+                      for _, m in evals], dtype=float)
+    return steps, accuracy, ratio
+
+
+def plot_delta_steps(table, store, seeds, path, column="iid"):
+    """A panel per row: IID accuracy and, on a second axis, mean |Delta| on blanks over data
+    tokens in each layer, against the optimizer step, a line per seed."""
+    from .plots import finish, pyplot
+
+    plt = pyplot()
+    found = table.records(store, seeds)
+    rows = [r for r in table.rows if any(k[1] == r for k in found)]
+    fig, axes = plt.subplots(1, max(len(rows), 1), figsize=(4.8 * max(len(rows), 1), 3.8),
+                             squeeze=False)
+    for row, ax in zip(rows, axes[0]):
+        twin = ax.twinx()
+        for (part, label, seed), record in sorted(found.items()):
+            if label != row:
+                continue
+            steps, accuracy, ratio = delta_curves(record, column)
+            ax.plot(steps, accuracy, color="black", alpha=0.4 + 0.2 * seed,
+                    label=f"accuracy, seed {seed}")
+            for i, color in enumerate(("tab:blue", "tab:orange")):
+                twin.plot(steps, ratio[:, i], color=color, alpha=0.4 + 0.2 * seed,
+                          linestyle="--", label=f"layer {i}" if seed == 0 else None)
+        ax.set(title=row, xlabel="optimizer step", ylabel=f"{column} accuracy", ylim=(0, 1.02))
+        twin.set_ylabel("|Delta| blank / data")
+        twin.set_ylim(bottom=0)
+        twin.legend(fontsize=7, loc="center right")
+    fig.suptitle(f"{table.title} ({table.scale} scale)", fontsize=9)
+    finish(fig, axes[0], path)
 
 
 def by_lag(base):

@@ -107,6 +107,25 @@ def ood_sets(config: SelectiveCopyConfig) -> dict[str, SelectiveCopyConfig]:
             "ood_sparse": replace(config, n_blanks=2 * config.n_blanks)}
 
 
+def delta_metrics(config: SelectiveCopyConfig, by_token: list) -> dict:
+    """What a path-integrating model's integration times Delta say about the blanks, for
+    ``train.evaluate``: {"delta_blank_over_data_layer{i}": mean |Delta| on blank tokens over the
+    mean |Delta| on data tokens (the per-symbol means averaged; a data token counted wherever
+    it is an input, before the separator or as an answer) for each layer i that integrates
+    Delta}. 0 means the blanks do not move the positions: positions then count data tokens
+    only, and an answer can find its token by position alone.
+
+    by_token: per layer None or a list per token id of the mean |Delta| (None: unseen)."""
+    out = {}
+    for i, means in enumerate(by_token):
+        if means is None or means[config.blank_id] is None:
+            continue
+        data = [m for m in means[:config.n_symbols] if m is not None]
+        if data:
+            out[f"delta_blank_over_data_layer{i}"] = means[config.blank_id] / float(np.mean(data))
+    return out
+
+
 LOSS_POSITIONS = ("revisits", "all")
 """The choices of :func:`loss_mask` for this task."""
 
