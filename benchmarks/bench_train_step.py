@@ -1,11 +1,20 @@
 """Milliseconds per training step (forward + backward + clipping + AdamW) at the MapFormer
-paper's scale, against the step's sgemm-bound time.
+paper's scale, against two bounds on each kernel set the CPU has.
 
 Defaults: batch 128, 256 tokens, d_model 128, 2 heads (head dim 64), 1 layer, navigation
-tokens. The same run measures the machine's sgemm rate (a large square sgemm through the C
-core's own OpenBLAS) and reports the step's matrix-multiply flops at that rate (the
-"sgemm-bound" time) and the ratio step / bound. Peak RSS is ru_maxrss of this process after
-the steps (the first sgemm's matrices are freed before them).
+tokens. For every kernel set (`--kernel-sets`, default all this CPU runs) the steps run on that
+set, and the step's matrix-multiply flops are set against
+  fma bound      the machine's own limit: its multiply-add issue rate at the set's vector width
+                 on every thread (benchmarks/fma_peak.c, compiled and run by this script:
+                 avx512 512-bit FMAs, avx2 256-bit, portable 128-bit unfused multiply + add;
+                 blas, whose OpenBLAS kernels pick their own width, at the widest the CPU has);
+  product bound  the library's own product rate on that set (x (16384, 512) times a 512 x 512
+                 weight through the C core's linear op: the largest weight it multiplies on
+                 the set's row-block kernels, a larger one going to OpenBLAS on every set;
+                 best of 30, before and after the steps).
+Each model prints its ms per step and the two ratios step / bound. Peak RSS is ru_maxrss of
+this process after the steps of the first kernel set (the product's matrices are freed before
+them).
 
 Matmul flops of a step: 3x the forward's (the backward does twice the forward's products:
 dV, dP, and dQ, dK per score; linears dX and dW), the forward's counted by
@@ -28,25 +37,35 @@ APE's generator side runs on NumPy's OpenBLAS: set OPENBLAS_NUM_THREADS=1 for it
 threads fight the C core's OpenMP ones).
 
 With --backend cuda the same steps run on the CUDA backend (a CUDA build, CuPy and a GPU;
-wall clock, the stream synchronized after each step), the sgemm rate is cuBLAS's float32 one
-through CuPy (CUDA events), and the per-op table's step synchronizes after every op (so its
-ops' times add up to more than the step's, which overlaps launches with the GPU's work).
+wall clock, the stream synchronized after each step), the one bound is cuBLAS's float32 sgemm
+rate through CuPy (CUDA events), and the per-op table's step synchronizes after every op (so
+its ops' times add up to more than the step's, which overlaps launches with the GPU's work).
 
-Prints one JSON line at the end.
+Prints one JSON line at the end (with --json FILE, also writes it there, with the run's
+provenance: commit, CPU, threads, OpenBLAS); docs/gen_pages.py renders the performance pages
+from such files.
 """
 import argparse
 import gc
 import json
+import os
 import resource
+import subprocess
+import sys
+import tempfile
 import time
 from collections import defaultdict
+from pathlib import Path
 
 import numpy as np
 
-from mapformer import _C, backend
-from mapformer.models import MODELS, ModelConfig, Transformer, forward_flops
-from mapformer.tasks import navigation
-from mapformer.train import AdamW, TrainConfig
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # the checkout's mapformer
+
+from mapformer import _C, backend  # noqa: E402
+from mapformer.models import MODELS, ModelConfig, Transformer, forward_flops  # noqa: E402
+from mapformer.tasks import navigation  # noqa: E402
+from mapformer.experiments.records import provenance  # noqa: E402
+from mapformer.train import AdamW, TrainConfig  # noqa: E402
 
 
 def step_flops(cfg, batch, tokens):
@@ -60,16 +79,22 @@ def step_flops(cfg, batch, tokens):
 clock = time.perf_counter
 
 
-def sgemm_rate(size, repeats, on_gpu=False):
-    """Best GFLOP/s of a size^3 sgemm through the C core's linear op (its OpenBLAS, split over
-    the OpenMP threads as the model's products are), or on_gpu through CuPy's cuBLAS. The best
-    of many runs is the machine's capability; on a shared machine it makes the sgemm-bound
-    time the conservative one."""
+PRODUCT_WIDTH = 512  # the widest square weight csrc/ops/linear.c multiplies on the kernel set
+GPU_PRODUCT = 2048  # cuBLAS's square sgemm
+
+
+def product_rate(rows, repeats, on_gpu=False):
+    """Best GFLOP/s of the library's own products on the active kernel set: x (rows, 512)
+    times a 512 x 512 weight through the C core's linear op (the largest weight it multiplies
+    with the set's row-block kernels; a larger one goes to OpenBLAS on every set), its row
+    blocks over the OpenMP threads as the model's are. on_gpu: cuBLAS's 2048^3 sgemm through
+    CuPy. The best of many runs is the machine's capability; on a shared machine it makes the
+    bound the conservative one."""
     if on_gpu:
         import cupy
 
-        x, w = (cupy.random.default_rng(0).standard_normal((size, size), cupy.float32)
-                for _ in range(2))
+        x, w = (cupy.random.default_rng(0).standard_normal((GPU_PRODUCT, GPU_PRODUCT),
+                                                           cupy.float32) for _ in range(2))
         x @ w
         times = []
         for _ in range(repeats):
@@ -79,17 +104,44 @@ def sgemm_rate(size, repeats, on_gpu=False):
             end.record()
             end.synchronize()
             times.append(cupy.cuda.get_elapsed_time(start, end) / 1e3)
-        return 2 * size**3 / min(times) / 1e9
+        return 2 * GPU_PRODUCT**3 / min(times) / 1e9
     rng = np.random.default_rng(0)
-    x = rng.standard_normal((size, size)).astype(np.float32)
-    w = rng.standard_normal((size, size)).astype(np.float32)
+    x = rng.standard_normal((rows, PRODUCT_WIDTH)).astype(np.float32)
+    w = rng.standard_normal((PRODUCT_WIDTH, PRODUCT_WIDTH)).astype(np.float32)
     backend.C.linear_forward(x, w)
     times = []
     for _ in range(repeats):
         t0 = clock()
         backend.C.linear_forward(x, w)
         times.append(clock() - t0)
-    return 2 * size**3 / min(times) / 1e9
+    return 2 * rows * PRODUCT_WIDTH**2 / min(times) / 1e9
+
+
+# the vector width whose multiply-add rate bounds a kernel set's products (blas: OpenBLAS
+# picks its kernels' width itself, so the widest the CPU has, the machine's limit)
+SET_WIDTH = {"avx512": "512", "avx2": "256", "portable": "128"}
+
+
+def fma_peak(repeats=5):
+    """{"512": GFLOP/s, "256": ..., "128": ...} of benchmarks/fma_peak.c on every OpenMP
+    thread this process would use (the same environment), 0 for a width the CPU lacks; the
+    program is compiled with the C compiler (``CC``, else cc) into a temporary folder."""
+    source = Path(__file__).with_name("fma_peak.c")
+    with tempfile.TemporaryDirectory() as tmp:
+        program = Path(tmp) / "fma_peak"
+        compiler = os.environ.get("CC", "cc")
+        try:
+            subprocess.run([compiler, "-std=c11", "-O2", "-fopenmp", str(source), "-o",
+                            str(program)], check=True, capture_output=True, text=True)
+        except FileNotFoundError:
+            sys.exit(f"bench_train_step.py: no C compiler {compiler!r} to build {source} "
+                     "(set CC)")
+        except subprocess.CalledProcessError as error:
+            sys.exit(f"bench_train_step.py: {compiler} failed on {source}: "
+                     f"{error.stderr.strip().splitlines()[-1] if error.stderr else error}")
+        out = subprocess.run([str(program), str(repeats)], check=True, capture_output=True,
+                             text=True)
+    return json.loads(out.stdout)["gflops"]
 
 
 class OpTimer:
@@ -168,53 +220,107 @@ def main():
                    help="untimed steps per model (the first model of a run pays for the "
                         "output pool and page faults: with 2, MapWM measured first was 10%% "
                         "slower)")
-    p.add_argument("--sgemm-size", type=int, default=2048)
+    p.add_argument("--product-rows", type=int, default=16384,
+                   help="rows of the (rows, 512) x (512, 512) product whose rate is the "
+                        "product bound on a CPU kernel set (cuda: cuBLAS's 2048^3)")
     p.add_argument("--clock", choices=("wall", "cpu"), default="wall",
                    help="wall time, or the process's CPU time (for one-thread figures on a "
                         "shared machine)")
     p.add_argument("--backend", choices=("c", "cuda"), default="c",
                    help="c (the default), or cuda: the CUDA backend on a GPU")
+    p.add_argument("--kernel-sets", default=None,
+                   help=f"comma-separated CPU kernel sets to run the steps on, of "
+                        f"{', '.join(_C.kernel_sets())} (this CPU's; default all of them, "
+                        f"the active one, {_C.kernels()}, first)")
     p.add_argument("--models", default="mapwm,rope",
                    help=f"comma-separated model presets, of {', '.join(MODELS)}, each "
                         "optionally with another positional scheme: preset/scheme (e.g. "
                         "rope/ape_seq)")
+    p.add_argument("--json", metavar="FILE", default=None,
+                   help="also write the JSON line's figures, with the run's provenance, here")
     args = p.parse_args()
     on_gpu = args.backend == "cuda"
     if on_gpu and args.clock == "cpu":
         p.error("--backend cuda times the wall clock: --clock cpu would leave out the GPU")
+    if on_gpu and args.kernel_sets:
+        p.error("--kernel-sets names CPU kernel sets: not with --backend cuda")
     if on_gpu:
         try:
             backend.get("cuda")
         except RuntimeError as error:
             p.error(str(error))
+    for name in args.models.split(","):
+        if name.partition("/")[0] not in MODELS:
+            p.error(f"--models: no preset {name.partition('/')[0]!r} (of {', '.join(MODELS)})")
+    active = _C.kernels()
+    kernel_sets = (["cuda"] if on_gpu else args.kernel_sets.split(",") if args.kernel_sets
+                   else [active] + [k for k in _C.kernel_sets() if k != active])
+    for name in kernel_sets:
+        if not on_gpu and name not in _C.kernel_sets():
+            p.error(f"--kernel-sets: {name!r} is not a kernel set this CPU runs "
+                    f"({', '.join(_C.kernel_sets())})")
     global clock
     clock = time.process_time if args.clock == "cpu" else time.perf_counter
 
-    rate = sgemm_rate(args.sgemm_size, 15, on_gpu)
-    figures = {"backend": args.backend, "clock": args.clock, "batch": args.batch,
-               "tokens": args.tokens, "d_model": args.d_model, "heads": args.heads,
-               "layers": args.layers}
-    results = [bench(model_name, args) for model_name in args.models.split(",")]
-    # the steps' peak, before the second sgemm (whose matrices would sit on the output pool)
-    peak_rss_mb = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
-    rate = max(rate, sgemm_rate(args.sgemm_size, 15, on_gpu))  # measured before and after
-    figures["sgemm_gflops"] = round(rate, 1)
-    print(f"sgemm {args.sgemm_size}^3: {rate:.1f} GFLOP/s (best of 30, before and after)")
-    for model_name, (cfg, seconds, ops) in zip(args.models.split(","), results):
-        flops = step_flops(cfg, args.batch, args.tokens)
-        bound = flops / (rate * 1e9)
-        print(f"{model_name}: {seconds * 1e3:.1f} ms/step (median of {args.repeats}), "
-              f"{flops / 1e9:.1f} GFLOP of matmul, sgemm-bound {bound * 1e3:.1f} ms, "
-              f"ratio {seconds / bound:.2f}")
-        for name, t in sorted(ops.items(), key=lambda kv: -kv[1]):
-            print(f"    {name:<28} {t * 1e3:8.1f} ms")
-        figures[model_name] = {"ms_per_step": round(seconds * 1e3, 1),
-                               "gflop": round(flops / 1e9, 2),
-                               "sgemm_bound_ms": round(bound * 1e3, 1),
-                               "ratio": round(seconds / bound, 2),
-                               "op_ms": {k: round(v * 1e3, 1) for k, v in ops.items()}}
-    figures["peak_rss_mb"] = round(peak_rss_mb, 1)
-    print(json.dumps(figures))
+    figures = {"bench": "train_step", "backend": args.backend, "clock": args.clock,
+               "batch": args.batch, "tokens": args.tokens, "d_model": args.d_model,
+               "heads": args.heads, "layers": args.layers, "repeats": args.repeats,
+               "warmup": args.warmup, "product_rows": args.product_rows,
+               "models": args.models.split(","), "provenance": provenance()}
+    if not on_gpu:
+        peak = fma_peak()
+        figures["fma_gflops"] = peak
+        print("multiply-add peak, GFLOP/s on every thread: "
+              + ", ".join(f"{bits}-bit {rate:.1f}" for bits, rate in peak.items()))
+    widest = next((bits for bits in ("512", "256", "128") if not on_gpu and peak[bits] > 0),
+                  None)
+    figures["kernel_sets"] = {}
+    try:
+        for name in kernel_sets:
+            if not on_gpu:
+                _C.set_kernels(name)
+            rate = product_rate(args.product_rows, 15, on_gpu)
+            results = [bench(model_name, args) for model_name in figures["models"]]
+            if "peak_rss_mb" not in figures:  # the first set's, before the second product
+                figures["peak_rss_mb"] = round(
+                    resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024, 1)
+            rate = max(rate, product_rate(args.product_rows, 15, on_gpu))
+            fma = None if on_gpu else peak[SET_WIDTH.get(name, widest)]
+            entry = {"product_gflops": round(rate, 1),
+                     "fma_gflops": None if fma is None else round(fma, 1), "models": {}}
+            shape = (f"{GPU_PRODUCT}^3" if on_gpu else
+                     f"({args.product_rows}, {PRODUCT_WIDTH}) x {PRODUCT_WIDTH}^2")
+            print(f"{name}: product {shape} {rate:.1f} GFLOP/s (best of 30, before and after)" + ("" if fma is None else
+                                         f", multiply-add peak {fma:.1f} GFLOP/s"))
+            for model_name, (cfg, seconds, ops) in zip(figures["models"], results):
+                flops = step_flops(cfg, args.batch, args.tokens)
+                product_bound = flops / (rate * 1e9)
+                row = {"ms_per_step": round(seconds * 1e3, 1), "gflop": round(flops / 1e9, 2),
+                       "product_bound_ms": round(product_bound * 1e3, 1),
+                       "over_product": round(seconds / product_bound, 2)}
+                line = (f"  {model_name}: {seconds * 1e3:.1f} ms/step (median of "
+                        f"{args.repeats}), {flops / 1e9:.1f} GFLOP of matmul; product bound "
+                        f"{product_bound * 1e3:.1f} ms, ratio {seconds / product_bound:.2f}")
+                if fma:
+                    fma_bound = flops / (fma * 1e9)
+                    row.update(fma_bound_ms=round(fma_bound * 1e3, 1),
+                               over_fma=round(seconds / fma_bound, 2))
+                    line += (f"; multiply-add bound {fma_bound * 1e3:.1f} ms, ratio "
+                             f"{seconds / fma_bound:.2f}")
+                print(line)
+                for op, t in sorted(ops.items(), key=lambda kv: -kv[1]):
+                    print(f"      {op:<28} {t * 1e3:8.1f} ms")
+                row["op_ms"] = {k: round(v * 1e3, 1) for k, v in ops.items()}
+                entry["models"][model_name] = row
+            figures["kernel_sets"][name] = entry
+    finally:
+        if not on_gpu:
+            _C.set_kernels(active)
+    line = json.dumps(figures)
+    print(line)
+    if args.json:
+        Path(args.json).parent.mkdir(parents=True, exist_ok=True)
+        Path(args.json).write_text(json.dumps(figures, indent=1) + "\n")
 
 
 if __name__ == "__main__":

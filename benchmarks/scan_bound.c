@@ -4,9 +4,10 @@
  *   exp    the forward's irreducible arithmetic alone: per (b, t, e, state) one vexp2 of
  *          delta A log2(e) (and, for the complex scan, one vsincos of delta_angle omega), the
  *          functions of mapformer/simd.h the scan calls, summed so that none is optimised out;
- *   fma    the CPU's issue rate (x86-64): vector FMAs per second at the widest width it has
- *          (512-bit with AVX-512F, else 256-bit), 12 independent chains, so that a loop's count
- *          of vector operations (objdump -d) converts to its least time.
+ *   fma    the CPU's issue rate (x86-64; benchmarks/fma_peak.h): vector FMAs per second at
+ *          the widest width it has (512-bit with AVX-512F, else 256-bit), 12 independent
+ *          chains, so that a loop's count of vector operations (objdump -d) converts to its
+ *          least time.
  * The scan's bytes are bench_ops.py's (compulsory traffic, 4 B per float):
  *   forward 4 (3M + 2P + Q), complex 4 (4M + 2P + Q); backward 4 (5M + 4P + Q), complex
  *   4 (7M + 4P + Q), with M = B T E, P = B T N, Q = the saved chunk states.
@@ -96,47 +97,19 @@ static float exp_work(const float *delta, const float *dangle, const float *A, c
     return vhsum(&acc);
 }
 
-#if defined(__x86_64__)
-#include <immintrin.h>
-/* n rounds of 12 independent FMA chains in vectors of type V (one register each): the rate,
- * in G vector FMAs per second */
-#define FMA_RATE(name, isa, V, SET1, FMADD, ADD)                                               \
-    __attribute__((target(isa))) static double name(int64_t n, float *sink) {                  \
-        const V m = SET1(0.999999f), a = SET1(1e-7f);                                          \
-        V v0 = SET1(1.00f), v1 = SET1(1.01f), v2 = SET1(1.02f), v3 = SET1(1.03f);              \
-        V v4 = SET1(1.04f), v5 = SET1(1.05f), v6 = SET1(1.06f), v7 = SET1(1.07f);              \
-        V v8 = SET1(1.08f), v9 = SET1(1.09f), v10 = SET1(1.10f), v11 = SET1(1.11f);            \
-        const double t0 = cpu_now();                                                           \
-        for (int64_t i = 0; i < n; i++) {                                                      \
-            v0 = FMADD(v0, m, a), v1 = FMADD(v1, m, a), v2 = FMADD(v2, m, a);                  \
-            v3 = FMADD(v3, m, a), v4 = FMADD(v4, m, a), v5 = FMADD(v5, m, a);                  \
-            v6 = FMADD(v6, m, a), v7 = FMADD(v7, m, a), v8 = FMADD(v8, m, a);                  \
-            v9 = FMADD(v9, m, a), v10 = FMADD(v10, m, a), v11 = FMADD(v11, m, a);              \
-        }                                                                                      \
-        const double t = cpu_now() - t0;                                                       \
-        const V s = ADD(ADD(ADD(ADD(v0, v1), ADD(v2, v3)), ADD(ADD(v4, v5), ADD(v6, v7))),     \
-                        ADD(ADD(v8, v9), ADD(v10, v11)));                                      \
-        *sink += s[0];                                                                         \
-        return 12.0 * (double)n / t / 1e9;                                                     \
-    }
-FMA_RATE(fma_rate_512, "avx512f", __m512, _mm512_set1_ps, _mm512_fmadd_ps, _mm512_add_ps)
-FMA_RATE(fma_rate_256, "avx2,fma", __m256, _mm256_set1_ps, _mm256_fmadd_ps, _mm256_add_ps)
+static double fma_now(void) { return cpu_now(); }
 
-/* *bits = the width measured (0 without FMA); the rate in G vector FMAs per second */
+#include "fma_peak.h"
+
+/* *bits = the widest FMA width measured (0 without FMA); the rate in G vector FMAs per
+ * second */
 static double fma_rate(int *bits, float *sink) {
-    __builtin_cpu_init();
     const int64_t n = 100000000;
-    if (__builtin_cpu_supports("avx512f")) return *bits = 512, fma_rate_512(n, sink);
-    if (__builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma"))
-        return *bits = 256, fma_rate_256(n, sink);
-    return *bits = 0, 0.0;
+    double rate = fma_rate_at(512, n, sink);
+    if (rate > 0.0) return *bits = 512, rate;
+    rate = fma_rate_at(256, n, sink);
+    return *bits = rate > 0.0 ? 256 : 0, rate;
 }
-#else
-static double fma_rate(int *bits, float *sink) {
-    (void)sink;
-    return *bits = 0, 0.0;
-}
-#endif
 
 static double median(double *t, int n) {
     qsort(t, (size_t)n, sizeof *t, cmp);

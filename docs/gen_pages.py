@@ -16,8 +16,9 @@ by what they name, and is written to the same path under ``docs/``:
   command's help, as ``-h`` prints them at 100 columns;
 - ``<!-- gen: gpu-kernels FILE [TILED] -->``, ``<!-- gen: gpu-scans FILE -->``,
   ``<!-- gen: train-step FILE [BEFORE] -->``, ``<!-- gen: file FILE -->``: benchmark JSON
-  (``benchmarks/bench_cuda.py``, ``bench_cuda_scans.py``, ``bench_train_step.py``) as tables,
-  and a text file as it is.
+  (``benchmarks/bench_cuda.py``, ``bench_cuda_scans.py``, ``bench_train_step.py --json``: the
+  steps against the multiply-add and product bounds per kernel set) as tables, and a text
+  file as it is.
 
 The prose around the lines is the template's and stays as written. ``python docs/gen_pages.py``
 writes the pages; ``--check`` writes nothing and fails, naming them, when a committed page
@@ -438,8 +439,54 @@ def render_gpu_scans(words, shown):
 
 
 def render_train_step(words, shown):
+    """bench_train_step.py's JSON: the steps against their bounds per kernel set (the CUDA
+    backend's files from before the kernel sets: against cuBLAS's sgemm alone), and the per-op
+    table of the first set; a second file adds its ms / step as an earlier column."""
     data = load_json(words[0])
     before = load_json(words[1]) if len(words) > 1 else None
+    if "kernel_sets" not in data:
+        return render_train_step_sgemm(data, before, words)
+    prov = data["provenance"]
+    peak = data.get("fma_gflops")
+    lines = [f"Backend {data['backend']}; {prov['cpu']}, {prov['threads']} thread(s), "
+             f"{data['clock']} clock, at commit "
+             f"{prov['commit'][:7]}{' (dirty)' if prov['dirty'] is True else ''}; batch "
+             f"{data['batch']}, {data['tokens']} tokens, d_model {data['d_model']}, "
+             f"{data['heads']} heads, {data['layers']} layer(s); median of {data['repeats']} "
+             f"steps after {data['warmup']} warm-up steps; peak RSS {data['peak_rss_mb']} MB."]
+    if peak:
+        lines[0] += (" Multiply-add peak on every thread: " + ", ".join(
+            f"{bits}-bit {rate:,.1f}" for bits, rate in peak.items() if rate) + " GFLOP/s.")
+    before_sets = before.get("kernel_sets", {}) if before else {}
+    lines += ["", "| kernel set | model | ms / step | GFLOP of matmul | multiply-add bound ms "
+              "| step / bound | product GFLOP/s | product bound ms | step / product bound |"
+              + (" ms / step in the earlier file |" if before else ""),
+              "|---|---|---|---|---|---|---|---|---|" + ("---|" if before else "")]
+    for name, entry in data["kernel_sets"].items():
+        for model, r in entry["models"].items():
+            earlier = before_sets.get(name, {}).get("models", {}).get(model)
+            lines.append(
+                f"| {name} | {model} | {r['ms_per_step']:.1f} | {r['gflop']:.1f} | "
+                f"{number(r.get('fma_bound_ms'), 1)} | "
+                + (f"**{r['over_fma']:.2f}**" if "over_fma" in r else "-")
+                + f" | {entry['product_gflops']:,.1f} | {r['product_bound_ms']:.1f} | "
+                f"{r['over_product']:.2f} |"
+                + (f" {number(earlier and earlier['ms_per_step'], 1)} |" if before else ""))
+    first, entry = next(iter(data["kernel_sets"].items()))
+    models = list(entry["models"])
+    ops = sorted({op for m in models for op in entry["models"][m]["op_ms"]},
+                 key=lambda op: (-max(entry["models"][m]["op_ms"].get(op, 0) for m in models),
+                                 op))
+    lines += ["", f"Per op on {first} (ms, one step):", "",
+              "| op | " + " | ".join(models) + " |", "|---|" + "---|" * len(models)]
+    for op in ops:
+        lines.append(f"| `{op}` | " + " | ".join(
+            number(entry["models"][m]["op_ms"].get(op), 1) for m in models) + " |")
+    return "\n".join(lines) + f"\n\nFrom `{words[0]}`" + (
+        f"; the earlier column from `{words[1]}`." if before else ".")
+
+
+def render_train_step_sgemm(data, before, words):
     models = [k for k, v in data.items() if isinstance(v, dict) and "ms_per_step" in v]
     lines = [f"Backend {data['backend']}, {data['clock']} clock; batch {data['batch']}, "
              f"{data['tokens']} tokens, d_model {data['d_model']}, {data['heads']} heads, "

@@ -27,7 +27,7 @@ def test_every_generated_page_is_committed_and_current(generated, tmp_path):
     pages, _ = generated
     assert {"reproduction/mapformer.md", "reproduction/tdb.md", "reproduction/ape.md",
             "reproduction/gridpe.md", "reference/ops.md", "reference/cli.md",
-            "performance/gpu-h100.md"} <= set(pages)
+            "performance/gpu-h100.md", "performance/cpu-epyc-zen4.md"} <= set(pages)
     for name, text in pages.items():  # regenerated into a temporary tree, compared there
         fresh = tmp_path / name
         fresh.parent.mkdir(parents=True, exist_ok=True)
@@ -44,6 +44,24 @@ def test_every_record_is_on_a_page(generated):
     missing = sorted(set(gen_pages.every_record()) - shown)
     assert not missing, (f"{len(missing)} records are in no page's table (add a "
                          f"'<!-- gen: table ... -->' line to a template): {missing[:5]}")
+
+
+def test_the_cpu_train_step_page_shows_each_kernel_sets_ratios():
+    """The per-kernel-set table holds each step's time and its two ratios as the JSON has
+    them, and the ratios are the step over its bounds."""
+    import json
+
+    path = "results/bench/epyc-zen4/train_step_paper.json"
+    data = json.loads((ROOT / path).read_text())
+    text = gen_pages.render_train_step([path], set())
+    for name, entry in data["kernel_sets"].items():
+        for model, r in entry["models"].items():
+            assert r["over_fma"] == pytest.approx(r["ms_per_step"] / r["fma_bound_ms"], abs=0.01)
+            assert r["over_product"] == pytest.approx(
+                r["ms_per_step"] / r["product_bound_ms"], abs=0.01)
+            assert (f"| {name} | {model} | {r['ms_per_step']:.1f} | {r['gflop']:.1f} | "
+                    f"{r['fma_bound_ms']:,.1f} | **{r['over_fma']:.2f}** |") in text
+    assert data["provenance"]["commit"][:7] in text
 
 
 def test_a_stale_page_is_named(tmp_path, monkeypatch):
