@@ -112,6 +112,17 @@ def test_git_state_is_unknown_for_a_copy_inside_another_repository(tmp_path):
         text=True).stdout.strip()
 
 
+def test_rows_with_commas_in_their_labels_can_be_named():
+    """--rows splits at commas outside parentheses: every row of Table 3, whose ablation
+    labels hold commas, comes back from its comma-joined labels."""
+    from mapformer.experiments.cli import split_labels
+
+    labels = reproduce.table("mapformer", "3").rows
+    assert any("," in label for label in labels)
+    assert split_labels(",".join(labels)) == list(labels)
+    assert split_labels(" MapWM , MAMPa (decay, ZOH)") == ["MapWM", "MAMPa (decay, ZOH)"]
+
+
 def test_rerun_executes_only_what_is_missing_and_force_reruns(tmp_path):
     ledger = tmp_path / "ledger.txt"
     store = RecordStore(tmp_path / "records")

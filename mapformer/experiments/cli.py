@@ -19,9 +19,10 @@ def add_parser(sub, positive_int):
     rp.add_argument("--scale", default="cpu", help="cpu: reduced for a 2-core CPU (the "
                     "default); paper: the paper's settings; some tables have more (tiny)")
     rp.add_argument("--seeds", type=positive_int, default=3, help="seeds 0 .. N-1 (default 3)")
-    rp.add_argument("--rows", default=None, help="comma-separated row labels to run (default: "
-                    "the table's default rows, most often all; the table shows every row that "
-                    "has records)")
+    rp.add_argument("--rows", default=None, help="comma-separated row labels to run (a comma "
+                    "inside parentheses stays in its label: 'Mamba,MAMPa (decay, ZOH)'; "
+                    "default: the table's default rows, most often all; the table shows every "
+                    "row that has records)")
     rp.add_argument("--parts", default=None, help="comma-separated parts to run (e.g. a task "
                     "or 1D; default: all)")
     rp.add_argument("--sequences", type=positive_int, default=None,
@@ -52,20 +53,34 @@ def add_parser(sub, positive_int):
     return rp
 
 
+def split_labels(text):
+    """Comma-separated labels, where a comma inside parentheses belongs to its label:
+    "Mamba,MAMPa (decay, ZOH)" -> ["Mamba", "MAMPa (decay, ZOH)"]."""
+    labels, depth, current = [], 0, ""
+    for char in text:
+        depth += (char == "(") - (char == ")")
+        if char == "," and depth == 0:
+            labels.append(current.strip())
+            current = ""
+        else:
+            current += char
+    return labels + [current.strip()]
+
+
 def run(args):
     """Execute and render; returns the exit status (1 when a run failed)."""
     table = reproduce.table(args.paper, args.table, args.scale, sequences=args.sequences,
                         eval_sequences=args.eval_sequences)
     rows = None
     if args.rows:
-        rows = [r.strip() for r in args.rows.split(",")]
+        rows = split_labels(args.rows)
         unknown = [r for r in rows if r not in table.rows]
         if unknown:
             raise ValueError(f"--rows: no row {unknown[0]!r} in table {args.table} (rows: "
                              f"{', '.join(table.rows)})")
     parts = None
     if args.parts:
-        parts = [p.strip() for p in args.parts.split(",")]
+        parts = split_labels(args.parts)
         unknown = [p for p in parts if p not in table.parts]
         if unknown:
             raise ValueError(f"--parts: no part {unknown[0]!r} in table {args.table} (parts: "
