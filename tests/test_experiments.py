@@ -168,6 +168,23 @@ def test_table_renders_from_records_and_marks_mixed_commits(tmp_path):
     cells = {c["row"]: c for c in table.to_json(store, 2)["cells"]}
     assert cells["B"]["missing"] == [1] and cells["A"]["commits"] == ["c1", "c2"]
     assert cells["A"]["values"] == {"accuracy": {"iid": [0.25, 0.75]}}
+    assert "¶" not in text and "Kernel sets" not in text  # these records name none
+
+
+def test_table_marks_cells_trained_on_more_than_one_kernel_set(tmp_path):
+    runs = {(r, s): Run(model={"row": r}, train={"seed": s}, kind="toy_runs:sleepy")
+            for r in ("A", "B") for s in range(2)}
+    table = Table("toy", "t", "Toy table", "cpu", "tiny", ("",), ("A", "B"), ("iid",),
+                  ("accuracy",), lambda part, row, seed: runs[(row, seed)], {})
+    store = RecordStore(tmp_path)
+    for (row, seed), run in runs.items():
+        store.put({"id": run.id, "run": run.to_dict(), "metrics": {"iid": {"accuracy": 0.5}},
+                   "provenance": {"commit": "c1", "dirty": False,
+                                  "kernels": "avx2" if (row, seed) == ("A", 1) else "avx512"}})
+    text = table.markdown(store, seeds=2)
+    assert "| A | 0.50 ± 0.00 (n=2)¶ |" in text and "| B | 0.50 ± 0.00 (n=2) |" in text
+    assert "¶ records trained on more than one kernel set." in text
+    assert "Kernel sets: avx2 (A); avx512 (every row)." in text
 
 
 def test_serial_pool_and_local_dask_cluster_give_the_same_records(tmp_path):

@@ -129,18 +129,22 @@ class Table:
         """{(part, row): {"n": records found, "missing": seeds without one, "values":
         {metric: {column: [value per found seed that has it]}}, "commits": the records' commits,
         "dirty": whether one came from a dirty tree, "unknown": whether one's provenance is
-        unknown (converted from an older harness: mapformer.experiments.legacy)}}, read from
-        ``store`` only."""
+        unknown (converted from an older harness: mapformer.experiments.legacy), "kernels":
+        the kernel sets the records were trained on (where their provenance names one)}}, read
+        from ``store`` only."""
         cells = {}
         for part, row, seed in self.keys(seeds):
             cell = cells.setdefault((part, row), {
                 "n": 0, "missing": [], "commits": set(), "dirty": False, "unknown": False,
+                "kernels": set(),
                 "values": {m: {c: [] for c in self.columns} for m in self.metrics}})
             record = store.get(self.make_run(part, row, seed).id)
             if record is None:
                 cell["missing"].append(seed)
                 continue
             cell["n"] += 1
+            if record["provenance"].get("kernels"):
+                cell["kernels"].add(record["provenance"]["kernels"])
             commit = record["provenance"]["commit"]
             if commit == "unknown":
                 cell["unknown"] = True
@@ -158,15 +162,17 @@ class Table:
         """Markdown of ``metric`` (default: the first): a line per row, a cell per part and
         column: mean ± spread (n) of the seeds' records, the paper's figure in parentheses.
         A cell whose records come from more than one commit is marked †, one with a record
-        from a dirty tree ‡, one with a record of unknown provenance §; a cell without
-        records is '-'."""
+        from a dirty tree ‡, one with a record of unknown provenance §, one whose records were
+        trained on more than one kernel set ¶ (their products round differently, and a
+        training can follow another trajectory from the same seed); a cell without records is
+        '-'. A last line names the kernel sets of the records shown."""
         metric = metric or self.metrics[0]
         cells = self.cells(store, seeds)
         beside = self.reference_metrics is None or metric in self.reference_metrics
         head = [f"{p} {c}".strip() for p in self.parts for c in self.columns]
         lines = [f"**{self.title}** ({metric}; scale {self.scale}: {self.note})", "",
                  "| model | " + " | ".join(head) + " |", "|---|" + "---|" * len(head)]
-        marks = set()
+        marks, kernels = set(), {}
         for row in self.rows:
             out = []
             for part in self.parts:
@@ -178,8 +184,11 @@ class Table:
                         out.append("-")
                         continue
                     mark = ("†" if len(cell["commits"]) > 1 else "") + \
-                        ("‡" if cell["dirty"] else "") + ("§" if cell["unknown"] else "")
+                        ("‡" if cell["dirty"] else "") + ("§" if cell["unknown"] else "") + \
+                        ("¶" if len(cell["kernels"]) > 1 else "")
                     marks.update(mark)
+                    for k in cell["kernels"]:
+                        kernels.setdefault(k, set()).add(row)
                     text = (f"{mean_spread(values, self.statistic, self.digits)} "
                             f"(n={len(values)}){mark}")
                     figure = paper_figure(ref[i], self.digits) if ref is not None else ""
@@ -195,6 +204,14 @@ class Table:
         if "§" in marks:
             lines.append("§ records of unknown provenance (converted from the harness before "
                          "the experiment layer).")
+        if "¶" in marks:
+            lines.append("¶ records trained on more than one kernel set.")
+        if kernels:
+            def which(rows):
+                return ("every row" if len(rows) == len(self.rows)
+                        else ", ".join(r for r in self.rows if r in rows))
+            lines.append("Kernel sets: " + "; ".join(
+                f"{k} ({which(rows)})" for k, rows in sorted(kernels.items())) + ".")
         return "\n".join(lines)
 
     def measured_metrics(self, store, seeds):
