@@ -10,6 +10,9 @@ by what they name, and is written to the same path under ``docs/``:
   drawn by ``python -m mapformer reproduce`` (``results/figures/``, seen as ``docs/figures/``);
 - ``<!-- gen: seeds PAPER TABLE --records DIR ... [--extra KEYS] -->``: each seed's record of
   the same table, a column per seed;
+- ``<!-- gen: predicted-by-lag PAPER TABLE --records DIR [--rows ROWS] -->``: what a navigation
+  table's rows would score on the paper's presets at the accuracy per lag their records
+  measured, beside the paper, with the lag 1-2 shares of the presets and of the records' sets;
 - ``<!-- gen: ops -->``: the table of the C core's ops from the binding tables
   (``csrc/python/bind_*.c``), the op sources (``csrc/ops/``) and the CUDA kernels (``cuda/``);
 - ``<!-- gen: cli-usage -->``, ``<!-- gen: cli-help -->``: the command line's usage, and each
@@ -88,6 +91,61 @@ def render_table(words, shown):
         else:
             parts.append(f"*No plot drawn yet: `{command}` draws `results/figures/{name}.png`.*")
     return "\n\n".join(parts)
+
+
+def render_predicted_by_lag(words, shown):
+    """A ``predicted-by-lag PAPER TABLE --records DIR --rows ROWS`` directive: what the rows
+    would score on the paper's presets (``tasks.navigation.preset``, 512 generated sequences
+    of each) if their accuracy at each lag stayed what the records measured
+    (``reproduce.mapformer.predicted_by_lag``), beside the paper's figure, and the share of
+    lag 1-2 object recalls in the presets and in the records' own sets."""
+    from mapformer import reproduce
+    from mapformer.experiments import RecordStore
+    from mapformer.experiments.cli import split_labels
+    from mapformer.experiments.runs import task_from_dict
+    from mapformer.reproduce.mapformer import lag_shares, predicted_by_lag
+    from mapformer.tasks import navigation
+
+    args = table_arguments(words)
+    table = reproduce.table(args.paper, args.table, args.scale, sequences=args.sequences)
+    store = RecordStore(ROOT / args.records)
+    rows = split_labels(args.rows) if args.rows else list(table.rows)
+    presets = {(part, column): navigation.preset(column, dims=int(part[0]))
+               for part in table.parts for column in table.columns}
+    predicted = predicted_by_lag(table, store, args.seeds, presets, rows=rows)
+    shown.update(table.make_run(part, row, seed).id
+                 for (part, row, seed) in table.records(store, args.seeds) if row in rows)
+    head = [f"{p} {c}" for p in table.parts for c in table.columns]
+    lines = ["| model | " + " | ".join(head) + " |", "|---|" + "---|" * len(head)]
+    for row in rows:
+        cells = []
+        for part in table.parts:
+            paper = table.reference.get(part, {}).get(row)
+            for i, column in enumerate(table.columns):
+                value = predicted.get((part, row, column))
+                cells.append("-" if value is None else f"{value:.2f}"
+                             + (f" [{paper[i]:.2f}]" if paper else ""))
+        lines.append(f"| {row} (predicted) | " + " | ".join(cells) + " |")
+    own = {}
+    for (part, row, seed) in table.records(store, args.seeds):
+        run = table.make_run(part, row, seed)
+        for column in table.columns:
+            own.setdefault((part, column), run.evals[column])
+    for label, tasks in (("lag 1-2 share, the paper's presets", presets),
+                         ("lag 1-2 share, the records' sets", own)):
+        cells = []
+        for part in table.parts:
+            for column in table.columns:
+                task = tasks.get((part, column))
+                if task is None:
+                    cells.append("-")
+                    continue
+                task = task_from_dict(task) if isinstance(task, dict) else task
+                cells.append(f"{lag_shares(task)[0]:.2f}")
+        lines.append(f"| {label} | " + " | ".join(cells) + " |")
+    return ("\n".join(lines) + f"\n\nPaper in brackets. From `{args.records}` by "
+            f"`mapformer.reproduce.mapformer.predicted_by_lag` over 512 generated sequences of "
+            f"each preset (`mapformer.tasks.navigation.preset`).")
 
 
 def render_seeds(words, shown):
@@ -515,7 +573,7 @@ def render_file(words, shown):
     return f"`{words[0]}`:\n\n```\n" + (ROOT / words[0]).read_text().rstrip() + "\n```"
 
 
-RENDERERS = {"table": render_table, "ops": render_ops, "cli-usage": render_cli_usage,
+RENDERERS = {"table": render_table, "predicted-by-lag": render_predicted_by_lag, "ops": render_ops, "cli-usage": render_cli_usage,
              "cli-help": render_cli_help, "seeds": render_seeds,
              "gpu-kernels": render_gpu_kernels, "gpu-scans": render_gpu_scans,
              "train-step": render_train_step, "file": render_file}

@@ -64,6 +64,28 @@ def test_the_cpu_train_step_page_shows_each_kernel_sets_ratios():
     assert data["provenance"]["commit"][:7] in text
 
 
+def test_predicted_by_lag_directive_renders_the_predictions():
+    """The directive's cells are predicted_by_lag's values over the presets, beside the
+    paper's figures, and its share rows are lag_shares' first bucket."""
+    from mapformer import reproduce
+    from mapformer.experiments import RecordStore
+    from mapformer.reproduce.mapformer import lag_shares, predicted_by_lag
+    from mapformer.tasks import navigation
+
+    text = gen_pages.render_predicted_by_lag(
+        ["mapformer", "2", "--records", "results/records/mapformer", "--rows", "RoPE (1L)"],
+        set())
+    table = reproduce.table("mapformer", "2")
+    preset = navigation.preset("iid", dims=2)
+    want = predicted_by_lag(table, RecordStore(ROOT / "results/records/mapformer"), 3,
+                            {("2D", "iid"): preset}, rows=["RoPE (1L)"])[("2D", "RoPE (1L)",
+                                                                          "iid")]
+    row = next(line for line in text.splitlines() if line.startswith("| RoPE (1L)"))
+    assert row.split(" | ")[4] == f"{want:.2f} [0.33]"  # 2D iid, the paper's 0.33
+    shares = next(line for line in text.splitlines() if "the paper's presets" in line)
+    assert shares.split(" | ")[4] == f"{lag_shares(preset)[0]:.2f}"
+
+
 def test_a_stale_page_is_named(tmp_path, monkeypatch):
     """The check compares text: a page edited by hand (or a record added) is reported."""
     template = tmp_path / "_templates" / "x.md"
