@@ -267,13 +267,12 @@ def main():
                "heads": args.heads, "layers": args.layers, "repeats": args.repeats,
                "warmup": args.warmup, "product_rows": args.product_rows,
                "models": args.models.split(","), "provenance": provenance()}
-    if not on_gpu:
-        peak = fma_peak()
+    peak = {} if on_gpu else fma_peak()  # GFLOP/s by vector width (none on a GPU)
+    if peak:
         figures["fma_gflops"] = peak
         print("multiply-add peak, GFLOP/s on every thread: "
               + ", ".join(f"{bits}-bit {rate:.1f}" for bits, rate in peak.items()))
-    widest = next((bits for bits in ("512", "256", "128") if not on_gpu and peak[bits] > 0),
-                  None)
+    widest = next((bits for bits in ("512", "256", "128") if peak.get(bits)), None)
     figures["kernel_sets"] = {}
     try:
         for name in kernel_sets:
@@ -285,7 +284,7 @@ def main():
                 figures["peak_rss_mb"] = round(
                     resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024, 1)
             rate = max(rate, product_rate(args.product_rows, 15, on_gpu))
-            fma = None if on_gpu else peak[SET_WIDTH.get(name, widest)]
+            fma = peak.get(SET_WIDTH.get(name, widest))
             entry = {"product_gflops": round(rate, 1),
                      "fma_gflops": None if fma is None else round(fma, 1), "models": {}}
             shape = (f"{GPU_PRODUCT}^3" if on_gpu else
