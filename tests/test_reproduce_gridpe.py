@@ -19,9 +19,9 @@ LEGACY = RecordStore(ROOT / "results" / "records" / "gridpe-legacy")
 
 
 def test_tables_and_rows():
-    assert reproduce.table_names("gridpe") == ("fig3", "navigation", "digits", "digits16",
-                                               "grid_transpose", "grid_rotate90", "grid_flip",
-                                               "grid_copy")
+    assert reproduce.table_names("gridpe") == ("fig3", "dims", "navigation", "digits",
+                                               "digits16", "grid_transpose", "grid_rotate90",
+                                               "grid_flip", "grid_copy")
     for name in gridpe.TASKS:  # the task's default rows first, then every other row
         table = reproduce.table("gridpe", name)
         assert table.rows[:len(gridpe.TASKS[name][1])] == gridpe.TASKS[name][1]
@@ -113,6 +113,28 @@ def test_fig3_holds_the_minimisers_and_plots(tmp_path):
     assert path.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
     with pytest.raises(ValueError, match="no record of gridpe fig3"):
         table.plot(table, RecordStore(tmp_path / "empty"), 1, tmp_path / "none.png")
+
+
+def test_minimum_dimensions_follow_eqs_12_to_15(tmp_path):
+    """d >= 2 n ln 10000 (18.42 n), rounded up to even: 20, 38, 56; each the least even d
+    whose ratio 10000^(2/d) is at most e^(1/n); eq. 12's ratios at d = 128 and 512; the dims
+    table reads them from fig3's record."""
+    dims = gridpe.minimum_dimensions()
+    assert [dims[f"n={n}"]["min_dim"] for n in (1, 2, 3)] == [20, 38, 56]
+    for n in (1, 2, 3):
+        d = dims[f"n={n}"]["min_dim"]
+        assert dims[f"n={n}"]["min_dim_real"] == pytest.approx(18.4207 * n, abs=1e-3)
+        assert 10000 ** (2 / d) <= math.exp(1 / n) < 10000 ** (2 / (d - 2))
+    ratios = gridpe.sinusoidal_ratios()
+    assert ratios["d=128"] == pytest.approx(1.1548, abs=1e-4)
+    assert ratios["d=512"] == pytest.approx(1.0366, abs=1e-4)
+    table = reproduce.table("gridpe", "dims", "tiny")
+    store = RecordStore(tmp_path)
+    assert run_all(table.runs(1), store, progress=False)["ran"] == 1
+    row = next(line for line in table.markdown(store, 1, "min_dim").splitlines()
+               if line.startswith("| base 10000 |"))
+    assert [cell.strip().split(" ")[0] for cell in row.split("|")[2:5]] == [
+        "20.00", "38.00", "56.00"]
 
 
 def test_fig3_through_the_command_line(tmp_path, capsys):

@@ -208,7 +208,7 @@ TASKS = {"navigation": (navigation_fields, DEFAULT_ROWS, ("iid", "ood_dense", "o
 # source and separator read bidirectionally, the target causally)
 TASK_OPTIONS = {f"grid_{op}": {"attn_mask": "prefix"} for op in GRID_OPERATIONS}
 
-TABLE_NAMES = ("fig3", *TASKS)
+TABLE_NAMES = ("fig3", "dims", *TASKS)
 
 TITLES = {"navigation": "GridPE's variants on 2D forced navigation: recall accuracy",
           "digits": "GridPE's variants on digits (8x8 pixels; for the paper's ImageNet-100): "
@@ -219,7 +219,9 @@ TITLES = {"navigation": "GridPE's variants on 2D forced navigation: recall accur
                            "coordinates): token accuracy and exact match"
              for op in GRID_OPERATIONS},
           "fig3": "Fig. 3: the GridPE code's kernel averaged over rings of radius r (the "
-                  "optimal ratios in the record and the plot)"}
+                  "optimal ratios in the record and the plot)",
+          "dims": "Eqs. 11-15: the optimal scale ratio e^(1/n) of an n-dimensional space and "
+                  "the least encoding dimension whose base-10000 sinusoidal ratio is below it"}
 
 
 def row_of(name):
@@ -297,10 +299,36 @@ def optimal_ratios():
     return found
 
 
+PE_BASE = 10000.0  # the Transformer's sinusoidal base, eq. 12
+
+
+def minimum_dimensions(base=PE_BASE, dims=(1, 2, 3)):
+    """Eqs. 12-15: a sinusoidal code of dimension d has adjacent scale ratio base^(2/d) (eq.
+    12); it is unambiguous in n dimensions when that is at most the optimal ratio e^(1/n)
+    (eq. 13), i.e. d >= 2 n ln(base) (eqs. 14-15). {"n=N": {"optimal_ratio": e^(1/n),
+    "min_dim_real": 2 n ln(base), "min_dim": the least even integer d with base^(2/d) <=
+    e^(1/n)}}."""
+    out = {}
+    for n in dims:
+        bound = 2 * n * math.log(base)
+        d = 2 * math.ceil(bound / 2)
+        if base ** (2 / d) > math.exp(1 / n) * (1 + 1e-12):  # the bound, checked directly
+            raise AssertionError(f"d = {d} misses eq. 13 for n = {n}")
+        out[f"n={n}"] = {"optimal_ratio": math.exp(1 / n), "min_dim_real": bound,
+                         "min_dim": d}
+    return out
+
+
+def sinusoidal_ratios(dims=(128, 512), base=PE_BASE):
+    """Eq. 12's adjacent scale ratio base^(2/d) of the sinusoidal code: {"d=D": ratio}."""
+    return {f"d={d}": base ** (2 / d) for d in dims}
+
+
 def execute_analysis(run):
     """Kind "mapformer.reproduce.gridpe:execute_analysis": fig3's ring means and profile for
     run.extra's area, points and planes, and the neuron count's minimisers. Returns
-    {"metrics": {"fig3": {"r=R": ring mean}, "ratios": {"n=N R=RES": argmin}}, "profile_x",
+    {"metrics": {"fig3": {"r=R": ring mean}, "ratios": {"n=N R=RES": argmin}, "eq12": {"d=D":
+    sinusoidal ratio}, "n=N": minimum_dimensions' figures}, "profile_x",
     "profile" (the kernel at d_y = 0), "expected_ratios" {"n=N": e^(1/n)}, "wall_s"}."""
     t0 = time.perf_counter()
     extra = run.extra
@@ -308,7 +336,8 @@ def execute_analysis(run):
     ratios = optimal_ratios()
     return {"metrics": {"fig3": {f"r={r}": v for r, v in rings.items()},
                         "ratios": {f"n={n} R={res:g}": v for n, d in ratios.items()
-                                   for res, v in d.items()}},
+                                   for res, v in d.items()},
+                        "eq12": sinusoidal_ratios(), **minimum_dimensions()},
             "profile_x": axis.tolist(), "profile": surface[len(axis) // 2].tolist(),
             "expected_ratios": {f"n={n}": math.exp(1 / n) for n in ratios},
             "wall_s": time.perf_counter() - t0}
@@ -402,6 +431,12 @@ def table(name, scale="cpu", sequences=None, eval_sequences=None):
         return Table("gridpe", name, TITLES[name], scale, note, ("",), ("GridPE code",),
                      ("fig3",), tuple(f"r={r}" for r in radii(at.area)),
                      lambda part, row, seed: run, statistic="ci95", digits=3, plot=plot_fig3)
+    if name == "dims":
+        run = fig3_run(at)
+        return Table("gridpe", name, TITLES[name], scale, "computed in fig3's run (its record)",
+                     ("",), ("base 10000",), tuple(f"n={n}" for n in (1, 2, 3)),
+                     ("optimal_ratio", "min_dim_real", "min_dim"),
+                     lambda part, row, seed: run, statistic="ci95", digits=2)
     n = sequences or at.steps * at.batch_size
     note = task_note(name, at, n, eval_sequences, sequences is not None)
 
