@@ -289,8 +289,8 @@ def main():
                      "fma_gflops": None if fma is None else round(fma, 1), "models": {}}
             shape = (f"{GPU_PRODUCT}^3" if on_gpu else
                      f"({args.product_rows}, {PRODUCT_WIDTH}) x {PRODUCT_WIDTH}^2")
-            print(f"{name}: product {shape} {rate:.1f} GFLOP/s (best of 30, before and after)" + ("" if fma is None else
-                                         f", multiply-add peak {fma:.1f} GFLOP/s"))
+            print(f"{name}: product {shape} {rate:.1f} GFLOP/s (best of 30, before and after)"
+                  + ("" if fma is None else f", multiply-add peak {fma:.1f} GFLOP/s"))
             for model_name, (cfg, seconds, ops) in zip(figures["models"], results):
                 flops = step_flops(cfg, args.batch, args.tokens)
                 product_bound = flops / (rate * 1e9)
@@ -315,8 +315,7 @@ def main():
     finally:
         if not on_gpu:
             _C.set_kernels(active)
-    line = json.dumps(figures)
-    print(line)
+    print(json.dumps(figures))
     if args.json:
         Path(args.json).parent.mkdir(parents=True, exist_ok=True)
         Path(args.json).write_text(json.dumps(figures, indent=1) + "\n")

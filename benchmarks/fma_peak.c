@@ -48,8 +48,8 @@ int main(int argc, char **argv) {
             if (total > gflops[w]) gflops[w] = total;
         }
     }
-    printf("{\"bench\": \"fma_peak\", \"threads\": %d, \"repeats\": %d, \"gflops\": {\"512\": %.1f, "
-           "\"256\": %.1f, \"128\": %.1f}, \"sink\": %g}\n",
+    printf("{\"bench\": \"fma_peak\", \"threads\": %d, \"repeats\": %d, "
+           "\"gflops\": {\"512\": %.1f, \"256\": %.1f, \"128\": %.1f}, \"sink\": %g}\n",
            threads, repeats, gflops[0], gflops[1], gflops[2], (double)sink);
     return 0;
 }

@@ -130,7 +130,7 @@ def render_predicted_by_lag(words, shown):
     for (part, row, seed) in table.records(store, args.seeds):
         run = table.make_run(part, row, seed)
         for column in table.columns:
-            own.setdefault((part, column), run.evals[column])
+            own.setdefault((part, column), task_from_dict(run.evals[column]))
     for label, tasks in (("lag 1-2 share, the paper's presets", presets),
                          ("lag 1-2 share, the records' sets", own)):
         cells = []
@@ -140,7 +140,6 @@ def render_predicted_by_lag(words, shown):
                 if task is None:
                     cells.append("-")
                     continue
-                task = task_from_dict(task) if isinstance(task, dict) else task
                 cells.append(f"{lag_shares(task)[0]:.2f}")
         lines.append(f"| {label} | " + " | ".join(cells) + " |")
     return ("\n".join(lines) + f"\n\nPaper in brackets. From `{args.records}` by "
@@ -155,6 +154,7 @@ def render_seeds(words, shown):
     then the run's minutes of wall time."""
     from mapformer import reproduce
     from mapformer.experiments import RecordStore
+    from mapformer.experiments.cli import split_labels
 
     extra = []
     if "--extra" in words:
@@ -170,7 +170,7 @@ def render_seeds(words, shown):
     lines = [f"Each run ({', '.join(table.columns)}" + (f"; {', '.join(extra)}" if extra else "")
              + "; minutes of wall time), from the same records:", "",
              "| model | " + " | ".join(head) + " |", "|---|" + "---|" * len(head)]
-    rows = args.rows.split(",") if args.rows else table.rows
+    rows = split_labels(args.rows) if args.rows else table.rows
     for part in table.parts:
         for row in rows:
             cells = []
@@ -531,17 +531,23 @@ def render_train_step(words, shown):
                 f"{r['over_product']:.2f} |"
                 + (f" {number(earlier and earlier['ms_per_step'], 1)} |" if before else ""))
     first, entry = next(iter(data["kernel_sets"].items()))
-    models = list(entry["models"])
-    ops = sorted({op for m in models for op in entry["models"][m]["op_ms"]},
-                 key=lambda op: (-max(entry["models"][m]["op_ms"].get(op, 0) for m in models),
-                                 op))
-    lines += ["", f"Per op on {first} (ms, one step):", "",
-              "| op | " + " | ".join(models) + " |", "|---|" + "---|" * len(models)]
-    for op in ops:
-        lines.append(f"| `{op}` | " + " | ".join(
-            number(entry["models"][m]["op_ms"].get(op), 1) for m in models) + " |")
+    lines += per_op_table({m: r["op_ms"] for m, r in entry["models"].items()},
+                          f"Per op on {first} (ms, one step):")
     return "\n".join(lines) + f"\n\nFrom `{words[0]}`" + (
         f"; the earlier column from `{words[1]}`." if before else ".")
+
+
+def per_op_table(op_ms, heading):
+    """Lines of a per-op table: {model: {op: ms}}, the ops by their largest time first."""
+    models = list(op_ms)
+    ops = sorted({op for m in models for op in op_ms[m]},
+                 key=lambda op: (-max(op_ms[m].get(op, 0) for m in models), op))
+    lines = ["", heading, "", "| op | " + " | ".join(models) + " |",
+             "|---|" + "---|" * len(models)]
+    for op in ops:
+        lines.append(f"| `{op}` | " + " | ".join(number(op_ms[m].get(op), 1) for m in models)
+                     + " |")
+    return lines
 
 
 def render_train_step_sgemm(data, before, words):
@@ -558,13 +564,8 @@ def render_train_step_sgemm(data, before, words):
         lines.append(f"| {m} | {r['ms_per_step']:.1f} | {r['gflop']:.1f} | "
                      f"{r['sgemm_bound_ms']:.1f} | {r['ratio']:.1f}x |"
                      + (f" {before[m]['ms_per_step']:.1f} |" if before and m in before else ""))
-    ops = sorted({op for m in models for op in data[m]["op_ms"]},
-                 key=lambda op: (-max(data[m]["op_ms"].get(op, 0) for m in models), op))
-    lines += ["", "Per op (ms, the stream synchronized after each op):", "",
-              "| op | " + " | ".join(models) + " |", "|---|" + "---|" * len(models)]
-    for op in ops:
-        lines.append(f"| `{op}` | " + " | ".join(
-            number(data[m]["op_ms"].get(op), 1) for m in models) + " |")
+    lines += per_op_table({m: data[m]["op_ms"] for m in models},
+                          "Per op (ms, the stream synchronized after each op):")
     return "\n".join(lines) + f"\n\nFrom `{words[0]}`" + (
         f"; the earlier column from `{words[1]}`." if before else ".")
 
@@ -573,8 +574,9 @@ def render_file(words, shown):
     return f"`{words[0]}`:\n\n```\n" + (ROOT / words[0]).read_text().rstrip() + "\n```"
 
 
-RENDERERS = {"table": render_table, "predicted-by-lag": render_predicted_by_lag, "ops": render_ops, "cli-usage": render_cli_usage,
-             "cli-help": render_cli_help, "seeds": render_seeds,
+RENDERERS = {"table": render_table, "predicted-by-lag": render_predicted_by_lag,
+             "ops": render_ops, "cli-usage": render_cli_usage, "cli-help": render_cli_help,
+             "seeds": render_seeds,
              "gpu-kernels": render_gpu_kernels, "gpu-scans": render_gpu_scans,
              "train-step": render_train_step, "file": render_file}
 

@@ -221,8 +221,9 @@ TABLES = {
 }
 
 
-TABLE_NAMES = ("1", "1-delta", "1-delta-steps", "2", "2-by-lag", "2-modes", "2-no-backtrack", "2-no-backtrack-by-lag", "3",
-               "4", "fig4a", "fig4b", "fig4c", "5d-data", "fig7a", "fig7bd", "ood")
+TABLE_NAMES = ("1", "1-delta", "1-delta-steps", "2", "2-by-lag", "2-modes", "2-no-backtrack",
+               "2-no-backtrack-by-lag", "3", "4", "fig4a", "fig4b", "fig4c", "5d-data", "fig7a",
+               "fig7bd", "ood")
 LAG_ROWS = ("MapEM-o", "RoPE (1L)", "TAPE (1L)", "CoPE (1L)", "MapWM", "MapEM-os", "MapEM-s")
 LAG_EDGES = (1, 3, 5, 9, 17, 33, 65, 129, 257, 513)  # lag buckets: 1-2, 3-4, 5-8, ...
 
@@ -308,21 +309,19 @@ def delta_view(base):
                    rows=DELTA_ROWS, default_rows=DELTA_ROWS)
 
 
-DELTA_STEP_ROWS = ("MapEM-s", "MapEM-os", "MapWM")
 DELTA_EVAL_EVERY = 50  # optimizer steps between the evaluations of "1-delta-steps"
 
 
 def delta_steps(base, every=DELTA_EVAL_EVERY):
-    """Table 1's MapEM-s, MapEM-os and MapWM runs evaluated every ``every`` optimizer steps
+    """Table 1's runs of :data:`DELTA_ROWS` evaluated every ``every`` optimizer steps
     through training (their own runs: eval_every is part of a run), read as :func:`delta_view`
     reads its records, with a plot of accuracy and the blanks' |Delta| against the step."""
     def make_run(part, label, seed):
         run = base.make_run(part, label, seed)
         return replace(run, train={**run.train, "eval_every": every})
 
-    view = delta_view(base)
-    return replace(view, name=base.name + "-delta-steps", make_run=make_run,
-                   rows=DELTA_STEP_ROWS, default_rows=DELTA_STEP_ROWS, plot=plot_delta_steps,
+    return replace(delta_view(base), name=base.name + "-delta-steps", make_run=make_run,
+                   plot=plot_delta_steps,
                    title=base.title + f", and Delta on the blanks through training (evaluated "
                                       f"every {every} steps)")
 

@@ -122,7 +122,8 @@ def delta_metrics(config: SelectiveCopyConfig, by_token: list) -> dict:
             continue
         data = [m for m in means[:config.n_symbols] if m is not None]
         if data:
-            out[f"delta_blank_over_data_layer{i}"] = means[config.blank_id] / float(np.mean(data))
+            out[f"delta_blank_over_data_layer{i}"] = (means[config.blank_id]
+                                                      / float(np.mean(data)))
     return out
 
 
