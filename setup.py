@@ -23,9 +23,11 @@ install: without nvcc, or when nvcc fails, it says so and builds the CPU package
 default because the CUDA build costs more than the CPU build (.ci/cuda_check times it).
 """
 import glob
+import json
 import os
 import platform
 import shutil
+import subprocess
 from concurrent.futures import ThreadPoolExecutor
 
 import numpy
@@ -160,13 +162,38 @@ def build_cuda(out_dir, temp_dir):
     return library
 
 
+def source_commit():
+    """{"commit", "dirty"} of the checkout being built, None when the source tree is not the
+    top of a git checkout (an sdist, a copy). An installed mapformer reports it in every
+    record's provenance (mapformer.experiments.records.git_state), having no checkout of its
+    own to ask."""
+    def git(*args):
+        return subprocess.run(["git", "-C", ROOT, *args], capture_output=True, text=True,
+                              timeout=30)
+    try:
+        top = git("rev-parse", "--show-toplevel")
+        head = git("rev-parse", "HEAD")
+        status = git("status", "--porcelain", "--untracked-files=no")
+    except (OSError, subprocess.SubprocessError):
+        return None
+    if (top.returncode or head.returncode or status.returncode
+            or os.path.realpath(top.stdout.strip()) != os.path.realpath(ROOT)):
+        return None
+    return {"commit": head.stdout.strip(), "dirty": bool(status.stdout.strip())}
+
+
 class BuildExt(build_ext):
     """Compiles the ISA kernel files with their own flags, links them into the extension, and
-    copies the built extension into the source tree; builds the CUDA library when asked."""
+    copies the built extension into the source tree; builds the CUDA library when asked. An
+    installed build also carries the commit it was built from (mapformer/_build.json)."""
 
     def run(self):
         super().run()
         out_dir = os.path.join(ROOT if self.inplace else self.build_lib, "mapformer")
+        commit = source_commit()
+        if not self.inplace and commit is not None:
+            with open(os.path.join(out_dir, "_build.json"), "w") as f:
+                json.dump(commit, f)
         library = build_cuda(out_dir, os.path.join(self.build_temp, "cuda"))
         if library is not None and not self.inplace:
             for built in (library, os.path.join(out_dir, "params.h")):

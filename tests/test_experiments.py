@@ -17,7 +17,7 @@ import pytest
 from conftest import subprocess_env
 from mapformer import reproduce
 from mapformer.experiments import Dask, Pool, RecordStore, Run, Serial, run_all
-from mapformer.experiments.records import ROOT, git_state
+from mapformer.experiments.records import git_state
 from mapformer.experiments.runs import task_from_dict, task_to_dict
 from mapformer.experiments.tables import Table
 from mapformer.tasks import navigation
@@ -96,19 +96,28 @@ def test_record_holds_metrics_and_provenance(tmp_path):
         store.get("0000000000000000")
 
 
-def test_git_state_is_unknown_for_a_copy_inside_another_repository(tmp_path):
+def test_git_state_of_an_installed_copy_is_its_build_stamp_not_the_enclosing_repository(
+        tmp_path):
     """An installed copy under some other checkout (pyenv's site-packages are one) must not
-    report that checkout's commit as its own."""
+    report that checkout's commit as its own: it reports the commit its build was made from
+    (setup.py's mapformer/_build.json), else "unknown". The mapformer under test, installed or
+    not, reports the HEAD of the checkout these tests are in."""
     subprocess.run(["git", "init", "-q", str(tmp_path)], check=True)
     subprocess.run(["git", "-C", str(tmp_path), "-c", "user.name=t", "-c", "user.email=t@t",
                     "commit", "-q", "--allow-empty", "-m", "other"], check=True)
     copy = tmp_path / "lib" / "site-packages"
     (copy / "mapformer").mkdir(parents=True)
     assert git_state(copy) == {"commit": "unknown", "dirty": "unknown"}
+    installed = tmp_path / "lib2" / "site-packages"
+    (installed / "mapformer").mkdir(parents=True)
+    stamp = {"commit": "ab" * 20, "dirty": True}
+    (installed / "mapformer" / "_build.json").write_text(json.dumps(stamp))
+    assert git_state(installed) == stamp
     top = git_state(tmp_path)  # the checkout's own top does report
     assert len(top["commit"]) == 40 and top["dirty"] is False
+    tests_checkout = Path(__file__).resolve().parents[1]
     assert git_state()["commit"] == subprocess.run(
-        ["git", "-C", str(ROOT), "rev-parse", "HEAD"], capture_output=True,
+        ["git", "-C", str(tests_checkout), "rev-parse", "HEAD"], capture_output=True,
         text=True).stdout.strip()
 
 

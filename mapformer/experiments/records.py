@@ -8,29 +8,42 @@ from pathlib import Path
 
 import numpy as np
 
-ROOT = Path(__file__).resolve().parents[2]  # the checkout mapformer was imported from
+ROOT = Path(__file__).resolve().parents[2]  # the checkout (or site-packages) mapformer is in
 
 
 @functools.lru_cache(maxsize=None)
 def git_state(root=ROOT):
     """{"commit": HEAD's hash, "dirty": whether tracked files differ from it} of the checkout
-    at ``root``, by default the one this mapformer was imported from; "unknown" for both when
-    ``root`` is not the top of a git checkout (an installed copy, even one that sits inside
-    another repository, as pyenv's site-packages do)."""
+    at ``root``, by default the one this mapformer was imported from. An installed copy has no
+    checkout of its own (even one inside another repository, as pyenv's site-packages are): it
+    reports the commit its build was made from, which the build wrote to
+    ``mapformer/_build.json`` (setup.py), and "unknown" for both without one (an sdist)."""
     def git(*args):
         return subprocess.run(["git", "-C", str(root), *args], capture_output=True, text=True,
                               timeout=30)
+    unknown = {"commit": "unknown", "dirty": "unknown"}
     try:
         top = git("rev-parse", "--show-toplevel")
         if top.returncode != 0 or Path(top.stdout.strip()).resolve() != Path(root).resolve():
-            return {"commit": "unknown", "dirty": "unknown"}
+            return built_from(root) or unknown
         head = git("rev-parse", "HEAD")
         if head.returncode != 0:
-            return {"commit": "unknown", "dirty": "unknown"}
+            return unknown
         status = git("status", "--porcelain", "--untracked-files=no")
         return {"commit": head.stdout.strip(), "dirty": bool(status.stdout.strip())}
     except (OSError, subprocess.SubprocessError):
-        return {"commit": "unknown", "dirty": "unknown"}
+        return built_from(root) or unknown
+
+
+def built_from(root):
+    """The {"commit", "dirty"} an installed build under ``root`` was made from, else None."""
+    try:
+        stamp = json.loads((Path(root) / "mapformer" / "_build.json").read_text())
+    except (OSError, ValueError):
+        return None
+    if not isinstance(stamp, dict) or set(stamp) != {"commit", "dirty"}:
+        return None
+    return stamp
 
 
 def cpu_model():
