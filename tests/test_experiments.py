@@ -323,3 +323,51 @@ def test_reproduce_command_runs_what_is_missing_then_renders(tmp_path):
                          capture_output=True, text=True, env=env, cwd=HERE.parent)
     assert bad.returncode == 2 and bad.stderr.count("\n") == 1 and "Traceback" not in bad.stderr
     assert "--rows: no row 'Nope'" in bad.stderr
+
+
+def alive(pid):
+    """Whether process ``pid`` runs (a zombie awaiting its reaper does not)."""
+    try:
+        state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
+    except (OSError, IndexError):
+        return False
+    return state not in ("Z", "X")
+
+
+@pytest.mark.parametrize("sig", [signal.SIGTERM, signal.SIGKILL])
+def test_pool_workers_end_with_a_killed_parent(tmp_path, sig):
+    """A `Pool(2)` parent killed while both workers run (SIGTERM or SIGKILL, as a batch system
+    or a user stopping a campaign does): the workers end within seconds instead of finishing
+    their runs and writing records nobody asked for."""
+    ledger = tmp_path / "ledger.txt"
+    script = (
+        "import sys; sys.path[:0] = [%r]\n"
+        "from test_experiments import toy_runs\n"
+        "from mapformer.experiments import Pool, RecordStore, run_all\n"
+        "run_all(toy_runs(%r, 4, sleep=60), RecordStore(%r), Pool(2), progress=False)\n"
+        % (str(HERE), str(ledger), str(tmp_path / "records")))
+    env = {**subprocess_env(1), "PYTHONPATH": os.pathsep.join(
+        [str(HERE), *filter(None, [os.environ.get("PYTHONPATH")])])}
+    parent = subprocess.Popen([sys.executable, "-c", script], env=env,
+                              stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    try:
+        deadline = time.monotonic() + 120
+        workers = []
+        while len(workers) < 2:
+            assert time.monotonic() < deadline, "the workers did not start their runs"
+            assert parent.poll() is None
+            lines = ledger.read_text().splitlines() if ledger.exists() else []
+            workers = [int(line.split()[2]) for line in lines if line.startswith("start")]
+            time.sleep(0.1)
+        assert all(alive(pid) for pid in workers)
+        parent.send_signal(sig)
+        assert parent.wait(timeout=30) == -sig
+        deadline = time.monotonic() + 20
+        while any(alive(pid) for pid in workers) and time.monotonic() < deadline:
+            time.sleep(0.1)
+        assert not any(alive(pid) for pid in workers)
+        assert not (tmp_path / "records").exists() or not list((tmp_path / "records").iterdir())
+        assert not [line for line in ledger.read_text().splitlines() if line.startswith("end")]
+    finally:
+        if parent.poll() is None:
+            parent.kill()

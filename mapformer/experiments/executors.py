@@ -74,9 +74,26 @@ class Serial:
         pass
 
 
+def exit_with_parent(parent_pid, every_s=1.0):
+    """A pool worker's initializer: a daemon thread that ends this process once its parent
+    ``parent_pid`` is gone (killed by SIGTERM or SIGKILL, which leave a ProcessPoolExecutor's
+    workers running and still writing records). Records are written by rename, so a worker
+    ended mid-run leaves no partial record."""
+    import threading
+    import time
+
+    def watch():
+        while os.getppid() == parent_pid:
+            time.sleep(every_s)
+        os._exit(1)
+
+    threading.Thread(target=watch, daemon=True, name="exit-with-parent").start()
+
+
 class Pool:
     """A local pool of ``workers`` processes (spawned: each loads its own C core), each with
-    ``threads`` OpenMP threads (default: 1 when there are several workers)."""
+    ``threads`` OpenMP threads (default: 1 when there are several workers). The workers end
+    with this process, however it ends (:func:`exit_with_parent`)."""
 
     name = "pool"
 
@@ -94,7 +111,8 @@ class Pool:
         import multiprocessing
 
         with omp_threads(self.threads), ProcessPoolExecutor(
-                self.workers, mp_context=multiprocessing.get_context("spawn")) as pool:
+                self.workers, mp_context=multiprocessing.get_context("spawn"),
+                initializer=exit_with_parent, initargs=(os.getpid(),)) as pool:
             futures = self.futures = {pool.submit(execute_into, run.to_dict(), directory): run
                                       for run in runs}
             for future in as_completed(futures):
