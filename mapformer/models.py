@@ -17,7 +17,7 @@ import numpy as np
 from . import backend as backends
 from .bottlenecks import BOTTLENECKS, get_bottleneck
 from .mixers import MIXERS, get_mixer
-from .nn import Dropout, Embedding, LayerNorm, Linear, MLP, ParameterStore
+from .nn import KEEP_ALL, Dropout, Embedding, Keeping, LayerNorm, Linear, MLP, ParameterStore
 from .registry import Registry, reserve, resolve_options
 from .schemes import SCHEMES
 
@@ -221,11 +221,22 @@ class Block:
         """The positional state entering this block when it is the first (its scheme's)."""
         return self.mixer.initial_state(batch, steps)
 
-    def forward(self, x, batch, steps, state):
-        """x (N, C), positional state -> (N, C), the state for the next block."""
-        a, state = self.mixer.forward(self.ln1.forward(x), batch, steps, state)
-        h = self.bottleneck.forward(self.ops.residual_forward(x, self.drop1.forward(a)))
-        y = self.ops.residual_forward(h, self.drop2.forward(self.mlp.forward(self.ln2.forward(h))))
+    def layers(self):
+        """The layers :meth:`forward` calls, in order."""
+        return (self.ln1, self.mixer, self.drop1, self.bottleneck, self.ln2, self.mlp,
+                self.drop2)
+
+    def forward(self, x, batch, steps, state, keeping=None):
+        """x (N, C), positional state -> (N, C), the state for the next block. keeping: how
+        the layers are called (a :class:`mapformer.nn.Keeping`; None: plainly, each keeping
+        what its backward needs)."""
+        def call(layer, *args):
+            return layer.forward(*args) if keeping is None else keeping.call(layer, "forward",
+                                                                             *args)
+
+        a, state = call(self.mixer, call(self.ln1, x), batch, steps, state)
+        h = call(self.bottleneck, self.ops.residual_forward(x, call(self.drop1, a)))
+        y = self.ops.residual_forward(h, call(self.drop2, call(self.mlp, call(self.ln2, h))))
         return y, state
 
     def decode(self, x, batch, steps, cache, start):
@@ -351,6 +362,7 @@ class Transformer:
         if declare_only is None:
             self.params.build(rng)
         self.rng = rng  # draws the dropout masks from here on (a checkpoint saves its state)
+        self.kept = False  # whether the last forward kept what backward() needs
 
     def train(self, mode=True):
         """Switch dropout, and the bottlenecks' usage counts and restarts, on (training) or
@@ -358,11 +370,17 @@ class Transformer:
         for block in self.blocks:
             block.drop1.training = block.drop2.training = block.bottleneck.training = mode
 
-    def forward(self, tokens, coordinates=None, prefix=None, pool=None):
+    def forward(self, tokens, coordinates=None, prefix=None, pool=None, keep=KEEP_ALL):
         """tokens int (B, T) -> logits (B, T, V), or (B, 1, V) with ``pool='mean'``: the logits
         of the mean over the tokens of the final (layer-normed) features, a sequence
         classifier's (the head is linear, so they are the mean of the tokens' logits). Keeps
         the activations for backward().
+        keep: True (the default) keeps every layer's activations for backward(); False keeps
+        none, and a tuple of trace names only those attributes (e.g. ("delta",), which an
+        evaluation reads): each layer's activations are freed as soon as the layer returns
+        (the inference path: the same logits bit for bit, a peak of about one layer's working
+        set instead of every layer's, :class:`mapformer.nn.Keeping`), and backward()
+        refuses to run.
         coordinates (B, T, n): the tokens' positions as the task knows them (navigation: the
         agent's cell), given to every positional scheme (``scheme.coordinates``); None: the
         schemes that read them use the token index. prefix int (B,): each sequence's prefix
@@ -370,18 +388,26 @@ class Transformer:
         (``mixer.prefix``; None: its ``attn_prefix``)."""
         tokens = self.ops.as_indices(check_tokens(tokens), "tokens")
         batch, steps = tokens.shape
+        if not (keep is KEEP_ALL or keep is False or (
+                isinstance(keep, tuple) and all(isinstance(k, str) for k in keep))):
+            raise TypeError(f"keep must be True, False or a tuple of trace names, got {keep!r}")
+        self.kept = keep is KEEP_ALL
         if coordinates is not None:
             coordinates = self.ops.asarray(check_coordinates(coordinates, (batch, steps)))
         for block in self.blocks:
             block.mixer.scheme.coordinates = coordinates
             block.mixer.prefix = prefix
-        x = self.blocks[0].mixer.scheme.embed(self.embed.forward(tokens.reshape(-1)), batch,
-                                              steps)
+        scheme = self.blocks[0].mixer.scheme
+        keeping = Keeping(keep, (self.embed, scheme, *(layer for block in self.blocks
+                                                       for layer in block.layers()),
+                                 self.ln_f, self.head))
+        x = keeping.call(scheme, "embed", keeping.call(self.embed, "forward",
+                                                       tokens.reshape(-1)), batch, steps)
         state = self.blocks[0].initial_state(batch, steps)
         for block in self.blocks:
-            x, state = block.forward(x, batch, steps, state)
-        self.final_state = state
-        h = self.ln_f.forward(x)
+            x, state = block.forward(x, batch, steps, state, keeping)
+        self.final_state = state if self.kept else None
+        h = keeping.call(self.ln_f, "forward", x)
         if pool not in (None, "mean"):
             raise ValueError(f"pool must be None or 'mean', got {pool!r}")
         self.pooled = None
@@ -389,7 +415,8 @@ class Transformer:
             self.pooled = (batch, steps)
             h = self.ops.matmul(self.ops.asarray(mean_weights((1, steps))),
                                 h.reshape(batch, steps, -1)).reshape(batch, -1)
-        self.logits = self.head.forward(h)
+        self.logits = keeping.call(self.head, "forward", h)
+        keeping.close()
         return self.logits.reshape(batch, 1 if pool else steps, -1)
 
     def decode(self, tokens, cache=None):
@@ -403,6 +430,7 @@ class Transformer:
         NotImplementedError. Keeps nothing for backward()."""
         tokens = self.ops.as_indices(check_tokens(tokens), "tokens")
         batch, steps = tokens.shape
+        self.kept = False
         start = 0 if cache is None else cache.length
         if cache is not None and cache.layers[0][0].shape[0] != batch:
             raise ValueError(f"tokens have {batch} sequences, the cache "
@@ -424,13 +452,14 @@ class Transformer:
         frontier[0] = start + steps
         return logits, DecodeCache(start + steps, tuple(layers), frontier, self.ops)
 
-    def loss(self, tokens, targets, mask, coordinates=None, prefix=None, pool=None):
+    def loss(self, tokens, targets, mask, coordinates=None, prefix=None, pool=None,
+             keep=KEEP_ALL):
         """Masked next-token cross-entropy plus the bottlenecks' auxiliary losses (none
         without a bottleneck): tokens, targets int (B, T), mask bool (B, T) -> mean loss over
-        the masked positions (float); coordinates, prefix, pool as for :meth:`forward` (with
-        ``pool='mean'`` targets and mask are (B, 1): a class per sequence). Keeps what
-        backward() needs."""
-        logits = self.forward(tokens, coordinates, prefix, pool)
+        the masked positions (float); coordinates, prefix, pool, keep as for :meth:`forward`
+        (with ``pool='mean'`` targets and mask are (B, 1): a class per sequence). Keeps what
+        backward() needs unless ``keep`` says otherwise."""
+        logits = self.forward(tokens, coordinates, prefix, pool, keep)
         check_targets(targets, mask, logits.shape[:2])
         self.targets = self.ops.as_indices(targets, "targets").reshape(-1)
         self.mask = self.ops.asarray(mask).reshape(-1)
@@ -441,6 +470,9 @@ class Transformer:
         """Gradient of the last loss() into ``self.params.grad`` (zeroed first). scored: the
         count of scored positions the loss is a mean over (default: the last loss's mask's;
         data-parallel training gives the whole batch's, mapformer.parallel)."""
+        if not self.kept:
+            raise RuntimeError("backward() needs a loss() before it that kept its activations "
+                               "(keep=True, the default)")
         self.params.zero_grad()
         scale = 1.0 / max(float(self.mask.sum() if scored is None else scored), 1.0)
         dx = self.head.backward(

@@ -241,3 +241,87 @@ class MLP:
                                      self.proj.weight.value, self.fc.weight.grad,
                                      self.fc.bias.grad, self.proj.weight.grad,
                                      self.proj.bias.grad, approximate=self.approximate)
+
+
+
+KEEP_ALL = True
+"""``keep`` of a forward that is followed by a backward: every layer keeps what it keeps."""
+
+UNWALKED_MODULES = ("mapformer.backend", "mapformer.cuda", "mapformer.models",
+                    "mapformer.registry")
+
+
+def layer_objects(root):
+    """``root`` and every layer object reachable from it through instance attributes (and
+    lists, tuples and dicts of them): instances of mapformer's own classes, except parameters,
+    parameter stores, configs and backends, whose attributes a forward never replaces."""
+    found, stack = {}, [root]
+    while stack:
+        obj = stack.pop()
+        module = type(obj).__module__
+        if (id(obj) in found or not module.startswith("mapformer.")
+                or isinstance(obj, (Param, ParameterStore)) or module in UNWALKED_MODULES
+                or not hasattr(obj, "__dict__")):
+            continue
+        found[id(obj)] = obj
+        for value in vars(obj).values():
+            if isinstance(value, (list, tuple)):
+                stack.extend(value)
+            elif isinstance(value, dict):
+                stack.extend(value.values())
+            else:
+                stack.append(value)
+    return list(found.values())
+
+
+class Keeping:
+    """How a model's forward calls its layers: ``call(layer, method, *args)`` is
+    ``getattr(layer, method)(*args)``, after which the layer keeps only what ``keep`` allows
+    of what the call left on its objects (:func:`layer_objects`): :data:`KEEP_ALL` everything
+    (a training forward, for its backward); False nothing; a tuple of attribute names those
+    attributes (the traces an evaluation reads, e.g. ("delta",)). An attribute the call
+    replaced gets its value from before the call back, one it added is removed, so the
+    arrays a backward would need are freed as soon as the layer returns instead of when the
+    next forward replaces them. Objects that several of ``layers`` reach (a scheme that the
+    embedding and its mixer share, maps that APE's layers share) are restored only at
+    :meth:`close`, the end of the forward, since a later layer may read what an earlier one
+    left there. The calls' results are those of plain calls, bit for bit."""
+
+    def __init__(self, keep, layers):
+        self.all = keep is KEEP_ALL
+        if self.all:
+            return
+        self.kept = set(keep or ())
+        owners = {}
+        for layer in layers:
+            for obj in layer_objects(layer):
+                owners.setdefault(id(obj), (obj, set()))[1].add(id(layer))
+        self.private = {id(layer): [o for o in layer_objects(layer) if len(owners[id(o)][1]) == 1]
+                        for layer in layers}
+        self.shared = self.snapshot([obj for obj, who in owners.values() if len(who) > 1])
+
+    @staticmethod
+    def snapshot(objects):
+        return [(obj, dict(vars(obj))) for obj in objects]
+
+    def restore(self, snapshot):
+        for obj, attributes in snapshot:
+            for name in [n for n in vars(obj) if n not in self.kept]:
+                if name not in attributes:
+                    delattr(obj, name)
+                elif vars(obj)[name] is not attributes[name]:
+                    setattr(obj, name, attributes[name])
+
+    def call(self, layer, method, *args):
+        if self.all:
+            return getattr(layer, method)(*args)
+        before = self.snapshot(self.private[id(layer)])
+        try:
+            return getattr(layer, method)(*args)
+        finally:
+            self.restore(before)
+
+    def close(self):
+        """Restore the shared objects (the end of the forward)."""
+        if not self.all:
+            self.restore(self.shared)

@@ -123,12 +123,14 @@ def _module(task):
     return navigation if isinstance(task, navigation.NavigationConfig) else selective_copy
 
 
-def _run(model, batch, task):
-    """Forward with dropout off and the task's coordinates; logits (B, T, V) as NumPy."""
+def _run(model, batch, task, keep=True):
+    """Forward with dropout off and the task's coordinates, keeping what ``keep`` says
+    (Transformer.forward: True, the layers' traces for the analyses here; False, nothing);
+    logits (B, T, V) as NumPy."""
     was = [(b.drop1.training, b.drop2.training) for b in model.blocks]
     model.train(False)
     try:
-        model.forward(batch.tokens, _module(task).token_coordinates(batch))
+        model.forward(batch.tokens, _module(task).token_coordinates(batch), keep=keep)
     finally:
         for b, (t1, t2) in zip(model.blocks, was):
             b.drop1.training, b.drop2.training = t1, t2
@@ -146,7 +148,7 @@ def accuracy_by_position_and_lag(model, batches, task, edges=None):
     object targets); by_lag: the same over the lag."""
     n_keys, lags, hits, objects = [], [], [], []
     for batch in batches:
-        pred = _run(model, batch, task).argmax(-1)
+        pred = _run(model, batch, task, keep=False).argmax(-1)
         r = recalls(batch, task)
         n_keys.append(r.query + 1)
         lags.append(r.lag)

@@ -392,7 +392,8 @@ class ModelKind:
     called after every optimizer step (TDB: the teacher's EMA); state(model) -> (meta,
     {name: array}) and restore(model, meta, arrays), or None: what a checkpoint holds beside
     the parameters and moments for an exact resume, its arrays named in ``state_arrays``;
-    data_parallel: whether mapformer.parallel may train it."""
+    data_parallel: whether mapformer.parallel may train it; eval_keep: the ``keep=`` that
+    :func:`evaluate` passes its loss (None: the kind's loss takes none)."""
 
     name: str
     config: type
@@ -404,6 +405,7 @@ class ModelKind:
     restore: Callable = None
     state_arrays: tuple = ()
     data_parallel: bool = False
+    eval_keep: tuple = None
 
 
 def transformer_predictions(model, batch):
@@ -420,7 +422,8 @@ def bottleneck_usage(model):
 
 MODEL_KINDS = {
     "transformer": ModelKind("transformer", ModelConfig, Transformer, transformer_predictions,
-                             bottleneck_usage, data_parallel=True),
+                             bottleneck_usage, data_parallel=True,
+                             eval_keep=("delta",)),  # DeltaByToken reads it
     "tdb": ModelKind("tdb", TDBConfig, TDB, lambda model, batch: model.token_predictions(),
                      lambda model: [model.vq.usage()], after_step=TDB.update_teacher,
                      state=TDB.checkpoint_state, restore=TDB.restore_state,
@@ -482,6 +485,8 @@ def evaluate(model, tasks, sequences=256, seed=0, batch_size=32):
             raise ValueError(f"{name}: the task's vocabulary ({task.vocab_size}) exceeds the "
                              f"model's ({model.config.vocab_size})")
     kind = model_kind(model.config)
+    # no activations kept but the traces read here: the inference path (same numbers)
+    keeping = {} if kind.eval_keep is None else {"keep": kind.eval_keep}
     model.train(False)
     results = {}
     for name, task in tasks.items():
@@ -498,7 +503,8 @@ def evaluate(model, tasks, sequences=256, seed=0, batch_size=32):
                 continue
             loss_sum += model.loss(batch.tokens, batch.targets, batch.mask,
                                    module.token_coordinates(batch),
-                                   batch_prefix(module, batch), batch_pool(module)) * n
+                                   batch_prefix(module, batch), batch_pool(module),
+                                   **keeping) * n
             delta_sums.add(batch.tokens)  # the forward of the loss left its traces
             pred = kind.predictions(model, batch)
             correct = (pred == batch.targets) & batch.mask
@@ -542,7 +548,7 @@ def evaluate(model, tasks, sequences=256, seed=0, batch_size=32):
 class DeltaByToken:
     """Sums of |Delta| per input token id over the path-integrating layers of ``model``
     (``layers``: their indices; empty for a model without one), from the traces its last
-    forward left."""
+    forward left (an evaluation's forward keeps it: the transformer kind's eval_keep)."""
 
     def __init__(self, model, vocab_size):
         blocks = getattr(model, "blocks", ())

@@ -1,0 +1,115 @@
+"""The inference path: a forward that keeps no activations (Transformer.forward(keep=False),
+mapformer.nn.Keeping) gives the training forward's logits bit for bit, for every mixer and
+every positional scheme it takes, and leaves nothing on its layers; keep=("delta",) leaves
+only the path integrator's Delta; backward() after it is refused."""
+import itertools
+
+import numpy as np
+import pytest
+
+from mapformer.mixers import MIXERS
+from mapformer.models import ModelConfig, Transformer, components, options_of
+from mapformer.nn import layer_objects
+from mapformer.schemes import SCHEMES
+from mapformer.tasks import navigation
+from mapformer.train import evaluate
+
+TASK = navigation.NavigationConfig(dims=2, steps=12, grid_size=8)
+PAIRS = [(m, s) for m, s in itertools.product(sorted(MIXERS.entries), sorted(SCHEMES.entries))
+         if SCHEMES.get(s).kind in MIXERS.get(m).accepts]
+NEEDS = {"cope": {"cope_positions": 2 * TASK.steps}}  # options a scheme has no default for
+
+
+def model_and_inputs(mixer, positional, bottleneck="none"):
+    batch = navigation.generate(TASK, 3, 0)
+    coordinates = navigation.token_coordinates(batch)
+    if positional == "ape_tree":  # heap numbers of a path down a binary tree
+        coordinates = np.broadcast_to(np.arange(1, batch.tokens.shape[1] + 1)[None, :, None],
+                                      batch.tokens.shape + (1,))
+    options = dict(NEEDS.get(positional, {}))
+    if "coord_dims" in options_of(mixer, positional, bottleneck):
+        options["coord_dims"] = 1 if positional == "ape_tree" else 2  # the walk's 2D cells
+    config = ModelConfig(vocab_size=TASK.vocab_size, d_model=32, n_heads=2, n_layers=2,
+                         mixer=mixer, positional=positional, bottleneck=bottleneck, dropout=0.1,
+                         options=options)
+    model = Transformer(config, seed=3)
+    model.train(False)
+    return model, (batch.tokens, batch.targets, batch.mask, coordinates)
+
+
+def held(model):
+    """{(layer object, attribute): array} of every array on the model's layers but the
+    coordinates the model hands its schemes before the layers run."""
+    layers = [model.embed, model.ln_f, model.head, *(layer for block in model.blocks
+                                                     for layer in block.layers())]
+    return {(id(obj), name): value for layer in layers for obj in layer_objects(layer)
+            for name, value in vars(obj).items()
+            if isinstance(value, np.ndarray) and name != "coordinates"}
+
+
+@pytest.mark.parametrize("mixer,positional", PAIRS)
+def test_no_kept_activations_same_logits_nothing_left(mixer, positional):
+    model, inputs = model_and_inputs(mixer, positional)
+    fresh = held(model)
+    loss_free = model.loss(*inputs, keep=False)
+    free = model.ops.to_numpy(model.logits).copy()
+    assert held(model).keys() == fresh.keys()
+    loss_kept = model.loss(*inputs)
+    kept = held(model)
+    assert len(kept) > len(fresh) + 10  # a training forward keeps its activations
+    np.testing.assert_array_equal(free, model.ops.to_numpy(model.logits))
+    assert loss_free == loss_kept
+    model.backward()  # the kept forward's backward runs
+    model.loss(*inputs, keep=False)
+    np.testing.assert_array_equal(free, model.ops.to_numpy(model.logits))
+    with pytest.raises(RuntimeError, match="kept its activations"):
+        model.backward()
+
+
+def test_keep_delta_keeps_delta_alone_and_evaluate_reads_it():
+    """keep=("delta",): every block's scheme keeps its Delta (equal to a training forward's),
+    nothing else; evaluate() (which runs that way) gives the metrics of a kept forward."""
+    model, inputs = model_and_inputs("attention", "mapwm")
+    fresh = held(model)
+    model.loss(*inputs, keep=("delta",))
+    added = {key for key in held(model).keys() - fresh.keys()}
+    schemes = {id(block.mixer.scheme): block.mixer.scheme for block in model.blocks}
+    assert {(i, "delta") for i in schemes} == added
+    deltas = [block.mixer.scheme.delta.copy() for block in model.blocks]
+    model.loss(*inputs)
+    for block, delta in zip(model.blocks, deltas):
+        np.testing.assert_array_equal(block.mixer.scheme.delta, delta)
+    results = evaluate(model, {"iid": TASK}, sequences=4, batch_size=2)
+    assert results["iid"]["delta_abs_by_token"][0] is not None
+
+
+def test_vq_bottleneck_and_bad_keep():
+    model, inputs = model_and_inputs("attention", "rope", "vq")
+    model.loss(*inputs, keep=False)
+    free = model.ops.to_numpy(model.logits).copy()
+    model.loss(*inputs)
+    np.testing.assert_array_equal(free, model.ops.to_numpy(model.logits))
+    for bad in ("none", ["delta"], ("delta", 1), 0):
+        with pytest.raises(TypeError, match="keep"):
+            model.forward(inputs[0], keep=bad)
+
+
+def test_backward_before_any_loss_and_after_decode_is_refused():
+    model, inputs = model_and_inputs("attention", "rope")
+    with pytest.raises(RuntimeError, match="kept its activations"):
+        model.backward()
+    model.loss(*inputs)
+    model.decode(inputs[0][:, :4])
+    with pytest.raises(RuntimeError, match="kept its activations"):
+        model.backward()
+
+
+def test_every_pair_is_covered():
+    """PAIRS is every (mixer, scheme) the registries accept (components agrees)."""
+    for mixer, positional in itertools.product(sorted(MIXERS.entries), sorted(SCHEMES.entries)):
+        try:
+            components(mixer, positional)
+        except ValueError:
+            assert (mixer, positional) not in PAIRS
+        else:
+            assert (mixer, positional) in PAIRS
