@@ -469,7 +469,7 @@ def evaluate(model, tasks, sequences=256, seed=0, batch_size=32):
       an id the set never shows): which tokens move the map (navigation: the actions;
       selective copy: the data tokens, not the blanks, if the positions count only data),
       and a task module's ``delta_metrics(task, by_token)`` its readings of them (selective
-      copy: blank over data, per layer);
+      copy: blank over data, per layer; navigation: observations over actions);
     - a task module with ``recall_lags(batch)`` (navigation: steps since the revisited cell was
       last seen) adds "object_recalls_by_lag" ({"positions", "hits"}: lists indexed by lag,
       the object recalls of each lag and how many were right) and, for each k of its

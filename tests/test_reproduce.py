@@ -232,3 +232,36 @@ def test_task_readings_are_tables_of_their_own_runs():
         assert lag_shares(iid)[0] == pytest.approx(uniform_share, abs=0.03)
         repeated = replace(iid, action_repeat=ACTION_REPEAT)
         assert lag_shares(repeated)[0] == pytest.approx(repeat_share, abs=0.03)
+
+
+def test_fig5a_reads_observations_over_actions_through_training(tmp_path):
+    """'fig5a': Table 2's 2D runs of the Delta rows evaluated every 50 steps (their own ids);
+    each evaluation holds the observations' mean |Delta| over the actions' (navigation's
+    delta_metrics, from the per-token means), and the plot draws the curves."""
+    import numpy as np
+
+    from mapformer.reproduce.mapformer import delta_curves, delta_steps
+    from mapformer.tasks import navigation
+
+    assert reproduce.table("mapformer", "fig5a").parts == ("2D",)
+    assert reproduce.table("mapformer", "fig5a").runs(1)[0].train["eval_every"] == 50
+    base = reproduce.table("mapformer", "2", sequences=128, eval_sequences=8)
+    view = delta_steps(base, every=1, name="fig5a", parts=("2D",))
+    run = view.runs(1, rows=["MapWM"])[0]
+    store = RecordStore(tmp_path)
+    assert run_all([run], store, progress=False)["failed"] == []
+    record = store.get(run.id)
+    metrics = record["metrics"]["iid"]
+    means = metrics["delta_abs_by_token"][0]
+    task = TrainConfig.from_dict(run.train).eval_tasks()["iid"]
+    want = (np.mean([m for m in means[task.n_actions:] if m is not None])
+            / np.mean(means[:task.n_actions]))
+    assert metrics["delta_observation_over_action_layer0"] == pytest.approx(want)
+    assert navigation.delta_metrics(task, [None, means]) == {
+        "delta_observation_over_action_layer1": pytest.approx(want)}
+    steps, accuracy, ratio = delta_curves(record, prefix="delta_observation_over_action",
+                                          layers=1)
+    np.testing.assert_array_equal(steps, [1, 2])
+    assert ratio[-1, 0] == metrics["delta_observation_over_action_layer0"]
+    view.plot(view, store, 1, tmp_path / "fig5a.png")
+    assert (tmp_path / "fig5a.png").read_bytes()[:4] == b"\x89PNG"

@@ -14,7 +14,8 @@ ablation, "2-no-backtrack" Table 2's 2D part under the walk reading that never u
 (:data:`mapformer.tasks.navigation.WALKS`), "2-action-repeat" Table 2 under the reading whose
 actions come in runs (:data:`ACTION_REPEAT`; "-by-lag" reads any of the three by lag), "3" SSMs against MapFormers, "4" 3D and 5D
 navigation; figures "fig4a", "fig4b", "fig4c" and the 5D data sweep "5d-data"
-(:mod:`.mapformer_fig4`), "fig7a" and "fig7bd" (:mod:`.mapformer_fig7`); "ood", where
+(:mod:`.mapformer_fig4`), "fig5a" (Delta on observations and actions through training,
+:func:`delta_steps`), "fig7a" and "fig7bd" (:mod:`.mapformer_fig7`); "ood", where
 long sparse sequences are lost (:mod:`.mapformer_ood`).
 """
 from dataclasses import dataclass, field, replace
@@ -223,7 +224,8 @@ TABLES = {
 
 
 TABLE_NAMES = ("1", "1-delta", "1-delta-steps", "2", "2-by-lag", "2-modes", "2-no-backtrack",
-               "2-no-backtrack-by-lag", "2-action-repeat", "2-action-repeat-by-lag", "3", "4", "fig4a", "fig4b", "fig4c", "5d-data", "fig7a",
+               "2-no-backtrack-by-lag", "2-action-repeat", "2-action-repeat-by-lag", "3", "4",
+               "fig4a", "fig4b", "fig4c", "5d-data", "fig5a", "fig7a",
                "fig7bd", "ood")
 LAG_ROWS = ("MapEM-o", "RoPE (1L)", "TAPE (1L)", "CoPE (1L)", "MapWM", "MapEM-os", "MapEM-s")
 LAG_EDGES = (1, 3, 5, 9, 17, 33, 65, 129, 257, 513)  # lag buckets: 1-2, 3-4, 5-8, ...
@@ -279,6 +281,12 @@ def table(name, scale="cpu", sequences=None, eval_sequences=None):
         return delta_view(table("1", scale, sequences, eval_sequences))
     if name == "1-delta-steps":
         return delta_steps(table("1", scale, sequences, eval_sequences))
+    if name == "fig5a":
+        return delta_steps(table("2", scale, sequences, eval_sequences), name="fig5a",
+                           parts=("2D",),
+                           title="Fig. 5a: accuracy and the observations' |Delta| over the "
+                                 f"actions' through training (evaluated every "
+                                 f"{DELTA_EVAL_EVERY} steps), 2D navigation")
     if name in ("2-by-lag", "2-no-backtrack-by-lag", "2-action-repeat-by-lag"):
         return by_lag(table(name[:-len("-by-lag")], scale, sequences, eval_sequences))
     key = "2" if name in ("2-modes", "2-no-backtrack", "2-action-repeat") else name
@@ -312,52 +320,70 @@ def table(name, scale="cpu", sequences=None, eval_sequences=None):
                  spec["metrics"], make_run, {} if name == "2-modes" else spec["paper"])
 
 
-DELTA_ROWS = ("MapEM-s", "MapWM", "MapEM-os")  # Table 1's rows that integrate Delta
+DELTA_ROWS = ("MapEM-s", "MapWM", "MapEM-os")  # the rows that integrate Delta (MapEM-o: none)
+DELTA_READINGS = {  # base table: (metric prefix, the plot's axis label, layers)
+    "1": ("delta_blank_over_data", "|Delta| blank / data", 2),
+    "2": ("delta_observation_over_action", "|Delta| observation / action", 1),
+}
+"""How a Delta view reads its table's records: the task's ``delta_metrics`` (selective
+copy: blanks over data tokens; navigation: observations over actions), per layer."""
+
+
+def delta_metrics_of(base):
+    prefix, _, layers = DELTA_READINGS[base.name]
+    return tuple(f"{prefix}_layer{i}" for i in range(layers))
 
 
 def delta_view(base):
-    """Table 1's runs (so its records) read at what their integration times do with the
-    blanks: accuracy beside the paper, then mean |Delta| on blanks over that on data tokens
-    per layer (``tasks.selective_copy.delta_metrics``; no paper figure)."""
+    """A table's runs (so its records) read at what their integration times do: accuracy
+    beside the paper, then the task's Delta reading per layer (:data:`DELTA_READINGS`; no
+    paper figure). Table 1: mean |Delta| on blanks over that on data tokens."""
     return replace(base, name=base.name + "-delta", reference_metrics=("accuracy",),
-                   metrics=("accuracy",) + tuple(f"delta_blank_over_data_layer{i}"
-                                                 for i in range(2)),
+                   metrics=("accuracy",) + delta_metrics_of(base),
                    title=base.title + ", and what Delta does on the blanks",
                    rows=DELTA_ROWS, default_rows=DELTA_ROWS)
 
 
-DELTA_EVAL_EVERY = 50  # optimizer steps between the evaluations of "1-delta-steps"
+DELTA_EVAL_EVERY = 50  # optimizer steps between the evaluations of the through-training views
 
 
-def delta_steps(base, every=DELTA_EVAL_EVERY):
-    """Table 1's runs of :data:`DELTA_ROWS` evaluated every ``every`` optimizer steps
+def delta_steps(base, every=DELTA_EVAL_EVERY, name=None, title=None, parts=None):
+    """A table's runs of :data:`DELTA_ROWS` evaluated every ``every`` optimizer steps
     through training (their own runs: eval_every is part of a run), read as :func:`delta_view`
-    reads its records, with a plot of accuracy and the blanks' |Delta| against the step."""
-    def make_run(part, label, seed):
-        run = base.make_run(part, label, seed)
+    reads its records, with a plot of accuracy and the Delta reading against the step.
+    Table 1's is "1-delta-steps"; Table 2's 2D part is "fig5a" (the paper's Fig. 5a:
+    observations stop rotating the map as the accuracy rises)."""
+    prefix, label, layers = DELTA_READINGS[base.name]
+
+    def make_run(part, row, seed):
+        run = base.make_run(part, row, seed)
         return replace(run, train={**run.train, "eval_every": every})
 
-    return replace(delta_view(base), name=base.name + "-delta-steps", make_run=make_run,
-                   plot=plot_delta_steps,
-                   title=base.title + f", and Delta on the blanks through training (evaluated "
-                                      f"every {every} steps)")
+    def plot(table, store, seeds, path):
+        plot_delta_steps(table, store, seeds, path, prefix=prefix, label=label, layers=layers)
+
+    return replace(delta_view(base), name=name or base.name + "-delta-steps",
+                   make_run=make_run, plot=plot, parts=parts or base.parts,
+                   title=title or base.title + f", and Delta on the blanks through training "
+                                               f"(evaluated every {every} steps)")
 
 
-def delta_curves(record, column="iid"):
-    """steps (E,), accuracy (E,), blank-over-data |Delta| (E, 2 layers) of a record's
+def delta_curves(record, column="iid", prefix="delta_blank_over_data", layers=2):
+    """steps (E,), accuracy (E,), the Delta reading ``prefix`` (E, layers) of a record's
     evaluations through training, the final one last."""
     evals = [(e["step"], e["eval"][column]) for e in record["evals"]]
     evals.append((record["steps"], record["metrics"][column]))
     steps = np.array([s for s, _ in evals])
     accuracy = np.array([m["accuracy"] for _, m in evals])
-    ratio = np.array([[m.get(f"delta_blank_over_data_layer{i}", np.nan) for i in range(2)]
+    ratio = np.array([[m.get(f"{prefix}_layer{i}", np.nan) for i in range(layers)]
                       for _, m in evals], dtype=float)
     return steps, accuracy, ratio
 
 
-def plot_delta_steps(table, store, seeds, path, column="iid"):
-    """A panel per row: IID accuracy and, on a second axis, mean |Delta| on blanks over data
-    tokens in each layer, against the optimizer step, a line per seed."""
+def plot_delta_steps(table, store, seeds, path, column="iid", prefix="delta_blank_over_data",
+                     label="|Delta| blank / data", layers=2):
+    """A panel per row: IID accuracy and, on a second axis, the Delta reading ``prefix`` in
+    each layer, against the optimizer step, a line per seed."""
     from .plots import finish, pyplot
 
     plt = pyplot()
@@ -367,17 +393,17 @@ def plot_delta_steps(table, store, seeds, path, column="iid"):
                              squeeze=False)
     for row, ax in zip(rows, axes[0]):
         twin = ax.twinx()
-        for (part, label, seed), record in sorted(found.items()):
-            if label != row:
+        for (part, name, seed), record in sorted(found.items()):
+            if name != row:
                 continue
-            steps, accuracy, ratio = delta_curves(record, column)
+            steps, accuracy, ratio = delta_curves(record, column, prefix, layers)
             ax.plot(steps, accuracy, color="black", alpha=0.4 + 0.2 * seed,
                     label=f"accuracy, seed {seed}")
-            for i, color in enumerate(("tab:blue", "tab:orange")):
+            for i, color in zip(range(layers), ("tab:blue", "tab:orange")):
                 twin.plot(steps, ratio[:, i], color=color, alpha=0.4 + 0.2 * seed,
                           linestyle="--", label=f"layer {i}" if seed == 0 else None)
         ax.set(title=row, xlabel="optimizer step", ylabel=f"{column} accuracy", ylim=(0, 1.02))
-        twin.set_ylabel("|Delta| blank / data")
+        twin.set_ylabel(label)
         twin.set_ylim(bottom=0)
         twin.legend(fontsize=7, loc="center right")
     fig.suptitle(f"{table.title} ({table.scale} scale)", fontsize=9)

@@ -417,6 +417,28 @@ def recall_lags(batch: Batch) -> np.ndarray:
     return np.where(batch.mask, lags, 0)
 
 
+def delta_metrics(config: NavigationConfig, by_token: list) -> dict:
+    """What a path-integrating model's integration times Delta say about actions and
+    observations (the paper's Fig. 5a: a map is learned once observations stop rotating it),
+    for ``train.evaluate``: {"delta_observation_over_action_layer{i}": the mean |Delta| of the
+    observation tokens (objects and blank) over that of the action tokens (per-token means
+    averaged) for each layer i that integrates Delta}. 0: observations leave the position
+    untouched.
+
+    by_token: per layer None or a list per token id of the mean |Delta| (None: unseen)."""
+    out = {}
+    for i, means in enumerate(by_token):
+        if means is None:
+            continue
+        actions = [means[t] for t in range(config.n_actions) if means[t] is not None]
+        observations = [means[t] for t in range(config.n_actions, config.vocab_size)
+                        if means[t] is not None]
+        if actions and observations:
+            out[f"delta_observation_over_action_layer{i}"] = (float(np.mean(observations))
+                                                              / float(np.mean(actions)))
+    return out
+
+
 def blank_floor(batch: Batch, blank_id: int) -> float:
     """Fraction of masked targets that are blank: the accuracy of always answering blank.
 
