@@ -17,7 +17,8 @@ import numpy as np
 from . import backend as backends
 from .bottlenecks import BOTTLENECKS, get_bottleneck
 from .mixers import MIXERS, get_mixer
-from .nn import KEEP_ALL, Dropout, Embedding, Keeping, LayerNorm, Linear, MLP, ParameterStore
+from .nn import (KEEP_ALL, Dropout, Embedding, Keeping, LayerNorm, Linear, MLP, ParameterStore,
+                 fresh_state, layer_objects)
 from .registry import Registry, reserve, resolve_options
 from .schemes import SCHEMES
 
@@ -363,6 +364,13 @@ class Transformer:
             self.params.build(rng)
         self.rng = rng  # draws the dropout masks from here on (a checkpoint saves its state)
         self.kept = False  # whether the last forward kept what backward() needs
+        self.fresh = None if declare_only is not None else fresh_state(self.layers())
+
+    def layers(self):
+        """Every layer the forward calls, in order (the first block's scheme embeds)."""
+        return (self.embed, self.blocks[0].mixer.scheme,
+                *(layer for block in self.blocks for layer in block.layers()), self.ln_f,
+                self.head)
 
     def train(self, mode=True):
         """Switch dropout, and the bottlenecks' usage counts and restarts, on (training) or
@@ -376,8 +384,9 @@ class Transformer:
         classifier's (the head is linear, so they are the mean of the tokens' logits). Keeps
         the activations for backward().
         keep: True (the default) keeps every layer's activations for backward(); False keeps
-        none, and a tuple of trace names only those attributes (e.g. ("delta",), which an
-        evaluation reads): each layer's activations are freed as soon as the layer returns
+        none, and a tuple of trace names (of those the layers declare in ``traces``) only those
+        attributes (e.g. ("delta",), which an evaluation reads): each layer's activations are
+        freed as soon as the layer returns
         (the inference path: the same logits bit for bit, a peak of about one layer's working
         set instead of every layer's, :class:`mapformer.nn.Keeping`), and backward()
         refuses to run.
@@ -391,32 +400,41 @@ class Transformer:
         if not (keep is KEEP_ALL or keep is False or (
                 isinstance(keep, tuple) and all(isinstance(k, str) for k in keep))):
             raise TypeError(f"keep must be True, False or a tuple of trace names, got {keep!r}")
-        self.kept = keep is KEEP_ALL
+        if isinstance(keep, tuple):
+            declared = {name for layer in self.layers() for obj in layer_objects(layer)
+                        for name in getattr(type(obj), "traces", ())}
+            unknown = sorted(set(keep) - declared)
+            if unknown:
+                raise ValueError(f"keep names traces of this model's layers "
+                                 f"({', '.join(sorted(declared)) or 'none'}), not "
+                                 f"{', '.join(map(repr, unknown))}")
+        if pool not in (None, "mean"):
+            raise ValueError(f"pool must be None or 'mean', got {pool!r}")
+        self.kept = False  # until this forward has run whole
         if coordinates is not None:
             coordinates = self.ops.asarray(check_coordinates(coordinates, (batch, steps)))
+        keeping = Keeping(keep, self.layers(), self.fresh)  # first: it clears the layers
         for block in self.blocks:
             block.mixer.scheme.coordinates = coordinates
             block.mixer.prefix = prefix
         scheme = self.blocks[0].mixer.scheme
-        keeping = Keeping(keep, (self.embed, scheme, *(layer for block in self.blocks
-                                                       for layer in block.layers()),
-                                 self.ln_f, self.head))
-        x = keeping.call(scheme, "embed", keeping.call(self.embed, "forward",
-                                                       tokens.reshape(-1)), batch, steps)
-        state = self.blocks[0].initial_state(batch, steps)
-        for block in self.blocks:
-            x, state = block.forward(x, batch, steps, state, keeping)
-        self.final_state = state if self.kept else None
-        h = keeping.call(self.ln_f, "forward", x)
-        if pool not in (None, "mean"):
-            raise ValueError(f"pool must be None or 'mean', got {pool!r}")
-        self.pooled = None
-        if pool == "mean":  # (1, T) @ (B, T, C) -> (B, 1, C): the weights are sizes only
-            self.pooled = (batch, steps)
-            h = self.ops.matmul(self.ops.asarray(mean_weights((1, steps))),
-                                h.reshape(batch, steps, -1)).reshape(batch, -1)
-        self.logits = keeping.call(self.head, "forward", h)
-        keeping.close()
+        try:
+            x = keeping.call(scheme, "embed", keeping.call(self.embed, "forward",
+                                                           tokens.reshape(-1)), batch, steps)
+            state = self.blocks[0].initial_state(batch, steps)
+            for block in self.blocks:
+                x, state = block.forward(x, batch, steps, state, keeping)
+            self.final_state = state if keep is KEEP_ALL else None
+            h = keeping.call(self.ln_f, "forward", x)
+            self.pooled = None
+            if pool == "mean":  # (1, T) @ (B, T, C) -> (B, 1, C): the weights are sizes only
+                self.pooled = (batch, steps)
+                h = self.ops.matmul(self.ops.asarray(mean_weights((1, steps))),
+                                    h.reshape(batch, steps, -1)).reshape(batch, -1)
+            self.logits = keeping.call(self.head, "forward", h)
+        finally:
+            keeping.close()
+        self.kept = keep is KEEP_ALL
         return self.logits.reshape(batch, 1 if pool else steps, -1)
 
     def decode(self, tokens, cache=None):

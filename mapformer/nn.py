@@ -249,19 +249,27 @@ KEEP_ALL = True
 
 UNWALKED_MODULES = ("mapformer.backend", "mapformer.cuda", "mapformer.models",
                     "mapformer.registry")
+UNWALKED_PACKAGES = ("numpy", "cupy", "builtins", "types", "functools", "collections")
+
+
+def walked(obj):
+    """Whether :func:`layer_objects` looks inside ``obj``: an object with instance attributes
+    that is not a parameter, a store, a config, a backend, a type, a function or a library's
+    (NumPy, CuPy) object."""
+    module = type(obj).__module__ or ""
+    return (hasattr(obj, "__dict__") and not isinstance(obj, (type, Param, ParameterStore))
+            and not callable(getattr(obj, "__func__", None)) and module not in UNWALKED_MODULES
+            and module.partition(".")[0] not in UNWALKED_PACKAGES)
 
 
 def layer_objects(root):
-    """``root`` and every layer object reachable from it through instance attributes (and
-    lists, tuples and dicts of them): instances of mapformer's own classes, except parameters,
-    parameter stores, configs and backends, whose attributes a forward never replaces."""
+    """``root`` and every object reachable from it through instance attributes (and lists,
+    tuples and dicts of them) that :func:`walked` admits: the layer objects whose attributes a
+    forward may replace (a plug-in's, registered from outside mapformer, included)."""
     found, stack = {}, [root]
     while stack:
         obj = stack.pop()
-        module = type(obj).__module__
-        if (id(obj) in found or not module.startswith("mapformer.")
-                or isinstance(obj, (Param, ParameterStore)) or module in UNWALKED_MODULES
-                or not hasattr(obj, "__dict__")):
+        if id(obj) in found or not walked(obj):
             continue
         found[id(obj)] = obj
         for value in vars(obj).values():
@@ -274,54 +282,77 @@ def layer_objects(root):
     return list(found.values())
 
 
+def is_activation(value):
+    """An array (NumPy, CuPy: anything with an array interface), or a tuple or list of them:
+    what a layer keeps for its backward."""
+    if isinstance(value, (tuple, list)):
+        return bool(value) and all(is_activation(v) for v in value)
+    return hasattr(value, "__array_interface__") or hasattr(value, "__cuda_array_interface__")
+
+
+UNSET = object()  # an attribute the model did not have when it was built
+
+
+def fresh_state(layers):
+    """{id(object): (object, its attributes)} of every layer object under ``layers`` as the
+    model was built: what a forward that keeps nothing puts back (:class:`Keeping`)."""
+    return {id(obj): (obj, dict(vars(obj))) for layer in layers for obj in layer_objects(layer)}
+
+
 class Keeping:
     """How a model's forward calls its layers: ``call(layer, method, *args)`` is
-    ``getattr(layer, method)(*args)``, after which the layer keeps only what ``keep`` allows
-    of what the call left on its objects (:func:`layer_objects`): :data:`KEEP_ALL` everything
-    (a training forward, for its backward); False nothing; a tuple of attribute names those
-    attributes (the traces an evaluation reads, e.g. ("delta",)). An attribute the call
-    replaced gets its value from before the call back, one it added is removed, so the
-    arrays a backward would need are freed as soon as the layer returns instead of when the
-    next forward replaces them. Objects that several of ``layers`` reach (a scheme that the
-    embedding and its mixer share, maps that APE's layers share) are restored only at
-    :meth:`close`, the end of the forward, since a later layer may read what an earlier one
-    left there. The calls' results are those of plain calls, bit for bit."""
+    ``getattr(layer, method)(*args)``, after which the layer's objects (:func:`layer_objects`)
+    keep only what ``keep`` allows of the arrays on them (:func:`is_activation`):
+    :data:`KEEP_ALL` everything (a training forward, for its backward); False none; a tuple of
+    attribute names those attributes (the traces an evaluation reads, e.g. ("delta",); a trace
+    that is a property, Mamba's delta, is computed from attributes that are not kept). Every
+    other array attribute goes back to its value when the model was built (``fresh``, from
+    :func:`fresh_state`) or is removed: first on every layer, dropping what an earlier kept
+    forward and its backward left, then on each layer as soon as it returns, so the arrays a
+    backward would need are freed at once. Everything else the calls do stays as they did it
+    (a VQ's auxiliary loss and forward count, caches filled in place). Objects that several of
+    ``layers`` reach (a scheme that the embedding and its mixer share, maps that APE's layers
+    share) are cleared only at :meth:`close`, the end of the forward, since a later layer may
+    read what an earlier one left there. The calls' results are those of plain calls, bit for
+    bit."""
 
-    def __init__(self, keep, layers):
+    def __init__(self, keep, layers, fresh):
         self.all = keep is KEEP_ALL
         if self.all:
             return
-        self.kept = set(keep or ())
+        self.kept, self.fresh = set(keep or ()), fresh
         owners = {}
         for layer in layers:
             for obj in layer_objects(layer):
                 owners.setdefault(id(obj), (obj, set()))[1].add(id(layer))
         self.private = {id(layer): [o for o in layer_objects(layer) if len(owners[id(o)][1]) == 1]
                         for layer in layers}
-        self.shared = self.snapshot([obj for obj, who in owners.values() if len(who) > 1])
+        self.shared = [obj for obj, who in owners.values() if len(who) > 1]
+        self.clear(obj for obj, _ in owners.values())
 
-    @staticmethod
-    def snapshot(objects):
-        return [(obj, dict(vars(obj))) for obj in objects]
-
-    def restore(self, snapshot):
-        for obj, attributes in snapshot:
-            for name in [n for n in vars(obj) if n not in self.kept]:
-                if name not in attributes:
+    def clear(self, objects):
+        """Put back or remove every array attribute of ``objects`` that is not kept and not
+        what it was when the model was built."""
+        for obj in objects:
+            built = self.fresh.get(id(obj), (None, {}))[1]
+            for name, value in list(vars(obj).items()):
+                if (name in self.kept or not is_activation(value)
+                        or value is built.get(name, UNSET)):
+                    continue
+                if name in built:
+                    setattr(obj, name, built[name])
+                else:
                     delattr(obj, name)
-                elif vars(obj)[name] is not attributes[name]:
-                    setattr(obj, name, attributes[name])
 
     def call(self, layer, method, *args):
         if self.all:
             return getattr(layer, method)(*args)
-        before = self.snapshot(self.private[id(layer)])
         try:
             return getattr(layer, method)(*args)
         finally:
-            self.restore(before)
+            self.clear(self.private[id(layer)])
 
     def close(self):
-        """Restore the shared objects (the end of the forward)."""
+        """Clear the shared objects (the end of the forward)."""
         if not self.all:
-            self.restore(self.shared)
+            self.clear(self.shared)

@@ -392,8 +392,8 @@ class ModelKind:
     called after every optimizer step (TDB: the teacher's EMA); state(model) -> (meta,
     {name: array}) and restore(model, meta, arrays), or None: what a checkpoint holds beside
     the parameters and moments for an exact resume, its arrays named in ``state_arrays``;
-    data_parallel: whether mapformer.parallel may train it; eval_keep: the ``keep=`` that
-    :func:`evaluate` passes its loss (None: the kind's loss takes none)."""
+    data_parallel: whether mapformer.parallel may train it; keeps: whether its loss takes
+    ``keep=`` (Transformer.forward: the inference path, which :func:`evaluate` uses)."""
 
     name: str
     config: type
@@ -405,7 +405,7 @@ class ModelKind:
     restore: Callable = None
     state_arrays: tuple = ()
     data_parallel: bool = False
-    eval_keep: tuple = None
+    keeps: bool = False
 
 
 def transformer_predictions(model, batch):
@@ -423,7 +423,7 @@ def bottleneck_usage(model):
 MODEL_KINDS = {
     "transformer": ModelKind("transformer", ModelConfig, Transformer, transformer_predictions,
                              bottleneck_usage, data_parallel=True,
-                             eval_keep=("delta",)),  # DeltaByToken reads it
+                             keeps=True),
     "tdb": ModelKind("tdb", TDBConfig, TDB, lambda model, batch: model.token_predictions(),
                      lambda model: [model.vq.usage()], after_step=TDB.update_teacher,
                      state=TDB.checkpoint_state, restore=TDB.restore_state,
@@ -485,8 +485,6 @@ def evaluate(model, tasks, sequences=256, seed=0, batch_size=32):
             raise ValueError(f"{name}: the task's vocabulary ({task.vocab_size}) exceeds the "
                              f"model's ({model.config.vocab_size})")
     kind = model_kind(model.config)
-    # no activations kept but the traces read here: the inference path (same numbers)
-    keeping = {} if kind.eval_keep is None else {"keep": kind.eval_keep}
     model.train(False)
     results = {}
     for name, task in tasks.items():
@@ -497,6 +495,8 @@ def evaluate(model, tasks, sequences=256, seed=0, batch_size=32):
         lags_of = getattr(module, "recall_lags", None)
         lag_positions = lag_hits = np.zeros(0, dtype=np.int64)
         delta_sums = DeltaByToken(model, task.vocab_size)
+        # the inference path (same numbers): no activation kept but the Delta read here
+        keeping = {"keep": ("delta",) if delta_sums.layers else False} if kind.keeps else {}
         for batch in module.eval_set(task, sequences, seed, batch_size):
             n = int(batch.mask.sum())
             if n == 0:
@@ -548,7 +548,7 @@ def evaluate(model, tasks, sequences=256, seed=0, batch_size=32):
 class DeltaByToken:
     """Sums of |Delta| per input token id over the path-integrating layers of ``model``
     (``layers``: their indices; empty for a model without one), from the traces its last
-    forward left (an evaluation's forward keeps it: the transformer kind's eval_keep)."""
+    forward left (:func:`evaluate`'s forwards keep it, and nothing else)."""
 
     def __init__(self, model, vocab_size):
         blocks = getattr(model, "blocks", ())

@@ -1,11 +1,14 @@
 """The inference path: a forward that keeps no activations (Transformer.forward(keep=False),
-mapformer.nn.Keeping) gives the training forward's logits bit for bit, for every mixer and
-every positional scheme it takes, and leaves nothing on its layers; keep=("delta",) leaves
-only the path integrator's Delta; backward() after it is refused."""
+mapformer.nn.Keeping) gives the training forward's logits and loss bit for bit, for every
+mixer and every positional scheme it takes (the guides' plug-ins, registered from outside the
+package, included), and leaves no array on its layers, not even an earlier kept forward's;
+keep=("delta",) leaves only the path integrator's Delta; backward() after it is refused."""
 import itertools
 
 import numpy as np
 import pytest
+import toy_mixer  # noqa: F401  (registers the mixer "toy_shift")
+import toy_scheme  # noqa: F401  (registers the scheme "toy")
 
 from mapformer.mixers import MIXERS
 from mapformer.models import ModelConfig, Transformer, components, options_of
@@ -20,13 +23,13 @@ PAIRS = [(m, s) for m, s in itertools.product(sorted(MIXERS.entries), sorted(SCH
 NEEDS = {"cope": {"cope_positions": 2 * TASK.steps}}  # options a scheme has no default for
 
 
-def model_and_inputs(mixer, positional, bottleneck="none"):
-    batch = navigation.generate(TASK, 3, 0)
+def model_and_inputs(mixer, positional, bottleneck="none", sequences=3, **more):
+    batch = navigation.generate(TASK, sequences, 0)
     coordinates = navigation.token_coordinates(batch)
     if positional == "ape_tree":  # heap numbers of a path down a binary tree
         coordinates = np.broadcast_to(np.arange(1, batch.tokens.shape[1] + 1)[None, :, None],
                                       batch.tokens.shape + (1,))
-    options = dict(NEEDS.get(positional, {}))
+    options = dict(NEEDS.get(positional, {}), **more)
     if "coord_dims" in options_of(mixer, positional, bottleneck):
         options["coord_dims"] = 1 if positional == "ape_tree" else 2  # the walk's 2D cells
     config = ModelConfig(vocab_size=TASK.vocab_size, d_model=32, n_heads=2, n_layers=2,
@@ -39,27 +42,35 @@ def model_and_inputs(mixer, positional, bottleneck="none"):
 
 def held(model):
     """{(layer object, attribute): array} of every array on the model's layers but the
-    coordinates the model hands its schemes before the layers run."""
-    layers = [model.embed, model.ln_f, model.head, *(layer for block in model.blocks
-                                                     for layer in block.layers())]
-    return {(id(obj), name): value for layer in layers for obj in layer_objects(layer)
+    coordinates the model hands its schemes before the layers run and views of the
+    parameters (a Linear's weight as its forward last used it)."""
+    return {(id(obj), name): value for layer in model.layers() for obj in layer_objects(layer)
             for name, value in vars(obj).items()
-            if isinstance(value, np.ndarray) and name != "coordinates"}
+            if isinstance(value, np.ndarray) and name != "coordinates"
+            and not np.shares_memory(value, model.params.data)}
 
 
 @pytest.mark.parametrize("mixer,positional", PAIRS)
 def test_no_kept_activations_same_logits_nothing_left(mixer, positional):
+    """Same logits and loss; a fresh model's forward without kept activations adds no array
+    to its layers; after a kept forward on 3 sequences (and its backward), such a forward on
+    5 sequences leaves no array of the 3 sequences' (caches of a length may stay)."""
     model, inputs = model_and_inputs(mixer, positional)
     fresh = held(model)
     loss_free = model.loss(*inputs, keep=False)
     free = model.ops.to_numpy(model.logits).copy()
     assert held(model).keys() == fresh.keys()
     loss_kept = model.loss(*inputs)
-    kept = held(model)
-    assert len(kept) > len(fresh) + 10  # a training forward keeps its activations
+    assert len(held(model)) > len(fresh) + 5  # a training forward keeps its activations
     np.testing.assert_array_equal(free, model.ops.to_numpy(model.logits))
     assert loss_free == loss_kept
     model.backward()  # the kept forward's backward runs
+    _, five = model_and_inputs(mixer, positional, sequences=5)
+    model.loss(*five, keep=False)
+    rows = {3, 3 * five[0].shape[1]}  # the kept forward's sequences and token rows
+    left = {name for (_, name), value in held(model).items() if value.shape[:1] and
+            value.shape[0] in rows}
+    assert not left, f"arrays of the kept forward left: {sorted(left)}"
     model.loss(*inputs, keep=False)
     np.testing.assert_array_equal(free, model.ops.to_numpy(model.logits))
     with pytest.raises(RuntimeError, match="kept its activations"):
@@ -83,15 +94,26 @@ def test_keep_delta_keeps_delta_alone_and_evaluate_reads_it():
     assert results["iid"]["delta_abs_by_token"][0] is not None
 
 
-def test_vq_bottleneck_and_bad_keep():
-    model, inputs = model_and_inputs("attention", "rope", "vq")
-    model.loss(*inputs, keep=False)
+def test_vq_bottleneck_loss_and_counts_and_bad_keep():
+    """The VQ's auxiliary loss is part of the loss (the same with and without kept
+    activations), and its forward count goes on (its dead-code restarts count forwards)."""
+    model, inputs = model_and_inputs("attention", "rope", "vq", vq_restart_dead=2)
+    vq = model.blocks[-1].bottleneck
+    loss_free = model.loss(*inputs, keep=False)
     free = model.ops.to_numpy(model.logits).copy()
-    model.loss(*inputs)
+    assert vq.loss > 0
+    loss_kept = model.loss(*inputs)
     np.testing.assert_array_equal(free, model.ops.to_numpy(model.logits))
+    assert loss_free == loss_kept
+    model.train(True)
+    before = vq.forwards
+    model.loss(*inputs, keep=False)
+    assert vq.forwards == before + 1
     for bad in ("none", ["delta"], ("delta", 1), 0):
         with pytest.raises(TypeError, match="keep"):
             model.forward(inputs[0], keep=bad)
+    with pytest.raises(ValueError, match="keep names traces .*'dleta'"):
+        model.forward(inputs[0], keep=("dleta",))
 
 
 def test_backward_before_any_loss_and_after_decode_is_refused():
