@@ -7,8 +7,7 @@ import itertools
 
 import numpy as np
 import pytest
-import toy_mixer  # noqa: F401  (registers the mixer "toy_shift")
-import toy_scheme  # noqa: F401  (registers the scheme "toy")
+from test_extending import toy_mixer_registered, toy_registered
 
 from mapformer.mixers import MIXERS
 from mapformer.models import ModelConfig, Transformer, components, options_of
@@ -52,6 +51,20 @@ def held(model):
 
 @pytest.mark.parametrize("mixer,positional", PAIRS)
 def test_no_kept_activations_same_logits_nothing_left(mixer, positional):
+    check_no_kept_activations(mixer, positional)
+
+
+@pytest.mark.parametrize("registered, mixer, positional",
+                         [(toy_mixer_registered, "toy_shift", "none"),
+                          (toy_registered, "attention", "toy")])
+def test_plug_ins_from_outside_the_package_keep_nothing(registered, mixer, positional):
+    """The guides' plug-ins (tests/toy_mixer.py, tests/toy_scheme.py), registered from outside
+    mapformer, are walked and cleared like the package's own layers."""
+    with registered():
+        check_no_kept_activations(mixer, positional)
+
+
+def check_no_kept_activations(mixer, positional):
     """Same logits and loss; a fresh model's forward without kept activations adds no array
     to its layers; after a kept forward on 3 sequences (and its backward), such a forward on
     5 sequences leaves no array of the 3 sequences' (caches of a length may stay)."""
