@@ -1,9 +1,10 @@
 """Peak memory and time of an evaluation forward with and without kept activations.
 
-`Transformer.loss(..., keep=True)` (a training forward) keeps every layer's activations for
-backward(); `keep=False` (the inference path, mapformer.nn.Keeping) frees each layer's as soon
-as it returns, and `keep=("delta",)` keeps only the path integrator's Delta, which
-`train.evaluate` reads. This script measures the three on long navigation sequences (default:
+`Transformer.loss(..., keep=True)` (mode "keep": a training forward) keeps every layer's
+activations for backward(); `keep=False` (mode "none": the inference path, mapformer.nn.Keeping)
+frees each layer's as soon as it returns; mode "evaluate" is what `train.evaluate` passes:
+`keep=("delta",)` for a model whose schemes trace Delta (MapWM, MapEM), else False. This
+script measures the three on long navigation sequences (default:
 batch 8, 4,096 steps = 8,192 tokens, d_model 128, 2 heads, 2 layers: the OOD sets' length) and
 checks that they give the same loss and logits bit for bit.
 
@@ -30,7 +31,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))  # this checkout's mapformer, not an installed copy
 
-MODES = {"keep": True, "none": False, "delta": ("delta",)}
+MODES = ("keep", "none", "evaluate")
 
 
 def status_mb(field):
@@ -47,6 +48,7 @@ def child(args):
 
     from mapformer.models import ModelConfig, Transformer
     from mapformer.tasks import navigation
+    from mapformer.train import DeltaByToken
 
     task = navigation.NavigationConfig(dims=2, steps=args.steps, grid_size=64)
     config = ModelConfig.for_task(args.model, task, d_model=args.d_model, n_heads=args.heads,
@@ -55,7 +57,9 @@ def child(args):
     model.train(False)
     batch = navigation.generate(task, args.batch, 0)
     inputs = (batch.tokens, batch.targets, batch.mask, navigation.token_coordinates(batch))
-    keep = MODES[args.mode]
+    keep = {"keep": True, "none": False,
+            "evaluate": ("delta",) if DeltaByToken(model, task.vocab_size).layers else False
+            }[args.mode]
     try:
         Path("/proc/self/clear_refs").write_text("5")  # VmHWM := VmRSS
     except OSError:
@@ -76,7 +80,7 @@ def main():
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--models", default="mapwm,mapem_os,rope,mamba,mampa",
                    help="comma-separated model presets")
-    p.add_argument("--modes", default="keep,none,delta",
+    p.add_argument("--modes", default="keep,none,evaluate",
                    help=f"comma-separated modes, of {', '.join(MODES)}")
     p.add_argument("--batch", type=int, default=8)
     p.add_argument("--steps", type=int, default=4096, help="navigation steps (2 tokens each)")
@@ -114,8 +118,11 @@ def main():
         for model in models:
             for mode in modes:
                 out = subprocess.run([sys.executable, __file__, *shared, "--child", model, mode],
-                                     capture_output=True, text=True, check=True,
+                                     capture_output=True, text=True,
                                      env={**os.environ, "PYTHONPATH": str(ROOT)})
+                if out.returncode:
+                    last = (out.stderr.strip().splitlines() or ["no message"])[-1]
+                    sys.exit(f"bench_eval_memory: {model} {mode} failed: {last}")
                 runs[(model, mode)].append(json.loads(out.stdout.splitlines()[-1]))
     figures = {"bench": "eval_memory", "batch": args.batch, "tokens": 2 * args.steps,
                "d_model": args.d_model, "heads": args.heads, "layers": args.layers,
