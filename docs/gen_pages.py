@@ -570,6 +570,31 @@ def render_train_step_sgemm(data, before, words):
         f"; the earlier column from `{words[1]}`." if before else ".")
 
 
+def render_eval_memory(words, shown):
+    """bench_eval_memory.py's JSON: per model and mode, the forward's peak memory and time,
+    and their ratios to the training forward's (mode keep)."""
+    data = load_json(words[0])
+    prov = data["provenance"]
+    modes = list(next(iter(data["models"].values())))[:-1]  # the last key: same_bits
+    lines = [f"{prov['cpu']}, kernels {prov['kernels']}, {prov['threads']} thread(s), at "
+             f"commit {prov['commit'][:7]}{' (dirty)' if prov['dirty'] is True else ''}; "
+             f"batch {data['batch']}, {data['tokens']} tokens, d_model {data['d_model']}, "
+             f"{data['heads']} heads, {data['layers']} layers; medians of {data['rounds']} "
+             f"processes per mode, each timing {data['repeats']} forward(s) after a warm-up.",
+             "", "| model | " + " | ".join(f"{m}: peak MB | {m}: ms" for m in modes)
+             + " | same bits |", "|---|" + "---|---|" * len(modes) + "---|"]
+    for model, row in data["models"].items():
+        cells = []
+        for m in modes:
+            ratio = "" if m == "keep" else (
+                f" ({row[m]['peak_mb'] / row['keep']['peak_mb']:.2f}x)")
+            time_ratio = "" if m == "keep" else f" ({row[m]['ms'] / row['keep']['ms']:.2f}x)"
+            cells += [f"{row[m]['peak_mb']:,.0f}{ratio}", f"{row[m]['ms']:,.0f}{time_ratio}"]
+        lines.append(f"| {model} | " + " | ".join(cells)
+                     + f" | {'yes' if row['same_bits'] else '**no**'} |")
+    return "\n".join(lines) + f"\n\nFrom `{words[0]}`."
+
+
 def render_file(words, shown):
     return f"`{words[0]}`:\n\n```\n" + (ROOT / words[0]).read_text().rstrip() + "\n```"
 
@@ -578,7 +603,8 @@ RENDERERS = {"table": render_table, "predicted-by-lag": render_predicted_by_lag,
              "ops": render_ops, "cli-usage": render_cli_usage, "cli-help": render_cli_help,
              "seeds": render_seeds,
              "gpu-kernels": render_gpu_kernels, "gpu-scans": render_gpu_scans,
-             "train-step": render_train_step, "file": render_file}
+             "train-step": render_train_step, "eval-memory": render_eval_memory,
+             "file": render_file}
 
 
 def render(template, shown):
