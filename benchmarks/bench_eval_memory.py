@@ -2,9 +2,9 @@
 
 `Transformer.loss(..., keep=True)` (mode "keep": a training forward) keeps every layer's
 activations for backward(); `keep=False` (mode "none": the inference path, mapformer.nn.Keeping)
-frees each layer's as soon as it returns; mode "evaluate" is what `train.evaluate` passes:
-`keep=("delta",)` for a model whose schemes trace Delta (MapWM, MapEM), else False. This
-script measures the three on long navigation sequences (default:
+frees each layer's as soon as it returns; mode "delta" keeps only Delta where a scheme traces
+it (`keep=("delta",)`: MapWM, MapEM; else False), what an evaluation that reads Delta needs.
+This script measures the three on long navigation sequences (default:
 batch 8, 4,096 steps = 8,192 tokens, d_model 128, 2 heads, 2 layers: the OOD sets' length) and
 checks that they give the same loss and logits bit for bit.
 
@@ -31,7 +31,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))  # this checkout's mapformer, not an installed copy
 
-MODES = ("keep", "none", "evaluate")
+MODES = ("keep", "none", "delta")
 
 
 def status_mb(field):
@@ -58,7 +58,7 @@ def child(args):
     batch = navigation.generate(task, args.batch, 0)
     inputs = (batch.tokens, batch.targets, batch.mask, navigation.token_coordinates(batch))
     keep = {"keep": True, "none": False,
-            "evaluate": ("delta",) if DeltaByToken(model, task.vocab_size).layers else False
+            "delta": ("delta",) if DeltaByToken(model, task.vocab_size).layers else False
             }[args.mode]
     try:
         Path("/proc/self/clear_refs").write_text("5")  # VmHWM := VmRSS
@@ -80,7 +80,7 @@ def main():
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--models", default="mapwm,mapem_os,rope,mamba,mampa",
                    help="comma-separated model presets")
-    p.add_argument("--modes", default="keep,none,evaluate",
+    p.add_argument("--modes", default="keep,none,delta",
                    help=f"comma-separated modes, of {', '.join(MODES)}")
     p.add_argument("--batch", type=int, default=8)
     p.add_argument("--steps", type=int, default=4096, help="navigation steps (2 tokens each)")

@@ -389,7 +389,9 @@ class Transformer:
         freed as soon as the layer returns
         (the inference path: the same logits bit for bit, a peak of about one layer's working
         set instead of every layer's, :class:`mapformer.nn.Keeping`), and backward()
-        refuses to run.
+        refuses to run. After such a forward an array attribute of a layer that the forward
+        sets holds its as-built value (or is gone): read what a forward leaves (traces, a
+        scheme's derived weights) after a kept forward, or name it in ``keep``.
         coordinates (B, T, n): the tokens' positions as the task knows them (navigation: the
         agent's cell), given to every positional scheme (``scheme.coordinates``); None: the
         schemes that read them use the token index. prefix int (B,): each sequence's prefix

@@ -314,7 +314,9 @@ class Keeping:
     ``layers`` reach (a scheme that the embedding and its mixer share, maps that APE's layers
     share) are cleared only at :meth:`close`, the end of the forward, since a later layer may
     read what an earlier one left there. The calls' results are those of plain calls, bit for
-    bit."""
+    bit; what the layers hold afterwards is not what a kept forward leaves (an attribute the
+    model had when built holds that value again), so analyses read traces after a kept
+    forward, and ``train.evaluate`` keeps everything."""
 
     def __init__(self, keep, layers, fresh):
         self.all = keep is KEEP_ALL

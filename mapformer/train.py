@@ -392,8 +392,7 @@ class ModelKind:
     called after every optimizer step (TDB: the teacher's EMA); state(model) -> (meta,
     {name: array}) and restore(model, meta, arrays), or None: what a checkpoint holds beside
     the parameters and moments for an exact resume, its arrays named in ``state_arrays``;
-    data_parallel: whether mapformer.parallel may train it; keeps: whether its loss takes
-    ``keep=`` (Transformer.forward: the inference path, which :func:`evaluate` uses)."""
+    data_parallel: whether mapformer.parallel may train it."""
 
     name: str
     config: type
@@ -405,7 +404,6 @@ class ModelKind:
     restore: Callable = None
     state_arrays: tuple = ()
     data_parallel: bool = False
-    keeps: bool = False
 
 
 def transformer_predictions(model, batch):
@@ -422,8 +420,7 @@ def bottleneck_usage(model):
 
 MODEL_KINDS = {
     "transformer": ModelKind("transformer", ModelConfig, Transformer, transformer_predictions,
-                             bottleneck_usage, data_parallel=True,
-                             keeps=True),
+                             bottleneck_usage, data_parallel=True),
     "tdb": ModelKind("tdb", TDBConfig, TDB, lambda model, batch: model.token_predictions(),
                      lambda model: [model.vq.usage()], after_step=TDB.update_teacher,
                      state=TDB.checkpoint_state, restore=TDB.restore_state,
@@ -495,16 +492,13 @@ def evaluate(model, tasks, sequences=256, seed=0, batch_size=32):
         lags_of = getattr(module, "recall_lags", None)
         lag_positions = lag_hits = np.zeros(0, dtype=np.int64)
         delta_sums = DeltaByToken(model, task.vocab_size)
-        # the inference path (same numbers): no activation kept but the Delta read here
-        keeping = {"keep": ("delta",) if delta_sums.layers else False} if kind.keeps else {}
         for batch in module.eval_set(task, sequences, seed, batch_size):
             n = int(batch.mask.sum())
             if n == 0:
                 continue
             loss_sum += model.loss(batch.tokens, batch.targets, batch.mask,
                                    module.token_coordinates(batch),
-                                   batch_prefix(module, batch), batch_pool(module),
-                                   **keeping) * n
+                                   batch_prefix(module, batch), batch_pool(module)) * n
             delta_sums.add(batch.tokens)  # the forward of the loss left its traces
             pred = kind.predictions(model, batch)
             correct = (pred == batch.targets) & batch.mask
@@ -548,7 +542,7 @@ def evaluate(model, tasks, sequences=256, seed=0, batch_size=32):
 class DeltaByToken:
     """Sums of |Delta| per input token id over the path-integrating layers of ``model``
     (``layers``: their indices; empty for a model without one), from the traces its last
-    forward left (:func:`evaluate`'s forwards keep it, and nothing else)."""
+    forward left."""
 
     def __init__(self, model, vocab_size):
         blocks = getattr(model, "blocks", ())

@@ -90,9 +90,10 @@ def check_no_kept_activations(mixer, positional):
         model.backward()
 
 
-def test_keep_delta_keeps_delta_alone_and_evaluate_reads_it():
+def test_keep_delta_keeps_delta_alone_and_evaluate_leaves_the_traces():
     """keep=("delta",): every block's scheme keeps its Delta (equal to a training forward's),
-    nothing else; evaluate() (which runs that way) gives the metrics of a kept forward."""
+    nothing else. evaluate() keeps everything, so what its last forward leaves (a trainable
+    scheme's derived weights, the traces) can be read after it, as after a training step."""
     model, inputs = model_and_inputs("attention", "mapwm")
     fresh = held(model)
     model.loss(*inputs, keep=("delta",))
@@ -105,6 +106,7 @@ def test_keep_delta_keeps_delta_alone_and_evaluate_reads_it():
         np.testing.assert_array_equal(block.mixer.scheme.delta, delta)
     results = evaluate(model, {"iid": TASK}, sequences=4, batch_size=2)
     assert results["iid"]["delta_abs_by_token"][0] is not None
+    assert held(model).keys() - fresh.keys() > added  # the last forward's activations
 
 
 def test_vq_bottleneck_loss_and_counts_and_bad_keep():
