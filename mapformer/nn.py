@@ -243,7 +243,6 @@ class MLP:
                                      self.proj.bias.grad, approximate=self.approximate)
 
 
-
 KEEP_ALL = True
 """``keep`` of a forward that is followed by a backward: every layer keeps what it keeps."""
 
@@ -323,12 +322,13 @@ class Keeping:
         if self.all:
             return
         self.kept, self.fresh = set(keep or ()), fresh
+        reach = {id(layer): layer_objects(layer) for layer in layers}
         owners = {}
-        for layer in layers:
-            for obj in layer_objects(layer):
-                owners.setdefault(id(obj), (obj, set()))[1].add(id(layer))
-        self.private = {id(layer): [o for o in layer_objects(layer) if len(owners[id(o)][1]) == 1]
-                        for layer in layers}
+        for layer, objects in reach.items():
+            for obj in objects:
+                owners.setdefault(id(obj), (obj, set()))[1].add(layer)
+        self.private = {layer: [o for o in objects if len(owners[id(o)][1]) == 1]
+                        for layer, objects in reach.items()}
         self.shared = [obj for obj, who in owners.values() if len(who) > 1]
         self.clear(obj for obj, _ in owners.values())
 

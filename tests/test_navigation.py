@@ -349,3 +349,22 @@ def test_no_backtrack_walks_never_undo_a_step():
         nav.NavigationConfig(walk="spiral")
     with pytest.raises(ValueError, match="task 'navigation' has options"):
         TrainConfig(task="navigation", task_options={"walks": 3})
+
+
+def test_wrapped_recalls_go_round_the_torus():
+    """wrapped_recalls marks the recalls reached by going round the torus: none where the
+    walk is too short to go round, only recalls of lag >= the grid's side in 1D, and on the
+    OOD-dense set of Table 2 under runs of 6 actions about a third of the object recalls."""
+    wide = nav.NavigationConfig(dims=2, steps=24, grid_size=64)
+    batch = nav.generate(wide, 32, 0)
+    assert batch.mask.any() and not nav.wrapped_recalls(batch, wide).any()
+    ring = nav.NavigationConfig(dims=1, steps=16, grid_size=8, p_empty=0.2, action_repeat=6)
+    shares = []
+    for seed in range(4):
+        batch = nav.generate(ring, 64, seed)
+        wrapped = nav.wrapped_recalls(batch, ring)
+        assert not (wrapped & ~batch.mask).any()
+        assert (nav.recall_lags(batch)[wrapped] >= ring.grid_size).all()
+        objects = batch.mask & (batch.targets != ring.blank_id)
+        shares.append((wrapped & objects).sum() / objects.sum())
+    assert 0.2 < np.mean(shares) < 0.45

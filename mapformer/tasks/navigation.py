@@ -417,6 +417,24 @@ def recall_lags(batch: Batch) -> np.ndarray:
     return np.where(batch.mask, lags, 0)
 
 
+def wrapped_recalls(batch: Batch, config: NavigationConfig) -> np.ndarray:
+    """Which scored positions recall a cell the agent reached again by going round the torus:
+    bool (B, 2T), True where the walk's unwrapped displacement (the sum of its steps) since the
+    cell's last visit (:func:`recall_lags`) is not zero. A model whose positions are periodic
+    with the training torus's period recognises these only on a torus of that size."""
+    actions = np.asarray(batch.tokens)[:, 0::2]
+    steps = np.stack([(actions == 2 * j).astype(np.int64) - (actions == 2 * j + 1)
+                      for j in range(config.dims)], axis=-1)
+    unwrapped = np.cumsum(steps, axis=1)  # (B, T, n): the position after each step
+    lags = recall_lags(batch)
+    b, i = np.nonzero(batch.mask)
+    t = i // 2  # the step whose observation is recalled
+    moved = np.abs(unwrapped[b, t] - unwrapped[b, t - lags[b, i]]).sum(axis=-1) != 0
+    out = np.zeros(batch.mask.shape, dtype=bool)
+    out[b, i] = moved
+    return out
+
+
 def delta_metrics(config: NavigationConfig, by_token: list) -> dict:
     """What a path-integrating model's integration times Delta say about actions and
     observations (the paper's Fig. 5a: a map is learned once observations stop rotating it),
