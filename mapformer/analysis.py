@@ -11,7 +11,10 @@ A MapFormer has learned a map when
   :func:`recall_key`);
 - the path-integrated angles of a walk that returns to its start come back to their start
   values (:func:`closed_walk`, :func:`path_angles`, :func:`closure_error`,
-  :func:`project_to_plane`).
+  :func:`project_to_plane`);
+- in 1D, one integrated number is the position, and the longest distance covered is about one
+  cycle of the lowest frequency (:func:`scalar_positions`, :func:`position_map`,
+  :func:`position_fit`: Fig. 6a).
 
 Every function runs the model's own forward (the C core, dropout off) and reads the traces its
 layers keep, through a block's mixer (``block.mixer``: values ``vh``, the queries and keys
@@ -336,6 +339,106 @@ def path_angles(model, tokens, layer=0):
     _forward(model, tokens)
     return np.cumsum(_float64(model, path.delta[0]), axis=0) * _float64(model,
                                                                          path.frequencies)
+
+
+def scalar_positions(model, batch, layer=0):
+    """The position a rank-1 path integrator keeps (the paper's Fig. 6a) and the frequencies
+    that turn it into angles.
+
+    A layer of delta_rank 1 (1D navigation, selective copy) integrates one number per token,
+    Delta^in = W_in x (the ``delta_r`` trace), and every block's angle is that running sum
+    times an effective frequency: theta = nu * p with p = cumsum_t Delta^in and
+    nu = omega * W_out (the learned omega scaled by the block's row of W_out).
+
+    batch: a Batch or tokens int (B, T). Returns {"position": float64 (B, T) p,
+    "frequencies": float64 (H, NB) nu (radians per unit of p; signed)}. ValueError when the
+    layer has no Delta or its delta_rank is not 1."""
+    tokens = _tokens(batch)
+    path = _path(model, layer, "scalar_positions")
+    rank = path.config.options["delta_rank"]
+    if rank != 1:
+        raise ValueError(f"scalar_positions needs delta_rank 1 (one number integrated per "
+                         f"token), layer {layer} has delta_rank {rank}")
+    _forward(model, tokens)
+    position = np.cumsum(_float64(model, path.delta_r).reshape(tokens.shape), axis=1)
+    nu = _float64(model, path.frequencies) * _float64(
+        model, path.delta_out.weight.value).reshape(path.frequencies.shape)
+    return {"position": position, "frequencies": nu}
+
+
+def position_map(model, batches, task, layer=0, bins=60):
+    """How a rank-1 path integrator's position (:func:`scalar_positions`) maps 1D navigation's
+    cells: the Fig. 6a histogram and what the paper reads from it (appendix 10.2: the
+    longest distance the model covers should be about one cycle of its lowest frequency).
+
+    batches: Batches of 1D navigation (tokens (B, 2L)); task: their NavigationConfig. The
+    positions of every token are read by :func:`position_fit` against the walk's unwrapped
+    displacement (:func:`mapformer.tasks.navigation.unwrapped_displacement`); returns its
+    dict."""
+    if task.dims != 1:
+        raise ValueError(f"position_map reads 1D navigation, got dims={task.dims}")
+    positions, displacements, actions, nu = [], [], [], None
+    for batch in batches:
+        read = scalar_positions(model, batch, layer)
+        nu = read["frequencies"]
+        positions.append(read["position"])
+        displacements.append(np.repeat(
+            navigation.unwrapped_displacement(batch, 1)[..., 0], 2, axis=1))
+        actions.append(np.array(_is_action(_tokens(batch), task)))
+    if nu is None:
+        raise ValueError("position_map needs at least one batch")
+    return position_fit(np.concatenate(positions), np.concatenate(displacements),
+                        np.concatenate(actions), nu, bins)
+
+
+def position_fit(position, displacement, is_action, frequencies, bins=60):
+    """Least squares position = slope * d + drift_action * n_a + drift_observation * n_o + c
+    over tokens, where n_a, n_o count the actions and observations read so far in a sequence.
+
+    position float (B, T) (one sequence: (T,)); displacement (same shape): the cells moved
+    from the start after each token; is_action bool (same shape); frequencies nu (any shape): the effective
+    frequencies (radians per unit of position). A map has r2 near 1; a drift per step
+    (drift_action + drift_observation) adds an angle that grows with the lag between a visit
+    and its recall, which a map must keep near 0.
+
+    Returns {"edges" (bins + 1,), "counts" (bins,): the histogram of the positions; "slope"
+    (units of position per cell), "drift_action", "drift_observation" (per token read),
+    "r2"; "extent": the positions' 0.5 to 99.5 percentile range; "nu_min", "nu_max": the
+    smallest and largest |nu|; "min_period", "max_period": 2 pi / nu (units of position;
+    None for nu = 0); "min_period_cells", "max_period_cells": the same in cells (/ |slope|);
+    "extent_over_min_period"; "extent_cells": extent / |slope|; "drift_cells_per_step":
+    (drift_action + drift_observation) / slope}."""
+    p = np.asarray(position, dtype=np.float64)
+    d = np.asarray(displacement, dtype=np.float64)
+    act = np.asarray(is_action, dtype=bool)
+    if not p.shape == d.shape == act.shape or p.size == 0:
+        raise ValueError(f"position, displacement and is_action must share one non-empty "
+                         f"shape, got {p.shape}, {d.shape}, {act.shape}")
+    p2, d2, a2 = (np.atleast_2d(v) for v in (p, d, act))
+    x = np.stack([d2, np.cumsum(a2, axis=1), np.cumsum(~a2, axis=1), np.ones(d2.shape)],
+                 axis=-1).reshape(-1, 4)
+    p = p2.ravel()
+    coef, *_ = np.linalg.lstsq(x, p, rcond=None)
+    residual = p - x @ coef
+    r2 = 1.0 - float(residual @ residual) / max(float(((p - p.mean()) ** 2).sum()), 1e-300)
+    slope, drift_a, drift_o = (float(c) for c in coef[:3])
+    low, high = np.percentile(p, [0.5, 99.5])
+    counts, edges = np.histogram(p, bins=bins, range=(float(p.min()), float(p.max())))
+    magnitude = np.abs(np.asarray(frequencies, dtype=np.float64))
+    nu_min, nu_max = float(magnitude.min()), float(magnitude.max())
+    extent, scale = float(high - low), abs(slope)
+
+    def period(f, unit=1.0):
+        return 2 * np.pi / f / unit if f > 0 and unit > 0 else None
+
+    return {"edges": edges.tolist(), "counts": counts.tolist(), "slope": slope,
+            "drift_action": drift_a, "drift_observation": drift_o, "r2": r2,
+            "extent": extent, "nu_min": nu_min, "nu_max": nu_max,
+            "min_period": period(nu_min), "max_period": period(nu_max),
+            "min_period_cells": period(nu_min, scale), "max_period_cells": period(nu_max, scale),
+            "extent_over_min_period": extent * nu_min / (2 * np.pi),
+            "extent_cells": extent / scale if scale > 0 else None,
+            "drift_cells_per_step": (drift_a + drift_o) / slope if slope else None}
 
 
 def unwrap_positions(positions, grid_size):

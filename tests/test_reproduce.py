@@ -265,3 +265,55 @@ def test_fig5a_reads_observations_over_actions_through_training(tmp_path):
     assert ratio[-1, 0] == metrics["delta_observation_over_action_layer0"]
     view.plot(view, store, 1, tmp_path / "fig5a.png")
     assert (tmp_path / "fig5a.png").read_bytes()[:4] == b"\x89PNG"
+
+
+def test_fig6_positions_and_the_omega_max_sweep(tmp_path):
+    """'fig6': Table 2's 1D runs of the Delta rows (r = 1) as runs of their own kind, whose
+    records add the position readings to every set's metrics and keep the histogram;
+    'fig6-omega': Table 2's 2D runs with omega_max swept, whose pi part is Table 2's own runs;
+    both plots draw from the records."""
+    import math
+
+    from mapformer.reproduce.mapformer_fig6 import KIND, OMEGA_MAX, POSITION_METRICS
+
+    table2 = reproduce.table("mapformer", "2")
+    fig6 = reproduce.table("mapformer", "fig6")
+    run = fig6.make_run("1D", "MapWM", 0)
+    assert run.kind == KIND and run.model["options"]["delta_rank"] == 1
+    assert run.model == table2.make_run("1D", "MapWM", 0).model
+    sweep = reproduce.table("mapformer", "fig6-omega")
+    assert [sweep.make_run(p, "MapEM-s", 0).model["options"]["omega_max"]
+            for p in sweep.parts] == list(OMEGA_MAX.values())
+    assert sweep.make_run("omega_max pi", "MapEM-os", 2).id == table2.make_run(
+        "2D", "MapEM-os", 2).id
+    assert sweep.make_run("omega_max 2pi", "MapEM-os", 2).model["options"]["omega_max"] == (
+        2 * math.pi)
+    store = RecordStore(tmp_path)
+    small = reproduce.table("mapformer", "fig6", sequences=128, eval_sequences=8)
+    assert run_all(small.runs(1, rows=["MapEM-s"]), store, progress=False)["failed"] == []
+    record = store.get(small.make_run("1D", "MapEM-s", 0).id)
+    for column in COLUMNS:
+        reading = record["positions"][column]
+        assert set(POSITION_METRICS) <= set(record["metrics"][column])
+        assert record["metrics"][column]["r2"] == reading["r2"] <= 1.0
+        assert sum(reading["counts"]) == 8 * 2 * record["run"]["evals"][column]["steps"]
+    assert len(record["frequencies"]) == 2  # (H, NB)
+    small.plot(small, store, 1, tmp_path / "fig6.png")
+    assert (tmp_path / "fig6.png").read_bytes()[:4] == b"\x89PNG"
+    omega = reproduce.table("mapformer", "fig6-omega", sequences=64, eval_sequences=4)
+    runs = [omega.make_run(p, "MapWM", 0) for p in ("omega_max 1", "omega_max 4pi")]
+    assert run_all(runs, store, progress=False)["failed"] == []
+    omega.plot(omega, store, 1, tmp_path / "omega.png")
+    assert (tmp_path / "omega.png").read_bytes()[:4] == b"\x89PNG"
+
+
+def test_fig7a_at_the_papers_length():
+    """'fig7a-128': Fig. 7a's rows and widths at 128 steps on a grid of 64, the scale's
+    budget; 'fig7a' keeps its 32 steps on 16."""
+    long, short = (reproduce.table("mapformer", n) for n in ("fig7a-128", "fig7a"))
+    assert long.parts == short.parts and long.rows == short.rows
+    for table, steps, grid in ((long, 128, 64), (short, 32, 16)):
+        runs = table.runs(1)
+        assert {(r.train["steps"], r.train["grid_size"], r.train["sequences"])
+                for r in runs} == {(steps, grid, 25_600)}
+        assert f"{steps} steps" in table.title

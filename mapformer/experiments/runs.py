@@ -121,26 +121,37 @@ def json_safe(value):
 CLOCK = ("elapsed", "seq_per_s")  # the training log's clock readings: not in the record
 
 
-def execute_train(run):
-    """Kind "train": train run.model on run.train's task, evaluate on run.evals. Returns the
-    result part of the record: {"metrics": {set: {metric: value}}, "final_train_loss",
-    "steps", "sequences", "eval_seed", "wall_s", "log": the training log (every log_every
-    steps: loss, accuracy, lr, grad_norm, code usage; not the clock's readings, so a
-    record's contents are the same wherever it ran, but for wall_s), "evals": the evaluations every
-    eval_every steps}."""
+def train_run(run):
+    """Train run.model on run.train's task and evaluate it on run.evals: what
+    :func:`mapformer.train.train` returns (the model under "model")."""
     from ..models import ModelConfig
-    from ..train import TrainConfig, eval_seed, train
+    from ..train import TrainConfig, train
 
-    model_config = ModelConfig.from_dict(run.model)
-    train_config = TrainConfig.from_dict(run.train)
     evals = {k: task_from_dict(v) for k, v in run.evals.items()} or None
-    result = train(model_config, train_config, progress=False, log=lambda *a: None,
-                   eval_tasks=evals)
+    return train(ModelConfig.from_dict(run.model), TrainConfig.from_dict(run.train),
+                 progress=False, log=lambda *a: None, eval_tasks=evals)
+
+
+def train_record(run, result):
+    """The result part of a "train" record from what :func:`train_run` returned:
+    {"metrics": {set: {metric: value}}, "final_train_loss", "steps", "sequences",
+    "eval_seed", "wall_s", "log": the training log (every log_every steps: loss, accuracy,
+    lr, grad_norm, code usage; not the clock's readings, so a record's contents are the same
+    wherever it ran, but for wall_s), "evals": the evaluations every eval_every steps}."""
+    from ..train import TrainConfig, eval_seed
+
     return json_safe({"metrics": result["eval"], "final_train_loss": result["loss"],
                       "steps": result["steps"], "sequences": result["sequences"],
-                      "eval_seed": eval_seed(train_config), "wall_s": result["wall_s"],
-                   "log": [{k: v for k, v in entry.items() if k not in CLOCK}
-                           for entry in result["log"]], "evals": result["evals"]})
+                      "eval_seed": eval_seed(TrainConfig.from_dict(run.train)),
+                      "wall_s": result["wall_s"],
+                      "log": [{k: v for k, v in entry.items() if k not in CLOCK}
+                              for entry in result["log"]], "evals": result["evals"]})
+
+
+def execute_train(run):
+    """Kind "train": train run.model on run.train's task, evaluate on run.evals; the record's
+    result part is :func:`train_record`'s."""
+    return train_record(run, train_run(run))
 
 
 KINDS = {"train": execute_train}

@@ -12,11 +12,12 @@ Scales:
 Tables: "1" selective copy, "2" 1D and 2D navigation, "2-modes" the MapEM-os combination-mode
 ablation, "2-no-backtrack" Table 2's 2D part under the walk reading that never undoes a step
 (:data:`mapformer.tasks.navigation.WALKS`), "2-action-repeat" Table 2 under the reading whose
-actions come in runs (:data:`ACTION_REPEAT`; "-by-lag" reads any of the three by lag), "3" SSMs against MapFormers, "4" 3D and 5D
-navigation; figures "fig4a", "fig4b", "fig4c" and the 5D data sweep "5d-data"
-(:mod:`.mapformer_fig4`), "fig5a" (Delta on observations and actions through training,
-:func:`delta_steps`), "fig7a" and "fig7bd" (:mod:`.mapformer_fig7`); "ood", where
-long sparse sequences are lost (:mod:`.mapformer_ood`).
+actions come in runs (:data:`ACTION_REPEAT`; "-by-lag" reads any of the three by lag), "3"
+SSMs against MapFormers, "4" 3D and 5D navigation; figures "fig4a", "fig4b", "fig4c" and the
+5D data sweep "5d-data" (:mod:`.mapformer_fig4`), "fig5a" (Delta on observations and actions
+through training, :func:`delta_steps`), "fig6" and "fig6-omega" (positions and the omega_max
+sweep, :mod:`.mapformer_fig6`), "fig7a" (and at length 128, "fig7a-128") and "fig7bd"
+(:mod:`.mapformer_fig7`); "ood", where long sparse sequences are lost (:mod:`.mapformer_ood`).
 """
 from dataclasses import dataclass, field, replace
 
@@ -225,8 +226,8 @@ TABLES = {
 
 TABLE_NAMES = ("1", "1-delta", "1-delta-steps", "2", "2-by-lag", "2-modes", "2-no-backtrack",
                "2-no-backtrack-by-lag", "2-action-repeat", "2-action-repeat-by-lag", "3", "4",
-               "fig4a", "fig4b", "fig4c", "5d-data", "fig5a", "fig7a",
-               "fig7bd", "ood")
+               "fig4a", "fig4b", "fig4c", "5d-data", "fig5a", "fig6", "fig6-omega", "fig7a",
+               "fig7a-128", "fig7bd", "ood")
 LAG_ROWS = ("MapEM-o", "RoPE (1L)", "TAPE (1L)", "CoPE (1L)", "MapWM", "MapEM-os", "MapEM-s")
 LAG_EDGES = (1, 3, 5, 9, 17, 33, 65, 129, 257, 513)  # lag buckets: 1-2, 3-4, 5-8, ...
 
@@ -268,7 +269,10 @@ def mapformer_run(row, part, scale, seed, sequences, eval_sequences):
 def table(name, scale="cpu", sequences=None, eval_sequences=None):
     """MapFormer table ``name`` at ``scale``; ``sequences`` overrides the scale's training
     sequences (then it is not a reproduction, and the note says so)."""
-    if name in ("fig7a", "fig7bd"):
+    if name in ("fig6", "fig6-omega"):
+        from .mapformer_fig6 import table as figure
+        return figure(name, scale, sequences, eval_sequences)
+    if name in ("fig7a", "fig7a-128", "fig7bd"):
         from .mapformer_fig7 import table as figure
         return figure(name, scale, sequences, eval_sequences)
     if name in ("fig4a", "fig4b", "fig4c", "5d-data"):

@@ -1,6 +1,7 @@
 """The MapFormer paper's Fig. 7 (appendix 10.4) as two specs with plots drawn from the records:
 
     python -m mapformer reproduce mapformer fig7a --scale cpu --seeds 3
+    python -m mapformer reproduce mapformer fig7a-128 --scale cpu --seeds 3
     python -m mapformer reproduce mapformer fig7bd --scale cpu --seeds 3
 
 Fig. 7a: MapEM-b2 (``mapem``), -b4, -NC (blocks of 4, K = 6; NC-L), -SLN, all MapEM-s
@@ -13,8 +14,9 @@ planes 12,23), trained on 16 steps: IID accuracy through training (evaluated eve
 solves it; only NC-NL holds its OOD accuracy.
 
 Scales: ``paper`` (7a: 128 steps, grid 64, d_model 32-256; 200K sequences of batch 128),
-``cpu`` (7a: 32 steps, grid 16, d_model 32-128; 7b-d: d_model 64; 400 steps of batch 64, 25,600
-sequences, evaluations every 50 steps), ``tiny`` (proves the specs).
+``cpu`` (7a: 32 steps, grid 16, d_model 32-128, and ``fig7a-128`` at 128 steps, grid 64;
+7b-d: d_model 64; 400 steps of batch 64, 25,600 sequences, evaluations every 50 steps),
+``tiny`` (proves the specs).
 """
 from ..experiments.records import unknown_provenance
 from ..experiments.runs import Run
@@ -38,6 +40,9 @@ SCALES = {  # 7a: steps, grid, widths, sequences; 7b-d: width, sequences, eval_e
     "tiny": dict(a_steps=4, a_grid=4, widths=(32,), a_sequences=16, bd_width=32,
                  bd_sequences=16, eval_every=1, batch=8),
 }
+LENGTH_128 = dict(a_steps=128, a_grid=64)
+"""``fig7a-128``: Fig. 7a at the paper's sequence length (its caption: "trained on sequences of
+length 128") and grid (its 2D preset's 64), at the scale's widths and budget."""
 NOTES = {"paper": "the paper's 2D presets, 200K sequences of batch 128",
          "cpu": "7a: 32 steps, grid 16; 7b-d: 4D rotations, 16 steps (OOD 32), d_model 64; "
                 "400 steps of batch 64 (25,600 sequences)",
@@ -73,21 +78,26 @@ def fig7bd_run(label, s, seed, sequences, eval_sequences):
 
 
 def table(name, scale="cpu", sequences=None, eval_sequences=None):
-    """Fig. 7a ("fig7a") or 7b-d ("fig7bd") at ``scale``."""
+    """Fig. 7a ("fig7a"; "fig7a-128" at the paper's length 128, :data:`LENGTH_128`) or 7b-d
+    ("fig7bd") at ``scale``."""
     if scale not in SCALES:
         raise ValueError(f"Fig. 7 has scales {sorted(SCALES)}, not {scale!r}")
     s, eval_sequences = SCALES[scale], eval_sequences or 256
     note = NOTES[scale] + (f"; training sequences overridden to {sequences}" if sequences
                            else "")
-    if name == "fig7a":
+    if name == "fig7a-128":  # the paper's sequence length at the scale's budget and widths
+        s = {**s, **LENGTH_128}
+        note = note.replace("7a: 32 steps, grid 16", "7a: 128 steps, grid 64", 1)
+    if name in ("fig7a", "fig7a-128"):
         n = sequences or s["a_sequences"]
         parts = tuple(f"d_model {w}" for w in s["widths"])
 
         def make_run(part, label, seed):
             return fig7a_run(label, int(part.split()[1]), s, seed, n, eval_sequences)
 
-        return Table("mapformer", name, "Fig. 7a: MapEM-s positions on 2D navigation, IID "
-                     "accuracy against width", scale, note, parts, tuple(FIG7A), ("iid",),
+        return Table("mapformer", name, f"Fig. 7a: MapEM-s positions on 2D navigation of "
+                     f"{s['a_steps']} steps, IID accuracy against width", scale, note, parts,
+                     tuple(FIG7A), ("iid",),
                      ("accuracy",), make_run, digits=3, plot=plot_fig7a)
     n = sequences or s["bd_sequences"]
 

@@ -417,15 +417,22 @@ def recall_lags(batch: Batch) -> np.ndarray:
     return np.where(batch.mask, lags, 0)
 
 
+def unwrapped_displacement(batch: Batch, dims: int) -> np.ndarray:
+    """The walk's displacement from its start after each step, not wrapped round the torus:
+    int64 (B, T, dims), the running sum of the steps (action 2j is +1 on axis j, 2j + 1 is
+    -1)."""
+    actions = np.asarray(batch.tokens)[:, 0::2]
+    steps = np.stack([(actions == 2 * j).astype(np.int64) - (actions == 2 * j + 1)
+                      for j in range(dims)], axis=-1)
+    return np.cumsum(steps, axis=1)
+
+
 def wrapped_recalls(batch: Batch, config: NavigationConfig) -> np.ndarray:
     """Which scored positions recall a cell the agent reached again by going round the torus:
     bool (B, 2T), True where the walk's unwrapped displacement (the sum of its steps) since the
     cell's last visit (:func:`recall_lags`) is not zero. A model whose positions are periodic
     with the training torus's period recognises these only on a torus of that size."""
-    actions = np.asarray(batch.tokens)[:, 0::2]
-    steps = np.stack([(actions == 2 * j).astype(np.int64) - (actions == 2 * j + 1)
-                      for j in range(config.dims)], axis=-1)
-    unwrapped = np.cumsum(steps, axis=1)  # (B, T, n): the position after each step
+    unwrapped = unwrapped_displacement(batch, config.dims)
     lags = recall_lags(batch)
     b, i = np.nonzero(batch.mask)
     t = i // 2  # the step whose observation is recalled
