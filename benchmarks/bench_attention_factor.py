@@ -9,12 +9,15 @@ gamma^|i - j| on pos_ids = arange(T) (T x T positions: the largest table a seque
 tokens needs). Each (set, direction) alternates the plain and the table call for --rounds
 rounds of --repeats calls; the figure is the median over rounds of each round's median, in
 the process's CPU time (all threads': on a shared machine one-thread figures stay
-comparable), and the ratio table / plain of those medians."""
+comparable), and the ratio table / plain of those medians. Prints one JSON line at the end
+(with --json FILE, also writes it there with the run's provenance: benchmarks/report.py)."""
 import argparse
 import statistics
 import time
 
 import numpy as np
+
+from report import emit  # benchmarks/report.py; puts this checkout first on sys.path
 
 from mapformer import _C
 
@@ -39,6 +42,8 @@ def main(argv=None):
     parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument("--kernel-sets", default=None,
                         help="comma-separated (default: every set this CPU runs)")
+    parser.add_argument("--json", metavar="FILE", default=None,
+                        help="also write the figures, with the run's provenance, here")
     args = parser.parse_args(argv)
     B, T, H, D = args.batch, args.seq, args.heads, args.head_dim
     rng = np.random.default_rng(0)
@@ -48,6 +53,7 @@ def main(argv=None):
                   pair_factor=(0.98 ** np.abs(i[:, None] - i[None, :])).astype(np.float32))
     sets = args.kernel_sets.split(",") if args.kernel_sets else _C.kernel_sets()
     before = _C.kernels()
+    results = []
     try:
         for kset in sets:
             _C.set_kernels(kset)
@@ -68,8 +74,14 @@ def main(argv=None):
                 table = statistics.median(rounds[direction, "table"])
                 print(f"attention_{direction} [{kset}] (B={B}, T={T}, H={H}, D={D}): plain "
                       f"{plain:.2f} ms, table {table:.2f} ms, table / plain {table / plain:.3f}")
+                results.append({"family": "attention", "name": f"attention_{direction}[{kset}] "
+                                "with the pair factor", "sizes": {"B": B, "T": T, "H": H, "D": D},
+                                "c_ms": round(table, 3), "plain_ms": round(plain, 3),
+                                "factor_over_plain": round(table / plain, 3)})
     finally:
         _C.set_kernels(before)
+    emit({"bench": "attention_factor", "clock": "cpu", "repeats": args.repeats,
+          "rounds": args.rounds, "results": results}, args.json)
 
 
 if __name__ == "__main__":

@@ -1,4 +1,6 @@
-"""Data-parallel training's step time and scaling (mapformer.parallel), one JSON line per K.
+"""Data-parallel training's step time and scaling (mapformer.parallel), one JSON line per
+config, then all of them as one line (with --json FILE, also written there with the run's
+provenance: benchmarks/report.py).
 
     python benchmarks/bench_data_parallel.py                     # 1x1, 1x2, 2x1
     python benchmarks/bench_data_parallel.py --configs 1x1,2x1,4x1
@@ -18,6 +20,8 @@ import sys
 import time
 
 import numpy as np
+
+from report import emit  # benchmarks/report.py; puts this checkout first on sys.path
 
 
 def steps(args, parallel):
@@ -61,6 +65,9 @@ def main():
     parser.add_argument("--batch", type=int, default=128)
     parser.add_argument("--tokens", type=int, default=128, help="walk steps (256 tokens)")
     parser.add_argument("--d-model", type=int, default=128)
+    parser.add_argument("--json", metavar="FILE", default=None,
+                        help="also write every config's figures, with the run's provenance, "
+                             "here (benchmarks/report.py)")
     parser.add_argument("--rank-job", action="store_true", help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.rank_job:  # one rank (or the single process) of a measurement
@@ -73,7 +80,7 @@ def main():
             print(json.dumps({"step_s": step, "allreduce_s": reduce}))
         return
     configs = [tuple(int(v) for v in c.split("x")) for c in args.configs.split(",")]
-    base = None
+    base, rows = None, []
     flags = [f"--steps={args.steps}", f"--warmup={args.warmup}", f"--batch={args.batch}",
              f"--tokens={args.tokens}", f"--d-model={args.d_model}", "--rank-job"]
     for k, threads in configs:
@@ -86,11 +93,14 @@ def main():
                                         check=True).stdout.strip().splitlines()[-1])
         base = base or out["step_s"] * k * threads
         efficiency = base / (k * threads * out["step_s"])
-        print(json.dumps({"ranks": k, "threads_per_rank": threads, **out,
-                          "allreduce_share": out["allreduce_s"] / out["step_s"],
-                          "scaling_efficiency": efficiency,
-                          "batch": args.batch, "tokens": 2 * args.tokens,
-                          "d_model": args.d_model}), flush=True)
+        row = {"ranks": k, "threads_per_rank": threads, **out,
+               "allreduce_share": out["allreduce_s"] / out["step_s"],
+               "scaling_efficiency": efficiency}
+        rows.append(row)
+        print(json.dumps(row), flush=True)
+    emit({"bench": "data_parallel", "batch": args.batch, "tokens": 2 * args.tokens,
+          "d_model": args.d_model, "steps": args.steps, "warmup": args.warmup,
+          "configs": rows}, args.json)
 
 
 if __name__ == "__main__":

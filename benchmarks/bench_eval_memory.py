@@ -28,8 +28,7 @@ import sys
 import time
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT))  # this checkout's mapformer, not an installed copy
+from report import ROOT, emit  # benchmarks/report.py; puts this checkout first on sys.path
 
 MODES = ("keep", "none", "delta")
 
@@ -126,7 +125,7 @@ def main():
                 runs[(model, mode)].append(json.loads(out.stdout.splitlines()[-1]))
     figures = {"bench": "eval_memory", "batch": args.batch, "tokens": 2 * args.steps,
                "d_model": args.d_model, "heads": args.heads, "layers": args.layers,
-               "repeats": args.repeats, "rounds": args.rounds, "provenance": prov, "models": {}}
+               "repeats": args.repeats, "rounds": args.rounds, "models": {}}
     for model in models:
         hashes = {r["logits_sha256"] for mode in modes for r in runs[(model, mode)]}
         losses = {r["loss"] for mode in modes for r in runs[(model, mode)]}
@@ -143,10 +142,7 @@ def main():
                 f"{row[mode]['ms'] / row['keep']['ms']:.2f}x time"
                 for mode in modes if mode != "keep")
         print(f"  {model}: {line}; logits and loss the same bits: {row['same_bits']}")
-    print(json.dumps(figures))
-    if args.json:
-        Path(args.json).parent.mkdir(parents=True, exist_ok=True)
-        Path(args.json).write_text(json.dumps(figures, indent=1) + "\n")
+    emit(figures, args.json)
 
 
 if __name__ == "__main__":

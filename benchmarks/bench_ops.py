@@ -36,16 +36,19 @@ their generator's powers, forward and backward, against RoPE's rotary op plus it
 sized by --batch, --seq, --heads, --head-dim; the summary gives the ratios of their forward +
 backward times).
 
-`--threads N` sets OMP_NUM_THREADS before the C core is loaded. Prints one JSON line at the end.
+`--threads N` sets OMP_NUM_THREADS before the C core is loaded. Prints one JSON line at the end
+(with --json FILE, also writes it there with the run's provenance; the performance pages are
+rendered from such files by docs/gen_pages.py's ``op-bench`` directive).
 """
 import argparse
-import json
 import os
 import time
 from dataclasses import dataclass, field
 from typing import Callable
 
 import numpy as np
+
+from report import emit  # benchmarks/report.py
 
 F32 = np.float32  # the reference's dtype on the NumPy side
 
@@ -1000,6 +1003,9 @@ def main():
                    help="comma-separated substrings: run only the benchmarks whose name "
                         "contains one (e.g. 'path_integration,nc fwd' for the groups "
                         "family's nc-vs-path-integration ratio without nc_general)")
+    p.add_argument("--json", metavar="FILE", default=None,
+                   help="also write the JSON line's figures, with the run's provenance (commit, "
+                        "CPU, kernels, threads), here; docs/gen_pages.py renders them")
     p.add_argument("--no-numpy", action="store_true",
                    help="attention, conj_attention: skip the (slow) NumPy float32 side")
     args = p.parse_args()
@@ -1139,10 +1145,9 @@ def main():
             if sgemm is not None:
                 entry["fraction_of_sgemm"] = round(row["c_gflops"] / sgemm["c_gflops"], 3)
             summary[row["name"]] = entry
-    print(json.dumps({"bench": "ops", "omp_num_threads": os.environ.get("OMP_NUM_THREADS"),
-                      "clock": args.clock, "repeats": args.repeats, "results": results,
-                      "summary": summary}))
-
+    emit({"bench": "ops", "omp_num_threads": os.environ.get("OMP_NUM_THREADS"),
+          "clock": args.clock, "repeats": args.repeats, "warmup": args.warmup,
+          "results": results, "summary": summary}, args.json)
 
 if __name__ == "__main__":
     main()

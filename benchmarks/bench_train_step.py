@@ -59,12 +59,11 @@ from pathlib import Path
 
 import numpy as np
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # the checkout's mapformer
+from report import emit  # noqa: E402  benchmarks/report.py; puts the checkout first on sys.path
 
 from mapformer import _C, backend  # noqa: E402
 from mapformer.models import MODELS, ModelConfig, Transformer, forward_flops  # noqa: E402
 from mapformer.tasks import navigation  # noqa: E402
-from mapformer.experiments.records import provenance  # noqa: E402
 from mapformer.train import AdamW, TrainConfig  # noqa: E402
 
 
@@ -266,7 +265,7 @@ def main():
                "batch": args.batch, "tokens": args.tokens, "d_model": args.d_model,
                "heads": args.heads, "layers": args.layers, "repeats": args.repeats,
                "warmup": args.warmup, "product_rows": args.product_rows,
-               "models": args.models.split(","), "provenance": provenance()}
+               "models": args.models.split(",")}
     peak = {} if on_gpu else fma_peak()  # GFLOP/s by vector width (none on a GPU)
     if peak:
         figures["fma_gflops"] = peak
@@ -315,10 +314,7 @@ def main():
     finally:
         if not on_gpu:
             _C.set_kernels(active)
-    print(json.dumps(figures))
-    if args.json:
-        Path(args.json).parent.mkdir(parents=True, exist_ok=True)
-        Path(args.json).write_text(json.dumps(figures, indent=1) + "\n")
+    emit(figures, args.json)
 
 
 if __name__ == "__main__":

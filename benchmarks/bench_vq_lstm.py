@@ -5,7 +5,8 @@ against the float32 NumPy reference; and the enc objective's ops (l2_normalize f
 backward at 32 x 200 rows of width 128, ema_update over a cpu-scale teacher's 400k
 parameters) against the NumPy arithmetic that tdb.py ran before them. Times are per-call
 CPU times (--clock cpu, default) or wall times: minima for vq and lstm, medians for enc.
---parts picks the parts.
+--parts picks the parts. Prints one JSON line at the end (with --json FILE, also writes it
+there with the run's provenance: benchmarks/report.py; rows as bench_ops.py's).
 
     OMP_NUM_THREADS=1 python benchmarks/bench_vq_lstm.py
     OMP_NUM_THREADS=1 python benchmarks/bench_vq_lstm.py --parts enc --repeats 51
@@ -14,6 +15,8 @@ import argparse
 import time
 
 import numpy as np
+
+from report import emit  # benchmarks/report.py; puts this checkout first on sys.path
 
 from mapformer import _C
 from mapformer import reference as ref
@@ -36,8 +39,17 @@ def median(fn, repeats, clock):
     return float(np.median(samples(fn, repeats, clock)))
 
 
+def row(family, name, sizes, c_s, numpy_s=None, **extra):
+    """A timing row (benchmarks/report.py): times in seconds in, milliseconds out."""
+    out = {"family": family, "name": name, "sizes": sizes, "c_ms": round(c_s * 1e3, 3)}
+    if numpy_s is not None:
+        out.update(numpy_ms=round(numpy_s * 1e3, 3), speedup=round(numpy_s / c_s, 2))
+    return {**out, **extra}
+
+
 def enc_ops(rows, width, ema_size, repeats, clock, rng):
-    """The enc objective's C ops against tdb.py's former NumPy arithmetic (float32)."""
+    """The enc objective's C ops against tdb.py's former NumPy arithmetic (float32): two
+    rows."""
     g = rng.standard_normal((rows, width)).astype(np.float32)
     dy = rng.standard_normal((rows, width)).astype(np.float32)
 
@@ -53,6 +65,7 @@ def enc_ops(rows, width, ema_size, repeats, clock, rng):
     t_c, t_np = median(c_norm, repeats, clock), median(numpy_norm, repeats, clock)
     print(f"l2_normalize forward + backward {rows} x {width}: C {t_c * 1e3:.3f} ms, NumPy "
           f"{t_np * 1e3:.3f} ms ({t_np / t_c:.1f}x)")
+    out = [row("enc", "l2_normalize forward + backward", {"N": rows, "C": width}, t_c, t_np)]
     t = rng.standard_normal(ema_size).astype(np.float32)
     src = rng.standard_normal(ema_size).astype(np.float32)
 
@@ -64,6 +77,7 @@ def enc_ops(rows, width, ema_size, repeats, clock, rng):
     t_np = median(numpy_ema, repeats, clock)
     print(f"ema_update over {ema_size} parameters: C {t_c * 1e3:.3f} ms, NumPy "
           f"{t_np * 1e3:.3f} ms ({t_np / t_c:.1f}x)")
+    return out + [row("enc", "ema_update", {"parameters": ema_size}, t_c, t_np)]
 
 
 def main(argv=None):
@@ -78,19 +92,24 @@ def main(argv=None):
     parser.add_argument("--enc-rows", type=int, default=32 * 200)
     parser.add_argument("--enc-width", type=int, default=128)
     parser.add_argument("--ema-size", type=int, default=400_000)
+    parser.add_argument("--json", metavar="FILE", default=None,
+                        help="also write the figures, with the run's provenance, here")
     args = parser.parse_args(argv)
     parts = set(args.parts.split(","))
     if not parts <= {"vq", "lstm", "enc"}:
         parser.error(f"--parts: unknown {sorted(parts - {'vq', 'lstm', 'enc'})}")
     clock = time.process_time if args.clock == "cpu" else time.perf_counter
     rng = np.random.default_rng(0)
+    results = []
     if "vq" in parts:
-        vq(args, clock, rng)
+        results += vq(args, clock, rng)
     if "lstm" in parts:
-        lstm(args, clock, rng)
+        results += lstm(args, clock, rng)
     if "enc" in parts:
-        enc_ops(args.enc_rows, args.enc_width, args.ema_size, args.repeats, clock,
-                np.random.default_rng(1))
+        results += enc_ops(args.enc_rows, args.enc_width, args.ema_size, args.repeats, clock,
+                           np.random.default_rng(1))
+    emit({"bench": "vq_lstm", "clock": args.clock, "repeats": args.repeats,
+          "statistic": "minimum (vq, lstm), median (enc)", "results": results}, args.json)
 
 
 def vq(args, clock, rng):
@@ -107,6 +126,10 @@ def vq(args, clock, rng):
     dcb = np.zeros_like(cb)
     t_back = best(lambda: _C.vq_backward(z, z, cb, idx, dcb, 1.0, 0.25), args.repeats, clock)
     print(f"vq_backward: {t_back * 1e3:.1f} ms")
+    sizes = {"N": args.rows, "K": args.codes, "C": args.width}
+    return [row("vq", "vq_forward", sizes, t_vq, c_gflops=round(flop / t_vq / 1e9, 2),
+                sgemm_ms=round(t_mm * 1e3, 3), fraction_of_sgemm=round(t_mm / t_vq, 3)),
+            row("vq", "vq_backward", sizes, t_back)]
 
 
 def lstm(args, clock, rng):
@@ -130,6 +153,7 @@ def lstm(args, clock, rng):
     t_np = best(numpy_step, max(1, args.repeats // 2), clock)
     print(f"lstm forward + backward B {B} T {T} C {C} H {H}: C {t_c * 1e3:.1f} ms, NumPy "
           f"float32 reference {t_np * 1e3:.1f} ms ({t_np / t_c:.1f}x)")
+    return [row("lstm", "lstm forward + backward", {"B": B, "T": T, "C": C, "H": H}, t_c, t_np)]
 
 
 if __name__ == "__main__":

@@ -25,7 +25,7 @@ def test_every_row_builds_and_trains(name, tmp_path):
             values = [record["metrics"][c][metric] for c in COLUMNS]
             assert all(0.0 <= v <= 1.0 for v in values), (run.model, values)
     text = table.markdown(store, seeds=1)
-    assert "training sequences overridden to 64" in text
+    assert "every run trains on 64 sequences instead" in text
     for row in table.rows:
         assert text.count(f"| {row} |") == 1
     if name != "2-modes":  # the paper's figure beside each of its rows

@@ -93,7 +93,7 @@ def test_paper_figures_and_overrides():
     small = reproduce.table("ape", "b", sequences=8, eval_sequences=4)
     run = small.make_run("tree_copy depth", "ape_tree", 0)
     assert (run.train["sequences"], run.train["eval_sequences"]) == (8, 4)
-    assert "training sequences overridden to 8" in small.note
+    assert "every run trains on 8 sequences instead" in small.note
     assert "overridden" not in b.note
     with pytest.raises(ValueError, match="not 'c'"):
         reproduce.table("ape", "c")

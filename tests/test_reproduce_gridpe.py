@@ -68,7 +68,7 @@ def test_rows_build_the_scripts_configs():
     tiny = reproduce.table("gridpe", "grid_transpose", "tiny", sequences=16, eval_sequences=4)
     assert (tiny.make_run("", "rope", 0).train["grid_side"],
             tiny.make_run("", "rope", 0).train["eval_sequences"]) == (3, 4)
-    assert "training sequences overridden to 16" in tiny.note
+    assert "every run trains on 16 sequences instead" in tiny.note
     # the configs are the script's: the spec's runs are the converted records' ids
     for name, row, seed in (("navigation", "gridpe_rotate", 0), ("grid_copy", "rope", 2),
                             ("digits", "ape_grid", 1)):

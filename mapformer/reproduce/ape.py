@@ -105,7 +105,7 @@ from pathlib import Path
 
 from ..experiments.records import RecordStore, unknown_provenance
 from ..experiments.runs import Run
-from ..experiments.tables import Table
+from ..experiments.tables import Table, overridden
 from ..models import ModelConfig
 from ..tasks import transduction, trees
 from ..train import TrainConfig
@@ -309,8 +309,7 @@ def table(name, scale="cpu", sequences=None, eval_sequences=None):
             "per evaluation set; a decoder, " + ("every row a prefix LM" if name == "b" else
                                                   "causal, *_prefix rows a prefix LM")
             + ", not the paper's encoder-decoder")
-    if sequences is not None:
-        note += f"; training sequences overridden to {n}"
+    note += overridden(sequences)
 
     def make_run(part, label, seed):
         return ape_run(part, ROWS[label], at, seed, n)

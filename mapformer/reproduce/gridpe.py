@@ -113,6 +113,7 @@ import numpy as np
 from ..experiments.records import unknown_provenance
 from ..experiments.runs import Run
 from ..experiments.tables import Table
+from ..experiments.tables import overridden as overridden_note
 from ..models import ModelConfig
 from ..schemes import SCHEMES
 from ..schemes.gridpe import code_kernel, gridpe_frequencies, neuron_count
@@ -410,7 +411,7 @@ def task_note(task, scale, sequences, eval_sequences, overridden):
             f"{steps:,} steps of batch {scale.batch_size} ({sequences:,} sequences), lr "
             f"{scale.lr:g}; {train.eval_sequences} {per} per set; the task's true "
             f"coordinates read by {', '.join(reads)}"
-            + (f"; training sequences overridden to {sequences}" if overridden else ""))
+            + (overridden_note(sequences) if overridden else ""))
 
 
 def table(name, scale="cpu", sequences=None, eval_sequences=None):

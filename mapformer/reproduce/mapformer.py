@@ -24,7 +24,7 @@ from dataclasses import dataclass, field, replace
 import numpy as np
 
 from ..experiments.runs import Run
-from ..experiments.tables import Table, mean_spread
+from ..experiments.tables import Table, mean_spread, overridden
 from ..models import ModelConfig, options_of, preset_parts
 from ..tasks import navigation, selective_copy
 from ..train import TrainConfig, add_histogram
@@ -311,7 +311,7 @@ def table(name, scale="cpu", sequences=None, eval_sequences=None):
                      note=f"actions in runs of 1..{ACTION_REPEAT}; " + at.note)
     n = sequences or at.sequences
     rows = {r.label: r for r in (spec["ablation"] if name == "2-modes" else spec["rows"])}
-    note = at.note + (f"; training sequences overridden to {n}" if sequences else "")
+    note = at.note + overridden(sequences)
 
     def make_run(part, label, seed):
         return mapformer_run(rows[label], at.parts[part], at, seed, n, eval_sequences)

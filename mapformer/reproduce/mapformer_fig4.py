@@ -23,7 +23,7 @@ than CoPE, which fits the training set but not the OOD sets. Table 4's 5D part (
 grid 5) for MapEM-os, MapEM-s, MapWM and CoPE at 6,400 to 204,800 training sequences.
 """
 from ..experiments.runs import Run
-from ..experiments.tables import Table
+from ..experiments.tables import Table, overridden
 from ..models import ModelConfig, options_of, preset_parts
 from ..train import TrainConfig
 from .plots import sweep
@@ -93,8 +93,7 @@ def table(name, scale="cpu", sequences=None, eval_sequences=None):
              "fig4b": f"head size {s['b_head']}, 10 objects",
              "fig4c": f"head size {s['c_head']}, {s['c_length']} steps"}[name]
     note = (f"2D navigation, {fixed}; grid half the steps (>= 8), p_empty 0.5; 1 layer, 2 "
-            f"heads; {n:,} sequences of batch {s['batch']}" + (
-                "; training sequences overridden" if sequences else ""))
+            f"heads; {n:,} sequences of batch {s['batch']}" + overridden(sequences))
     title = {"fig4a": "Fig. 4a: accuracy against head size",
              "fig4b": "Fig. 4b: accuracy against sequence length",
              "fig4c": "Fig. 4c: accuracy against the number of objects"}[name]

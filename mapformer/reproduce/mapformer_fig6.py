@@ -27,7 +27,7 @@ from dataclasses import replace
 import numpy as np
 
 from ..experiments.runs import task_from_dict, train_record, train_run
-from ..experiments.tables import Table
+from ..experiments.tables import Table, overridden
 from .plots import finish, pyplot, sweep
 
 ROWS = ("MapWM", "MapEM-os", "MapEM-s")
@@ -79,7 +79,7 @@ def table(name, scale="cpu", sequences=None, eval_sequences=None):
     at, eval_sequences = spec["scales"][scale], eval_sequences or 256
     n = sequences or at.sequences
     rows = {r.label: r for r in spec["rows"] if r.label in ROWS}
-    note = at.note + (f"; training sequences overridden to {n}" if sequences else "")
+    note = at.note + overridden(sequences)
     if name == "fig6":
         def make_run(part, label, seed):
             return replace(mapformer_run(rows[label], at.parts["1D"], at, seed, n,

@@ -20,7 +20,7 @@ Scales: ``paper`` (7a: 128 steps, grid 64, d_model 32-256; 200K sequences of bat
 """
 from ..experiments.records import unknown_provenance
 from ..experiments.runs import Run
-from ..experiments.tables import Table
+from ..experiments.tables import Table, overridden
 from ..models import ModelConfig
 from ..train import TrainConfig
 from .plots import finish, pyplot, sweep
@@ -83,8 +83,7 @@ def table(name, scale="cpu", sequences=None, eval_sequences=None):
     if scale not in SCALES:
         raise ValueError(f"Fig. 7 has scales {sorted(SCALES)}, not {scale!r}")
     s, eval_sequences = SCALES[scale], eval_sequences or 256
-    note = NOTES[scale] + (f"; training sequences overridden to {sequences}" if sequences
-                           else "")
+    note = NOTES[scale] + overridden(sequences)
     if name == "fig7a-128":  # the paper's sequence length at the scale's budget and widths
         s = {**s, **LENGTH_128}
         note = note.replace("7a: 32 steps, grid 16", "7a: 128 steps, grid 64", 1)

@@ -33,7 +33,7 @@ import numpy as np
 from .. import ood
 from ..experiments.records import unknown_provenance
 from ..experiments.runs import Run, json_safe, run_directory, task_to_dict
-from ..experiments.tables import Table
+from ..experiments.tables import Table, overridden
 from ..models import ModelConfig, options_of, preset_parts
 from ..train import TrainConfig, eval_seed, task_module, train
 from .mapformer import TABLES
@@ -140,8 +140,7 @@ def table(name="ood", scale="cpu", sequences=None, eval_sequences=None):
         raise ValueError(f"the OOD diagnosis has scale cpu only, not {scale!r}")
     eval_sequences = eval_sequences or 256
     note = ("cpu-scale Tables 1 and 2 (38,400 sequences) and the main job (76,800); "
-            "checkpoints every 100 steps") + (f"; training sequences overridden to "
-                                              f"{sequences}" if sequences else "")
+            "checkpoints every 100 steps") + overridden(sequences)
     metrics = tuple(m + s for s in ("", " T=2", " T=1,log", " T=2,log")
                     for m in ("object_accuracy", "accuracy"))
     return Table("mapformer", name, "Where long, sparse sequences are lost (recall "
