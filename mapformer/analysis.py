@@ -406,8 +406,9 @@ def position_fit(position, displacement, is_action, frequencies, bins=60):
     "r2"; "extent": the positions' 0.5 to 99.5 percentile range; "nu_min", "nu_max": the
     smallest and largest |nu|; "min_period", "max_period": 2 pi / nu (units of position;
     None for nu = 0); "min_period_cells", "max_period_cells": the same in cells (/ |slope|);
-    "extent_over_min_period"; "extent_cells": extent / |slope|; "drift_cells_per_step":
-    (drift_action + drift_observation) / slope}."""
+    "extent_over_min_period"; "extent_cells": extent / |slope|; "drift_action_cells",
+    "drift_observation_cells": the drifts in cells (/ slope); "drift_cells_per_step": their
+    sum}."""
     p = np.asarray(position, dtype=np.float64)
     d = np.asarray(displacement, dtype=np.float64)
     act = np.asarray(is_action, dtype=bool)
@@ -438,6 +439,8 @@ def position_fit(position, displacement, is_action, frequencies, bins=60):
             "min_period_cells": period(nu_min, scale), "max_period_cells": period(nu_max, scale),
             "extent_over_min_period": extent * nu_min / (2 * np.pi),
             "extent_cells": extent / scale if scale > 0 else None,
+            "drift_action_cells": drift_a / slope if slope else None,
+            "drift_observation_cells": drift_o / slope if slope else None,
             "drift_cells_per_step": (drift_a + drift_o) / slope if slope else None}
 
 

@@ -302,6 +302,8 @@ def test_position_fit_recovers_a_known_line():
     assert out["drift_action"] == pytest.approx(0.2)
     assert out["drift_observation"] == pytest.approx(-0.15)
     assert out["drift_cells_per_step"] == pytest.approx(0.05 / 0.7)
+    assert out["drift_action_cells"] == pytest.approx(0.2 / 0.7)
+    assert out["drift_observation_cells"] == pytest.approx(-0.15 / 0.7)
     assert (out["nu_min"], out["nu_max"]) == (0.25, 2.0)
     assert out["min_period"] == pytest.approx(8 * np.pi)
     assert out["min_period_cells"] == pytest.approx(8 * np.pi / 0.7)

@@ -36,7 +36,8 @@ OMEGA_MAX = {"omega_max 0.25": 0.25, "omega_max 0.5": 0.5, "omega_max 1": 1.0,
              "omega_max 4pi": 4 * math.pi, "omega_max 8pi": 8 * math.pi}
 """fig6-omega's parts: the initial fastest frequency (radians per unit of Delta)."""
 POSITION_METRICS = ("extent_over_min_period", "extent_cells", "min_period_cells",
-                    "max_period_cells", "r2", "drift_cells_per_step")
+                    "max_period_cells", "r2", "drift_action_cells", "drift_observation_cells",
+                    "drift_cells_per_step")
 """The scalars of :func:`mapformer.analysis.position_map` that a fig6 record's metrics hold
 per evaluation set (the histogram and the rest are under the record's ``positions``)."""
 KIND = "mapformer.reproduce.mapformer_fig6:execute_positions"
@@ -113,33 +114,44 @@ def plot_omega(table, store, seeds, path):
 
 
 def plot_positions(table, store, seeds, path):
-    """Fig. 6a per row (seed 0, or the first seed recorded): the histogram of the integrated
-    position on the IID and OOD-sparse sets, with cos(nu p) at the highest and lowest
-    |nu| (the paper's green and orange), and the extent over the lowest period in the title."""
+    """Fig. 6a, a row per model and a column per seed: the histogram of the integrated
+    position on the IID set, in cells (p / slope), with cos(nu p) at the highest and lowest
+    |nu| (the paper's green and orange); each title gives the seed's object recalls, the
+    extent over the lowest frequency's period and the drift per step."""
     plt = pyplot()
     found = table.records(store, seeds)
     rows = [r for r in table.rows if any(k[1] == r for k in found)]
-    fig, axes = plt.subplots(1, max(len(rows), 1), figsize=(4.8 * max(len(rows), 1), 3.8),
+    columns = sorted({k[2] for k in found}) or [0]
+    fig, axes = plt.subplots(max(len(rows), 1), len(columns),
+                             figsize=(4.2 * len(columns), 3.0 * max(len(rows), 1)),
                              squeeze=False)
-    for row, ax in zip(rows, axes[0]):
-        record = found[min(k for k in found if k[1] == row)]
-        top, span = 0.0, []
-        for column, color in (("iid", "tab:blue"), ("ood_sparse", "tab:gray")):
-            reading = record["positions"][column]
-            edges, counts = np.array(reading["edges"]), np.array(reading["counts"], float)
+    for row, line in zip(rows, axes):
+        for seed, ax in zip(columns, line):
+            record = found.get(("1D", row, seed))
+            if record is None:
+                ax.set_visible(False)
+                continue
+            reading = record["positions"]["iid"]
+            unit = abs(reading["slope"]) or 1.0
+            edges = np.array(reading["edges"]) / unit
+            counts = np.array(reading["counts"], float)
             density = counts / max(counts.sum(), 1) / np.diff(edges)
-            ax.stairs(density, edges, fill=True, alpha=0.5, color=color, label=f"{column} p")
-            top, span = max(top, density.max()), span + [edges[0], edges[-1]]
-        iid = record["positions"]["iid"]
-        p = np.linspace(min(span), max(span), 800)
-        for nu, color, what in ((iid["nu_max"], "tab:green", "highest"),
-                                (iid["nu_min"], "tab:orange", "lowest")):
-            ax.plot(p, top * (1 + np.cos(nu * p)) / 2, color=color, lw=1,
-                    label=f"cos, {what} |nu| (period {2 * np.pi / nu:.3g})")
-        ax.set(title=f"{row}: extent / lowest period {iid['extent_over_min_period']:.2f} (iid)",
-               xlabel="integrated position p = cumsum Delta_in", ylabel="density")
+            ax.stairs(density, edges, fill=True, alpha=0.5, color="tab:blue",
+                      label="position (iid)")
+            cells = np.linspace(edges[0], edges[-1], 1200)
+            for nu, color, what in ((reading["nu_max"], "tab:green", "highest"),
+                                    (reading["nu_min"], "tab:orange", "lowest")):
+                ax.plot(cells, density.max() * (1 + np.cos(nu * unit * cells)) / 2,
+                        color=color, lw=0.7, alpha=0.8, label=f"cos, {what} |nu|")
+            recall = record["metrics"]["iid"]["object_accuracy"]
+            drift = reading["drift_cells_per_step"]
+            ax.set_title(f"{row}, seed {seed}: recalls {recall:.2f}\nextent / lowest period "
+                         f"{reading['extent_over_min_period']:.2f}, drift "
+                         f"{drift if drift is None else round(drift, 2)} cells / step",
+                         fontsize=8)
+            ax.set(xlabel="position in cells (p / slope)", ylabel="density")
     fig.suptitle(f"{table.title} ({table.scale} scale)", fontsize=9)
-    finish(fig, axes[0], path)
+    finish(fig, axes.ravel(), path)
 
 
 TABLE_NAMES = ("fig6", "fig6-omega")
