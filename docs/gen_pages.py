@@ -18,10 +18,14 @@ by what they name, and is written to the same path under ``docs/``:
 - ``<!-- gen: cli-usage -->``, ``<!-- gen: cli-help -->``: the command line's usage, and each
   command's help, as ``-h`` prints them at 100 columns;
 - ``<!-- gen: gpu-kernels FILE [TILED] -->``, ``<!-- gen: gpu-scans FILE -->``,
-  ``<!-- gen: train-step FILE [BEFORE] -->``, ``<!-- gen: file FILE -->``: benchmark JSON
-  (``benchmarks/bench_cuda.py``, ``bench_cuda_scans.py``, ``bench_train_step.py --json``: the
-  steps against the multiply-add and product bounds per kernel set) as tables, and a text
-  file as it is.
+  ``<!-- gen: train-step FILE [BEFORE] -->``, ``<!-- gen: eval-memory FILE -->``,
+  ``<!-- gen: op-bench FILE [--families A,B] -->``, ``<!-- gen: data-parallel FILE -->``,
+  ``<!-- gen: file FILE -->``: benchmark
+  JSON (``benchmarks/bench_cuda.py``, ``bench_cuda_scans.py``, ``bench_train_step.py --json``:
+  the steps against the multiply-add and product bounds per kernel set;
+  ``bench_eval_memory.py``; ``bench_ops.py``, ``bench_vq_lstm.py``,
+  ``bench_attention_factor.py`` ``--json``: single ops against NumPy;
+  ``bench_data_parallel.py --json``) as tables, and a text file as it is.
 
 The prose around the lines is the template's and stays as written. ``python docs/gen_pages.py``
 writes the pages; ``--check`` writes nothing and fails, naming them, when a committed page
@@ -149,7 +153,8 @@ def render_predicted_by_lag(words, shown):
 
 def render_seeds(words, shown):
     """A ``seeds`` directive (the ``table`` directive's arguments, plus ``--extra KEYS``: keys
-    of the records' ``evaluation`` shown after the values): a row per table row, a column
+    of the records' ``evaluation``, or else of the record itself, e.g. ``final_train_loss``,
+    shown after the values): a row per table row, a column
     per seed, each cell that seed's record: the columns' values of the metric, the extras,
     then the run's minutes of wall time."""
     from mapformer import reproduce
@@ -183,7 +188,7 @@ def render_seeds(words, shown):
                 text = ", ".join("-" if v is None or v != v else f"{v:.{table.digits}f}"
                                  for v in values)
                 more = [(lambda v: f"{v:.3f}" if isinstance(v, float) else str(v))(
-                    record.get("evaluation", {}).get(k, "-")) for k in extra]
+                    record.get("evaluation", {}).get(k, record.get(k, "-"))) for k in extra]
                 if any(m != "-" for m in more):
                     text += "; " + " / ".join(more)
                 cells.append(f"{text}; {record['wall_s'] / 60:.0f}")
@@ -595,6 +600,68 @@ def render_eval_memory(words, shown):
     return "\n".join(lines) + f"\n\nFrom `{words[0]}`."
 
 
+TIMING_COLUMNS = ("family", "name", "sizes", "c_ms", "c_min_ms", "c_gbps", "c_gflops",
+                  "numpy_ms", "numpy_min_ms", "speedup", "numpy_gbps", "numpy_gflops")
+
+
+def render_op_bench(words, shown):
+    """A timing benchmark's JSON (``--json`` of bench_ops.py, bench_vq_lstm.py,
+    bench_attention_factor.py: benchmarks/report.py's rows): each op's C time, bandwidth and
+    rate beside NumPy's float32 run of its reference and the row's other figures, for the
+    families ``--families A,B`` names (default: all); then bench_ops.py's summary entries
+    (fractions of the sgemm rate and of the copy's bandwidth, kernel set against OpenBLAS,
+    fused against separate) that name a shown op or family."""
+    data = load_json(words[0])
+    families = None
+    if "--families" in words:
+        families = set(words[words.index("--families") + 1].split(","))
+    prov = data["provenance"]
+    rows = [r for r in data["results"] if families is None or r["family"] in families]
+    warmup = f" after {data['warmup']} warm-up calls" if "warmup" in data else ""
+    lines = [f"{prov['cpu']}, kernels {prov['kernels']} (active), {prov['threads']} thread(s), "
+             f"{data['clock']} clock, at commit {prov['commit'][:7]}"
+             f"{' (dirty)' if prov['dirty'] is True else ''}; {data['repeats']} calls{warmup} "
+             f"per figure: `{data['command']}`.", "",
+             "| op | sizes | C ms | GB/s | GFLOP/s | NumPy f32 ms | NumPy / C | more |",
+             "|---|---|---|---|---|---|---|---|"]
+    for r in rows:
+        sizes = " ".join(f"{k}={v}" for k, v in r["sizes"].items())
+        more = ", ".join(f"{k} {v}" for k, v in r.items() if k not in TIMING_COLUMNS)
+        lines.append(f"| `{r['name']}` | {sizes} | {r['c_ms']:,.2f} | "
+                     f"{number(r.get('c_gbps'), 1)} | {number(r.get('c_gflops'), 1)} | "
+                     f"{number(r.get('numpy_ms'), 2)} | "
+                     + (f"{r['speedup']:.2f}" if "speedup" in r else "")
+                     + f" | {more} |")
+    bases = {r["name"].split("[")[0].split(" ")[0] for r in rows} | (families or set())
+    summary = [(k, v) for k, v in data.get("summary", {}).items()
+               if families is None or any(k.startswith(b) for b in bases)]
+    if summary:
+        lines += ["", "| summary | figures |", "|---|---|"]
+        for key, value in summary:
+            text = (", ".join(f"{k} {v}" for k, v in value.items()) if isinstance(value, dict)
+                    else str(value))
+            lines.append(f"| `{key}` | {text} |")
+    return "\n".join(lines) + f"\n\nFrom `{words[0]}`."
+
+
+def render_data_parallel(words, shown):
+    """bench_data_parallel.py's JSON (``--json``): per config (ranks x threads) the median
+    step, the Allreduce and its share, and the scaling efficiency against the first config."""
+    data = load_json(words[0])
+    prov = data["provenance"]
+    lines = [f"{prov['cpu']}, kernels {prov['kernels']}, at commit {prov['commit'][:7]}"
+             f"{' (dirty)' if prov['dirty'] is True else ''}; MapWM on 2D navigation, batch "
+             f"{data['batch']}, {data['tokens']} tokens, d_model {data['d_model']}; medians of "
+             f"{data['steps']} steps after {data['warmup']}: `{data['command']}`.", "",
+             "| ranks x threads | ms / step | Allreduce ms | Allreduce share | scaling "
+             "efficiency |", "|---|---|---|---|---|"]
+    for c in data["configs"]:
+        lines.append(f"| {c['ranks']} x {c['threads_per_rank']} | {c['step_s'] * 1e3:,.1f} | "
+                     f"{c['allreduce_s'] * 1e3:,.2f} | {c['allreduce_share']:.3f} | "
+                     f"{c['scaling_efficiency']:.2f} |")
+    return "\n".join(lines) + f"\n\nFrom `{words[0]}`."
+
+
 def render_file(words, shown):
     return f"`{words[0]}`:\n\n```\n" + (ROOT / words[0]).read_text().rstrip() + "\n```"
 
@@ -604,6 +671,7 @@ RENDERERS = {"table": render_table, "predicted-by-lag": render_predicted_by_lag,
              "seeds": render_seeds,
              "gpu-kernels": render_gpu_kernels, "gpu-scans": render_gpu_scans,
              "train-step": render_train_step, "eval-memory": render_eval_memory,
+             "op-bench": render_op_bench, "data-parallel": render_data_parallel,
              "file": render_file}
 
 

@@ -64,6 +64,37 @@ def test_the_cpu_train_step_page_shows_each_kernel_sets_ratios():
     assert data["provenance"]["commit"][:7] in text
 
 
+def test_every_benchmark_file_is_on_a_page():
+    """Each benchmark JSON under results/bench/ is named by some template's directive: a
+    measurement no page renders is a figure no reader sees."""
+    directives = {line for t in gen_pages.TEMPLATES.rglob("*.md")
+                  for line in gen_pages.DIRECTIVE.findall(t.read_text())}
+    files = sorted(p.relative_to(ROOT).as_posix() for p in (ROOT / "results" / "bench").rglob(
+        "*.json"))
+    assert files
+    missing = [f for f in files if not any(f in d.split() for d in directives)]
+    assert not missing, f"benchmark files no page renders: {missing}"
+
+
+def test_op_bench_directive_renders_every_row_and_the_command():
+    """The timing table has a row per op of the families asked for, with its C time and its
+    NumPy ratio as the JSON has them, and the command that produced the file."""
+    import json
+
+    path = "results/bench/epyc-zen4/ops.json"
+    data = json.loads((ROOT / path).read_text())
+    text = gen_pages.render_op_bench([path, "--families", "scan,groups"], set())
+    rows = [r for r in data["results"] if r["family"] in ("scan", "groups")]
+    assert rows and data["command"] in text and data["provenance"]["commit"][:7] in text
+    for r in rows:
+        line = next(line for line in text.splitlines() if line.startswith(f"| `{r['name']}` |"))
+        assert f" {r['c_ms']:,.2f} |" in line
+        if "speedup" in r:
+            assert f" {r['speedup']:.2f} |" in line
+    assert not any(f"| `{r['name']}` |" in text for r in data["results"]
+                   if r["family"] not in ("scan", "groups"))
+
+
 def test_predicted_by_lag_directive_renders_the_predictions():
     """The directive's cells are predicted_by_lag's values over the presets, beside the
     paper's figures, and its share rows are lag_shares' first bucket."""

@@ -110,7 +110,8 @@ def plot_omega(table, store, seeds, path):
     """IID and OOD-sparse object recalls against omega_max (log axis)."""
     sweep(table, store, seeds, path, {p: round(v, 2) for p, v in OMEGA_MAX.items()},
           "initial omega_max (radians; the paper: 1 < omega_max <= 2 pi works)",
-          (("iid", "object_accuracy"), ("ood_sparse", "object_accuracy")), title=table.title)
+          (("iid", "object_accuracy"), ("ood_sparse", "object_accuracy")),
+          title=f"Appendix 10.2: omega_max, 2D ({table.scale} scale)")
 
 
 def plot_positions(table, store, seeds, path):
