@@ -95,6 +95,19 @@ def test_op_bench_directive_renders_every_row_and_the_command():
                    if r["family"] not in ("scan", "groups"))
 
 
+def test_the_reproduce_guide_lists_every_table_of_every_paper():
+    """docs/how-to/reproduce.md's table of specs names each paper's every table, so a new spec
+    cannot be missing from the guide."""
+    from mapformer import reproduce
+
+    rows = {line.split("|")[1].strip().strip("`"): line for line in
+            (ROOT / "docs" / "how-to" / "reproduce.md").read_text().splitlines()
+            if line.startswith("| `")}
+    for paper in ("mapformer", "ape", "gridpe", "tdb"):
+        missing = [n for n in reproduce.table_names(paper) if f"`{n}`" not in rows[paper]]
+        assert not missing, f"docs/how-to/reproduce.md does not list {paper}'s {missing}"
+
+
 def test_predicted_by_lag_directive_renders_the_predictions():
     """The directive's cells are predicted_by_lag's values over the presets, beside the
     paper's figures, and its share rows are lag_shares' first bucket."""
