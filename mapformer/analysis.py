@@ -85,14 +85,10 @@ def _rotated_queries_keys(mixer):
 
 
 def _forward(model, tokens):
-    """model.forward with dropout off (the training mode is restored afterwards)."""
-    was = [(b.drop1.training, b.drop2.training) for b in model.blocks]
-    model.train(False)
-    try:
+    """model.forward in evaluation mode (each block's dropout and bottleneck flags restored
+    afterwards: Transformer.evaluating)."""
+    with model.evaluating():
         return model.forward(tokens)
-    finally:
-        for b, (t1, t2) in zip(model.blocks, was):
-            b.drop1.training, b.drop2.training = t1, t2
 
 
 def _is_action(tokens, task):

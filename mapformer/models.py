@@ -7,6 +7,7 @@ names the paper's models as presets of the three.
 
 Shapes: tokens int32 (B, T); logits (B, T, V); C = d_model, H heads, D = C / H, NB = D / 2.
 """
+import contextlib
 import math
 import numbers
 from collections import namedtuple
@@ -377,6 +378,21 @@ class Transformer:
         off (evaluation)."""
         for block in self.blocks:
             block.drop1.training = block.drop2.training = block.bottleneck.training = mode
+
+    @contextlib.contextmanager
+    def evaluating(self):
+        """Evaluation mode (``train(False)``) inside the ``with`` block; afterwards each
+        block's dropout and bottleneck flags are what they were before it (a model analysed
+        in the middle of its training goes on training, its codebook's usage counts and
+        restarts included)."""
+        was = [(b.drop1.training, b.drop2.training, b.bottleneck.training) for b in self.blocks]
+        self.train(False)
+        try:
+            yield self
+        finally:
+            for block, (drop1, drop2, bottleneck) in zip(self.blocks, was):
+                block.drop1.training, block.drop2.training = drop1, drop2
+                block.bottleneck.training = bottleneck
 
     def forward(self, tokens, coordinates=None, prefix=None, pool=None, keep=KEEP_ALL):
         """tokens int (B, T) -> logits (B, T, V), or (B, 1, V) with ``pool='mean'``: the logits

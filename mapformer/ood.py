@@ -124,16 +124,11 @@ def _module(task):
 
 
 def _run(model, batch, task, keep=True):
-    """Forward with dropout off and the task's coordinates, keeping what ``keep`` says
-    (Transformer.forward: True, the layers' traces for the analyses here; False, nothing);
-    logits (B, T, V) as NumPy."""
-    was = [(b.drop1.training, b.drop2.training) for b in model.blocks]
-    model.train(False)
-    try:
+    """Forward in evaluation mode (Transformer.evaluating) with the task's coordinates,
+    keeping what ``keep`` says (Transformer.forward: True, the layers' traces for the
+    analyses here; False, nothing); logits (B, T, V) as NumPy."""
+    with model.evaluating():
         model.forward(batch.tokens, _module(task).token_coordinates(batch), keep=keep)
-    finally:
-        for b, (t1, t2) in zip(model.blocks, was):
-            b.drop1.training, b.drop2.training = t1, t2
     return model.ops.to_numpy(model.logits).reshape(batch.tokens.shape + (-1,))
 
 

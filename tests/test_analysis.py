@@ -327,3 +327,39 @@ def test_position_readings_refuse_what_they_cannot_read():
         A.position_map(untrained(task, "mapwm", delta_rank=1), [batch], plane)
     with pytest.raises(ValueError, match="at least one batch"):
         A.position_map(untrained(task, "mapwm", delta_rank=1), [], task)
+
+
+def test_analyses_leave_every_training_flag_as_they_found_it():
+    """An analysis runs the model in evaluation mode and then restores each block's dropout
+    and bottleneck flags as they were, whatever they were (Transformer.evaluating): a model
+    read in the middle of its training keeps its dropout and its codebook's usage counts."""
+    from mapformer import ood
+
+    task = navigation.NavigationConfig(dims=1, steps=8, grid_size=8, n_objects=8)
+    batch = navigation.generate(task, 2, np.random.default_rng(0))
+    model = Transformer(ModelConfig.preset("mapwm", task.vocab_size, d_model=32, n_heads=2,
+                                           n_layers=2), seed=0)
+    pattern = [(True, False, True), (False, True, False)]
+
+    def flags():
+        return [(b.drop1.training, b.drop2.training, b.bottleneck.training)
+                for b in model.blocks]
+
+    for block, (d1, d2, bn) in zip(model.blocks, pattern):
+        block.drop1.training, block.drop2.training, block.bottleneck.training = d1, d2, bn
+    seen = []
+    original = model.forward
+
+    def spy(*args, **kwargs):
+        seen.append(flags())
+        return original(*args, **kwargs)
+
+    model.forward = spy
+    A.path_angles(model, batch.tokens[0])
+    ood._run(model, batch, task)
+    assert seen == [[(False, False, False)] * 2] * 2  # evaluation mode inside
+    assert flags() == pattern
+    with pytest.raises(RuntimeError):
+        with model.evaluating():
+            raise RuntimeError("an analysis that fails")
+    assert flags() == pattern
