@@ -17,7 +17,7 @@ import time
 
 import numpy as np
 
-from report import emit  # benchmarks/report.py; puts this checkout first on sys.path
+from report import add_json_option, emit  # the checkout first on sys.path
 
 from mapformer import _C
 
@@ -42,8 +42,7 @@ def main(argv=None):
     parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument("--kernel-sets", default=None,
                         help="comma-separated (default: every set this CPU runs)")
-    parser.add_argument("--json", metavar="FILE", default=None,
-                        help="also write the figures, with the run's provenance, here")
+    add_json_option(parser)
     args = parser.parse_args(argv)
     B, T, H, D = args.batch, args.seq, args.heads, args.head_dim
     rng = np.random.default_rng(0)

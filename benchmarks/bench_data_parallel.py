@@ -21,7 +21,7 @@ import time
 
 import numpy as np
 
-from report import emit  # benchmarks/report.py; puts this checkout first on sys.path
+from report import add_json_option, emit  # the checkout first on sys.path
 
 
 def steps(args, parallel):
@@ -65,9 +65,7 @@ def main():
     parser.add_argument("--batch", type=int, default=128)
     parser.add_argument("--tokens", type=int, default=128, help="walk steps (256 tokens)")
     parser.add_argument("--d-model", type=int, default=128)
-    parser.add_argument("--json", metavar="FILE", default=None,
-                        help="also write every config's figures, with the run's provenance, "
-                             "here (benchmarks/report.py)")
+    add_json_option(parser)
     parser.add_argument("--rank-job", action="store_true", help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.rank_job:  # one rank (or the single process) of a measurement

@@ -28,7 +28,7 @@ import sys
 import time
 from pathlib import Path
 
-from report import ROOT, emit  # benchmarks/report.py; puts this checkout first on sys.path
+from report import ROOT, add_json_option, emit  # the checkout first on sys.path
 
 MODES = ("keep", "none", "delta")
 
@@ -88,7 +88,7 @@ def main():
     p.add_argument("--layers", type=int, default=2)
     p.add_argument("--repeats", type=int, default=3, help="timed forwards per process")
     p.add_argument("--rounds", type=int, default=3, help="processes per (model, mode)")
-    p.add_argument("--json", metavar="FILE", default=None)
+    add_json_option(p)
     p.add_argument("--child", nargs=2, metavar=("MODEL", "MODE"), help=argparse.SUPPRESS)
     args = p.parse_args()
     if args.child:
@@ -129,9 +129,8 @@ def main():
     for model in models:
         hashes = {r["logits_sha256"] for mode in modes for r in runs[(model, mode)]}
         losses = {r["loss"] for mode in modes for r in runs[(model, mode)]}
-        row = {mode: {"peak_mb": round(statistics.median(r["peak_mb"] for r in runs[(model, mode)]), 1),
-                      "ms": round(statistics.median(r["ms"] for r in runs[(model, mode)]), 1)}
-               for mode in modes}
+        row = {mode: {key: round(statistics.median(r[key] for r in runs[(model, mode)]), 1)
+                      for key in ("peak_mb", "ms")} for mode in modes}
         row["same_bits"] = len(hashes) == 1 and len(losses) == 1
         figures["models"][model] = row
         line = ", ".join(f"{mode} {row[mode]['peak_mb']:.0f} MB {row[mode]['ms']:.0f} ms"

@@ -48,7 +48,7 @@ from typing import Callable
 
 import numpy as np
 
-from report import emit  # benchmarks/report.py
+from report import add_json_option, emit  # the checkout first on sys.path
 
 F32 = np.float32  # the reference's dtype on the NumPy side
 
@@ -1003,9 +1003,7 @@ def main():
                    help="comma-separated substrings: run only the benchmarks whose name "
                         "contains one (e.g. 'path_integration,nc fwd' for the groups "
                         "family's nc-vs-path-integration ratio without nc_general)")
-    p.add_argument("--json", metavar="FILE", default=None,
-                   help="also write the JSON line's figures, with the run's provenance (commit, "
-                        "CPU, kernels, threads), here; docs/gen_pages.py renders them")
+    add_json_option(p)
     p.add_argument("--no-numpy", action="store_true",
                    help="attention, conj_attention: skip the (slow) NumPy float32 side")
     args = p.parse_args()
@@ -1148,6 +1146,7 @@ def main():
     emit({"bench": "ops", "omp_num_threads": os.environ.get("OMP_NUM_THREADS"),
           "clock": args.clock, "repeats": args.repeats, "warmup": args.warmup,
           "results": results, "summary": summary}, args.json)
+
 
 if __name__ == "__main__":
     main()

@@ -59,7 +59,7 @@ from pathlib import Path
 
 import numpy as np
 
-from report import emit  # noqa: E402  benchmarks/report.py; puts the checkout first on sys.path
+from report import add_json_option, emit  # noqa: E402  the checkout first on sys.path
 
 from mapformer import _C, backend  # noqa: E402
 from mapformer.models import MODELS, ModelConfig, Transformer, forward_flops  # noqa: E402
@@ -235,8 +235,7 @@ def main():
                    help=f"comma-separated model presets, of {', '.join(MODELS)}, each "
                         "optionally with another positional scheme: preset/scheme (e.g. "
                         "rope/ape_seq)")
-    p.add_argument("--json", metavar="FILE", default=None,
-                   help="also write the JSON line's figures, with the run's provenance, here")
+    add_json_option(p)
     args = p.parse_args()
     on_gpu = args.backend == "cuda"
     if on_gpu and args.clock == "cpu":

@@ -16,7 +16,7 @@ import time
 
 import numpy as np
 
-from report import emit  # benchmarks/report.py; puts this checkout first on sys.path
+from report import add_json_option, emit  # the checkout first on sys.path
 
 from mapformer import _C
 from mapformer import reference as ref
@@ -92,8 +92,7 @@ def main(argv=None):
     parser.add_argument("--enc-rows", type=int, default=32 * 200)
     parser.add_argument("--enc-width", type=int, default=128)
     parser.add_argument("--ema-size", type=int, default=400_000)
-    parser.add_argument("--json", metavar="FILE", default=None,
-                        help="also write the figures, with the run's provenance, here")
+    add_json_option(parser)
     args = parser.parse_args(argv)
     parts = set(args.parts.split(","))
     if not parts <= {"vq", "lstm", "enc"}:

@@ -19,6 +19,15 @@ if str(ROOT) not in sys.path[:1]:
     sys.path.insert(0, str(ROOT))
 
 
+def add_json_option(parser):
+    """The ``--json FILE`` option every such benchmark takes (its value: :func:`emit`'s
+    ``json_path``)."""
+    parser.add_argument("--json", metavar="FILE", default=None,
+                        help="also write the printed figures here, with the command and the "
+                             "run's provenance (commit, CPU, kernel set, threads); "
+                             "docs/gen_pages.py renders such files")
+
+
 def emit(figures, json_path=None):
     """Print ``figures`` (JSON values) as one line; with ``json_path``, also write them there,
     indented, with "command" (this process's command line) and "provenance" added."""

@@ -474,6 +474,12 @@ def number(value, digits):
     return "" if value is None else f"{value:,.{digits}f}"
 
 
+def commit_of(prov):
+    """A benchmark file's commit as its pages give it: 7 hex digits, "(dirty)" after them
+    when the tree had uncommitted changes."""
+    return f"{prov['commit'][:7]}{' (dirty)' if prov['dirty'] is True else ''}"
+
+
 def render_gpu_kernels(words, shown):
     data = load_json(words[0])
     tiled = {r["op"]: r for r in load_json(words[1])["results"]} if len(words) > 1 else {}
@@ -513,7 +519,7 @@ def render_train_step(words, shown):
     peak = data.get("fma_gflops")
     lines = [f"Backend {data['backend']}; {prov['cpu']}, {prov['threads']} thread(s), "
              f"{data['clock']} clock, at commit "
-             f"{prov['commit'][:7]}{' (dirty)' if prov['dirty'] is True else ''}; batch "
+             f"{commit_of(prov)}; batch "
              f"{data['batch']}, {data['tokens']} tokens, d_model {data['d_model']}, "
              f"{data['heads']} heads, {data['layers']} layer(s); median of {data['repeats']} "
              f"steps after {data['warmup']} warm-up steps; peak RSS {data['peak_rss_mb']} MB."]
@@ -582,7 +588,7 @@ def render_eval_memory(words, shown):
     prov = data["provenance"]
     modes = list(next(iter(data["models"].values())))[:-1]  # the last key: same_bits
     lines = [f"{prov['cpu']}, kernels {prov['kernels']}, {prov['threads']} thread(s), at "
-             f"commit {prov['commit'][:7]}{' (dirty)' if prov['dirty'] is True else ''}; "
+             f"commit {commit_of(prov)}; "
              f"batch {data['batch']}, {data['tokens']} tokens, d_model {data['d_model']}, "
              f"{data['heads']} heads, {data['layers']} layers; medians of {data['rounds']} "
              f"processes per mode, each timing {data['repeats']} forward(s) after a warm-up.",
@@ -619,8 +625,8 @@ def render_op_bench(words, shown):
     rows = [r for r in data["results"] if families is None or r["family"] in families]
     warmup = f" after {data['warmup']} warm-up calls" if "warmup" in data else ""
     lines = [f"{prov['cpu']}, kernels {prov['kernels']} (active), {prov['threads']} thread(s), "
-             f"{data['clock']} clock, at commit {prov['commit'][:7]}"
-             f"{' (dirty)' if prov['dirty'] is True else ''}; {data['repeats']} calls{warmup} "
+             f"{data['clock']} clock, at commit {commit_of(prov)}; {data['repeats']} "
+             f"calls{warmup} "
              f"per figure: `{data['command']}`.", "",
              "| op | sizes | C ms | GB/s | GFLOP/s | NumPy f32 ms | NumPy / C | more |",
              "|---|---|---|---|---|---|---|---|"]
@@ -649,8 +655,8 @@ def render_data_parallel(words, shown):
     step, the Allreduce and its share, and the scaling efficiency against the first config."""
     data = load_json(words[0])
     prov = data["provenance"]
-    lines = [f"{prov['cpu']}, kernels {prov['kernels']}, at commit {prov['commit'][:7]}"
-             f"{' (dirty)' if prov['dirty'] is True else ''}; MapWM on 2D navigation, batch "
+    lines = [f"{prov['cpu']}, kernels {prov['kernels']}, at commit {commit_of(prov)}; MapWM "
+             f"on 2D navigation, batch "
              f"{data['batch']}, {data['tokens']} tokens, d_model {data['d_model']}; medians of "
              f"{data['steps']} steps after {data['warmup']}: `{data['command']}`.", "",
              "| ranks x threads | ms / step | Allreduce ms | Allreduce share | scaling "

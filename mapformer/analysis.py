@@ -13,8 +13,8 @@ A MapFormer has learned a map when
   values (:func:`closed_walk`, :func:`path_angles`, :func:`closure_error`,
   :func:`project_to_plane`);
 - in 1D, one integrated number is the position, and the longest distance covered is about one
-  cycle of the lowest frequency (:func:`scalar_positions`, :func:`position_map`,
-  :func:`position_fit`: Fig. 6a).
+  cycle of the lowest frequency (:func:`scalar_positions`, :func:`effective_frequencies`,
+  :func:`position_map`, :func:`position_fit`: Fig. 6a).
 
 Every function runs the model's own forward (the C core, dropout off) and reads the traces its
 layers keep, through a block's mixer (``block.mixer``: values ``vh``, the queries and keys
@@ -350,16 +350,25 @@ def scalar_positions(model, batch, layer=0):
     "frequencies": float64 (H, NB) nu (radians per unit of p; signed)}. ValueError when the
     layer has no Delta or its delta_rank is not 1."""
     tokens = _tokens(batch)
+    nu = effective_frequencies(model, layer)
+    path = _scheme(model, layer)
+    _forward(model, tokens)
+    position = np.cumsum(_float64(model, path.delta_r).reshape(tokens.shape), axis=1)
+    return {"position": position, "frequencies": nu}
+
+
+def effective_frequencies(model, layer=0):
+    """nu = omega * W_out (float64 (H, NB), signed): the radians per unit of the integrated
+    number that each block of a rank-1 path integrator turns (:func:`scalar_positions`), read
+    from the weights alone (no forward). ValueError when the layer has no Delta or its
+    delta_rank is not 1."""
     path = _path(model, layer, "scalar_positions")
     rank = path.config.options["delta_rank"]
     if rank != 1:
         raise ValueError(f"scalar_positions needs delta_rank 1 (one number integrated per "
                          f"token), layer {layer} has delta_rank {rank}")
-    _forward(model, tokens)
-    position = np.cumsum(_float64(model, path.delta_r).reshape(tokens.shape), axis=1)
-    nu = _float64(model, path.frequencies) * _float64(
+    return _float64(model, path.frequencies) * _float64(
         model, path.delta_out.weight.value).reshape(path.frequencies.shape)
-    return {"position": position, "frequencies": nu}
 
 
 def position_map(model, batches, task, layer=0, bins=60):
@@ -389,13 +398,14 @@ def position_map(model, batches, task, layer=0, bins=60):
 
 def position_fit(position, displacement, is_action, frequencies, bins=60):
     """Least squares position = slope * d + drift_action * n_a + drift_observation * n_o + c
-    over tokens, where n_a, n_o count the actions and observations read so far in a sequence.
+    over tokens, where n_a, n_o count the actions and observations read so far in a
+    sequence.
 
-    position float (B, T) (one sequence: (T,)); displacement (same shape): the cells moved
-    from the start after each token; is_action bool (same shape); frequencies nu (any shape): the effective
-    frequencies (radians per unit of position). A map has r2 near 1; a drift per step
-    (drift_action + drift_observation) adds an angle that grows with the lag between a visit
-    and its recall, which a map must keep near 0.
+    position float (B, T) (one sequence: (T,)); displacement (same shape): the cells moved from
+    the start after each token; is_action bool (same shape); frequencies nu (any shape): the
+    effective frequencies (radians per unit of position). A map has r2 near 1; a drift per step
+    (drift_action + drift_observation) adds an angle that grows with the lag between a visit and
+    its recall, which a map must keep near 0.
 
     Returns {"edges" (bins + 1,), "counts" (bins,): the histogram of the positions; "slope"
     (units of position per cell), "drift_action", "drift_observation" (per token read),

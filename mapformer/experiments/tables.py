@@ -73,12 +73,12 @@ def paper_figure(figure, digits=2):
     return f"{figure:.{digits}f}"
 
 
-
 def overridden(sequences):
     """The end of a table's note when its runs train on ``sequences`` training sequences
     instead of their scale's budget (``--sequences``; None: the scale's, no text)."""
     return (f"; here every run trains on {sequences:,} sequences instead (--sequences)"
             if sequences else "")
+
 
 @dataclass(frozen=True)
 class Table:

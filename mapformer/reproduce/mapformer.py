@@ -28,6 +28,7 @@ from ..experiments.tables import Table, mean_spread, overridden
 from ..models import ModelConfig, options_of, preset_parts
 from ..tasks import navigation, selective_copy
 from ..train import TrainConfig, add_histogram
+from . import mapformer_fig4, mapformer_fig6, mapformer_fig7
 
 COLUMNS = ("iid", "ood_dense", "ood_sparse")
 LAG_METRICS = tuple(f"object_accuracy_lag_gt{k}" for k in navigation.SCORED_LAGS)
@@ -224,10 +225,11 @@ TABLES = {
 }
 
 
+FIGURES = (mapformer_fig4, mapformer_fig6, mapformer_fig7)  # modules with tables of their own
 TABLE_NAMES = ("1", "1-delta", "1-delta-steps", "2", "2-by-lag", "2-modes", "2-no-backtrack",
                "2-no-backtrack-by-lag", "2-action-repeat", "2-action-repeat-by-lag", "3", "4",
-               "fig4a", "fig4b", "fig4c", "5d-data", "fig5a", "fig6", "fig6-omega", "fig7a",
-               "fig7a-128", "fig7bd", "ood")
+               *mapformer_fig4.TABLE_NAMES, "fig5a", *mapformer_fig6.TABLE_NAMES,
+               *mapformer_fig7.TABLE_NAMES, "ood")
 LAG_ROWS = ("MapEM-o", "RoPE (1L)", "TAPE (1L)", "CoPE (1L)", "MapWM", "MapEM-os", "MapEM-s")
 LAG_EDGES = (1, 3, 5, 9, 17, 33, 65, 129, 257, 513)  # lag buckets: 1-2, 3-4, 5-8, ...
 
@@ -269,15 +271,9 @@ def mapformer_run(row, part, scale, seed, sequences, eval_sequences):
 def table(name, scale="cpu", sequences=None, eval_sequences=None):
     """MapFormer table ``name`` at ``scale``; ``sequences`` overrides the scale's training
     sequences (then it is not a reproduction, and the note says so)."""
-    if name in ("fig6", "fig6-omega"):
-        from .mapformer_fig6 import table as figure
-        return figure(name, scale, sequences, eval_sequences)
-    if name in ("fig7a", "fig7a-128", "fig7bd"):
-        from .mapformer_fig7 import table as figure
-        return figure(name, scale, sequences, eval_sequences)
-    if name in ("fig4a", "fig4b", "fig4c", "5d-data"):
-        from .mapformer_fig4 import table as sweep
-        return sweep(name, scale, sequences, eval_sequences)
+    for figures in FIGURES:
+        if name in figures.TABLE_NAMES:
+            return figures.table(name, scale, sequences, eval_sequences)
     if name == "ood":
         from .mapformer_ood import table as diagnosis
         return diagnosis(name, scale, sequences, eval_sequences)
@@ -488,8 +484,9 @@ def predicted_by_lag(table, store, seeds, tasks, rows=None):
 def plot_by_lag(table, store, seeds, path, columns=("iid", "ood_sparse")):
     """A panel per (part, column): object-recall accuracy against the lag (steps since the
     cell was last visited, in the buckets of :data:`LAG_EDGES`), a line per default row
-    (:data:`LAG_ROWS`; its seeds' recalls pooled, from the records' per-lag counts), and under it the share of the recalls
-    in each bucket (of the first row drawn: the sets are the same for every row)."""
+    (:data:`LAG_ROWS`; its seeds' recalls pooled, from the records' per-lag counts), and
+    under it the share of the recalls in each bucket (of the first row drawn: the sets are
+    the same for every row)."""
     from .plots import finish, pyplot
 
     plt = pyplot()

@@ -63,10 +63,8 @@ def execute_positions(run):
                                       eval_seed(train_config), 32)
         readings[name] = analysis.position_map(model, batches, task)
         record["metrics"][name].update({k: readings[name][k] for k in POSITION_METRICS})
-    first = next(iter(run.evals.values()))
-    frequencies = analysis.scalar_positions(
-        model, navigation.generate(task_from_dict(first), 1, 0))["frequencies"]
-    return {**record, "positions": readings, "frequencies": frequencies.tolist()}
+    return {**record, "positions": readings,
+            "frequencies": analysis.effective_frequencies(model).tolist()}
 
 
 def table(name, scale="cpu", sequences=None, eval_sequences=None):

@@ -44,8 +44,8 @@ LENGTH_128 = dict(a_steps=128, a_grid=64)
 """``fig7a-128``: Fig. 7a at the paper's sequence length (its caption: "trained on sequences of
 length 128") and grid (its 2D preset's 64), at the scale's widths and budget."""
 NOTES = {"paper": "the paper's 2D presets, 200K sequences of batch 128",
-         "cpu": "7a: 32 steps, grid 16; 7b-d: 4D rotations, 16 steps (OOD 32), d_model 64; "
-                "400 steps of batch 64 (25,600 sequences)",
+         "cpu": "7a: {a_steps} steps, grid {a_grid}; 7b-d: 4D rotations, 16 steps (OOD 32), "
+                "d_model 64; 400 steps of batch 64 (25,600 sequences)",
          "tiny": "a few sequences: proves the spec, measures nothing"}
 
 
@@ -82,11 +82,12 @@ def table(name, scale="cpu", sequences=None, eval_sequences=None):
     ("fig7bd") at ``scale``."""
     if scale not in SCALES:
         raise ValueError(f"Fig. 7 has scales {sorted(SCALES)}, not {scale!r}")
+    if name not in TABLE_NAMES:
+        raise ValueError(f"Fig. 7 has tables {', '.join(TABLE_NAMES)}, not {name!r}")
     s, eval_sequences = SCALES[scale], eval_sequences or 256
-    note = NOTES[scale] + overridden(sequences)
     if name == "fig7a-128":  # the paper's sequence length at the scale's budget and widths
         s = {**s, **LENGTH_128}
-        note = note.replace("7a: 32 steps, grid 16", "7a: 128 steps, grid 64", 1)
+    note = NOTES[scale].format(**s) + overridden(sequences)
     if name in ("fig7a", "fig7a-128"):
         n = sequences or s["a_sequences"]
         parts = tuple(f"d_model {w}" for w in s["widths"])
@@ -96,8 +97,8 @@ def table(name, scale="cpu", sequences=None, eval_sequences=None):
 
         return Table("mapformer", name, f"Fig. 7a: MapEM-s positions on 2D navigation of "
                      f"{s['a_steps']} steps, IID accuracy against width", scale, note, parts,
-                     tuple(FIG7A), ("iid",),
-                     ("accuracy",), make_run, digits=3, plot=plot_fig7a)
+                     tuple(FIG7A), ("iid",), ("accuracy",), make_run, digits=3,
+                     plot=plot_fig7a)
     n = sequences or s["bd_sequences"]
 
     def make_run(part, label, seed):
@@ -168,3 +169,6 @@ def legacy_records(path):
                         "the run is today's spec's for the file's (panel, model, width, "
                         "seed)")})
     return out
+
+
+TABLE_NAMES = ("fig7a", "fig7a-128", "fig7bd")
