@@ -33,6 +33,13 @@ The attention backward's recomputation of the scores is not counted: it is an im
 choice, not work the step needs.
 
 `--models` takes presets and preset/scheme pairs (rope/ape_seq, rope/gridpe, rope/ape_grid).
+With `--task rooms` it takes the rows of TDB's Table 1 instead (transformer, lstm, the TDB
+rows; default all), each stepping as mapformer.reproduce.tdb trains it at `--scale` (cpu: batch
+32, walks of 200 steps = 400 tokens, width 128, 2 layers, 4 heads, K 500), the teacher's EMA
+after TDB's enc row's steps; TDB's flops are mapformer.tdb.step_flops's (the body's blocks, the
+VQ's distances 2 B N C K, the heads' layers, 3x, plus the enc teacher's forward).
+
+    OMP_NUM_THREADS=1 python benchmarks/bench_train_step.py --task rooms --kernel-sets avx512
 APE's generator side runs on NumPy's OpenBLAS: set OPENBLAS_NUM_THREADS=1 for it (its own
 threads fight the C core's OpenMP ones).
 
@@ -61,14 +68,18 @@ import numpy as np
 
 from report import add_json_option, emit  # noqa: E402  the checkout first on sys.path
 
-from mapformer import _C, backend  # noqa: E402
+from mapformer import _C, backend, tdb  # noqa: E402
 from mapformer.models import MODELS, ModelConfig, Transformer, forward_flops  # noqa: E402
-from mapformer.tasks import navigation  # noqa: E402
-from mapformer.train import AdamW, TrainConfig  # noqa: E402
+from mapformer.reproduce import tdb as tdb_table  # noqa: E402
+from mapformer.tasks import navigation, rooms  # noqa: E402
+from mapformer.train import AdamW, TrainConfig, model_kind  # noqa: E402
 
 
 def step_flops(cfg, batch, tokens):
-    """Matmul flops of one step: 3x the forward's (backward = 2 forward)."""
+    """Matmul flops of one step: 3x the forward's (backward = 2 forward); TDB's by
+    mapformer.tdb.step_flops (its enc teacher's forward added)."""
+    if isinstance(cfg, tdb.TDBConfig):
+        return tdb.step_flops(cfg, batch, tokens)
     return 3 * forward_flops(cfg, batch, tokens)
 
 
@@ -169,38 +180,69 @@ class OpTimer:
             setattr(self.ops, name, fn)
 
 
-def bench(model_name, args):
-    """model_name: a preset, or 'preset/scheme' for the preset with another positional scheme
-    (e.g. rope/ape_seq); the tokens' coordinates (the agent's cells) go to the model, for the
-    schemes that read them (gridpe, ape_grid)."""
-    gc.collect()  # the last model (its layers hold cycles), its outputs back to the pool,
-    _C.release_pool()  # and the pool emptied: each model's peak on its own
+# the sizes of --task navigation's steps, by flag
+SIZES = {"--batch": 128, "--tokens": 256, "--d-model": 128, "--heads": 2, "--layers": 1}
+# the rows of TDB's Table 1 --task rooms times (its MapWM angle-map row trains as a Transformer
+# like its transformer row)
+ROOM_ROWS = tuple(row for row in tdb_table.ROWS if row != "mapwm_angles")
+
+
+def navigation_model(model_name, args):
+    """(config, model, loss inputs) of model_name on 2D navigation: a preset, or
+    'preset/scheme' for the preset with another positional scheme (e.g. rope/ape_seq); the
+    tokens' coordinates (the agent's cells) go to the model, for the schemes that read them
+    (gridpe, ape_grid)."""
     task = navigation.NavigationConfig(dims=2, steps=args.tokens // 2, grid_size=64)
     preset, _, positional = model_name.partition("/")
     cfg = ModelConfig.for_task(preset, task, d_model=args.d_model, n_heads=args.heads,
                                n_layers=args.layers,
                                **({"positional": positional} if positional else {}))
-    model = Transformer(cfg, seed=0, backend=args.backend)
+    batch = navigation.generate(task, args.batch, np.random.default_rng(0))
+    inputs = (batch.tokens, batch.targets, batch.mask, navigation.token_coordinates(batch))
+    return cfg, Transformer(cfg, seed=0, backend=args.backend), inputs
+
+
+def rooms_model(row, args):
+    """(config, model, loss inputs) of a row of TDB's Table 1 (mapformer.reproduce.tdb.ROWS)
+    at --scale, on a batch of its rooms task's training walks."""
+    scale = tdb_table.SCALES[args.scale]
+    cfg = tdb_table.model_config(row, scale)
+    task = tdb_table.train_config(scale, 0).task_config()
+    batch = rooms.generate(task, scale.batch, 0)
+    inputs = (batch.tokens, batch.targets, rooms.loss_mask(batch, "observations"), None)
+    return cfg, tdb_table.build_model(row, scale, backend=args.backend), inputs
+
+
+def bench(model_name, args):
+    """(config, median seconds per step, seconds per op of one more step) of model_name
+    (navigation_model's or rooms_model's, by --task): loss, backward, AdamW and the model
+    kind's after-step hook (TDB's teacher EMA)."""
+    gc.collect()  # the last model (its layers hold cycles), its outputs back to the pool,
+    _C.release_pool()  # and the pool emptied: each model's peak on its own
+    cfg, model, inputs = (rooms_model if args.task == "rooms" else navigation_model)(
+        model_name, args)
+    after_step = model_kind(cfg).after_step or (lambda model: None)
     opt = AdamW(model, TrainConfig())
     sync = model.ops.xp.cuda.get_current_stream().synchronize if args.backend == "cuda" \
         else lambda: None
-    batch = navigation.generate(task, args.batch, np.random.default_rng(0))
-    coordinates = navigation.token_coordinates(batch)
+
+    def step():
+        model.loss(*inputs)
+        model.backward()
+        opt.step(1e-4)
+        after_step(model)
+
     times = []
     for i in range(args.warmup + args.repeats):
         t0 = clock()
-        model.loss(batch.tokens, batch.targets, batch.mask, coordinates)
-        model.backward()
-        opt.step(1e-4)
+        step()
         sync()
         if i >= args.warmup:
             times.append(clock() - t0)
     sync()
     timer = OpTimer(model.ops, sync)
     try:
-        model.loss(batch.tokens, batch.targets, batch.mask, coordinates)
-        model.backward()
-        opt.step(1e-4)
+        step()
     finally:
         timer.restore()
     return cfg, float(np.median(times)), dict(timer.totals)
@@ -209,11 +251,15 @@ def bench(model_name, args):
 def main():
     p = argparse.ArgumentParser(description=__doc__,
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--batch", type=int, default=128)
-    p.add_argument("--tokens", type=int, default=256)
-    p.add_argument("--d-model", type=int, default=128)
-    p.add_argument("--heads", type=int, default=2)
-    p.add_argument("--layers", type=int, default=1)
+    p.add_argument("--task", choices=("navigation", "rooms"), default="navigation",
+                   help="navigation (2D, the default), or rooms: the rows of TDB's Table 1 on "
+                        "their rooms task at --scale (mapformer.reproduce.tdb), whose batch, "
+                        "walk length and model sizes are the scale's")
+    p.add_argument("--scale", choices=sorted(tdb_table.SCALES), default="cpu",
+                   help="with --task rooms: the scale of TDB's Table 1 (default cpu)")
+    for flag, default in SIZES.items():
+        p.add_argument(flag, type=int, default=None,
+                       help=f"default {default} (navigation; with --task rooms the scale's)")
     p.add_argument("--repeats", type=int, default=7)
     p.add_argument("--warmup", type=int, default=5,
                    help="untimed steps per model (the first model of a run pays for the "
@@ -231,12 +277,26 @@ def main():
                    help=f"comma-separated CPU kernel sets to run the steps on, of "
                         f"{', '.join(_C.kernel_sets())} (this CPU's; default all of them, "
                         f"the active one, {_C.kernels()}, first)")
-    p.add_argument("--models", default="mapwm,rope",
+    p.add_argument("--models", default=None,
                    help=f"comma-separated model presets, of {', '.join(MODELS)}, each "
                         "optionally with another positional scheme: preset/scheme (e.g. "
-                        "rope/ape_seq)")
+                        "rope/ape_seq); default mapwm,rope. With --task rooms, rows of TDB's "
+                        f"Table 1, of {', '.join(ROOM_ROWS)} (default all of them)")
     add_json_option(p)
     args = p.parse_args()
+    sizes = {flag: getattr(args, flag[2:].replace("-", "_")) for flag in SIZES}
+    if args.task == "rooms":
+        given = [flag for flag, value in sizes.items() if value is not None]
+        if given:
+            p.error(f"{given[0]}: with --task rooms the sizes are the scale's ({args.scale})")
+        scale = tdb_table.SCALES[args.scale]
+        sizes = {"--batch": scale.batch, "--tokens": 2 * scale.room.steps,
+                 "--d-model": scale.d_model, "--heads": scale.n_heads,
+                 "--layers": scale.n_layers}
+        args.models = args.models or ",".join(ROOM_ROWS)
+    for flag, value in sizes.items():
+        setattr(args, flag[2:].replace("-", "_"), SIZES[flag] if value is None else value)
+    args.models = args.models or "mapwm,rope"
     on_gpu = args.backend == "cuda"
     if on_gpu and args.clock == "cpu":
         p.error("--backend cuda times the wall clock: --clock cpu would leave out the GPU")
@@ -248,7 +308,9 @@ def main():
         except RuntimeError as error:
             p.error(str(error))
     for name in args.models.split(","):
-        if name.partition("/")[0] not in MODELS:
+        if args.task == "rooms" and name not in ROOM_ROWS:
+            p.error(f"--models: no row {name!r} in TDB's Table 1 (of {', '.join(ROOM_ROWS)})")
+        if args.task == "navigation" and name.partition("/")[0] not in MODELS:
             p.error(f"--models: no preset {name.partition('/')[0]!r} (of {', '.join(MODELS)})")
     active = _C.kernels()
     kernel_sets = (["cuda"] if on_gpu else args.kernel_sets.split(",") if args.kernel_sets
@@ -261,6 +323,7 @@ def main():
     clock = time.process_time if args.clock == "cpu" else time.perf_counter
 
     figures = {"bench": "train_step", "backend": args.backend, "clock": args.clock,
+               "task": args.task, **({"scale": args.scale} if args.task == "rooms" else {}),
                "batch": args.batch, "tokens": args.tokens, "d_model": args.d_model,
                "heads": args.heads, "layers": args.layers, "repeats": args.repeats,
                "warmup": args.warmup, "product_rows": args.product_rows,

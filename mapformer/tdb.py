@@ -36,7 +36,7 @@ import numpy as np
 
 from . import backend as backends
 from .bottlenecks.vq import VQ
-from .models import Block, ModelConfig
+from .models import Block, ModelConfig, forward_flops as body_forward_flops
 from .nn import LayerNorm, Linear, ParameterStore, normal_init
 
 
@@ -123,9 +123,41 @@ def head_inputs(tokens, n_obs, steps):
     return ids.reshape(steps, -1), targets.reshape(steps, -1), masks.reshape(steps, -1)
 
 
+def encode_flops(config, batch, tokens):
+    """Matmul flops of :meth:`TDB.encode` on (batch, tokens) tokens (tokens = 2N): the
+    transformer body's blocks (:func:`mapformer.models.forward_flops`, less its head, TDB
+    having none) and the VQ's distances at the N observations of a row (2 B N C K: every
+    codebook's C/M channels against its K codes)."""
+    c, body = config.d_model, config.body_config()
+    blocks = body_forward_flops(body, batch, tokens) - 2 * batch * tokens * c * body.vocab_size
+    return blocks + 2 * batch * (tokens // 2) * c * config.codes
+
+
+def forward_flops(config, batch, tokens):
+    """Matmul flops of the student's forward: :func:`encode_flops`, and per head s its code
+    layer (2 B N C H, H = head_hidden), output layer (2 B N H O; the enc head's 2 B N H C)
+    and action tables (s + 1 products of the (V, C) embedding, 2 V C H each)."""
+    c, h, v = config.d_model, config.head_hidden, config.vocab_size
+    n = batch * (tokens // 2)
+    heads = [(s, config.n_obs) for s in range(config.steps)] + ([(0, c)] if config.enc else [])
+    return encode_flops(config, batch, tokens) + sum(
+        2 * n * c * h + 2 * n * h * n_out + (s + 1) * 2 * v * c * h for s, n_out in heads)
+
+
+def step_flops(config, batch, tokens):
+    """Matmul flops of a training step: 3 x the student's forward (its backward twice its
+    forward's), plus the enc teacher's encode (no backward)."""
+    teacher = encode_flops(config, batch, tokens) if config.enc else 0
+    return 3 * forward_flops(config, batch, tokens) + teacher
+
+
 class Head:
     """f^(s): logits = W2 gelu(Wc code + sum_j Wj E(a_{n+j}) + b) + b2, j = 0..s; n_out
-    outputs (default: the observations)."""
+    outputs (default: the observations). E(a) is a row of the input embedding, so each action
+    part Wj E(a) is a row of the table E Wj^T (vocabulary x hidden), computed once per forward
+    and gathered at the ids; its gradient is the table's (the rows' gradients summed per id),
+    so the step multiplies (V, C) by (C, hidden) where a product per position would multiply
+    (B N, C)."""
 
     def __init__(self, store, name, config, ops, s, n_out=None):
         c, hidden = config.d_model, config.head_hidden
@@ -135,18 +167,25 @@ class Head:
                         for j in range(s + 1)]
         self.out = Linear(store, f"{name}.out", hidden, n_out or config.n_obs, ops)
 
-    def forward(self, code, action_embeddings):
+    def forward(self, code, ids, embedding):
+        """code (B N, C), ids [(B N,) int: the embedding row of a_{n+j}, j = 0..s], embedding
+        (V, C) -> logits (B N, n_out)."""
         pre = self.code.forward(code)
-        for layer, e in zip(self.actions, action_embeddings):
-            self.ops.add_(pre, layer.forward(e))
+        self.ids = ids
+        for layer, i in zip(self.actions, ids):
+            self.ops.add_(pre, self.ops.embedding_forward(i, layer.forward(embedding)))
         self.pre = pre
         return self.out.forward(self.ops.gelu_forward(pre))
 
-    def backward(self, dlogits, dcode):
-        """-> the action embeddings' gradients; the code's is accumulated into dcode."""
+    def backward(self, dlogits, dcode, dembedding):
+        """The code's gradient is accumulated into dcode (B N, C), the embedding's into
+        dembedding (V, C)."""
         dpre = self.ops.gelu_backward(self.out.backward(dlogits), self.pre)
         self.code.backward(dpre, dcode)
-        return [layer.backward(dpre) for layer in self.actions]
+        for layer, i in zip(self.actions, self.ids):
+            dtable = self.ops.zeros((dembedding.shape[0], dpre.shape[1]))
+            self.ops.embedding_backward(dtable, dpre, i)
+            layer.backward(dtable, dembedding)
 
 
 class TDB:
@@ -230,10 +269,9 @@ class TDB:
         self.ids = [ops.as_indices(i) for i in ids]
         self.targets = [ops.as_indices(t) for t in targets]
         self.masks = [ops.asarray(m) for m in masks]
-        self.embedded = [ops.embedding_forward(i, self.embed.value) for i in self.ids]
         self.logits, total = [], 0.0
         for s, head in enumerate(self.heads):
-            logits = head.forward(codes, self.embedded[:s + 1])
+            logits = head.forward(codes, self.ids[:s + 1], self.embed.value)
             self.logits.append(logits)
             total += ops.softmax_xent_forward(logits, self.targets[s], self.masks[s])[1]
         total = total / c.steps + self.vq.aux_loss()
@@ -249,18 +287,18 @@ class TDB:
         target, _ = self.ops.l2_normalize_forward(target, 1e-12)
         nxt = self.ops.zeros((B, N, C))
         nxt[:, :-1] = target.reshape(B, N, C)[:, 1:]
-        g = self.enc.forward(codes, self.embedded[:1])
+        g = self.enc.forward(codes, self.ids[:1], self.embed.value)
         self.enc_y, self.enc_norm = self.ops.l2_normalize_forward(g, 1e-12)
         mask = self.masks[0].reshape(-1, 1)
         self.enc_count = max(float(mask.sum()), 1.0)
         self.enc_diff = (self.enc_y - nxt.reshape(B * N, C)) * mask
         return float((self.enc_diff * self.enc_diff).sum()) / self.enc_count
 
-    def enc_backward(self, dcode, dembedded):
-        """L_enc's gradient through g/|g| and g into dcode and dembedded[0]."""
+    def enc_backward(self, dcode):
+        """L_enc's gradient through g/|g| and g into dcode and the embedding's gradient."""
         dy = (2.0 / self.enc_count) * self.enc_diff
         dg = self.ops.l2_normalize_backward(dy, self.enc_y, self.enc_norm)
-        self.ops.add_(dembedded[0], self.enc.backward(dg, dcode)[0])
+        self.enc.backward(dg, dcode, self.embed.grad)
 
     def backward(self, scored=None):
         """Gradient of the last loss() into ``self.params.grad`` (zeroed first). ``scored``
@@ -270,20 +308,13 @@ class TDB:
         self.params.zero_grad()
         B, T = self.tokens.shape
         dcode = ops.zeros((B * (T // 2), c.d_model))
-        dembedded = [None] * c.steps
         for s, head in enumerate(self.heads):
             scale = 1.0 / (c.steps * max(float(self.masks[s].sum()), 1.0))
             dlogits = ops.softmax_xent_backward(self.logits[s], self.targets[s],
                                                 self.masks[s], scale)
-            for j, de in enumerate(head.backward(dlogits, dcode)):
-                if dembedded[j] is None:
-                    dembedded[j] = de
-                else:
-                    ops.add_(dembedded[j], de)
+            head.backward(dlogits, dcode, self.embed.grad)
         if self.enc is not None:
-            self.enc_backward(dcode, dembedded)
-        for j, de in enumerate(dembedded):
-            ops.embedding_backward(self.embed.grad, de, self.ids[j])
+            self.enc_backward(dcode)
         dz = self.vq.backward(dcode)
         dy = ops.zeros((B, T, c.d_model))
         dy[:, 0::2] = dz.reshape(B, T // 2, -1)

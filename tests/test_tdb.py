@@ -279,3 +279,44 @@ def test_map_command_refuses_bad_checkpoints_in_one_line(tmp_path, capsys):
         assert info.value.code == 2, case
         assert capsys.readouterr().err.splitlines() == [f"python -m mapformer: error: {line}"]
     assert not (tmp_path / "map").exists()
+
+
+@pytest.mark.parametrize("values", [dict(), dict(steps=1, codebooks=1, enc=True)])
+def test_flop_count_is_the_products_a_forward_runs(values):
+    """tdb.forward_flops (+ the enc teacher's encode_flops) against the products one loss()
+    multiplies, counted from the shapes the C backend's ops are called with: linear 2 n Cin
+    Cout, the fused MLP two of them, the VQ's distances 2 n M K (C / M), attention's causal
+    half of its two products (2 B H T^2 D in all)."""
+    from mapformer import tdb as tdb_module
+
+    model = TDB(small(**values), seed=0)
+    counted = []
+
+    def counting(name, fn, flops):
+        def wrapped(*args, **kwargs):
+            counted.append(flops(*args))
+            return fn(*args, **kwargs)
+        return name, wrapped
+
+    ops = model.ops
+    rules = {
+        "linear_forward": lambda x, w, *rest: 2 * x.shape[0] * w.shape[0] * w.shape[1],
+        "mlp_forward": lambda x, w1, *rest: 4 * x.shape[0] * w1.shape[0] * w1.shape[1],
+        "vq_forward": lambda z, codebooks, *rest: 2 * z.shape[0] * int(np.prod(codebooks.shape)),
+        "attention_forward": lambda q, *rest: 2 * q.shape[0] * q.shape[2] * q.shape[1] ** 2
+        * q.shape[3]}
+    originals = {name: getattr(ops, name) for name in rules}
+    try:
+        for name, rule in rules.items():
+            setattr(ops, *counting(name, originals[name], rule))
+        t = tokens(3)
+        model.loss(t)
+    finally:
+        for name, fn in originals.items():
+            setattr(ops, name, fn)
+    cfg, (batch, length) = model.config, t.shape
+    expected = tdb_module.forward_flops(cfg, batch, length) + (
+        tdb_module.encode_flops(cfg, batch, length) if cfg.enc else 0)
+    assert sum(counted) == expected
+    assert tdb_module.step_flops(cfg, batch, length) == 2 * tdb_module.forward_flops(
+        cfg, batch, length) + expected

@@ -290,14 +290,17 @@ MF_INLINE void fwd_scores(int kind, int nv, int64_t g0, float *ST, float *mrun,
     }
 }
 
-/* Scores of key block [0, nc) (rows of stride ld from ka, kb) against the packed query block:
- * MR keys at a time, on the causal diagonal the query vectors wholly above it skipped, the
- * rest in tiles of NV vectors (diag, koff, kfree: fwd_scores); pf_step once per MR keys.
+/* Scores of key block [0, nc) (rows of stride ld from ka, kb) against the packed query block's
+ * first nqv vectors (those holding its rows: a sequence's last block may be short, and its
+ * vectors past them would cost as much as a full block's, a quarter of the forward's work at
+ * 400 tokens in blocks of 64): MR keys at a time, on the causal diagonal the query vectors
+ * wholly above it skipped, the rest in tiles of NV vectors (diag, koff, kfree: fwd_scores);
+ * pf_step once per MR keys.
  * SC_ONE reads only ka and QaT (the callers pass them twice); F: fwd_scores. */
 MF_INLINE void fwd_score_block(int kind, float *ST, float *mrun, const float *ka,
                                const float *QaT, const float *kb, const float *QbT, int64_t ld,
-                               int64_t D, int64_t nc, int diag, int64_t koff, int64_t kfree,
-                               float c2, const float *F, Prefetch *pf) {
+                               int64_t D, int64_t nc, int64_t nqv, int diag, int64_t koff,
+                               int64_t kfree, float c2, const float *F, Prefetch *pf) {
     for (int64_t c0 = 0; c0 < nc; c0 += MR) {
         pf_step(pf);
         const float *kac[MR], *kbc[MR];
@@ -305,23 +308,23 @@ MF_INLINE void fwd_score_block(int kind, float *ST, float *mrun, const float *ka
             kac[m] = ka + min64(c0 + m, nc - 1) * ld;
             kbc[m] = kb + min64(c0 + m, nc - 1) * ld;
         }
-        for (int64_t g0 = diag == MF_BLOCK_CAUSAL ? c0 / VW : 0; g0 < NVB; g0 += NV) {
+        for (int64_t g0 = diag == MF_BLOCK_CAUSAL ? c0 / VW : 0; g0 < nqv; g0 += NV) {
 #define MF_SCORES(n) \
     fwd_scores(kind, n, g0, ST, mrun, kac, QaT, kbc, QbT, D, c0, nc, diag, koff, kfree, c2, F)
-            NV_SWITCH(min64(NV, NVB - g0), MF_SCORES)
+            NV_SWITCH(min64(NV, nqv - g0), MF_SCORES)
 #undef MF_SCORES
         }
     }
 }
 
-/* The online softmax step of one key block down the columns (queries) of S^T, VW queries at a
- * time: with mrun the running max including this block, S^T[c][r] = 2^(S^T[c][r] - mrun[r])
+/* The online softmax step of one key block down the first nqv vectors of columns (queries) of
+ * S^T, VW queries at a time: with mrun the running max including this block, S^T[c][r] = 2^(S^T[c][r] - mrun[r])
  * for keys c < nc (on a causal diagonal block, those up to the vector's last query's tile),
  * alpha[r] = 2^(mx[r] - mrun[r]), l[r] = l[r] alpha[r] + sum_c S^T[c][r], mx[r] = mrun[r].
  * -inf scores give 0. */
 MF_INLINE void fwd_softmax_cols(float *ST, float *mx, float *l, float *alpha,
-                                const float *mrun, int64_t nc, int diag) {
-    for (int64_t w = 0; w < NVB; w++) {
+                                const float *mrun, int64_t nc, int64_t nqv, int diag) {
+    for (int64_t w = 0; w < nqv; w++) {
         /* on the causal diagonal, the keys up to the end of the last register tile of queries
          * that reaches into this vector: those fwd_pv reads (the ones past a query are 0) */
         const int64_t cend =
@@ -433,7 +436,7 @@ static int64_t fwd_tasks(const MfAttnJob *p) { return p->B * p->H * fwd_npair(p)
 MF_INLINE void fwd_block(int kind, int fac, const MfAttnJob *p, const FwdScratch *s, Prefetch *pf,
                          int64_t b, int64_t h, int64_t ib) {
     const int64_t T = p->T, D = p->D, Dp = padded(D), ld = p->ld;
-    const int64_t i0 = ib * BT, nr = min64(BT, T - i0);
+    const int64_t i0 = ib * BT, nr = min64(BT, T - i0), nqv = (nr + VW - 1) / VW;
     const int64_t off = b * T * ld + h * D; /* element (b, 0, h, 0) */
     const int two = kind != MF_ATTN_PLAIN;
     const float *qx = p->qx + off, *kx = p->kx + off, *v = p->v + off;
@@ -459,12 +462,12 @@ MF_INLINE void fwd_block(int kind, int fac, const MfAttnJob *p, const FwdScratch
             const int diag = mf_attn_block_mask(i0, j0, nc, P);
             memcpy(mrun, mx, BT * sizeof(float));
             fwd_score_block(SC_ONE, ST, mrun, kx + j0 * ld, s->QxT, kx + j0 * ld, s->QxT,
-                            ld, D, nc, diag, j0 - i0, P - j0, c2, NULL, pf);
-            fwd_softmax_cols(ST, mx, l, alpha, mrun, nc, diag);
+                            ld, D, nc, nqv, diag, j0 - i0, P - j0, c2, NULL, pf);
+            fwd_softmax_cols(ST, mx, l, alpha, mrun, nc, nqv, diag);
             memcpy(mrun, mxP, BT * sizeof(float));
             fwd_score_block(SC_ONE, ST, mrun, kp + j0 * ld, s->QpT, kp + j0 * ld, s->QpT,
-                            ld, D, nc, diag, j0 - i0, P - j0, c2, NULL, pf);
-            fwd_softmax_cols(ST, mxP, lP, alpha, mrun, nc, diag);
+                            ld, D, nc, nqv, diag, j0 - i0, P - j0, c2, NULL, pf);
+            fwd_softmax_cols(ST, mxP, lP, alpha, mrun, nc, nqv, diag);
         }
         /* pass 2: O += A' V with A' = 2^((c2 sX - mx) + (c2 sP - mxP)) = A lX lP, no
          * rescaling (alpha = 1); fwd_scores reads mx, mxP as mrun, mrun + BT */
@@ -481,7 +484,7 @@ MF_INLINE void fwd_block(int kind, int fac, const MfAttnJob *p, const FwdScratch
             const int64_t j0 = jb * BT, nc = min64(BT, T - j0);
             const int diag = mf_attn_block_mask(i0, j0, nc, P);
             fwd_score_block(SC_EXP, ST, mrun, kx + j0 * ld, s->QxT, kp + j0 * ld, s->QpT, ld, D,
-                            nc, diag, j0 - i0, P - j0, c2, NULL, pf);
+                            nc, nqv, diag, j0 - i0, P - j0, c2, NULL, pf);
             fwd_pv_block(O, ST, s->Vs, alpha, v + j0 * ld, ld, D, Dp, nr, nc, diag, pf);
         }
         for (int64_t r = 0; r < nr; r++) l[r] = 1.0f / (l[r] * lP[r]);
@@ -501,9 +504,9 @@ MF_INLINE void fwd_block(int kind, int fac, const MfAttnJob *p, const FwdScratch
             mf_transpose(s->F, BT, s->G, BT, BT, BT);
         }
         fwd_score_block(sc, ST, mrun, kx + j0 * ld, s->QxT, (two ? kp : kx) + j0 * ld,
-                        two ? s->QpT : s->QxT, ld, D, nc, diag, j0 - i0, P - j0, c2,
+                        two ? s->QpT : s->QxT, ld, D, nc, nqv, diag, j0 - i0, P - j0, c2,
                         fac ? s->F : NULL, pf);
-        fwd_softmax_cols(ST, mx, l, alpha, mrun, nc, diag);
+        fwd_softmax_cols(ST, mx, l, alpha, mrun, nc, nqv, diag);
         fwd_pv_block(O, ST, s->Vs, alpha, v + j0 * ld, ld, D, Dp, nr, nc, diag, pf);
     }
     for (int64_t r = 0; r < nr; r++) {
