@@ -32,6 +32,9 @@ walks, 25k steps of batch 32, width 256, 4 layers, 8 heads, K = 1000 codes):
   restarted every 200 steps (without it small runs were seen to collapse onto a few codes);
   the transformer and the LSTM plan the first 16 test walks only (a problem costs about 15
   CPU seconds);
+- ``small``: the room the paper's training ratios fit at a cpu's budget: a 6 x 8 room (48
+  cells), walks of 100, K = 160 codes, 4000 steps (the paper's 83 steps and 3.3 codes per cell;
+  ``cpu`` has 20 steps per cell), otherwise as ``cpu``;
 - ``tiny``: a 6 x 8 room and walks of 60, for a smoke test (numbers mean nothing).
 
 Deviations (all said in mapformer/tdb.py): RoPE in place of Transformer-XL positions; the M
@@ -109,6 +112,8 @@ SCALES = {
                    25000, 1e-3, 50),
     "cpu": Scale(rooms.RoomsConfig(10, 15, 4, 3, 200), 128, 4, 2, 500, 256, 2048, 256, 32,
                  3000, 1e-3, 25, restart_dead=200, plan_problems=16),
+    "small": Scale(rooms.RoomsConfig(6, 8, 4, 3, 100), 128, 4, 2, 160, 256, 2048, 256, 32,
+                   4000, 1e-3, 12, restart_dead=200, plan_problems=16),
     "tiny": Scale(rooms.RoomsConfig(6, 8, 4, 3, 60), 32, 2, 1, 64, 32, 64, 16, 8, 20, 1e-3, 8),
 }
 SCALE_NOTES = {
@@ -119,6 +124,11 @@ SCALE_NOTES = {
            "batch 32, width 128, 2 layers, 4 heads, K = 500 codes, dead codes restarted every "
            "200 steps; ImpFallback and RatioSP over the 256 test walks' problems (transformer "
            "and LSTM: rollouts on the first 16)",
+    "small": "6 x 8 room (48 cells), 3 x 3 patch twice, walks of 100, 2048 training walks, "
+             "4000 steps of batch 32, width 128, 2 layers, 4 heads, K = 160 codes, dead codes "
+             "restarted every 200 steps: the paper's steps per cell (83) and codes per cell "
+             "(3.3); ImpFallback and RatioSP over the 256 test walks' problems (transformer "
+             "and LSTM: rollouts on the first 16)",
     "tiny": "6 x 8 room, walks of 60, 20 steps: a smoke test, the numbers mean nothing",
 }
 
