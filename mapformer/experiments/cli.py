@@ -17,7 +17,8 @@ def add_parser(sub, positive_int):
     rp.add_argument("table", help="the table: " + "; ".join(
         f"{p}: {', '.join(reproduce.table_names(p))}" for p in reproduce.PAPERS))
     rp.add_argument("--scale", default="cpu", help="cpu: reduced for a 2-core CPU (the "
-                    "default); paper: the paper's settings; some tables have more (tiny; TDB's small)")
+                    "default); paper: the paper's settings; some tables have more (tiny; "
+                    "TDB's small)")
     rp.add_argument("--seeds", type=positive_int, default=3, help="seeds 0 .. N-1 (default 3)")
     rp.add_argument("--rows", default=None, help="comma-separated row labels to run (a comma "
                     "inside parentheses stays in its label: 'Mamba,MAMPa (decay, ZOH)'; "
