@@ -28,7 +28,9 @@ static const MfArg forward_args[] = {
     {"gates", 0, MF_OUT, 0, "B T G", .field = P(gates)},
     {0}};
 static const MfOp forward = {"lstm_forward", forward_args, sizes, sizeof(MfLstmParams),
-                             .run = MF_OP(lstm_forward), .check = check};
+                             .run = MF_OP(lstm_forward), .check = check,
+                             .scratch = MF_SCRATCH(lstm_forward_scratch_floats),
+                             MF_SCRATCH_FIELDS(MfLstmParams)};
 
 static const MfArg backward_args[] = {
     {"dh", 1, MF_IN, 0, "B T H", .field = P(dh)},

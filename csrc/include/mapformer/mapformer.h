@@ -318,7 +318,8 @@ int vq_backward(const MfVqParams *p);
  *   pre[:, t] += h_{t-1} w_hh^T;  i, f, o = sigmoid, g = tanh of pre's four H-column parts;
  *   c_t = f c_{t-1} + i g;  h_t = o tanh(c_t)   (h_{-1} = h0, c_{-1} = c0; zeros when NULL)
  * Reads x, w_ih, w_hh, b, h0, c0; writes h, c (B, T, H) and gates (B, T, G): the activated
- * (i, f, g, o), saved for the backward. No scratch. */
+ * (i, f, g, o), saved for the backward. Scratch: lstm_forward_scratch_floats(p) floats. */
+int64_t lstm_forward_scratch_floats(const MfLstmParams *p);
 int lstm_forward(const MfLstmParams *p);
 /* Backpropagation through time from dh (B, T, H), the gradient reaching every h_t: reads dh,
  * x, w_ih, w_hh, h0, c0 and forward's h_in, c_in, gates_in; writes dx (B, T, C) and, when not
