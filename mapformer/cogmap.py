@@ -353,11 +353,29 @@ def encode_all(model, tokens, batch=32):
                            for i in range(0, len(tokens), batch)])
 
 
+def code_statistics(states, positions):
+    """How the training walks' codes sit on the room: states int (W, N, M) (code tuples, or
+    place ids with M = 1), positions int (W, N, 2) (the cells) -> {"tuples": the distinct
+    tuples, "tuples_per_cell": the mean over visited cells of the distinct tuples seen there
+    (1 for a code per cell; a clone structure has more), "cells_per_tuple": the mean over
+    tuples of the distinct cells they were seen at (1 for codes that alias nothing)}."""
+    states = np.asarray(states)
+    flat = states.reshape(-1, states.shape[-1])
+    cells = np.asarray(positions).reshape(-1, 2)
+    _, tuple_id = np.unique(flat, axis=0, return_inverse=True)
+    _, cell_id = np.unique(cells, axis=0, return_inverse=True)
+    pairs = np.unique(np.stack([tuple_id.ravel(), cell_id.ravel()], 1), axis=0)
+    return {"tuples": int(tuple_id.max()) + 1,
+            "tuples_per_cell": float(np.bincount(pairs[:, 1]).mean()),
+            "cells_per_tuple": float(np.bincount(pairs[:, 0]).mean())}
+
+
 def map_metrics(cm, train_states, train, test_states, test, room, context):
     """Planning metrics and NormGED of a map ``cm`` built from the training walks' states
     (W, N, M) (code tuples, or cluster ids with M = 1): node positions from ``train``'s cells,
     plans from position ``context`` to N - context of every test walk (its states
-    ``test_states``). Sets the map's node attribute pos."""
+    ``test_states``), and the codes' :func:`code_statistics` on the training walks. Sets the
+    map's node attribute pos."""
     nx.set_node_attributes(cm.graph, node_positions(cm, train_states, train.pos), "pos")
     N = test_states.shape[1]
     plans = [cm.plan(test_states[i, context], test_states[i, N - context])
@@ -367,6 +385,7 @@ def map_metrics(cm, train_states, train, test_states, test, room, context):
     metrics["NormGED"] = norm_ged(cm.graph, rooms.ground_truth_graph(room))
     metrics["nodes"] = cm.graph.number_of_nodes()
     metrics["edges"] = cm.graph.number_of_edges()
+    metrics.update(code_statistics(train_states, train.pos))
     return metrics
 
 

@@ -244,3 +244,21 @@ def test_angle_map_of_a_trained_mapwm_end_to_end():
     model.blocks[0].mixer.scheme.omega.value[...] = 0.0  # no turn: every step closes
     assert cogmap.step_closure(model, w.tokens(CONFIG.n_obs), CONFIG.n_obs) == 0.0
     assert np.isnan(cogmap.step_closure(model, w.tokens(CONFIG.n_obs)[:1, :2], CONFIG.n_obs))
+
+
+def test_code_statistics_count_tuples_per_cell_and_cells_per_tuple():
+    """Perfect codes (one tuple per cell): 1 and 1; two clones of every cell (the tuple's
+    second slot the walk's parity): 2 tuples a cell; a code per observation colour: every tuple
+    covers the cells of its colour."""
+    room, w, codes = perfect_codes()
+    stats = cogmap.code_statistics(codes, w.pos)
+    visited = len(np.unique(w.pos.reshape(-1, 2), axis=0))
+    assert stats == {"tuples": visited, "tuples_per_cell": 1.0, "cells_per_tuple": 1.0}
+    parity = (np.arange(len(codes)) % 2)[:, None, None] + np.zeros_like(codes)
+    clones = cogmap.code_statistics(np.concatenate([codes, parity], -1), w.pos)
+    assert clones == {"tuples": 2 * visited, "tuples_per_cell": 2.0, "cells_per_tuple": 1.0}
+    colours = cogmap.code_statistics(w.obs[..., None], w.pos)
+    cells_of = {o: len(np.unique(w.pos[w.obs == o], axis=0)) for o in np.unique(w.obs)}
+    assert colours["tuples"] == len(cells_of)
+    assert colours["cells_per_tuple"] == np.mean(list(cells_of.values()))
+    assert colours["tuples_per_cell"] == 1.0
