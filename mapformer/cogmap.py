@@ -358,7 +358,9 @@ def code_statistics(states, positions):
     place ids with M = 1), positions int (W, N, 2) (the cells) -> {"tuples": the distinct
     tuples, "tuples_per_cell": the mean over visited cells of the distinct tuples seen there
     (1 for a code per cell; a clone structure has more), "cells_per_tuple": the mean over
-    tuples of the distinct cells they were seen at (1 for codes that alias nothing)}."""
+    tuples of the distinct cells they were seen at (1 for codes that alias nothing), "purity":
+    the fraction of positions whose tuple's most frequent cell is their own
+    (:func:`place_purity`; rare tuples weigh little here, as in the map)}."""
     states = np.asarray(states)
     flat = states.reshape(-1, states.shape[-1])
     cells = np.asarray(positions).reshape(-1, 2)
@@ -367,7 +369,8 @@ def code_statistics(states, positions):
     pairs = np.unique(np.stack([tuple_id.ravel(), cell_id.ravel()], 1), axis=0)
     return {"tuples": int(tuple_id.max()) + 1,
             "tuples_per_cell": float(np.bincount(pairs[:, 1]).mean()),
-            "cells_per_tuple": float(np.bincount(pairs[:, 0]).mean())}
+            "cells_per_tuple": float(np.bincount(pairs[:, 0]).mean()),
+            "purity": float(place_purity(tuple_id.reshape(states.shape[:2]), positions))}
 
 
 def map_metrics(cm, train_states, train, test_states, test, room, context):

@@ -164,18 +164,40 @@ def shortest_valid(plans, room, start, goal):
     return min(valid, key=len) if valid else None
 
 
+def room_oracle(room, start, n_obs):
+    """A ``predict`` function that knows the room: tokens int (B, T) of walks that start at
+    cell ``start`` (x_0's; actions offset by n_obs) -> (B, T) the true observation after each
+    position (after an observation: that observation). The rollout planner with it is the
+    best any map-free model can do by random rollouts, its predictions never wrong."""
+    start = np.asarray(start)
+
+    def predict(tokens):
+        tokens = np.asarray(tokens)
+        out = np.empty(tokens.shape, np.int64)
+        pos = np.tile(start, (len(tokens), 1))
+        for t in range(tokens.shape[1]):
+            if t % 2:
+                pos = rooms.move(room, pos, tokens[:, t] - n_obs)
+            out[:, t] = room.obs[pos[:, 0], pos[:, 1]]
+        return out
+    return predict
+
+
 def evaluate_rollouts(predict, walks, room, n_obs, context, rollouts=100, seed=0):
     """ImpFallback and RatioSP (:func:`mapformer.cogmap.planning_metrics`) of the rollout
     planner over every walk of ``walks`` (problem w uses the Generator seed [seed, w]), plus
     ``returned`` (plans accepted by tail evaluation, summed) and ``returned_valid`` (those
-    that reach the goal)."""
+    that reach the goal). ``predict``: a function or a :class:`Decoder` for every walk, or
+    "oracle": each walk's :func:`room_oracle`."""
     from .cogmap import planning_metrics
     tokens = walks.tokens(n_obs)
     N, C = tokens.shape[1] // 2, context
     starts, goals = walks.pos[:, C], walks.pos[:, N - C]
     best, returned, returned_valid = [], 0, 0
     for w in range(len(tokens)):
-        plans = rollout_plans(predict, tokens[w], C, n_obs, rollouts, [seed, w])
+        walk_predict = (room_oracle(room, walks.pos[w, 0], n_obs)
+                        if isinstance(predict, str) and predict == "oracle" else predict)
+        plans = rollout_plans(walk_predict, tokens[w], C, n_obs, rollouts, [seed, w])
         returned += len(plans)
         returned_valid += sum(shortest_valid([p], room, starts[w], goals[w])
                               is not None for p in plans)

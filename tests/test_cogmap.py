@@ -253,12 +253,17 @@ def test_code_statistics_count_tuples_per_cell_and_cells_per_tuple():
     room, w, codes = perfect_codes()
     stats = cogmap.code_statistics(codes, w.pos)
     visited = len(np.unique(w.pos.reshape(-1, 2), axis=0))
-    assert stats == {"tuples": visited, "tuples_per_cell": 1.0, "cells_per_tuple": 1.0}
+    assert stats == {"tuples": visited, "tuples_per_cell": 1.0, "cells_per_tuple": 1.0,
+                     "purity": 1.0}
     parity = (np.arange(len(codes)) % 2)[:, None, None] + np.zeros_like(codes)
     clones = cogmap.code_statistics(np.concatenate([codes, parity], -1), w.pos)
-    assert clones == {"tuples": 2 * visited, "tuples_per_cell": 2.0, "cells_per_tuple": 1.0}
+    assert clones == {"tuples": 2 * visited, "tuples_per_cell": 2.0, "cells_per_tuple": 1.0,
+                      "purity": 1.0}
     colours = cogmap.code_statistics(w.obs[..., None], w.pos)
     cells_of = {o: len(np.unique(w.pos[w.obs == o], axis=0)) for o in np.unique(w.obs)}
     assert colours["tuples"] == len(cells_of)
     assert colours["cells_per_tuple"] == np.mean(list(cells_of.values()))
     assert colours["tuples_per_cell"] == 1.0
+    cells = rooms.node_of(w.pos, CONFIG.width).ravel()
+    commonest = sum(np.bincount(cells[w.obs.ravel() == o]).max() for o in cells_of)
+    assert colours["purity"] == pytest.approx(commonest / cells.size)

@@ -172,3 +172,30 @@ def test_the_converted_records_render_the_old_numbers(capsys):
     torus = tdb.table("1-torus", "cpu").cells(
         RecordStore(ROOT / "results" / "records" / "tdb-legacy"), 2)[("", "mapwm_angles")]
     assert torus["n"] == 2 and torus["unknown"]
+
+
+def test_the_rollout_oracle_table_plans_each_room_with_the_rooms_predictions(
+        micro, tmp_path, monkeypatch):
+    """Table 1-rollout-oracle trains nothing: a record per room and seed holds the rollout
+    planner's metrics with rollouts.room_oracle on the room's test walks, the numbers
+    evaluate_rollouts("oracle", ...) gives on them; it takes no scale."""
+    from mapformer import rollouts
+
+    monkeypatch.setattr(tdb, "ORACLE_ROWS", ("micro",))
+    table = reproduce.table("tdb", "1-rollout-oracle", rollouts=30)
+    store = RecordStore(tmp_path)
+    summary = run_all(table.runs(2), store, progress=False)
+    assert summary["ran"] == 2 and not summary["failed"]
+    for seed in range(2):
+        record = store.get(table.make_run("", "micro", seed).id)
+        assert record["run"]["kind"] == tdb.ORACLE_KIND
+        task = TrainConfig.from_dict(record["run"]["train"]).task_config()
+        room = rooms.make_room(task.room)
+        want = rollouts.evaluate_rollouts("oracle", rooms.evaluation_walks(task, 4), room,
+                                          task.room.n_symbols, 4, 30, seed=[seed, 4])
+        assert record["evaluation"] == pytest.approx(want, nan_ok=True)
+        assert record["metrics"]["ImpFallback"]["test"] == pytest.approx(want["ImpFallback"])
+        assert 0 < want["problems"] <= 4 and want["rollouts"] == 30
+        assert record["seeds"]["rollouts"] == f"problem w: default_rng([[{seed}, 4], w])"
+    with pytest.raises(ValueError, match="no scale"):
+        reproduce.table("tdb", "1-rollout-oracle", "small")

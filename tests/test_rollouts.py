@@ -11,24 +11,15 @@ CONFIG = rooms.RoomsConfig(height=3, width=4, n_obs=3, patch=0, steps=24, seed=2
 
 
 class Oracle:
-    """predict(tokens): replays the actions from the walk's first cell in the true room; the
-    prediction after an action is the cell's observation (after an observation: the same).
-    Records the batch size of every call."""
+    """rollouts.room_oracle (the actions replayed from the walk's first cell in the true
+    room), recording the batch size of every call."""
 
     def __init__(self, room, start):
-        self.room, self.start, self.batches = room, np.asarray(start), []
+        self.predict, self.batches = rollouts.room_oracle(room, start, CONFIG.n_obs), []
 
     def __call__(self, tokens):
-        tokens = np.asarray(tokens)
-        self.batches.append(tokens.shape[0])
-        h, w = self.room.obs.shape
-        pos = np.tile(self.start, (tokens.shape[0], 1))
-        out = np.empty(tokens.shape, np.int64)
-        for t in range(tokens.shape[1]):
-            if t % 2:
-                pos = rooms.step(pos, tokens[:, t] - CONFIG.n_obs, h, w)
-            out[:, t] = self.room.obs[pos[:, 0], pos[:, 1]]
-        return out
+        self.batches.append(len(tokens))
+        return self.predict(tokens)
 
 
 def problem(n=8, seed=0):
@@ -61,6 +52,21 @@ def test_evaluate_rollouts_with_the_oracle():
     assert m["problems"] == 1 and m["rollouts"] == 100
     assert m["ImpFallback"] == 100.0 and m["RatioSP"] >= 1.0
     assert 1 <= m["returned_valid"] <= m["returned"]
+
+
+def test_room_oracle_predicts_the_walks_next_observations():
+    """After each action of a real walk, the oracle's prediction is the walk's next
+    observation; "oracle" in evaluate_rollouts is each walk's room_oracle."""
+    room, w = problem(n=6, seed=4)
+    tokens = w.tokens(CONFIG.n_obs)
+    for i in range(len(tokens)):
+        predicted = rollouts.room_oracle(room, w.pos[i, 0], CONFIG.n_obs)(tokens[i:i + 1])[0]
+        assert predicted[1:-1:2].tolist() == w.obs[i, 1:].tolist()
+        assert predicted[0::2].tolist() == w.obs[i].tolist()
+    by_name = rollouts.evaluate_rollouts("oracle", w, room, CONFIG.n_obs, 4, rollouts=20)
+    plans = [rollouts.rollout_plans(Oracle(room, w.pos[i, 0]), tokens[i], 4, CONFIG.n_obs,
+                                    rollouts=20, seed=[0, i]) for i in range(len(tokens))]
+    assert by_name["returned"] == sum(len(p) for p in plans) > 0
 
 
 def test_rollout_count_and_seed():

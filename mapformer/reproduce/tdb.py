@@ -73,6 +73,7 @@ from ..tdb import TDBConfig
 from ..train import MODEL_KINDS, TrainConfig, model_kind, train
 
 KIND = "mapformer.reproduce.tdb:execute"
+ORACLE_KIND = "mapformer.reproduce.tdb:execute_oracle"
 COLUMNS = ("TestAccu", "ImpFallback", "RatioSP", "NormGED")
 METRIC = "test"  # each column's value is read at record["metrics"][column]["test"]
 
@@ -136,8 +137,11 @@ SCALE_NOTES = {
 ROWS = {"transformer": None, "lstm": None, "tdb_s1_m1": (1, 1, False),
         "tdb_s1_enc_m1": (1, 1, True), "tdb_s3_m1": (3, 1, False), "tdb_s3_m4": (3, 4, False),
         "mapwm_angles": None}
-TABLE_NAMES = ("1", "1-torus")
+TABLE_NAMES = ("1", "1-torus", "1-rollout-oracle")
 TOPOLOGIES = {"1": "room", "1-torus": "torus"}
+# the rooms of table "1-rollout-oracle": the scales whose rooms (and walks) it plans in
+ORACLE_ROWS = ("small", "cpu", "paper")
+ORACLE_COLUMNS = ("ImpFallback", "RatioSP")
 
 
 def model_config(row, scale):
@@ -215,7 +219,7 @@ def seeds_record(task, run):
     out = {"room": f"mapformer.tasks.rooms.make_room: default_rng([{seed}, 0x600D])",
            "training_walks": [seed, 1], "test_walks": [seed, 2],
            "batches": f"step s: default_rng([{seed}, s])", "model": seed}
-    if run.extra["planner"] == "rollouts":
+    if run.extra["planner"] in ("rollouts", "oracle"):
         out["rollouts"] = f"problem w: default_rng([[{seed}, 4], w])"
     return out
 
@@ -270,6 +274,52 @@ def execute(run):
         "wall_s": time.perf_counter() - t0})
 
 
+def oracle_run(row, seed, rollouts=100, test_walks=None):
+    """The Run of table "1-rollout-oracle"'s row (a scale of :data:`SCALES`) for ``seed``:
+    the scale's room and test walks, planned by ``rollouts`` random rollouts judged by the room
+    itself (:func:`mapformer.rollouts.room_oracle`), no model trained (the run names the
+    scale's LSTM only as the model whose rollouts these bound)."""
+    at = SCALES[row]
+    if test_walks is not None:
+        at = replace(at, test_walks=test_walks)
+    return Run.of(model_config("lstm", at), train_config(at, seed), kind=ORACLE_KIND,
+                  row=row, planner="oracle", rollouts=rollouts)
+
+
+def execute_oracle(run):
+    """Kind "mapformer.reproduce.tdb:execute_oracle": ImpFallback and RatioSP of random
+    rollouts with the room's own predictions (:func:`mapformer.rollouts.evaluate_rollouts`
+    with "oracle") on every test walk of run.train's room (problem w's rollouts drawn from
+    [[seed, 4], w], as the trained rows'): what the map-free rows could plan at best."""
+    t0 = time.perf_counter()
+    train_cfg = TrainConfig.from_dict(run.train)
+    task = train_cfg.task_config()
+    room, walks = rooms.make_room(task.room), rooms.evaluation_walks(
+        task, train_cfg.eval_sequences)
+    evaluation = rollout_planner.evaluate_rollouts(
+        "oracle", walks, room, task.room.n_symbols, task.planning_context,
+        run.extra["rollouts"], seed=[task.room.seed, 4])
+    return json_safe({"metrics": {c: {METRIC: evaluation.get(c, math.nan)}
+                                  for c in ORACLE_COLUMNS},
+                      "evaluation": evaluation, "room": room_record(task),
+                      "seeds": seeds_record(task, run), "wall_s": time.perf_counter() - t0})
+
+
+def oracle_table(eval_sequences=None, rollouts=None):
+    """Table "1-rollout-oracle": beyond the paper, the rollout planner's best in each scale's
+    room (:func:`oracle_run`): how often 100 random rollouts find a path shorter than the
+    fallback when every prediction is right, room by room."""
+    count = rollouts or 100
+    note = (f"{count} random rollouts a problem judged by the room itself (no model: every "
+            "prediction right), in the rooms and test walks of the scales small (6 x 8, walks "
+            "of 100), cpu (10 x 15, 200) and paper (15 x 20, 400); a seed is a room; "
+            "ImpFallback and RatioSP over each room's test walks' problems")
+    return Table("tdb", "1-rollout-oracle", "The rollout planner's best by room size: random "
+                 "rollouts with the room's own predictions (beyond the paper)", "cpu", note,
+                 ("",), ORACLE_ROWS, ORACLE_COLUMNS, (METRIC,),
+                 lambda part, row, seed: oracle_run(row, seed, count, eval_sequences), {})
+
+
 def table(name, scale="cpu", sequences=None, eval_sequences=None, rollouts=None,
           plan_problems=None):
     """TDB table ``name`` ("1", or "1-torus": the same rooms with their edges joined) at
@@ -279,6 +329,11 @@ def table(name, scale="cpu", sequences=None, eval_sequences=None, rollouts=None,
     planner's (the transformer's and LSTM's rows)."""
     if name not in TABLE_NAMES:
         raise ValueError(f"TDB has tables {', '.join(TABLE_NAMES)}, not {name!r}")
+    if name == "1-rollout-oracle":
+        if scale != "cpu" or sequences or plan_problems:
+            raise ValueError("table 1-rollout-oracle plans in the rooms of every scale and "
+                             "trains nothing: it takes no scale, sequences or plan_problems")
+        return oracle_table(eval_sequences, rollouts)
     if scale not in SCALES:
         raise ValueError(f"table {name} has scales {sorted(SCALES)}, not {scale!r}")
     at = SCALES[scale]
