@@ -115,34 +115,14 @@ def test_each_plan_once():
     assert len(plans) == len({tuple(p) for p in plans}) > 0
 
 
-class OracleDecoder(rollouts.Decoder):
-    """The Oracle as a Decoder: its cache is the tokens so far (rows and prefixes taken as a
-    DecodeCache's are), so the decoded rollouts' bookkeeping runs on a model that finds
-    plans."""
-
-    class Cache:
-        def __init__(self, tokens):
-            self.tokens, self.length = tokens, tokens.shape[1]
-
-        def select(self, rows, length=None, room=0):
-            return OracleDecoder.Cache(self.tokens[rows, :length])
-
-    def __init__(self, room, start):
-        self.oracle = Oracle(room, start)
-
-    def __call__(self, tokens, cache=None):
-        tokens = np.asarray(tokens)
-        seen = tokens if cache is None else np.concatenate([cache.tokens, tokens], 1)
-        return self.oracle(seen)[:, -tokens.shape[1]:], self.Cache(seen)
-
-
 def test_decoded_rollouts_give_the_recomputed_plans_with_the_oracle():
     room, w = problem(n=4)
     tokens = w.tokens(CONFIG.n_obs)
     for i in range(len(tokens)):
         want = rollouts.rollout_plans(Oracle(room, w.pos[i, 0]), tokens[i], 4, CONFIG.n_obs,
                                       rollouts=60, seed=i)
-        got = rollouts.rollout_plans(OracleDecoder(room, w.pos[i, 0]), tokens[i], 4,
+        got = rollouts.rollout_plans(rollouts.RoomOracleDecoder(room, w.pos[i, 0],
+                                                                 CONFIG.n_obs), tokens[i], 4,
                                      CONFIG.n_obs, rollouts=60, seed=i)
         assert got == want and (want or w.pos[i, 4].tolist() == w.pos[i, 20].tolist())
 
