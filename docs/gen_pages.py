@@ -3,13 +3,15 @@
 Every file under ``docs/_templates/`` is a page whose ``<!-- gen: ... -->`` lines are replaced
 by what they name, and is written to the same path under ``docs/``:
 
-- ``<!-- gen: table PAPER TABLE --records DIR [--scale S] [--sequences N] [--seeds K]
-  [--metric M] -->``: the table rendered from the run records in DIR by
+- ``<!-- gen: table PAPER TABLE --records DIR [--scale S] [--sequences N] [--eval-sequences N]
+  [--seeds K] [--metric M] -->``: the table rendered from the run records in DIR by
   ``Table.markdown`` (every metric that has values unless ``--metric`` names some,
   comma-separated), the command that renders it again, and, for a spec with a plot, the plot
   drawn by ``python -m mapformer reproduce`` (``results/figures/``, seen as ``docs/figures/``);
 - ``<!-- gen: seeds PAPER TABLE --records DIR ... [--extra KEYS] -->``: each seed's record of
   the same table, a column per seed;
+- ``<!-- gen: training-log PAPER TABLE --records DIR ... -->``: the rows' training logs by step
+  (accuracy; a VQ's code perplexity and codes used), mean over seeds;
 - ``<!-- gen: predicted-by-lag PAPER TABLE --records DIR [--rows ROWS] -->``: what a navigation
   table's rows would score on the paper's presets at the accuracy per lag their records
   measured, beside the paper, with the lag 1-2 shares of the presets and of the records' sets;
@@ -60,6 +62,7 @@ def table_arguments(words):
     parser.add_argument("--records", required=True)
     parser.add_argument("--scale", default="cpu")
     parser.add_argument("--sequences", type=int, default=None)
+    parser.add_argument("--eval-sequences", type=int, default=None)
     parser.add_argument("--seeds", type=int, default=3)
     parser.add_argument("--metric", default=None)
     parser.add_argument("--rows", default=None)
@@ -72,7 +75,8 @@ def render_table(words, shown):
     from mapformer.experiments import RecordStore
 
     args = table_arguments(words)
-    table = reproduce.table(args.paper, args.table, args.scale, sequences=args.sequences)
+    table = reproduce.table(args.paper, args.table, args.scale, sequences=args.sequences,
+                            eval_sequences=args.eval_sequences)
     store = RecordStore(ROOT / args.records)
     shown.update(table.make_run(*key).id for key in table.records(store, args.seeds))
     metrics = (args.metric.split(",") if args.metric
@@ -81,6 +85,7 @@ def render_table(words, shown):
                f"--records {args.records}" + (f" --scale {args.scale}" if args.scale != "cpu"
                                               else "")
                + (f" --sequences {args.sequences}" if args.sequences else "")
+               + (f" --eval-sequences {args.eval_sequences}" if args.eval_sequences else "")
                + (f" --seeds {args.seeds}" if args.seeds != 3 else ""))
     parts = [table.markdown(store, args.seeds, metric) for metric in metrics]
     parts.append(f"Rendered from `{args.records}` by `{command}`.")
@@ -111,7 +116,8 @@ def render_predicted_by_lag(words, shown):
     from mapformer.tasks import navigation
 
     args = table_arguments(words)
-    table = reproduce.table(args.paper, args.table, args.scale, sequences=args.sequences)
+    table = reproduce.table(args.paper, args.table, args.scale, sequences=args.sequences,
+                            eval_sequences=args.eval_sequences)
     store = RecordStore(ROOT / args.records)
     rows = split_labels(args.rows) if args.rows else list(table.rows)
     presets = {(part, column): navigation.preset(column, dims=int(part[0]))
@@ -166,7 +172,8 @@ def render_seeds(words, shown):
         i = words.index("--extra")
         extra, words = words[i + 1].split(","), words[:i] + words[i + 2:]
     args = table_arguments(words)
-    table = reproduce.table(args.paper, args.table, args.scale, sequences=args.sequences)
+    table = reproduce.table(args.paper, args.table, args.scale, sequences=args.sequences,
+                            eval_sequences=args.eval_sequences)
     store = RecordStore(ROOT / args.records)
     found = table.records(store, args.seeds)
     shown.update(table.make_run(*key).id for key in found)
@@ -196,6 +203,51 @@ def render_seeds(words, shown):
                 label = f"{part} {row}".strip()
                 lines.append(f"| {label} | " + " | ".join(cells) + " |")
     return "\n".join(lines)
+
+
+def render_training_log(words, shown):
+    """A ``training-log`` directive (the ``table`` directive's arguments): each row's training
+    log against the step, from its records' ``log`` (mean over the seeds found, their count
+    beside): the training batch's accuracy and, where the model logs code usage (a VQ
+    bottleneck), the codes' perplexity (mean over the codebooks) and how many codes are used."""
+    from statistics import fmean
+
+    from mapformer import reproduce
+    from mapformer.experiments import RecordStore
+    from mapformer.experiments.cli import split_labels
+
+    args = table_arguments(words)
+    table = reproduce.table(args.paper, args.table, args.scale, sequences=args.sequences,
+                            eval_sequences=args.eval_sequences)
+    store = RecordStore(ROOT / args.records)
+    found = table.records(store, args.seeds)
+    shown.update(table.make_run(*key).id for key in found)
+    rows = split_labels(args.rows) if args.rows else table.rows
+    by_row = {}
+    for (part, row, seed), record in sorted(found.items()):
+        if row in rows:
+            for entry in record.get("log", []):
+                if "accuracy" in entry:
+                    by_row.setdefault(row, {}).setdefault(entry["step"], []).append(entry)
+    steps = sorted({step for logs in by_row.values() for step in logs})
+    coded = [row for row in by_row if any("code_usage" in e for es in by_row[row].values()
+                                          for e in es)]
+    head = [f"{row} accuracy" for row in by_row] + [f"{row} perplexity / used" for row in coded]
+    lines = ["| step | " + " | ".join(head) + " |", "|---|" + "---|" * len(head)]
+    for step in steps:
+        cells = []
+        for row in by_row:
+            entries = by_row[row].get(step, [])
+            cells.append(f"{fmean(e['accuracy'] for e in entries):.3f} (n={len(entries)})"
+                         if entries else "-")
+        for row in coded:
+            usage = [u for e in by_row[row].get(step, []) for u in e.get("code_usage", [])]
+            cells.append(f"{fmean(fmean(u['perplexity']) for u in usage):.1f} / "
+                         f"{fmean(fmean(u['used']) for u in usage):.0f}" if usage else "-")
+        lines.append(f"| {step} | " + " | ".join(cells) + " |")
+    return ("\n".join(lines) + f"\n\nThe training batch's accuracy and the codes' perplexity "
+            f"(mean over codebooks) and codes used since the last entry, by step, mean over the "
+            f"seeds (n), from the `log` of the records in `{args.records}`.")
 
 
 def every_record(records_root=ROOT / "results" / "records"):
@@ -523,6 +575,8 @@ def render_train_step(words, shown):
              f"{data['batch']}, {data['tokens']} tokens, d_model {data['d_model']}, "
              f"{data['heads']} heads, {data['layers']} layer(s); median of {data['repeats']} "
              f"steps after {data['warmup']} warm-up steps; peak RSS {data['peak_rss_mb']} MB."]
+    if data.get("task") == "rooms":
+        lines[0] += f" Task: TDB's Table 1 rows on their rooms at scale {data['scale']}."
     if peak:
         lines[0] += (" Multiply-add peak on every thread: " + ", ".join(
             f"{bits}-bit {rate:,.1f}" for bits, rate in peak.items() if rate) + " GFLOP/s.")
@@ -674,7 +728,7 @@ def render_file(words, shown):
 
 RENDERERS = {"table": render_table, "predicted-by-lag": render_predicted_by_lag,
              "ops": render_ops, "cli-usage": render_cli_usage, "cli-help": render_cli_help,
-             "seeds": render_seeds,
+             "seeds": render_seeds, "training-log": render_training_log,
              "gpu-kernels": render_gpu_kernels, "gpu-scans": render_gpu_scans,
              "train-step": render_train_step, "eval-memory": render_eval_memory,
              "op-bench": render_op_bench, "data-parallel": render_data_parallel,

@@ -315,7 +315,8 @@ def oracle_table(eval_sequences=None, rollouts=None):
             "of 100), cpu (10 x 15, 200) and paper (15 x 20, 400); a seed is a room; "
             "ImpFallback and RatioSP over each room's test walks' problems")
     return Table("tdb", "1-rollout-oracle", "The rollout planner's best by room size: random "
-                 "rollouts with the room's own predictions (beyond the paper)", "cpu", note,
+                 "rollouts with the room's own predictions (beyond the paper)",
+                 "the rooms of small, cpu and paper", note,
                  ("",), ORACLE_ROWS, ORACLE_COLUMNS, (METRIC,),
                  lambda part, row, seed: oracle_run(row, seed, count, eval_sequences), {})
 

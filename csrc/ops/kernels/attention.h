@@ -318,8 +318,8 @@ MF_INLINE void fwd_score_block(int kind, float *ST, float *mrun, const float *ka
 }
 
 /* The online softmax step of one key block down the first nqv vectors of columns (queries) of
- * S^T, VW queries at a time: with mrun the running max including this block, S^T[c][r] = 2^(S^T[c][r] - mrun[r])
- * for keys c < nc (on a causal diagonal block, those up to the vector's last query's tile),
+ * S^T, VW queries at a time: with mrun the running max including this block,
+ * S^T[c][r] = 2^(S^T[c][r] - mrun[r]) for keys c < nc (on a causal diagonal block, those up to the vector's last query's tile),
  * alpha[r] = 2^(mx[r] - mrun[r]), l[r] = l[r] alpha[r] + sum_c S^T[c][r], mx[r] = mrun[r].
  * -inf scores give 0. */
 MF_INLINE void fwd_softmax_cols(float *ST, float *mx, float *l, float *alpha,
