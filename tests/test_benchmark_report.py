@@ -25,7 +25,9 @@ def test_a_benchmark_writes_its_figures_command_and_provenance(tmp_path):
         "attention_backward[portable] with the pair factor"]
     for r in data["results"]:
         assert r["sizes"] == {"B": 1, "T": 8, "H": 1, "D": 16}
-        assert r["c_ms"] > 0 and r["plain_ms"] > 0 and r["factor_over_plain"] > 0
+        # one call each: a scheduling hiccup can make one time large and their ratio round to
+        # 0.00 (seen: 0.005 against 12.701 ms beside a full test run), so only its sign
+        assert r["c_ms"] > 0 and r["plain_ms"] > 0 and r["factor_over_plain"] >= 0
     head = subprocess.run(["git", "rev-parse", "HEAD"], cwd=ROOT, capture_output=True,
                           text=True).stdout.strip()
     assert data["provenance"]["commit"] == head  # the checkout's mapformer, not site-packages
