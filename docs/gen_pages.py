@@ -69,16 +69,24 @@ def table_arguments(words):
     return parser.parse_args(words)
 
 
-def render_table(words, shown):
-    """The markdown of a ``table`` directive; adds the run ids it shows to ``shown``."""
+def table_records(args, shown):
+    """(table, store, records by (part, row, seed)) of a table directive's arguments; adds the
+    run ids of the records found to ``shown``."""
     from mapformer import reproduce
     from mapformer.experiments import RecordStore
 
-    args = table_arguments(words)
     table = reproduce.table(args.paper, args.table, args.scale, sequences=args.sequences,
                             eval_sequences=args.eval_sequences)
     store = RecordStore(ROOT / args.records)
-    shown.update(table.make_run(*key).id for key in table.records(store, args.seeds))
+    found = table.records(store, args.seeds)
+    shown.update(table.make_run(*key).id for key in found)
+    return table, store, found
+
+
+def render_table(words, shown):
+    """The markdown of a ``table`` directive; adds the run ids it shows to ``shown``."""
+    args = table_arguments(words)
+    table, store, _ = table_records(args, shown)
     metrics = (args.metric.split(",") if args.metric
                else table.measured_metrics(store, args.seeds) or table.metrics[:1])
     command = (f"python -m mapformer reproduce {args.paper} {args.table} --render-only "
@@ -163,8 +171,6 @@ def render_seeds(words, shown):
     shown after the values): a row per table row, a column
     per seed, each cell that seed's record: the columns' values of the metric, the extras,
     then the run's minutes of wall time."""
-    from mapformer import reproduce
-    from mapformer.experiments import RecordStore
     from mapformer.experiments.cli import split_labels
 
     extra = []
@@ -172,11 +178,7 @@ def render_seeds(words, shown):
         i = words.index("--extra")
         extra, words = words[i + 1].split(","), words[:i] + words[i + 2:]
     args = table_arguments(words)
-    table = reproduce.table(args.paper, args.table, args.scale, sequences=args.sequences,
-                            eval_sequences=args.eval_sequences)
-    store = RecordStore(ROOT / args.records)
-    found = table.records(store, args.seeds)
-    shown.update(table.make_run(*key).id for key in found)
+    table, store, found = table_records(args, shown)
     metric = args.metric or (table.measured_metrics(store, args.seeds) or table.metrics)[0]
     head = [f"seed {s}" for s in range(args.seeds)]
     lines = [f"Each run ({', '.join(table.columns)}" + (f"; {', '.join(extra)}" if extra else "")
@@ -212,16 +214,10 @@ def render_training_log(words, shown):
     bottleneck), the codes' perplexity (mean over the codebooks) and how many codes are used."""
     from statistics import fmean
 
-    from mapformer import reproduce
-    from mapformer.experiments import RecordStore
     from mapformer.experiments.cli import split_labels
 
     args = table_arguments(words)
-    table = reproduce.table(args.paper, args.table, args.scale, sequences=args.sequences,
-                            eval_sequences=args.eval_sequences)
-    store = RecordStore(ROOT / args.records)
-    found = table.records(store, args.seeds)
-    shown.update(table.make_run(*key).id for key in found)
+    table, _, found = table_records(args, shown)
     rows = split_labels(args.rows) if args.rows else table.rows
     by_row = {}
     for (part, row, seed), record in sorted(found.items()):

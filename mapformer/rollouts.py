@@ -164,30 +164,13 @@ def shortest_valid(plans, room, start, goal):
     return min(valid, key=len) if valid else None
 
 
-def room_oracle(room, start, n_obs):
-    """A ``predict`` function that knows the room: tokens int (B, T) of walks that start at
-    cell ``start`` (x_0's; actions offset by n_obs) -> (B, T) the true observation after each
-    position (after an observation: that observation). The rollout planner with it is the
-    best any map-free model can do by random rollouts, its predictions never wrong."""
-    start = np.asarray(start)
-
-    def predict(tokens):
-        tokens = np.asarray(tokens)
-        out = np.empty(tokens.shape, np.int64)
-        pos = np.tile(start, (len(tokens), 1))
-        for t in range(tokens.shape[1]):
-            if t % 2:
-                pos = rooms.move(room, pos, tokens[:, t] - n_obs)
-            out[:, t] = room.obs[pos[:, 0], pos[:, 1]]
-        return out
-    return predict
-
-
 class RoomOracleDecoder(Decoder):
-    """:func:`room_oracle` as a :class:`Decoder`: its cache holds the agent's cell after every
-    token so far ((B, T, 2); rows and prefixes taken as a DecodeCache's are), so each call
-    costs its new tokens only (the recomputed oracle replays every rollout from the start at
-    each of its steps: 4.6 s a problem in the paper's 15 x 20 room with walks of 400)."""
+    """Greedy predictions that know the room, for walks starting at cell ``start``: after an
+    action the observation of the cell it leads to (after an observation, that observation).
+    Its cache holds the agent's cell after every token so far ((B, T, 2); rows and prefixes
+    taken as a DecodeCache's are), so each call costs its new tokens only: a problem's
+    rollouts cost their length, where recomputing with :func:`room_oracle` replays every
+    rollout from the start at each of its steps (their length squared)."""
 
     class Cache:
         def __init__(self, pos):
@@ -212,6 +195,15 @@ class RoomOracleDecoder(Decoder):
         out = self.room.obs[cells[..., 0], cells[..., 1]].astype(np.int64)
         history = cells if cache is None else np.concatenate([cache.pos, cells], 1)
         return out, RoomOracleDecoder.Cache(history)
+
+
+def room_oracle(room, start, n_obs):
+    """A ``predict`` function that knows the room: tokens int (B, T) of walks that start at
+    cell ``start`` (x_0's; actions offset by n_obs) -> (B, T) the true observation after each
+    position (after an observation: that observation), by a fresh
+    :class:`RoomOracleDecoder`. The rollout planner with it is the best any map-free model can
+    do by random rollouts, its predictions never wrong."""
+    return lambda tokens: RoomOracleDecoder(room, start, n_obs)(tokens)[0]
 
 
 def evaluate_rollouts(predict, walks, room, n_obs, context, rollouts=100, seed=0):
