@@ -185,12 +185,15 @@ def merge_same_neighbours(graph):
 @dataclass
 class CogMap:
     """graph: DiGraph of map nodes (edge attribute action); tuples int (U, M): the code tuples
-    seen; node_of: (U,) the map node of each tuple (after attachment)."""
+    seen; node_of: (U,) the map node of each tuple (after attachment); retained: bool (U,),
+    whether the tuple's cluster survived the thresholds as a node of its own (or merged into
+    one) rather than being attached to its nearest node (step 4)."""
 
     graph: nx.DiGraph
     tuples: np.ndarray
     node_of: np.ndarray
     lookup: dict = field(default_factory=dict)
+    retained: np.ndarray = None
 
     def node(self, code_tuple):
         """The map node of a code tuple (M,): its own, or the nearest seen tuple's."""
@@ -226,11 +229,12 @@ def extract_map(indices, actions, d_hamming=0.25, threshold=0.1, n_actions=rooms
     node_of_cluster = np.array([alias.get(i, i) if alias.get(i, i) in graph else -1
                                 for i in range(n_clusters)])
     orphans = np.flatnonzero(node_of_cluster < 0)
+    retained = (node_of_cluster >= 0)[cluster]
     if kept and len(orphans):
         node_of_cluster[orphans] = nearest_kept(c, orphans, kept)[0]
     node_of = node_of_cluster[cluster]
     lookup = {tuple(int(x) for x in t): int(n) for t, n in zip(tuples, node_of)}
-    return CogMap(graph, tuples, node_of, lookup)
+    return CogMap(graph, tuples, node_of, lookup, retained)
 
 
 def execute(room, start, plan):
@@ -373,6 +377,35 @@ def code_statistics(states, positions):
             "purity": float(place_purity(tuple_id.reshape(states.shape[:2]), positions))}
 
 
+def timestep_metrics(cm, states):
+    """What the TDB paper's Figs. 10 and 11 show, on walks' code tuples ``states`` int
+    (W, N, M) (the test walks'): "teleport_by_timestep" {"positions", "hits"}: per
+    observation index n + 1 (1-based, lists indexed by it) the walks and how many of them
+    "teleport" there, their map node at x_{n+1} neither the node at x_n nor its successor
+    in the map (a shortest path longer than one step); "codes" {"count", "mean_timestep",
+    "retained"}: per distinct tuple of the walks, how often it occurs, the mean observation
+    index (1-based) it occurs at, and whether it survived the map's thresholds
+    (:attr:`CogMap.retained`; False for a tuple the training walks never showed)."""
+    states = np.asarray(states)
+    W, N, M = states.shape
+    tuples, inverse, counts = np.unique(states.reshape(-1, M), axis=0, return_inverse=True,
+                                        return_counts=True)
+    node = np.array([cm.node(t) for t in tuples])[inverse.reshape(W, N)]
+    seen = {tuple(int(x) for x in t): bool(r) for t, r in zip(cm.tuples, cm.retained)}
+    step = np.broadcast_to(np.arange(1, N + 1), (W, N))
+    jumps = np.array([[a != b and not cm.graph.has_edge(a, b) for a, b in zip(w[:-1], w[1:])]
+                      for w in node], bool).reshape(W, N - 1)
+    positions = np.zeros(N + 1, np.int64)
+    positions[2:] = W
+    hits = np.zeros(N + 1, np.int64)
+    hits[2:] = jumps.sum(0)
+    mean_step = np.bincount(inverse.ravel(), weights=step.ravel()) / counts
+    return {"teleport_by_timestep": {"positions": positions.tolist(), "hits": hits.tolist()},
+            "codes": {"count": counts.tolist(), "mean_timestep": mean_step.tolist(),
+                      "retained": [seen.get(tuple(int(x) for x in t), False)
+                                   for t in tuples]}}
+
+
 def map_metrics(cm, train_states, train, test_states, test, room, context):
     """Planning metrics and NormGED of a map ``cm`` built from the training walks' states
     (W, N, M) (code tuples, or cluster ids with M = 1): node positions from ``train``'s cells,
@@ -392,14 +425,19 @@ def map_metrics(cm, train_states, train, test_states, test, room, context):
     return metrics
 
 
-def evaluate_map(model, meta, context):
+def evaluate_map(model, meta, context, by_timestep=False):
     """(map, room, metrics) of a trained TDB on its room: the map from the training walks'
-    codes, plans from position ``context`` to N - context of every test walk."""
+    codes, plans from position ``context`` to N - context of every test walk; with
+    ``by_timestep`` the metrics add "by_timestep", :func:`timestep_metrics` on the test
+    walks."""
     config, room, train, test = walks_of(meta)
     codes = encode_all(model, train.tokens(config.n_obs))
     cm = extract_map(codes, train.actions)
     test_codes = encode_all(model, test.tokens(config.n_obs))
-    return cm, room, map_metrics(cm, codes, train, test_codes, test, room, context)
+    metrics = map_metrics(cm, codes, train, test_codes, test, room, context)
+    if by_timestep:
+        metrics["by_timestep"] = timestep_metrics(cm, test_codes)
+    return cm, room, metrics
 
 
 # Beyond the paper: a map from a MapFormer's path-integrated positions instead of codes.

@@ -4,8 +4,9 @@ Input x_1, a_1, ..., x_N, a_N (observation first: :meth:`mapformer.tasks.rooms.W
 a causal transformer (the library's blocks; RoPE or any registered scheme in place of the
 paper's Transformer-XL relative positions), the final LayerNorm's output at every observation
 position snapped to codes by the VQ bottleneck (:mod:`mapformer.bottlenecks.vq`: M codebooks
-of K codes over d_model / M channels each, a product quantiser where the paper gives each
-codebook the whole width), then S heads: head s (0 <= s < S) predicts x_{n+s+1} from the
+of K codes; ``codebook_width`` 'split' gives each d_model / M channels, a product quantiser
+whose code is d_model wide; 'full' gives each the whole width and concatenates the M codes,
+M d_model wide, as the paper's Sec. 3.5 does), then S heads: head s (0 <= s < S) predicts x_{n+s+1} from the
 code of x_n and the embeddings of a_n, ..., a_{n+s} (the input embedding's action rows),
 a two-layer GELU MLP. Its first layer takes the concatenation (code, E(a_n), ..., E(a_{n+s}))
 without building it: one Linear per part, summed. Loss: the mean over the heads of their
@@ -44,8 +45,9 @@ from .nn import LayerNorm, Linear, ParameterStore, normal_init
 class TDBConfig:
     """n_obs (O), n_actions: the symbols; d_model, n_heads, n_layers, mlp_ratio, dropout,
     positional: the transformer; steps (S): the heads; codebooks (M), codes (K), beta,
-    reduction, restart_dead: the VQ bottleneck's options; head_hidden: the heads' hidden
-    width; enc, ema: the next-encoding objective and its teacher's EMA rate."""
+    reduction, restart_dead, codebook_width: the VQ bottleneck's options (the last its
+    ``vq_width``: 'split' or the paper's 'full'); head_hidden: the heads' hidden width; enc,
+    ema: the next-encoding objective and its teacher's EMA rate."""
 
     n_obs: int
     n_actions: int = 4
@@ -64,6 +66,7 @@ class TDBConfig:
     head_hidden: int = 256
     enc: bool = False
     ema: float = 0.99
+    codebook_width: str = "split"
 
     def __post_init__(self):
         for name in ("n_obs", "n_actions", "steps", "head_hidden"):
@@ -72,6 +75,9 @@ class TDBConfig:
                 raise ValueError(f"{name} must be an integer >= 1, got {value!r}")
         if not 0.0 <= self.ema < 1.0:
             raise ValueError(f"ema must be in [0, 1), got {self.ema!r}")
+        if self.codebook_width not in ("split", "full"):
+            raise ValueError(f"codebook_width must be 'split' or 'full', got "
+                             f"{self.codebook_width!r}")
         self.body_config()  # validates the rest
 
     @property
@@ -79,12 +85,24 @@ class TDBConfig:
         return self.n_obs + self.n_actions
 
     @property
+    def code_width(self):
+        """The width of a code the heads read: d_model, or M d_model (codebook_width 'full',
+        M > 1)."""
+        full = self.codebook_width == "full"
+        return self.d_model * (self.codebooks if full else 1)
+
+    @property
     def label(self):
         """'TDB(3, 1)', 'TDB(1, enc, 1)': the paper's name of the model (S, M)."""
         return f"TDB({self.steps}, {'enc, ' if self.enc else ''}{self.codebooks})"
 
     def to_dict(self):
-        return asdict(self)
+        """The fields; codebook_width (added after records existed) only when not 'split',
+        so those records' run ids stay what they were."""
+        values = asdict(self)
+        if values["codebook_width"] == "split":
+            del values["codebook_width"]
+        return values
 
     @classmethod
     def from_dict(cls, values):
@@ -98,7 +116,8 @@ class TDBConfig:
     def body_config(self, bottleneck="none"):
         """The ModelConfig of the transformer body (or, with bottleneck 'vq', of the VQ)."""
         options = {} if bottleneck == "none" else dict(
-            vq_codes=self.codes, vq_codebooks=self.codebooks, vq_beta=self.beta,
+            vq_codes=self.codes, vq_codebooks=self.codebooks, vq_width=self.codebook_width,
+            vq_beta=self.beta,
             vq_reduction=self.reduction, vq_restart_dead=self.restart_dead,
             vq_every_block=True)
         return ModelConfig(vocab_size=self.vocab_size, d_model=self.d_model,
@@ -127,21 +146,22 @@ def encode_flops(config, batch, tokens):
     """Matmul flops of :meth:`TDB.encode` on (batch, tokens) tokens (tokens = 2N): the
     transformer body's blocks (:func:`mapformer.models.forward_flops`, less its head, TDB
     having none) and the VQ's distances at the N observations of a row (2 B N C K: every
-    codebook's C/M channels against its K codes)."""
+    codebook's C/M channels against its K codes; codebook_width 'full': 2 B N M C K)."""
     c, body = config.d_model, config.body_config()
     blocks = body_forward_flops(body, batch, tokens) - 2 * batch * tokens * c * body.vocab_size
-    return blocks + 2 * batch * (tokens // 2) * c * config.codes
+    return blocks + 2 * batch * (tokens // 2) * config.code_width * config.codes
 
 
 def forward_flops(config, batch, tokens):
     """Matmul flops of the student's forward: :func:`encode_flops`, and per head s its code
-    layer (2 B N C H, H = head_hidden), output layer (2 B N H O; the enc head's 2 B N H C)
-    and action tables (s + 1 products of the (V, C) embedding, 2 V C H each)."""
-    c, h, v = config.d_model, config.head_hidden, config.vocab_size
+    layer (2 B N W H, W = the code's width, H = head_hidden), output layer (2 B N H O; the
+    enc head's 2 B N H W) and action tables (s + 1 products of the (V, C) embedding, 2 V C H
+    each)."""
+    c, h, v, w = config.d_model, config.head_hidden, config.vocab_size, config.code_width
     n = batch * (tokens // 2)
-    heads = [(s, config.n_obs) for s in range(config.steps)] + ([(0, c)] if config.enc else [])
+    heads = [(s, config.n_obs) for s in range(config.steps)] + ([(0, w)] if config.enc else [])
     return encode_flops(config, batch, tokens) + sum(
-        2 * n * c * h + 2 * n * h * n_out + (s + 1) * 2 * v * c * h for s, n_out in heads)
+        2 * n * w * h + 2 * n * h * n_out + (s + 1) * 2 * v * c * h for s, n_out in heads)
 
 
 def step_flops(config, batch, tokens):
@@ -162,14 +182,14 @@ class Head:
     def __init__(self, store, name, config, ops, s, n_out=None):
         c, hidden = config.d_model, config.head_hidden
         self.ops = ops
-        self.code = Linear(store, f"{name}.code", c, hidden, ops)
+        self.code = Linear(store, f"{name}.code", config.code_width, hidden, ops)
         self.actions = [Linear(store, f"{name}.action{j}", c, hidden, ops, bias=False)
                         for j in range(s + 1)]
         self.out = Linear(store, f"{name}.out", hidden, n_out or config.n_obs, ops)
 
     def forward(self, code, ids, embedding):
-        """code (B N, C), ids [(B N,) int: the embedding row of a_{n+j}, j = 0..s], embedding
-        (V, C) -> logits (B N, n_out)."""
+        """code (B N, W: the code's width), ids [(B N,) int: the embedding row of a_{n+j},
+        j = 0..s], embedding (V, C) -> logits (B N, n_out)."""
         pre = self.code.forward(code)
         self.ids = ids
         for layer, i in zip(self.actions, ids):
@@ -178,7 +198,7 @@ class Head:
         return self.out.forward(self.ops.gelu_forward(pre))
 
     def backward(self, dlogits, dcode, dembedding):
-        """The code's gradient is accumulated into dcode (B N, C), the embedding's into
+        """The code's gradient is accumulated into dcode (B N, W), the embedding's into
         dembedding (V, C)."""
         dpre = self.ops.gelu_backward(self.out.backward(dlogits), self.pre)
         self.code.backward(dpre, dcode)
@@ -213,7 +233,7 @@ class TDB:
         self.heads = [Head(self.params, f"heads.{s}", config, self.ops, s)
                       for s in range(config.steps)]
         # declared last: the teacher's parameters are a prefix of the student's
-        self.enc = (Head(self.params, "enc", config, self.ops, 0, n_out=config.d_model)
+        self.enc = (Head(self.params, "enc", config, self.ops, 0, n_out=config.code_width)
                     if config.enc else None)
         self.teacher = None
         if declare_only is not None:
@@ -238,8 +258,8 @@ class TDB:
         self.vq.training = mode
 
     def encode(self, tokens):
-        """tokens int (B, 2N) -> (codes (B N, C) at the observation positions, indices
-        (B, N, M) int)."""
+        """tokens int (B, 2N) -> (codes (B N, W) at the observation positions (W =
+        config.code_width), indices (B, N, M) int)."""
         ops = self.ops
         self.tokens = ops.as_indices(tokens)
         B, T = self.tokens.shape
@@ -282,7 +302,7 @@ class TDB:
     def enc_loss(self, tokens, codes):
         """L_enc (see the module) of the last encode; keeps what its backward needs."""
         B, T = self.tokens.shape
-        N, C = T // 2, self.config.d_model
+        N, C = T // 2, self.config.code_width
         target, _ = self.teacher.encode(tokens)
         target, _ = self.ops.l2_normalize_forward(target, 1e-12)
         nxt = self.ops.zeros((B, N, C))
@@ -307,7 +327,7 @@ class TDB:
         ops, c = self.ops, self.config
         self.params.zero_grad()
         B, T = self.tokens.shape
-        dcode = ops.zeros((B * (T // 2), c.d_model))
+        dcode = ops.zeros((B * (T // 2), c.code_width))
         for s, head in enumerate(self.heads):
             scale = 1.0 / (c.steps * max(float(self.masks[s].sum()), 1.0))
             dlogits = ops.softmax_xent_backward(self.logits[s], self.targets[s],

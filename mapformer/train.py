@@ -471,7 +471,10 @@ def evaluate(model, tasks, sequences=256, seed=0, batch_size=32):
       last seen) adds "object_recalls_by_lag" ({"positions", "hits"}: lists indexed by lag,
       the object recalls of each lag and how many were right) and, for each k of its
       ``SCORED_LAGS``, "object_accuracy_lag_gt{k}": the object recalls whose lag exceeds k
-      (None when there is none).
+      (None when there is none);
+    - a task module with ``timesteps(batch)`` (rooms: the index of the observation each
+      position predicts) adds "accuracy_by_timestep" ({"positions", "hits"}: lists indexed by
+      that index, the scored positions and how many were right).
 
     ValueError when ``sequences`` < 1 or a task's vocabulary exceeds the model's.
     """
@@ -491,6 +494,8 @@ def evaluate(model, tasks, sequences=256, seed=0, batch_size=32):
         module = task_module(task)
         lags_of = getattr(module, "recall_lags", None)
         lag_positions = lag_hits = np.zeros(0, dtype=np.int64)
+        steps_of = getattr(module, "timesteps", None)
+        step_positions = step_hits = np.zeros(0, dtype=np.int64)
         delta_sums = DeltaByToken(model, task.vocab_size)
         for batch in module.eval_set(task, sequences, seed, batch_size):
             n = int(batch.mask.sum())
@@ -515,6 +520,10 @@ def evaluate(model, tasks, sequences=256, seed=0, batch_size=32):
                 lag = lags_of(batch)
                 lag_positions = add_histogram(lag_positions, lag[is_object])
                 lag_hits = add_histogram(lag_hits, lag[is_object & correct])
+            if steps_of is not None:
+                steps = steps_of(batch)
+                step_positions = add_histogram(step_positions, steps[batch.mask])
+                step_hits = add_histogram(step_hits, steps[correct])
         majority = int(counts.argmax())
         objects = counts if task.blank_id is None else np.delete(counts, task.blank_id)
         n_objects = int(objects.sum())
@@ -527,6 +536,10 @@ def evaluate(model, tasks, sequences=256, seed=0, batch_size=32):
                          "object_positions": n_objects}
         if lags_of is not None:
             results[name].update(lag_metrics(lag_positions, lag_hits, module.SCORED_LAGS))
+        if steps_of is not None:
+            results[name]["accuracy_by_timestep"] = {
+                "positions": step_positions.tolist(),
+                "hits": np.pad(step_hits, (0, step_positions.size - step_hits.size)).tolist()}
         if delta_sums.layers:
             by_token = results[name]["delta_abs_by_token"] = delta_sums.means()
             readings = getattr(module, "delta_metrics", None)

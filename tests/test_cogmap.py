@@ -267,3 +267,35 @@ def test_code_statistics_count_tuples_per_cell_and_cells_per_tuple():
     cells = rooms.node_of(w.pos, CONFIG.width).ravel()
     commonest = sum(np.bincount(cells[w.obs.ravel() == o]).max() for o in cells_of)
     assert colours["purity"] == pytest.approx(commonest / cells.size)
+
+
+def test_timestep_metrics_count_teleports_and_code_timing():
+    """On the perfect map, walks whose codes are their cells never teleport; a walk whose code
+    jumps to a cell two steps away teleports there and back; an unseen tuple counts as not
+    retained, and each tuple's count and mean (1-based) observation index are its own."""
+    room, w, codes = perfect_codes()
+    cm = cogmap.extract_map(codes, w.actions)
+    assert cm.retained.all()
+    test = rooms.walks(CONFIG, room, 5, 7)
+    states = rooms.node_of(test.pos, CONFIG.width)[..., None].copy()
+    clean = cogmap.timestep_metrics(cm, states)["teleport_by_timestep"]
+    N = CONFIG.steps
+    assert clean["positions"] == [0, 0] + [5] * (N - 1) and sum(clean["hits"]) == 0
+    n = 10
+    r, c = np.divmod(np.arange(12), 4)
+    away = np.minimum(*[np.abs(r - test.pos[0, k, 0]) + np.abs(c - test.pos[0, k, 1])
+                        for k in (n - 1, n + 1)])
+    assert away.max() >= 2
+    states[0, n] = int(away.argmax())  # two steps or more from x_n's and x_{n+2}'s cells
+    out = cogmap.timestep_metrics(cm, states)
+    hits = out["teleport_by_timestep"]["hits"]
+    assert hits[n + 1] == 1 and hits[n + 2] == 1 and sum(hits) == 2
+    states[1, 3] = 99  # never seen in training: attached to its nearest seen tuple
+    codes_out = cogmap.timestep_metrics(cm, states)["codes"]
+    tuples, counts = np.unique(states.reshape(-1), return_counts=True)
+    assert codes_out["count"] == counts.tolist()
+    assert codes_out["retained"] == [bool(t != 99) for t in tuples]
+    assert codes_out["mean_timestep"][tuples.tolist().index(99)] == 4.0
+    steps = np.broadcast_to(np.arange(1, N + 1), states.shape[:2])
+    first = tuples[0]
+    assert codes_out["mean_timestep"][0] == pytest.approx(steps[states[..., 0] == first].mean())

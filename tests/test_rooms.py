@@ -198,3 +198,20 @@ def test_base_targets_rank_the_colours_seen_so_far():
     w = rooms.walks(ICL, room, 10, 2, palettes=rooms.palettes(ICL, 10, 3))
     ranks = rooms.base_targets(w.colours)
     assert ranks.max() < 4 and (ranks[:, 0] == 0).all()
+
+
+def test_evaluation_counts_accuracy_by_timestep():
+    """evaluate's accuracy_by_timestep on the rooms task: every test walk scores each
+    observation x_2 .. x_N once, and the hits summed over timesteps are the accuracy's."""
+    from mapformer.models import ModelConfig, Transformer
+    from mapformer.train import TrainConfig, evaluate
+    train_config = TrainConfig(task="rooms", steps=10, task_options=dict(
+        height=4, width=5, n_obs=3, patch=2, walks=8), loss_positions="observations")
+    task = train_config.task_config()
+    model = Transformer(ModelConfig(vocab_size=task.vocab_size, d_model=32, positional="rope"),
+                        seed=0)
+    out = evaluate(model, {"iid": task}, sequences=6, batch_size=4)["iid"]
+    by_step = out["accuracy_by_timestep"]
+    assert by_step["positions"] == [0, 0] + [6] * 9
+    assert sum(by_step["hits"]) / sum(by_step["positions"]) == out["accuracy"]
+    assert all(0 <= h <= n for h, n in zip(by_step["hits"], by_step["positions"]))

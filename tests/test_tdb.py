@@ -38,8 +38,12 @@ def test_head_inputs_and_next_observation_targets():
     assert mask.tolist() == [[False, True, False, True, False, False]]
 
 
-def test_c_model_matches_numpy_reference():
-    c_model, ref_model = TDB(small(), seed=2), TDB(small(), seed=2, backend="numpy")
+@pytest.mark.parametrize("values", [dict(), dict(codebook_width="full", enc=True)])
+def test_c_model_matches_numpy_reference(values):
+    c_model = TDB(small(**values), seed=2)
+    ref_model = TDB(small(**values), seed=2, backend="numpy")
+    if ref_model.teacher is not None:
+        ref_model.teacher.params.data[:] = c_model.teacher.params.data
     ref_model.params.data[:] = c_model.params.data
     t = tokens(3)
     c_loss, ref_loss = c_model.loss(t), ref_model.loss(t)
@@ -88,9 +92,42 @@ def test_training_learns_the_room():
     assert cm.node_of.shape == (len(cm.tuples),)
 
 
+def test_full_width_codebooks_read_the_whole_output():
+    """codebook_width 'full' (the paper's Sec. 3.5): each of the M codebooks snaps the whole
+    final output to its nearest code, the heads read the M codes concatenated, and the
+    gradient reaching the output is the sum over the codebooks of the straight-through
+    gradient plus each one's commitment term; 'split' is left out of the run description, so
+    the records made before the option keep their ids."""
+    cfg = small(codebook_width="full", codebooks=3, d_model=32)
+    model = TDB(cfg, seed=4, backend="numpy")
+    t = tokens(2)
+    model.loss(t)
+    vq, C = model.vq, cfg.d_model
+    x = vq.z[:, 0]  # (N, C): every codebook's input is the whole row
+    assert vq.z.shape == (x.shape[0], 3, C) and np.array_equal(vq.z[:, 2], x)
+    book = vq.codebook.value  # (M, K, C)
+    nearest = ((x[:, None, None, :] - book[None]) ** 2).sum(-1).argmin(-1)  # (N, M)
+    assert np.array_equal(vq.indices, nearest)
+    want = np.concatenate([book[m][nearest[:, m]] for m in range(3)], axis=1)
+    assert model.encode(t)[0].shape == (x.shape[0], 3 * C)
+    np.testing.assert_array_equal(model.encode(t)[0], want)
+    assert model.params.params["heads.0.code.weight"].value.shape == (16, 3 * C)
+    dy = np.random.default_rng(0).standard_normal((x.shape[0], 3 * C))
+    model.vq.forward(x)
+    dx = model.vq.backward(dy)
+    w = vq.loss_weight(x.shape[0])
+    commitment = sum(2 * 0.25 * w * (x - book[m][nearest[:, m]]) for m in range(3))
+    np.testing.assert_allclose(dx, dy.reshape(-1, 3, C).sum(1) + commitment, rtol=1e-12)
+    assert "codebook_width" not in small().to_dict()
+    assert small().to_dict() == TDBConfig.from_dict(small().to_dict()).to_dict()
+    assert TDBConfig.from_dict(cfg.to_dict()) == cfg
+
+
 def test_bad_config():
     with pytest.raises(ValueError, match="steps"):
         TDBConfig(n_obs=3, steps=0)
+    with pytest.raises(ValueError, match="codebook_width"):
+        small(codebook_width="half")
     with pytest.raises(ValueError, match="d_model"):
         TDBConfig(n_obs=3, d_model=30, n_heads=4)
 
@@ -281,7 +318,8 @@ def test_map_command_refuses_bad_checkpoints_in_one_line(tmp_path, capsys):
     assert not (tmp_path / "map").exists()
 
 
-@pytest.mark.parametrize("values", [dict(), dict(steps=1, codebooks=1, enc=True)])
+@pytest.mark.parametrize("values", [dict(), dict(steps=1, codebooks=1, enc=True),
+                                    dict(codebook_width="full", enc=True)])
 def test_flop_count_is_the_products_a_forward_runs(values):
     """tdb.forward_flops (+ the enc teacher's encode_flops) against the products one loss()
     multiplies, counted from the shapes the C backend's ops are called with: linear 2 n Cin

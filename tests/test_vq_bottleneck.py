@@ -110,3 +110,7 @@ def test_bad_options():
         Transformer(config(vq_codebooks=3), backend="numpy")
     with pytest.raises(ValueError, match="vq_reduction"):
         config(vq_reduction="median")
+    with pytest.raises(ValueError, match="vq_width 'full'"):  # would widen the residual
+        Transformer(config(vq_width="full"), backend="numpy")
+    with pytest.raises(ValueError, match="vq_width"):
+        config(vq_width="half")

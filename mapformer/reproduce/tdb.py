@@ -81,6 +81,7 @@ METRIC = "test"  # each column's value is read at record["metrics"][column]["tes
 PAPER = {"transformer": (99.00, 29.53, 16.82, None), "lstm": (98.85, 31.97, 16.81, None),
          "tdb_s1_m1": (98.94, 6.61, 1.00, 0.532), "tdb_s1_enc_m1": (98.74, 99.20, 1.00, 0.118),
          "tdb_s3_m1": (99.06, 99.55, 1.00, 0.124), "tdb_s3_m4": (99.00, 96.59, 1.00, 0.186)}
+PAPER["tdb_s3_m4_full"] = PAPER["tdb_s3_m4"]  # the paper's TDB(3, 4) is this reading
 
 
 @dataclass(frozen=True)
@@ -133,9 +134,13 @@ SCALE_NOTES = {
     "tiny": "6 x 8 room, walks of 60, 20 steps: a smoke test, the numbers mean nothing",
 }
 
-# TDB rows: (S, M, enc)
-ROWS = {"transformer": None, "lstm": None, "tdb_s1_m1": (1, 1, False),
-        "tdb_s1_enc_m1": (1, 1, True), "tdb_s3_m1": (3, 1, False), "tdb_s3_m4": (3, 4, False),
+# TDB rows: (S, M, enc, codebook_width). TDB(3, 4) in two readings: "tdb_s3_m4" cuts the
+# output into 4 slices of d_model / 4, one per codebook (a product quantiser: the code keeps
+# d_model); "tdb_s3_m4_full" gives every codebook the whole output and concatenates the 4
+# codes (the paper's Sec. 3.5)
+ROWS = {"transformer": None, "lstm": None, "tdb_s1_m1": (1, 1, False, "split"),
+        "tdb_s1_enc_m1": (1, 1, True, "split"), "tdb_s3_m1": (3, 1, False, "split"),
+        "tdb_s3_m4": (3, 4, False, "split"), "tdb_s3_m4_full": (3, 4, False, "full"),
         "mapwm_angles": None}
 TABLE_NAMES = ("1", "1-torus", "1-rollout-oracle")
 TOPOLOGIES = {"1": "room", "1-torus": "torus"}
@@ -150,11 +155,11 @@ def model_config(row, scale):
     omega_grid does a torus's)."""
     n_obs = scale.room.n_obs
     if ROWS[row] is not None:
-        steps, m, enc = ROWS[row]
+        steps, m, enc, width = ROWS[row]
         return TDBConfig(n_obs=n_obs, d_model=scale.d_model, n_heads=scale.n_heads,
                          n_layers=scale.n_layers, steps=steps, codebooks=m, codes=scale.codes,
                          head_hidden=scale.head_hidden, restart_dead=scale.restart_dead,
-                         enc=enc)
+                         enc=enc, codebook_width=width)
     if row == "mapwm_angles":
         return ModelConfig.preset(
             "mapwm", n_obs + rooms.N_ACTIONS, d_model=scale.d_model, n_heads=scale.n_heads,
@@ -229,7 +234,7 @@ def plan(run, model, task, test_walks):
     meta, context = task.map_meta(test_walks), task.planning_context
     how = run.extra["planner"]
     if how == "codes":
-        return cogmap.evaluate_map(model, meta, context)[2]
+        return cogmap.evaluate_map(model, meta, context, by_timestep=True)[2]
     config, room, train_walks, tests = cogmap.walks_of(meta)
     if how == "angles":
         places = run.extra["angle_places"]

@@ -464,6 +464,17 @@ def loss_mask(batch, positions):
     return batch.mask
 
 
+def timesteps(batch):
+    """The index of the observation each position predicts: int64 (B, 2N), n + 1 at a_n's
+    position (n counted from 1, as the paper does: a_n's target is x_{n+1}, so 2 .. N); 0 where
+    nothing is predicted (the observations' positions, and a_N's). What "accuracy by
+    timestep" (the TDB paper's Fig. 9) is counted over."""
+    B, T = batch.mask.shape
+    out = np.zeros((B, T), np.int64)
+    out[:, 1::2] = np.arange(2, T // 2 + 2)
+    return np.where(batch.mask, out, 0)
+
+
 def token_coordinates(batch):
     """None: the model is not told where the agent is (TDB's setting)."""
     return None
