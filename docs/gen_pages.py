@@ -193,7 +193,7 @@ def render_seeds(words, shown):
                 if record is None:
                     cells.append("-")
                     continue
-                values = [record["metrics"].get(c, {}).get(metric) for c in table.columns]
+                values = [table.values_of(record).get(c, {}).get(metric) for c in table.columns]
                 text = ", ".join("-" if v is None or v != v else f"{v:.{table.digits}f}"
                                  for v in values)
                 more = [(lambda v: f"{v:.3f}" if isinstance(v, float) else str(v))(

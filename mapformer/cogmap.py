@@ -29,7 +29,7 @@ length over those problems) and NormGED (graph edit distance between the map and
 graph over the sum of their distances to the empty graph; learned nodes carry the true cell
 most often seen while they are active, appendix H, and are matched to it).
 """
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 import networkx as nx
 import numpy as np
@@ -321,8 +321,8 @@ OPTIONAL_META = ("context", "angle_places")
 def room_config(meta):
     """The RoomsConfig of a map checkpoint's ``meta`` (as the reproduction script writes it),
     its fields checked: room (RoomsConfig's fields), seed, train_walks, test_walks and, where
-    present, context and angle_places (integers, at least META_MINIMUMS'). ValueError naming
-    the field."""
+    present, context and angle_places (integers, at least META_MINIMUMS') and noise (a share
+    in [0, 1)). ValueError naming the field."""
     if not isinstance(meta.get("room"), dict):
         raise ValueError(f"meta field 'room' must be a JSON object of RoomsConfig fields, got "
                          f"{meta.get('room')!r:.80}")
@@ -337,16 +337,22 @@ def room_config(meta):
         if not isinstance(value, int) or isinstance(value, bool) or value < low:
             raise ValueError(f"meta field {name!r} must be an integer >= {low}, got "
                              f"{value!r:.80}")
+    noise = meta.get("noise", 0.0)
+    if isinstance(noise, bool) or not isinstance(noise, (int, float)) or not 0 <= noise < 1:
+        raise ValueError(f"meta field 'noise' must be a share in [0, 1), got {noise!r:.80}")
     return config
 
 
 def walks_of(meta):
     """(room config, room, training walks, test walks) of a TDB checkpoint's ``meta``
-    (checked: :func:`room_config`)."""
+    (checked: :func:`room_config`); the training walks carry the meta's noise, as the pool
+    the model trained on (:func:`mapformer.tasks.rooms.training_walks`)."""
     config = room_config(meta)
     room = rooms.make_room(config)
     seed = meta["seed"]
-    return (config, room, rooms.walks(config, room, meta["train_walks"], [seed, 1]),
+    pool = rooms.RoomsTask(replace(config, seed=seed), meta["train_walks"],
+                           noise=meta.get("noise", 0.0))
+    return (config, room, rooms.training_walks(pool, room),
             rooms.walks(config, room, meta["test_walks"], [seed, 2]))
 
 

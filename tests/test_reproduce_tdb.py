@@ -11,12 +11,13 @@ import pytest
 
 from mapformer import reproduce
 from mapformer.experiments import RecordStore, run_all
-from mapformer.reproduce import tdb
+from mapformer.reproduce import tdb, tdb_training
 from mapformer.tasks import rooms
 from mapformer.train import TrainConfig, load_checkpoint, train
 
 ROOT = Path(__file__).resolve().parents[1]
-ROWS = ["lstm", "tdb_s1_enc_m1", "tdb_s3_m4", "mapwm_angles"]  # rollouts, codes (enc), angles
+# rollouts, codes (enc; a product quantiser; the paper's full-width codebooks), angles
+ROWS = ["lstm", "tdb_s1_enc_m1", "tdb_s3_m4", "tdb_s3_m4_full", "mapwm_angles"]
 
 
 @pytest.fixture
@@ -50,10 +51,17 @@ def test_every_kind_of_row_runs_and_records_its_room(micro, tmp_path):
         assert record["room"]["config"]["seed"] == 0 and record["seeds"]["test_walks"] == [0, 2]
         assert record["provenance"]["commit"] != "unknown"
         assert len(record["log"]) == 3 and "elapsed" not in record["log"][0]
-    for row in ("tdb_s1_enc_m1", "tdb_s3_m4"):  # maps from codes
+    for row in ("tdb_s1_enc_m1", "tdb_s3_m4", "tdb_s3_m4_full"):  # maps from codes
         assert 0.0 <= records[row]["metrics"]["NormGED"]["test"] <= 1.0
         assert records[row]["evaluation"]["problems"] <= 4
         assert records[row]["log"][-1]["code_usage"]
+        by_step = records[row]["evaluation"]["by_timestep"]
+        assert by_step["teleport_by_timestep"]["positions"] == [0, 0] + [4] * 23
+        assert sum(by_step["codes"]["count"]) == 4 * 24
+    assert records["tdb_s3_m4_full"]["run"]["model"]["codebook_width"] == "full"
+    assert "codebook_width" not in records["tdb_s3_m4"]["run"]["model"]
+    for record in records.values():  # 4 test walks score x_2 .. x_24
+        assert record["eval"]["iid"]["accuracy_by_timestep"]["positions"] == [0, 0] + [4] * 23
     lstm = records["lstm"]  # planned by rollouts, on 2 problems
     assert lstm["evaluation"]["rollouts"] == 5 and lstm["evaluation"]["problems"] == 2
     assert 0 <= lstm["evaluation"]["returned_valid"] <= lstm["evaluation"]["returned"]
@@ -62,6 +70,26 @@ def test_every_kind_of_row_runs_and_records_its_room(micro, tmp_path):
     assert mapwm["evaluation"]["angle_places"] == micro.codes
     assert 1 <= mapwm["evaluation"]["clusters"] <= micro.codes
     assert "| tdb_s3_m4 | " in table.markdown(store, 1)
+    # the views of the same records: Table 4 from the logs, Figs. 9-11 from the counts
+    table4 = reproduce.table("tdb", "4", "micro")
+    assert table4.runs(1, ["tdb_s3_m4"]) == table.runs(1, ["tdb_s3_m4"])
+    record = records["tdb_s3_m4"]
+    assert json.dumps(table4.values_of(record)) == json.dumps(tdb_training.derive_4(record))
+    logged = {**record, "log": [{"step": 1, "accuracy": 0.97}, {"step": 2, "accuracy": 0.981},
+                                {"step": 3, "accuracy": 0.99}]}
+    assert tdb_training.derive_4(logged) == {"TrainingAbove98": {"test": 2},
+                                             "per cell": {"test": 2 / 48}}
+    assert np.isnan(tdb_training.training_above({**record, "log": logged["log"][:1]}))
+    assert "| tdb_s3_m4 | " in table4.markdown(store, 1) and "[4000.0]" in \
+        table4.markdown(store, 1)
+    timesteps = reproduce.table("tdb", "1-by-timestep", "micro")
+    values = timesteps.values_of(records["tdb_s3_m4"])
+    hits = records["tdb_s3_m4"]["eval"]["iid"]["accuracy_by_timestep"]["hits"]
+    assert values["TestAccu x>30"]["test"] is None  # walks of 24: nothing after the 30th
+    assert tdb_training.share_after({"positions": [0, 0] + [4] * 23, "hits": hits}, 10) == \
+        pytest.approx(100 * sum(hits[11:]) / (4 * 14))
+    timesteps.plot(timesteps, store, 1, tmp_path / "fig.png")
+    assert (tmp_path / "fig.png").stat().st_size > 10000
     # a rerun executes nothing
     assert run_all(table.runs(1, ROWS), store, progress=False)["held"] == len(ROWS)
 
@@ -84,6 +112,27 @@ def test_torus_table_and_run_options(micro):
     assert TrainConfig.from_dict(longer.train).total_steps == 2  # 10 / batch 8, rounded up
     with pytest.raises(ValueError, match="tables 1, 1-torus"):
         tdb.table("2")
+
+
+def test_noise_table_trains_on_a_noisy_pool_and_tests_clean(micro, tmp_path):
+    """Table 3: a part per noise level of the paper, 8192 training walks with that noise,
+    the test walks and the room those of Table 1's run of the seed; a run executes."""
+    noisy = tdb.table("3", "micro")
+    assert noisy.parts == ("0.10", "0.15", "0.20", "0.25", "0.30")
+    assert noisy.reference["0.30"]["tdb_s3_m1"] == ((93.92, 0.33), (58.20, 2.80))
+    run = noisy.make_run("0.20", "tdb_s3_m1", 1)
+    task = TrainConfig.from_dict(run.train).task_config()
+    clean = TrainConfig.from_dict(tdb.table("1", "micro").make_run(
+        "", "tdb_s3_m1", 1).train).task_config()
+    assert task.noise == 0.2 and task.walks == 8192 and task.room == clean.room
+    assert task.map_meta(4)["noise"] == 0.2 and "noise" not in clean.map_meta(4)
+    store = RecordStore(tmp_path)
+    small = replace(noisy, make_run=lambda part, row, seed: tdb.tdb_run(
+        row, micro, seed, noise=float(part)))
+    assert run_all(small.runs(1, ["tdb_s3_m1"], ["0.30"]), store, progress=False)["ran"] == 1
+    record = store.get(small.make_run("0.30", "tdb_s3_m1", 0).id)
+    assert record["run"]["train"]["task_options"]["noise"] == 0.3
+    assert 0 <= record["metrics"]["ImpFallback"]["test"] <= 100
 
 
 def test_tdb_resumes_from_the_library_checkpoint(micro, tmp_path):

@@ -215,3 +215,27 @@ def test_evaluation_counts_accuracy_by_timestep():
     assert by_step["positions"] == [0, 0] + [6] * 9
     assert sum(by_step["hits"]) / sum(by_step["positions"]) == out["accuracy"]
     assert all(0 <= h <= n for h, n in zip(by_step["hits"], by_step["positions"]))
+
+
+def test_noise_replaces_the_training_pools_observations_only():
+    """noise p: about p (1 - 1/O) of the pool's observations change (a uniform draw may give
+    the same symbol back), cells and actions stay; the test walks are clean; the map's
+    training walks (cogmap.walks_of) are the noisy pool the batches come from."""
+    from mapformer import cogmap
+    clean = rooms.task_preset("iid", seed=3, steps=50, walks=400)
+    noisy = rooms.task_preset("iid", seed=3, steps=50, walks=400, noise=0.3)
+    a, b = rooms.training_walks(clean), rooms.training_walks(noisy)
+    assert np.array_equal(a.pos, b.pos) and np.array_equal(a.actions, b.actions)
+    changed = (a.obs != b.obs).mean()
+    O = clean.room.n_obs
+    assert abs(changed - 0.3 * (1 - 1 / O)) < 0.01
+    assert np.array_equal(rooms.evaluation_walks(clean, 8).obs,
+                          rooms.evaluation_walks(noisy, 8).obs)
+    walks = cogmap.walks_of(noisy.map_meta(8))[2]
+    assert np.array_equal(walks.obs, b.obs)
+    batch = rooms.generate(noisy, 4, 0)
+    assert np.isin(batch.tokens[:, 0::2], np.arange(O)).all()
+    with pytest.raises(ValueError, match="noise"):
+        rooms.task_preset("iid", noise=1.0)
+    with pytest.raises(ValueError, match="noise"):
+        cogmap.room_config({**noisy.map_meta(8), "noise": -0.1})

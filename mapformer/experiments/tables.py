@@ -93,7 +93,9 @@ class Table:
     the rows :meth:`runs` executes when none are named (None: every row; a table may show
     rows beyond them, optional ablations run by name); plot:
     plot(table, store, seeds, path) draws the paper's plot from the records as a PNG (None:
-    the paper shows a table)."""
+    the paper shows a table); derive: derive(record) -> {column: {metric: value}}, the
+    values a view computes from a record (e.g. from its training log) in place of the
+    record's own "metrics" (None: the record's)."""
 
     paper: str
     name: str
@@ -111,6 +113,11 @@ class Table:
     digits: int = 2
     plot: Callable = field(default=None, compare=False, repr=False)
     default_rows: tuple = None
+    derive: Callable = field(default=None, compare=False, repr=False)
+
+    def values_of(self, record):
+        """{column: {metric: value}} of a record: :attr:`derive`'s, else its "metrics"."""
+        return self.derive(record) if self.derive else record["metrics"]
 
     def keys(self, seeds):
         """(part, row, seed) of every run, in order."""
@@ -158,9 +165,10 @@ class Table:
             else:
                 cell["commits"].add(commit)
                 cell["dirty"] |= record["provenance"]["dirty"] is not False
+            values = self.values_of(record)
             for m in self.metrics:  # a record without a metric (an older diagnosis) adds none
                 for c in self.columns:
-                    value = record["metrics"].get(c, {}).get(m)
+                    value = values.get(c, {}).get(m)
                     if value is not None:
                         cell["values"][m][c].append(value)
         return cells

@@ -37,8 +37,13 @@ walks, 25k steps of batch 32, width 256, 4 layers, 8 heads, K = 1000 codes):
   ``cpu`` has 20 steps per cell), otherwise as ``cpu``;
 - ``tiny``: a 6 x 8 room and walks of 60, for a smoke test (numbers mean nothing).
 
+Beyond Table 1: table "3" (noise in the training walks, :func:`noise_table`) and the views
+of Table 1's records in :mod:`mapformer.reproduce.tdb_training` (table "4", TrainingAbove98
+from the training logs; "1-by-timestep", the paper's Figs. 9-11).
+
 Deviations (all said in mapformer/tdb.py): RoPE in place of Transformer-XL positions; the M
-codebooks quantise d_model / M channels each; the enc loss is averaged over positions (the
+codebooks of row ``tdb_s3_m4`` quantise d_model / M channels each (a product quantiser),
+those of ``tdb_s3_m4_full`` the whole width each, as the paper's Sec. 3.5; the enc loss is averaged over positions (the
 paper sums it). The transformer and the LSTM plan by appendix D's random rollouts with tail
 evaluation (``rollouts`` a problem, 100 as the paper; mapformer/rollouts.py), by incremental
 decoding (the transformer's KV cache, the LSTM's state: ``Transformer.decode``), and the tail
@@ -71,6 +76,7 @@ from ..models import ModelConfig
 from ..tasks import rooms
 from ..tdb import TDBConfig
 from ..train import MODEL_KINDS, TrainConfig, model_kind, train
+from . import tdb_training
 
 KIND = "mapformer.reproduce.tdb:execute"
 ORACLE_KIND = "mapformer.reproduce.tdb:execute_oracle"
@@ -82,6 +88,18 @@ PAPER = {"transformer": (99.00, 29.53, 16.82, None), "lstm": (98.85, 31.97, 16.8
          "tdb_s1_m1": (98.94, 6.61, 1.00, 0.532), "tdb_s1_enc_m1": (98.74, 99.20, 1.00, 0.118),
          "tdb_s3_m1": (99.06, 99.55, 1.00, 0.124), "tdb_s3_m4": (99.00, 96.59, 1.00, 0.186)}
 PAPER["tdb_s3_m4_full"] = PAPER["tdb_s3_m4"]  # the paper's TDB(3, 4) is this reading
+# the paper's Table 3: per noise level, (TestAccu, ImpFallback) as (mean, spread)
+PAPER_3 = {"0.10": {"transformer": ((98.88, 0.04), (29.50, 1.42)),
+                    "tdb_s3_m1": ((99.08, 0.01), (99.49, 0.20))},
+           "0.15": {"transformer": ((98.45, 0.05), (22.66, 1.27)),
+                    "tdb_s3_m1": ((98.85, 0.03), (98.84, 0.37))},
+           "0.20": {"transformer": ((97.58, 0.10), (19.87, 0.65)),
+                    "tdb_s3_m1": ((98.30, 0.06), (94.18, 1.37))},
+           "0.25": {"transformer": ((95.98, 0.16), (15.83, 1.08)),
+                    "tdb_s3_m1": ((96.98, 0.13), (83.70, 3.21))},
+           "0.30": {"transformer": ((91.92, 0.33), (8.11, 1.02)),
+                    "tdb_s3_m1": ((93.92, 0.33), (58.20, 2.80))}}
+NOISE_WALKS = 8192  # Table 3's training pool: the paper's "8092" walks, 4 x Table 1's
 
 
 @dataclass(frozen=True)
@@ -142,7 +160,7 @@ ROWS = {"transformer": None, "lstm": None, "tdb_s1_m1": (1, 1, False, "split"),
         "tdb_s1_enc_m1": (1, 1, True, "split"), "tdb_s3_m1": (3, 1, False, "split"),
         "tdb_s3_m4": (3, 4, False, "split"), "tdb_s3_m4_full": (3, 4, False, "full"),
         "mapwm_angles": None}
-TABLE_NAMES = ("1", "1-torus", "1-rollout-oracle")
+TABLE_NAMES = ("1", "1-torus", "1-rollout-oracle", "3", *tdb_training.TABLE_NAMES)
 TOPOLOGIES = {"1": "room", "1-torus": "torus"}
 # the rooms of table "1-rollout-oracle": the scales whose rooms (and walks) it plans in
 ORACLE_ROWS = ("small", "cpu", "paper")
@@ -177,14 +195,16 @@ def build_model(row, scale, seed=0, backend="c"):
     return model_kind(config).build(config, seed=seed, backend=backend)
 
 
-def train_config(scale, seed, topology="room"):
-    """The TrainConfig of a run at ``scale``: the rooms task in the seed's room."""
+def train_config(scale, seed, topology="room", noise=0.0):
+    """The TrainConfig of a run at ``scale``: the rooms task in the seed's room (``noise``:
+    the share of the training pool's observations replaced at random, Table 3's)."""
     r = scale.room
     every = max(1, scale.iterations // 10)
     return TrainConfig(
         task="rooms", steps=r.steps, task_options=dict(
             height=r.height, width=r.width, n_obs=r.n_obs, patch=r.patch, topology=topology,
-            walks=scale.train_walks, context=scale.context),
+            walks=scale.train_walks, context=scale.context, **({"noise": noise} if noise
+                                                              else {})),
         sequences=scale.iterations * scale.batch, batch_size=scale.batch,
         loss_positions="observations", lr=scale.lr, weight_decay=0.0, clip=1.0,
         schedule="constant", seed=seed, eval_sequences=scale.test_walks,
@@ -198,16 +218,16 @@ def planner(row):
         "angles" if row == "mapwm_angles" else "rollouts")
 
 
-def tdb_run(row, scale, seed, topology="room"):
+def tdb_run(row, scale, seed, topology="room", noise=0.0):
     """The Run of ``row`` at ``scale`` (a :class:`Scale`) for ``seed`` in a ``topology``
-    room."""
+    room, ``noise`` in its training pool."""
     config = model_config(row, scale)
     extra = {"row": row, "model_kind": model_kind(config).name, "planner": planner(row)}
     if extra["planner"] == "rollouts":
         extra.update(rollouts=scale.rollouts, plan_problems=scale.plan_problems)
     elif extra["planner"] == "angles":
         extra["angle_places"] = scale.codes  # as many places as TDB has codes
-    return Run.of(config, train_config(scale, seed, topology), kind=KIND, **extra)
+    return Run.of(config, train_config(scale, seed, topology, noise), kind=KIND, **extra)
 
 
 def room_record(task):
@@ -326,10 +346,22 @@ def oracle_table(eval_sequences=None, rollouts=None):
                  lambda part, row, seed: oracle_run(row, seed, count, eval_sequences), {})
 
 
+def overridden(scale, sequences=None, eval_sequences=None, rollouts=None, plan_problems=None):
+    """(the :class:`Scale` ``scale`` with the options given, {option: value} of those given):
+    ``sequences`` rounded up to whole batches."""
+    at = SCALES[scale]
+    changes = {k: v for k, v in (("test_walks", eval_sequences), ("rollouts", rollouts),
+                                 ("plan_problems", plan_problems)) if v is not None}
+    if sequences:
+        changes["iterations"] = -(-sequences // at.batch)
+    return replace(at, **changes), changes
+
+
 def table(name, scale="cpu", sequences=None, eval_sequences=None, rollouts=None,
           plan_problems=None):
-    """TDB table ``name`` ("1", or "1-torus": the same rooms with their edges joined) at
-    ``scale`` (a key of :data:`SCALES`); ``sequences`` overrides the training sequences
+    """TDB table ``name`` at ``scale`` (a key of :data:`SCALES`): "1", "1-torus" (the same
+    rooms with their edges joined), "3" (noise in the training pool), or a view of Table 1's
+    runs (:mod:`mapformer.reproduce.tdb_training`: "4", "1-by-timestep"); ``sequences`` overrides the training sequences
     (rounded up to whole batches; then it is not a reproduction, and the note says so),
     ``eval_sequences`` the test walks, ``rollouts`` and ``plan_problems`` the rollout
     planner's (the transformer's and LSTM's rows)."""
@@ -342,12 +374,13 @@ def table(name, scale="cpu", sequences=None, eval_sequences=None, rollouts=None,
         return oracle_table(eval_sequences, rollouts)
     if scale not in SCALES:
         raise ValueError(f"table {name} has scales {sorted(SCALES)}, not {scale!r}")
-    at = SCALES[scale]
-    changes = {k: v for k, v in (("test_walks", eval_sequences), ("rollouts", rollouts),
-                                 ("plan_problems", plan_problems)) if v is not None}
-    if sequences:
-        changes["iterations"] = -(-sequences // at.batch)
-    at = replace(at, **changes)
+    if name in tdb_training.TABLE_NAMES:
+        room = SCALES[scale].room
+        return tdb_training.view(name, table("1", scale, sequences, eval_sequences, rollouts,
+                                             plan_problems), room.height * room.width)
+    if name == "3":
+        return noise_table(scale, sequences, eval_sequences, rollouts, plan_problems)
+    at, changes = overridden(scale, sequences, eval_sequences, rollouts, plan_problems)
     topology = TOPOLOGIES[name]
     note = SCALE_NOTES.get(scale, scale) + ("; nan: a number the row has not (the rollout "
                                             "rows' NormGED: no map; RatioSP without a plan "
@@ -363,6 +396,26 @@ def table(name, scale="cpu", sequences=None, eval_sequences=None, rollouts=None,
              "beyond the paper)")
     return Table("tdb", name, title, scale, note, ("",), tuple(ROWS), COLUMNS, (METRIC,),
                  make_run, {"": PAPER} if name == "1" else {})
+
+
+def noise_table(scale, sequences=None, eval_sequences=None, rollouts=None, plan_problems=None):
+    """Table 3: the transformer and TDB(3, 1) trained on a pool of :data:`NOISE_WALKS` walks
+    whose observations are replaced at random with probability p (a part per p of the
+    paper's), tested on clean walks; otherwise Table 1 at ``scale`` (and its options)."""
+    base = table("1", scale, sequences, eval_sequences, rollouts, plan_problems)
+    at = replace(overridden(scale, sequences, eval_sequences, rollouts, plan_problems)[0],
+                 train_walks=NOISE_WALKS)
+
+    def make_run(part, row, seed):
+        return tdb_run(row, at, seed, noise=float(part))
+
+    return replace(base, name="3", title="TDB Table 3: observation noise in the training walks",
+                   note=base.note + f"; {NOISE_WALKS} training walks, each observation "
+                   "replaced with probability p (the part) by a uniform draw of the O symbols "
+                   "(possibly itself), the test walks clean",
+                   parts=tuple(PAPER_3), rows=("transformer", "tdb_s3_m1"),
+                   columns=("TestAccu", "ImpFallback"), make_run=make_run, reference=PAPER_3,
+                   default_rows=None)
 
 
 # ---- the harness this replaced: its records converted ------------------------------------

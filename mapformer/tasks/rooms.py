@@ -41,7 +41,7 @@ The walks of one room are also a training task of :func:`mapformer.train.train` 
 from it, the room's test walks as the evaluation set, the loss on every next observation.
 """
 import functools
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, replace
 
 import networkx as nx
 import numpy as np
@@ -322,9 +322,11 @@ PRESETS = {"iid": dict(height=15, width=20, n_obs=4, patch=4, steps=400)}
 """The rooms task's presets: "iid", the room of TDB's Table 1 (15 x 20, O = 4, one 4 x 4 patch
 twice, walks of 400)."""
 TASK_OPTIONS = {"height": int, "width": int, "n_obs": int, "patch": int, "topology": str,
-                "walks": int, "context": int}
+                "walks": int, "context": int, "noise": float}
 """The rooms task's options (TrainConfig.task_options) and their types: the room's fields,
-``walks`` (the training pool) and ``context`` (the planning problems' C)."""
+``walks`` (the training pool), ``context`` (the planning problems' C) and ``noise`` (the
+share of the training pool's observations replaced at random)."""
+POOL_OPTIONS = ("walks", "context", "noise")  # the RoomsTask's own fields, not the room's
 LOSS_POSITIONS = ("observations",)
 """The choices of :func:`loss_mask`: every position whose target is the next observation."""
 
@@ -338,11 +340,16 @@ class RoomsTask:
     from its position C to N - C (TDB appendix D; None: N // 8, the paper's 50 of 400). The
     evaluation set is the room's test walks (:func:`evaluation_walks`, ``[room.seed, 2]``),
     which :func:`mapformer.cogmap.walks_of` draws again from :meth:`map_meta`. No blank
-    token: every next observation is a target."""
+    token: every next observation is a target. ``noise`` p (TDB's Table 3): each observation
+    of the training pool is replaced, with probability p, by one drawn uniformly from the O
+    symbols (possibly itself; :func:`add_noise`, from ``[room.seed, 3]``), fixed with the
+    pool; the test walks stay clean, and the map is built from the noisy pool the model
+    trained on."""
 
     room: RoomsConfig
     walks: int = 2048
     context: int = None
+    noise: float = 0.0
     blank_id = None  # not a field: the task has no blank token
 
     def __post_init__(self):
@@ -351,6 +358,10 @@ class RoomsTask:
                              "task yet")
         if not isinstance(self.walks, int) or isinstance(self.walks, bool) or self.walks < 1:
             raise ValueError(f"task 'rooms': walks must be an integer >= 1, got {self.walks!r}")
+        if not (isinstance(self.noise, (int, float)) and not isinstance(self.noise, bool)
+                and 0.0 <= self.noise < 1.0):
+            raise ValueError(f"task 'rooms': noise must be a share in [0, 1), got "
+                             f"{self.noise!r}")
         c, n = self.planning_context, self.room.steps
         if not isinstance(c, int) or isinstance(c, bool) or not 0 <= c < n - c:
             raise ValueError(f"task 'rooms': context must be an integer C with 0 <= C < N - C "
@@ -371,9 +382,10 @@ class RoomsTask:
 
     def map_meta(self, test_walks):
         """The room, seed, walks and context as :func:`mapformer.cogmap.walks_of` reads them
-        (its "meta"), with ``test_walks`` test walks."""
-        return {"room": asdict(self.room), "seed": self.room.seed, "train_walks": self.walks,
+        (its "meta"), with ``test_walks`` test walks (and "noise" where the pool has it)."""
+        meta = {"room": asdict(self.room), "seed": self.room.seed, "train_walks": self.walks,
                 "test_walks": test_walks, "context": self.planning_context}
+        return {**meta, "noise": self.noise} if self.noise else meta
 
 
 def task_preset(name="iid", seed=0, steps=None, **options):
@@ -384,11 +396,10 @@ def task_preset(name="iid", seed=0, steps=None, **options):
     if name not in PRESETS:
         raise ValueError(f"task 'rooms' has presets {sorted(PRESETS)}, not {name!r}")
     options = check_task_options("rooms", options, TASK_OPTIONS, nullable=("context",))
-    room = {**PRESETS[name], **{k: v for k, v in options.items() if k not in ("walks",
-                                                                                "context")}}
+    room = {**PRESETS[name], **{k: v for k, v in options.items() if k not in POOL_OPTIONS}}
     if steps is not None:
         room["steps"] = steps
-    pool = {k: options[k] for k in ("walks", "context") if k in options}
+    pool = {k: options[k] for k in POOL_OPTIONS if k in options}
     return RoomsTask(RoomsConfig(**room, seed=seed), **pool)
 
 
@@ -415,11 +426,32 @@ def next_observation_targets(tokens):
     return targets, mask
 
 
+def add_noise(drawn, n_obs, p, rng):
+    """Walks ``drawn`` with each observation replaced, with probability ``p``, by one drawn
+    uniformly from the ``n_obs`` symbols (rng a Generator or a seed); the cells and actions
+    are the walks' own."""
+    rng = np.random.default_rng(rng)
+    flip = rng.random(drawn.obs.shape) < p
+    obs = drawn.obs.copy()
+    obs[flip] = rng.integers(0, n_obs, int(flip.sum()))
+    return replace(drawn, obs=obs)
+
+
+def training_walks(task, room=None):
+    """The task's pool of training walks: ``task.walks`` walks from [room.seed, 1], with the
+    task's noise (:func:`add_noise` from [room.seed, 3]) where it has some."""
+    config = task.room
+    drawn = walks(config, room or make_room(config), task.walks, [config.seed, 1])
+    return add_noise(drawn, config.n_obs, task.noise, [config.seed, 3]) if task.noise else drawn
+
+
 @functools.lru_cache(maxsize=4)
 def _room_walks(task, stream, n_walks):
-    """(walks, their tokens, read-only) of ``task``'s room, drawn from [room.seed, stream]."""
+    """(walks, their tokens, read-only) of ``task``'s room, drawn from [room.seed, stream]
+    (stream 1: the training pool, :func:`training_walks`)."""
     config = task.room
-    drawn = walks(config, make_room(config), n_walks, [config.seed, stream])
+    drawn = (training_walks(task) if stream == 1 else
+             walks(config, make_room(config), n_walks, [config.seed, stream]))
     tokens = drawn.tokens(config.n_symbols)
     for a in (drawn.obs, drawn.actions, drawn.pos, tokens):
         a.flags.writeable = False
