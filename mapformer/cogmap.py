@@ -647,9 +647,11 @@ def write_graphml(graph, path):
 
 
 def plot_maps(learned, room, path):
-    """PNG: the learned map (each node drawn at the true cell it is most often active in,
-    jittered so that nodes of one cell do not hide each other) beside the room's true graph,
-    cells coloured by their observation."""
+    """PNG: the learned map beside the room's true graph, nodes coloured by their cell's
+    observation: in a flat room (or a torus) each node drawn at the true cell it is most often
+    active in (jittered so that nodes of one cell do not hide each other); on the cube, whose
+    faces' cells have no plane layout, both graphs by the Kamada-Kawai algorithm (as the
+    paper's Fig. 3)."""
     import matplotlib
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
@@ -659,9 +661,13 @@ def plot_maps(learned, room, path):
     fig, axes = plt.subplots(1, 2, figsize=(12, 5))
     for ax, graph, title, jitter in ((axes[0], learned, "learned map", 0.25),
                                      (axes[1], truth, "true room", 0.0)):
-        layout = {n: (graph.nodes[n]["pos"][1] + jitter * rng.uniform(-1, 1),
-                      -graph.nodes[n]["pos"][0] + jitter * rng.uniform(-1, 1))
-                  for n in graph if graph.nodes[n].get("pos") is not None}
+        placed = [n for n in graph if graph.nodes[n].get("pos") is not None]
+        if room.topology == "cube":
+            layout = nx.kamada_kawai_layout(graph.subgraph(placed).to_undirected())
+        else:
+            layout = {n: (graph.nodes[n]["pos"][1] + jitter * rng.uniform(-1, 1),
+                          -graph.nodes[n]["pos"][0] + jitter * rng.uniform(-1, 1))
+                      for n in placed}
         sub = graph.subgraph(layout)
         colours = [room.obs[graph.nodes[n]["pos"]] for n in sub]
         nx.draw_networkx(sub, layout, ax=ax, node_size=60, node_color=colours,

@@ -114,6 +114,26 @@ def test_torus_table_and_run_options(micro):
         tdb.table("2")
 
 
+def test_cube_table_trains_and_plans_on_the_cube(micro, tmp_path, monkeypatch):
+    """Table 7: the rows of the paper's Table 7 in the aliased cube of the seed (no patch),
+    each planned as in Table 1 (TDB's map of codes, the transformer's rollouts); the cube's
+    map pictures draw."""
+    monkeypatch.setitem(tdb.CUBES, "micro", (2, 3, 16, 3))
+    cube = tdb.table("7", "micro")
+    assert cube.rows == tdb.CUBE_ROWS and cube.reference[""]["tdb_s3_m1"][1] == 99.05
+    assert cube.note.startswith("cube of edge 2 (24 cells, 8 a symbol), O = 3")
+    store = RecordStore(tmp_path)
+    assert run_all(cube.runs(1, ["tdb_s3_m1", "transformer"]), store, progress=False)[
+        "ran"] == 2
+    record = store.get(cube.make_run("", "tdb_s3_m1", 0).id)
+    assert record["room"]["config"]["topology"] == "cube"
+    assert len(record["room"]["obs"]) == 4 and len(record["room"]["obs"][0]) == 6
+    assert 0.0 <= record["metrics"]["NormGED"]["test"] <= 1.0
+    assert store.get(cube.make_run("", "transformer", 0).id)["evaluation"]["rollouts"] == 5
+    with pytest.raises(ValueError, match="table 7 has scales"):
+        tdb.table("7", "cpu")
+
+
 def test_noise_table_trains_on_a_noisy_pool_and_tests_clean(micro, tmp_path):
     """Table 3: a part per noise level of the paper, 8192 training walks with that noise,
     the test walks and the room those of Table 1's run of the seed; a run executes."""

@@ -100,6 +100,14 @@ PAPER_3 = {"0.10": {"transformer": ((98.88, 0.04), (29.50, 1.42)),
            "0.30": {"transformer": ((91.92, 0.33), (8.11, 1.02)),
                     "tdb_s3_m1": ((93.92, 0.33), (58.20, 2.80))}}
 NOISE_WALKS = 8192  # Table 3's training pool: the paper's "8092" walks, 4 x Table 1's
+# the paper's Table 7 (10 aliased cubes of edge 6, O = 12)
+PAPER_7 = {"transformer": (99.76, 43.82, 22.74, None), "lstm": (99.76, 43.82, 22.74, None),
+           "tdb_s1_enc_m1": (99.36, 99.07, 1.02, 0.334), "tdb_s3_m1": (99.76, 99.05, 1.03, 0.304)}
+CUBE_ROWS = ("transformer", "lstm", "tdb_s1_enc_m1", "tdb_s3_m1")
+# Table 7's cube per scale: (edge E, O, codes K, steps). paper: the paper's cube (216 cells);
+# small: edge 3 (54 cells) with the paper's 18 cells per symbol (O = 3), its 3.3 codes and 83
+# steps per cell, otherwise as scale small
+CUBES = {"paper": (6, 12, 1000, 25000), "small": (3, 3, 180, 4500)}
 
 
 @dataclass(frozen=True)
@@ -160,7 +168,7 @@ ROWS = {"transformer": None, "lstm": None, "tdb_s1_m1": (1, 1, False, "split"),
         "tdb_s1_enc_m1": (1, 1, True, "split"), "tdb_s3_m1": (3, 1, False, "split"),
         "tdb_s3_m4": (3, 4, False, "split"), "tdb_s3_m4_full": (3, 4, False, "full"),
         "mapwm_angles": None}
-TABLE_NAMES = ("1", "1-torus", "1-rollout-oracle", "3", *tdb_training.TABLE_NAMES)
+TABLE_NAMES = ("1", "1-torus", "1-rollout-oracle", "3", "7", *tdb_training.TABLE_NAMES)
 TOPOLOGIES = {"1": "room", "1-torus": "torus"}
 # the rooms of table "1-rollout-oracle": the scales whose rooms (and walks) it plans in
 ORACLE_ROWS = ("small", "cpu", "paper")
@@ -380,6 +388,8 @@ def table(name, scale="cpu", sequences=None, eval_sequences=None, rollouts=None,
                                              plan_problems), room.height * room.width)
     if name == "3":
         return noise_table(scale, sequences, eval_sequences, rollouts, plan_problems)
+    if name == "7":
+        return cube_table(scale, sequences, eval_sequences, rollouts, plan_problems)
     at, changes = overridden(scale, sequences, eval_sequences, rollouts, plan_problems)
     topology = TOPOLOGIES[name]
     note = SCALE_NOTES.get(scale, scale) + ("; nan: a number the row has not (the rollout "
@@ -416,6 +426,36 @@ def noise_table(scale, sequences=None, eval_sequences=None, rollouts=None, plan_
                    parts=tuple(PAPER_3), rows=("transformer", "tdb_s3_m1"),
                    columns=("TestAccu", "ImpFallback"), make_run=make_run, reference=PAPER_3,
                    default_rows=None)
+
+
+def cube_table(scale, sequences=None, eval_sequences=None, rollouts=None, plan_problems=None):
+    """Table 7: the aliased cube (:func:`mapformer.tasks.rooms.make_room`, topology "cube":
+    a walk on the faces' cells of an E x E x E cube, every cell's symbol drawn from O, no
+    patch), at the scales of :data:`CUBES`; otherwise Table 1 at ``scale``."""
+    if scale not in CUBES:
+        raise ValueError(f"table 7 has scales {sorted(CUBES)}, not {scale!r}")
+    edge, n_obs, codes, steps = CUBES[scale]
+    at = overridden(scale, sequences, eval_sequences, rollouts, plan_problems)[0]
+    at = replace(at, room=replace(at.room, height=edge, width=edge, n_obs=n_obs, patch=0),
+                 codes=codes, iterations=steps if not sequences else at.iterations)
+    base = table("1", scale, sequences, eval_sequences, rollouts, plan_problems)
+
+    def make_run(part, row, seed):
+        return tdb_run(row, at, seed, "cube")
+
+    return replace(base, name="7", title="TDB Table 7: the aliased cube",
+                   note=f"cube of edge {edge} ({6 * edge * edge} cells, "
+                   f"{6 * edge * edge // n_obs} a symbol), O = {n_obs}, walks of "
+                   f"{at.room.steps}, {at.train_walks} training walks, {at.iterations} steps "
+                   f"of batch {at.batch}, width {at.d_model}, {at.n_layers} layers, "
+                   f"{at.n_heads} heads, K = {codes} codes ("
+                   f"{codes / (6 * edge * edge):.1f} and {at.iterations / (6 * edge * edge):.0f} "
+                   "steps a cell), " + (f"dead codes restarted every {at.restart_dead} "
+                                         "steps" if at.restart_dead else "no restarts")
+                   + f"; ImpFallback and RatioSP over the {at.test_walks} test walks' "
+                   "problems" + (f" (transformer and LSTM: rollouts on the first "
+                                 f"{at.plan_problems})" if at.plan_problems else ""),
+                   rows=CUBE_ROWS, make_run=make_run, reference={"": PAPER_7})
 
 
 # ---- the harness this replaced: its records converted ------------------------------------

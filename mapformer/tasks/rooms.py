@@ -122,11 +122,13 @@ class Room:
     """obs int (H, W): each cell's symbol (a cube: (2 E, 3 E), its faces side by side);
     patches ((r, c), (r, c)): the top-left corners of the source patch and its copy (None
     without aliasing); transitions int (H W, 4): the cell id r W + c after each action from
-    each cell (None: a flat room, :func:`step`)."""
+    each cell (None: a flat room, :func:`step`); topology: the config's ("room", "cube",
+    "torus")."""
 
     obs: np.ndarray
     patches: tuple
     transitions: np.ndarray = None
+    topology: str = "room"
 
 
 def make_room(config):
@@ -137,7 +139,7 @@ def make_room(config):
         while True:
             obs = rng.integers(0, config.n_obs, (2 * e, 3 * e))
             if len(np.unique(obs)) == config.n_obs:
-                return Room(obs, None, cube_transitions(e))
+                return Room(obs, None, cube_transitions(e), "cube")
     h, w, p = config.height, config.width, config.patch
     while True:
         obs = rng.integers(0, config.n_obs, (h, w))
@@ -152,7 +154,7 @@ def make_room(config):
             patches = (a, b)
         if len(np.unique(obs)) == config.n_obs:
             return Room(obs, patches, torus_transitions(h, w) if config.topology == "torus"
-                        else None)
+                        else None, config.topology)
 
 
 def step(pos, actions, height, width):
