@@ -10,6 +10,10 @@ trees: APE's tree copy / rotation / C3 reduction / tree operations (appendix 9) 
 tokens carrying their heap numbers (submodule names only).
 grid2d: 2D grid copy / transpose / rotate90 / flip as a prefix-LM, tokens carrying their
 (row, column) on the page (submodule names only).
+rooms: TDB's aliased rooms and cube, their random walks and the training task (submodule names
+only).
+ginc: GINC's mixture of HMMs (Xie et al. 2022; TDB appendix K): documents and in-context
+prompts (submodule names only; no training task yet).
 """
 
 from .navigation import (
