@@ -13,6 +13,7 @@ coord_dims, coord_source, ape_positions, ape_tree_depth) take it from the traini
 import argparse
 import importlib
 import json
+import math
 import sys
 from dataclasses import MISSING, fields
 from pathlib import Path
@@ -48,7 +49,8 @@ FIELD_HELP = {
             "grid_transpose, grid_rotate90, grid_flip: 2D grid transductions; rooms: walks "
             "of one of TDB's aliased rooms, with --loss-positions observations)",
     "task_options": "the task's own options, 'name=value,...' (rooms: height, width, n_obs, "
-                    "patch, topology, walks (the training pool), context, e.g. "
+                    "patch, topology, walks (the training pool), context, noise (the share of "
+                    "the pool's observations replaced at random), e.g. "
                     "'height=10,width=15,patch=3,walks=2048'; navigation: walk (uniform or "
                     "no_backtrack), action_repeat, fixed_map, map_seed)",
     "grid_side": "grid tasks: the mean grid side (sides within +-1 of it; default 5)",
@@ -317,17 +319,27 @@ def model_config(parser, args, task):
 
 
 def parse_task_options(text):
-    """'name=value,...' -> {name: value} (--task-options): integers as int, the rest as
-    text; the task checks names and types. ValueError for an item without '='."""
+    """'name=value,...' -> {name: value} (--task-options): integers as int, other numbers as
+    float, the rest as text; the task checks names and types. ValueError for an item
+    without '='."""
     options = {}
     for item in text.split(","):
         key, sep, value = item.partition("=")
         if not sep or not key.strip():
             raise ValueError(f"task_options: expected 'name=value,...', got {item!r}")
-        value = value.strip()
-        options[key.strip().replace("-", "_")] = int(value) if value.lstrip("-").isdigit() \
-            else value
+        options[key.strip().replace("-", "_")] = number_or_text(value.strip())
     return options
+
+
+def number_or_text(value):
+    """An int, else a float (a finite one), else the text itself."""
+    if value.lstrip("-").isdigit():
+        return int(value)
+    try:
+        number = float(value)
+    except ValueError:
+        return value
+    return number if math.isfinite(number) else value
 
 
 def fail(message, status):

@@ -427,3 +427,19 @@ def test_cli_info_names_the_kernels_and_threads():
     assert "own threads: 1" in lines["blas"] and lines["mapformer"].startswith("0.")
     assert "MAPFORMER_POOL_MB" in lines["output"]
     assert lines["cuda"].startswith("unavailable: ") or "matrix products on" in lines["cuda"]
+
+
+def test_cli_task_options_parse_numbers_and_names():
+    """--task-options: integers, floats (rooms' noise) and names; a float reaches the rooms
+    task as its noise, and the task names a value of the wrong type."""
+    from mapformer.__main__ import parse_task_options
+    assert parse_task_options("walks=8192, noise=0.25,topology=cube,x=inf,y=-3") == {
+        "walks": 8192, "noise": 0.25, "topology": "cube", "x": "inf", "y": -3}
+    config = TrainConfig(task="rooms", loss_positions="observations", steps=20,
+                         task_options=parse_task_options("height=4,width=5,patch=2,noise=0.1"))
+    assert config.task_config().noise == 0.1
+    with pytest.raises(ValueError, match="noise must be a float"):
+        TrainConfig(task="rooms", loss_positions="observations", steps=20,
+                    task_options=parse_task_options("height=4,width=5,patch=2,noise=low"))
+    with pytest.raises(ValueError, match="expected 'name=value"):
+        parse_task_options("noise")
