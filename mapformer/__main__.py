@@ -47,12 +47,14 @@ FIELD_HELP = {
     "task": "the task (copy, repeat, reverse: APE's sequence transductions; tree_copy, "
             "tree_rotate, tree_c3, tree_ops: its tree transductions; grid_copy, "
             "grid_transpose, grid_rotate90, grid_flip: 2D grid transductions; rooms: walks "
-            "of one of TDB's aliased rooms, with --loss-positions observations)",
+            "of one of TDB's aliased rooms, with --loss-positions observations; ginc: GINC's "
+            "documents and in-context prompts, with --loss-positions observations)",
     "task_options": "the task's own options, 'name=value,...' (rooms: height, width, n_obs, "
                     "patch, topology, walks (the training pool), context, noise (the share of "
                     "the pool's observations replaced at random), e.g. "
                     "'height=10,width=15,patch=3,walks=2048'; navigation: walk (uniform or "
-                    "no_backtrack), action_repeat, fixed_map, map_seed)",
+                    "no_backtrack), action_repeat, fixed_map, map_seed; ginc: documents, "
+                    "length, window, seed)",
     "grid_side": "grid tasks: the mean grid side (sides within +-1 of it; default 5)",
     "tree_depth": "tree tasks: the mean tree depth (the paper's 7)",
     "tree_order": "tree tasks: the target's order, breadth(-first) or depth(-first, pre-order)",

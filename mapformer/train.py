@@ -30,13 +30,13 @@ import numpy as np
 from tqdm.auto import tqdm
 
 from .models import ModelConfig, Transformer
-from .tasks import (digits, grid2d, navigation, rooms, rotation4d, selective_copy,
+from .tasks import (digits, ginc, grid2d, navigation, rooms, rotation4d, selective_copy,
                     transduction, trees)
 from .tasks.stream import check_task_options
 from .tdb import TDB, TDBConfig
 
 TASKS = {"navigation": navigation, "selective_copy": selective_copy,
-         "rotation4d": rotation4d, "rooms": rooms,
+         "rotation4d": rotation4d, "rooms": rooms, "ginc": ginc,
          **{op: transduction for op in transduction.OPERATIONS},
          **{name: digits for name in digits.VARIANTS},
          **{name: trees for name in trees.TASK_NAMES},
@@ -141,10 +141,10 @@ class TrainConfig:
             raise ValueError(f"task must be one of {sorted(TASKS)}, got {self.task!r}")
         if self.schedule not in SCHEDULES:
             raise ValueError(f"schedule must be one of {SCHEDULES}, got {self.schedule!r}")
-        if self.task_options is not None and (self.task not in ("rooms", "navigation")
+        if self.task_options is not None and (self.task not in ("rooms", "navigation", "ginc")
                                               or not isinstance(self.task_options, dict)):
-            raise ValueError(f"task_options must be None for task {self.task!r} (only 'rooms' "
-                             f"and 'navigation' have options) or a dict, got "
+            raise ValueError(f"task_options must be None for task {self.task!r} (only 'rooms', "
+                             f"'navigation' and 'ginc' have options) or a dict, got "
                              f"{self.task_options!r:.80}")
         if self.task == "navigation" and self.task_options:
             self.task_options.update(check_task_options("navigation", self.task_options,
@@ -184,6 +184,8 @@ class TrainConfig:
         if self.task == "rooms":
             return rooms.task_preset(name, seed=self.seed, steps=self.steps,
                                      **(self.task_options or {}))
+        if self.task == "ginc":
+            return ginc.task_preset(name, **(self.task_options or {}))
         if self.task == "navigation":
             shape, vocab = ("steps", "grid_size", "p_empty"), {"n_objects": self.n_objects}
         elif self.task == "rotation4d":
@@ -344,6 +346,8 @@ def task_module(task):
     grid2d or rooms) that generates batches of a task config."""
     if isinstance(task, rooms.RoomsTask):
         return rooms
+    if isinstance(task, (ginc.GincTask, ginc.GincPrompts)):
+        return ginc
     if isinstance(task, rotation4d.Rotation4DConfig):
         return rotation4d
     if isinstance(task, transduction.TransductionConfig):

@@ -105,3 +105,52 @@ def test_bad_settings():
         ginc.prompts(m, 1, 2, 3, 0)
     with pytest.raises(ValueError, match="n"):
         ginc.prompts(m, 3, -1, 3, 0)
+
+
+def test_training_task_windows_and_prompt_sets():
+    """Task "ginc": windows of the corpus with the dummy action after each symbol, the loss
+    on every next symbol; a prompt set scores its label at the last position only; the
+    evaluation sets are the paper's k and n whose prompts fit the window."""
+    from mapformer.train import TrainConfig
+    config = TrainConfig(task="ginc", loss_positions="observations",
+                         task_options=dict(documents=6, length=200, window=40, seed=5))
+    task = config.task_config()
+    assert task.mixture.seed == 5 and task.vocab_size == 51 and task.seq_len == 80
+    batch = ginc.generate(task, 4, 0)
+    assert batch.tokens.shape == (4, 80) and (batch.tokens[:, 1::2] == 50).all()
+    docs = ginc.corpus(task)
+    for row in batch.tokens[:, 0::2]:  # a window of one document
+        assert any(np.array_equal(row, d[s:s + 40]) for d in docs for s in range(161))
+    assert (batch.targets[:, 1:-1:2] == batch.tokens[:, 2::2]).all()
+    assert batch.mask.sum() == 4 * 39
+    sets = config.eval_tasks()
+    assert "k3_n8" in sets and "k10_n4" not in sets  # 4 x 11 + 9 = 53 > 40 symbols
+    prompt_set = sets["k5_n2"]
+    [b] = ginc.eval_set(prompt_set, 7, batch_size=8)
+    drawn = ginc.prompts(ginc.mixture_of(task.mixture), 5, 2, 7, [5, 3, 5, 2])
+    np.testing.assert_array_equal(b.tokens[:, 0::2], drawn.tokens)
+    assert b.mask.sum() == 7 and b.mask[:, -1].all()
+    np.testing.assert_array_equal(b.targets[:, -1], drawn.labels)
+    with pytest.raises(ValueError, match="window"):
+        TrainConfig(task="ginc", loss_positions="observations",
+                    task_options=dict(length=100, window=200))
+
+
+@pytest.mark.parametrize("kind", ["transformer", "tdb"])
+def test_models_train_on_ginc_and_score_the_prompts(kind):
+    """A transformer and a TDB (one dummy action) train a few steps on task "ginc" through
+    mapformer.train; every prompt set's accuracy is its share of right last tokens."""
+    from mapformer.models import ModelConfig
+    from mapformer.tdb import TDBConfig
+    from mapformer.train import TrainConfig, train
+    config = TrainConfig(task="ginc", loss_positions="observations", sequences=8, batch_size=4,
+                         task_options=dict(documents=4, length=64, window=24),
+                         eval_sequences=6, schedule="constant", weight_decay=0.0)
+    model = (ModelConfig(vocab_size=51, d_model=32, positional="rope") if kind == "transformer"
+             else TDBConfig(n_obs=50, n_actions=1, d_model=32, n_heads=2, n_layers=1,
+                            codes=16, head_hidden=16, steps=2))
+    result = train(model, config, progress=False, log=lambda *a: None)
+    assert result["steps"] == 2 and np.isfinite(result["loss"])
+    prompts_k3 = result["eval"]["k3_n2"]
+    assert prompts_k3["positions"] == 6
+    assert prompts_k3["accuracy"] * 6 == pytest.approx(round(prompts_k3["accuracy"] * 6))

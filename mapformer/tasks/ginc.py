@@ -24,10 +24,23 @@ settings give other draws than the published files, the same distribution):
   (n + 1)-th, example is cut to its first k - 1 symbols, and the label is the argmax of the
   concept's next-symbol probability given them, its start distribution uniform over the
   values at the start slot (:func:`next_symbol_probabilities`, forward filtering).
+
+As a training task of :func:`mapformer.train.train` (task "ginc", :class:`GincTask`): a corpus
+of ``documents`` documents of ``length`` symbols (the paper's 1000 of 10,240), each step's
+batch windows of ``window`` symbols at uniform offsets of uniform documents; TDB reads text
+with one dummy action (the CSCG convention the research notes choose: the paper says only
+"the same models"), so a sequence is x_1, a, x_2, a, ..., its vocabulary the symbols and the
+one action, and the loss is on the next symbol at every action's position, as the rooms
+task's. The evaluation sets are the prompts of every k of :data:`PROMPT_LENGTHS` and n of
+:data:`EXAMPLE_COUNTS` (:class:`GincPrompts`, "k3_n0" ...), scored at the last position
+only: their accuracy is the in-context accuracy of the paper's Table 9.
 """
-from dataclasses import dataclass
+import functools
+from dataclasses import dataclass, field
 
 import numpy as np
+
+from .stream import check_task_options
 
 DELIMITER = 0
 PROMPT_LENGTHS = (3, 5, 8, 10)  # k, the paper's
@@ -199,3 +212,165 @@ def prompts(mixture, k, n, count, rng):
         labels[i] = next_symbol_probabilities(mixture, hmm[i], start,
                                               symbols[i, -1, :k - 1]).argmax()
     return Prompts(tokens, labels, hmm, slot)
+
+
+# ---- the training task ----------------------------------------------------------------------
+LOSS_POSITIONS = ("observations",)
+TASK_OPTIONS = {"documents": int, "length": int, "window": int, "seed": int}
+"""The task's options (TrainConfig.task_options): the corpus' documents and their length, the
+training windows' symbols and the mixture's seed."""
+
+
+@dataclass(frozen=True)
+class GincTask:
+    """Training on the documents of ``mixture`` (a GincConfig): ``documents`` documents of
+    ``length`` symbols drawn from default_rng([mixture.seed, 2]), windows of ``window``
+    symbols. No blank token."""
+
+    mixture: GincConfig = field(default_factory=GincConfig)
+    documents: int = 1000
+    length: int = 10240
+    window: int = 1024
+    blank_id = None
+
+    def __post_init__(self):
+        for name in ("documents", "length", "window"):
+            value = getattr(self, name)
+            if isinstance(value, bool) or not isinstance(value, int) or value < 2:
+                raise ValueError(f"task 'ginc': {name} must be an integer >= 2, got {value!r}")
+        if self.window > self.length:
+            raise ValueError(f"task 'ginc': window ({self.window}) must not exceed the "
+                             f"documents' length ({self.length})")
+
+    @property
+    def vocab_size(self):
+        return self.mixture.n_symbols + 1  # the symbols and the dummy action
+
+    @property
+    def seq_len(self):
+        return 2 * self.window
+
+
+@dataclass(frozen=True)
+class GincPrompts:
+    """An evaluation set: prompts of ``n`` examples of ``k`` symbols of ``mixture``."""
+
+    mixture: GincConfig
+    k: int
+    n: int
+    blank_id = None
+
+    @property
+    def vocab_size(self):
+        return self.mixture.n_symbols + 1
+
+    @property
+    def seq_len(self):
+        return 2 * (self.n * (self.k + 1) + self.k - 1)
+
+
+def task_preset(name="iid", **options):
+    """The GincTask of preset ``name`` ("iid": the paper's dataset) with ``options``
+    (:data:`TASK_OPTIONS`; seed the mixture's)."""
+    if name != "iid":
+        raise ValueError(f"task 'ginc' has the preset 'iid' only, not {name!r}")
+    options = check_task_options("ginc", options, TASK_OPTIONS)
+    seed = options.pop("seed", GincConfig.seed)
+    return GincTask(GincConfig(seed=seed), **options)
+
+
+@functools.lru_cache(maxsize=2)
+def mixture_of(config):
+    """The (cached) Mixture of a GincConfig."""
+    return make_mixture(config)
+
+
+@functools.lru_cache(maxsize=2)
+def corpus(task):
+    """The task's documents, int32 (documents, length), read-only (cached)."""
+    symbols = documents(mixture_of(task.mixture), task.documents, task.length,
+                        [task.mixture.seed, 2])[0]
+    symbols.flags.writeable = False
+    return symbols
+
+
+@dataclass
+class GincBatch:
+    """tokens int32 (B, 2N): x_1, a, ..., x_N, a (a = n_symbols); targets int32 (B, 2N) and
+    mask bool (B, 2N): the next symbol at every action's position but the last (training) or
+    the label at the last one only (prompts)."""
+
+    tokens: np.ndarray
+    targets: np.ndarray
+    mask: np.ndarray
+
+
+def interleave(symbols, n_symbols):
+    """symbols int (B, N) -> tokens int32 (B, 2N) with the dummy action after each."""
+    tokens = np.full((symbols.shape[0], 2 * symbols.shape[1]), n_symbols, np.int32)
+    tokens[:, 0::2] = symbols
+    return tokens
+
+
+def generate(task, batch_size, rng=None):
+    """``batch_size`` windows of the corpus, each a uniform document at a uniform offset."""
+    rng = np.random.default_rng(rng)
+    docs = corpus(task)
+    which = rng.integers(0, task.documents, batch_size)
+    start = rng.integers(0, task.length - task.window + 1, batch_size)
+    symbols = docs[which[:, None], start[:, None] + np.arange(task.window)]
+    tokens = interleave(symbols, task.mixture.n_symbols)
+    targets = np.zeros_like(tokens)
+    mask = np.zeros(tokens.shape, bool)
+    targets[:, 1:-1:2], mask[:, 1:-1:2] = tokens[:, 2::2], True
+    return GincBatch(tokens, targets, mask)
+
+
+def eval_set(task, n_sequences, seed=None, batch_size=32):
+    """A GincTask's evaluation: its windows (seed [seed, 1]); a GincPrompts set's:
+    ``n_sequences`` prompts drawn from default_rng([mixture.seed, 3, k, n]) (``seed`` is not
+    read: the prompts are the set's), scored at the last position."""
+    if isinstance(task, GincTask):
+        rng = np.random.default_rng([0 if seed is None else seed, 1])
+        return [generate(task, min(batch_size, n_sequences - i), rng)
+                for i in range(0, n_sequences, batch_size)]
+    drawn = prompts(mixture_of(task.mixture), task.k, task.n, n_sequences,
+                    [task.mixture.seed, 3, task.k, task.n])
+    tokens = interleave(drawn.tokens, task.mixture.n_symbols)
+    targets = np.zeros_like(tokens)
+    mask = np.zeros(tokens.shape, bool)
+    targets[:, -1], mask[:, -1] = drawn.labels, True
+    return [GincBatch(tokens[i:i + batch_size], targets[i:i + batch_size],
+                      mask[i:i + batch_size]) for i in range(0, n_sequences, batch_size)]
+
+
+def loss_mask(batch, positions):
+    """bool (B, 2N): "observations", every position whose target is the next symbol."""
+    if positions not in LOSS_POSITIONS:
+        raise ValueError(f"loss_positions must be one of {LOSS_POSITIONS} for task 'ginc', "
+                         f"got {positions!r}")
+    return batch.mask
+
+
+def token_coordinates(batch):
+    """None: no positions but the token order."""
+    return None
+
+
+def ood_sets(task):
+    """The prompt sets {"k{k}_n{n}": GincPrompts} of every k and n of the paper whose prompt
+    fits the training window."""
+    return {f"k{k}_n{n}": GincPrompts(task.mixture, k, n)
+            for k in PROMPT_LENGTHS for n in EXAMPLE_COUNTS
+            if n * (k + 1) + k - 1 <= task.window}
+
+
+def describe(task):
+    """'1000 documents of 10240 symbols from 5 of 10 HMMs, windows of 1024' or a prompt set's
+    'prompts of n examples of k symbols'."""
+    if isinstance(task, GincPrompts):
+        return f"prompts of {task.n} examples of {task.k} symbols"
+    m = task.mixture
+    return (f"{task.documents} documents of {task.length} symbols from {m.n_hmms // 2} of "
+            f"{m.n_hmms} HMMs ({m.n_symbols} symbols, mixture seed {m.seed}), windows of "
+            f"{task.window}")
