@@ -135,7 +135,7 @@ def head_inputs(tokens, n_obs, steps):
     B, N = obs.shape
     ids, targets = np.zeros((steps, B, N), np.int32), np.zeros((steps, B, N), np.int32)
     masks = np.zeros((steps, B, N), np.float64)
-    for s in range(steps):
+    for s in range(min(steps, N)):  # a head s >= N has no target in a walk of N
         ids[s, :, :N - s] = act[:, s:]
         targets[s, :, :N - s - 1] = obs[:, s + 1:]
         masks[s, :, :N - s - 1] = 1.0

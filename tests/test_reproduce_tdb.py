@@ -268,3 +268,24 @@ def test_the_rollout_oracle_table_plans_each_room_with_the_rooms_predictions(
         assert record["seeds"]["rollouts"] == f"problem w: default_rng([[{seed}, 4], w])"
     with pytest.raises(ValueError, match="no scale"):
         reproduce.table("tdb", "1-rollout-oracle", "small")
+
+
+def test_ginc_table_runs_every_row_and_reads_the_prompt_sets(tmp_path):
+    """Table 9 at scale tiny: each row trains on GINC's documents through the library's loop
+    and its record holds the accuracy of every (k, n) prompt set that fits the window (NaN
+    for the others); the paper's figures sit beside them."""
+    nine = reproduce.table("tdb", "9", "tiny")
+    assert nine.rows == ("lstm", "transformer", "tdb_s3_m4_full", "tdb_s5_m1")
+    assert len(nine.columns) == 32 and nine.reference[""]["tdb_s5_m1"][-1] == 0.956
+    store = RecordStore(tmp_path)
+    assert run_all(nine.runs(1), store, progress=False)["ran"] == 4
+    for row in nine.rows:
+        record = store.get(nine.make_run("", row, 0).id)
+        fits = record["metrics"]["k3 n4"]["test"]  # 4 x 4 + 2 = 18 symbols <= 32
+        assert 0.0 <= fits <= 1.0 and fits == record["eval"]["k3_n4"]["accuracy"]
+        assert np.isnan(record["metrics"]["k3 n8"]["test"])  # 8 x 4 + 2 = 34 > 32
+    tdb_run = store.get(nine.make_run("", "tdb_s5_m1", 0).id)["run"]
+    assert tdb_run["model"]["steps"] == 5 and tdb_run["model"]["n_actions"] == 1
+    assert "| tdb_s5_m1 | " in nine.markdown(store, 1)
+    with pytest.raises(ValueError, match="table 9 has scales"):
+        tdb.table("9", "small")

@@ -33,6 +33,8 @@ def test_head_inputs_and_next_observation_targets():
     assert ids.tolist() == [[3, 5, 6], [5, 6, 0]]
     assert targets.tolist() == [[1, 2, 0], [2, 0, 0]]
     assert masks.tolist() == [[1, 1, 0], [1, 0, 0]]
+    ids, targets, masks = head_inputs(t, 3, 5)  # heads past the walk's end: nothing
+    assert masks[2:].sum() == 0 and ids[3:].sum() == 0 and masks[1].tolist() == [1, 0, 0]
     tg, mask = next_observation_targets(t)
     assert tg.tolist() == [[0, 1, 0, 2, 0, 0]]
     assert mask.tolist() == [[False, True, False, True, False, False]]

@@ -76,7 +76,7 @@ from ..models import ModelConfig
 from ..tasks import rooms
 from ..tdb import TDBConfig
 from ..train import MODEL_KINDS, TrainConfig, model_kind, train
-from . import tdb_training
+from . import tdb_ginc, tdb_training
 
 KIND = "mapformer.reproduce.tdb:execute"
 ORACLE_KIND = "mapformer.reproduce.tdb:execute_oracle"
@@ -168,7 +168,8 @@ ROWS = {"transformer": None, "lstm": None, "tdb_s1_m1": (1, 1, False, "split"),
         "tdb_s1_enc_m1": (1, 1, True, "split"), "tdb_s3_m1": (3, 1, False, "split"),
         "tdb_s3_m4": (3, 4, False, "split"), "tdb_s3_m4_full": (3, 4, False, "full"),
         "mapwm_angles": None}
-TABLE_NAMES = ("1", "1-torus", "1-rollout-oracle", "3", "7", *tdb_training.TABLE_NAMES)
+TABLE_NAMES = ("1", "1-torus", "1-rollout-oracle", "3", "7", *tdb_training.TABLE_NAMES,
+               *tdb_ginc.TABLE_NAMES)
 TOPOLOGIES = {"1": "room", "1-torus": "torus"}
 # the rooms of table "1-rollout-oracle": the scales whose rooms (and walks) it plans in
 ORACLE_ROWS = ("small", "cpu", "paper")
@@ -368,13 +369,20 @@ def overridden(scale, sequences=None, eval_sequences=None, rollouts=None, plan_p
 def table(name, scale="cpu", sequences=None, eval_sequences=None, rollouts=None,
           plan_problems=None):
     """TDB table ``name`` at ``scale`` (a key of :data:`SCALES`): "1", "1-torus" (the same
-    rooms with their edges joined), "3" (noise in the training pool), or a view of Table 1's
-    runs (:mod:`mapformer.reproduce.tdb_training`: "4", "1-by-timestep"); ``sequences`` overrides the training sequences
+    rooms with their edges joined), "3" (noise in the training pool), "7" (the cube), a view
+    of Table 1's runs (:mod:`mapformer.reproduce.tdb_training`: "4", "1-by-timestep") or
+    GINC's "9" (:mod:`mapformer.reproduce.tdb_ginc`, its own scales); ``sequences``
+    overrides the training sequences
     (rounded up to whole batches; then it is not a reproduction, and the note says so),
     ``eval_sequences`` the test walks, ``rollouts`` and ``plan_problems`` the rollout
     planner's (the transformer's and LSTM's rows)."""
     if name not in TABLE_NAMES:
         raise ValueError(f"TDB has tables {', '.join(TABLE_NAMES)}, not {name!r}")
+    if name in tdb_ginc.TABLE_NAMES:
+        if rollouts or plan_problems:
+            raise ValueError(f"table {name} plans nothing: it takes no rollouts or "
+                             "plan_problems")
+        return tdb_ginc.table(name, scale, sequences, eval_sequences)
     if name == "1-rollout-oracle":
         if scale != "cpu" or sequences or plan_problems:
             raise ValueError("table 1-rollout-oracle plans in the rooms of every scale and "
