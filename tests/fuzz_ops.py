@@ -56,7 +56,8 @@ IDS = {"embedding_forward": ("tokens", "V"), "embedding_backward": ("tokens", "V
        "softmax_xent_forward": ("targets", "V"), "softmax_xent_backward": ("targets", "V"),
        **{op: ("prefix", "T+1") for op in ("attention_forward", "attention_backward",
                                            "conj_attention_forward", "conj_attention_backward")}}
-MODULE_FUNCTIONS = ("cpu_level", "info", "kernel_sets", "kernels", "release_pool", "set_kernels")
+MODULE_FUNCTIONS = ("cpu_level", "info", "kernel_sets", "kernels", "release_pool", "set_kernels",
+                    "set_subnormals", "subnormals")
 
 
 # the scans' K at the binding's limit and one past it (real: K <= 256 states; complex: 2K <=
@@ -516,10 +517,13 @@ def check_call(op, kwargs, ordinary, refused=None, equivalent=None):
 
 
 def module_call(name, rng):
-    """A malformed call of a module function; set_kernels is restored after."""
-    bad = [(), ("avx2\0",), ("no such set",), (3,), (None,), ("",), ("portable", "x")]
-    args = bad[int(rng.integers(0, len(bad)))] if name == "set_kernels" else \
-        [(), (1,), ("x",)][int(rng.integers(0, 3))]
+    """A malformed call of a module function; the kernel set and the subnormal mode are
+    restored after."""
+    bad = {"set_kernels": [(), ("avx2\0",), ("no such set",), (3,), (None,), ("",),
+                           ("portable", "x")],
+           "set_subnormals": [(), ("flush\0",), ("fast",), (1,), (None,), ("",),
+                              ("keep", "x")]}.get(name, [(), (1,), ("x",)])
+    args = bad[int(rng.integers(0, len(bad)))]
     return args, f"{name}{args!r}"
 
 
@@ -532,7 +536,7 @@ def run_call(seed, index, log=None):
         if log:
             log.write(f"{index} {what}\n")
             log.flush()
-        active = _C.kernels()
+        active, mode = _C.kernels(), _C.subnormals()
         try:
             getattr(_C, name)(*args)
         except (TypeError, ValueError):
@@ -541,6 +545,7 @@ def run_call(seed, index, log=None):
             return what, f"raised {type(exc).__name__}: {exc}"
         finally:
             _C.set_kernels(active)
+            _C.set_subnormals(mode)
         return what, None
     op = OPS[pick]
     kwargs, sizes = good_call(op, rng)

@@ -227,8 +227,9 @@ def test_id_changed_while_the_op_runs(rng, op, name):
 def test_info_fields():
     info = _C.info()
     assert set(info) == {"kernels", "cpu_level", "kernel_sets", "blas", "threads", "compiler",
-                         "simd_width", "pool"}
+                         "simd_width", "pool", "subnormals"}
     assert info["kernels"] == _C.kernels() and info["cpu_level"] == _C.cpu_level()
+    assert info["subnormals"] == _C.subnormals()
     assert info["kernel_sets"] == _C.kernel_sets()
     assert info["cpu_level"] in info["kernel_sets"] and "blas" in info["kernel_sets"]
     assert info["blas"]["library"] in ("scipy-openblas32", "system")

@@ -13,7 +13,8 @@ from mapformer import reference as ref
 
 ROOT = Path(__file__).resolve().parents[1]
 # _C's functions that are not ops: the kernel-set and build information, the output pool
-NOT_OPS = {"kernels", "cpu_level", "kernel_sets", "set_kernels", "info", "release_pool"}
+NOT_OPS = {"kernels", "cpu_level", "kernel_sets", "set_kernels", "info", "release_pool",
+           "subnormals", "set_subnormals"}
 OPS = sorted(name for name, fn in inspect.getmembers(_C, callable)
              if not name.startswith("_") and name not in NOT_OPS)
 

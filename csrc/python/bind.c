@@ -1,6 +1,8 @@
 /* The checker of every op (bind.h): mf_call, its helpers for the hooks, and the output pool. */
 #include "bind.h"
 
+#include "mapformer/subnormals.h"
+
 #include <limits.h>
 #include <math.h>
 #include <stdarg.h>
@@ -828,7 +830,9 @@ PyObject *mf_call(const MfOp *op, PyObject *args, PyObject *kwargs) {
     if (op->check != NULL && op->check(&c, p) < 0) goto done;
     if (make_outputs(&c) < 0 || make_scratch(&c) < 0) goto done;
     Py_BEGIN_ALLOW_THREADS;
+    const unsigned long long fp_state = mf_subnormals_enter();
     status = op->run(p);
+    mf_subnormals_leave(fp_state);
     Py_END_ALLOW_THREADS;
     if (status != MF_OK)
         raise_status(&c, status);

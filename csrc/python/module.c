@@ -4,9 +4,11 @@
 #include "bind.h" /* Python.h first */
 
 #include <stdlib.h>
+#include <string.h>
 
 #include "mapformer/blas.h"
 #include "mapformer/cpu.h"
+#include "mapformer/subnormals.h"
 #include "mapformer/threads.h"
 
 static PyObject *kernel_set_list(int supported_only) {
@@ -64,6 +66,34 @@ static PyObject *py_set_kernels(PyObject *self, PyObject *args, PyObject *kwargs
     Py_RETURN_NONE;
 }
 
+static PyObject *py_subnormals(PyObject *self, PyObject *args) {
+    (void)self;
+    (void)args;
+    return PyUnicode_FromString(mf_flush_subnormals() ? "flush" : "keep");
+}
+
+/* Set the ops' subnormal mode from its name, "flush" or "keep"; ValueError naming `what`. */
+static int set_subnormals_by_name(const char *name, const char *what) {
+    const int flush = strcmp(name, "flush") == 0;
+    if ((!flush && strcmp(name, "keep") != 0) || mf_set_flush_subnormals(flush) != MF_OK) {
+        PyErr_Format(PyExc_ValueError, "%s must be %s, got '%s'", what,
+                     mf_subnormals_flushable() ? "'flush' or 'keep'"
+                                               : "'keep' (this build cannot flush)", name);
+        return -1;
+    }
+    return 0;
+}
+
+static PyObject *py_set_subnormals(PyObject *self, PyObject *args, PyObject *kwargs) {
+    (void)self;
+    static char *kwlist[] = {"mode", NULL};
+    const char *name;
+    if (!PyArg_ParseTupleAndKeywords(args, kwargs, "s:set_subnormals", kwlist, &name))
+        return NULL;
+    if (set_subnormals_by_name(name, "mode") < 0) return NULL;
+    Py_RETURN_NONE;
+}
+
 /* floats per vector of each kernel set's SIMD layer (mapformer/simd.h's MF_VW); the OpenBLAS
  * set's own loops are the portable build's */
 static const int simd_width[MF_KERNELS_COUNT] = {4, 8, 16, 4};
@@ -91,13 +121,15 @@ static PyObject *py_info(PyObject *self, PyObject *args) {
     mf_pool_stats(&pool_limit, &pool_held, &pool_blocks);
     if (widths != NULL && sets != NULL)
         result = Py_BuildValue(
-            "{s:s,s:s,s:O,s:{s:s,s:s,s:i},s:i,s:{s:s,s:s},s:O,s:{s:n,s:n,s:i}}", "kernels",
+            "{s:s,s:s,s:O,s:{s:s,s:s,s:i},s:i,s:{s:s,s:s},s:O,s:{s:n,s:n,s:i},s:s}",
+            "kernels",
             mf_kernels_name(mf_kernels()), "cpu_level", mf_kernels_name(mf_cpu_level()),
             "kernel_sets", sets, "blas", "library", MF_BLAS_LIBRARY, "config",
             MF_BLAS(openblas_get_config)(), "threads", MF_BLAS(openblas_get_num_threads)(),
             "threads", mf_max_threads(), "compiler", "name", compiler, "version", __VERSION__,
             "simd_width", widths, "pool", "limit_bytes", (Py_ssize_t)pool_limit, "held_bytes",
-            (Py_ssize_t)pool_held, "held_blocks", pool_blocks);
+            (Py_ssize_t)pool_held, "held_blocks", pool_blocks, "subnormals",
+            mf_flush_subnormals() ? "flush" : "keep");
     Py_XDECREF(widths);
     Py_XDECREF(sets);
     return result;
@@ -130,7 +162,18 @@ PyMethodDef mf_kernels_methods[] = {
      "'threads' (OpenMP's thread count for the next op), 'compiler' ({'name': 'gcc' or\n"
      "'clang', 'version'}), 'simd_width' (floats per vector of each kernel set this CPU runs)\n"
      "and 'pool' ({'limit_bytes': the output pool's cap, MAPFORMER_POOL_MB, 'held_bytes' and\n"
-     "'held_blocks': the free blocks it holds now})."},
+     "'held_blocks': the free blocks it holds now}) and 'subnormals' (the ops' mode,\n"
+     "'flush' or 'keep': subnormals())."},
+    {"subnormals", py_subnormals, METH_NOARGS,
+     "subnormals() -> str\n\nWhat the ops do with subnormal floats (below FLT_MIN):\n"
+     "'flush' (read and written as zero while an op runs: the default, since a CPU that\n"
+     "handles them in microcode runs a trained model's steps up to twice as slowly) or\n"
+     "'keep' (IEEE). NumPy and the rest of the process are not affected."},
+    {"set_subnormals", (PyCFunction)(void (*)(void))py_set_subnormals,
+     METH_VARARGS | METH_KEYWORDS,
+     "set_subnormals(mode)\n\nSet what the ops do with subnormal floats: 'flush' or 'keep'\n"
+     "(process-wide; MAPFORMER_SUBNORMALS in the environment sets it when the module loads).\n"
+     "A record's provenance holds the mode its run trained with."},
     {"release_pool", py_release_pool, METH_NOARGS,
      "release_pool() -> int\n\nFree the blocks the output pool holds for reuse (the large op\n"
      "outputs of earlier steps; arrays still alive keep theirs) and return the bytes freed:\n"
@@ -153,8 +196,13 @@ PyMODINIT_FUNC PyInit__C(void) {
     mf_blas_single_thread();
     mf_cpu_level(); /* detected once, here, with the GIL held */
     const char *forced = getenv("MAPFORMER_KERNELS");
+    const char *subnormals = getenv("MAPFORMER_SUBNORMALS");
     if ((forced != NULL && forced[0] != '\0' &&
          set_kernels_by_name(forced, "the environment variable MAPFORMER_KERNELS") < 0) ||
+        set_subnormals_by_name(subnormals != NULL && subnormals[0] != '\0'
+                                   ? subnormals
+                                   : (mf_subnormals_flushable() ? "flush" : "keep"),
+                               "the environment variable MAPFORMER_SUBNORMALS") < 0 ||
         mf_pool_read_env() < 0) {
         PyObject *type, *value, *tb; /* re-raised as ImportError, the message kept */
         PyErr_Fetch(&type, &value, &tb);

@@ -58,12 +58,15 @@ def cpu_model():
 
 
 def provenance():
-    """What produced a record: library version, git commit and dirty flag, kernel set, CPU,
-    thread count, NumPy, OpenBLAS and Python versions, machine and host."""
+    """What produced a record: library version, git commit and dirty flag, kernel set, the
+    ops' subnormal mode ("flush" or "keep"; a record without it was made before the mode
+    existed, with IEEE subnormals), CPU, thread count, NumPy, OpenBLAS and Python versions,
+    machine and host."""
     from .. import __version__, _C
 
     info = _C.info()
     return {"mapformer": __version__, **git_state(), "kernels": info["kernels"],
+            "subnormals": info["subnormals"],
             "cpu": cpu_model(), "cpu_level": info["cpu_level"], "threads": info["threads"],
             "numpy": np.__version__, "blas": info["blas"]["config"],
             "python": platform.python_version(), "machine": platform.machine(),
