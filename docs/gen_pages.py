@@ -718,6 +718,23 @@ def render_data_parallel(words, shown):
     return "\n".join(lines) + f"\n\nFrom `{words[0]}`."
 
 
+def render_subnormals(words, shown):
+    """bench_subnormals.py's JSON (``--json``): per op and share of subnormal inputs, and per
+    checkpoint's training step, the time with subnormals kept and flushed and their ratio."""
+    data = load_json(words[0])
+    prov = data["provenance"]
+    lines = [f"{prov['cpu']}, kernels {prov['kernels']}, {prov['threads']} thread(s), process "
+             f"CPU time, at commit {commit_of(prov)}; the modes alternated, medians: "
+             f"`{data['command']}`.", "",
+             "| call | share of subnormal inputs | kept ms | flushed ms | kept / flushed |",
+             "|---|---|---|---|---|"]
+    for r in data["rows"] + data["steps"]:
+        share = f"{r['share']:g}" if "share" in r else "(the model's own)"
+        lines.append(f"| {r['name']} | {share} | {r['keep_ms']:,.2f} | {r['flush_ms']:,.2f} | "
+                     f"{r['ratio']:.2f} |")
+    return "\n".join(lines) + f"\n\nFrom `{words[0]}`."
+
+
 def render_file(words, shown):
     return f"`{words[0]}`:\n\n```\n" + (ROOT / words[0]).read_text().rstrip() + "\n```"
 
@@ -728,6 +745,7 @@ RENDERERS = {"table": render_table, "predicted-by-lag": render_predicted_by_lag,
              "gpu-kernels": render_gpu_kernels, "gpu-scans": render_gpu_scans,
              "train-step": render_train_step, "eval-memory": render_eval_memory,
              "op-bench": render_op_bench, "data-parallel": render_data_parallel,
+             "subnormals": render_subnormals,
              "file": render_file}
 
 

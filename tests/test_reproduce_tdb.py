@@ -134,6 +134,20 @@ def test_cube_table_trains_and_plans_on_the_cube(micro, tmp_path, monkeypatch):
         tdb.table("7", "cpu")
 
 
+def test_symbols_table_is_table_1_with_twelve_symbols(micro):
+    """Table 8: Table 1's room of the seed with O = 12, the rows of the paper's Table 8 (its
+    M = 4 rows in the full-width reading), the paper's figures beside them."""
+    eight, one = tdb.table("8", "micro"), tdb.table("1", "micro")
+    assert eight.rows == tuple(tdb.PAPER_8) and "tdb_s1_enc_m4_full" not in one.rows
+    run = eight.make_run("", "tdb_s1_enc_m4_full", 2)
+    assert run.model["codebooks"] == 4 and run.model["codebook_width"] == "full"
+    assert run.model["enc"] and run.model["n_obs"] == 12 and run.model["steps"] == 1
+    task = TrainConfig.from_dict(run.train).task_config()
+    clean = TrainConfig.from_dict(one.make_run("", "tdb_s3_m1", 2).train).task_config()
+    assert task.room == replace(clean.room, n_obs=12)
+    assert eight.reference[""]["tdb_s1_m4_full"] == (99.75, 59.37, 1.00, 0.033)
+
+
 def test_noise_table_trains_on_a_noisy_pool_and_tests_clean(micro, tmp_path):
     """Table 3: a part per noise level of the paper, 8192 training walks with that noise,
     the test walks and the room those of Table 1's run of the seed; a run executes."""

@@ -167,8 +167,16 @@ SCALE_NOTES = {
 ROWS = {"transformer": None, "lstm": None, "tdb_s1_m1": (1, 1, False, "split"),
         "tdb_s1_enc_m1": (1, 1, True, "split"), "tdb_s3_m1": (3, 1, False, "split"),
         "tdb_s3_m4": (3, 4, False, "split"), "tdb_s3_m4_full": (3, 4, False, "full"),
-        "mapwm_angles": None}
-TABLE_NAMES = ("1", "1-torus", "1-rollout-oracle", "3", "7", *tdb_training.TABLE_NAMES,
+        "mapwm_angles": None, "tdb_s1_m4_full": (1, 4, False, "full"),
+        "tdb_s1_enc_m4_full": (1, 4, True, "full")}
+TABLE1_ROWS = tuple(ROWS)[:8]  # Table 1's (and 1-torus'); the last two are Table 8's
+# the paper's Table 8 (O = 12 in the 15 x 20 room); its M = 4 rows are the "full" reading
+PAPER_8 = {"transformer": (99.75, 29.89, 17.45, None), "lstm": (99.75, 29.89, 17.45, None),
+           "tdb_s1_m1": (89.46, 17.31, 1.00, 0.265), "tdb_s1_m4_full": (99.75, 59.37, 1.00, 0.033),
+           "tdb_s1_enc_m1": (92.57, 58.21, 1.00, 0.145),
+           "tdb_s1_enc_m4_full": (99.71, 96.58, 1.01, 0.157),
+           "tdb_s3_m1": (99.33, 97.09, 1.00, 0.157), "tdb_s3_m4_full": (99.73, 99.75, 1.01, 0.160)}
+TABLE_NAMES = ("1", "1-torus", "1-rollout-oracle", "3", "7", "8", *tdb_training.TABLE_NAMES,
                *tdb_ginc.TABLE_NAMES)
 TOPOLOGIES = {"1": "room", "1-torus": "torus"}
 # the rooms of table "1-rollout-oracle": the scales whose rooms (and walks) it plans in
@@ -398,6 +406,8 @@ def table(name, scale="cpu", sequences=None, eval_sequences=None, rollouts=None,
         return noise_table(scale, sequences, eval_sequences, rollouts, plan_problems)
     if name == "7":
         return cube_table(scale, sequences, eval_sequences, rollouts, plan_problems)
+    if name == "8":
+        return symbols_table(scale, sequences, eval_sequences, rollouts, plan_problems)
     at, changes = overridden(scale, sequences, eval_sequences, rollouts, plan_problems)
     topology = TOPOLOGIES[name]
     note = SCALE_NOTES.get(scale, scale) + ("; nan: a number the row has not (the rollout "
@@ -412,7 +422,7 @@ def table(name, scale="cpu", sequences=None, eval_sequences=None, rollouts=None,
     title = ("TDB Table 1: next-observation accuracy and planning in 2D aliased rooms"
              if name == "1" else "TDB Table 1's rooms with their edges joined (a torus; "
              "beyond the paper)")
-    return Table("tdb", name, title, scale, note, ("",), tuple(ROWS), COLUMNS, (METRIC,),
+    return Table("tdb", name, title, scale, note, ("",), TABLE1_ROWS, COLUMNS, (METRIC,),
                  make_run, {"": PAPER} if name == "1" else {})
 
 
@@ -434,6 +444,24 @@ def noise_table(scale, sequences=None, eval_sequences=None, rollouts=None, plan_
                    parts=tuple(PAPER_3), rows=("transformer", "tdb_s3_m1"),
                    columns=("TestAccu", "ImpFallback"), make_run=make_run, reference=PAPER_3,
                    default_rows=None)
+
+
+def symbols_table(scale, sequences=None, eval_sequences=None, rollouts=None,
+                  plan_problems=None):
+    """Table 8: Table 1's room at ``scale`` with O = 12 observation symbols (the paper's O; at
+    scale small 4 cells a symbol where the paper's room has 25), its rows and TDB(1, 4) and
+    TDB(1, enc, 4), the M = 4 rows with the paper's full-width codebooks."""
+    base = table("1", scale, sequences, eval_sequences, rollouts, plan_problems)
+    at = overridden(scale, sequences, eval_sequences, rollouts, plan_problems)[0]
+    at = replace(at, room=replace(at.room, n_obs=12))
+
+    def make_run(part, row, seed):
+        return tdb_run(row, at, seed)
+
+    return replace(base, name="8", title="TDB Table 8: 12 observation symbols",
+                   note="O = 12 observation symbols (Table 1: 4); " + base.note,
+                   rows=tuple(PAPER_8),
+                   make_run=make_run, reference={"": PAPER_8})
 
 
 def cube_table(scale, sequences=None, eval_sequences=None, rollouts=None, plan_problems=None):
