@@ -209,6 +209,13 @@ def build_parser():
                     "(default: the current one)")
     mp.add_argument("--context", type=int, default=None,
                     help="plans go from position C to N - C (default: the checkpoint's)")
+    mp.add_argument("--d-hamming", type=float, default=0.25,
+                    help="TDB with M > 1 codebooks: code tuples within this Hamming distance "
+                    "(the share of differing codes) are one cluster (default 0.25, the "
+                    "paper's)")
+    mp.add_argument("--threshold", type=float, default=0.1,
+                    help="TDB: a transition is an edge when its count is at least this share "
+                    "of the largest (default 0.1, the paper's t_ratio)")
     mp.add_argument("--angle-places", type=positive_int, default=None,
                     help="MapWM / MapEM: k-means places of the angles (default 500, the cpu "
                     "scale's, as the reproduction scores it)")
@@ -230,8 +237,14 @@ def run_map(parser, args):
     context = meta["context"] if args.context is None else args.context
     if not 0 <= context < steps - context:
         parser.error(f"--context must leave positions between C and N - C, got {context}")
+    for name in ("d_hamming", "threshold"):
+        if not 0.0 <= getattr(args, name) <= 1.0:
+            parser.error(f"--{name.replace('_', '-')} must be in [0, 1], got "
+                         f"{getattr(args, name)}")
     if model_kind(model.config).name == "tdb":
-        cm, room, metrics = cogmap.evaluate_map(model, meta, context)
+        cm, room, metrics = cogmap.evaluate_map(model, meta, context,
+                                                d_hamming=args.d_hamming,
+                                                threshold=args.threshold)
     elif model.config.positional in ("mapwm", "mapem"):
         places = 500 if args.angle_places is None else args.angle_places
         config, room, train, test = cogmap.walks_of(meta)

@@ -431,14 +431,15 @@ def map_metrics(cm, train_states, train, test_states, test, room, context):
     return metrics
 
 
-def evaluate_map(model, meta, context, by_timestep=False):
+def evaluate_map(model, meta, context, by_timestep=False, d_hamming=0.25, threshold=0.1):
     """(map, room, metrics) of a trained TDB on its room: the map from the training walks'
-    codes, plans from position ``context`` to N - context of every test walk; with
+    codes (:func:`extract_map` with ``d_hamming`` and ``threshold``, the paper's 0.25 and 0.1
+    by default), plans from position ``context`` to N - context of every test walk; with
     ``by_timestep`` the metrics add "by_timestep", :func:`timestep_metrics` on the test
     walks."""
     config, room, train, test = walks_of(meta)
     codes = encode_all(model, train.tokens(config.n_obs))
-    cm = extract_map(codes, train.actions)
+    cm = extract_map(codes, train.actions, d_hamming, threshold)
     test_codes = encode_all(model, test.tokens(config.n_obs))
     metrics = map_metrics(cm, codes, train, test_codes, test, room, context)
     if by_timestep:

@@ -166,6 +166,15 @@ def test_checkpoint_and_map_command(tmp_path, capsys):
     assert metrics["problems"] <= 4 and 0.0 <= metrics["NormGED"] <= 1.0
     assert (tmp_path / "map" / "cogmap.graphml").stat().st_size > 0
     assert (tmp_path / "map" / "cogmap.png").stat().st_size > 0
+    # the extraction's thresholds: every transition an edge at 0, the same map as the
+    # default at the paper's values; out of [0, 1] one line on stderr
+    assert main(["map", str(path), "--out", str(tmp_path / "map0"), "--threshold", "0",
+                 "--d-hamming", "0.25"]) == 0
+    everything = json.loads(capsys.readouterr().out.splitlines()[0])
+    assert everything["edges"] >= metrics["edges"]
+    with pytest.raises(SystemExit):
+        main(["map", str(path), "--d-hamming", "1.5"])
+    assert "--d-hamming must be in [0, 1], got 1.5" in capsys.readouterr().err
     (tmp_path / "bad.npz").write_bytes(b"not a checkpoint")
     with pytest.raises(SystemExit):
         main(["map", str(tmp_path / "bad.npz")])
