@@ -88,6 +88,11 @@ def test_every_kind_of_row_runs_and_records_its_room(micro, tmp_path):
     assert values["TestAccu x>30"]["test"] is None  # walks of 24: nothing after the 30th
     assert tdb_training.share_after({"positions": [0, 0] + [4] * 23, "hits": hits}, 10) == \
         pytest.approx(100 * sum(hits[11:]) / (4 * 14))
+    # reweighted to walks of 400: x_2 .. x_100 as counted, x_101 .. x_400 as x_61 .. x_100
+    counts = {"positions": [0, 0] + [4] * 99, "hits": [0, 0] + [2] * 9 + [4] * 90}
+    assert tdb_training.as_paper_walks(counts) == pytest.approx(
+        100 * (9 * 0.5 + 90 + 300) / 399)
+    assert tdb_training.as_paper_walks({"positions": [0, 0, 4], "hits": [0, 0, 4]}) is None
     timesteps.plot(timesteps, store, 1, tmp_path / "fig.png")
     assert (tmp_path / "fig.png").stat().st_size > 10000
     # a rerun executes nothing
