@@ -141,3 +141,17 @@ def test_a_stale_page_is_named(tmp_path, monkeypatch):
     assert gen_pages.main([]) == 0 and gen_pages.stale() == []
     (tmp_path / "x.md").write_text((tmp_path / "x.md").read_text() + "edited\n")
     assert gen_pages.stale() == ["x.md"] and gen_pages.main(["--check"]) == 1
+
+
+def test_subnormals_directive_renders_every_row_and_step():
+    """bench_subnormals.py's table: a line per op row and per checkpoint's step, with the
+    kept and flushed times and their ratio as the JSON has them, and the command."""
+    import json
+    path = "results/bench/xeon-spr/subnormals.json"
+    data = json.loads((ROOT / path).read_text())
+    text = gen_pages.render_subnormals([path], set())
+    lines = [line for line in text.splitlines() if line.startswith("| ") and "ms" not in line]
+    assert len(lines) == len(data["rows"]) + len(data["steps"])  # the header has "ms"
+    for r in data["rows"] + data["steps"]:
+        assert f"{r['keep_ms']:,.2f} | {r['flush_ms']:,.2f} | {r['ratio']:.2f} |" in text
+    assert data["command"] in text and data["provenance"]["cpu"] in text

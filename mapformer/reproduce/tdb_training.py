@@ -135,7 +135,8 @@ def view(name, base, cells):
 
 
 def pooled(records, counts_of):
-    """(index, rate) of the records' counts pooled over seeds (None when none has them)."""
+    """(index, rate, how many records had counts) of the records' counts pooled over seeds
+    (None when none has them)."""
     found = [c for c in map(counts_of, records) if c is not None]
     if not found:
         return None
@@ -145,7 +146,7 @@ def pooled(records, counts_of):
         n[:len(c["positions"])] += c["positions"]
         k[:len(c["hits"])] += c["hits"]
     index = np.flatnonzero(n)
-    return index, k[index] / n[index]
+    return index, k[index] / n[index], len(found)
 
 
 def plot_by_timestep(table, store, seeds, path):
@@ -163,7 +164,7 @@ def plot_by_timestep(table, store, seeds, path):
         for ax, counts_of in zip(axes[:2], (accuracy_counts, teleport_counts)):
             curve = pooled(records, counts_of)
             if curve is not None:
-                ax.plot(curve[0], 100 * curve[1], label=f"{row} (n={len(records)})", lw=1)
+                ax.plot(curve[0], 100 * curve[1], label=f"{row} (n={curve[2]})", lw=1)
     axes[0].set(xlabel="observation index", ylabel="test accuracy (%)", ylim=(40, 100.5),
                 title="Fig. 9: accuracy by timestep")
     axes[1].set(xlabel="observation index", ylabel="teleportation rate (%)", ylim=(0, None),
