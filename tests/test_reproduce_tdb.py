@@ -79,9 +79,8 @@ def test_every_kind_of_row_runs_and_records_its_room(micro, tmp_path):
                                 {"step": 3, "accuracy": 0.99}]}
     assert tdb_training.derive_4(logged) == {"TrainingAbove98": {"test": 2},
                                              "per cell": {"test": 2 / 48}}
-    assert np.isnan(tdb_training.training_above({**record, "log": logged["log"][:1]}))
-    assert "| tdb_s3_m4 | " in table4.markdown(store, 1) and "[4000.0]" in \
-        table4.markdown(store, 1)
+    assert tdb_training.training_above({**record, "log": logged["log"][:1]}) is None
+    assert "| tdb_s3_m4 | - | - |" in table4.markdown(store, 1)  # 3 steps never reach 98%
     timesteps = reproduce.table("tdb", "1-by-timestep", "micro")
     values = timesteps.values_of(records["tdb_s3_m4"])
     hits = records["tdb_s3_m4"]["eval"]["iid"]["accuracy_by_timestep"]["hits"]

@@ -19,7 +19,6 @@ its training and its test walks by timestep (Dedieu et al. 2024, appendices E an
   (``accuracy_by_timestep``, :func:`mapformer.train.evaluate`; ``by_timestep``,
   :func:`mapformer.cogmap.timestep_metrics`), which records made before they existed lack.
 """
-import math
 from dataclasses import replace
 
 import numpy as np
@@ -39,9 +38,9 @@ FIGURE_BOUNDS = {"tdb_s3_m1": (99.50, 1.00)}
 
 
 def training_above(record, threshold=THRESHOLD):
-    """The first logged step whose training accuracy exceeds ``threshold`` (NaN if none)."""
+    """The first logged step whose training accuracy exceeds ``threshold`` (None if none)."""
     return next((entry["step"] for entry in record.get("log", ())
-                 if entry["accuracy"] > threshold), math.nan)
+                 if entry["accuracy"] > threshold), None)
 
 
 def cells_of(record):
@@ -54,7 +53,7 @@ def derive_4(record):
     """Table 4's columns of a Table 1 record."""
     steps = training_above(record)
     return {"TrainingAbove98": {"test": steps},
-            "per cell": {"test": steps / cells_of(record)}}
+            "per cell": {"test": None if steps is None else steps / cells_of(record)}}
 
 
 def share_after(counts, after):
@@ -112,8 +111,9 @@ def view(name, base, cells):
             "exceeds 98 %", columns=("TrainingAbove98", "per cell"), rows=TDB_ROWS,
             default_rows=TDB_ROWS, derive=derive_4, digits=1, plot=None,
             note=base.note + "; TrainingAbove98: the first logged step (every tenth of the "
-            "run) whose batch accuracy exceeds 98 %, nan if none; per cell: that step over "
-            f"the room's {cells} cells (the paper's over its {PAPER_CELLS})",
+            "run) whose batch accuracy exceeds 98 %, over the seeds that reach it (n: how "
+            f"many do); per cell: that step over the room's {cells} cells (the paper's over "
+            f"its {PAPER_CELLS})",
             reference={"": {row: (steps, steps / PAPER_CELLS) for row, steps in
                             PAPER_4.items()}})
     columns = ("TestAccu", f"TestAccu x>{ACCURACY_AFTER}", f"TestAccu at N={PAPER_WALK}",
