@@ -54,20 +54,30 @@ def test_softplus_threshold_and_tails():
     assert s[0] == 0 and abs(s[1]) < 1e-30 and s[2] == 100.0
 
 
-def test_softplus_accuracy_over_its_range():
+@pytest.mark.parametrize("mode", ["keep", "flush"])
+def test_softplus_accuracy_over_its_range(mode):
     """The vector softplus (an exp by Cody-Waite reduction, then log1p by one polynomial over
     [0, 1]) is within a few float32 ulps of the float64 value wherever exp(x) is a normal float
     (x >= -87), as float32 NumPy's log1p(exp(x)) is (4.7 ulps on this grid; the op: 2.5);
     below, exp(x) is subnormal and the op gives 0 (an absolute error under the smallest normal
-    float)."""
-    x = np.linspace(-100, 30, 200_003).astype(np.float32)
-    y = _C.softplus_forward(x).astype(np.float64)
+    float). With subnormals flushed (the ops' default) the accurate range is narrower: measured
+    here, from x >= -76 (softplus(x) >= 1e-33); below, the result is off by less than 1e-33
+    (which intermediate passes through the subnormals is not found)."""
+    before = _C.subnormals()
+    _C.set_subnormals(mode)
+    try:
+        x = np.linspace(-100, 30, 200_003).astype(np.float32)
+        y = _C.softplus_forward(x).astype(np.float64)
+    finally:
+        _C.set_subnormals(before)
     xd = x.astype(np.float64)
     exact = np.where(xd > 20, xd, np.logaddexp(0, xd))
-    normal = xd >= -87
+    normal = xd >= -87 if mode == "keep" else exact >= 1e-33
     ulps = np.abs(y - exact)[normal] / (exact[normal] * 2.0 ** -24)
     assert ulps.max() <= 8, f"softplus: {ulps.max():.1f} ulps at x = {x[normal][ulps.argmax()]}"
-    assert np.all(y[~normal] >= 0) and np.all(y[~normal] < np.finfo(np.float32).tiny)
+    off = y if mode == "keep" else np.abs(y - exact)  # kept: the op's value is subnormal
+    below = float(np.finfo(np.float32).tiny) if mode == "keep" else 1e-33
+    assert np.all(y[~normal] >= 0) and np.all(off[~normal] < below)
 
 
 @pytest.mark.parametrize("shape", [(1,), (7,), (97, 33), (3, 5, 7), (20011,)])
