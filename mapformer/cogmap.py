@@ -399,8 +399,10 @@ def timestep_metrics(cm, states):
     node = np.array([cm.node(t) for t in tuples])[inverse.reshape(W, N)]
     seen = {tuple(int(x) for x in t): bool(r) for t, r in zip(cm.tuples, cm.retained)}
     step = np.broadcast_to(np.arange(1, N + 1), (W, N))
-    jumps = np.array([[a != b and not cm.graph.has_edge(a, b) for a, b in zip(w[:-1], w[1:])]
-                      for w in node], bool).reshape(W, N - 1)
+    pairs, which = np.unique(np.stack([node[:, :-1], node[:, 1:]], -1).reshape(-1, 2),
+                             axis=0, return_inverse=True)  # each distinct step judged once
+    near = np.array([a == b or cm.graph.has_edge(a, b) for a, b in pairs], bool)
+    jumps = ~near[which.ravel()].reshape(W, N - 1)
     positions = np.zeros(N + 1, np.int64)
     positions[2:] = W
     hits = np.zeros(N + 1, np.int64)
