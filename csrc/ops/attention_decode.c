@@ -55,21 +55,6 @@ int64_t attention_decode_forward_scratch_floats(const MfAttentionDecodeParams *p
     return valid(p) ? per_thread(p) * mf_max_threads() : 0;
 }
 
-/* *x = the first n floats at p (n <= MF_VW; zeros beyond) */
-MF_INLINE void load(vf *x, const float *p, int64_t n) {
-    if (n == MF_VW)
-        *x = VLOADU(p);
-    else
-        vload_part(x, p, n);
-}
-
-MF_INLINE void store(float *p, const vf *x, int64_t n) {
-    if (n == MF_VW)
-        VSTOREU(p, *x);
-    else
-        vstore_part(p, x, n);
-}
-
 /* keys per register tile of the score loop: NJ vectors of independent sums */
 #define NJ 4
 
@@ -125,14 +110,14 @@ static void head(const MfAttentionDecodeParams *p, int64_t b, int64_t h, float *
                 for (int64_t g = 0; g < ng; g++) {
                     const int64_t c = D - d0 - g * MF_VW < MF_VW ? D - d0 - g * MF_VW : MF_VW;
                     vf x;
-                    load(&x, vj + g * MF_VW, c);
+                    vload_n(&x, vj + g * MF_VW, c);
                     a[g] = a[g] + pj * x;
                 }
             }
             for (int64_t g = 0; g < ng; g++) {
                 const int64_t c = D - d0 - g * MF_VW < MF_VW ? D - d0 - g * MF_VW : MF_VW;
                 const vf x = a[g] / l;
-                store(o + d0 + g * MF_VW, &x, c);
+                vstore_n(o + d0 + g * MF_VW, &x, c);
             }
         }
         p->lse[(b * H + h) * Tq + i] = m + logf(l);

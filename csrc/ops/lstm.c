@@ -75,20 +75,6 @@ MF_INLINE void vtanh(vf *x) {
     *x = *x + *x - 1.0f;
 }
 
-/* *x = n < MF_VW lanes of p (zeros beyond), or a whole vector; and the store of n lanes */
-MF_INLINE void load(vf *x, const float *p, int64_t n) {
-    if (n == MF_VW)
-        *x = VLOADU(p);
-    else
-        vload_part(x, p, n);
-}
-MF_INLINE void store(float *p, const vf *x, int64_t n) {
-    if (n == MF_VW)
-        VSTOREU(p, *x);
-    else
-        vstore_part(p, x, n);
-}
-
 /* One step of one sequence: row (G) pre-activations in, activated gates out; c = f cp + i g
  * (cp NULL: zeros), h = o tanh(c) */
 MF_CLONES
@@ -96,25 +82,25 @@ static void cell_forward(float *row, const float *cp, float *c, float *h, int64_
     for (int64_t j = 0; j < H; j += MF_VW) {
         const int64_t n = H - j < MF_VW ? H - j : MF_VW;
         vf i, f, g, o, cn = VZERO, tc;
-        load(&i, row + j, n);
-        load(&f, row + H + j, n);
-        load(&g, row + 2 * H + j, n);
-        load(&o, row + 3 * H + j, n);
+        vload_n(&i, row + j, n);
+        vload_n(&f, row + H + j, n);
+        vload_n(&g, row + 2 * H + j, n);
+        vload_n(&o, row + 3 * H + j, n);
         vsigmoid(&i);
         vsigmoid(&f);
         vtanh(&g);
         vsigmoid(&o);
-        if (cp != NULL) load(&cn, cp + j, n);
+        if (cp != NULL) vload_n(&cn, cp + j, n);
         cn = f * cn + i * g;
         tc = cn;
         vtanh(&tc);
         tc = o * tc;
-        store(row + j, &i, n);
-        store(row + H + j, &f, n);
-        store(row + 2 * H + j, &g, n);
-        store(row + 3 * H + j, &o, n);
-        store(c + j, &cn, n);
-        store(h + j, &tc, n);
+        vstore_n(row + j, &i, n);
+        vstore_n(row + H + j, &f, n);
+        vstore_n(row + 2 * H + j, &g, n);
+        vstore_n(row + 3 * H + j, &o, n);
+        vstore_n(c + j, &cn, n);
+        vstore_n(h + j, &tc, n);
     }
 }
 
@@ -127,28 +113,28 @@ static void cell_backward(float *dp, float *dcb, const float *gt, const float *c
     for (int64_t j = 0; j < H; j += MF_VW) {
         const int64_t n = H - j < MF_VW ? H - j : MF_VW;
         vf i, f, g, o, tc, dht, dhr, dct, cpj = VZERO, out;
-        load(&i, gt + j, n);
-        load(&f, gt + H + j, n);
-        load(&g, gt + 2 * H + j, n);
-        load(&o, gt + 3 * H + j, n);
-        load(&tc, c + j, n);
+        vload_n(&i, gt + j, n);
+        vload_n(&f, gt + H + j, n);
+        vload_n(&g, gt + 2 * H + j, n);
+        vload_n(&o, gt + 3 * H + j, n);
+        vload_n(&tc, c + j, n);
         vtanh(&tc);
-        load(&dht, dh + j, n);
-        load(&dhr, dhb + j, n);
+        vload_n(&dht, dh + j, n);
+        vload_n(&dhr, dhb + j, n);
         dht = dht + dhr;
-        load(&dct, dcb + j, n);
+        vload_n(&dct, dcb + j, n);
         dct = dct + dht * o * (1.0f - tc * tc);
-        if (cp != NULL) load(&cpj, cp + j, n);
+        if (cp != NULL) vload_n(&cpj, cp + j, n);
         out = dct * g * i * (1.0f - i);
-        store(dp + j, &out, n);
+        vstore_n(dp + j, &out, n);
         out = dct * cpj * f * (1.0f - f);
-        store(dp + H + j, &out, n);
+        vstore_n(dp + H + j, &out, n);
         out = dct * i * (1.0f - g * g);
-        store(dp + 2 * H + j, &out, n);
+        vstore_n(dp + 2 * H + j, &out, n);
         out = dht * tc * o * (1.0f - o);
-        store(dp + 3 * H + j, &out, n);
+        vstore_n(dp + 3 * H + j, &out, n);
         out = dct * f;
-        store(dcb + j, &out, n);
+        vstore_n(dcb + j, &out, n);
     }
 }
 

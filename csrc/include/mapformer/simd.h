@@ -188,11 +188,24 @@ MF_INLINE void vload_part(vf *x, const float *p, int64_t n) {
 MF_INLINE void vstore_part(float *p, const vf *x, int64_t n) {
     for (int64_t l = 0; l < n; l++) p[l] = (*x)[l];
 }
+/* the first n <= MF_VW floats of p (a whole unaligned vector when n = MF_VW, else
+ * vload_part's zeros beyond), and the store of the first n lanes */
+MF_INLINE void vload_n(vf *x, const float *p, int64_t n) {
+    if (n == MF_VW)
+        *x = VLOADU(p);
+    else
+        vload_part(x, p, n);
+}
+MF_INLINE void vstore_n(float *p, const vf *x, int64_t n) {
+    if (n == MF_VW)
+        VSTOREU(p, *x);
+    else
+        vstore_part(p, x, n);
+}
 
 /* The elementwise loop over n floats: the full vectors (m = MF_VW lanes valid, a constant the
  * compiler folds), then the last partial one (m = n - i); the body (a statement list) reads
- * the lanes at i through VLOADN and writes through VSTOREN: unaligned full vectors, or
- * vload_part / vstore_part of the first m lanes. */
+ * the lanes at i through VLOADN and writes through VSTOREN (vload_n / vstore_n of m lanes). */
 #define MF_VLOOP(n, ...)                       \
     do {                                       \
         int64_t i = 0;                         \
@@ -205,20 +218,12 @@ MF_INLINE void vstore_part(float *p, const vf *x, int64_t n) {
             __VA_ARGS__                        \
         }                                      \
     } while (0)
-#define VLOADN(v, p)                \
-    do {                            \
-        if (m == MF_VW)             \
-            (v) = VLOADU(p);        \
-        else                        \
-            vload_part(&(v), p, m); \
-    } while (0)
-#define VSTOREN(p, v)                \
-    do {                             \
-        if (m == MF_VW)              \
-            VSTOREU(p, v);           \
-        else                         \
-            vstore_part(p, &(v), m); \
-    } while (0)
+#define VLOADN(v, p) vload_n(&(v), p, m)
+#define VSTOREN(p, v) vstore_n(p, &(v), m)
+
+/* a * b + c fused (VFMAF: one rounding) or as a multiply and an add (two), by `fused`, a
+ * constant at every use (the compiler keeps one branch): the one switch of the FMA twins */
+#define VMADD(a, b, c, fused) ((fused) ? VFMAF(a, b, c) : (a) * (b) + (c))
 
 /* *x = 2^*x: Cephes exp2f, about 2 ulp. n = round(x) by the 1.5 * 2^23 trick, 2^f on
  * [-1/2, 1/2] by a degree-6 polynomial, 2^n put into the exponent bits. x is clamped to
@@ -227,38 +232,26 @@ MF_INLINE void vstore_part(float *p, const vf *x, int64_t n) {
  * and adds, so every width, ISA and compiler gives the same bits. vexp, the GELU and every
  * softmax and sigmoid go through it; vexp_expm1 (an exp with its expm1: the scans' ZOH,
  * softplus) reduces by ln 2 itself. */
-MF_INLINE void vexp2(vf *x) {
+MF_INLINE void vexp2_as(vf *x, int fused) {
     const vf y = VCLAMP(*x, VSPLAT(-127.0f), VSPLAT(127.0f));
     const vf t = y + 12582912.0f; /* 1.5 * 2^23: the low mantissa bits of t hold round(y) */
     const vf f = y - (t - 12582912.0f);
     vf p = VSPLAT(1.535336188319500e-4f);
-    p = p * f + 1.339887440266574e-3f;
-    p = p * f + 9.618437357674640e-3f;
-    p = p * f + 5.550332471162809e-2f;
-    p = p * f + 2.402264791363012e-1f;
-    p = p * f + 6.931472028550421e-1f;
-    p = p * f + 1.0f;
+    p = VMADD(p, f, VSPLAT(1.339887440266574e-3f), fused);
+    p = VMADD(p, f, VSPLAT(9.618437357674640e-3f), fused);
+    p = VMADD(p, f, VSPLAT(5.550332471162809e-2f), fused);
+    p = VMADD(p, f, VSPLAT(2.402264791363012e-1f), fused);
+    p = VMADD(p, f, VSPLAT(6.931472028550421e-1f), fused);
+    p = VMADD(p, f, VSPLAT(1.0f), fused);
     const vi e = ((vi)t - 0x4B400000 + 127) << 23; /* 2^round(y); 0.0f for round(y) = -127 */
     *x = p * (vf)e;
 }
+MF_INLINE void vexp2(vf *x) { vexp2_as(x, 0); }
 
 /* vexp2 with the polynomial's multiply-adds fused (VFMAF): other bits than vexp2's, the same
  * on every target; for loops compiled with MF_CLONES_FMA (the selective scans), where it
  * takes 6 fewer vector operations of about 20 */
-MF_INLINE void vexp2_fused(vf *x) {
-    const vf y = VCLAMP(*x, VSPLAT(-127.0f), VSPLAT(127.0f));
-    const vf t = y + 12582912.0f;
-    const vf f = y - (t - 12582912.0f);
-    vf p = VSPLAT(1.535336188319500e-4f);
-    p = VFMAF(p, f, VSPLAT(1.339887440266574e-3f));
-    p = VFMAF(p, f, VSPLAT(9.618437357674640e-3f));
-    p = VFMAF(p, f, VSPLAT(5.550332471162809e-2f));
-    p = VFMAF(p, f, VSPLAT(2.402264791363012e-1f));
-    p = VFMAF(p, f, VSPLAT(6.931472028550421e-1f));
-    p = VFMAF(p, f, VSPLAT(1.0f));
-    const vi e = ((vi)t - 0x4B400000 + 127) << 23;
-    *x = p * (vf)e;
-}
+MF_INLINE void vexp2_fused(vf *x) { vexp2_as(x, 1); }
 
 #define MF_LOG2E 1.4426950408889634f
 #define MF_LN2_HI 0.693145751953125f      /* ln 2's top 16 bits: n MF_LN2_HI is exact */
@@ -390,6 +383,29 @@ MF_INLINE void vsincos_vers(const vf *x, vf *s, vf *c, vf *v) {
 MF_INLINE void vsincos(const vf *x, vf *s, vf *c) {
     vf v;
     vsincos_vers(x, s, c, &v);
+}
+
+/* vsincos with its multiply-adds fused (VFMAF): the same reduction and polynomials, other
+ * bits (about 1 ulp as well), for the scans' Euler steps' rotations */
+MF_INLINE void vsincos_fused(const vf *x, vf *s, vf *c) {
+    const vf xv = *x;
+    const vf t = VFMAF(xv, VSPLAT(0.636619772367581343f), VSPLAT(12582912.0f));
+    const vf n = t - 12582912.0f, mn = -n;
+    vf r = VFMAF(mn, VSPLAT(1.5703125f), xv);
+    r = VFMAF(mn, VSPLAT(4.837512969970703125e-4f), r);
+    r = VFMAF(mn, VSPLAT(7.54978995489188216e-8f), r);
+    const vf z = r * r;
+    vf p = VFMAF(z, VSPLAT(-1.9515295891e-4f), VSPLAT(8.3321608736e-3f));
+    p = VFMAF(z, p, VSPLAT(-1.6666654611e-1f));
+    const vf ps = VFMAF(r * z, p, r);
+    vf q = VFMAF(z, VSPLAT(2.443315711809948e-5f), VSPLAT(-1.388731625493765e-3f));
+    q = VFMAF(z, q, VSPLAT(4.166664568298827e-2f));
+    const vf pc = VFMAF(z * z, q, VFMAF(z, VSPLAT(-0.5f), VSPLAT(1.0f)));
+    const vi qd = (vi)t - 0x4B400000, sign = (vi)VSPLAT(-0.0f);
+    const vi odd = (qd & 1) != 0;
+    const vf ss = VSELECT(odd, pc, ps), cc = VSELECT(odd, ps, pc);
+    *s = (vf)((vi)ss ^ (((qd & 2) != 0) & sign));
+    *c = (vf)((vi)cc ^ ((((qd + 1) & 2) != 0) & sign));
 }
 
 /* -2 sqrt(2/pi) log2(e): exp(-2u) = 2^(MF_GELU_EXP2 (x + 0.044715 x^3)) */

@@ -102,20 +102,6 @@ MF_INLINE void zoh_factors(const vf *zr_, const vf *zi_, const vf *e_, const vf 
     }
 }
 
-/* n channels' floats at p (n <= MF_VW), zero lanes beyond; and their store */
-MF_INLINE void load_lanes(vf *v, const float *p, int64_t n) {
-    if (n == MF_VW)
-        *v = VLOADU(p);
-    else
-        vload_part(v, p, n);
-}
-MF_INLINE void store_lanes(float *p, const vf *v, int64_t n) {
-    if (n == MF_VW)
-        VSTOREU(p, *v);
-    else
-        vstore_part(p, v, n);
-}
-
 /* The lane sums of a group's vectors of one state each (the backward's dB, dC: sums over the
  * group's channels), always by the 8-lane tree: neighbouring pairs of lanes, then pairs of
  * pairs, then the two quads. At 16 floats the tree runs on each half of the lanes (channels
@@ -248,9 +234,9 @@ static void group_init(Group *g, const MfScanParams *p, int cx, int64_t b, int64
         }
         g->A2[k] = g->A[k] * MF_LOG2E;
     }
-    load_lanes(&g->D, p->D + e0, n);
+    vload_n(&g->D, p->D + e0, n);
     g->bias = VZERO;
-    if (p->delta_bias) load_lanes(&g->bias, p->delta_bias + e0, n);
+    if (p->delta_bias) vload_n(&g->bias, p->delta_bias + e0, n);
     g->biased = p->delta_bias != NULL, g->softplus = p->delta_softplus;
     g->shared = cx && p->delta_angle == NULL;
     g->x = p->x + o, g->delta = p->delta + o;
@@ -267,7 +253,7 @@ static void group_init(Group *g, const MfScanParams *p, int cx, int64_t b, int64
  * derivative there (1 without softplus); the rotation's step into *ang (complex scan: the
  * step itself without a delta_angle; the real scan: zero) */
 MF_INLINE void load_step(const Group *g, int64_t t, vf *dt, vf *ang, vf *slope, int cx) {
-    load_lanes(dt, g->delta + t * g->E, g->n);
+    vload_n(dt, g->delta + t * g->E, g->n);
     if (g->biased) *dt = *dt + g->bias;
     if (g->softplus) {
         vsoftplus(dt, slope);
@@ -279,30 +265,7 @@ MF_INLINE void load_step(const Group *g, int64_t t, vf *dt, vf *ang, vf *slope, 
     else if (g->shared)
         *ang = *dt;
     else
-        load_lanes(ang, g->dangle + t * g->E, g->n);
-}
-
-/* simd.h's vsincos with its multiply-adds fused (VFMAF): the same reduction and polynomials,
- * other bits (about 1 ulp as well), for the Euler steps' rotations */
-MF_INLINE void vsincos_fused(const vf *x, vf *s, vf *c) {
-    const vf xv = *x;
-    const vf t = VFMAF(xv, VSPLAT(0.636619772367581343f), VSPLAT(12582912.0f));
-    const vf n = t - 12582912.0f, mn = -n;
-    vf r = VFMAF(mn, VSPLAT(1.5703125f), xv);
-    r = VFMAF(mn, VSPLAT(4.837512969970703125e-4f), r);
-    r = VFMAF(mn, VSPLAT(7.54978995489188216e-8f), r);
-    const vf z = r * r;
-    vf p = VFMAF(z, VSPLAT(-1.9515295891e-4f), VSPLAT(8.3321608736e-3f));
-    p = VFMAF(z, p, VSPLAT(-1.6666654611e-1f));
-    const vf ps = VFMAF(r * z, p, r);
-    vf q = VFMAF(z, VSPLAT(2.443315711809948e-5f), VSPLAT(-1.388731625493765e-3f));
-    q = VFMAF(z, q, VSPLAT(4.166664568298827e-2f));
-    const vf pc = VFMAF(z * z, q, VFMAF(z, VSPLAT(-0.5f), VSPLAT(1.0f)));
-    const vi qd = (vi)t - 0x4B400000, sign = (vi)VSPLAT(-0.0f);
-    const vi odd = (qd & 1) != 0;
-    const vf ss = VSELECT(odd, pc, ps), cc = VSELECT(odd, ps, pc);
-    *s = (vf)((vi)ss ^ (((qd & 2) != 0) & sign));
-    *c = (vf)((vi)cc ^ ((((qd + 1) & 2) != 0) & sign));
+        vload_n(ang, g->dangle + t * g->E, g->n);
 }
 
 /* state k's decay of the step: e^{delta A} (2^(delta A log2 e): one vexp2), times
@@ -466,7 +429,7 @@ MF_INLINE void forward_body(const Group *g, float *y, float *states, int cx, int
             prefetch_rows(rows, 4, t + SCAN_AHEAD, E, g->n);
         vf xv;
         const vf dt = dts[t % SCAN_TILE], ang = angs[t % SCAN_TILE];
-        load_lanes(&xv, g->x + t * E, g->n);
+        vload_n(&xv, g->x + t * E, g->n);
         const vf r = dt * xv;
         vf yv;
         if (zoh) {
@@ -475,7 +438,7 @@ MF_INLINE void forward_body(const Group *g, float *y, float *states, int cx, int
             step_euler(g, K, h, &r, &dt, &ang, g->Bm + t * S, g->Cm + t * S, cx, &yv);
         }
         yv += g->D * xv;
-        store_lanes(y + t * E, &yv, g->n);
+        vstore_n(y + t * E, &yv, g->n);
         if ((t + 1) % g->L == 0 || t == g->T - 1) put_state(g, states, t / g->L, h);
     }
 }
@@ -567,7 +530,7 @@ MF_INLINE void backward_body(const Group *g, const float *dy, const float *state
                 prefetch_rows(fw_rows, 3, t + SCAN_AHEAD, E, g->n);
             const vf dt = hb[steps], ang = hb[steps + 2];
             vf xv;
-            load_lanes(&xv, g->x + t * E, g->n);
+            vload_n(&xv, g->x + t * E, g->n);
             const vf r = dt * xv;
             if (zoh)
                 step_zoh(g, K, h, &r, &dt, &ang, g->Bm + t * S, NULL, cx, NULL, hb, t + 1 < t1);
@@ -583,8 +546,8 @@ MF_INLINE void backward_body(const Group *g, const float *dy, const float *state
             }
             vf xv, gy;
             const vf dt = sv[0], slope = sv[1], ang = sv[2];
-            load_lanes(&xv, g->x + t * E, g->n);
-            load_lanes(&gy, dy + t * E, g->n);
+            vload_n(&xv, g->x + t * E, g->n);
+            vload_n(&gy, dy + t * E, g->n);
             const vf r = dt * xv;
             const float *Bt = g->Bm + t * S, *Ct = g->Cm + t * S;
             vf dr = VZERO, dzA = VZERO, dzW = VZERO;
@@ -655,10 +618,10 @@ SCAN_UNROLL
             if (g->shared)
                 ddv = ddv + dzW;   /* the rotation took the step too */
             else if (cx)
-                store_lanes(o->ddangle + t * E, &dzW, g->n);
+                vstore_n(o->ddangle + t * E, &dzW, g->n);
             if (g->softplus) ddv = ddv * slope; /* softplus_backward's bits */
-            store_lanes(o->dx + t * E, &dxv, g->n);
-            store_lanes(o->ddelta + t * E, &ddv, g->n);
+            vstore_n(o->dx + t * E, &dxv, g->n);
+            vstore_n(o->ddelta + t * E, &ddv, g->n);
             rD += gy * xv;
             if (g->biased) rS += ddv;
             if (++run == SCAN_RUN) {
