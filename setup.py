@@ -26,6 +26,7 @@ import glob
 import json
 import os
 import platform
+import re
 import shutil
 import subprocess
 from concurrent.futures import ThreadPoolExecutor
@@ -151,15 +152,28 @@ def build_cuda(out_dir, temp_dir):
                                                     check=True), zip(sources, objects)))
         subprocess.run([nvcc, "-shared", "--cudart=static", *objects, "-ldl", "-o", library],
                        check=True)
-        # the parameter structs' layout, read by mapformer/cuda.py at run time
-        shutil.copyfile(os.path.join("csrc", "include", "mapformer", "params.h"),
-                        os.path.join(out_dir, "params.h"))
+        # the parameter structs' layout, read by mapformer/cuda.py at run time: params.h with
+        # the family headers it includes in their place
+        with open(os.path.join(out_dir, "params.h"), "w") as f:
+            f.write(flat_params_h())
     except (subprocess.CalledProcessError, OSError) as error:
         if mode == "on":
             raise
         print(f"MAPFORMER_CUDA=auto: the CUDA build failed ({error}); CPU package only")
         return None
     return library
+
+
+def flat_params_h():
+    """csrc/include/mapformer/params.h with the family headers it includes in their place: the
+    one file a CUDA build installs beside its library for mapformer/cuda.py to read."""
+    include = os.path.join("csrc", "include", "mapformer")
+
+    def family(match):
+        with open(os.path.join(include, "ops", match.group(1) + ".h")) as f:
+            return f.read()
+    with open(os.path.join(include, "params.h")) as f:
+        return re.sub(r'^#include "mapformer/ops/(\w+)\.h"$', family, f.read(), flags=re.M)
 
 
 def source_commit():
@@ -233,6 +247,7 @@ extension = Extension(
     extra_compile_args=COMPILE_ARGS,
     extra_link_args=["-fopenmp", *blas_link],
     depends=sorted(glob.glob("csrc/include/mapformer/*.h"))
+    + sorted(glob.glob("csrc/include/mapformer/ops/*.h"))
     + sorted(glob.glob("csrc/ops/kernels/*.h")) + sorted(glob.glob("csrc/python/*.h")),
 )
 extension.isa_sources = sorted(glob.glob("csrc/ops/x86/*.c")) if X86 else []

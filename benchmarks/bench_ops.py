@@ -14,7 +14,7 @@ Conventions:
            output written once, 4 B per float32 (write-allocate traffic not counted).
   GFLOP/s  flops() / median time, flops() = adds and multiplies of the op's defining formulas
            (see each family's docstring for what is counted).
-The NumPy side is the op's float64 reference (mapformer/reference.py) run with dtype=float32:
+The NumPy side is the op's float64 reference (mapformer/reference/) run with dtype=float32:
 the same formulas, as an eager-NumPy layer would run them (attention's backward, like the
 reference, recomputes the forward from q, k, v).
 

@@ -20,8 +20,9 @@ from types import SimpleNamespace
 
 import numpy as np
 
-from . import _C
+from . import _C, ape_maps
 from . import reference as ref
+from .signatures import numpy_op, signatures
 
 
 def _accumulate(dx, value):
@@ -43,103 +44,17 @@ def _linear_backward(dy, x, weight, dweight, dbias=None, dx=None):
     return _accumulate(dx, gx)
 
 
-def _layernorm_backward(dy, x, mean, rstd, weight, dweight, dbias, dx=None):
-    gx, gw, gb = ref.layernorm_backward(dy, x, mean, rstd, weight)
-    dweight += gw
-    dbias += gb
-    return _accumulate(dx, gx)
-
-
-def _mlp_backward(dy, x, h, w_fc, w_proj, dw_fc, db_fc, dw_proj, db_proj, *,
-                  approximate="tanh"):
-    dx, gw_fc, gb_fc, gw_proj, gb_proj = ref.mlp_backward(dy, x, h, w_fc, w_proj,
-                                                          approximate=approximate)
-    dw_fc += gw_fc
-    db_fc += gb_fc
-    dw_proj += gw_proj
-    db_proj += gb_proj
-    return dx
-
-
 def _residual_backward(dx, dout):
     dx += dout
 
 
-def _path_integration_backward(dtheta, delta, omega, domega):
-    ddelta, gomega = ref.path_integration_backward(dtheta, delta, omega)
-    domega += gomega
-    return ddelta
-
-
-def _sln_backward(dp, delta, gen, start, dgen, dstart, clamp=10.0):
-    ddelta, ggen, gstart = ref.sln_backward(dp, delta, gen, start, clamp)
-    dgen += ggen
-    dstart += gstart
-    return ddelta
-
-
-def _b4_backward(dp, delta, gen, start, dgen, dstart):
-    ddelta, ggen, gstart = ref.b4_backward(dp, delta, gen, start)
-    dgen += ggen
-    dstart += gstart
-    return ddelta
-
-
-def _nc_backward(dp, w, start, dstart):
-    dw, gstart = ref.nc_backward(dp, w, start)
-    dstart += gstart
-    return dw
-
-
-def _nc_general_backward(dp, theta, gen, start, dgen, dstart):
-    dtheta, ggen, gstart = ref.nc_general_backward(dp, theta, gen, start)
-    dgen += ggen
-    dstart += gstart
-    return dtheta
-
-
-def _cope_backward(dout, q, k, v, e, out, lse, de, scale=None):
-    dq, dk, dv, ge = ref.cope_backward(dout, q, k, v, e, scale)
-    de += ge
-    return dq, dk, dv
-
-
-def _tape_mix_backward(de_new, e_att, gate_logits, w, dw):
-    de_att, dgate, gw = ref.tape_mix_backward(de_new, e_att, gate_logits, w)
-    dw += gw
-    return de_att, dgate
-
-
-def _conj_attention_backward(dout, qx, kx, qp, kp, v, out, lse, mode="score_product",
-                             scale=None, *, mask="causal", prefix=None):
-    return ref.conj_attention_backward(dout, qx, kx, qp, kp, v, mode, scale, mask=mask,
-                                       prefix=prefix)
-
-
-def _attention_forward(q, k, v, scale=None, *, mask="causal", prefix=None, pos_ids=None,
-                       pair_factor=None):
-    return ref.attention_forward(q, k, v, scale, mask=mask, prefix=prefix, pos_ids=pos_ids,
-                                 pair_factor=pair_factor)
-
-
-def _attention_backward(dout, q, k, v, out, lse, scale=None, *, mask="causal", prefix=None,
-                        pos_ids=None, pair_factor=None):
-    return ref.attention_backward(dout, q, k, v, scale, mask=mask, prefix=prefix,
-                                  pos_ids=pos_ids, pair_factor=pair_factor)
-
-
-def _conj_attention_forward(qx, kx, qp, kp, v, mode="score_product", scale=None, *,
-                            mask="causal", prefix=None):
-    return ref.conj_attention_forward(qx, kx, qp, kp, v, mode, scale, mask=mask, prefix=prefix)
+_conv1d_backward = numpy_op("causal_conv1d_backward", ref.causal_conv1d_backward)
 
 
 def _causal_conv1d_backward(dy, x, weight, dweight, dbias, *, bias=None, activation="none"):
     if bias is not None and activation == "none":  # as the C and CUDA ops
         raise ValueError("bias is read only with activation='silu'")
-    dx, gw, gb = ref.causal_conv1d_backward(dy, x, weight, bias=bias, activation=activation)
-    dweight += gw
-    dbias += gb
-    return dx
+    return _conv1d_backward(dy, x, weight, dweight, dbias, bias=bias, activation=activation)
 
 
 def _step_bias_grad(ddelta, delta_bias, ddelta_bias):
@@ -179,12 +94,6 @@ def _complex_scan_backward(dy, x, delta, delta_angle, A, omega, B, C, D, states,
     return dx, ddelta, ddangle, dB, dC
 
 
-def _ape_apply_backward(dy, x, maps, index, dmaps):
-    dx, gmaps = ref.ape_apply_backward(dy, x, maps, index)
-    dmaps += gmaps
-    return dx
-
-
 def _ape_powers(dtype, xp=np, to_numpy=np.asarray):
     """APE's generator-side arithmetic (parameters only: expm of H small skew matrices, their
     powers and the way back), float64 NumPy on the host on every backend, returned as ``xp``
@@ -197,42 +106,27 @@ def _ape_powers(dtype, xp=np, to_numpy=np.asarray):
         return xp.ascontiguousarray(xp.asarray(np.asarray(a, dtype=dtype)))
 
     def forward(generator, steps):
-        return out(ref.ape_powers_forward(to_numpy(generator), steps))
+        return out(ape_maps.ape_powers_forward(to_numpy(generator), steps))
 
     def backward(dmaps, generator, dgenerator):
-        dgenerator += out(ref.ape_powers_backward(to_numpy(dmaps), to_numpy(generator)))
+        dgenerator += out(ape_maps.ape_powers_backward(to_numpy(dmaps), to_numpy(generator)))
 
     def tree_forward(generator, depth):
-        return out(ref.ape_tree_forward(to_numpy(generator), depth))
+        return out(ape_maps.ape_tree_forward(to_numpy(generator), depth))
 
     def tree_backward(dmaps, generator, dgenerator):
-        dgenerator += out(ref.ape_tree_backward(to_numpy(dmaps), to_numpy(generator)))
+        dgenerator += out(ape_maps.ape_tree_backward(to_numpy(dmaps), to_numpy(generator)))
 
     def basis_forward(generator):
-        eig = ref.skew_eig(to_numpy(generator))
-        return out(ref.ape_basis_forward(to_numpy(generator), eig)), eig
+        eig = ape_maps.skew_eig(to_numpy(generator))
+        return out(ape_maps.ape_basis_forward(to_numpy(generator), eig)), eig
 
     def basis_backward(dbasis, eig, dgenerator):
-        dgenerator += out(ref.ape_basis_backward(to_numpy(dbasis), None, eig))
+        dgenerator += out(ape_maps.ape_basis_backward(to_numpy(dbasis), None, eig))
 
     return dict(ape_powers_forward=forward, ape_powers_backward=backward,
                 ape_tree_forward=tree_forward, ape_tree_backward=tree_backward,
                 ape_basis_forward=basis_forward, ape_basis_backward=basis_backward)
-
-
-def _vq_backward(dcodes, z, codebook, indices, dcodebook, codebook_weight, commitment_weight):
-    dz, gcodebook = ref.vq_backward(dcodes, z, codebook, indices, codebook_weight,
-                                    commitment_weight)
-    dcodebook += gcodebook
-    return dz
-
-
-def _lstm_backward(dh, x, w_ih, w_hh, h, c, gates, dw_ih, dw_hh, db, h0=None, c0=None):
-    dx, gw_ih, gw_hh, gb, dh0, dc0 = ref.lstm_backward(dh, x, w_ih, w_hh, h, c, gates, h0, c0)
-    dw_ih += gw_ih
-    dw_hh += gw_hh
-    db += gb
-    return dx, dh0, dc0
 
 
 def _adamw_step(params, grads, m, v, decay_mask, *, lr, step, beta1=0.9, beta2=0.999, eps=1e-8,
@@ -328,77 +222,30 @@ C = SimpleNamespace(name="c", dtype=np.float32, **array_ops(np.float32), **{
     name: getattr(_C, name) for name in dir(_C) if name.endswith(("_forward", "_backward"))
     or name in UPDATE_OPS}, **_ape_powers(np.float32))
 
-NUMPY = SimpleNamespace(
-    name="numpy",
-    dtype=np.float64,
-    **array_ops(np.float64),
-    embedding_forward=ref.embedding_forward,
-    embedding_backward=_embedding_backward,
-    linear_forward=ref.linear_forward,
-    linear_backward=_linear_backward,
-    layernorm_forward=ref.layernorm_forward,
-    layernorm_backward=_layernorm_backward,
-    gelu_forward=ref.gelu_forward,
-    gelu_backward=ref.gelu_backward,
-    mlp_forward=ref.mlp_forward,
-    mlp_backward=_mlp_backward,
-    residual_forward=ref.residual_forward,
-    residual_backward=_residual_backward,
-    attention_forward=_attention_forward,
-    attention_decode_forward=ref.attention_decode_forward,
-    attention_backward=_attention_backward,
-    path_integration_forward=ref.path_integration_forward,
-    path_integration_backward=_path_integration_backward,
-    rotary_forward=ref.rotary_forward,
-    rotary_backward=ref.rotary_backward,
-    sln_forward=ref.sln_forward,
-    sln_backward=_sln_backward,
-    b4_forward=ref.b4_forward,
-    b4_backward=_b4_backward,
-    nc_forward=ref.nc_forward,
-    nc_backward=_nc_backward,
-    nc_general_forward=ref.nc_general_forward,
-    nc_general_backward=_nc_general_backward,
-    conj_attention_forward=_conj_attention_forward,
-    conj_attention_backward=_conj_attention_backward,
-    cope_forward=ref.cope_forward,
-    cope_backward=_cope_backward,
-    tape_rotate_forward=ref.tape_rotate_forward,
-    tape_rotate_backward=ref.tape_rotate_backward,
-    tape_mix_forward=ref.tape_mix_forward,
-    tape_mix_backward=_tape_mix_backward,
-    lstm_forward=ref.lstm_forward,
-    lstm_backward=_lstm_backward,
-    vq_forward=ref.vq_forward,
-    vq_backward=_vq_backward,
-    l2_normalize_forward=ref.l2_normalize_forward,
-    l2_normalize_backward=ref.l2_normalize_backward,
-    softmax_xent_forward=ref.softmax_xent_forward,
-    softmax_xent_backward=ref.softmax_xent_backward,
-    silu_forward=ref.silu_forward,
-    silu_backward=ref.silu_backward,
-    softplus_forward=ref.softplus_forward,
-    softplus_backward=ref.softplus_backward,
-    silu_gate_forward=ref.silu_gate_forward,
-    silu_gate_backward=ref.silu_gate_backward,
-    causal_conv1d_forward=ref.causal_conv1d_forward,
-    causal_conv1d_backward=_causal_conv1d_backward,
-    selective_scan_forward=ref.selective_scan_forward,
-    selective_scan_backward=_selective_scan_backward,
-    complex_scan_forward=ref.complex_scan_forward,
-    complex_scan_backward=_complex_scan_backward,
-    ape_apply_forward=ref.ape_apply_forward,
-    ape_apply_backward=_ape_apply_backward,
-    ape_decay_forward=ref.ape_decay_forward,
-    ape_decay_backward=ref.ape_decay_backward,
-    gridpe_complex_forward=ref.gridpe_complex_forward,
-    gridpe_complex_backward=ref.gridpe_complex_backward,
-    **_ape_powers(np.float64),
-    adamw_step=_adamw_step,
-    global_norm=ref.global_norm,
-    clip_grad_norm=_clip_grad_norm,
-    ema_update=_ema_update,
-)
+# the NumPy backend's ops that the table cannot derive: what the reference needs beyond the
+# op's read arguments, or where the op updates state rather than accumulating a gradient
+_NUMPY_OWN = dict(embedding_backward=_embedding_backward, linear_backward=_linear_backward,
+                  residual_backward=_residual_backward,
+                  causal_conv1d_backward=_causal_conv1d_backward,
+                  selective_scan_backward=_selective_scan_backward,
+                  complex_scan_backward=_complex_scan_backward, adamw_step=_adamw_step,
+                  clip_grad_norm=_clip_grad_norm, ema_update=_ema_update)
+
+
+def _numpy_ops():
+    """{op: function} of every C op on the float64 reference: its own adapter, the generic
+    one from the op's table (a reference naming its returns), or the reference itself (its
+    signature already the C op's)."""
+    ops = {}
+    for op in signatures():
+        reference = getattr(ref, op)
+        ops[op] = (_NUMPY_OWN[op] if op in _NUMPY_OWN else
+                   numpy_op(op, reference) if hasattr(reference, "returns") else reference)
+    return ops
+
+
+NUMPY = SimpleNamespace(name="numpy", dtype=np.float64, **array_ops(np.float64), **_numpy_ops(),
+                        **_ape_powers(np.float64))
 
 BACKENDS = {"c": C, "numpy": NUMPY}
 KERNEL_OPS = sorted(name for name, value in vars(C).items() if name.endswith(

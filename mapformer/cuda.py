@@ -2,8 +2,8 @@
 
 ``setup.py`` builds the kernels with ``MAPFORMER_CUDA=on`` (nvcc, sm_80 and sm_90) into
 ``mapformer/libmapformer_cuda.so``, a plain shared library whose functions take the C ops'
-parameter structs (``csrc/include/mapformer/params.h``, copied next to the library by the
-build) plus a stream. :func:`ops` wraps them for an array module ``xp``: CuPy on a GPU
+parameter structs (``csrc/include/mapformer/params.h`` and the family headers it includes,
+written next to the library by the build as one file) plus a stream. :func:`ops` wraps them for an array module ``xp``: CuPy on a GPU
 (pointers from ``a.data.ptr``, CuPy's current stream), or NumPy with the library compiled for
 the CPU emulation of CUDA's model (tests/cuda_emulation.py), which is how the wrappers are
 tested on machines without a GPU.
@@ -37,11 +37,25 @@ _CTYPES = {"float": ctypes.c_float, "double": ctypes.c_double, "int64_t": ctypes
            "int32_t": ctypes.c_int32, "int": ctypes.c_int}
 
 
-def parse_params(path):
-    """{name: ctypes.Structure} for every ``typedef struct {...} Mf*Params;`` of params.h
-    (pointers become void pointers): the layout is the header's own, never a copy of it."""
+def read_params(path):
+    """params.h's text with the family headers it includes (``#include "mapformer/ops/X.h"``,
+    found in ``ops/`` beside it) put in their place; a CUDA build's copy has them in place
+    already."""
+    here = os.path.dirname(path)
     with open(path) as f:
-        text = re.sub(r"/\*.*?\*/", "", f.read(), flags=re.S)
+        text = f.read()
+
+    def family(match):
+        with open(os.path.join(here, "ops", match.group(1) + ".h")) as header:
+            return header.read()
+    return re.sub(r'^#include "mapformer/ops/(\w+)\.h"$', family, text, flags=re.M)
+
+
+def parse_params(path):
+    """{name: ctypes.Structure} for every ``typedef struct {...} Mf*Params;`` of params.h and
+    its family headers (pointers become void pointers): the layout is the headers' own, never
+    a copy of it."""
+    text = re.sub(r"/\*.*?\*/", "", read_params(path), flags=re.S)
     structs = {}
     for body, name in re.findall(r"typedef struct \{(.*?)\}\s*(\w+);", text, flags=re.S):
         fields = []

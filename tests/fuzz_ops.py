@@ -27,37 +27,17 @@ import warnings
 import numpy as np
 
 from mapformer import _C
+from mapformer.signatures import signatures
 
+SIGNATURES = signatures()  # the binding's own tables: the one declaration of every op
 # the arrays each op writes in place (everything else it is given, it only reads)
-WRITTEN = {
-    "embedding_backward": {"dweight"},
-    "linear_backward": {"dweight", "dbias", "dx"},
-    "layernorm_backward": {"dweight", "dbias", "dx"},
-    "residual_backward": {"dx"},
-    "mlp_backward": {"dw_fc", "db_fc", "dw_proj", "db_proj"},
-    "path_integration_backward": {"domega"},
-    "adamw_step": {"params", "m", "v"},
-    "clip_grad_norm": {"grads"},
-    "cope_backward": {"de"},
-    "tape_mix_backward": {"dw"},
-    "causal_conv1d_backward": {"dweight", "dbias"},
-    "selective_scan_backward": {"dA", "dD"},
-    "complex_scan_backward": {"dA", "domega", "dD"},
-    "ape_apply_backward": {"dmaps"},
-    "vq_backward": {"dcodebook"},
-    "lstm_backward": {"dw_ih", "dw_hh", "db"},
-    "sln_backward": {"dgen", "dstart"},
-    "b4_backward": {"dgen", "dstart"},
-    "nc_backward": {"dstart"},
-    "nc_general_backward": {"dgen", "dstart"},
-    "ema_update": {"target"},
-}
+WRITTEN = {op: set(sig.written) for op, sig in SIGNATURES.items() if sig.written}
 IDS = {"embedding_forward": ("tokens", "V"), "embedding_backward": ("tokens", "V"),
        "softmax_xent_forward": ("targets", "V"), "softmax_xent_backward": ("targets", "V"),
        **{op: ("prefix", "T+1") for op in ("attention_forward", "attention_backward",
                                            "conj_attention_forward", "conj_attention_backward")}}
-MODULE_FUNCTIONS = ("cpu_level", "info", "kernel_sets", "kernels", "release_pool", "set_kernels",
-                    "set_subnormals", "subnormals")
+MODULE_FUNCTIONS = tuple(sorted(n for n in dir(_C) if not n.startswith("_") and callable(
+    getattr(_C, n)) and n not in SIGNATURES))
 
 
 # the scans' K at the binding's limit and one past it (real: K <= 256 states; complex: 2K <=
@@ -293,7 +273,7 @@ def good_call(op, rng):
     raise KeyError(op)
 
 
-OPS = sorted(n for n in dir(_C) if not n.startswith("_") and n not in MODULE_FUNCTIONS)
+OPS = sorted(SIGNATURES)
 
 
 # ---- defects ------------------------------------------------------------------------------
@@ -301,12 +281,12 @@ OPS = sorted(n for n in dir(_C) if not n.startswith("_") and n not in MODULE_FUN
 BAD_SCALARS = [float("nan"), float("inf"), -float("inf"), 2**2000, -(2**2000), 1e300, -1e300,
                2**63, -(2**63) - 1, -1, 0, "1", b"x", [1.0], None, True, np.float64("nan"),
                np.int64(-5), 3.5e38, -3.5e38]
-SCALAR_NAMES = {"scale", "eps", "lr", "step", "beta1", "beta2", "weight_decay", "max_norm",
-                "mode", "gamma", "mask", "decay", "codebook_weight", "commitment_weight",
-                "chunk"}
-# the real hyper-parameters a good call gives a value (the NumPy scalar kinds replace them)
-REAL_SCALARS = {"eps", "lr", "weight_decay", "max_norm", "gamma", "decay", "codebook_weight",
-                "commitment_weight", "scale"}
+ROWS = [a for sig in SIGNATURES.values() for a in sig.args]
+SCALAR_NAMES = {a.name for a in ROWS if a.kind in ("float", "int", "choice")}
+CHOICE_NAMES = {a.name for a in ROWS if a.kind == "choice"}
+# the real hyper-parameters (a good call that gives one a value: the NumPy scalar kinds
+# replace it)
+REAL_SCALARS = {a.name for a in ROWS if a.kind == "float"}
 BAD_MODES = ["score_product\0junk", "", "sum\0", "SUM", "score_product ", 3, None, b"sum"]
 
 
@@ -401,7 +381,7 @@ def mutate(op, kwargs, sizes, rng):
     elif kind == 12:
         scalars = [k for k in kwargs if k in SCALAR_NAMES] or ["scale"]
         s = str(rng.choice(scalars))
-        if s in ("mode", "mask"):
+        if s in CHOICE_NAMES:
             kwargs[s] = BAD_MODES[int(rng.integers(0, len(BAD_MODES)))]
         else:
             kwargs[s] = BAD_SCALARS[int(rng.integers(0, len(BAD_SCALARS)))]

@@ -892,3 +892,113 @@ int mf_even_head_dim(const MfCall *c, const char *why) {
                  mf_size_from(c, "D"), (long long)D, why);
     return -1;
 }
+
+/* ---- signatures ------------------------------------------------------------------------- */
+
+/* dict[key] = value, consuming the new reference `value` (NULL: an exception is set) */
+static int put(PyObject *dict, const char *key, PyObject *value) {
+    if (value == NULL) return -1;
+    const int status = PyDict_SetItemString(dict, key, value);
+    Py_DECREF(value);
+    return status;
+}
+
+static PyObject *str_or_none(const char *s) {
+    if (s == NULL) Py_RETURN_NONE;
+    return PyUnicode_FromString(s);
+}
+
+static PyObject *flag(int set) { return PyBool_FromLong(set != 0); }
+
+static PyObject *new_ref(PyObject *o) {
+    Py_INCREF(o);
+    return o;
+}
+
+static const char *const kind_names[] = {NULL,     "in",     "inout", "out",   "out_or_into",
+                                         "result", "float", "int",   "choice"};
+
+/* what an omitted optional row is: None for arrays (and MF_NONE numbers), else its dflt */
+static PyObject *default_of(const MfArg *a) {
+    if (!(a->flags & MF_OPTIONAL) || a->kind <= MF_OUT_OR_INTO || (a->flags & MF_NONE))
+        Py_RETURN_NONE;
+    if (a->kind == MF_FLOAT) return PyFloat_FromDouble(a->dflt);
+    if (a->kind == MF_INT) return PyLong_FromLongLong((long long)a->dflt);
+    if (a->kind == MF_CHOICE) return PyUnicode_FromString(a->choices[(int)a->dflt]);
+    Py_RETURN_NONE;
+}
+
+static PyObject *arg_signature(const MfArg *a) {
+    PyObject *d = PyDict_New();
+    if (d == NULL) return NULL;
+    const int array = a->kind >= MF_IN && a->kind <= MF_OUT_OR_INTO;
+    const int written = a->kind >= MF_INOUT && a->kind <= MF_RESULT;
+    if (put(d, "name", PyUnicode_FromString(a->name)) < 0 ||
+        put(d, "pos", a->pos ? PyLong_FromLong(a->pos) : new_ref(Py_None)) < 0 ||
+        put(d, "kind", PyUnicode_FromString(kind_names[a->kind])) < 0 ||
+        put(d, "written", flag(written)) < 0 ||
+        put(d, "optional", flag(a->flags & MF_OPTIONAL)) < 0 ||
+        put(d, "accepts_none", flag(a->flags & MF_NONE)) < 0 ||
+        put(d, "kwonly", flag(a->flags & MF_KWONLY)) < 0 ||
+        put(d, "shape", str_or_none(array ? a->shape : NULL)) < 0 ||
+        put(d, "dtype", str_or_none(array ? dtype_names[a->dtype] : NULL)) < 0 ||
+        put(d, "field", str_or_none(a->field_name)) < 0 ||
+        put(d, "given", str_or_none(a->given_name)) < 0 ||
+        put(d, "when", str_or_none(a->when_name)) < 0 ||
+        put(d, "default", default_of(a)) < 0)
+        goto fail;
+    if (a->kind == MF_FLOAT &&
+        (put(d, "low", PyFloat_FromDouble(a->lo)) < 0 ||
+         put(d, "high", PyFloat_FromDouble(a->hi)) < 0 ||
+         put(d, "low_open", flag(a->open & MF_LO_OPEN)) < 0 ||
+         put(d, "high_open", flag(a->open & MF_HI_OPEN)) < 0))
+        goto fail;
+    if (a->kind == MF_INT && put(d, "low", PyLong_FromLongLong((long long)a->lo)) < 0)
+        goto fail;
+    if (a->kind == MF_CHOICE) {
+        PyObject *names = PyList_New(0);
+        if (names == NULL) goto fail;
+        for (int i = 0; a->choices[i] != NULL; i++) {
+            PyObject *s = PyUnicode_FromString(a->choices[i]);
+            if (s == NULL || PyList_Append(names, s) < 0) {
+                Py_XDECREF(s);
+                Py_DECREF(names);
+                goto fail;
+            }
+            Py_DECREF(s);
+        }
+        if (put(d, "choices", names) < 0) goto fail;
+    }
+    return d;
+fail:
+    Py_DECREF(d);
+    return NULL;
+}
+
+PyObject *mf_signature(const MfOp *op) {
+    PyObject *d = PyDict_New(), *args = PyList_New(0), *sizes = PyDict_New();
+    if (d == NULL || args == NULL || sizes == NULL) goto fail;
+    for (const MfArg *a = op->args; a->name != NULL; a++) {
+        PyObject *row = arg_signature(a);
+        if (row == NULL || PyList_Append(args, row) < 0) {
+            Py_XDECREF(row);
+            goto fail;
+        }
+        Py_DECREF(row);
+    }
+    for (const MfSize *s = op->sizes; s != NULL && s->letter != NULL; s++)
+        if (put(sizes, s->letter, str_or_none(s->field_name)) < 0) goto fail;
+    if (put(d, "name", PyUnicode_FromString(op->name)) < 0 ||
+        put(d, "args", new_ref(args)) < 0 || put(d, "sizes", new_ref(sizes)) < 0 ||
+        put(d, "scratch", flag(op->scratch != NULL)) < 0 ||
+        put(d, "index_arg", str_or_none(op->index_arg)) < 0)
+        goto fail;
+    Py_DECREF(args);
+    Py_DECREF(sizes);
+    return d;
+fail:
+    Py_XDECREF(d);
+    Py_XDECREF(args);
+    Py_XDECREF(sizes);
+    return NULL;
+}

@@ -78,13 +78,20 @@ typedef struct {
     int open;          /* MF_FLOAT: MF_LO_OPEN | MF_HI_OPEN */
     double dflt;       /* MF_FLOAT, MF_INT: when omitted; MF_CHOICE: the index */
     const char *const *choices; /* MF_CHOICE: the names, NULL-terminated */
+    const char *field_name;     /* the params field's name (MF_FIELD), for signatures() */
+    const char *given_name, *when_name; /* the names of `given` and `when` */
 } MfArg;
+
+/* an argument row's params field: its offset and its name, `M` the file's offsetof macro
+ * ({"start", 3, MF_IN, 0, "H D", MF_FIELD(S, start)}) */
+#define MF_FIELD(M, f) .field = M(f), .field_name = #f
 
 /* a size of the op: the letter whose value goes to the int64 field ("..." : the element count
  * of the "..." shape) */
 typedef struct {
     const char *letter;
     size_t field;
+    const char *field_name;
 } MfSize;
 
 typedef struct MfCall MfCall;
@@ -111,6 +118,9 @@ typedef struct {
 
 /* The Python function of an op: parse, check, allocate, run, return. */
 PyObject *mf_call(const MfOp *op, PyObject *args, PyObject *kwargs);
+/* The op's table as Python data (a dict: the op's name, its argument rows and its sizes), the
+ * one signature every other layer reads (module.c's signatures()). */
+PyObject *mf_signature(const MfOp *op);
 
 /* ---- for the hooks ---------------------------------------------------------------------- */
 
@@ -142,12 +152,15 @@ int mf_check_mask(int mask, const int32_t *prefix, int64_t B, int64_t T);
 /* ValueError unless D is even, naming the array that fixed it (`why`: what the pairs are) */
 int mf_even_head_dim(const MfCall *c, const char *why);
 
-/* A method row of an op: its Python function is py_<op>, a one-line call of mf_call */
+/* A method row of an op: its Python function is py_<op>, a one-line call of mf_call; called
+ * from C with args NULL (which Python never passes), it returns the op's signature instead
+ * (module.c's signatures() asks every op's function so) */
 #define MF_METHOD(op, doc) \
     {#op, (PyCFunction)(void (*)(void))py_##op, METH_VARARGS | METH_KEYWORDS, doc}
 #define MF_DEFINE(op, spec)                                                  \
     static PyObject *py_##op(PyObject *self, PyObject *args, PyObject *kw) { \
         (void)self;                                                          \
+        if (args == NULL) return mf_signature(&(spec));                      \
         return mf_call(&(spec), args, kw);                                   \
     }
 

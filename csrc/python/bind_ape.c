@@ -2,8 +2,9 @@
 #include "bind.h"
 
 #define P(f) offsetof(MfApeParams, f)
-static const MfSize sizes[] = {{"B", P(B)}, {"T", P(T)}, {"H", P(H)}, {"D", P(D)},
-                               {"A", P(A)}, {"P", P(P)}, {"TB", P(TB)}, {NULL, 0}};
+static const MfSize sizes[] = {{"B", P(B), "B"}, {"T", P(T), "T"}, {"H", P(H), "H"},
+                               {"D", P(D), "D"}, {"A", P(A), "A"}, {"P", P(P), "P"},
+                               {"TB", P(TB), "TB"}, {0}};
 
 /* D = A E (the maps' chunks tile the head), TB = 1 or B, every index entry in [0, P) (the
  * kernel checks each again as it reads it: MF_EINDEX, raised naming index) */
@@ -28,30 +29,30 @@ static int check(MfCall *c, void *params) {
 }
 
 static const MfArg forward_args[] = {
-    {"x", 1, MF_IN, 0, "B T H D", .field = P(x)},
-    {"maps", 2, MF_IN, 0, "A P H E E", .field = P(maps)},
-    {"index", 3, MF_IN, 0, "TB T A", .field = P(index), .dtype = MF_I32},
-    {"y", 0, MF_OUT, 0, "B T H D", .field = P(y)},
+    {"x", 1, MF_IN, 0, "B T H D", MF_FIELD(P, x)},
+    {"maps", 2, MF_IN, 0, "A P H E E", MF_FIELD(P, maps)},
+    {"index", 3, MF_IN, 0, "TB T A", MF_FIELD(P, index), .dtype = MF_I32},
+    {"y", 0, MF_OUT, 0, "B T H D", MF_FIELD(P, y)},
     {0}};
 static const MfOp forward = {"ape_apply_forward", forward_args, sizes, sizeof(MfApeParams),
                              .run = MF_OP(ape_apply_forward), .check = check,
                              .index_arg = "index"};
 
 static const MfArg backward_args[] = {
-    {"dy", 1, MF_IN, 0, "B T H D", .field = P(dy)},
-    {"x", 2, MF_IN, 0, "B T H D", .field = P(x)},
-    {"maps", 3, MF_IN, 0, "A P H E E", .field = P(maps)},
-    {"index", 4, MF_IN, 0, "TB T A", .field = P(index), .dtype = MF_I32},
-    {"dmaps", 5, MF_INOUT, 0, "A P H E E", .field = P(dmaps)},
-    {"dx", 0, MF_OUT, 0, "B T H D", .field = P(dx)},
+    {"dy", 1, MF_IN, 0, "B T H D", MF_FIELD(P, dy)},
+    {"x", 2, MF_IN, 0, "B T H D", MF_FIELD(P, x)},
+    {"maps", 3, MF_IN, 0, "A P H E E", MF_FIELD(P, maps)},
+    {"index", 4, MF_IN, 0, "TB T A", MF_FIELD(P, index), .dtype = MF_I32},
+    {"dmaps", 5, MF_INOUT, 0, "A P H E E", MF_FIELD(P, dmaps)},
+    {"dx", 0, MF_OUT, 0, "B T H D", MF_FIELD(P, dx)},
     {0}};
 static const MfOp backward = {"ape_apply_backward", backward_args, sizes, sizeof(MfApeParams),
                               .run = MF_OP(ape_apply_backward), .check = check,
                               .index_arg = "index"};
 
 #define DP(f) offsetof(MfApeDecayParams, f)
-static const MfSize decay_sizes[] = {{"B", DP(B)}, {"T", DP(T)}, {"H", DP(H)}, {"D", DP(D)},
-                                     {NULL, 0}};
+static const MfSize decay_sizes[] = {{"B", DP(B), "B"}, {"T", DP(T), "T"}, {"H", DP(H), "H"},
+                                     {"D", DP(D), "D"}, {0}};
 
 /* the scales gamma^(+-(T - 1) / 2) must stay well inside float32's range */
 static int decay_check(MfCall *c, void *params) {
@@ -68,24 +69,24 @@ static int decay_check(MfCall *c, void *params) {
 }
 
 static const MfArg decay_forward_args[] = {
-    {"q", 1, MF_IN, 0, "B T H D", .field = DP(q)},
-    {"k", 2, MF_IN, 0, "B T H D", .field = DP(k)},
-    {"gamma", 3, MF_FLOAT, 0, .field = DP(gamma), .lo = 0.0, .hi = INFINITY,
+    {"q", 1, MF_IN, 0, "B T H D", MF_FIELD(DP, q)},
+    {"k", 2, MF_IN, 0, "B T H D", MF_FIELD(DP, k)},
+    {"gamma", 3, MF_FLOAT, 0, MF_FIELD(DP, gamma), .lo = 0.0, .hi = INFINITY,
      .open = MF_LO_OPEN | MF_HI_OPEN},
-    {"q_out", 0, MF_OUT, 0, "B T H D", .field = DP(q_out)},
-    {"k_out", 0, MF_OUT, 0, "B T H D", .field = DP(k_out)},
+    {"q_out", 0, MF_OUT, 0, "B T H D", MF_FIELD(DP, q_out)},
+    {"k_out", 0, MF_OUT, 0, "B T H D", MF_FIELD(DP, k_out)},
     {0}};
 static const MfOp decay_forward = {"ape_decay_forward", decay_forward_args, decay_sizes,
                                    sizeof(MfApeDecayParams), .run = MF_OP(ape_decay_forward),
                                    .check = decay_check};
 
 static const MfArg decay_backward_args[] = {
-    {"dq_out", 1, MF_IN, 0, "B T H D", .field = DP(dq_out)},
-    {"dk_out", 2, MF_IN, 0, "B T H D", .field = DP(dk_out)},
-    {"gamma", 3, MF_FLOAT, 0, .field = DP(gamma), .lo = 0.0, .hi = INFINITY,
+    {"dq_out", 1, MF_IN, 0, "B T H D", MF_FIELD(DP, dq_out)},
+    {"dk_out", 2, MF_IN, 0, "B T H D", MF_FIELD(DP, dk_out)},
+    {"gamma", 3, MF_FLOAT, 0, MF_FIELD(DP, gamma), .lo = 0.0, .hi = INFINITY,
      .open = MF_LO_OPEN | MF_HI_OPEN},
-    {"dq", 0, MF_OUT, 0, "B T H D", .field = DP(dq)},
-    {"dk", 0, MF_OUT, 0, "B T H D", .field = DP(dk)},
+    {"dq", 0, MF_OUT, 0, "B T H D", MF_FIELD(DP, dq)},
+    {"dk", 0, MF_OUT, 0, "B T H D", MF_FIELD(DP, dk)},
     {0}};
 static const MfOp decay_backward = {"ape_decay_backward", decay_backward_args, decay_sizes,
                                     sizeof(MfApeDecayParams), .run = MF_OP(ape_decay_backward),

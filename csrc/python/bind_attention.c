@@ -3,7 +3,8 @@
 #include "bind.h"
 
 #define P(f) offsetof(MfAttentionParams, f)
-static const MfSize sizes[] = {{"B", P(B)}, {"T", P(T)}, {"H", P(H)}, {"D", P(D)}, {NULL, 0}};
+static const MfSize sizes[] = {{"B", P(B), "B"}, {"T", P(T), "T"}, {"H", P(H), "H"},
+                               {"D", P(D), "D"}, {0}};
 
 /* pos_ids and pair_factor: both or neither; ids in [0, N); N at most MF_ATTN_MAX_POSITIONS;
  * the factors finite */
@@ -39,26 +40,26 @@ static int check(MfCall *c, void *params) {
     return mf_head_dim_and_scale(p->D, "q, k, v", &p->scale);
 }
 
-#define MASK(pos) {"mask", pos, MF_CHOICE, MF_OPTIONAL | MF_KWONLY, .field = P(mask), \
+#define MASK(pos) {"mask", pos, MF_CHOICE, MF_OPTIONAL | MF_KWONLY, MF_FIELD(P, mask), \
                    .choices = mf_mask_names}
 #define PREFIX(pos) {"prefix", pos, MF_IN, MF_OPTIONAL | MF_NONE | MF_KWONLY, "B", \
-                     .field = P(prefix), .dtype = MF_I32}
+                     MF_FIELD(P, prefix), .dtype = MF_I32}
 #define POS_IDS(pos) {"pos_ids", pos, MF_IN, MF_OPTIONAL | MF_NONE | MF_KWONLY, "B T", \
-                      .field = P(pos_ids), .dtype = MF_I32}
+                      MF_FIELD(P, pos_ids), .dtype = MF_I32}
 #define PAIR_FACTOR(pos) {"pair_factor", pos, MF_IN, MF_OPTIONAL | MF_NONE | MF_KWONLY, "N N", \
-                          .field = P(pair_factor)}
+                          MF_FIELD(P, pair_factor)}
 
 static const MfArg forward_args[] = {
-    {"q", 1, MF_IN, 0, "B T H D", .field = P(q)},
-    {"k", 2, MF_IN, 0, "B T H D", .field = P(k)},
-    {"v", 3, MF_IN, 0, "B T H D", .field = P(v)},
-    {"scale", 4, MF_FLOAT, MF_OPTIONAL | MF_NONE, .field = P(scale), MF_FINITE},
+    {"q", 1, MF_IN, 0, "B T H D", MF_FIELD(P, q)},
+    {"k", 2, MF_IN, 0, "B T H D", MF_FIELD(P, k)},
+    {"v", 3, MF_IN, 0, "B T H D", MF_FIELD(P, v)},
+    {"scale", 4, MF_FLOAT, MF_OPTIONAL | MF_NONE, MF_FIELD(P, scale), MF_FINITE},
     MASK(5),
     PREFIX(6),
     POS_IDS(7),
     PAIR_FACTOR(8),
-    {"out", 0, MF_OUT, 0, "B T H D", .field = P(out)},
-    {"lse", 0, MF_OUT, 0, "B H T", .field = P(lse)},
+    {"out", 0, MF_OUT, 0, "B T H D", MF_FIELD(P, out)},
+    {"lse", 0, MF_OUT, 0, "B H T", MF_FIELD(P, lse)},
     {0}};
 static const MfOp forward = {"attention_forward", forward_args, sizes, sizeof(MfAttentionParams),
                              .run = MF_OP(attention_forward),
@@ -68,20 +69,20 @@ static const MfOp forward = {"attention_forward", forward_args, sizes, sizeof(Mf
 
 /* q (which fixes B, T, H, D) is checked first */
 static const MfArg backward_args[] = {
-    {"q", 2, MF_IN, 0, "B T H D", .field = P(q)},
-    {"dout", 1, MF_IN, 0, "B T H D", .field = P(dout)},
-    {"k", 3, MF_IN, 0, "B T H D", .field = P(k)},
-    {"v", 4, MF_IN, 0, "B T H D", .field = P(v)},
-    {"out", 5, MF_IN, 0, "B T H D", .field = P(o)},
-    {"lse", 6, MF_IN, 0, "B H T", .field = P(lse_in)},
-    {"scale", 7, MF_FLOAT, MF_OPTIONAL | MF_NONE, .field = P(scale), MF_FINITE},
+    {"q", 2, MF_IN, 0, "B T H D", MF_FIELD(P, q)},
+    {"dout", 1, MF_IN, 0, "B T H D", MF_FIELD(P, dout)},
+    {"k", 3, MF_IN, 0, "B T H D", MF_FIELD(P, k)},
+    {"v", 4, MF_IN, 0, "B T H D", MF_FIELD(P, v)},
+    {"out", 5, MF_IN, 0, "B T H D", MF_FIELD(P, o)},
+    {"lse", 6, MF_IN, 0, "B H T", MF_FIELD(P, lse_in)},
+    {"scale", 7, MF_FLOAT, MF_OPTIONAL | MF_NONE, MF_FIELD(P, scale), MF_FINITE},
     MASK(8),
     PREFIX(9),
     POS_IDS(10),
     PAIR_FACTOR(11),
-    {"dq", 0, MF_OUT, 0, "B T H D", .field = P(dq)},
-    {"dk", 0, MF_OUT, 0, "B T H D", .field = P(dk)},
-    {"dv", 0, MF_OUT, 0, "B T H D", .field = P(dv)},
+    {"dq", 0, MF_OUT, 0, "B T H D", MF_FIELD(P, dq)},
+    {"dk", 0, MF_OUT, 0, "B T H D", MF_FIELD(P, dk)},
+    {"dv", 0, MF_OUT, 0, "B T H D", MF_FIELD(P, dv)},
     {0}};
 static const MfOp backward = {"attention_backward", backward_args, sizes,
                               sizeof(MfAttentionParams), .run = MF_OP(attention_backward),

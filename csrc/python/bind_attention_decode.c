@@ -3,8 +3,8 @@
 
 #define P(f) offsetof(MfAttentionDecodeParams, f)
 /* S: the queries' positions (Tq), T: the positions k and v hold (Tmax) */
-static const MfSize sizes[] = {{"B", P(B)}, {"S", P(Tq)}, {"T", P(Tmax)}, {"H", P(H)},
-                               {"D", P(D)}, {NULL, 0}};
+static const MfSize sizes[] = {{"B", P(B), "B"}, {"S", P(Tq), "Tq"}, {"T", P(Tmax), "Tmax"},
+                               {"H", P(H), "H"}, {"D", P(D), "D"}, {0}};
 
 /* keys (Tk; omitted: 0, all of k's) within k's positions; the block's queries are the last of
  * the keys' positions: Tq <= Tk */
@@ -29,13 +29,13 @@ static int check(MfCall *c, void *params) {
 }
 
 static const MfArg forward_args[] = {
-    {"q", 1, MF_IN, 0, "B S H D", .field = P(q)},
-    {"k", 2, MF_IN, 0, "B T H D", .field = P(k)},
-    {"v", 3, MF_IN, 0, "B T H D", .field = P(v)},
-    {"scale", 4, MF_FLOAT, MF_OPTIONAL | MF_NONE, .field = P(scale), MF_FINITE},
-    {"keys", 5, MF_INT, MF_OPTIONAL, .field = P(Tk), .lo = 1, .dflt = 0},
-    {"out", 0, MF_OUT, 0, "B S H D", .field = P(out)},
-    {"lse", 0, MF_OUT, 0, "B H S", .field = P(lse)},
+    {"q", 1, MF_IN, 0, "B S H D", MF_FIELD(P, q)},
+    {"k", 2, MF_IN, 0, "B T H D", MF_FIELD(P, k)},
+    {"v", 3, MF_IN, 0, "B T H D", MF_FIELD(P, v)},
+    {"scale", 4, MF_FLOAT, MF_OPTIONAL | MF_NONE, MF_FIELD(P, scale), MF_FINITE},
+    {"keys", 5, MF_INT, MF_OPTIONAL, MF_FIELD(P, Tk), .lo = 1, .dflt = 0},
+    {"out", 0, MF_OUT, 0, "B S H D", MF_FIELD(P, out)},
+    {"lse", 0, MF_OUT, 0, "B H S", MF_FIELD(P, lse)},
     {0}};
 static const MfOp forward = {"attention_decode_forward", forward_args, sizes,
                              sizeof(MfAttentionDecodeParams),

@@ -2,8 +2,9 @@
 #include "bind.h"
 
 #define S(f) offsetof(MfB4Params, f)
-static const MfSize b4_sizes[] = {{"B", S(B)}, {"T", S(T)}, {"H", S(H)}, {"D", S(D)},
-                                   {"NB", S(NB)}, {"F", S(F)}, {NULL, 0}};
+static const MfSize b4_sizes[] = {{"B", S(B), "B"}, {"T", S(T), "T"}, {"H", S(H), "H"},
+                                  {"D", S(D), "D"}, {"NB", S(NB), "NB"}, {"F", S(F), "F"},
+                                  {0}};
 
 /* D a multiple of 4, NB = D / 4, gen's last axis 6 (u, v) */
 static int b4_check(MfCall *c, void *params) {
@@ -29,23 +30,23 @@ static int b4_check(MfCall *c, void *params) {
 }
 
 static const MfArg b4_forward_args[] = {
-    {"start", 3, MF_IN, 0, "H D", .field = S(start)},
-    {"delta", 1, MF_IN, 0, "B T H NB", .field = S(delta)},
-    {"gen", 2, MF_IN, 0, "H NB F", .field = S(gen)},
-    {"p", 0, MF_OUT, 0, "B T H D", .field = S(p)},
+    {"start", 3, MF_IN, 0, "H D", MF_FIELD(S, start)},
+    {"delta", 1, MF_IN, 0, "B T H NB", MF_FIELD(S, delta)},
+    {"gen", 2, MF_IN, 0, "H NB F", MF_FIELD(S, gen)},
+    {"p", 0, MF_OUT, 0, "B T H D", MF_FIELD(S, p)},
     {0}};
 static const MfOp b4_forward_op = {"b4_forward", b4_forward_args, b4_sizes,
                                     sizeof(MfB4Params), .run = MF_OP(b4_forward),
                                     .check = b4_check};
 
 static const MfArg b4_backward_args[] = {
-    {"start", 4, MF_IN, 0, "H D", .field = S(start)},
-    {"dp", 1, MF_IN, 0, "B T H D", .field = S(dp)},
-    {"delta", 2, MF_IN, 0, "B T H NB", .field = S(delta)},
-    {"gen", 3, MF_IN, 0, "H NB F", .field = S(gen)},
-    {"dgen", 5, MF_INOUT, 0, "H NB F", .field = S(dgen)},
-    {"dstart", 6, MF_INOUT, 0, "H D", .field = S(dstart)},
-    {"ddelta", 0, MF_OUT, 0, "B T H NB", .field = S(ddelta)},
+    {"start", 4, MF_IN, 0, "H D", MF_FIELD(S, start)},
+    {"dp", 1, MF_IN, 0, "B T H D", MF_FIELD(S, dp)},
+    {"delta", 2, MF_IN, 0, "B T H NB", MF_FIELD(S, delta)},
+    {"gen", 3, MF_IN, 0, "H NB F", MF_FIELD(S, gen)},
+    {"dgen", 5, MF_INOUT, 0, "H NB F", MF_FIELD(S, dgen)},
+    {"dstart", 6, MF_INOUT, 0, "H D", MF_FIELD(S, dstart)},
+    {"ddelta", 0, MF_OUT, 0, "B T H NB", MF_FIELD(S, ddelta)},
     {0}};
 static const MfOp b4_backward_op = {"b4_backward", b4_backward_args, b4_sizes,
                                      sizeof(MfB4Params), .run = MF_OP(b4_backward),

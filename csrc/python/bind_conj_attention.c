@@ -3,7 +3,8 @@
 #include "bind.h"
 
 #define P(f) offsetof(MfConjAttentionParams, f)
-static const MfSize sizes[] = {{"B", P(B)}, {"T", P(T)}, {"H", P(H)}, {"D", P(D)}, {NULL, 0}};
+static const MfSize sizes[] = {{"B", P(B), "B"}, {"T", P(T), "T"}, {"H", P(H), "H"},
+                               {"D", P(D), "D"}, {0}};
 static const char *const modes[] = {"score_product", "softmax_product", "sum", NULL};
 
 /* lse holds M = 2 log-sum-exps per row for softmax_product, else 1 */
@@ -19,25 +20,25 @@ static int check(MfCall *c, void *params) {
     return mf_head_dim_and_scale(p->D, "qx, kx, qp, kp, v", &p->scale);
 }
 
-#define MODE(pos) {"mode", pos, MF_CHOICE, MF_OPTIONAL, .field = P(mode), .choices = modes}
-#define SCALE(pos) {"scale", pos, MF_FLOAT, MF_OPTIONAL | MF_NONE, .field = P(scale), MF_FINITE}
-#define MASK(pos) {"mask", pos, MF_CHOICE, MF_OPTIONAL | MF_KWONLY, .field = P(mask), \
+#define MODE(pos) {"mode", pos, MF_CHOICE, MF_OPTIONAL, MF_FIELD(P, mode), .choices = modes}
+#define SCALE(pos) {"scale", pos, MF_FLOAT, MF_OPTIONAL | MF_NONE, MF_FIELD(P, scale), MF_FINITE}
+#define MASK(pos) {"mask", pos, MF_CHOICE, MF_OPTIONAL | MF_KWONLY, MF_FIELD(P, mask), \
                    .choices = mf_mask_names}
 #define PREFIX(pos) {"prefix", pos, MF_IN, MF_OPTIONAL | MF_NONE | MF_KWONLY, "B", \
-                     .field = P(prefix), .dtype = MF_I32}
+                     MF_FIELD(P, prefix), .dtype = MF_I32}
 
 static const MfArg forward_args[] = {
-    {"qx", 1, MF_IN, 0, "B T H D", .field = P(qx)},
-    {"kx", 2, MF_IN, 0, "B T H D", .field = P(kx)},
-    {"qp", 3, MF_IN, 0, "B T H D", .field = P(qp)},
-    {"kp", 4, MF_IN, 0, "B T H D", .field = P(kp)},
-    {"v", 5, MF_IN, 0, "B T H D", .field = P(v)},
+    {"qx", 1, MF_IN, 0, "B T H D", MF_FIELD(P, qx)},
+    {"kx", 2, MF_IN, 0, "B T H D", MF_FIELD(P, kx)},
+    {"qp", 3, MF_IN, 0, "B T H D", MF_FIELD(P, qp)},
+    {"kp", 4, MF_IN, 0, "B T H D", MF_FIELD(P, kp)},
+    {"v", 5, MF_IN, 0, "B T H D", MF_FIELD(P, v)},
     MODE(6),
     SCALE(7),
     MASK(8),
     PREFIX(9),
-    {"out", 0, MF_OUT, 0, "B T H D", .field = P(out)},
-    {"lse", 0, MF_OUT, 0, "M B H T", .field = P(lse)},
+    {"out", 0, MF_OUT, 0, "B T H D", MF_FIELD(P, out)},
+    {"lse", 0, MF_OUT, 0, "M B H T", MF_FIELD(P, lse)},
     {0}};
 static const MfOp forward = {"conj_attention_forward", forward_args, sizes,
                              sizeof(MfConjAttentionParams), .run = MF_OP(conj_attention_forward),
@@ -47,23 +48,23 @@ static const MfOp forward = {"conj_attention_forward", forward_args, sizes,
 
 /* qx (which fixes B, T, H, D) is checked first */
 static const MfArg backward_args[] = {
-    {"qx", 2, MF_IN, 0, "B T H D", .field = P(qx)},
-    {"dout", 1, MF_IN, 0, "B T H D", .field = P(dout)},
-    {"kx", 3, MF_IN, 0, "B T H D", .field = P(kx)},
-    {"qp", 4, MF_IN, 0, "B T H D", .field = P(qp)},
-    {"kp", 5, MF_IN, 0, "B T H D", .field = P(kp)},
-    {"v", 6, MF_IN, 0, "B T H D", .field = P(v)},
-    {"out", 7, MF_IN, 0, "B T H D", .field = P(o)},
-    {"lse", 8, MF_IN, 0, "M B H T", .field = P(lse_in)},
+    {"qx", 2, MF_IN, 0, "B T H D", MF_FIELD(P, qx)},
+    {"dout", 1, MF_IN, 0, "B T H D", MF_FIELD(P, dout)},
+    {"kx", 3, MF_IN, 0, "B T H D", MF_FIELD(P, kx)},
+    {"qp", 4, MF_IN, 0, "B T H D", MF_FIELD(P, qp)},
+    {"kp", 5, MF_IN, 0, "B T H D", MF_FIELD(P, kp)},
+    {"v", 6, MF_IN, 0, "B T H D", MF_FIELD(P, v)},
+    {"out", 7, MF_IN, 0, "B T H D", MF_FIELD(P, o)},
+    {"lse", 8, MF_IN, 0, "M B H T", MF_FIELD(P, lse_in)},
     MODE(9),
     SCALE(10),
     MASK(11),
     PREFIX(12),
-    {"dqx", 0, MF_OUT, 0, "B T H D", .field = P(dqx)},
-    {"dkx", 0, MF_OUT, 0, "B T H D", .field = P(dkx)},
-    {"dqp", 0, MF_OUT, 0, "B T H D", .field = P(dqp)},
-    {"dkp", 0, MF_OUT, 0, "B T H D", .field = P(dkp)},
-    {"dv", 0, MF_OUT, 0, "B T H D", .field = P(dv)},
+    {"dqx", 0, MF_OUT, 0, "B T H D", MF_FIELD(P, dqx)},
+    {"dkx", 0, MF_OUT, 0, "B T H D", MF_FIELD(P, dkx)},
+    {"dqp", 0, MF_OUT, 0, "B T H D", MF_FIELD(P, dqp)},
+    {"dkp", 0, MF_OUT, 0, "B T H D", MF_FIELD(P, dkp)},
+    {"dv", 0, MF_OUT, 0, "B T H D", MF_FIELD(P, dv)},
     {0}};
 static const MfOp backward = {"conj_attention_backward", backward_args, sizes,
                               sizeof(MfConjAttentionParams),

@@ -3,8 +3,8 @@
 #include "bind.h"
 
 #define P(f) offsetof(MfCopeParams, f)
-static const MfSize sizes[] = {{"B", P(B)}, {"T", P(T)},         {"H", P(H)},
-                               {"D", P(D)}, {"n_pos", P(n_pos)}, {NULL, 0}};
+static const MfSize sizes[] = {{"B", P(B), "B"}, {"T", P(T), "T"}, {"H", P(H), "H"},
+                               {"D", P(D), "D"}, {"n_pos", P(n_pos), "n_pos"}, {0}};
 
 static int check(MfCall *c, void *params) {
     MfCopeParams *p = params;
@@ -13,13 +13,13 @@ static int check(MfCall *c, void *params) {
 }
 
 static const MfArg forward_args[] = {
-    {"q", 1, MF_IN, 0, "B T H D", .field = P(q)},
-    {"k", 2, MF_IN, 0, "B T H D", .field = P(k)},
-    {"v", 3, MF_IN, 0, "B T H D", .field = P(v)},
-    {"e", 4, MF_IN, 0, "H n_pos D", .field = P(e)},
-    {"scale", 5, MF_FLOAT, MF_OPTIONAL | MF_NONE, .field = P(scale), MF_FINITE},
-    {"out", 0, MF_OUT, 0, "B T H D", .field = P(out)},
-    {"lse", 0, MF_OUT, 0, "B H T", .field = P(lse)},
+    {"q", 1, MF_IN, 0, "B T H D", MF_FIELD(P, q)},
+    {"k", 2, MF_IN, 0, "B T H D", MF_FIELD(P, k)},
+    {"v", 3, MF_IN, 0, "B T H D", MF_FIELD(P, v)},
+    {"e", 4, MF_IN, 0, "H n_pos D", MF_FIELD(P, e)},
+    {"scale", 5, MF_FLOAT, MF_OPTIONAL | MF_NONE, MF_FIELD(P, scale), MF_FINITE},
+    {"out", 0, MF_OUT, 0, "B T H D", MF_FIELD(P, out)},
+    {"lse", 0, MF_OUT, 0, "B H T", MF_FIELD(P, lse)},
     {0}};
 static const MfOp forward = {"cope_forward", forward_args, sizes, sizeof(MfCopeParams),
                              .run = MF_OP(cope_forward),
@@ -28,18 +28,18 @@ static const MfOp forward = {"cope_forward", forward_args, sizes, sizeof(MfCopeP
 
 /* q (which fixes B, T, H, D) is checked first */
 static const MfArg backward_args[] = {
-    {"q", 2, MF_IN, 0, "B T H D", .field = P(q)},
-    {"dout", 1, MF_IN, 0, "B T H D", .field = P(dout)},
-    {"k", 3, MF_IN, 0, "B T H D", .field = P(k)},
-    {"v", 4, MF_IN, 0, "B T H D", .field = P(v)},
-    {"e", 5, MF_IN, 0, "H n_pos D", .field = P(e)},
-    {"out", 6, MF_IN, 0, "B T H D", .field = P(o)},
-    {"lse", 7, MF_IN, 0, "B H T", .field = P(lse_in)},
-    {"de", 8, MF_INOUT, 0, "H n_pos D", .field = P(de)},
-    {"scale", 9, MF_FLOAT, MF_OPTIONAL | MF_NONE, .field = P(scale), MF_FINITE},
-    {"dq", 0, MF_OUT, 0, "B T H D", .field = P(dq)},
-    {"dk", 0, MF_OUT, 0, "B T H D", .field = P(dk)},
-    {"dv", 0, MF_OUT, 0, "B T H D", .field = P(dv)},
+    {"q", 2, MF_IN, 0, "B T H D", MF_FIELD(P, q)},
+    {"dout", 1, MF_IN, 0, "B T H D", MF_FIELD(P, dout)},
+    {"k", 3, MF_IN, 0, "B T H D", MF_FIELD(P, k)},
+    {"v", 4, MF_IN, 0, "B T H D", MF_FIELD(P, v)},
+    {"e", 5, MF_IN, 0, "H n_pos D", MF_FIELD(P, e)},
+    {"out", 6, MF_IN, 0, "B T H D", MF_FIELD(P, o)},
+    {"lse", 7, MF_IN, 0, "B H T", MF_FIELD(P, lse_in)},
+    {"de", 8, MF_INOUT, 0, "H n_pos D", MF_FIELD(P, de)},
+    {"scale", 9, MF_FLOAT, MF_OPTIONAL | MF_NONE, MF_FIELD(P, scale), MF_FINITE},
+    {"dq", 0, MF_OUT, 0, "B T H D", MF_FIELD(P, dq)},
+    {"dk", 0, MF_OUT, 0, "B T H D", MF_FIELD(P, dk)},
+    {"dv", 0, MF_OUT, 0, "B T H D", MF_FIELD(P, dv)},
     {0}};
 static const MfOp backward = {"cope_backward", backward_args, sizes, sizeof(MfCopeParams),
                               .run = MF_OP(cope_backward),

@@ -6,20 +6,20 @@
 #define G(f) offsetof(MfGeluParams, f)
 #define R(f) offsetof(MfResidualParams, f)
 #define AC(f) offsetof(MfActivationParams, f)
-static const MfSize act_sizes[] = {{"...", AC(n)}, {NULL, 0}};
+static const MfSize act_sizes[] = {{"...", AC(n), "n"}, {0}};
 
 /* silu and softplus: the same rows as gelu's */
 #define ACT_OPS(name)                                                                        \
     static const MfArg name##_forward_args[] = {                                             \
-        {"x", 1, MF_IN, 0, "...", .field = AC(x)}, {"y", 0, MF_OUT, 0, "...", .field = AC(y)}, \
+        {"x", 1, MF_IN, 0, "...", MF_FIELD(AC, x)}, {"y", 0, MF_OUT, 0, "...", MF_FIELD(AC, y)}, \
         {0}};                                                                                \
     static const MfOp name##_forward_op = {#name "_forward", name##_forward_args, act_sizes,  \
                                            sizeof(MfActivationParams),                       \
                                            .run = MF_OP(name##_forward)};                    \
     static const MfArg name##_backward_args[] = {                                            \
-        {"dy", 1, MF_IN, 0, "...", .field = AC(dy)},                                         \
-        {"x", 2, MF_IN, 0, "...", .field = AC(x)},                                           \
-        {"dx", 0, MF_OUT, 0, "...", .field = AC(dx)},                                        \
+        {"dy", 1, MF_IN, 0, "...", MF_FIELD(AC, dy)},                                         \
+        {"x", 2, MF_IN, 0, "...", MF_FIELD(AC, x)},                                           \
+        {"dx", 0, MF_OUT, 0, "...", MF_FIELD(AC, dx)},                                        \
         {0}};                                                                                \
     static const MfOp name##_backward_op = {#name "_backward", name##_backward_args,         \
                                             act_sizes, sizeof(MfActivationParams),           \
@@ -30,63 +30,63 @@ ACT_OPS(silu)
 ACT_OPS(softplus)
 
 #define SG(f) offsetof(MfSiluGateParams, f)
-static const MfSize silu_gate_sizes[] = {{"...", SG(n)}, {NULL, 0}};
+static const MfSize silu_gate_sizes[] = {{"...", SG(n), "n"}, {0}};
 static const MfArg silu_gate_forward_args[] = {
-    {"y", 1, MF_IN, 0, "...", .field = SG(y)},
-    {"z", 2, MF_IN, 0, "...", .field = SG(z)},
-    {"out", 0, MF_OUT, 0, "...", .field = SG(out)},
+    {"y", 1, MF_IN, 0, "...", MF_FIELD(SG, y)},
+    {"z", 2, MF_IN, 0, "...", MF_FIELD(SG, z)},
+    {"out", 0, MF_OUT, 0, "...", MF_FIELD(SG, out)},
     {0}};
 static const MfOp silu_gate_forward_op = {"silu_gate_forward", silu_gate_forward_args,
                                           silu_gate_sizes, sizeof(MfSiluGateParams),
                                           .run = MF_OP(silu_gate_forward)};
 static const MfArg silu_gate_backward_args[] = {
-    {"dout", 1, MF_IN, 0, "...", .field = SG(dout)},
-    {"y", 2, MF_IN, 0, "...", .field = SG(y)},
-    {"z", 3, MF_IN, 0, "...", .field = SG(z)},
-    {"dy", 0, MF_OUT, 0, "...", .field = SG(dy)},
-    {"dz", 0, MF_OUT, 0, "...", .field = SG(dz)},
+    {"dout", 1, MF_IN, 0, "...", MF_FIELD(SG, dout)},
+    {"y", 2, MF_IN, 0, "...", MF_FIELD(SG, y)},
+    {"z", 3, MF_IN, 0, "...", MF_FIELD(SG, z)},
+    {"dy", 0, MF_OUT, 0, "...", MF_FIELD(SG, dy)},
+    {"dz", 0, MF_OUT, 0, "...", MF_FIELD(SG, dz)},
     {0}};
 static const MfOp silu_gate_backward_op = {"silu_gate_backward", silu_gate_backward_args,
                                            silu_gate_sizes, sizeof(MfSiluGateParams),
                                            .run = MF_OP(silu_gate_backward)};
 MF_DEFINE(silu_gate_forward, silu_gate_forward_op)
 MF_DEFINE(silu_gate_backward, silu_gate_backward_op)
-static const MfSize gelu_sizes[] = {{"...", G(n)}, {NULL, 0}};
+static const MfSize gelu_sizes[] = {{"...", G(n), "n"}, {0}};
 /* approximate: PyTorch's names, "tanh" (index 0, exact = 0) or "none" (the exact GELU) */
 static const char *const gelu_approximations[] = {"tanh", "none", NULL};
-static const MfSize residual_sizes[] = {{"...", R(n)}, {NULL, 0}};
+static const MfSize residual_sizes[] = {{"...", R(n), "n"}, {0}};
 
 static const MfArg gelu_forward_args[] = {
-    {"x", 1, MF_IN, 0, "...", .field = G(x)},
-    {"approximate", 2, MF_CHOICE, MF_OPTIONAL | MF_KWONLY, .field = G(exact),
+    {"x", 1, MF_IN, 0, "...", MF_FIELD(G, x)},
+    {"approximate", 2, MF_CHOICE, MF_OPTIONAL | MF_KWONLY, MF_FIELD(G, exact),
      .choices = gelu_approximations},
-    {"y", 0, MF_OUT, 0, "...", .field = G(y)},
+    {"y", 0, MF_OUT, 0, "...", MF_FIELD(G, y)},
     {0}};
 static const MfOp gelu_forward_op = {"gelu_forward", gelu_forward_args, gelu_sizes,
                                      sizeof(MfGeluParams), .run = MF_OP(gelu_forward)};
 
 static const MfArg gelu_backward_args[] = {
-    {"dy", 1, MF_IN, 0, "...", .field = G(dy)},
-    {"x", 2, MF_IN, 0, "...", .field = G(x)},
-    {"approximate", 3, MF_CHOICE, MF_OPTIONAL | MF_KWONLY, .field = G(exact),
+    {"dy", 1, MF_IN, 0, "...", MF_FIELD(G, dy)},
+    {"x", 2, MF_IN, 0, "...", MF_FIELD(G, x)},
+    {"approximate", 3, MF_CHOICE, MF_OPTIONAL | MF_KWONLY, MF_FIELD(G, exact),
      .choices = gelu_approximations},
-    {"dx", 0, MF_OUT, 0, "...", .field = G(dx)},
+    {"dx", 0, MF_OUT, 0, "...", MF_FIELD(G, dx)},
     {0}};
 static const MfOp gelu_backward_op = {"gelu_backward", gelu_backward_args, gelu_sizes,
                                       sizeof(MfGeluParams), .run = MF_OP(gelu_backward)};
 
 static const MfArg residual_forward_args[] = {
-    {"a", 1, MF_IN, 0, "...", .field = R(a)},
-    {"b", 2, MF_IN, 0, "...", .field = R(b)},
-    {"out", 0, MF_OUT, 0, "...", .field = R(out)},
+    {"a", 1, MF_IN, 0, "...", MF_FIELD(R, a)},
+    {"b", 2, MF_IN, 0, "...", MF_FIELD(R, b)},
+    {"out", 0, MF_OUT, 0, "...", MF_FIELD(R, out)},
     {0}};
 static const MfOp residual_forward_op = {"residual_forward", residual_forward_args,
                                          residual_sizes, sizeof(MfResidualParams),
                                          .run = MF_OP(residual_forward)};
 
 static const MfArg residual_backward_args[] = {
-    {"dx", 1, MF_INOUT, 0, "...", .field = R(dx)},
-    {"dout", 2, MF_IN, 0, "...", .field = R(dout)},
+    {"dx", 1, MF_INOUT, 0, "...", MF_FIELD(R, dx)},
+    {"dout", 2, MF_IN, 0, "...", MF_FIELD(R, dout)},
     {0}};
 static const MfOp residual_backward_op = {"residual_backward", residual_backward_args,
                                           residual_sizes, sizeof(MfResidualParams),

@@ -2,7 +2,7 @@
 #include "bind.h"
 
 #define P(f) offsetof(MfEmbeddingParams, f)
-static const MfSize sizes[] = {{"N", P(N)}, {"V", P(V)}, {"C", P(C)}, {NULL, 0}};
+static const MfSize sizes[] = {{"N", P(N), "N"}, {"V", P(V), "V"}, {"C", P(C), "C"}, {0}};
 
 /* every id in [0, V), checked here for the message; the kernel checks each again as it reads
  * it (MF_EINDEX, raised naming tokens) */
@@ -13,18 +13,18 @@ static int check(MfCall *c, void *params) {
 }
 
 static const MfArg forward_args[] = {
-    {"tokens", 1, MF_IN, 0, "N", .field = P(tokens), .dtype = MF_I32},
-    {"weight", 2, MF_IN, 0, "V C", .field = P(weight)},
-    {"out", 0, MF_OUT, 0, "N C", .field = P(out)},
+    {"tokens", 1, MF_IN, 0, "N", MF_FIELD(P, tokens), .dtype = MF_I32},
+    {"weight", 2, MF_IN, 0, "V C", MF_FIELD(P, weight)},
+    {"out", 0, MF_OUT, 0, "N C", MF_FIELD(P, out)},
     {0}};
 static const MfOp forward = {"embedding_forward", forward_args, sizes,
                              sizeof(MfEmbeddingParams), .run = MF_OP(embedding_forward),
                              .check = check, .index_arg = "tokens"};
 
 static const MfArg backward_args[] = {
-    {"dweight", 1, MF_INOUT, 0, "V C", .field = P(dweight)},
-    {"dout", 2, MF_IN, 0, "N C", .field = P(dout)},
-    {"tokens", 3, MF_IN, 0, "N", .field = P(tokens), .dtype = MF_I32},
+    {"dweight", 1, MF_INOUT, 0, "V C", MF_FIELD(P, dweight)},
+    {"dout", 2, MF_IN, 0, "N C", MF_FIELD(P, dout)},
+    {"tokens", 3, MF_IN, 0, "N", MF_FIELD(P, tokens), .dtype = MF_I32},
     {0}};
 static const MfOp backward = {"embedding_backward", backward_args, sizes,
                               sizeof(MfEmbeddingParams), .run = MF_OP(embedding_backward),

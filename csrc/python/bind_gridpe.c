@@ -2,8 +2,8 @@
 #include "bind.h"
 
 #define G(f) offsetof(MfGridpeParams, f)
-static const MfSize sizes[] = {{"B", G(B)}, {"T", G(T)}, {"H", G(H)}, {"W", G(W)},
-                               {"TB", G(TB)}, {NULL, 0}};
+static const MfSize sizes[] = {{"B", G(B), "B"}, {"T", G(T), "T"}, {"H", G(H), "H"},
+                               {"W", G(W), "W"}, {"TB", G(TB), "TB"}, {0}};
 
 /* theta's TB = 1 (broadcast over b) or B; the backward's dy of an even last axis W = 2E (the
  * forward's y is made so) */
@@ -24,18 +24,18 @@ static int check(MfCall *c, void *params) {
 }
 
 static const MfArg forward_args[] = {
-    {"x", 1, MF_IN, 0, "B T H W/2", .field = G(x)},
-    {"theta", 2, MF_IN, 0, "TB T H W/2", .field = G(theta)},
-    {"y", 0, MF_OUT, 0, "B T H W", .field = G(y)},
+    {"x", 1, MF_IN, 0, "B T H W/2", MF_FIELD(G, x)},
+    {"theta", 2, MF_IN, 0, "TB T H W/2", MF_FIELD(G, theta)},
+    {"y", 0, MF_OUT, 0, "B T H W", MF_FIELD(G, y)},
     {0}};
 static const MfOp forward = {"gridpe_complex_forward", forward_args, sizes,
                              sizeof(MfGridpeParams), .run = MF_OP(gridpe_complex_forward),
                              .check = check};
 
 static const MfArg backward_args[] = {
-    {"dy", 1, MF_IN, 0, "B T H W", .field = G(dy)},
-    {"theta", 2, MF_IN, 0, "TB T H W/2", .field = G(theta)},
-    {"dx", 0, MF_OUT, 0, "B T H W/2", .field = G(dx)},
+    {"dy", 1, MF_IN, 0, "B T H W", MF_FIELD(G, dy)},
+    {"theta", 2, MF_IN, 0, "TB T H W/2", MF_FIELD(G, theta)},
+    {"dx", 0, MF_OUT, 0, "B T H W/2", MF_FIELD(G, dx)},
     {0}};
 static const MfOp backward = {"gridpe_complex_backward", backward_args, sizes,
                               sizeof(MfGridpeParams), .run = MF_OP(gridpe_complex_backward),

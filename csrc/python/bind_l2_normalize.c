@@ -2,14 +2,14 @@
 #include "bind.h"
 
 #define P(f) offsetof(MfL2NormalizeParams, f)
-static const MfSize sizes[] = {{"N", P(N)}, {"D", P(D)}, {NULL, 0}};
+static const MfSize sizes[] = {{"N", P(N), "N"}, {"D", P(D), "D"}, {0}};
 
 static const MfArg forward_args[] = {
-    {"x", 1, MF_IN, 0, "N D", .field = P(x)},
-    {"eps", 2, MF_FLOAT, MF_OPTIONAL, .field = P(eps), .lo = 0, .hi = INFINITY,
+    {"x", 1, MF_IN, 0, "N D", MF_FIELD(P, x)},
+    {"eps", 2, MF_FLOAT, MF_OPTIONAL, MF_FIELD(P, eps), .lo = 0, .hi = INFINITY,
      .open = MF_LO_OPEN | MF_HI_OPEN, .dflt = 1e-12},
-    {"y", 0, MF_OUT, 0, "N D", .field = P(y)},
-    {"norm", 0, MF_OUT, 0, "N", .field = P(norm)},
+    {"y", 0, MF_OUT, 0, "N D", MF_FIELD(P, y)},
+    {"norm", 0, MF_OUT, 0, "N", MF_FIELD(P, norm)},
     {0}};
 static const MfOp forward = {"l2_normalize_forward", forward_args, sizes,
                              sizeof(MfL2NormalizeParams), .run = MF_OP(l2_normalize_forward)};
@@ -32,10 +32,10 @@ static int backward_check(MfCall *c, void *params) {
 }
 
 static const MfArg backward_args[] = {
-    {"dy", 1, MF_IN, 0, "N D", .field = P(dy)},
-    {"y", 2, MF_IN, 0, "N D", .field = P(y_in)},
-    {"norm", 3, MF_IN, 0, "N", .field = P(norm_in)},
-    {"dx", 0, MF_OUT, 0, "N D", .field = P(dx)},
+    {"dy", 1, MF_IN, 0, "N D", MF_FIELD(P, dy)},
+    {"y", 2, MF_IN, 0, "N D", MF_FIELD(P, y_in)},
+    {"norm", 3, MF_IN, 0, "N", MF_FIELD(P, norm_in)},
+    {"dx", 0, MF_OUT, 0, "N D", MF_FIELD(P, dx)},
     {0}};
 static const MfOp backward = {"l2_normalize_backward", backward_args, sizes,
                               sizeof(MfL2NormalizeParams), .run = MF_OP(l2_normalize_backward),

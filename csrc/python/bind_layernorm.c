@@ -2,32 +2,32 @@
 #include "bind.h"
 
 #define P(f) offsetof(MfLayernormParams, f)
-static const MfSize sizes[] = {{"N", P(N)}, {"C", P(C)}, {NULL, 0}};
+static const MfSize sizes[] = {{"N", P(N), "N"}, {"C", P(C), "C"}, {0}};
 
 static const MfArg forward_args[] = {
-    {"x", 1, MF_IN, 0, "N C", .field = P(x)},
-    {"weight", 2, MF_IN, 0, "C", .field = P(weight)},
-    {"bias", 3, MF_IN, 0, "C", .field = P(bias)},
-    {"eps", 4, MF_FLOAT, MF_OPTIONAL, .field = P(eps), .lo = 0, .hi = INFINITY,
+    {"x", 1, MF_IN, 0, "N C", MF_FIELD(P, x)},
+    {"weight", 2, MF_IN, 0, "C", MF_FIELD(P, weight)},
+    {"bias", 3, MF_IN, 0, "C", MF_FIELD(P, bias)},
+    {"eps", 4, MF_FLOAT, MF_OPTIONAL, MF_FIELD(P, eps), .lo = 0, .hi = INFINITY,
      .open = MF_LO_OPEN | MF_HI_OPEN, .dflt = 1e-5},
-    {"y", 0, MF_OUT, 0, "N C", .field = P(y)},
-    {"mean", 0, MF_OUT, 0, "N", .field = P(mean)},
-    {"rstd", 0, MF_OUT, 0, "N", .field = P(rstd)},
+    {"y", 0, MF_OUT, 0, "N C", MF_FIELD(P, y)},
+    {"mean", 0, MF_OUT, 0, "N", MF_FIELD(P, mean)},
+    {"rstd", 0, MF_OUT, 0, "N", MF_FIELD(P, rstd)},
     {0}};
 static const MfOp forward = {"layernorm_forward", forward_args, sizes, sizeof(MfLayernormParams),
                              .run = MF_OP(layernorm_forward)};
 
 /* dbias is checked before dweight: of two gradients sharing memory, dbias is named */
 static const MfArg backward_args[] = {
-    {"dy", 1, MF_IN, 0, "N C", .field = P(dy)},
-    {"x", 2, MF_IN, 0, "N C", .field = P(x)},
-    {"mean", 3, MF_IN, 0, "N", .field = P(mean_in)},
-    {"rstd", 4, MF_IN, 0, "N", .field = P(rstd_in)},
-    {"weight", 5, MF_IN, 0, "C", .field = P(weight)},
-    {"dbias", 7, MF_INOUT, 0, "C", .field = P(dbias)},
-    {"dweight", 6, MF_INOUT, 0, "C", .field = P(dweight)},
-    {"dx", 8, MF_OUT_OR_INTO, MF_OPTIONAL | MF_NONE, "N C", .field = P(dx),
-     .given = P(accumulate_dx)},
+    {"dy", 1, MF_IN, 0, "N C", MF_FIELD(P, dy)},
+    {"x", 2, MF_IN, 0, "N C", MF_FIELD(P, x)},
+    {"mean", 3, MF_IN, 0, "N", MF_FIELD(P, mean_in)},
+    {"rstd", 4, MF_IN, 0, "N", MF_FIELD(P, rstd_in)},
+    {"weight", 5, MF_IN, 0, "C", MF_FIELD(P, weight)},
+    {"dbias", 7, MF_INOUT, 0, "C", MF_FIELD(P, dbias)},
+    {"dweight", 6, MF_INOUT, 0, "C", MF_FIELD(P, dweight)},
+    {"dx", 8, MF_OUT_OR_INTO, MF_OPTIONAL | MF_NONE, "N C", MF_FIELD(P, dx),
+     .given = P(accumulate_dx), .given_name = "accumulate_dx"},
     {0}};
 static const MfOp backward = {"layernorm_backward", backward_args, sizes,
                               sizeof(MfLayernormParams), .run = MF_OP(layernorm_backward),

@@ -4,7 +4,8 @@
 #include <limits.h>
 
 #define P(f) offsetof(MfLinearParams, f)
-static const MfSize sizes[] = {{"N", P(N)}, {"Cin", P(Cin)}, {"Cout", P(Cout)}, {NULL, 0}};
+static const MfSize sizes[] = {{"N", P(N), "N"}, {"Cin", P(Cin), "Cin"}, {"Cout", P(Cout), "Cout"},
+                               {0}};
 
 /* N, Cin and Cout each fit OpenBLAS's int (a weight of more than 2^18 floats is multiplied by
  * it on every kernel set, and the blas set multiplies every one) */
@@ -23,10 +24,10 @@ static int check(MfCall *c, void *params) {
 }
 
 static const MfArg forward_args[] = {
-    {"x", 1, MF_IN, 0, "N Cin", .field = P(x)},
-    {"weight", 2, MF_IN, 0, "Cout Cin", .field = P(weight)},
-    {"bias", 3, MF_IN, MF_OPTIONAL | MF_NONE, "Cout", .field = P(bias)},
-    {"y", 0, MF_OUT, 0, "N Cout", .field = P(y)},
+    {"x", 1, MF_IN, 0, "N Cin", MF_FIELD(P, x)},
+    {"weight", 2, MF_IN, 0, "Cout Cin", MF_FIELD(P, weight)},
+    {"bias", 3, MF_IN, MF_OPTIONAL | MF_NONE, "Cout", MF_FIELD(P, bias)},
+    {"y", 0, MF_OUT, 0, "N Cout", MF_FIELD(P, y)},
     {0}};
 static const MfOp forward = {"linear_forward", forward_args, sizes, sizeof(MfLinearParams),
                              .run = MF_OP(linear_forward),
@@ -35,13 +36,13 @@ static const MfOp forward = {"linear_forward", forward_args, sizes, sizeof(MfLin
 
 /* dbias is checked before dweight: of two gradients sharing memory, dbias is named */
 static const MfArg backward_args[] = {
-    {"dy", 1, MF_IN, 0, "N Cout", .field = P(dy)},
-    {"x", 2, MF_IN, 0, "N Cin", .field = P(x)},
-    {"weight", 3, MF_IN, 0, "Cout Cin", .field = P(weight)},
-    {"dbias", 5, MF_INOUT, MF_OPTIONAL | MF_NONE, "Cout", .field = P(dbias)},
-    {"dweight", 4, MF_INOUT, 0, "Cout Cin", .field = P(dweight)},
-    {"dx", 6, MF_OUT_OR_INTO, MF_OPTIONAL | MF_NONE, "N Cin", .field = P(dx),
-     .given = P(accumulate_dx)},
+    {"dy", 1, MF_IN, 0, "N Cout", MF_FIELD(P, dy)},
+    {"x", 2, MF_IN, 0, "N Cin", MF_FIELD(P, x)},
+    {"weight", 3, MF_IN, 0, "Cout Cin", MF_FIELD(P, weight)},
+    {"dbias", 5, MF_INOUT, MF_OPTIONAL | MF_NONE, "Cout", MF_FIELD(P, dbias)},
+    {"dweight", 4, MF_INOUT, 0, "Cout Cin", MF_FIELD(P, dweight)},
+    {"dx", 6, MF_OUT_OR_INTO, MF_OPTIONAL | MF_NONE, "N Cin", MF_FIELD(P, dx),
+     .given = P(accumulate_dx), .given_name = "accumulate_dx"},
     {0}};
 static const MfOp backward = {"linear_backward", backward_args, sizes, sizeof(MfLinearParams),
                               .run = MF_OP(linear_backward),

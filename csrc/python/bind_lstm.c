@@ -3,7 +3,8 @@
 
 #define P(f) offsetof(MfLstmParams, f)
 /* G is the gates' width, 4 H */
-static const MfSize sizes[] = {{"B", P(B)}, {"T", P(T)}, {"C", P(C)}, {"H", P(H)}, {NULL, 0}};
+static const MfSize sizes[] = {{"B", P(B), "B"}, {"T", P(T), "T"}, {"C", P(C), "C"},
+                               {"H", P(H), "H"}, {0}};
 
 /* w_hh fixes H (its second axis) and G: G must be 4 H */
 static int check(MfCall *c, void *params) {
@@ -17,15 +18,15 @@ static int check(MfCall *c, void *params) {
 }
 
 static const MfArg forward_args[] = {
-    {"x", 1, MF_IN, 0, "B T C", .field = P(x)},
-    {"w_hh", 3, MF_IN, 0, "G H", .field = P(w_hh)},
-    {"w_ih", 2, MF_IN, 0, "G C", .field = P(w_ih)},
-    {"b", 4, MF_IN, 0, "G", .field = P(b)},
-    {"h0", 5, MF_IN, MF_OPTIONAL | MF_NONE, "B H", .field = P(h0)},
-    {"c0", 6, MF_IN, MF_OPTIONAL | MF_NONE, "B H", .field = P(c0)},
-    {"h", 0, MF_OUT, 0, "B T H", .field = P(h)},
-    {"c", 0, MF_OUT, 0, "B T H", .field = P(c)},
-    {"gates", 0, MF_OUT, 0, "B T G", .field = P(gates)},
+    {"x", 1, MF_IN, 0, "B T C", MF_FIELD(P, x)},
+    {"w_hh", 3, MF_IN, 0, "G H", MF_FIELD(P, w_hh)},
+    {"w_ih", 2, MF_IN, 0, "G C", MF_FIELD(P, w_ih)},
+    {"b", 4, MF_IN, 0, "G", MF_FIELD(P, b)},
+    {"h0", 5, MF_IN, MF_OPTIONAL | MF_NONE, "B H", MF_FIELD(P, h0)},
+    {"c0", 6, MF_IN, MF_OPTIONAL | MF_NONE, "B H", MF_FIELD(P, c0)},
+    {"h", 0, MF_OUT, 0, "B T H", MF_FIELD(P, h)},
+    {"c", 0, MF_OUT, 0, "B T H", MF_FIELD(P, c)},
+    {"gates", 0, MF_OUT, 0, "B T G", MF_FIELD(P, gates)},
     {0}};
 static const MfOp forward = {"lstm_forward", forward_args, sizes, sizeof(MfLstmParams),
                              .run = MF_OP(lstm_forward), .check = check,
@@ -33,21 +34,21 @@ static const MfOp forward = {"lstm_forward", forward_args, sizes, sizeof(MfLstmP
                              MF_SCRATCH_FIELDS(MfLstmParams)};
 
 static const MfArg backward_args[] = {
-    {"dh", 1, MF_IN, 0, "B T H", .field = P(dh)},
-    {"x", 2, MF_IN, 0, "B T C", .field = P(x)},
-    {"w_hh", 4, MF_IN, 0, "G H", .field = P(w_hh)},
-    {"w_ih", 3, MF_IN, 0, "G C", .field = P(w_ih)},
-    {"h", 5, MF_IN, 0, "B T H", .field = P(h_in)},
-    {"c", 6, MF_IN, 0, "B T H", .field = P(c_in)},
-    {"gates", 7, MF_IN, 0, "B T G", .field = P(gates_in)},
-    {"db", 10, MF_INOUT, 0, "G", .field = P(db)},
-    {"dw_ih", 8, MF_INOUT, 0, "G C", .field = P(dw_ih)},
-    {"dw_hh", 9, MF_INOUT, 0, "G H", .field = P(dw_hh)},
-    {"h0", 11, MF_IN, MF_OPTIONAL | MF_NONE, "B H", .field = P(h0)},
-    {"c0", 12, MF_IN, MF_OPTIONAL | MF_NONE, "B H", .field = P(c0)},
-    {"dx", 0, MF_OUT, 0, "B T C", .field = P(dx)},
-    {"dh0", 0, MF_OUT, 0, "B H", .field = P(dh0)},
-    {"dc0", 0, MF_OUT, 0, "B H", .field = P(dc0)},
+    {"dh", 1, MF_IN, 0, "B T H", MF_FIELD(P, dh)},
+    {"x", 2, MF_IN, 0, "B T C", MF_FIELD(P, x)},
+    {"w_hh", 4, MF_IN, 0, "G H", MF_FIELD(P, w_hh)},
+    {"w_ih", 3, MF_IN, 0, "G C", MF_FIELD(P, w_ih)},
+    {"h", 5, MF_IN, 0, "B T H", MF_FIELD(P, h_in)},
+    {"c", 6, MF_IN, 0, "B T H", MF_FIELD(P, c_in)},
+    {"gates", 7, MF_IN, 0, "B T G", MF_FIELD(P, gates_in)},
+    {"db", 10, MF_INOUT, 0, "G", MF_FIELD(P, db)},
+    {"dw_ih", 8, MF_INOUT, 0, "G C", MF_FIELD(P, dw_ih)},
+    {"dw_hh", 9, MF_INOUT, 0, "G H", MF_FIELD(P, dw_hh)},
+    {"h0", 11, MF_IN, MF_OPTIONAL | MF_NONE, "B H", MF_FIELD(P, h0)},
+    {"c0", 12, MF_IN, MF_OPTIONAL | MF_NONE, "B H", MF_FIELD(P, c0)},
+    {"dx", 0, MF_OUT, 0, "B T C", MF_FIELD(P, dx)},
+    {"dh0", 0, MF_OUT, 0, "B H", MF_FIELD(P, dh0)},
+    {"dc0", 0, MF_OUT, 0, "B H", MF_FIELD(P, dc0)},
     {0}};
 static const MfOp backward = {"lstm_backward", backward_args, sizes, sizeof(MfLstmParams),
                               .run = MF_OP(lstm_backward), .check = check,

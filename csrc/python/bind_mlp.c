@@ -2,20 +2,20 @@
 #include "bind.h"
 
 #define P(f) offsetof(MfMlpParams, f)
-static const MfSize sizes[] = {{"N", P(N)}, {"C", P(C)}, {"F", P(F)}, {NULL, 0}};
+static const MfSize sizes[] = {{"N", P(N), "N"}, {"C", P(C), "C"}, {"F", P(F), "F"}, {0}};
 static const char *const approximations[] = {"tanh", "none", NULL}; /* exact = the index */
 #define APPROXIMATE(pos) {"approximate", pos, MF_CHOICE, MF_OPTIONAL | MF_KWONLY, \
-                          .field = P(exact), .choices = approximations}
+                          MF_FIELD(P, exact), .choices = approximations}
 
 static const MfArg forward_args[] = {
-    {"x", 1, MF_IN, 0, "N C", .field = P(x)},
-    {"w_fc", 2, MF_IN, 0, "F C", .field = P(w_fc)},
-    {"b_fc", 3, MF_IN, 0, "F", .field = P(b_fc)},
-    {"w_proj", 4, MF_IN, 0, "C F", .field = P(w_proj)},
-    {"b_proj", 5, MF_IN, 0, "C", .field = P(b_proj)},
+    {"x", 1, MF_IN, 0, "N C", MF_FIELD(P, x)},
+    {"w_fc", 2, MF_IN, 0, "F C", MF_FIELD(P, w_fc)},
+    {"b_fc", 3, MF_IN, 0, "F", MF_FIELD(P, b_fc)},
+    {"w_proj", 4, MF_IN, 0, "C F", MF_FIELD(P, w_proj)},
+    {"b_proj", 5, MF_IN, 0, "C", MF_FIELD(P, b_proj)},
     APPROXIMATE(6),
-    {"y", 0, MF_OUT, 0, "N C", .field = P(y)},
-    {"h", 0, MF_OUT, 0, "N F", .field = P(h)},
+    {"y", 0, MF_OUT, 0, "N C", MF_FIELD(P, y)},
+    {"h", 0, MF_OUT, 0, "N F", MF_FIELD(P, h)},
     {0}};
 static const MfOp forward = {"mlp_forward", forward_args, sizes, sizeof(MfMlpParams),
                              .run = MF_OP(mlp_forward),
@@ -24,17 +24,17 @@ static const MfOp forward = {"mlp_forward", forward_args, sizes, sizeof(MfMlpPar
 
 /* w_fc (which fixes F) is checked before h */
 static const MfArg backward_args[] = {
-    {"dy", 1, MF_IN, 0, "N C", .field = P(dy)},
-    {"x", 2, MF_IN, 0, "N C", .field = P(x)},
-    {"w_fc", 4, MF_IN, 0, "F C", .field = P(w_fc)},
-    {"h", 3, MF_IN, 0, "N F", .field = P(h_in)},
-    {"w_proj", 5, MF_IN, 0, "C F", .field = P(w_proj)},
-    {"dw_fc", 6, MF_INOUT, 0, "F C", .field = P(dw_fc)},
-    {"db_fc", 7, MF_INOUT, 0, "F", .field = P(db_fc)},
-    {"dw_proj", 8, MF_INOUT, 0, "C F", .field = P(dw_proj)},
-    {"db_proj", 9, MF_INOUT, 0, "C", .field = P(db_proj)},
+    {"dy", 1, MF_IN, 0, "N C", MF_FIELD(P, dy)},
+    {"x", 2, MF_IN, 0, "N C", MF_FIELD(P, x)},
+    {"w_fc", 4, MF_IN, 0, "F C", MF_FIELD(P, w_fc)},
+    {"h", 3, MF_IN, 0, "N F", MF_FIELD(P, h_in)},
+    {"w_proj", 5, MF_IN, 0, "C F", MF_FIELD(P, w_proj)},
+    {"dw_fc", 6, MF_INOUT, 0, "F C", MF_FIELD(P, dw_fc)},
+    {"db_fc", 7, MF_INOUT, 0, "F", MF_FIELD(P, db_fc)},
+    {"dw_proj", 8, MF_INOUT, 0, "C F", MF_FIELD(P, dw_proj)},
+    {"db_proj", 9, MF_INOUT, 0, "C", MF_FIELD(P, db_proj)},
     APPROXIMATE(10),
-    {"dx", 0, MF_OUT, 0, "N C", .field = P(dx)},
+    {"dx", 0, MF_OUT, 0, "N C", MF_FIELD(P, dx)},
     {0}};
 static const MfOp backward = {"mlp_backward", backward_args, sizes, sizeof(MfMlpParams),
                               .run = MF_OP(mlp_backward),

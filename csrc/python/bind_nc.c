@@ -2,8 +2,9 @@
 #include "bind.h"
 
 #define N(f) offsetof(MfNcParams, f)
-static const MfSize nc_sizes[] = {{"B", N(B)}, {"T", N(T)}, {"H", N(H)}, {"D", N(D)},
-                                  {"NB", N(NB)}, {"F", N(F)}, {NULL, 0}};
+static const MfSize nc_sizes[] = {{"B", N(B), "B"}, {"T", N(T), "T"}, {"H", N(H), "H"},
+                                  {"D", N(D), "D"}, {"NB", N(NB), "NB"}, {"F", N(F), "F"},
+                                  {0}};
 
 /* D a multiple of 4, NB = D / 4, w's axis F 6 (u, v) */
 static int nc_check(MfCall *c, void *params) {
@@ -29,20 +30,20 @@ static int nc_check(MfCall *c, void *params) {
 }
 
 static const MfArg nc_forward_args[] = {
-    {"start", 2, MF_IN, 0, "H D", .field = N(start)},
-    {"w", 1, MF_IN, 0, "B T H F NB", .field = N(w)},
-    {"p", 0, MF_OUT, 0, "B T H D", .field = N(p)},
+    {"start", 2, MF_IN, 0, "H D", MF_FIELD(N, start)},
+    {"w", 1, MF_IN, 0, "B T H F NB", MF_FIELD(N, w)},
+    {"p", 0, MF_OUT, 0, "B T H D", MF_FIELD(N, p)},
     {0}};
 static const MfOp nc_forward_op = {"nc_forward", nc_forward_args, nc_sizes,
                                    sizeof(MfNcParams), .run = MF_OP(nc_forward),
                                    .check = nc_check};
 
 static const MfArg nc_backward_args[] = {
-    {"start", 3, MF_IN, 0, "H D", .field = N(start)},
-    {"dp", 1, MF_IN, 0, "B T H D", .field = N(dp)},
-    {"w", 2, MF_IN, 0, "B T H F NB", .field = N(w)},
-    {"dstart", 4, MF_INOUT, 0, "H D", .field = N(dstart)},
-    {"dw", 0, MF_OUT, 0, "B T H F NB", .field = N(dw)},
+    {"start", 3, MF_IN, 0, "H D", MF_FIELD(N, start)},
+    {"dp", 1, MF_IN, 0, "B T H D", MF_FIELD(N, dp)},
+    {"w", 2, MF_IN, 0, "B T H F NB", MF_FIELD(N, w)},
+    {"dstart", 4, MF_INOUT, 0, "H D", MF_FIELD(N, dstart)},
+    {"dw", 0, MF_OUT, 0, "B T H F NB", MF_FIELD(N, dw)},
     {0}};
 static const MfOp nc_backward_op = {"nc_backward", nc_backward_args, nc_sizes,
                                     sizeof(MfNcParams), .run = MF_OP(nc_backward),

@@ -2,8 +2,9 @@
 #include "bind.h"
 
 #define N(f) offsetof(MfNcGeneralParams, f)
-static const MfSize ncg_sizes[] = {{"B", N(B)},   {"T", N(T)}, {"H", N(H)}, {"D", N(D)},
-                                   {"NB", N(NB)}, {"K", N(K)}, {"b", N(b)}, {NULL, 0}};
+static const MfSize ncg_sizes[] = {{"B", N(B), "B"}, {"T", N(T), "T"}, {"H", N(H), "H"},
+                                   {"D", N(D), "D"}, {"NB", N(NB), "NB"}, {"K", N(K), "K"},
+                                   {"b", N(b), "b"}, {0}};
 
 /* 2 <= b <= 16, D = NB b, K >= 1 */
 static int ncg_check_sizes(MfCall *c, void *params) {
@@ -28,23 +29,23 @@ static int ncg_check_sizes(MfCall *c, void *params) {
 }
 
 static const MfArg ncg_forward_args[] = {
-    {"start", 3, MF_IN, 0, "H D", .field = N(start)},
-    {"theta", 1, MF_IN, 0, "B T H NB K", .field = N(theta)},
-    {"gen", 2, MF_IN, 0, "H NB K b b", .field = N(gen)},
-    {"p", 0, MF_OUT, 0, "B T H D", .field = N(p)},
+    {"start", 3, MF_IN, 0, "H D", MF_FIELD(N, start)},
+    {"theta", 1, MF_IN, 0, "B T H NB K", MF_FIELD(N, theta)},
+    {"gen", 2, MF_IN, 0, "H NB K b b", MF_FIELD(N, gen)},
+    {"p", 0, MF_OUT, 0, "B T H D", MF_FIELD(N, p)},
     {0}};
 static const MfOp ncg_forward_op = {"nc_general_forward", ncg_forward_args, ncg_sizes,
                                     sizeof(MfNcGeneralParams),
                                     .run = MF_OP(nc_general_forward), .check = ncg_check_sizes};
 
 static const MfArg ncg_backward_args[] = {
-    {"start", 4, MF_IN, 0, "H D", .field = N(start)},
-    {"dp", 1, MF_IN, 0, "B T H D", .field = N(dp)},
-    {"theta", 2, MF_IN, 0, "B T H NB K", .field = N(theta)},
-    {"gen", 3, MF_IN, 0, "H NB K b b", .field = N(gen)},
-    {"dgen", 5, MF_INOUT, 0, "H NB K b b", .field = N(dgen)},
-    {"dstart", 6, MF_INOUT, 0, "H D", .field = N(dstart)},
-    {"dtheta", 0, MF_OUT, 0, "B T H NB K", .field = N(dtheta)},
+    {"start", 4, MF_IN, 0, "H D", MF_FIELD(N, start)},
+    {"dp", 1, MF_IN, 0, "B T H D", MF_FIELD(N, dp)},
+    {"theta", 2, MF_IN, 0, "B T H NB K", MF_FIELD(N, theta)},
+    {"gen", 3, MF_IN, 0, "H NB K b b", MF_FIELD(N, gen)},
+    {"dgen", 5, MF_INOUT, 0, "H NB K b b", MF_FIELD(N, dgen)},
+    {"dstart", 6, MF_INOUT, 0, "H D", MF_FIELD(N, dstart)},
+    {"dtheta", 0, MF_OUT, 0, "B T H NB K", MF_FIELD(N, dtheta)},
     {0}};
 static const MfOp ncg_backward_op = {"nc_general_backward", ncg_backward_args, ncg_sizes,
                                      sizeof(MfNcGeneralParams),

@@ -7,23 +7,23 @@
 
 /* params, m, v are updated in place; lr and step are required keyword-only arguments */
 static const MfArg adamw_args[] = {
-    {"params", 1, MF_INOUT, 0, "P", .field = A(params)},
-    {"grads", 2, MF_IN, 0, "P", .field = A(grads)},
-    {"m", 3, MF_INOUT, 0, "P", .field = A(m)},
-    {"v", 4, MF_INOUT, 0, "P", .field = A(v)},
-    {"decay_mask", 5, MF_IN, 0, "P", .field = A(decay_mask), .dtype = MF_BOOL},
-    {"lr", 6, MF_FLOAT, MF_KWONLY, .field = A(lr), .lo = 0, .hi = INFINITY, .open = MF_HI_OPEN},
-    {"step", 7, MF_INT, MF_KWONLY, .field = A(step), .lo = 1},
-    {"beta1", 8, MF_FLOAT, MF_KWONLY | MF_OPTIONAL, .field = A(beta1), .lo = 0, .hi = 1,
+    {"params", 1, MF_INOUT, 0, "P", MF_FIELD(A, params)},
+    {"grads", 2, MF_IN, 0, "P", MF_FIELD(A, grads)},
+    {"m", 3, MF_INOUT, 0, "P", MF_FIELD(A, m)},
+    {"v", 4, MF_INOUT, 0, "P", MF_FIELD(A, v)},
+    {"decay_mask", 5, MF_IN, 0, "P", MF_FIELD(A, decay_mask), .dtype = MF_BOOL},
+    {"lr", 6, MF_FLOAT, MF_KWONLY, MF_FIELD(A, lr), .lo = 0, .hi = INFINITY, .open = MF_HI_OPEN},
+    {"step", 7, MF_INT, MF_KWONLY, MF_FIELD(A, step), .lo = 1},
+    {"beta1", 8, MF_FLOAT, MF_KWONLY | MF_OPTIONAL, MF_FIELD(A, beta1), .lo = 0, .hi = 1,
      .open = MF_HI_OPEN, .dflt = 0.9},
-    {"beta2", 9, MF_FLOAT, MF_KWONLY | MF_OPTIONAL, .field = A(beta2), .lo = 0, .hi = 1,
+    {"beta2", 9, MF_FLOAT, MF_KWONLY | MF_OPTIONAL, MF_FIELD(A, beta2), .lo = 0, .hi = 1,
      .open = MF_HI_OPEN, .dflt = 0.999},
-    {"eps", 10, MF_FLOAT, MF_KWONLY | MF_OPTIONAL, .field = A(eps), .lo = 0, .hi = INFINITY,
+    {"eps", 10, MF_FLOAT, MF_KWONLY | MF_OPTIONAL, MF_FIELD(A, eps), .lo = 0, .hi = INFINITY,
      .open = MF_LO_OPEN | MF_HI_OPEN, .dflt = 1e-8},
-    {"weight_decay", 11, MF_FLOAT, MF_KWONLY | MF_OPTIONAL, .field = A(weight_decay), .lo = 0,
+    {"weight_decay", 11, MF_FLOAT, MF_KWONLY | MF_OPTIONAL, MF_FIELD(A, weight_decay), .lo = 0,
      .hi = INFINITY, .open = MF_HI_OPEN, .dflt = 0.0},
     {0}};
-static const MfSize adamw_sizes[] = {{"P", A(n)}, {NULL, 0}};
+static const MfSize adamw_sizes[] = {{"P", A(n), "n"}, {0}};
 
 /* v, the second moment, finite and >= 0 (a negative entry would make its parameter NaN:
  * found by tests/fuzz_ops.py) */
@@ -46,31 +46,31 @@ static int adamw_check(MfCall *c, void *params) {
 static const MfOp adamw = {"adamw_step", adamw_args, adamw_sizes, sizeof(MfAdamwParams),
                            .run = MF_OP(adamw_step), .check = adamw_check};
 
-static const MfSize norm_sizes[] = {{"P", G(n)}, {NULL, 0}};
+static const MfSize norm_sizes[] = {{"P", G(n), "n"}, {0}};
 static const MfArg global_norm_args[] = {
-    {"x", 1, MF_IN, 0, "P", .field = G(x)},
-    {"norm", 0, MF_RESULT, .field = G(norm)},
+    {"x", 1, MF_IN, 0, "P", MF_FIELD(G, x)},
+    {"norm", 0, MF_RESULT, MF_FIELD(G, norm)},
     {0}};
 static const MfOp global_norm_op = {"global_norm", global_norm_args, norm_sizes,
                                     sizeof(MfGradNormParams), .run = MF_OP(global_norm)};
 
 /* max_norm > 0; +inf computes the norm and never clips */
 static const MfArg clip_args[] = {
-    {"grads", 1, MF_INOUT, 0, "P", .field = G(grads)},
-    {"max_norm", 2, MF_FLOAT, 0, .field = G(max_norm), .lo = 0, .hi = INFINITY,
+    {"grads", 1, MF_INOUT, 0, "P", MF_FIELD(G, grads)},
+    {"max_norm", 2, MF_FLOAT, 0, MF_FIELD(G, max_norm), .lo = 0, .hi = INFINITY,
      .open = MF_LO_OPEN},
-    {"norm", 0, MF_RESULT, .field = G(norm)},
+    {"norm", 0, MF_RESULT, MF_FIELD(G, norm)},
     {0}};
 static const MfOp clip = {"clip_grad_norm", clip_args, norm_sizes, sizeof(MfGradNormParams),
                           .run = MF_OP(clip_grad_norm)};
 
 /* target is updated in place; decay in [0, 1) */
 static const MfArg ema_args[] = {
-    {"target", 1, MF_INOUT, 0, "P", .field = E(target)},
-    {"source", 2, MF_IN, 0, "P", .field = E(source)},
-    {"decay", 3, MF_FLOAT, 0, .field = E(decay), .lo = 0, .hi = 1, .open = MF_HI_OPEN},
+    {"target", 1, MF_INOUT, 0, "P", MF_FIELD(E, target)},
+    {"source", 2, MF_IN, 0, "P", MF_FIELD(E, source)},
+    {"decay", 3, MF_FLOAT, 0, MF_FIELD(E, decay), .lo = 0, .hi = 1, .open = MF_HI_OPEN},
     {0}};
-static const MfSize ema_sizes[] = {{"P", E(n)}, {NULL, 0}};
+static const MfSize ema_sizes[] = {{"P", E(n), "n"}, {0}};
 static const MfOp ema = {"ema_update", ema_args, ema_sizes, sizeof(MfEmaParams),
                          .run = MF_OP(ema_update)};
 

@@ -3,26 +3,26 @@
 
 #define PT(f) offsetof(MfPathIntegrationParams, f)
 #define R(f) offsetof(MfRotaryParams, f)
-static const MfSize pi_sizes[] = {{"B", PT(B)}, {"T", PT(T)}, {"H", PT(H)}, {"NB", PT(NB)},
-                                  {NULL, 0}};
-static const MfSize rotary_sizes[] = {{"B", R(B)}, {"T", R(T)}, {"H", R(H)},
-                                      {"D", R(D)}, {"TB", R(TB)}, {NULL, 0}};
+static const MfSize pi_sizes[] = {{"B", PT(B), "B"}, {"T", PT(T), "T"}, {"H", PT(H), "H"},
+                                  {"NB", PT(NB), "NB"}, {0}};
+static const MfSize rotary_sizes[] = {{"B", R(B), "B"}, {"T", R(T), "T"}, {"H", R(H), "H"},
+                                      {"D", R(D), "D"}, {"TB", R(TB), "TB"}, {0}};
 
 static const MfArg pi_forward_args[] = {
-    {"delta", 1, MF_IN, 0, "B T H NB", .field = PT(delta)},
-    {"omega", 2, MF_IN, 0, "H NB", .field = PT(omega)},
-    {"theta", 0, MF_OUT, 0, "B T H NB", .field = PT(theta)},
+    {"delta", 1, MF_IN, 0, "B T H NB", MF_FIELD(PT, delta)},
+    {"omega", 2, MF_IN, 0, "H NB", MF_FIELD(PT, omega)},
+    {"theta", 0, MF_OUT, 0, "B T H NB", MF_FIELD(PT, theta)},
     {0}};
 static const MfOp pi_forward = {"path_integration_forward", pi_forward_args, pi_sizes,
                                 sizeof(MfPathIntegrationParams),
                                 .run = MF_OP(path_integration_forward)};
 
 static const MfArg pi_backward_args[] = {
-    {"dtheta", 1, MF_IN, 0, "B T H NB", .field = PT(dtheta)},
-    {"delta", 2, MF_IN, 0, "B T H NB", .field = PT(delta)},
-    {"omega", 3, MF_IN, 0, "H NB", .field = PT(omega)},
-    {"domega", 4, MF_INOUT, 0, "H NB", .field = PT(domega)},
-    {"ddelta", 0, MF_OUT, 0, "B T H NB", .field = PT(ddelta)},
+    {"dtheta", 1, MF_IN, 0, "B T H NB", MF_FIELD(PT, dtheta)},
+    {"delta", 2, MF_IN, 0, "B T H NB", MF_FIELD(PT, delta)},
+    {"omega", 3, MF_IN, 0, "H NB", MF_FIELD(PT, omega)},
+    {"domega", 4, MF_INOUT, 0, "H NB", MF_FIELD(PT, domega)},
+    {"ddelta", 0, MF_OUT, 0, "B T H NB", MF_FIELD(PT, ddelta)},
     {0}};
 static const MfOp pi_backward = {"path_integration_backward", pi_backward_args, pi_sizes,
                                  sizeof(MfPathIntegrationParams),
@@ -43,25 +43,25 @@ static int rotary_check(MfCall *c, void *params) {
 }
 
 static const MfArg rotary_forward_args[] = {
-    {"q", 1, MF_IN, 0, "B T H D", .field = R(q)},
-    {"k", 2, MF_IN, 0, "B T H D", .field = R(k)},
-    {"theta", 3, MF_IN, 0, "TB T H D/2", .field = R(theta)},
-    {"q_out", 0, MF_OUT, 0, "B T H D", .field = R(q_out)},
-    {"k_out", 0, MF_OUT, 0, "B T H D", .field = R(k_out)},
+    {"q", 1, MF_IN, 0, "B T H D", MF_FIELD(R, q)},
+    {"k", 2, MF_IN, 0, "B T H D", MF_FIELD(R, k)},
+    {"theta", 3, MF_IN, 0, "TB T H D/2", MF_FIELD(R, theta)},
+    {"q_out", 0, MF_OUT, 0, "B T H D", MF_FIELD(R, q_out)},
+    {"k_out", 0, MF_OUT, 0, "B T H D", MF_FIELD(R, k_out)},
     {0}};
 static const MfOp rotary_forward_op = {"rotary_forward", rotary_forward_args, rotary_sizes,
                                        sizeof(MfRotaryParams), .run = MF_OP(rotary_forward),
                                        .check = rotary_check};
 
 static const MfArg rotary_backward_args[] = {
-    {"dq_out", 1, MF_IN, 0, "B T H D", .field = R(dq_out)},
-    {"dk_out", 2, MF_IN, 0, "B T H D", .field = R(dk_out)},
-    {"q", 3, MF_IN, 0, "B T H D", .field = R(q)},
-    {"k", 4, MF_IN, 0, "B T H D", .field = R(k)},
-    {"theta", 5, MF_IN, 0, "TB T H D/2", .field = R(theta)},
-    {"dq", 0, MF_OUT, 0, "B T H D", .field = R(dq)},
-    {"dk", 0, MF_OUT, 0, "B T H D", .field = R(dk)},
-    {"dtheta", 0, MF_OUT, 0, "TB T H D/2", .field = R(dtheta)},
+    {"dq_out", 1, MF_IN, 0, "B T H D", MF_FIELD(R, dq_out)},
+    {"dk_out", 2, MF_IN, 0, "B T H D", MF_FIELD(R, dk_out)},
+    {"q", 3, MF_IN, 0, "B T H D", MF_FIELD(R, q)},
+    {"k", 4, MF_IN, 0, "B T H D", MF_FIELD(R, k)},
+    {"theta", 5, MF_IN, 0, "TB T H D/2", MF_FIELD(R, theta)},
+    {"dq", 0, MF_OUT, 0, "B T H D", MF_FIELD(R, dq)},
+    {"dk", 0, MF_OUT, 0, "B T H D", MF_FIELD(R, dk)},
+    {"dtheta", 0, MF_OUT, 0, "TB T H D/2", MF_FIELD(R, dtheta)},
     {0}};
 static const MfOp rotary_backward_op = {"rotary_backward", rotary_backward_args, rotary_sizes,
                                         sizeof(MfRotaryParams), .run = MF_OP(rotary_backward),

@@ -4,14 +4,14 @@
 
 #define CV(f) offsetof(MfConv1dParams, f)
 #define P(f) offsetof(MfScanParams, f)
-static const MfSize conv_sizes[] = {{"B", CV(B)}, {"T", CV(T)}, {"E", CV(E)}, {"W", CV(W)},
-                                    {NULL, 0}};
-static const MfSize scan_sizes[] = {{"B", P(B)}, {"T", P(T)}, {"E", P(E)}, {"K", P(K)},
-                                    {NULL, 0}};
+static const MfSize conv_sizes[] = {{"B", CV(B), "B"}, {"T", CV(T), "T"}, {"E", CV(E), "E"},
+                                    {"W", CV(W), "W"}, {0}};
+static const MfSize scan_sizes[] = {{"B", P(B), "B"}, {"T", P(T), "T"}, {"E", P(E), "E"},
+                                    {"K", P(K), "K"}, {0}};
 /* the complex scans name the state floats S = 2K: their sizes give K the value of S, and the
  * check hook halves it */
-static const MfSize complex_sizes[] = {{"B", P(B)}, {"T", P(T)}, {"E", P(E)}, {"S", P(K)},
-                                       {NULL, 0}};
+static const MfSize complex_sizes[] = {{"B", P(B), "B"}, {"T", P(T), "T"}, {"E", P(E), "E"},
+                                       {"S", P(K), "K"}, {0}};
 static const char *const bbars[] = {"euler", "zoh", NULL};
 /* the step's activation: "none" (index 0) or "softplus" (delta_softplus = 1) */
 static const char *const delta_activations[] = {"none", "softplus", NULL};
@@ -19,14 +19,14 @@ static const char *const delta_activations[] = {"none", "softplus", NULL};
 /* the conv's activation: "none" (index 0) or "silu" (silu = 1) */
 static const char *const conv_activations[] = {"none", "silu", NULL};
 #define CONV_ACTIVATION(pos) {"activation", pos, MF_CHOICE, MF_OPTIONAL | MF_KWONLY, \
-                              .field = CV(silu), .choices = conv_activations}
+                              MF_FIELD(CV, silu), .choices = conv_activations}
 
 static const MfArg conv_forward_args[] = {
-    {"x", 1, MF_IN, 0, "B T E", .field = CV(x)},
-    {"weight", 2, MF_IN, 0, "E W", .field = CV(weight)},
-    {"bias", 3, MF_IN, 0, "E", .field = CV(bias)},
+    {"x", 1, MF_IN, 0, "B T E", MF_FIELD(CV, x)},
+    {"weight", 2, MF_IN, 0, "E W", MF_FIELD(CV, weight)},
+    {"bias", 3, MF_IN, 0, "E", MF_FIELD(CV, bias)},
     CONV_ACTIVATION(4),
-    {"y", 0, MF_OUT, 0, "B T E", .field = CV(y)},
+    {"y", 0, MF_OUT, 0, "B T E", MF_FIELD(CV, y)},
     {0}};
 static const MfOp conv_forward = {"causal_conv1d_forward", conv_forward_args, conv_sizes,
                                   sizeof(MfConv1dParams), .run = MF_OP(causal_conv1d_forward),
@@ -34,14 +34,14 @@ static const MfOp conv_forward = {"causal_conv1d_forward", conv_forward_args, co
                                   MF_SCRATCH_FIELDS(MfConv1dParams)};
 
 static const MfArg conv_backward_args[] = {
-    {"dy", 1, MF_IN, 0, "B T E", .field = CV(dy)},
-    {"x", 2, MF_IN, 0, "B T E", .field = CV(x)},
-    {"weight", 3, MF_IN, 0, "E W", .field = CV(weight)},
-    {"dweight", 4, MF_INOUT, 0, "E W", .field = CV(dweight)},
-    {"dbias", 5, MF_INOUT, 0, "E", .field = CV(dbias)},
-    {"bias", 6, MF_IN, MF_OPTIONAL | MF_NONE | MF_KWONLY, "E", .field = CV(bias)},
+    {"dy", 1, MF_IN, 0, "B T E", MF_FIELD(CV, dy)},
+    {"x", 2, MF_IN, 0, "B T E", MF_FIELD(CV, x)},
+    {"weight", 3, MF_IN, 0, "E W", MF_FIELD(CV, weight)},
+    {"dweight", 4, MF_INOUT, 0, "E W", MF_FIELD(CV, dweight)},
+    {"dbias", 5, MF_INOUT, 0, "E", MF_FIELD(CV, dbias)},
+    {"bias", 6, MF_IN, MF_OPTIONAL | MF_NONE | MF_KWONLY, "E", MF_FIELD(CV, bias)},
     CONV_ACTIVATION(7),
-    {"dx", 0, MF_OUT, 0, "B T E", .field = CV(dx)},
+    {"dx", 0, MF_OUT, 0, "B T E", MF_FIELD(CV, dx)},
     {0}};
 
 /* the backward recomputes the convolution for SiLU: the bias then, and only then */
@@ -112,54 +112,54 @@ static int complex_backward_check(MfCall *c, void *p) {
     return bias_grad_check(p) < 0 ? -1 : complex_check(c, p);
 }
 
-#define CHUNK(pos) {"chunk", pos, MF_INT, MF_OPTIONAL | MF_KWONLY, .field = P(chunk), .lo = 1, \
+#define CHUNK(pos) {"chunk", pos, MF_INT, MF_OPTIONAL | MF_KWONLY, MF_FIELD(P, chunk), .lo = 1, \
                      .dflt = 256}
-#define BBAR(pos) {"bbar", pos, MF_CHOICE, MF_OPTIONAL | MF_KWONLY, .field = P(bbar), \
+#define BBAR(pos) {"bbar", pos, MF_CHOICE, MF_OPTIONAL | MF_KWONLY, MF_FIELD(P, bbar), \
                    .choices = bbars}
 /* Mamba's delta_bias and delta_softplus: the step is delta + delta_bias, through softplus */
 #define STEP(pos) {"delta_bias", pos, MF_IN, MF_OPTIONAL | MF_NONE | MF_KWONLY, "E", \
-                   .field = P(delta_bias)}, \
+                   MF_FIELD(P, delta_bias)}, \
                   {"delta_activation", pos + 1, MF_CHOICE, MF_OPTIONAL | MF_KWONLY, \
-                   .field = P(delta_softplus), .choices = delta_activations}
+                   MF_FIELD(P, delta_softplus), .choices = delta_activations}
 #define STEP_GRAD(pos) {"ddelta_bias", pos, MF_INOUT, MF_OPTIONAL | MF_NONE | MF_KWONLY, "E", \
-                        .field = P(ddelta_bias)}
+                        MF_FIELD(P, ddelta_bias)}
 
 static const MfArg real_forward_args[] = {
-    {"x", 1, MF_IN, 0, "B T E", .field = P(x)},
-    {"delta", 2, MF_IN, 0, "B T E", .field = P(delta)},
-    {"A", 3, MF_IN, 0, "E K", .field = P(A)},
-    {"B", 4, MF_IN, 0, "B T K", .field = P(Bm)},
-    {"C", 5, MF_IN, 0, "B T K", .field = P(Cm)},
-    {"D", 6, MF_IN, 0, "E", .field = P(D)},
+    {"x", 1, MF_IN, 0, "B T E", MF_FIELD(P, x)},
+    {"delta", 2, MF_IN, 0, "B T E", MF_FIELD(P, delta)},
+    {"A", 3, MF_IN, 0, "E K", MF_FIELD(P, A)},
+    {"B", 4, MF_IN, 0, "B T K", MF_FIELD(P, Bm)},
+    {"C", 5, MF_IN, 0, "B T K", MF_FIELD(P, Cm)},
+    {"D", 6, MF_IN, 0, "E", MF_FIELD(P, D)},
     CHUNK(7),
     BBAR(8),
     STEP(9),
-    {"y", 0, MF_OUT, 0, "B T E", .field = P(y)},
-    {"states", 0, MF_OUT, 0, "B NC E K", .field = P(states)},
+    {"y", 0, MF_OUT, 0, "B T E", MF_FIELD(P, y)},
+    {"states", 0, MF_OUT, 0, "B NC E K", MF_FIELD(P, states)},
     {0}};
 static const MfOp real_forward = {"selective_scan_forward", real_forward_args, scan_sizes,
                                   sizeof(MfScanParams), .run = MF_OP(selective_scan_forward),
                                   .check = real_check};
 
 static const MfArg real_backward_args[] = {
-    {"dy", 1, MF_IN, 0, "B T E", .field = P(dy)},
-    {"x", 2, MF_IN, 0, "B T E", .field = P(x)},
-    {"delta", 3, MF_IN, 0, "B T E", .field = P(delta)},
-    {"A", 4, MF_IN, 0, "E K", .field = P(A)},
-    {"B", 5, MF_IN, 0, "B T K", .field = P(Bm)},
-    {"C", 6, MF_IN, 0, "B T K", .field = P(Cm)},
-    {"D", 7, MF_IN, 0, "E", .field = P(D)},
-    {"states", 8, MF_IN, 0, "B NC E K", .field = P(states_in)},
-    {"dA", 9, MF_INOUT, 0, "E K", .field = P(dA)},
-    {"dD", 10, MF_INOUT, 0, "E", .field = P(dD)},
+    {"dy", 1, MF_IN, 0, "B T E", MF_FIELD(P, dy)},
+    {"x", 2, MF_IN, 0, "B T E", MF_FIELD(P, x)},
+    {"delta", 3, MF_IN, 0, "B T E", MF_FIELD(P, delta)},
+    {"A", 4, MF_IN, 0, "E K", MF_FIELD(P, A)},
+    {"B", 5, MF_IN, 0, "B T K", MF_FIELD(P, Bm)},
+    {"C", 6, MF_IN, 0, "B T K", MF_FIELD(P, Cm)},
+    {"D", 7, MF_IN, 0, "E", MF_FIELD(P, D)},
+    {"states", 8, MF_IN, 0, "B NC E K", MF_FIELD(P, states_in)},
+    {"dA", 9, MF_INOUT, 0, "E K", MF_FIELD(P, dA)},
+    {"dD", 10, MF_INOUT, 0, "E", MF_FIELD(P, dD)},
     CHUNK(11),
     BBAR(12),
     STEP(13),
     STEP_GRAD(15),
-    {"dx", 0, MF_OUT, 0, "B T E", .field = P(dx)},
-    {"ddelta", 0, MF_OUT, 0, "B T E", .field = P(ddelta)},
-    {"dB", 0, MF_OUT, 0, "B T K", .field = P(dBm)},
-    {"dC", 0, MF_OUT, 0, "B T K", .field = P(dCm)},
+    {"dx", 0, MF_OUT, 0, "B T E", MF_FIELD(P, dx)},
+    {"ddelta", 0, MF_OUT, 0, "B T E", MF_FIELD(P, ddelta)},
+    {"dB", 0, MF_OUT, 0, "B T K", MF_FIELD(P, dBm)},
+    {"dC", 0, MF_OUT, 0, "B T K", MF_FIELD(P, dCm)},
     {0}};
 static const MfOp real_backward = {"selective_scan_backward", real_backward_args, scan_sizes,
                                    sizeof(MfScanParams), .run = MF_OP(selective_scan_backward),
@@ -168,48 +168,49 @@ static const MfOp real_backward = {"selective_scan_backward", real_backward_args
                                    .check = real_backward_check};
 
 static const MfArg complex_forward_args[] = {
-    {"x", 1, MF_IN, 0, "B T E", .field = P(x)},
-    {"delta", 2, MF_IN, 0, "B T E", .field = P(delta)},
-    {"delta_angle", 3, MF_IN, MF_NONE, "B T E", .field = P(delta_angle)},
-    {"A", 4, MF_IN, 0, "E S/2", .field = P(A)},
-    {"omega", 5, MF_IN, 0, "E S/2", .field = P(omega)},
-    {"B", 6, MF_IN, 0, "B T S", .field = P(Bm)},
-    {"C", 7, MF_IN, 0, "B T S", .field = P(Cm)},
-    {"D", 8, MF_IN, 0, "E", .field = P(D)},
+    {"x", 1, MF_IN, 0, "B T E", MF_FIELD(P, x)},
+    {"delta", 2, MF_IN, 0, "B T E", MF_FIELD(P, delta)},
+    {"delta_angle", 3, MF_IN, MF_NONE, "B T E", MF_FIELD(P, delta_angle)},
+    {"A", 4, MF_IN, 0, "E S/2", MF_FIELD(P, A)},
+    {"omega", 5, MF_IN, 0, "E S/2", MF_FIELD(P, omega)},
+    {"B", 6, MF_IN, 0, "B T S", MF_FIELD(P, Bm)},
+    {"C", 7, MF_IN, 0, "B T S", MF_FIELD(P, Cm)},
+    {"D", 8, MF_IN, 0, "E", MF_FIELD(P, D)},
     CHUNK(9),
     BBAR(10),
     STEP(11),
-    {"y", 0, MF_OUT, 0, "B T E", .field = P(y)},
-    {"states", 0, MF_OUT, 0, "B NC E S", .field = P(states)},
+    {"y", 0, MF_OUT, 0, "B T E", MF_FIELD(P, y)},
+    {"states", 0, MF_OUT, 0, "B NC E S", MF_FIELD(P, states)},
     {0}};
 static const MfOp complex_forward = {"complex_scan_forward", complex_forward_args, complex_sizes,
                                      sizeof(MfScanParams), .run = MF_OP(complex_scan_forward),
                                      .check = complex_check};
 
 static const MfArg complex_backward_args[] = {
-    {"dy", 1, MF_IN, 0, "B T E", .field = P(dy)},
-    {"x", 2, MF_IN, 0, "B T E", .field = P(x)},
-    {"delta", 3, MF_IN, 0, "B T E", .field = P(delta)},
-    {"delta_angle", 4, MF_IN, MF_NONE, "B T E", .field = P(delta_angle)},
-    {"A", 5, MF_IN, 0, "E S/2", .field = P(A)},
-    {"omega", 6, MF_IN, 0, "E S/2", .field = P(omega)},
-    {"B", 7, MF_IN, 0, "B T S", .field = P(Bm)},
-    {"C", 8, MF_IN, 0, "B T S", .field = P(Cm)},
-    {"D", 9, MF_IN, 0, "E", .field = P(D)},
-    {"states", 10, MF_IN, 0, "B NC E S", .field = P(states_in)},
-    {"dA", 11, MF_INOUT, 0, "E S/2", .field = P(dA)},
-    {"domega", 12, MF_INOUT, 0, "E S/2", .field = P(domega)},
-    {"dD", 13, MF_INOUT, 0, "E", .field = P(dD)},
+    {"dy", 1, MF_IN, 0, "B T E", MF_FIELD(P, dy)},
+    {"x", 2, MF_IN, 0, "B T E", MF_FIELD(P, x)},
+    {"delta", 3, MF_IN, 0, "B T E", MF_FIELD(P, delta)},
+    {"delta_angle", 4, MF_IN, MF_NONE, "B T E", MF_FIELD(P, delta_angle)},
+    {"A", 5, MF_IN, 0, "E S/2", MF_FIELD(P, A)},
+    {"omega", 6, MF_IN, 0, "E S/2", MF_FIELD(P, omega)},
+    {"B", 7, MF_IN, 0, "B T S", MF_FIELD(P, Bm)},
+    {"C", 8, MF_IN, 0, "B T S", MF_FIELD(P, Cm)},
+    {"D", 9, MF_IN, 0, "E", MF_FIELD(P, D)},
+    {"states", 10, MF_IN, 0, "B NC E S", MF_FIELD(P, states_in)},
+    {"dA", 11, MF_INOUT, 0, "E S/2", MF_FIELD(P, dA)},
+    {"domega", 12, MF_INOUT, 0, "E S/2", MF_FIELD(P, domega)},
+    {"dD", 13, MF_INOUT, 0, "E", MF_FIELD(P, dD)},
     CHUNK(14),
     BBAR(15),
     STEP(16),
     STEP_GRAD(18),
-    {"dx", 0, MF_OUT, 0, "B T E", .field = P(dx)},
-    {"ddelta", 0, MF_OUT, 0, "B T E", .field = P(ddelta)},
-    {"ddelta_angle", 0, MF_OUT, MF_OPTIONAL, "B T E", .field = P(ddelta_angle),
-     .when = P(delta_angle)}, /* None without delta_angle (ddelta holds its part) */
-    {"dB", 0, MF_OUT, 0, "B T S", .field = P(dBm)},
-    {"dC", 0, MF_OUT, 0, "B T S", .field = P(dCm)},
+    {"dx", 0, MF_OUT, 0, "B T E", MF_FIELD(P, dx)},
+    {"ddelta", 0, MF_OUT, 0, "B T E", MF_FIELD(P, ddelta)},
+    /* None without delta_angle (ddelta holds its part) */
+    {"ddelta_angle", 0, MF_OUT, MF_OPTIONAL, "B T E", MF_FIELD(P, ddelta_angle),
+     .when = P(delta_angle), .when_name = "delta_angle"},
+    {"dB", 0, MF_OUT, 0, "B T S", MF_FIELD(P, dBm)},
+    {"dC", 0, MF_OUT, 0, "B T S", MF_FIELD(P, dCm)},
     {0}};
 static const MfOp complex_backward = {"complex_scan_backward", complex_backward_args,
                                       complex_sizes, sizeof(MfScanParams),

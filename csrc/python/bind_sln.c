@@ -2,8 +2,9 @@
 #include "bind.h"
 
 #define S(f) offsetof(MfSlnParams, f)
-static const MfSize sln_sizes[] = {{"B", S(B)}, {"T", S(T)}, {"H", S(H)}, {"D", S(D)},
-                                   {"NB", S(NB)}, {"F", S(F)}, {NULL, 0}};
+static const MfSize sln_sizes[] = {{"B", S(B), "B"}, {"T", S(T), "T"}, {"H", S(H), "H"},
+                                   {"D", S(D), "D"}, {"NB", S(NB), "NB"}, {"F", S(F), "F"},
+                                   {0}};
 
 /* D even, NB = D / 2 (the start vectors' pairs), gen's last axis 4 (a 2x2 block) */
 static int sln_check(MfCall *c, void *params) {
@@ -24,29 +25,29 @@ static int sln_check(MfCall *c, void *params) {
     return 0;
 }
 
-#define CLAMP(pos) {"clamp", pos, MF_FLOAT, MF_OPTIONAL, .field = S(clamp), .lo = 0, \
+#define CLAMP(pos) {"clamp", pos, MF_FLOAT, MF_OPTIONAL, MF_FIELD(S, clamp), .lo = 0, \
                     .hi = 80, .open = MF_LO_OPEN, .dflt = 10}
 
 static const MfArg sln_forward_args[] = {
-    {"start", 3, MF_IN, 0, "H D", .field = S(start)},
-    {"delta", 1, MF_IN, 0, "B T H NB", .field = S(delta)},
-    {"gen", 2, MF_IN, 0, "H NB F", .field = S(gen)},
+    {"start", 3, MF_IN, 0, "H D", MF_FIELD(S, start)},
+    {"delta", 1, MF_IN, 0, "B T H NB", MF_FIELD(S, delta)},
+    {"gen", 2, MF_IN, 0, "H NB F", MF_FIELD(S, gen)},
     CLAMP(4),
-    {"p", 0, MF_OUT, 0, "B T H D", .field = S(p)},
+    {"p", 0, MF_OUT, 0, "B T H D", MF_FIELD(S, p)},
     {0}};
 static const MfOp sln_forward_op = {"sln_forward", sln_forward_args, sln_sizes,
                                     sizeof(MfSlnParams), .run = MF_OP(sln_forward),
                                     .check = sln_check};
 
 static const MfArg sln_backward_args[] = {
-    {"start", 4, MF_IN, 0, "H D", .field = S(start)},
-    {"dp", 1, MF_IN, 0, "B T H D", .field = S(dp)},
-    {"delta", 2, MF_IN, 0, "B T H NB", .field = S(delta)},
-    {"gen", 3, MF_IN, 0, "H NB F", .field = S(gen)},
-    {"dgen", 5, MF_INOUT, 0, "H NB F", .field = S(dgen)},
-    {"dstart", 6, MF_INOUT, 0, "H D", .field = S(dstart)},
+    {"start", 4, MF_IN, 0, "H D", MF_FIELD(S, start)},
+    {"dp", 1, MF_IN, 0, "B T H D", MF_FIELD(S, dp)},
+    {"delta", 2, MF_IN, 0, "B T H NB", MF_FIELD(S, delta)},
+    {"gen", 3, MF_IN, 0, "H NB F", MF_FIELD(S, gen)},
+    {"dgen", 5, MF_INOUT, 0, "H NB F", MF_FIELD(S, dgen)},
+    {"dstart", 6, MF_INOUT, 0, "H D", MF_FIELD(S, dstart)},
     CLAMP(7),
-    {"ddelta", 0, MF_OUT, 0, "B T H NB", .field = S(ddelta)},
+    {"ddelta", 0, MF_OUT, 0, "B T H NB", MF_FIELD(S, ddelta)},
     {0}};
 static const MfOp sln_backward_op = {"sln_backward", sln_backward_args, sln_sizes,
                                      sizeof(MfSlnParams), .run = MF_OP(sln_backward),

@@ -2,7 +2,7 @@
 #include "bind.h"
 
 #define P(f) offsetof(MfSoftmaxXentParams, f)
-static const MfSize sizes[] = {{"N", P(N)}, {"V", P(V)}, {NULL, 0}};
+static const MfSize sizes[] = {{"N", P(N), "N"}, {"V", P(V), "V"}, {0}};
 
 /* every target in [0, V), checked here for the message; the kernel checks each again as it
  * reads it (MF_EINDEX, raised naming targets); every mask weight finite and >= 0 (a negative
@@ -23,22 +23,22 @@ static int check(MfCall *c, void *params) {
 }
 
 static const MfArg forward_args[] = {
-    {"logits", 1, MF_IN, 0, "N V", .field = P(logits)},
-    {"targets", 2, MF_IN, 0, "N", .field = P(targets), .dtype = MF_I32},
-    {"mask", 3, MF_IN, 0, "N", .field = P(mask)},
-    {"losses", 0, MF_OUT, 0, "N", .field = P(losses)},
-    {"loss", 0, MF_RESULT, .field = P(loss)},
+    {"logits", 1, MF_IN, 0, "N V", MF_FIELD(P, logits)},
+    {"targets", 2, MF_IN, 0, "N", MF_FIELD(P, targets), .dtype = MF_I32},
+    {"mask", 3, MF_IN, 0, "N", MF_FIELD(P, mask)},
+    {"losses", 0, MF_OUT, 0, "N", MF_FIELD(P, losses)},
+    {"loss", 0, MF_RESULT, MF_FIELD(P, loss)},
     {0}};
 static const MfOp forward = {"softmax_xent_forward", forward_args, sizes,
                              sizeof(MfSoftmaxXentParams), .run = MF_OP(softmax_xent_forward),
                              .check = check, .index_arg = "targets"};
 
 static const MfArg backward_args[] = {
-    {"logits", 1, MF_IN, 0, "N V", .field = P(logits)},
-    {"targets", 2, MF_IN, 0, "N", .field = P(targets), .dtype = MF_I32},
-    {"mask", 3, MF_IN, 0, "N", .field = P(mask)},
-    {"scale", 4, MF_FLOAT, 0, .field = P(scale), MF_FINITE},
-    {"dlogits", 0, MF_OUT, 0, "N V", .field = P(dlogits)},
+    {"logits", 1, MF_IN, 0, "N V", MF_FIELD(P, logits)},
+    {"targets", 2, MF_IN, 0, "N", MF_FIELD(P, targets), .dtype = MF_I32},
+    {"mask", 3, MF_IN, 0, "N", MF_FIELD(P, mask)},
+    {"scale", 4, MF_FLOAT, 0, MF_FIELD(P, scale), MF_FINITE},
+    {"dlogits", 0, MF_OUT, 0, "N V", MF_FIELD(P, dlogits)},
     {0}};
 static const MfOp backward = {"softmax_xent_backward", backward_args, sizes,
                               sizeof(MfSoftmaxXentParams), .run = MF_OP(softmax_xent_backward),

@@ -4,10 +4,10 @@
 
 #define R(f) offsetof(MfTapeRotateParams, f)
 #define X(f) offsetof(MfTapeMixParams, f)
-static const MfSize rotate_sizes[] = {{"B", R(B)}, {"T", R(T)}, {"H", R(H)}, {"D", R(D)},
-                                      {NULL, 0}};
-static const MfSize mix_sizes[] = {{"B", X(B)}, {"T", X(T)}, {"H", X(H)}, {"D", X(D)},
-                                   {NULL, 0}};
+static const MfSize rotate_sizes[] = {{"B", R(B), "B"}, {"T", R(T), "T"}, {"H", R(H), "H"},
+                                      {"D", R(D), "D"}, {0}};
+static const MfSize mix_sizes[] = {{"B", X(B), "B"}, {"T", X(T), "T"}, {"H", X(H), "H"},
+                                   {"D", X(D), "D"}, {0}};
 
 /* D even, named by the array that fixed it: the state holds D/2 complex numbers */
 static int check(MfCall *c, void *params) {
@@ -16,48 +16,48 @@ static int check(MfCall *c, void *params) {
 }
 
 static const MfArg rotate_forward_args[] = {
-    {"q", 1, MF_IN, 0, "B T H D", .field = R(q)},
-    {"k", 2, MF_IN, 0, "B T H D", .field = R(k)},
-    {"e", 3, MF_IN, 0, "B T H D", .field = R(e)},
-    {"q_out", 0, MF_OUT, 0, "B T H D", .field = R(q_out)},
-    {"k_out", 0, MF_OUT, 0, "B T H D", .field = R(k_out)},
+    {"q", 1, MF_IN, 0, "B T H D", MF_FIELD(R, q)},
+    {"k", 2, MF_IN, 0, "B T H D", MF_FIELD(R, k)},
+    {"e", 3, MF_IN, 0, "B T H D", MF_FIELD(R, e)},
+    {"q_out", 0, MF_OUT, 0, "B T H D", MF_FIELD(R, q_out)},
+    {"k_out", 0, MF_OUT, 0, "B T H D", MF_FIELD(R, k_out)},
     {0}};
 static const MfOp rotate_forward = {"tape_rotate_forward", rotate_forward_args, rotate_sizes,
                                     sizeof(MfTapeRotateParams),
                                     .run = MF_OP(tape_rotate_forward), .check = check};
 
 static const MfArg rotate_backward_args[] = {
-    {"dq_out", 1, MF_IN, 0, "B T H D", .field = R(dq_out)},
-    {"dk_out", 2, MF_IN, 0, "B T H D", .field = R(dk_out)},
-    {"q", 3, MF_IN, 0, "B T H D", .field = R(q)},
-    {"k", 4, MF_IN, 0, "B T H D", .field = R(k)},
-    {"e", 5, MF_IN, 0, "B T H D", .field = R(e)},
-    {"dq", 0, MF_OUT, 0, "B T H D", .field = R(dq)},
-    {"dk", 0, MF_OUT, 0, "B T H D", .field = R(dk)},
-    {"de", 0, MF_OUT, 0, "B T H D", .field = R(de)},
+    {"dq_out", 1, MF_IN, 0, "B T H D", MF_FIELD(R, dq_out)},
+    {"dk_out", 2, MF_IN, 0, "B T H D", MF_FIELD(R, dk_out)},
+    {"q", 3, MF_IN, 0, "B T H D", MF_FIELD(R, q)},
+    {"k", 4, MF_IN, 0, "B T H D", MF_FIELD(R, k)},
+    {"e", 5, MF_IN, 0, "B T H D", MF_FIELD(R, e)},
+    {"dq", 0, MF_OUT, 0, "B T H D", MF_FIELD(R, dq)},
+    {"dk", 0, MF_OUT, 0, "B T H D", MF_FIELD(R, dk)},
+    {"de", 0, MF_OUT, 0, "B T H D", MF_FIELD(R, de)},
     {0}};
 static const MfOp rotate_backward = {"tape_rotate_backward", rotate_backward_args,
                                      rotate_sizes, sizeof(MfTapeRotateParams),
                                      .run = MF_OP(tape_rotate_backward), .check = check};
 
 static const MfArg mix_forward_args[] = {
-    {"e_att", 1, MF_IN, 0, "B T H D", .field = X(e_att)},
-    {"gate_logits", 2, MF_IN, 0, "B T H", .field = X(gate_logits)},
-    {"w", 3, MF_IN, 0, "H H", .field = X(w)},
-    {"e_new", 0, MF_OUT, 0, "B T H D", .field = X(e_new)},
+    {"e_att", 1, MF_IN, 0, "B T H D", MF_FIELD(X, e_att)},
+    {"gate_logits", 2, MF_IN, 0, "B T H", MF_FIELD(X, gate_logits)},
+    {"w", 3, MF_IN, 0, "H H", MF_FIELD(X, w)},
+    {"e_new", 0, MF_OUT, 0, "B T H D", MF_FIELD(X, e_new)},
     {0}};
 static const MfOp mix_forward = {"tape_mix_forward", mix_forward_args, mix_sizes,
                                  sizeof(MfTapeMixParams), .run = MF_OP(tape_mix_forward),
                                  .check = check};
 
 static const MfArg mix_backward_args[] = {
-    {"de_new", 1, MF_IN, 0, "B T H D", .field = X(de_new)},
-    {"e_att", 2, MF_IN, 0, "B T H D", .field = X(e_att)},
-    {"gate_logits", 3, MF_IN, 0, "B T H", .field = X(gate_logits)},
-    {"w", 4, MF_IN, 0, "H H", .field = X(w)},
-    {"dw", 5, MF_INOUT, 0, "H H", .field = X(dw)},
-    {"de_att", 0, MF_OUT, 0, "B T H D", .field = X(de_att)},
-    {"dgate_logits", 0, MF_OUT, 0, "B T H", .field = X(dgate_logits)},
+    {"de_new", 1, MF_IN, 0, "B T H D", MF_FIELD(X, de_new)},
+    {"e_att", 2, MF_IN, 0, "B T H D", MF_FIELD(X, e_att)},
+    {"gate_logits", 3, MF_IN, 0, "B T H", MF_FIELD(X, gate_logits)},
+    {"w", 4, MF_IN, 0, "H H", MF_FIELD(X, w)},
+    {"dw", 5, MF_INOUT, 0, "H H", MF_FIELD(X, dw)},
+    {"de_att", 0, MF_OUT, 0, "B T H D", MF_FIELD(X, de_att)},
+    {"dgate_logits", 0, MF_OUT, 0, "B T H", MF_FIELD(X, dgate_logits)},
     {0}};
 static const MfOp mix_backward = {"tape_mix_backward", mix_backward_args, mix_sizes,
                                   sizeof(MfTapeMixParams), .run = MF_OP(tape_mix_backward),

@@ -2,15 +2,16 @@
 #include "bind.h"
 
 #define P(f) offsetof(MfVqParams, f)
-static const MfSize sizes[] = {{"N", P(N)}, {"M", P(M)}, {"K", P(K)}, {"D", P(D)}, {NULL, 0}};
+static const MfSize sizes[] = {{"N", P(N), "N"}, {"M", P(M), "M"}, {"K", P(K), "K"},
+                               {"D", P(D), "D"}, {0}};
 
 static const MfArg forward_args[] = {
-    {"z", 1, MF_IN, 0, "N M D", .field = P(z)},
-    {"codebook", 2, MF_IN, 0, "M K D", .field = P(codebook)},
-    {"codes", 0, MF_OUT, 0, "N M D", .field = P(codes)},
-    {"indices", 0, MF_OUT, 0, "N M", .field = P(indices), .dtype = MF_I32},
-    {"dist", 0, MF_OUT, 0, "N M", .field = P(dist)},
-    {"total", 0, MF_RESULT, .field = P(total)},
+    {"z", 1, MF_IN, 0, "N M D", MF_FIELD(P, z)},
+    {"codebook", 2, MF_IN, 0, "M K D", MF_FIELD(P, codebook)},
+    {"codes", 0, MF_OUT, 0, "N M D", MF_FIELD(P, codes)},
+    {"indices", 0, MF_OUT, 0, "N M", MF_FIELD(P, indices), .dtype = MF_I32},
+    {"dist", 0, MF_OUT, 0, "N M", MF_FIELD(P, dist)},
+    {"total", 0, MF_RESULT, MF_FIELD(P, total)},
     {0}};
 
 /* K must fit an int32 index */
@@ -38,16 +39,16 @@ static int check_backward(MfCall *c, void *params) {
 }
 
 static const MfArg backward_args[] = {
-    {"dcodes", 1, MF_IN, 0, "N M D", .field = P(dcodes)},
-    {"z", 2, MF_IN, 0, "N M D", .field = P(z)},
-    {"codebook", 3, MF_IN, 0, "M K D", .field = P(codebook)},
-    {"indices", 4, MF_IN, 0, "N M", .field = P(indices_in), .dtype = MF_I32},
-    {"dcodebook", 5, MF_INOUT, 0, "M K D", .field = P(dcodebook)},
-    {"codebook_weight", 6, MF_FLOAT, 0, .field = P(codebook_weight), .lo = 0,
+    {"dcodes", 1, MF_IN, 0, "N M D", MF_FIELD(P, dcodes)},
+    {"z", 2, MF_IN, 0, "N M D", MF_FIELD(P, z)},
+    {"codebook", 3, MF_IN, 0, "M K D", MF_FIELD(P, codebook)},
+    {"indices", 4, MF_IN, 0, "N M", MF_FIELD(P, indices_in), .dtype = MF_I32},
+    {"dcodebook", 5, MF_INOUT, 0, "M K D", MF_FIELD(P, dcodebook)},
+    {"codebook_weight", 6, MF_FLOAT, 0, MF_FIELD(P, codebook_weight), .lo = 0,
      .hi = INFINITY, .open = MF_HI_OPEN},
-    {"commitment_weight", 7, MF_FLOAT, 0, .field = P(commitment_weight), .lo = 0,
+    {"commitment_weight", 7, MF_FLOAT, 0, MF_FIELD(P, commitment_weight), .lo = 0,
      .hi = INFINITY, .open = MF_HI_OPEN},
-    {"dz", 0, MF_OUT, 0, "N M D", .field = P(dz)},
+    {"dz", 0, MF_OUT, 0, "N M D", MF_FIELD(P, dz)},
     {0}};
 static const MfOp backward = {"vq_backward", backward_args, sizes, sizeof(MfVqParams),
                               .run = MF_OP(vq_backward), .check = check_backward,

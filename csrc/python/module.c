@@ -141,6 +141,29 @@ static PyObject *py_release_pool(PyObject *self, PyObject *args) {
     return PyLong_FromSize_t(mf_pool_clear());
 }
 
+static PyMethodDef *const *family_tables(void);
+
+/* every op's signature: each family's function called with args NULL (bind.h: MF_DEFINE) */
+static PyObject *py_signatures(PyObject *self, PyObject *args) {
+    (void)args;
+    PyObject *all = PyDict_New();
+    if (all == NULL) return NULL;
+    for (PyMethodDef *const *table = family_tables(); *table != NULL; table++) {
+        if (*table == mf_kernels_methods) continue; /* the module's own functions */
+        for (const PyMethodDef *m = *table; m->ml_name != NULL; m++) {
+            PyObject *sig = ((PyCFunctionWithKeywords)(void (*)(void))m->ml_meth)(self, NULL,
+                                                                                NULL);
+            if (sig == NULL || PyDict_SetItemString(all, m->ml_name, sig) < 0) {
+                Py_XDECREF(sig);
+                Py_DECREF(all);
+                return NULL;
+            }
+            Py_DECREF(sig);
+        }
+    }
+    return all;
+}
+
 PyMethodDef mf_kernels_methods[] = {
     {"kernels", py_kernels, METH_NOARGS,
      "kernels() -> str\n\nThe active kernel set of the ops with hand-written kernels (linear,\n"
@@ -174,6 +197,17 @@ PyMethodDef mf_kernels_methods[] = {
      "set_subnormals(mode)\n\nSet what the ops do with subnormal floats: 'flush' or 'keep'\n"
      "(process-wide; MAPFORMER_SUBNORMALS in the environment sets it when the module loads).\n"
      "A record's provenance holds the mode its run trained with."},
+    {"signatures", py_signatures, METH_NOARGS,
+     "signatures() -> dict\n\nEvery op's signature, the binding's own table (the one place an\n"
+     "op's arguments are declared): {op: {'name', 'args': [row, ...] in the order the binding\n"
+     "checks them, 'sizes': {letter: params field}, 'scratch': bool, 'index_arg'}}. A row:\n"
+     "'name', 'pos' (its place in the Python signature from 1; None: not a Python argument),\n"
+     "'kind' ('in', 'inout', 'out', 'out_or_into', 'result', 'float', 'int', 'choice'),\n"
+     "'written', 'optional', 'accepts_none', 'kwonly', 'shape' (letters, e.g. 'B T H D';\n"
+     "arrays), 'dtype' ('float32', 'int32', 'bool'; arrays), 'field' (the params struct's\n"
+     "field), 'given' / 'when' (fields an out_or_into / optional out row sets / depends on),\n"
+     "'default'; 'low', 'high', 'low_open', 'high_open' (floats), 'low' (ints), 'choices'.\n"
+     "mapformer.signatures reads it."},
     {"release_pool", py_release_pool, METH_NOARGS,
      "release_pool() -> int\n\nFree the blocks the output pool holds for reuse (the large op\n"
      "outputs of earlier steps; arrays still alive keep theirs) and return the bytes freed:\n"
@@ -189,7 +223,9 @@ static struct PyModuleDef mapformer_module = {
     -1, NULL, NULL, NULL, NULL, NULL};
 
 #define MF_FAMILY_TABLE(family) mf_##family##_methods,
-static PyMethodDef *const families[] = {MF_FAMILIES(MF_FAMILY_TABLE)};
+static PyMethodDef *const families[] = {MF_FAMILIES(MF_FAMILY_TABLE) NULL};
+
+static PyMethodDef *const *family_tables(void) { return families; }
 
 PyMODINIT_FUNC PyInit__C(void) {
     import_array();
@@ -214,7 +250,7 @@ PyMODINIT_FUNC PyInit__C(void) {
     }
     PyObject *m = PyModule_Create(&mapformer_module);
     if (m == NULL) return NULL;
-    for (size_t i = 0; i < sizeof families / sizeof families[0]; i++) {
+    for (size_t i = 0; families[i] != NULL; i++) {
         if (PyModule_AddFunctions(m, families[i]) < 0) {
             Py_DECREF(m);
             return NULL;

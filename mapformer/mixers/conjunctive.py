@@ -3,7 +3,7 @@
 Content scores q_x.k_x times (or plus) positional scores q_p.k_p, the positional queries and
 keys coming from a ``positions`` scheme (mapem). ``mapem_scores``: ``both`` (MapEM-os) combines
 the two by ``mapem_mode`` (conjunctive attention: score_product, softmax_product or sum; see
-mapformer/reference.py); ``positional`` (MapEM-s) attends with the positional scores alone,
+mapformer/reference/conj_attention.py); ``positional`` (MapEM-s) attends with the positional scores alone,
 without content queries and keys. Values always come from content.
 
 The query-scaling options (``attn_scale``, ``attn_log_scale``, ``attn_log_clamp``; see

@@ -1,6 +1,6 @@
 """``cope``: contextual position encoding (Golovneva et al. 2024), which runs its own attention
 (kind ``attention``): gated positions p_ij counted from the query back, interpolated position
-embeddings added to the logits (see mapformer/reference.py, CoPE)."""
+embeddings added to the logits (see mapformer/reference/cope.py)."""
 from ..nn import normal_init
 from ..registry import Option
 from . import AttentionScheme, register_scheme

@@ -5,7 +5,7 @@ Every token carries a per-head complex state E (B, T, H, D), RoPE in the first l
 (:meth:`TAPE.initial_state`). Queries and keys are multiplied by it pairwise as complex
 numbers; after attention E_att = A E (the same attention, E as the values) and
 E_new = E_att + g * (W E_att over heads), g = sigmoid(x W_g^T + b_g) (B, T, H): the state for
-the next layer (see mapformer/reference.py, TAPE).
+the next layer (see mapformer/reference/tape.py).
 """
 from ..geometry import tape_initial_state
 from ..nn import Linear, constant_init
