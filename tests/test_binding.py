@@ -186,7 +186,9 @@ def test_id_changed_while_the_op_runs(rng, op, name):
     never reads out of bounds; at least one refusal comes from the op's own check (the
     binding's had passed): at least 200 calls, and on until the op has refused one (a loaded
     machine may schedule the flipper rarely). The C entry checks prefix and pos_ids again, a
-    task checks its copy of a row of pos_ids and clamps the prefix it reads."""
+    task checks its copy of a row of pos_ids and the prefix it reads (once), so a flip that
+    lands at any time while the kernel runs can be refused, not only one that lands in the
+    moment between the binding's check and the entry's."""
     _, _, ids, call, bad = next(
         c for c in _racing_calls(rng) if c[0] == op and c[1] == name)
     flat = ids.reshape(-1)

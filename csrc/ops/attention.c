@@ -27,8 +27,8 @@
  * csrc/ops/portable/attention_blas.c). MF_EINDEX for a prefix outside [0, T]
  * (MF_MASK_PREFIX) or a position id outside [0, npos), here or where a task reads it (another
  * thread may write the arrays while the op runs: each task indexes with its own copy of its
- * row of pos_ids, checked as it is copied, and clamps the prefix it reads; the outputs are
- * then unspecified). MF_EINVAL for D odd or outside [16, 128], any size < 1, a non-finite
+ * row of pos_ids, checked as it is copied, and with the prefix it read once and checked; the
+ * outputs are then unspecified). MF_EINVAL for D odd or outside [16, 128], any size < 1, a non-finite
  * scale, an unknown mask, a prefix NULL (MF_MASK_PREFIX), only one of pos_ids and
  * pair_factor, npos outside [1, MF_ATTN_MAX_POSITIONS], a non-finite factor (the backward scales masked pairs' zeros too), a
  * NULL pointer, outputs overlapping each other or an input (pos_ids and prefix included),

@@ -32,7 +32,7 @@
  * D odd or outside [16, 128], any size < 1, a non-finite scale, an unknown mode or mask, a
  * prefix NULL, a NULL pointer, outputs overlapping each other or an input,
  * or scratch that is NULL, not 64-byte aligned or smaller than one thread's share
- * (MF_EINDEX for a prefix outside [0, T]: a kernel clamps the one it reads); with less
+ * (MF_EINDEX for a prefix outside [0, T]: checked again where a task reads it); with less
  * scratch than the team needs, fewer threads run. Every output has the same bits for any
  * thread count. */
 #include <stddef.h>

@@ -434,7 +434,7 @@ static int64_t fwd_tasks(const MfAttnJob *p) { return p->B * p->H * fwd_npair(p)
  * or further when the mask's P_b reaches further), in `kind` and with the per-pair factor
  * when fac (plain attention only; both compile-time constants at every call). */
 MF_INLINE void fwd_block(int kind, int fac, const MfAttnJob *p, const FwdScratch *s, Prefetch *pf,
-                         int64_t b, int64_t h, int64_t ib) {
+                         int64_t b, int64_t h, int64_t ib, int64_t P) {
     const int64_t T = p->T, D = p->D, Dp = padded(D), ld = p->ld;
     const int64_t i0 = ib * BT, nr = min64(BT, T - i0), nqv = (nr + VW - 1) / VW;
     const int64_t off = b * T * ld + h * D; /* element (b, 0, h, 0) */
@@ -453,7 +453,7 @@ MF_INLINE void fwd_block(int kind, int fac, const MfAttnJob *p, const FwdScratch
         l[r] = lP[r] = 0.0f;
     }
     float *lse = p->lse + (b * p->H + h) * T + i0;
-    const int64_t P = mf_attn_prefix(p, b), jlast = mf_attn_last_key_block(ib, BT, T, P);
+    const int64_t jlast = mf_attn_last_key_block(ib, BT, T, P);
 
     if (kind == MF_CONJ_SOFTMAX_PRODUCT) {
         /* pass 1: the log-sum-exp of each branch (the exponentials in ST are discarded) */
@@ -551,11 +551,12 @@ MF_INLINE int fwd_task(int kind, int fac, const MfAttnJob *p, float *scr, int64_
      * pass of every key block: 2 passes, or 4 for softmax_product */
     const int64_t passes = kind == MF_CONJ_SOFTMAX_PRODUCT ? 4 : 2;
     const int64_t P = mf_attn_prefix(p, bh / p->H);
+    if (P < 0) return MF_EINDEX;
     const int64_t blocks = mf_attn_last_key_block(ib1, BT, p->T, P) + 1 +
                            (pr != ib1 ? mf_attn_last_key_block(pr, BT, p->T, P) + 1 : 0);
     pf_plan(&pf, blocks * (passes * BT / MR));
-    fwd_block(kind, fac, p, &s, &pf, bh / p->H, bh % p->H, ib1);
-    if (pr != ib1) fwd_block(kind, fac, p, &s, &pf, bh / p->H, bh % p->H, pr);
+    fwd_block(kind, fac, p, &s, &pf, bh / p->H, bh % p->H, ib1, P);
+    if (pr != ib1) fwd_block(kind, fac, p, &s, &pf, bh / p->H, bh % p->H, pr, P);
     return MF_OK;
 }
 
@@ -776,7 +777,7 @@ static int64_t bwd_floats(const MfAttnJob *p) {
 /* Everything of head (b, h) in `kind`, with the per-pair factor when fac (both compile-time);
  * pf: the next head's rows to prefetch */
 MF_INLINE void bwd_task(int kind, int fac, const MfAttnJob *p, const BwdScratch *s, Prefetch *pf,
-                        int64_t b, int64_t h) {
+                        int64_t b, int64_t h, int64_t P) {
     const int64_t T = p->T, D = p->D, Dp = padded(D), ld = p->ld, nb = (T + BT - 1) / BT;
     const int64_t off = b * T * ld + h * D, bh = b * p->H + h;
     const int two = kind != MF_ATTN_PLAIN;
@@ -788,7 +789,6 @@ MF_INLINE void bwd_task(int kind, int fac, const MfAttnJob *p, const BwdScratch 
     const float c2 = p->c2, scale = p->scale;
     const double to2 = 1.0 / p->to_lse; /* lse to base 2: c2 / scale */
     float *Dv = s->Dv, *la = s->la, *lb = s->lb;
-    const int64_t P = mf_attn_prefix(p, b);
 
     const int64_t Dv8 = D / VW * VW;
     for (int64_t t = 0; t < T; t++) {
@@ -885,6 +885,8 @@ MF_INLINE int bwd_head(int kind, int fac, const MfAttnJob *p, float *scr, int64_
     BwdScratch s;
     bwd_layout(p, scr, &s);
     if (fac && mf_attn_copy_ids(p, bh / p->H, s.ids) != MF_OK) return MF_EINDEX;
+    const int64_t P = mf_attn_prefix(p, bh / p->H);
+    if (P < 0) return MF_EINDEX;
     const int two = kind != MF_ATTN_PLAIN;
     const int64_t nrows = two ? 12 : 8, nb = (p->T + BT - 1) / BT;
     Prefetch pf;
@@ -898,7 +900,7 @@ MF_INLINE int bwd_head(int kind, int fac, const MfAttnJob *p, float *scr, int64_
     }
     /* pf_step runs twice per MR queries and once per MR keys of every pair of blocks */
     pf_plan(&pf, nb * (nb + 1) / 2 * (3 * BT / MR));
-    bwd_task(kind, fac, p, &s, &pf, bh / p->H, bh % p->H);
+    bwd_task(kind, fac, p, &s, &pf, bh / p->H, bh % p->H, P);
     return MF_OK;
 }
 

@@ -47,13 +47,14 @@ typedef struct {
 } MfAttnJob;
 
 /* P_b of batch row b (mapformer.h, MfMask): query i sees the keys j <= max(i, P_b - 1); 0
- * (causal), T (none) or prefix[b] clamped to [0, T] (the entries check it; a kernel indexes
- * only with what it clamps itself). */
+ * (causal), T (none) or prefix[b], read once; -1 when that read is outside [0, T] (the entry
+ * checked it, but another thread may have written the array since: the task then returns
+ * MF_EINDEX, and a kernel indexes only with the P it read and checked itself). */
 static inline int64_t mf_attn_prefix(const MfAttnJob *j, int64_t b) {
     if (j->mask == MF_MASK_NONE) return j->T;
     if (j->mask != MF_MASK_PREFIX) return 0;
-    const int64_t P = j->prefix[b];
-    return P < 0 ? 0 : P > j->T ? j->T : P;
+    const int64_t P = ((const volatile int32_t *)j->prefix)[b];
+    return P < 0 || P > j->T ? -1 : P;
 }
 
 /* The position ids a task with a per-pair factor indexes the table with: pos_ids[b, :]

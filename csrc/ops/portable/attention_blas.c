@@ -231,6 +231,7 @@ static int fwd(const MfAttnJob *p, float *scr, int64_t t) {
     float *F = lP + BTB;       /* (BTB, BTB): per-pair factors (a factor table only), */
     int32_t *ids = (int32_t *)(F + BTB * BTB); /* then pos_ids[b, :] as checked here */
     if (p->factor != NULL && mf_attn_copy_ids(p, b, ids) != MF_OK) return MF_EINDEX;
+    if (P < 0) return MF_EINDEX;
     const int second = kind == MF_ATTN_PLAIN ? 0 : kind == MF_CONJ_SUM ? 1
                        : kind == MF_CONJ_SCORE_PRODUCT ? 2 : 3;
     for (int half = 0; half < 2; half++) {
@@ -333,6 +334,7 @@ static int bwd(const MfAttnJob *p, float *scr, int64_t bh) {
     float *F = lb + 2 * T;                    /* (BTB, BTB): per-pair factors (a table only), */
     int32_t *ids = (int32_t *)(F + BTB * BTB); /* then pos_ids[b, :] as checked here */
     if (p->factor != NULL && mf_attn_copy_ids(p, b, ids) != MF_OK) return MF_EINDEX;
+    if (Pb < 0) return MF_EINDEX;
     for (int64_t t = 0; t < T; t++) {
         const float *a = dout + t * ld, *c = o + t * ld;
         float s = 0.0f;
