@@ -281,7 +281,7 @@ class KernelBackend(SimpleNamespace):
         raise AttributeError(f"backend has no attribute {name!r}")
 
 
-def cuda_backend(kernels, xp, to_numpy, families=(), name="cuda"):
+def cuda_backend(kernels, xp, to_numpy, families=None, name="cuda"):
     """The CUDA backend: float32 ``xp`` arrays (CuPy on a GPU; NumPy with the kernels
     compiled for the CPU emulation, how it is tested without one), the tensor arithmetic
     between ops (:func:`array_ops`) and APE's parameter-side arithmetic on the host
@@ -290,7 +290,10 @@ def cuda_backend(kernels, xp, to_numpy, families=(), name="cuda"):
     wrapper is added there runs here with nothing else to change. The C backend's ops that
     ``kernels`` lacks raise :class:`MissingKernel` naming their family when called.
     ``to_numpy``: xp array -> NumPy array (checkpoints and metrics go to the host through
-    it). ``families``: the kernel families, for the messages."""
+    it). ``families``: the kernel families, for the messages (default: those of ``kernels``'
+    ops)."""
+    if families is None:
+        families = sorted({family_of(op) for op in vars(kernels)})
     ops = {**array_ops(np.float32, xp, to_numpy), **_ape_powers(np.float32, xp, to_numpy)}
     ops.update(vars(kernels))
     return KernelBackend(name=name, dtype=np.float32, xp=xp, families=tuple(families), **ops)
@@ -303,7 +306,7 @@ def _gpu_backend():
 
     lib, cupy = cuda.load()
     kernels = cuda.ops(lib, cupy, lambda: cupy.cuda.get_current_stream().ptr)
-    return cuda_backend(kernels, cupy, cupy.asnumpy, cuda.FAMILIES)
+    return cuda_backend(kernels, cupy, cupy.asnumpy)
 
 
 def get(name):

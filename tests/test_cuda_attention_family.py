@@ -344,7 +344,7 @@ def test_models_run_on_the_kernels(emulated, preset, attn_mask):
     from mapformer import cuda
     from mapformer.models import ModelConfig, Transformer
     from mapformer.train import TrainConfig
-    ops = backends.cuda_backend(emulated, np, np.asarray, cuda.FAMILIES)
+    ops = backends.cuda_backend(emulated, np, np.asarray)
     train_config = TrainConfig(**TASK, sequences=4, batch_size=2, lr=1e-2)
     cfg = ModelConfig.for_task(preset, train_config.task_config(), d_model=32, n_heads=2,
                                n_layers=1, attn_mask=attn_mask)

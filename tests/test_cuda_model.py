@@ -34,7 +34,7 @@ def kernels():
 
 @pytest.fixture(scope="module")
 def emulated(kernels):
-    return backends.cuda_backend(kernels, np, np.asarray, cuda.FAMILIES)
+    return backends.cuda_backend(kernels, np, np.asarray)
 
 
 def config(train_config, n_layers=1, **values):

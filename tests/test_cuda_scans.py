@@ -400,11 +400,12 @@ def compare_with_c(ops, rng, dev, host):
 
 def test_emulated_ops_match_the_c_backend(emulated, rng):
     compare_with_c(emulated, rng, lambda a: a, np.asarray)
-    with pytest.raises(ValueError, match="^selective_scan_forward_cuda: status 1"):
-        emulated.selective_scan_forward(*(np.ones((1, 2, 1), np.float32),) * 2,
-                                        np.ones((1, 1), np.float32),
-                                        *(np.ones((1, 2, 1), np.float32),) * 2,
-                                        np.ones(1, np.float32), chunk=0)
+    args = (*(np.ones((1, 2, 1), np.float32),) * 2, np.ones((1, 1), np.float32),
+            *(np.ones((1, 2, 1), np.float32),) * 2, np.ones(1, np.float32))
+    with pytest.raises(ValueError, match="^chunk must be an int >= 1, got 0$"):
+        emulated.selective_scan_forward(*args, chunk=0)  # refused by the table, as _C does
+    with pytest.raises(ValueError, match="^chunk must be an int >= 1, got 0$"):
+        _C.selective_scan_forward(*args, chunk=0)
 
 
 @pytest.mark.parametrize("cx", [False, True], ids=["real", "complex"])
@@ -418,19 +419,28 @@ def test_emulated_scan_bad_shapes(emulated, rng, cx):
     y, st = forward(*inp.values(), chunk=2)
     dy = randn(rng, 2, 5, 3)
     grads = {k: np.full_like(inp[k], 0.5) for k in (("A", "omega", "D") if cx else ("A", "D"))}
-    # a last axis one too long; x's and A's set the sizes, so the first array that then
-    # disagrees is named (for x delta, for A B); x and A with an axis too few are named
+    c_forward, c_backward = (getattr(_C, f"{name}_{d}") for d in ("forward", "backward"))
+
+    def same_error(fn, c_fn, *args, **kwargs):
+        """the wrapper refuses the call with the C binding's own ValueError (the sizes fixed
+        by the table's first array that has them, the disagreeing one named)"""
+        with pytest.raises(ValueError) as c_error:
+            c_fn(*args, **kwargs)
+        with pytest.raises(ValueError) as cuda_error:
+            fn(*args, **kwargs)
+        assert str(cuda_error.value) == str(c_error.value)
+
+    # a last axis one too long, and x and A with an axis too few
     for arg, a in inp.items():
         wider = np.zeros(a.shape[:-1] + (a.shape[-1] + 1,), np.float32)
-        with raises_naming(ValueError, {"x": "delta", "A": "B"}.get(arg, arg)):
-            forward(*{**inp, arg: wider}.values(), chunk=2)
+        same_error(forward, c_forward, *{**inp, arg: wider}.values(), chunk=2)
         if arg in ("x", "A"):
-            with raises_naming(ValueError, arg):
-                forward(*{**inp, arg: a[0]}.values(), chunk=2)
-    with raises_naming(ValueError, "dy"):
-        backward(dy[:, :4], *inp.values(), st, *grads.values(), chunk=2)
-    with raises_naming(ValueError, "states"):
-        backward(dy, *inp.values(), st, *grads.values(), chunk=1)
+            same_error(forward, c_forward, *{**inp, arg: a[0]}.values(), chunk=2)
+    c_grads = {k: g.copy() for k, g in grads.items()}
+    same_error(backward, c_backward, np.ascontiguousarray(dy[:, :4]), *inp.values(), st,
+               *grads.values(), chunk=2)
+    same_error(backward, c_backward, dy, *inp.values(), st, *grads.values(), chunk=1)
+    assert all((g == 0.5).all() for g in c_grads.values())
     for arg in grads:
         g = grads[arg]
         strided = np.zeros(g.shape[:-1] + (2 * g.shape[-1],), np.float32)[..., ::2]

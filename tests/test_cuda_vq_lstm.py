@@ -175,7 +175,7 @@ def test_tdb_enc_on_the_emulated_backend(emu):
     """A TDB with the enc objective (vq, the heads, l2_normalize, ema) on the CUDA backend of
     emulated kernels: the C backend's loss, gradients and teacher update."""
     kernels = emu.ops()
-    ops = backends.cuda_backend(kernels, np, np.asarray, cuda.FAMILIES)
+    ops = backends.cuda_backend(kernels, np, np.asarray)
     cfg = TDBConfig(n_obs=5, d_model=32, n_heads=2, n_layers=1, codes=8, head_hidden=8,
                     enc=True, ema=0.9)
     tokens = np.random.default_rng(0).integers(0, 5, (2, 10))
