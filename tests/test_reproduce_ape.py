@@ -139,10 +139,12 @@ def test_legacy_records_render_what_the_old_files_held():
     """results/records/ape-legacy: the 154 runs of benchmarks/reproduce_ape.py (54 of table
     (a), 96 of (b), 4 of the tiny mask comparison), every one today's spec run; the cells
     are the old script's (its format_table, computed from its JSON files before they were
-    removed)."""
+    removed) at their 256 evaluation sequences (today's cpu scale scores 2000)."""
     store = RecordStore(LEGACY)
     assert len(store.ids()) == 154
-    a, b = reproduce.table("ape", "a"), reproduce.table("ape", "b")
+    assert not reproduce.table("ape", "a").records(store, seeds=3)
+    a = reproduce.table("ape", "a", eval_sequences=256)
+    b = reproduce.table("ape", "b", eval_sequences=256)
     tiny = reproduce.table("ape", "masks", "tiny")
     for table, n in ((a, 54), (b, 96), (tiny, 4)):
         found = table.records(store, seeds=3)
@@ -168,7 +170,7 @@ def test_legacy_records_render_what_the_old_files_held():
 
 def test_reproduce_command_renders_the_legacy_records():
     command = [sys.executable, "-m", "mapformer", "reproduce", "ape", "a", "--render-only",
-               "--records", str(LEGACY)]
+               "--records", str(LEGACY), "--eval-sequences", "256"]
     out = subprocess.run(command, capture_output=True, text=True, cwd=ROOT, check=True).stdout
     assert "**APE table (a), sequence transduction** (perplexity;" in out
     assert "**APE table (a), sequence transduction** (sequence_accuracy;" in out
