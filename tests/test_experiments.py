@@ -19,7 +19,7 @@ from mapformer import reproduce
 from mapformer.experiments import Dask, Pool, RecordStore, Run, Serial, run_all
 from mapformer.experiments.records import git_state
 from mapformer.experiments.runs import task_from_dict, task_to_dict
-from mapformer.experiments.tables import Table
+from mapformer.experiments.tables import Table, standing
 from mapformer.tasks import navigation
 
 HERE = Path(__file__).resolve().parent
@@ -194,6 +194,53 @@ def test_table_marks_cells_trained_on_more_than_one_kernel_set(tmp_path):
     assert "| A | 0.50 ± 0.00 (n=2)¶ |" in text and "| B | 0.50 ± 0.00 (n=2) |" in text
     assert "¶ records trained on more than one kernel set." in text
     assert "Kernel sets: avx2 (A); avx512 (every row)." in text
+
+
+def test_standing_classes_of_the_ape_papers_count():
+    """Lower is better; an interval (mean - spread) reaching the top ties with it."""
+    champions = ("ape",)
+    assert standing({"ape": (1.0, 0.0), "rope": (1.2, 0.1)}, champions) == (
+        "uncontested top", "ape")
+    assert standing({"ape": (1.0, 0.0), "rope": (1.2, 0.2)}, champions) == (
+        "among the best", "ape")
+    assert standing({"ape": (1.0, 0.0), "rope": (1.0, 0.0)}, champions) == (
+        "among the best", "ape")  # a tie goes to the champion, and is not uncontested
+    assert standing({"ape": (1.3, 0.3), "rope": (1.0, 0.0)}, champions) == (
+        "within the interval of the top", "rope")
+    assert standing({"ape": (1.3, 0.2), "rope": (1.0, 0.0)}, champions) == ("behind", "rope")
+    assert standing({"rope": (1.0, 0.0)}, champions) == (None, None)
+    assert standing({"ape": (1.0, 0.0)}, champions) == (None, None)
+
+
+def test_table_counts_the_standing_of_its_contest_here_and_in_the_paper(tmp_path):
+    """Two parts; the paper's side uses only the rows that have records (C has none)."""
+    runs = {(p, r, s): Run(model={"row": r, "part": p}, train={"seed": s}, kind="toy_runs:sleepy")
+            for p in ("x", "y") for r in ("A", "B", "C") for s in range(2)}
+    reference = {"x": {"A": ((1.0, 0.0),), "B": ((2.0, 0.1),), "C": ((0.5, 0.0),)},
+                 "y": {"A": ((1.5, 0.1),), "B": ((1.0, 0.0),)}}
+    table = Table("toy", "t", "Toy", "cpu", "tiny", ("x", "y"), ("A", "B", "C"), ("iid",),
+                  ("perplexity",), lambda part, row, seed: runs[(part, row, seed)],
+                  reference, statistic="ci95", reference_metrics=("perplexity",),
+                  contest=("A-family", ("A",), ("B", "C")))
+    store = RecordStore(tmp_path)
+    values = {("x", "A"): (1.0, 1.0), ("x", "B"): (1.5, 1.7), ("y", "A"): (2.0, 2.2),
+              ("y", "B"): (1.0, 1.2)}
+    for (part, row), pair in values.items():
+        for seed, value in enumerate(pair):
+            run = runs[(part, row, seed)]
+            store.put({"id": run.id, "run": run.to_dict(),
+                       "metrics": {"iid": {"perplexity": value}},
+                       "provenance": {"commit": "c1", "dirty": False}})
+    # x: A 1.0 ± 0; B 1.6 ± 12.706 * 0.1 / 1 = 1.27: B's interval reaches 1.0 -> among the best
+    # y: B 1.1 ± 1.27 top, A 2.1 ± 1.27 reaches 1.1 -> within the interval of the top
+    assert table.standings(store, 2) == {
+        "x": (("among the best", "A"), ("uncontested top", "A")),
+        "y": (("within the interval of the top", "B"), ("behind", "B"))}
+    text = table.markdown(store, seeds=2)
+    assert "| x | among the best | A | uncontested top | A |" in text
+    assert ("Here uncontested top in 0, among the best in 1, within the interval of the top "
+            "in 1, behind in 0 of 2; the paper on the same parts uncontested top in 1, among "
+            "the best in 0, within the interval of the top in 0, behind in 1.") in text
 
 
 def test_serial_pool_and_local_dask_cluster_give_the_same_records(tmp_path):

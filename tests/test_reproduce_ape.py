@@ -55,6 +55,11 @@ def test_rows_configure_what_the_paper_names():
     assert run.model["positional"] == "ape_seq" and options(run)["ape_decay"] == 0.98
     run = a.make_run("copy", "ape_seq_no_init", 0)
     assert options(run)["ape_no_init"] is True
+    run = a.make_run("copy", "ape_seq_no_init_decay", 0)
+    assert (options(run)["ape_no_init"], options(run)["ape_decay"]) == (True, 0.98)
+    run = b.make_run("tree_copy depth", "ape_tree_no_init_decay", 0)
+    assert (options(run)["ape_no_init"], options(run)["ape_decay"]) == (True, 0.98)
+    assert run.model["positional"] == "ape_tree"
     assert options(a.make_run("repeat", "none_prefix", 0))["attn_mask"] == "prefix"
     assert a.make_run("repeat", "learned_abs", 0).model["positional"] == "learned_abs"
     for row in b.rows:  # the tree tasks are prefix LMs

@@ -51,17 +51,48 @@ def run_all(runs, store, executor=None, force=False, progress=True):
     return summary
 
 
+def spread_of(values, statistic="std"):
+    """(mean, spread) of seeds' values: the population std, or with statistic "ci95" the
+    half-width of the 95% t interval; one value: spread 0."""
+    values = np.asarray(values, np.float64)
+    if len(values) < 2:
+        return float(values.mean()), 0.0
+    if statistic == "ci95":
+        return (float(values.mean()),
+                T975.get(len(values), 1.96) * values.std(ddof=1) / math.sqrt(len(values)))
+    return float(values.mean()), float(values.std())
+
+
 def mean_spread(values, statistic="std", digits=2):
     """'mean ± std' (population std over seeds) or, with statistic "ci95", 'mean ± half-width
     of the 95% t interval'; one value: the value alone."""
-    values = np.asarray(values, np.float64)
+    mean, spread = spread_of(values, statistic)
     if len(values) < 2:
-        return f"{values.mean():.{digits}f}"
-    if statistic == "ci95":
-        spread = T975.get(len(values), 1.96) * values.std(ddof=1) / math.sqrt(len(values))
-    else:
-        spread = values.std()
-    return f"{values.mean():.{digits}f} ± {spread:.{digits}f}"
+        return f"{mean:.{digits}f}"
+    return f"{mean:.{digits}f} ± {spread:.{digits}f}"
+
+
+STANDINGS = ("uncontested top", "among the best", "within the interval of the top", "behind")
+
+
+def standing(cells, champions):
+    """Where the ``champions`` stand among the cells of one setup, in the classes of the APE
+    paper's count ("uncontested top in 8, among the best in 3, within the confidence margin of
+    the top performer in one"), lower being better: ``cells`` {row: (mean, spread)}; the top
+    is the least mean; "uncontested top" when it is a champion's and no other row's interval
+    (mean - spread) reaches it, "among the best" when it is a champion's and another's does
+    (ties included), "within the interval of the top" when a champion's interval reaches
+    another's top, "behind" otherwise. Returns (class, the top row); (None, None) when the
+    champions or their rivals have no cell."""
+    if not any(r in cells for r in champions) or not any(r not in champions for r in cells):
+        return None, None
+    top = min(cells, key=lambda r: (cells[r][0], r not in champions))
+    best = cells[top][0]
+    if top in champions:
+        tied = any(m - h <= best for r, (m, h) in cells.items() if r not in champions)
+        return STANDINGS[1] if tied else STANDINGS[0], top
+    reached = any(m - h <= best for r, (m, h) in cells.items() if r in champions)
+    return STANDINGS[2] if reached else STANDINGS[3], top
 
 
 def paper_figure(figure, digits=2):
@@ -95,7 +126,8 @@ class Table:
     plot(table, store, seeds, path) draws the paper's plot from the records as a PNG (None:
     the paper shows a table); derive: derive(record) -> {column: {metric: value}}, the
     values a view computes from a record (e.g. from its training log) in place of the
-    record's own "metrics" (None: the record's)."""
+    record's own "metrics" (None: the record's); contest: (name, champion rows, rival rows)
+    for :meth:`standings` (None: the table counts no standing)."""
 
     paper: str
     name: str
@@ -114,6 +146,8 @@ class Table:
     plot: Callable = field(default=None, compare=False, repr=False)
     default_rows: tuple = None
     derive: Callable = field(default=None, compare=False, repr=False)
+    contest: tuple = None
+
 
     def values_of(self, record):
         """{column: {metric: value}} of a record: :attr:`derive`'s, else its "metrics"."""
@@ -227,6 +261,59 @@ class Table:
                         else ", ".join(r for r in self.rows if r in rows))
             lines.append("Kernel sets: " + "; ".join(
                 f"{k} ({which(rows)})" for k, rows in sorted(kernels.items())) + ".")
+        contest = self.contest and beside and self.standings_markdown(store, seeds)
+        return "\n".join(lines + (["", contest] if contest else []))
+
+    def standings(self, store, seeds, metric=None, column=None):
+        """{part: (ours, paper)}: :func:`standing` of the contest's champions among its rows
+        on each part at ``column`` (default: the first) in ``metric`` (default: the first of
+        the paper's), from the records (mean ± the table's spread over seeds; rows without
+        records left out) and from the paper's figures of the same rows (those with records
+        here: the paper's other columns left out too); each a (class, top row) pair."""
+        _, champions, rivals = self.contest
+        metric = metric or (self.reference_metrics or self.metrics)[0]
+        column = column or self.columns[0]
+        i = self.columns.index(column)
+        cells = self.cells(store, seeds)
+        out = {}
+        for part in self.parts:
+            ours, paper = {}, {}
+            for row in champions + rivals:
+                values = cells[(part, row)]["values"][metric][column]
+                if values:
+                    ours[row] = spread_of(values, self.statistic)
+                figure = self.reference.get(part, {}).get(row)
+                if row in ours and figure is not None and figure[i] is not None:
+                    f = figure[i]
+                    paper[row] = tuple(f) if isinstance(f, (tuple, list)) else (f, 0.0)
+            out[part] = (standing(ours, champions), standing(paper, champions))
+        return out
+
+    def standings_markdown(self, store, seeds):
+        """A line per part: where the contest's champions stand here and in the paper, and the
+        counts of each class over the parts both have."""
+        name, champions, _ = self.contest
+        metric = (self.reference_metrics or self.metrics)[0]
+        rows = self.standings(store, seeds)
+        lines = [f"**Standing of {name}** ({', '.join(champions)}) by mean {metric} on "
+                 f"{self.columns[0]}, lower better, among the rows with records here, "
+                 "and the paper's figures of the same rows (the paper's classes; an interval "
+                 "reaching the top ties):", "",
+                 "| part | here | top here | paper | top in the paper |", "|---|---|---|---|---|"]
+        counts = {"here": dict.fromkeys(STANDINGS, 0), "paper": dict.fromkeys(STANDINGS, 0)}
+        for part, ((ours, top), (theirs, paper_top)) in rows.items():
+            if ours is None:
+                continue
+            lines.append(f"| {part} | {ours} | {top} | {theirs or '-'} | {paper_top or '-'} |")
+            counts["here"][ours] += 1
+            if theirs is not None:
+                counts["paper"][theirs] += 1
+        n = sum(counts["here"].values())
+        if not n:
+            return ""
+        lines += ["", "Here " + ", ".join(f"{k} in {v}" for k, v in counts["here"].items())
+                  + f" of {n}; the paper on the same parts " + ", ".join(
+                      f"{k} in {v}" for k, v in counts["paper"].items()) + "."]
         return "\n".join(lines)
 
     def measured_metrics(self, store, seeds):
