@@ -1,22 +1,17 @@
 """Options and helpers shared by the schemes that read the task's token coordinates
 (``Scheme.coordinates``: gridpe, ape_grid). Not a scheme itself."""
 from ..registry import Option
-from ..tasks import navigation
 
 
 def task_dims(task):
-    """The dimension of a task's coordinates: navigation's dims, a task's own ``coord_dims``
-    (digits: 2, the pixel's row and column), else 1 (the token index)."""
-    if isinstance(task, navigation.NavigationConfig):
-        return task.dims
+    """The dimension of a task's coordinates: the task's own ``coord_dims`` (navigation: its
+    dims; digits: 2, the pixel's row and column), else 1 (the token index)."""
     return getattr(task, "coord_dims", 1)
 
 
 def task_extent(task):
-    """Positions a task's coordinates take per axis: navigation's grid side, a task's own
-    ``coord_extent`` (digits: the canvas side), else its sequence length."""
-    if isinstance(task, navigation.NavigationConfig):
-        return task.grid_size
+    """Positions a task's coordinates take per axis: the task's own ``coord_extent``
+    (navigation: the grid side; digits: the canvas side), else its sequence length."""
     return getattr(task, "coord_extent", task.seq_len)
 
 

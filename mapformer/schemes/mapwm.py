@@ -12,15 +12,13 @@ import numpy as np
 
 from ..nn import Linear
 from ..registry import Option
-from ..tasks import navigation
 from . import AngleScheme, register_scheme
 
 
 def walk_extent(task):
-    """The longest distance a path covers in a task (appendix 10.2): the grid side for
-    navigation, the sequence length for selective copy."""
-    return float(task.grid_size if isinstance(task, navigation.NavigationConfig)
-                 else task.seq_len)
+    """The longest distance a path covers in a task (appendix 10.2): the task's own
+    ``walk_extent`` (navigation: the grid side), else its sequence length (selective copy)."""
+    return float(getattr(task, "walk_extent", task.seq_len))
 
 
 PATH_OPTIONS = (

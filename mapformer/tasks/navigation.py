@@ -129,6 +129,23 @@ class NavigationConfig:
         return 2 * self.steps
 
     @property
+    def coord_dims(self) -> int:
+        """The dimension of the token coordinates the task supplies (a scheme reading them:
+        gridpe, ape_grid): the torus's dims."""
+        return self.dims
+
+    @property
+    def coord_extent(self) -> int:
+        """Positions a coordinate takes per axis: the grid side."""
+        return self.grid_size
+
+    @property
+    def walk_extent(self) -> int:
+        """The longest distance a path covers (MapFormer appendix 10.2, omega's grid): the grid
+        side."""
+        return self.grid_size
+
+    @property
     def n_cells(self) -> int:
         """Cells on the torus, grid_size ** dims (a Python int: it may exceed int64)."""
         return self.grid_size**self.dims
