@@ -20,7 +20,7 @@ def options(run):
     return run.model["options"]
 
 
-@pytest.mark.parametrize("name", reproduce.table_names("ape"))
+@pytest.mark.parametrize("name", sorted(ape.TABLES))  # the specs; views are tested alone
 def test_every_row_builds_its_run(name):
     scales = sorted(ape.TABLES[name]["scales"])
     for scale in scales:
@@ -180,3 +180,22 @@ def test_reproduce_command_renders_the_legacy_records():
     assert "**APE table (a), sequence transduction** (perplexity;" in out
     assert "**APE table (a), sequence transduction** (sequence_accuracy;" in out
     assert "9.16 ± 0.34 (n=3)§" in out  # reverse, none
+
+
+def test_plateau_view_reads_when_the_training_loss_leaves_the_plateau():
+    """escape_step: the first logged step whose batch loss is below 0.1; a run that never
+    gets there counts as not escaped and adds no step; a record without a log adds neither."""
+    log = [{"step": 50 * (i + 1), "loss": loss} for i, loss in enumerate([2.9, 0.8, 0.09, 0.2])]
+    assert ape.escape_step({"log": log}) == 150
+    record = {"log": log, "metrics": {"iid": {"perplexity": 1.01}}}
+    assert ape.derive_plateau(record) == {
+        "train": {"escape_ksteps": 0.15, "escaped": 1.0, "perplexity": 1.01}}
+    stuck = {"log": log[:2], "metrics": {"iid": {"perplexity": 1.6}}}
+    assert ape.derive_plateau(stuck)["train"]["escape_ksteps"] is None
+    assert ape.derive_plateau(stuck)["train"]["escaped"] == 0.0
+    legacy = {"metrics": {"iid": {"perplexity": 1.6}}}
+    assert ape.derive_plateau(legacy)["train"]["escaped"] is None
+    view, a = reproduce.table("ape", "a-plateau"), reproduce.table("ape", "a")
+    assert view.make_run("reverse", "ape_seq", 0).id == a.make_run("reverse", "ape_seq", 0).id
+    assert (view.columns, view.metrics) == (("train",), ("escape_ksteps", "escaped",
+                                                          "perplexity"))

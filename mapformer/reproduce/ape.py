@@ -221,7 +221,7 @@ TREE_SCALES = {
 }
 MASK_SCALES = {**SCALES, "tiny": replace(SCALES["cpu"], steps=800, eval_sequences=128)}
 
-TABLE_NAMES = ("a", "b", "masks")
+TABLE_NAMES = ("a", "b", "masks", "a-plateau")
 TABLES = {
     "a": {"title": "APE table (a), sequence transduction", "columns": ("iid", "ood_long"),
           "scales": SCALES, "parts": {"cpu": TASKS, "paper": TASKS},
@@ -309,13 +309,52 @@ def check_count(name, value):
                          f"{value!r}")
 
 
+ESCAPE_LOSS = 0.1  # a logged training loss below it: the run has left the loss plateau
+
+
+def escape_step(record, threshold=ESCAPE_LOSS):
+    """The first logged training step (every 50th) whose batch loss is below ``threshold``
+    (None if the run never gets there): where a run leaves the plateau at ~0.5-1.0 nats per
+    target token on which an unlearned reversal sits."""
+    return next((entry["step"] for entry in record.get("log", ())
+                 if entry["loss"] < threshold), None)
+
+
+def derive_plateau(record):
+    """The "a-plateau" columns of a table (a) record: ``escape_ksteps``, :func:`escape_step`
+    in thousands of steps (None: never, so the cell averages the seeds that escape and n
+    counts them), ``escaped`` (1 or 0) and the final ``perplexity`` on iid (the table's
+    own). A record without a training log (the legacy ones) has neither reading."""
+    step, logged = escape_step(record), bool(record.get("log"))
+    return {"train": {"escape_ksteps": None if step is None else step / 1000,
+                      "escaped": float(step is not None) if logged else None,
+                      "perplexity": record["metrics"]["iid"]["perplexity"]}}
+
+
+def plateau_view(base):
+    """Table (a)'s records by training step: when each run's training loss leaves the plateau
+    (:func:`escape_step`), whether it does within the budget, and where it ends."""
+    return replace(
+        base, name="a-plateau", title="APE table (a) by training step: leaving the loss "
+        "plateau", columns=("train",), metrics=("escape_ksteps", "escaped", "perplexity"),
+        derive=derive_plateau, reference={}, reference_metrics=None, contest=None,
+        digits=2, note=base.note + f"; escape_ksteps: the first logged step (every 50th) whose "
+        f"batch loss is below {ESCAPE_LOSS}, in thousands, over the seeds that reach it (n: "
+        "how many); "
+        "escaped: the share of seeds that do within the budget; perplexity: iid's, as in "
+        "table (a)")
+
+
 def table(name, scale="cpu", sequences=None, eval_sequences=None):
-    """APE table ``name`` ("a", "b" or "masks") at ``scale``; ``sequences`` overrides the
-    scale's training sequences (then it is not a reproduction, and the note says so),
+    """APE table ``name`` ("a", "b", "masks", or "a-plateau": table (a)'s records by
+    training step, :func:`plateau_view`) at ``scale``; ``sequences`` overrides the scale's
+    training sequences (then it is not a reproduction, and the note says so),
     ``eval_sequences`` its sequences per evaluation set (default: the scale's, 2000 at cpu
     as in the paper)."""
     if name not in TABLE_NAMES:
         raise ValueError(f"APE has tables {', '.join(TABLE_NAMES)}, not {name!r}")
+    if name == "a-plateau":
+        return plateau_view(table("a", scale, sequences, eval_sequences))
     spec = TABLES[name]
     if scale not in spec["scales"]:
         raise ValueError(f"table {name} has scales {sorted(spec['scales'])}, not {scale!r}")
