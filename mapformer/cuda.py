@@ -230,7 +230,7 @@ def _default_scale(fields, letters):
         fields["scale"] = 1.0 / math.sqrt(letters.value("D"))
 
 
-def _ids_in(xp, ids, low, high, message):
+def _ids_in(ids, low, high, message):
     """ValueError ``message`` unless every id is in [low, high) (the kernels cannot check a
     device array before they run)."""
     if ids.size and (int(ids.min()) < low or int(ids.max()) >= high):
@@ -242,12 +242,12 @@ def _masked(xp, fields, letters, values):
     refused), the prefix's range checked"""
     prefix, B, T = fields.get("prefix"), letters.value("B"), letters.value("T")
     if fields["mask"] == 2 and prefix is None:
-        raise ValueError("prefix is required with mask='prefix'")
-    if fields["mask"] != 2 and prefix is not None:
-        raise ValueError(f"prefix is given with mask={values['mask']!r}: it is read only with "
+        raise ValueError("prefix (int32 (B,), the prefix lengths) is required with "
                          "mask='prefix'")
+    if fields["mask"] != 2 and prefix is not None:
+        raise ValueError(f"prefix is read only with mask='prefix', got mask={values['mask']!r}")
     if prefix is not None:
-        _ids_in(xp, prefix, 0, T + 1, f"prefix must be (B,) = ({B},) int32 in [0, T = {T}]")
+        _ids_in(prefix, 0, T + 1, f"prefix must be (B,) = ({B},) int32 in [0, T = {T}]")
 
 
 def _pair_factor(xp, fields, letters):
@@ -266,7 +266,7 @@ def _pair_factor(xp, fields, letters):
     if not bool(xp.isfinite(factor).all()):
         raise ValueError("pair_factor must be finite (it would reach the backward's masked "
                          "pairs as 0 * inf)")
-    _ids_in(xp, ids, 0, N, f"pos_ids must be (B, T) int32 in [0, N = {N})")
+    _ids_in(ids, 0, N, f"pos_ids must be (B, T) int32 in [0, N = {N})")
     fields["npos"] = N
 
 
@@ -321,12 +321,12 @@ def _conv_backward(xp, fields, letters, values):
 
 def _ape_index(xp, fields, letters, values):
     P = letters.value("P")
-    _ids_in(xp, fields["index"], 0, P, f"index entries must be in [0, P = {P})")
+    _ids_in(fields["index"], 0, P, f"index entries must be in [0, P = {P})")
 
 
 def _vq_indices(xp, fields, letters, values):
     K = letters.value("K")
-    _ids_in(xp, fields["indices_in"], 0, K, f"vq_backward: indices must be ids in [0, {K})")
+    _ids_in(fields["indices_in"], 0, K, f"vq_backward: indices must be ids in [0, {K})")
 
 
 CHECKS = {"attention_forward": _attention, "attention_backward": _attention,

@@ -338,7 +338,7 @@ def plateau_view(base):
         base, name="a-plateau", title="APE table (a) by training step: leaving the loss "
         "plateau", columns=("train",), metrics=("escape_ksteps", "escaped", "perplexity"),
         derive=derive_plateau, reference={}, reference_metrics=None, contest=None,
-        digits=2, note=base.note + f"; escape_ksteps: the first logged step (every 50th) whose "
+        note=base.note + f"; escape_ksteps: the first logged step (every 50th) whose "
         f"batch loss is below {ESCAPE_LOSS}, in thousands, over the seeds that reach it (n: "
         "how many); "
         "escaped: the share of seeds that do within the budget; perplexity: iid's, as in "
