@@ -345,16 +345,14 @@ class TDB:
         self.blocks[0].mixer.scheme.embed_backward(dx)
         ops.embedding_backward(self.embed.grad, dx, self.tokens.reshape(-1))
 
-    def predictions(self):
-        """The s = 0 head's argmax (B N,) of the last loss(), as NumPy."""
-        return self.ops.to_numpy(self.logits[0]).argmax(-1)
-
-    def token_predictions(self):
-        """int (B, 2N): the s = 0 head's argmax of the last loss() at each action a_n's position
-        (its prediction of x_{n+1}, aligned with the rooms task's targets), 0 elsewhere."""
+    def token_scores(self):
+        """float (B, 2N, V): the s = 0 head's logits of the last loss() at each action a_n's
+        position (its prediction of x_{n+1}, aligned with the rooms task's targets), 0
+        elsewhere."""
         B, T = self.tokens.shape
-        out = np.zeros((B, T), np.int64)
-        out[:, 1::2] = self.predictions().reshape(B, T // 2)
+        logits = self.ops.to_numpy(self.logits[0])
+        out = np.zeros((B, T, logits.shape[-1]), logits.dtype)
+        out[:, 1::2] = logits.reshape(B, T // 2, -1)
         return out
 
     def checkpoint_state(self):

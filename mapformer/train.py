@@ -390,8 +390,9 @@ class ModelKind:
 
     name: the kind's name (a checkpoint's "kind"); config: its config class; build(config,
     seed=0, backend="c", declare_only=None) -> model (declare_only=P: only declare at most P
-    parameters, as a checkpoint is checked); predictions(model, batch) -> int (B, T): the
-    argmax predictions of the last loss, aligned with ``batch.targets``; usage(model) -> [code
+    parameters, as a checkpoint is checked); scores(model, batch) -> float (B, T, V): the
+    logits of the last loss, aligned with ``batch.targets`` (their argmax the predictions,
+    :func:`predictions`; 0 where the model predicts nothing); usage(model) -> [code
     usage since the last call, one entry per VQ bottleneck]; after_step(model), or None:
     called after every optimizer step (TDB: the teacher's EMA); state(model) -> (meta,
     {name: array}) and restore(model, meta, arrays), or None: what a checkpoint holds beside
@@ -401,7 +402,7 @@ class ModelKind:
     name: str
     config: type
     build: Callable
-    predictions: Callable
+    scores: Callable
     usage: Callable
     after_step: Callable = None
     state: Callable = None
@@ -410,9 +411,21 @@ class ModelKind:
     data_parallel: bool = False
 
 
-def transformer_predictions(model, batch):
-    """The argmax of a Transformer's last logits, shaped as ``batch.mask``."""
-    return model.ops.to_numpy(model.logits).reshape(batch.mask.shape + (-1,)).argmax(-1)
+def transformer_scores(model, batch):
+    """float (B, T, V): a Transformer's last logits, shaped as ``batch.mask`` plus V."""
+    return model.ops.to_numpy(model.logits).reshape(batch.mask.shape + (-1,))
+
+
+def predictions(scores):
+    """int (B, T): the argmax of scores (B, T, V) (the first of equal maxima)."""
+    return scores.argmax(-1)
+
+
+def top_k_hits(scores, targets, k):
+    """bool (n,): whether each target int (n,) is among the k highest of its scores (n, V):
+    fewer than k classes score above it (a tie counts for the target)."""
+    target = np.take_along_axis(scores, targets[:, None], axis=-1)
+    return (scores > target).sum(-1) < k
 
 
 def bottleneck_usage(model):
@@ -423,9 +436,9 @@ def bottleneck_usage(model):
 
 
 MODEL_KINDS = {
-    "transformer": ModelKind("transformer", ModelConfig, Transformer, transformer_predictions,
+    "transformer": ModelKind("transformer", ModelConfig, Transformer, transformer_scores,
                              bottleneck_usage, data_parallel=True),
-    "tdb": ModelKind("tdb", TDBConfig, TDB, lambda model, batch: model.token_predictions(),
+    "tdb": ModelKind("tdb", TDBConfig, TDB, lambda model, batch: model.token_scores(),
                      lambda model: [model.vq.usage()], after_step=TDB.update_teacher,
                      state=TDB.checkpoint_state, restore=TDB.restore_state,
                      state_arrays=TDB.STATE_ARRAYS),
@@ -452,10 +465,13 @@ def eval_seed(train_config):
 def evaluate(model, tasks, sequences=256, seed=0, batch_size=32):
     """Masked accuracy, loss and floor of ``model`` on fixed evaluation sets.
 
-    tasks: {name: task config}. Returns {name: {"accuracy", "loss", "floor", "floor_token",
-    "object_accuracy", "object_floor", "sequences", "positions", "object_positions"}}:
+    tasks: {name: task config}. Returns {name: {"accuracy", "accuracy_top5", "loss", "floor",
+    "floor_token", "object_accuracy", "object_floor", "sequences", "positions",
+    "object_positions"}}:
     - accuracy over every masked position (for navigation: every revisit); the floor is the
       accuracy of always predicting the most frequent target (the always-blank floor);
+      accuracy_top5 counts a position right when its target is among the 5 highest logits
+      (GridPE's Acc@5; a tie counts for the target); loss is the mean cross-entropy;
     - object_accuracy over the masked positions whose target is not the blank token (the
       revisits of cells that hold an object), beside its floor: always the most frequent
       object. Blank-free tasks (selective copy) give the same number twice;
@@ -492,7 +508,7 @@ def evaluate(model, tasks, sequences=256, seed=0, batch_size=32):
     model.train(False)
     results = {}
     for name, task in tasks.items():
-        hits = object_hits = total = exact = rows = 0
+        hits = object_hits = top5_hits = total = exact = rows = 0
         loss_sum = 0.0
         counts = np.zeros(task.vocab_size, dtype=np.int64)
         module = task_module(task)
@@ -509,8 +525,9 @@ def evaluate(model, tasks, sequences=256, seed=0, batch_size=32):
                                    module.token_coordinates(batch),
                                    batch_prefix(module, batch), batch_pool(module)) * n
             delta_sums.add(batch.tokens)  # the forward of the loss left its traces
-            pred = kind.predictions(model, batch)
-            correct = (pred == batch.targets) & batch.mask
+            scores = kind.scores(model, batch)
+            correct = (predictions(scores) == batch.targets) & batch.mask
+            top5_hits += int(top_k_hits(scores[batch.mask], batch.targets[batch.mask], 5).sum())
             hits += int(correct.sum())
             scored = batch.mask.any(axis=1)
             exact += int((correct == batch.mask).all(axis=1)[scored].sum())
@@ -531,7 +548,9 @@ def evaluate(model, tasks, sequences=256, seed=0, batch_size=32):
         majority = int(counts.argmax())
         objects = counts if task.blank_id is None else np.delete(counts, task.blank_id)
         n_objects = int(objects.sum())
-        results[name] = {"accuracy": hits / max(total, 1), "loss": loss_sum / max(total, 1),
+        results[name] = {"accuracy": hits / max(total, 1),
+                         "accuracy_top5": top5_hits / max(total, 1),
+                         "loss": loss_sum / max(total, 1),
                          "floor": int(counts[majority]) / max(total, 1),
                          "floor_token": "blank" if majority == task.blank_id else majority,
                          "object_accuracy": object_hits / max(n_objects, 1),
@@ -1024,7 +1043,7 @@ def train(model_config, train_config, out_dir=None, resume=None, progress=True, 
                                       else ""))
             if done % train_config.log_every == 0 or done == total:
                 elapsed = time.perf_counter() - t0
-                accuracy = predicted_accuracy(kind.predictions(model, batch), batch)
+                accuracy = predicted_accuracy(predictions(kind.scores(model, batch)), batch)
                 if parallel is not None:  # over the whole batch's scored positions
                     shared = np.count_nonzero(batch.mask)
                     accuracy = parallel.sum(accuracy * shared if shared else 0.0) / max(

@@ -4,6 +4,7 @@ fig3's one run holds the e^(1/n) minimisers and draws its plot, and the converte
 render the old files' numbers."""
 import json
 import math
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
@@ -21,7 +22,8 @@ LEGACY = RecordStore(ROOT / "results" / "records" / "gridpe-legacy")
 def test_tables_and_rows():
     assert reproduce.table_names("gridpe") == ("fig3", "dims", "navigation", "digits",
                                                "digits16", "grid_transpose", "grid_rotate90",
-                                               "grid_flip", "grid_copy")
+                                               "grid_flip", "grid_copy", "digits-fig4",
+                                               "digits16-fig4")
     for name in gridpe.TASKS:  # the task's default rows first, then every other row
         table = reproduce.table("gridpe", name)
         assert table.rows[:len(gridpe.TASKS[name][1])] == gridpe.TASKS[name][1]
@@ -29,6 +31,10 @@ def test_tables_and_rows():
         assert table.statistic == "ci95" and table.digits == 3
     assert reproduce.table("gridpe", "grid_flip").metrics == ("accuracy", "sequence_accuracy")
     assert reproduce.table("gridpe", "digits").columns == ("iid", "dev")
+    curves = reproduce.table("gridpe", "digits16-fig4")
+    assert curves.columns == ("iid", "dev") and curves.rows == reproduce.table(
+        "gridpe", "digits16").rows and curves.plot is gridpe.plot_fig4
+    assert reproduce.table("gridpe", "digits16").plot is None
     with pytest.raises(ValueError, match="not 'fig4'"):
         reproduce.table("gridpe", "fig4")
     with pytest.raises(ValueError, match="has scales"):
@@ -73,6 +79,12 @@ def test_rows_build_the_scripts_configs():
     for name, row, seed in (("navigation", "gridpe_rotate", 0), ("grid_copy", "rope", 2),
                             ("digits", "ape_grid", 1)):
         assert reproduce.table("gridpe", name).make_run("", row, seed).id in LEGACY
+    # the curve tables: the task's runs evaluated every 20th of the training as well
+    curves = reproduce.table("gridpe", "digits-fig4").make_run("", "ape_grid", 1)
+    assert curves.train["eval_every"] == 100  # of 2000 steps
+    assert replace(curves, train={**curves.train, "eval_every": 0}).id in LEGACY
+    short = reproduce.table("gridpe", "digits16-fig4", sequences=32000).make_run("", "rope", 0)
+    assert short.train["eval_every"] == 25  # 500 steps
 
 
 def test_a_tiny_table_runs_through_run_all(tmp_path):
@@ -89,6 +101,28 @@ def test_a_tiny_table_runs_through_run_all(tmp_path):
     assert "| model | iid | ood_large |" in text and "| gridpe_rotate | - | - |" in text
     value = record["metrics"]["iid"]["sequence_accuracy"]
     assert f"| rope_axial | {value:.3f} (n=1)" in text
+
+
+def test_digits_records_acc5_loss_and_curves_and_plots_fig4(tmp_path):
+    """A digits run records the paper's Acc@1, Acc@5 and loss on both sets, and 19
+    evaluations through training; the table renders all three metrics and plots the curves
+    (the converted records, without curves, are left out of the plot)."""
+    table = reproduce.table("gridpe", "digits-fig4", "tiny")
+    store = RecordStore(tmp_path / "records")
+    assert table.metrics == ("accuracy", "accuracy_top5", "loss")
+    assert run_all(table.runs(1, rows=["rope"]), store, progress=False)["ran"] == 1
+    record = next(iter(table.records(store, 1).values()))
+    assert [e["step"] for e in record["evals"]] == list(range(1, 20))
+    for column in ("iid", "dev"):
+        m = record["metrics"][column]
+        assert 0.0 <= m["accuracy"] <= m["accuracy_top5"] <= 1.0 and m["loss"] > 0.0
+        assert set(record["evals"][0]["eval"][column]) >= {"accuracy", "accuracy_top5", "loss"}
+    assert table.measured_metrics(store, 1) == table.metrics
+    path = tmp_path / "fig4.png"
+    table.plot(table, store, 1, path)
+    assert path.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    with pytest.raises(ValueError, match="evaluations through training"):
+        table.plot(table, RecordStore(tmp_path / "empty"), 1, path)
 
 
 def test_fig3_holds_the_minimisers_and_plots(tmp_path):

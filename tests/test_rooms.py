@@ -215,6 +215,7 @@ def test_evaluation_counts_accuracy_by_timestep():
     assert by_step["positions"] == [0, 0] + [6] * 9
     assert sum(by_step["hits"]) / sum(by_step["positions"]) == out["accuracy"]
     assert all(0 <= h <= n for h, n in zip(by_step["hits"], by_step["positions"]))
+    assert out["accuracy"] <= out["accuracy_top5"] <= 1.0
 
 
 def test_noise_replaces_the_training_pools_observations_only():

@@ -94,6 +94,20 @@ def test_training_learns_the_room():
     assert cm.node_of.shape == (len(cm.tuples),)
 
 
+def test_token_scores_hold_the_heads_logits_at_the_action_positions():
+    """token_scores (B, 2N, O): the s = 0 head's logits at each action's position (its
+    prediction of the next observation), 0 at the observations' positions; their argmax is
+    the training loop's and evaluate's prediction."""
+    model = TDB(small(), seed=0)
+    t = tokens(4)
+    model.loss(t)
+    scores = model.token_scores()
+    B, T = t.shape
+    assert scores.shape == (B, T, 3)
+    head = np.asarray(model.ops.to_numpy(model.logits[0])).reshape(B, T // 2, 3)
+    assert np.array_equal(scores[:, 1::2], head) and not scores[:, 0::2].any()
+
+
 def test_full_width_codebooks_read_the_whole_output():
     """codebook_width 'full' (the paper's Sec. 3.5): each of the M codebooks snaps the whole
     final output to its nearest code, the heads read the M codes concatenated, and the

@@ -13,8 +13,8 @@ from mapformer.__main__ import build_parser
 from mapformer.models import ModelConfig, Transformer
 from mapformer.registry import registered_options
 from mapformer.tasks import navigation, selective_copy
-from mapformer.train import (TrainConfig, check_resume, decay_mask,
-                             evaluate, learning_rate, load_checkpoint, save_checkpoint, train)
+from mapformer.train import (TrainConfig, check_resume, decay_mask, evaluate, learning_rate,
+                             load_checkpoint, save_checkpoint, top_k_hits, train)
 
 TINY_TASK = dict(dims=1, steps=12, grid_size=6, p_empty=0.5, n_objects=5)
 QUIET = dict(progress=False, log=lambda *a: None)
@@ -58,6 +58,30 @@ def test_evaluate_scores_all_revisits_and_object_recalls():
     assert o["accuracy"] * o["positions"] == pytest.approx(
         o["object_accuracy"] * o["object_positions"])
     assert 0.0 < o["object_accuracy"] <= o["object_floor"] < 0.5
+
+
+def test_top_k_hits_rank_the_target_among_the_scores():
+    scores = np.array([[0.1, 0.9, 0.5, 0.3], [2.0, 2.0, 2.0, 1.0], [0.0, 1.0, 2.0, 3.0]])
+    targets = np.array([2, 1, 0])
+    # row 0: one class above the target; row 1: a tie (none above); row 2: three above
+    assert top_k_hits(scores, targets, 1).tolist() == [False, True, False]
+    assert top_k_hits(scores, targets, 2).tolist() == [True, True, False]
+    assert top_k_hits(scores, targets, 4).tolist() == [True, True, True]
+
+
+def test_evaluate_reports_top5_accuracy_from_the_logits():
+    """A model whose logits rank every token the same way at every position: Acc@5 is the
+    share of targets among its five best tokens, Acc@1 that of its best."""
+    task = navigation.NavigationConfig(dims=2, steps=40, grid_size=5, p_empty=0.5, n_objects=8)
+    model = constant_model(task, task.blank_id)
+    best = sorted(task.object_ids())[:4]
+    model.params.params["head.bias"].value[best] = 5.0  # below the blank's 10
+    r = evaluate(model, {"iid": task}, sequences=24)["iid"]
+    ids = navigation.eval_set(task, 24, 0, 32)
+    targets = np.concatenate([b.targets[b.mask] for b in ids])
+    assert r["accuracy"] == pytest.approx(np.mean(targets == task.blank_id))
+    assert r["accuracy_top5"] == pytest.approx(np.isin(targets, [task.blank_id, *best]).mean())
+    assert r["accuracy"] < r["accuracy_top5"] < 1.0
 
 
 def test_evaluate_counts_object_recalls_by_lag():

@@ -52,8 +52,12 @@ Three parts:
 Tasks (one table each): ``navigation`` as above; ``digits`` and ``digits16``
 (:mod:`mapformer.tasks.digits`: scikit-learn's 8x8 digits as 64 pixel tokens with their (row,
 column), or pasted at random offsets on a 16x16 canvas; a non-causal classifier with mean
-pooling, the tasks' own defaults), accuracy on the test (``iid``) and dev splits (all 360 /
-180 images at cpu and paper scale), default rows IMAGE_ROWS (navigation's and ``ape_grid``).
+pooling, the tasks' own defaults), the paper's Acc@1, Acc@5 and loss columns
+(:data:`IMAGE_METRICS`: ``accuracy``, ``accuracy_top5``, ``loss``) on the test (``iid``) and
+dev splits (all 360 / 180 images at cpu and paper scale), default rows IMAGE_ROWS
+(navigation's and ``ape_grid``); tables ``digits-fig4`` and ``digits16-fig4`` are the same
+runs with both sets also evaluated 19 times through training (:data:`CURVE_POINTS`;
+``--plot`` draws the dev curves, the paper's Fig. 4: :func:`plot_fig4`).
 They stand in for the paper's ImageNet-100 (PVT and ViT: not available offline, days on this
 CPU). ``grid_transpose``, ``grid_rotate90``, ``grid_flip`` and ``grid_copy``
 (:mod:`mapformer.tasks.grid2d`: a random grid of 20 symbols, sides 4 to 6, and its transpose /
@@ -119,6 +123,7 @@ from ..schemes import SCHEMES
 from ..schemes.gridpe import code_kernel, gridpe_frequencies, neuron_count
 from ..train import TrainConfig
 from .mapformer import recorded_configs
+from .plots import finish, pyplot
 
 
 @dataclass(frozen=True)
@@ -188,6 +193,13 @@ def digits_fields(canvas):
     return fields
 
 
+# the digits tables with the validation curves of the paper's Fig. 4 (the image tasks'
+# runs evaluated every CURVE_POINTS-th of the training, the record's evals; the final
+# evaluation the last point): the task's table but for that, their runs their own
+CURVE_TABLES = {"digits-fig4": "digits", "digits16-fig4": "digits16"}
+CURVE_POINTS = 20
+
+
 def grid_fields(operation):
     """TrainConfig fields of a 2D grid transduction (:mod:`mapformer.tasks.grid2d`): sides
     4 to 6 at cpu and paper scale (the task's default), 2 to 4 at tiny (mean side 3; the old
@@ -209,13 +221,18 @@ TASKS = {"navigation": (navigation_fields, DEFAULT_ROWS, ("iid", "ood_dense", "o
 # source and separator read bidirectionally, the target causally)
 TASK_OPTIONS = {f"grid_{op}": {"attn_mask": "prefix"} for op in GRID_OPERATIONS}
 
-TABLE_NAMES = ("fig3", "dims", *TASKS)
+TABLE_NAMES = ("fig3", "dims", *TASKS, *CURVE_TABLES)
 
 TITLES = {"navigation": "GridPE's variants on 2D forced navigation: recall accuracy",
           "digits": "GridPE's variants on digits (8x8 pixels; for the paper's ImageNet-100): "
                     "test and dev accuracy",
           "digits16": "GridPE's variants on digits16 (the 8x8 digit at a random offset on a "
                       "16x16 canvas): test and dev accuracy",
+          "digits-fig4": "Table 1's columns (Acc@1, Acc@5, loss) and Fig. 4's validation "
+                         "curves on digits (8x8 pixels; for the paper's ImageNet-100)",
+          "digits16-fig4": "Table 1's columns (Acc@1, Acc@5, loss) and Fig. 4's validation "
+                           "curves on digits16 (the 8x8 digit at a random offset on a 16x16 "
+                           "canvas)",
           **{f"grid_{op}": f"GridPE's variants on grid_{op} (a prefix LM on the page's 2D "
                            "coordinates): token accuracy and exact match"
              for op in GRID_OPERATIONS},
@@ -239,12 +256,16 @@ def task_rows(task):
     return default + tuple(r for r in ROWS if r not in default)
 
 
-def configs(task, row, scale, seed, sequences, eval_sequences=None):
-    """(ModelConfig, TrainConfig) of one run (the old script's, ``eval_sequences`` None);
-    ``eval_sequences`` overrides the sequences (images, grids) per evaluation set."""
+def configs(task, row, scale, seed, sequences, eval_sequences=None, curves=False):
+    """(ModelConfig, TrainConfig) of one run (the old script's, ``eval_sequences`` None and
+    ``curves`` False); ``eval_sequences`` overrides the sequences (images, grids) per
+    evaluation set; ``curves``: the sets are also evaluated every :data:`CURVE_POINTS`-th of
+    the training (which leaves the training as it is: the same final record)."""
     fields = dict(sequences=sequences, batch_size=scale.batch_size, lr=scale.lr, seed=seed,
                   eval_sequences=scale.eval_sequences, log_every=100)
     fields = {**fields, **TASKS[task][0](scale)}
+    if curves:
+        fields["eval_every"] = max(sequences // scale.batch_size // CURVE_POINTS, 1)
     if eval_sequences is not None:
         fields["eval_sequences"] = eval_sequences
     train_config = TrainConfig(**fields)
@@ -255,10 +276,10 @@ def configs(task, row, scale, seed, sequences, eval_sequences=None):
     return model_config, train_config
 
 
-def gridpe_run(task, name, scale, seed, sequences, eval_sequences=None):
+def gridpe_run(task, name, scale, seed, sequences, eval_sequences=None, curves=False):
     """The run of one (task, row, seed): trained on the task, evaluated on its own sets
-    (TrainConfig.eval_tasks)."""
-    return Run.of(*configs(task, row_of(name), scale, seed, sequences, eval_sequences))
+    (TrainConfig.eval_tasks), through training too with ``curves``."""
+    return Run.of(*configs(task, row_of(name), scale, seed, sequences, eval_sequences, curves))
 
 
 # ---- fig3: the code's distance decay, the optimal ratio ----------------------------------
@@ -415,7 +436,8 @@ def task_note(task, scale, sequences, eval_sequences, overridden):
 
 
 def table(name, scale="cpu", sequences=None, eval_sequences=None):
-    """GridPE's table ``name`` (:data:`TABLE_NAMES`: "fig3" or a task of :data:`TASKS`) at
+    """GridPE's table ``name`` (:data:`TABLE_NAMES`: "fig3", "dims", a task of :data:`TASKS`
+    or one of :data:`CURVE_TABLES`) at
     ``scale``; ``sequences`` overrides the scale's training sequences (then it is not a
     reproduction, and the note says so), ``eval_sequences`` the sequences per evaluation
     set."""
@@ -439,15 +461,52 @@ def table(name, scale="cpu", sequences=None, eval_sequences=None):
                      ("optimal_ratio", "min_dim_real", "min_dim"),
                      lambda part, row, seed: run, statistic="ci95", digits=2)
     n = sequences or at.steps * at.batch_size
-    note = task_note(name, at, n, eval_sequences, sequences is not None)
+    task, curves = CURVE_TABLES.get(name, name), name in CURVE_TABLES
+    note = task_note(task, at, n, eval_sequences, sequences is not None) + (
+        f"; both sets evaluated every {max(n // at.batch_size // CURVE_POINTS, 1)} steps "
+        "(the curves)" if curves else "")
 
     def make_run(part, row, seed):
-        return gridpe_run(name, row, at, seed, n, eval_sequences)
+        return gridpe_run(task, row, at, seed, n, eval_sequences, curves)
 
-    metrics = ("accuracy", "sequence_accuracy") if name in TASK_OPTIONS else ("accuracy",)
-    return Table("gridpe", name, TITLES[name], scale, note, ("",), task_rows(name),
-                 TASKS[name][2], metrics, make_run, statistic="ci95", digits=3,
-                 default_rows=tuple(TASKS[name][1]))
+    metrics = ("accuracy", "sequence_accuracy") if task in TASK_OPTIONS else \
+        IMAGE_METRICS if task.startswith("digits") else ("accuracy",)
+    return Table("gridpe", name, TITLES[name], scale, note, ("",), task_rows(task),
+                 TASKS[task][2], metrics, make_run, statistic="ci95", digits=3,
+                 default_rows=tuple(TASKS[task][1]), plot=plot_fig4 if curves else None)
+
+
+IMAGE_METRICS = ("accuracy", "accuracy_top5", "loss")  # the paper's Acc@1, Acc@5, loss
+
+
+def plot_fig4(table, store, seeds, path):
+    """The paper's Fig. 4 on a digits table: dev accuracy and dev loss through training (the
+    records' ``evals``, the final evaluation as the last point), the seeds' mean per row and
+    their spread (min to max) shaded; records without evaluations through training (the old
+    script's) are left out."""
+    plt = pyplot()
+    found = table.records(store, seeds)
+    fig, axes = plt.subplots(1, 2, figsize=(11, 4))
+    for row in table.rows:
+        curves = [[(e["step"], e["eval"]["dev"]) for e in r.get("evals") or []]
+                  + [(r["steps"], r["metrics"]["dev"])]
+                  for (_, label, _), r in found.items() if label == row and r.get("evals")]
+        if not curves:
+            continue
+        steps = [step for step, _ in curves[0]]
+        for ax, metric in zip(axes, ("accuracy", "loss")):
+            values = np.array([[e[metric] for _, e in c] for c in curves])
+            line, = ax.plot(steps, values.mean(axis=0), label=f"{row} (n={len(curves)})")
+            ax.fill_between(steps, values.min(axis=0), values.max(axis=0), alpha=0.15,
+                            color=line.get_color())
+    if not axes[0].lines:
+        raise ValueError(f"no record of gridpe {table.name} at scale {table.scale} in "
+                         f"{store.directory} has evaluations through training: run it first")
+    axes[0].set(title=f"{table.name}: dev accuracy (Fig. 4)", xlabel="optimizer step",
+                ylabel="accuracy")
+    axes[1].set(title=f"{table.name}: dev loss", xlabel="optimizer step",
+                ylabel="cross-entropy")
+    finish(fig, axes, path)
 
 
 # ---- the old script's records -------------------------------------------------------------
