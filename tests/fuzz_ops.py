@@ -35,7 +35,8 @@ WRITTEN = {op: set(sig.written) for op, sig in SIGNATURES.items() if sig.written
 IDS = {"embedding_forward": ("tokens", "V"), "embedding_backward": ("tokens", "V"),
        "softmax_xent_forward": ("targets", "V"), "softmax_xent_backward": ("targets", "V"),
        **{op: ("prefix", "T+1") for op in ("attention_forward", "attention_backward",
-                                           "conj_attention_forward", "conj_attention_backward")}}
+                                           "conj_attention_forward", "conj_attention_backward",
+                                           "relative_forward", "relative_backward")}}
 MODULE_FUNCTIONS = tuple(sorted(n for n in dir(_C) if not n.startswith("_") and callable(
     getattr(_C, n)) and n not in SIGNATURES))
 
@@ -156,6 +157,16 @@ def good_call(op, rng):
         out, lse = _C.cope_forward(q, k, v, e)
         return dict(dout=bthd(), q=q, k=k, v=v, e=e, out=out, lse=lse,
                     de=f32(rng, H, T + 1, D), scale=None), s
+    if op in ("relative_forward", "relative_backward"):
+        R2 = 2 * int(rng.integers(0, 4)) + 1
+        q, k, v, rel_k, rel_v = bthd(), bthd(), bthd(), f32(rng, R2, D), f32(rng, R2, D)
+        s["R2"] = R2
+        if op == "relative_forward":
+            return dict(q=q, k=k, v=v, rel_k=rel_k, rel_v=rel_v, **masked()), s
+        mask = masked()
+        out, lse = _C.relative_forward(q, k, v, rel_k, rel_v, **mask)
+        return dict(dout=bthd(), q=q, k=k, v=v, rel_k=rel_k, out=out, lse=lse,
+                    drel_k=f32(rng, R2, D), rel_v=rel_v, drel_v=f32(rng, R2, D), **mask), s
     if op == "tape_mix_forward":
         return dict(e_att=bthd(), gate_logits=f32(rng, B, T, H), w=f32(rng, H, H)), s
     if op == "tape_mix_backward":

@@ -144,6 +144,7 @@ def _racing_calls(rng):
     out, lse = _C.attention_forward(q, k, v, **attn)
     prefix = np.full(B, T // 2, np.int32)
     out_p, lse_p = _C.attention_forward(q, k, v, mask="prefix", prefix=prefix)
+    rel = randn(rng, 9, D)
     P = 40
     maps, index = randn(rng, 1, P, H, D, D), rng.integers(0, P, (B, T, 1)).astype(np.int32)
     z, codebook = randn(rng, 4_000, 2, 16), randn(rng, 2, 64, 16)
@@ -167,6 +168,12 @@ def _racing_calls(rng):
                                        prefix=prefix), 2**31 - 1),
         ("conj_attention_forward", "prefix", prefix,
          lambda: _C.conj_attention_forward(q, k, q, k, v, mask="prefix", prefix=prefix), T + 1),
+        ("relative_forward", "prefix", prefix,
+         lambda: _C.relative_forward(q, k, v, rel, rel, mask="prefix", prefix=prefix), T + 1),
+        ("relative_backward", "prefix", prefix,
+         lambda: _C.relative_backward(dout, q, k, v, rel, out_p, lse_p, np.zeros_like(rel),
+                                      rel, np.zeros_like(rel), mask="prefix", prefix=prefix),
+         T + 1),
         ("ape_apply_forward", "index", index, lambda: _C.ape_apply_forward(q, maps, index),
          P + 3),
         ("vq_backward", "indices", indices,

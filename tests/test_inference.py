@@ -19,7 +19,8 @@ from mapformer.train import evaluate
 TASK = navigation.NavigationConfig(dims=2, steps=12, grid_size=8)
 PAIRS = [(m, s) for m, s in itertools.product(sorted(MIXERS.entries), sorted(SCHEMES.entries))
          if SCHEMES.get(s).kind in MIXERS.get(m).accepts]
-NEEDS = {"cope": {"cope_positions": 2 * TASK.steps}}  # options a scheme has no default for
+NEEDS = {"cope": {"cope_positions": 2 * TASK.steps},  # options a scheme has no default for
+         "relative": {"rel_window": 5}}  # fewer than the walk's tokens: offsets clipped
 
 
 def model_and_inputs(mixer, positional, bottleneck="none", sequences=3, **more):

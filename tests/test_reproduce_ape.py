@@ -81,6 +81,16 @@ def test_rows_configure_what_the_paper_names():
     run = tiny.make_run("copy", "rope_prefix", 0)
     assert options(run)["attn_mask"] == "prefix"
     assert (run.train["sequences"], run.train["eval_sequences"]) == (25_600, 128)
+    # the Relative column's two readings: Shaw et al.'s (nothing clipped) and the APE code's
+    shaw, code = (options(a.make_run("reverse", r, 0)) for r in ("relative", "relative_ape_code"))
+    assert (shaw["rel_reading"], shaw["rel_window"]) == ("shaw", 88)  # the task's seq_len
+    assert (code["rel_reading"], code["rel_window"]) == ("ape_code", 32)  # the mean length
+    tree = options(b.make_run("tree_c3 depth", "relative_ape_code", 0))
+    assert (tree["rel_window"], tree["attn_mask"]) == (5, "prefix")  # the mean depth
+    for table in (a, b):
+        part = table.parts[0]
+        assert table.reference[part]["relative"] == table.reference[part][
+            "relative_ape_code"] and table.reference[part]["relative"] is not None
     # masks at cpu are table (a)'s runs, the same records
     assert reproduce.table("ape", "masks").make_run("reverse", "ape_seq", 2).id == \
         a.make_run("reverse", "ape_seq", 2).id

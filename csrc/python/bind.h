@@ -171,7 +171,8 @@ int mf_even_head_dim(const MfCall *c, const char *why);
     X(kernels) X(embedding) X(linear) X(layernorm) X(elementwise) X(mlp) X(attention)        \
     X(attention_decode)                                                                      \
     X(rotary) X(softmax_xent) X(optim) X(cope) X(tape) X(conj_attention) X(scan) X(ape)      \
-    X(vq) X(lstm) X(sln) X(b4) X(nc) X(nc_general) X(gridpe) X(l2_normalize)
+    X(vq) X(lstm) X(sln) X(b4) X(nc) X(nc_general) X(gridpe) X(l2_normalize)         \
+    X(relative)
 #define MF_DECLARE_FAMILY(family) extern PyMethodDef mf_##family##_methods[];
 MF_FAMILIES(MF_DECLARE_FAMILY)
 

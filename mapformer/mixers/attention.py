@@ -19,8 +19,8 @@ the tokens); ``prefix`` (a prefix LM: full attention within the first P tokens, 
 causal after them), P given per sequence by the task (``Transformer.forward(prefix=...)``,
 e.g. the transduction tasks' source and separator) or, when the task gives none, the fixed
 ``attn_prefix``. The kernels are the same tiled ones for every mask (no T x T matrix). With
-an ``attention`` scheme the scheme must list the mask in its ``masks`` (the APE schemes do;
-CoPE and TAPE are causal only).
+an ``attention`` scheme the scheme must list the mask in its ``masks`` (the APE schemes and
+``relative`` do; CoPE and TAPE are causal only).
 
 Incremental decoding (:meth:`CausalAttention.decode`): the new tokens' queries attend the
 cached keys and values (the ``attention_decode`` op), for schemes of kind ``none`` (their

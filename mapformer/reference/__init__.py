@@ -31,6 +31,7 @@ from .softmax_xent import softmax_xent_forward, softmax_xent_backward  # noqa: F
 from .adamw import adamw_step  # noqa: F401
 from .grad_norm import global_norm, clip_grad_norm  # noqa: F401
 from .cope import _cope_parts, cope_forward, cope_backward  # noqa: F401
+from .relative import relative_offsets, relative_forward, relative_backward  # noqa: F401
 from .tape import (tape_rotate_forward, tape_rotate_backward, tape_mix_forward,  # noqa: F401
                    tape_mix_backward)
 from .conj_attention import conj_attention_forward, conj_attention_backward  # noqa: F401

@@ -68,8 +68,12 @@ a prefix LM (``attn_mask=prefix``: the source tree bidirectional, the target cau
 output order, which is the paper's decoder mask; see the module's doc) unless the row sets
 attn_mask. ``ape_tree`` reads the tokens' heap numbers (source and target trees), every other
 row the token index (the paper's sequential baselines see flattened token lists). Its paper
-figure: the paper's "APE seq" for our ape_seq, "APE tree" for ape_tree. Not run: the paper's
-Tree-SQ and Relative columns (no such schemes here); our RoPE is the correct one (the paper's
+figure: the paper's "APE seq" for our ape_seq, "APE tree" for ape_tree. Its Relative column
+stands beside two rows, ``relative`` (Shaw et al.'s reading: the offset's embedding in keys and
+values, scaled, clipped at the task's sequence length) and ``relative_ape_code`` (the APE
+code's: keys only, unscaled, clipped at the scale's mean depth, its window seq_len_mu; in
+table (a) at the mean length). Not run: the paper's Tree-SQ column (no such scheme here); our
+RoPE is the correct one (the paper's
 public RoPE baseline rotates across heads, research note 1.8), so its RoPE cells need not
 match. Scales: ``paper``: depth int(N(7, 1)) trees and the training of table (a)'s paper
 scale; ``cpu``: mean depth 5 (depths 3..7, about 17 nodes on average, at most 63), 6000
@@ -158,6 +162,12 @@ ROWS = {
                                  paper="APE w/o init"),
     "ape_tree_no_init_decay": Row("ape_tree", (("ape_decay", 0.98), ("ape_no_init", True)),
                                   paper="APE tree w/o init"),
+    # Shaw et al.'s relative positions, two readings (mapformer.schemes.relative): the
+    # paper's (keys and values, scaled; clipped at the task's sequence length: nothing
+    # clipped) and the APE code's Relative baseline (keys only, unscaled, clipped at the
+    # scale's mean length or tree depth, as its window = seq_len_mu)
+    "relative": Row("relative", paper="Relative"),
+    "relative_ape_code": Row("relative", (("rel_reading", "ape_code"),), paper="Relative"),
     "none": Row("none"),
     "rope_prefix": Row("rope", (("attn_mask", "prefix"),), paper="RoPE frozen"),
     "ape_seq_prefix": Row("ape_seq", (("attn_mask", "prefix"),), paper="APE w/ init"),
@@ -225,17 +235,18 @@ TABLE_NAMES = ("a", "b", "masks", "a-plateau")
 TABLES = {
     "a": {"title": "APE table (a), sequence transduction", "columns": ("iid", "ood_long"),
           "scales": SCALES, "parts": {"cpu": TASKS, "paper": TASKS},
-          "rows": ("sinusoidal", "learned_abs", "rope", "rope_tuned", "ape_seq",
-                   "ape_seq_no_init", "ape_seq_decay", "ape_seq_no_init_decay", "none",
-                   "rope_prefix",
-                   "ape_seq_prefix", "none_prefix")},
+          "rows": ("sinusoidal", "learned_abs", "relative", "relative_ape_code", "rope",
+                   "rope_tuned", "ape_seq", "ape_seq_no_init", "ape_seq_decay",
+                   "ape_seq_no_init_decay", "none", "rope_prefix", "ape_seq_prefix",
+                   "none_prefix")},
     "b": {"title": "APE table (b), tree transduction", "columns": ("iid", "dev"),
           "scales": TREE_SCALES,
           "parts": {s: tuple(f"{t} {o}" for t in TREE_TASKS for o in trees.ORDERS)
                     for s in TREE_SCALES},
-          "rows": ("sinusoidal", "learned_abs", "rope", "rope_tuned", "ape_seq",
-                   "ape_seq_no_init", "ape_seq_decay", "ape_seq_no_init_decay", "ape_tree",
-                   "ape_tree_no_init", "ape_tree_decay", "ape_tree_no_init_decay", "none")},
+          "rows": ("sinusoidal", "learned_abs", "relative", "relative_ape_code", "rope",
+                   "rope_tuned", "ape_seq", "ape_seq_no_init", "ape_seq_decay",
+                   "ape_seq_no_init_decay", "ape_tree", "ape_tree_no_init", "ape_tree_decay",
+                   "ape_tree_no_init_decay", "none")},
     "masks": {"title": "APE sequence transduction, causal decoder against prefix LM",
               "columns": ("iid", "ood_long"), "scales": MASK_SCALES,
               "parts": {"tiny": ("copy", "reverse"), "cpu": TASKS, "paper": TASKS},
@@ -246,7 +257,7 @@ METRICS = ("perplexity", "sequence_accuracy")
 # top performer in 8, ranks among the best in 3, and falls within the confidence margin of the
 # top performer in one"): APE's rows against the other encodings, causal rows only (the
 # prefix-LM rows and `none` have no paper column of their own)
-_RIVALS = ("sinusoidal", "learned_abs", "rope", "rope_tuned")
+_RIVALS = ("sinusoidal", "learned_abs", "relative", "relative_ape_code", "rope", "rope_tuned")
 CONTESTS = {
     "a": ("APE", ("ape_seq", "ape_seq_no_init", "ape_seq_decay", "ape_seq_no_init_decay"),
           _RIVALS),
@@ -268,6 +279,8 @@ def configs(task, row, scale, seed, sequences, order=None):
                                eval_sequences=scale.eval_sequences, eval_batch_size=64,
                                log_every=50)
     options = {**({"attn_mask": "prefix"} if tree else {}), **dict(row.options)}
+    if options.get("rel_reading") == "ape_code":  # the APE code's window, seq_len_mu
+        options.setdefault("rel_window", scale.mean_depth if tree else scale.mean_length)
     model_config = ModelConfig.for_task(
         "rope", train_config.task_config(), positional=row.scheme, d_model=scale.d_model,
         n_heads=scale.n_heads, n_layers=scale.n_layers, dropout=scale.dropout, **options)

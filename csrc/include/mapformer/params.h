@@ -42,6 +42,7 @@
 #include "mapformer/ops/adamw.h"
 #include "mapformer/ops/grad_norm.h"
 #include "mapformer/ops/cope.h"
+#include "mapformer/ops/relative.h"
 #include "mapformer/ops/tape.h"
 #include "mapformer/ops/conj_attention.h"
 #include "mapformer/ops/activation.h"
