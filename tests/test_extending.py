@@ -148,7 +148,8 @@ def test_toy_scheme_trains_a_step_through_the_cli(tmp_path):
      "(mapem, mapem_b4, mapem_nc, mapem_sln), not 'rope' (kind 'angles')"),
     ("attention", "mapem", "mixer 'attention' takes positional schemes of kind 'none', "
      "'angles' or 'attention' (ape_grid, ape_seq, ape_tree, cope, gridpe, learned_abs, mapwm, "
-     "none, relative, rope, rope_axial, sinusoidal, tape), not 'mapem' (kind 'positions')"),
+     "none, relative, rope, rope_axial, sinusoidal, tape, tree_sq), not 'mapem' (kind "
+     "'positions')"),
 ])
 def test_a_scheme_the_mixer_cannot_use_names_both(mixer, positional, message):
     with pytest.raises(ValueError) as info:

@@ -26,7 +26,7 @@ NEEDS = {"cope": {"cope_positions": 2 * TASK.steps},  # options a scheme has no 
 def model_and_inputs(mixer, positional, bottleneck="none", sequences=3, **more):
     batch = navigation.generate(TASK, sequences, 0)
     coordinates = navigation.token_coordinates(batch)
-    if positional == "ape_tree":  # heap numbers of a path down a binary tree
+    if positional in ("ape_tree", "tree_sq"):  # heap numbers of nodes of a binary tree
         coordinates = np.broadcast_to(np.arange(1, batch.tokens.shape[1] + 1)[None, :, None],
                                       batch.tokens.shape + (1,))
     options = dict(NEEDS.get(positional, {}), **more)

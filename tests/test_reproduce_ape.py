@@ -87,6 +87,10 @@ def test_rows_configure_what_the_paper_names():
     assert (code["rel_reading"], code["rel_window"]) == ("ape_code", 32)  # the mean length
     tree = options(b.make_run("tree_c3 depth", "relative_ape_code", 0))
     assert (tree["rel_window"], tree["attn_mask"]) == (5, "prefix")  # the mean depth
+    sq = b.make_run("tree_c3 depth", "tree_sq", 0)  # Tree-SQ: the deepest node's 7 steps
+    assert (sq.model["positional"], options(sq)["tree_sq_depth"]) == ("tree_sq", 7)
+    assert b.reference["tree_c3 depth"]["tree_sq"] == ((2.29, 0.24), None)
+    assert "tree_sq" in b.contest[2] and "tree_sq" not in a.rows
     for table in (a, b):
         part = table.parts[0]
         assert table.reference[part]["relative"] == table.reference[part][

@@ -72,8 +72,8 @@ figure: the paper's "APE seq" for our ape_seq, "APE tree" for ape_tree. Its Rela
 stands beside two rows, ``relative`` (Shaw et al.'s reading: the offset's embedding in keys and
 values, scaled, clipped at the task's sequence length) and ``relative_ape_code`` (the APE
 code's: keys only, unscaled, clipped at the scale's mean depth, its window seq_len_mu; in
-table (a) at the mean length). Not run: the paper's Tree-SQ column (no such scheme here); our
-RoPE is the correct one (the paper's
+table (a) at the mean length); its Tree-SQ column beside ``tree_sq`` (Shiv and Quirk's code on
+the heap numbers, depth the task's deepest node). Our RoPE is the correct one (the paper's
 public RoPE baseline rotates across heads, research note 1.8), so its RoPE cells need not
 match. Scales: ``paper``: depth int(N(7, 1)) trees and the training of table (a)'s paper
 scale; ``cpu``: mean depth 5 (depths 3..7, about 17 nodes on average, at most 63), 6000
@@ -168,6 +168,8 @@ ROWS = {
     # scale's mean length or tree depth, as its window = seq_len_mu)
     "relative": Row("relative", paper="Relative"),
     "relative_ape_code": Row("relative", (("rel_reading", "ape_code"),), paper="Relative"),
+    # Shiv and Quirk's tree code on the heap numbers (mapformer.schemes.tree_sq), table (b)
+    "tree_sq": Row("tree_sq", paper="Tree-SQ"),
     "none": Row("none"),
     "rope_prefix": Row("rope", (("attn_mask", "prefix"),), paper="RoPE frozen"),
     "ape_seq_prefix": Row("ape_seq", (("attn_mask", "prefix"),), paper="APE w/ init"),
@@ -243,8 +245,8 @@ TABLES = {
           "scales": TREE_SCALES,
           "parts": {s: tuple(f"{t} {o}" for t in TREE_TASKS for o in trees.ORDERS)
                     for s in TREE_SCALES},
-          "rows": ("sinusoidal", "learned_abs", "relative", "relative_ape_code", "rope",
-                   "rope_tuned", "ape_seq", "ape_seq_no_init", "ape_seq_decay",
+          "rows": ("sinusoidal", "tree_sq", "learned_abs", "relative", "relative_ape_code",
+                   "rope", "rope_tuned", "ape_seq", "ape_seq_no_init", "ape_seq_decay",
                    "ape_seq_no_init_decay", "ape_tree", "ape_tree_no_init", "ape_tree_decay",
                    "ape_tree_no_init_decay", "none")},
     "masks": {"title": "APE sequence transduction, causal decoder against prefix LM",
@@ -263,7 +265,7 @@ CONTESTS = {
           _RIVALS),
     "b": ("APE", ("ape_seq", "ape_seq_no_init", "ape_seq_decay", "ape_seq_no_init_decay",
                   "ape_tree", "ape_tree_no_init", "ape_tree_decay", "ape_tree_no_init_decay"),
-          _RIVALS),
+          _RIVALS + ("tree_sq",)),
 }
 
 
