@@ -48,6 +48,37 @@ def path_onehot(heaps, depth):
     return out
 
 
+def entry_weights(p, depth, width, scale):
+    """(float64 (L, m), w (m,)): entry 2 s + b's weight in copy j, w_j^s sqrt((1 - w_j^2)
+    width / 2) scale, w = tanh(p), L = 2 depth (on the host: m numbers)."""
+    w = np.tanh(np.asarray(p, np.float64))
+    steps = np.repeat(np.arange(depth), BRANCHES)[:, None]
+    norm = scale * np.sqrt((1.0 - w ** 2) * width / 2.0)
+    return w[None, :] ** steps * norm[None, :], w
+
+
+def embedding_matrix(weights, width):
+    """(width, L) float64: the linear op's weight, E^T with E[l, l m + j] = weights[l, j]."""
+    L, m = weights.shape
+    e = np.zeros((width, L))
+    for l in range(L):
+        e[l * m:(l + 1) * m, l] = weights[l]
+    return e
+
+
+def p_gradient(dweight, p, depth, width, scale):
+    """(m,) float64: the gradient of p from the linear op's weight gradient dweight
+    (width, L), through E's entries (d/dw of w^s sqrt(1 - w^2) = w^s sqrt(1 - w^2) (s / w -
+    w / (1 - w^2))) and tanh."""
+    weights, w = entry_weights(p, depth, width, scale)
+    L, m = weights.shape
+    dense = np.asarray(dweight, np.float64)
+    dentries = np.stack([dense[l * m:(l + 1) * m, l] for l in range(L)])
+    steps = np.repeat(np.arange(depth), BRANCHES)[:, None]
+    dlog = steps / w[None, :] - (w / (1.0 - w ** 2))[None, :]
+    return (dentries * weights * dlog).sum(0) * (1.0 - w ** 2)
+
+
 @register_scheme
 class TreeSQ(AdditiveScheme):
     """Parameter ``p`` (m,), m = d_model // (2 tree_sq_depth), declared by the first
@@ -60,57 +91,40 @@ class TreeSQ(AdditiveScheme):
 
     def __init__(self, store, name, config, ops):
         super().__init__(store, name, config, ops)
-        depth = config.options["tree_sq_depth"]
-        self.L, self.C = BRANCHES * depth, config.d_model
-        self.m = self.C // self.L
-        if self.m < 1:
-            raise ValueError(f"tree_sq spreads its {self.L} stack entries (2 tree_sq_depth) "
+        self.depth = config.options["tree_sq_depth"]
+        L, self.C = BRANCHES * self.depth, config.d_model
+        if self.C // L < 1:
+            raise ValueError(f"tree_sq spreads its {L} stack entries (2 tree_sq_depth) "
                              f"over d_model = {self.C}: d_model must be at least 2 "
                              "tree_sq_depth")
         self.p = shared_once(store, self.name, lambda: store.declare(
-            f"{name}.p", (self.m,), lambda rng, shape: rng.uniform(0.7, 0.999, shape),
+            f"{name}.p", (self.C // L,), lambda rng, shape: rng.uniform(0.7, 0.999, shape),
             decay=False))
 
-    def weights(self):
-        """(float64 (L, m) each entry's weight per copy, w (m,)): entry 2 s + b of copy j
-        weighs w_j^s sqrt((1 - w_j^2) C / 2) tree_sq_scale, w = tanh(p)."""
-        w = np.tanh(np.asarray(self.ops.to_numpy(self.p.value), np.float64))
-        steps = np.repeat(np.arange(self.L // BRANCHES), BRANCHES)[:, None]
-        scale = self.config.options["tree_sq_scale"] * np.sqrt((1.0 - w ** 2) * self.C / 2.0)
-        return w[None, :] ** steps * scale[None, :], w
-
-    def embedding_matrix(self, weights):
-        """(C, L) float64: the linear op's weight, E^T with E[l, l m + j] = weights[l, j]."""
-        e = np.zeros((self.C, self.L))
-        for l in range(self.L):
-            e[l * self.m:(l + 1) * self.m, l] = weights[l]
-        return e
+    def _weight(self):
+        """The linear op's (C, L) weight from p, on the backend."""
+        weights, _ = entry_weights(self.ops.to_numpy(self.p.value), self.depth, self.C,
+                                   self.config.options["tree_sq_scale"])
+        return self.ops.asarray(embedding_matrix(weights, self.C))
 
     def code(self, batch, steps):
         if self.coordinates is None or self.coordinates.shape[2] != 1:
             raise ValueError("positional scheme 'tree_sq' needs the tokens' heap numbers as "
                              "coordinates (B, T, 1): pass coordinates= to "
                              "Transformer.forward / loss")
-        heaps = self.ops.to_numpy(self.coordinates)
-        self.onehot = self.ops.asarray(path_onehot(heaps, self.L // BRANCHES))
-        weight = self.ops.asarray(self.embedding_matrix(self.weights()[0]))
-        return self.ops.linear_forward(self.onehot, weight).reshape(batch, steps, self.C)
+        self.onehot = self.ops.asarray(path_onehot(self.ops.to_numpy(self.coordinates),
+                                                   self.depth))
+        return self.ops.linear_forward(self.onehot, self._weight()).reshape(batch, steps,
+                                                                            self.C)
 
     def code_backward(self, dcode):
-        """dp = sum over the tokens' entries of dcode's components times d weight / d p."""
-        dweight = self.ops.zeros((self.C, self.L))
-        weight = self.ops.asarray(self.embedding_matrix(self.weights()[0]))
-        self.ops.linear_backward(dcode.reshape(-1, self.C), self.onehot, weight, dweight)
-        dw_entries = np.zeros((self.L, self.m))
-        dense = np.asarray(self.ops.to_numpy(dweight), np.float64)
-        for l in range(self.L):
-            dw_entries[l] = dense[l * self.m:(l + 1) * self.m, l]
-        weights, w = self.weights()
-        steps = np.repeat(np.arange(self.L // BRANCHES), BRANCHES)[:, None]
-        # d/dw of w^s sqrt(1 - w^2) = w^s sqrt(1 - w^2) (s / w - w / (1 - w^2))
-        dlog = steps / w[None, :] - (w / (1.0 - w ** 2))[None, :]
-        dw = (dw_entries * weights * dlog).sum(0)
-        self.ops.add_(self.p.grad, self.ops.asarray(dw * (1.0 - w ** 2)))  # dtanh(p)
+        """p's gradient (+=) from the linear op's weight gradient (p_gradient)."""
+        dweight = self.ops.zeros((self.C, BRANCHES * self.depth))
+        self.ops.linear_backward(dcode.reshape(-1, self.C), self.onehot, self._weight(),
+                                 dweight)
+        dp = p_gradient(self.ops.to_numpy(dweight), self.ops.to_numpy(self.p.value),
+                        self.depth, self.C, self.config.options["tree_sq_scale"])
+        self.ops.add_(self.p.grad, self.ops.asarray(dp))
 
     @classmethod
     def flops(cls, config, batch, steps):
