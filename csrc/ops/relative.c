@@ -284,7 +284,7 @@ static int run(const MfRelativeParams *a, int backward) {
     const int64_t per = thread_floats(&r, backward), ntask = a->B * a->H;
     const int64_t shared = shared_floats(&r, backward);
     const int nt = (int)min64(mf_scratch_threads(a->scratch_floats - shared, per), ntask);
-    if (nt < 1 || a->scratch_floats < shared) return MF_EINVAL;
+    if (nt < 1) return MF_EINVAL;
     carve_shared(&r, a->scratch, backward);
     float *base = a->scratch + shared;
     int status = MF_OK;

@@ -35,8 +35,7 @@ struct MfCall {
     int ell_ndim; /* the "..." shape, and the argument that fixed it */
     npy_intp ell_dims[NPY_MAXDIMS];
     const char *ell_from;
-    void *scratch; /* a block: a pool block (scratch_pooled: borrowed or mapped for the call,
-                    * given to the pool after it), or the call's own from the heap */
+    void *scratch; /* a block: borrowed from the pool (scratch_pooled), or the call's own */
     int scratch_pooled;
     union {
         max_align_t align;
@@ -718,16 +717,11 @@ static int check_overlaps(const MfCall *c) {
 
 /* The op's scratch (64-byte aligned): borrowed from the pool, the smallest free block that
  * holds it (a training step frees activations of every size it allocates), and given back
- * after the call; when none is free, a block of its own: from the heap when small (below
- * glibc's mmap threshold, freed after the call), else mapped, its size counted as a pool
- * request and given to the pool after the call, which keeps it as it keeps an output's block
- * (once its size has been asked for twice; within MAPFORMER_POOL_MB; freed by release_pool
- * and when its size is no longer asked for). A step that calls an op of the same sizes every
- * time so pays the kernel's page faulting of its scratch once: the MLP's backward called
- * alone at 4096 rows, width 128 (9 MB of scratch, mapped and unmapped per call before) took
- * 23.0 ms, now 18.6 (inside a training step the pool mostly held a freed activation that
- * fits, and the step's time did not move). Larger blocks freed to or pooled from the heap moved glibc's mmap
- * threshold and left a training step's peak RSS 4 to 90 MB higher; mapped ones do not. */
+ * after the call; when none is free, a block of its own for the call: from the heap when
+ * small (below glibc's mmap threshold), else mapped and unmapped. Scratch so keeps no memory
+ * resident that the op's own malloc would not have had (measured: larger blocks freed to or
+ * pooled from the heap moved glibc's mmap threshold and left a training step's peak RSS 4 to
+ * 90 MB higher; mapped ones left it as before). */
 #define MF_SCRATCH_HEAP_BYTES ((size_t)1 << 17) /* glibc's default M_MMAP_THRESHOLD */
 
 static int make_scratch(MfCall *c) {
@@ -748,9 +742,7 @@ static int make_scratch(MfCall *c) {
         c->scratch_pooled = 1;
     } else {
         if (size >= MF_SCRATCH_HEAP_BYTES) {
-            pool_note(size);
             block = block_new(size);
-            c->scratch_pooled = 1;
         } else if ((block = aligned_alloc(MF_BLOCK_HEADER, MF_BLOCK_HEADER + size)) != NULL) {
             *(size_t *)block = size;
         }
@@ -768,10 +760,13 @@ static int make_scratch(MfCall *c) {
 
 static void release_scratch(MfCall *c) {
     if (c->scratch == NULL) return;
+    const size_t size = block_size(c->scratch);
     if (c->scratch_pooled)
         pool_give(c->scratch);
-    else
+    else if (size < MF_SCRATCH_HEAP_BYTES)
         free(c->scratch);
+    else
+        block_free(c->scratch);
 }
 
 static void raise_status(const MfCall *c, int status) {

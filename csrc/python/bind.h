@@ -164,6 +164,13 @@ int mf_even_head_dim(const MfCall *c, const char *why);
         return mf_call(&(spec), args, kw);                                   \
     }
 
+/* The attention masks' argument rows (mask, prefix) at positions pos, for a params struct
+ * with fields mask and prefix; P(field) is the including file's offsetof macro */
+#define MF_MASK_ROW(pos) {"mask", pos, MF_CHOICE, MF_OPTIONAL | MF_KWONLY, MF_FIELD(P, mask), \
+                          .choices = mf_mask_names}
+#define MF_PREFIX_ROW(pos) {"prefix", pos, MF_IN, MF_OPTIONAL | MF_NONE | MF_KWONLY, "B", \
+                            MF_FIELD(P, prefix), .dtype = MF_I32}
+
 /* ---- the op families: one list, for the declarations here and for module.c's registration.
  * Each family's method table is mf_<family>_methods, in csrc/python/bind_<family>.c
  * (module.c: the kernel-set functions and info). */
@@ -171,7 +178,7 @@ int mf_even_head_dim(const MfCall *c, const char *why);
     X(kernels) X(embedding) X(linear) X(layernorm) X(elementwise) X(mlp) X(attention)        \
     X(attention_decode)                                                                      \
     X(rotary) X(softmax_xent) X(optim) X(cope) X(tape) X(conj_attention) X(scan) X(ape)      \
-    X(vq) X(lstm) X(sln) X(b4) X(nc) X(nc_general) X(gridpe) X(l2_normalize)         \
+    X(vq) X(lstm) X(sln) X(b4) X(nc) X(nc_general) X(gridpe) X(l2_normalize)        \
     X(relative)
 #define MF_DECLARE_FAMILY(family) extern PyMethodDef mf_##family##_methods[];
 MF_FAMILIES(MF_DECLARE_FAMILY)

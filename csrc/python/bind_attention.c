@@ -40,10 +40,6 @@ static int check(MfCall *c, void *params) {
     return mf_head_dim_and_scale(p->D, "q, k, v", &p->scale);
 }
 
-#define MASK(pos) {"mask", pos, MF_CHOICE, MF_OPTIONAL | MF_KWONLY, MF_FIELD(P, mask), \
-                   .choices = mf_mask_names}
-#define PREFIX(pos) {"prefix", pos, MF_IN, MF_OPTIONAL | MF_NONE | MF_KWONLY, "B", \
-                     MF_FIELD(P, prefix), .dtype = MF_I32}
 #define POS_IDS(pos) {"pos_ids", pos, MF_IN, MF_OPTIONAL | MF_NONE | MF_KWONLY, "B T", \
                       MF_FIELD(P, pos_ids), .dtype = MF_I32}
 #define PAIR_FACTOR(pos) {"pair_factor", pos, MF_IN, MF_OPTIONAL | MF_NONE | MF_KWONLY, "N N", \
@@ -54,8 +50,8 @@ static const MfArg forward_args[] = {
     {"k", 2, MF_IN, 0, "B T H D", MF_FIELD(P, k)},
     {"v", 3, MF_IN, 0, "B T H D", MF_FIELD(P, v)},
     {"scale", 4, MF_FLOAT, MF_OPTIONAL | MF_NONE, MF_FIELD(P, scale), MF_FINITE},
-    MASK(5),
-    PREFIX(6),
+    MF_MASK_ROW(5),
+    MF_PREFIX_ROW(6),
     POS_IDS(7),
     PAIR_FACTOR(8),
     {"out", 0, MF_OUT, 0, "B T H D", MF_FIELD(P, out)},
@@ -76,8 +72,8 @@ static const MfArg backward_args[] = {
     {"out", 5, MF_IN, 0, "B T H D", MF_FIELD(P, o)},
     {"lse", 6, MF_IN, 0, "B H T", MF_FIELD(P, lse_in)},
     {"scale", 7, MF_FLOAT, MF_OPTIONAL | MF_NONE, MF_FIELD(P, scale), MF_FINITE},
-    MASK(8),
-    PREFIX(9),
+    MF_MASK_ROW(8),
+    MF_PREFIX_ROW(9),
     POS_IDS(10),
     PAIR_FACTOR(11),
     {"dq", 0, MF_OUT, 0, "B T H D", MF_FIELD(P, dq)},

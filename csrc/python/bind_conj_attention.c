@@ -22,10 +22,6 @@ static int check(MfCall *c, void *params) {
 
 #define MODE(pos) {"mode", pos, MF_CHOICE, MF_OPTIONAL, MF_FIELD(P, mode), .choices = modes}
 #define SCALE(pos) {"scale", pos, MF_FLOAT, MF_OPTIONAL | MF_NONE, MF_FIELD(P, scale), MF_FINITE}
-#define MASK(pos) {"mask", pos, MF_CHOICE, MF_OPTIONAL | MF_KWONLY, MF_FIELD(P, mask), \
-                   .choices = mf_mask_names}
-#define PREFIX(pos) {"prefix", pos, MF_IN, MF_OPTIONAL | MF_NONE | MF_KWONLY, "B", \
-                     MF_FIELD(P, prefix), .dtype = MF_I32}
 
 static const MfArg forward_args[] = {
     {"qx", 1, MF_IN, 0, "B T H D", MF_FIELD(P, qx)},
@@ -35,8 +31,8 @@ static const MfArg forward_args[] = {
     {"v", 5, MF_IN, 0, "B T H D", MF_FIELD(P, v)},
     MODE(6),
     SCALE(7),
-    MASK(8),
-    PREFIX(9),
+    MF_MASK_ROW(8),
+    MF_PREFIX_ROW(9),
     {"out", 0, MF_OUT, 0, "B T H D", MF_FIELD(P, out)},
     {"lse", 0, MF_OUT, 0, "M B H T", MF_FIELD(P, lse)},
     {0}};
@@ -58,8 +54,8 @@ static const MfArg backward_args[] = {
     {"lse", 8, MF_IN, 0, "M B H T", MF_FIELD(P, lse_in)},
     MODE(9),
     SCALE(10),
-    MASK(11),
-    PREFIX(12),
+    MF_MASK_ROW(11),
+    MF_PREFIX_ROW(12),
     {"dqx", 0, MF_OUT, 0, "B T H D", MF_FIELD(P, dqx)},
     {"dkx", 0, MF_OUT, 0, "B T H D", MF_FIELD(P, dkx)},
     {"dqp", 0, MF_OUT, 0, "B T H D", MF_FIELD(P, dqp)},

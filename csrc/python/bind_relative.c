@@ -33,10 +33,6 @@ static int check_backward(MfCall *c, void *params) {
     return check(c, params);
 }
 
-#define MASK(pos) {"mask", pos, MF_CHOICE, MF_OPTIONAL | MF_KWONLY, MF_FIELD(P, mask), \
-                   .choices = mf_mask_names}
-#define PREFIX(pos) {"prefix", pos, MF_IN, MF_OPTIONAL | MF_NONE | MF_KWONLY, "B", \
-                     MF_FIELD(P, prefix), .dtype = MF_I32}
 
 static const MfArg forward_args[] = {
     {"q", 1, MF_IN, 0, "B T H D", MF_FIELD(P, q)},
@@ -46,8 +42,8 @@ static const MfArg forward_args[] = {
     {"rel_v", 5, MF_IN, MF_OPTIONAL | MF_NONE, "R2 D", MF_FIELD(P, rel_v)},
     {"scale", 6, MF_FLOAT, MF_OPTIONAL | MF_NONE, MF_FIELD(P, scale), MF_FINITE},
     {"rel_scale", 7, MF_FLOAT, MF_OPTIONAL | MF_NONE, MF_FIELD(P, rel_scale), MF_FINITE},
-    MASK(8),
-    PREFIX(9),
+    MF_MASK_ROW(8),
+    MF_PREFIX_ROW(9),
     {"out", 0, MF_OUT, 0, "B T H D", MF_FIELD(P, out)},
     {"lse", 0, MF_OUT, 0, "B H T", MF_FIELD(P, lse)},
     {0}};
@@ -71,8 +67,8 @@ static const MfArg backward_args[] = {
     {"drel_v", 10, MF_INOUT, MF_OPTIONAL | MF_NONE, "R2 D", MF_FIELD(P, drel_v)},
     {"scale", 11, MF_FLOAT, MF_OPTIONAL | MF_NONE, MF_FIELD(P, scale), MF_FINITE},
     {"rel_scale", 12, MF_FLOAT, MF_OPTIONAL | MF_NONE, MF_FIELD(P, rel_scale), MF_FINITE},
-    MASK(13),
-    PREFIX(14),
+    MF_MASK_ROW(13),
+    MF_PREFIX_ROW(14),
     {"dq", 0, MF_OUT, 0, "B T H D", MF_FIELD(P, dq)},
     {"dk", 0, MF_OUT, 0, "B T H D", MF_FIELD(P, dk)},
     {"dv", 0, MF_OUT, 0, "B T H D", MF_FIELD(P, dv)},

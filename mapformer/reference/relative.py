@@ -16,7 +16,7 @@ def relative_offsets(T, R2):
 
 def _probabilities(q, k, rel_k, scale, rel_scale, mask, prefix):
     """(P (B, H, T, T) the attention probabilities, 0 where masked; lse (B, H, T);
-    c (T, T) the offsets' rows; seen (B, 1, T, T) the mask)."""
+    c (T, T) the offsets' rows)."""
     B, T, _, D = q.shape
     c = relative_offsets(T, rel_k.shape[0])
     z = _einsum("bihd,rd->bhir", q, rel_k)  # (B, H, T, R2)
@@ -26,7 +26,7 @@ def _probabilities(q, k, rel_k, scale, rel_scale, mask, prefix):
     a = np.where(seen, a, -np.inf)
     m = a.max(-1, keepdims=True)
     lse = m[..., 0] + np.log(np.exp(a - m).sum(-1))
-    return np.where(seen, np.exp(a - lse[..., None]), 0.0), lse, c, seen
+    return np.where(seen, np.exp(a - lse[..., None]), 0.0), lse, c
 
 
 def _by_offset(x, c, R2):
@@ -52,12 +52,16 @@ def relative_forward(q, k, v, rel_k, rel_v=None, scale=None, rel_scale=None, dty
     q, k, v, rel_k = _cast(dtype, q, k, v, rel_k)
     scale = _default_scale(q.shape[3], scale)
     rel_scale = scale if rel_scale is None else float(rel_scale)
-    p, lse, c, _ = _probabilities(q, k, rel_k, scale, rel_scale, mask, prefix)
+    p, lse, c = _probabilities(q, k, rel_k, scale, rel_scale, mask, prefix)
+    return _outputs(p, c, v, rel_v, rel_k.shape[0], dtype), lse
+
+
+def _outputs(p, c, v, rel_v, R2, dtype):
+    """out (B, T, H, D) = P V + W rel_v (W: P summed by offset row; no term without rel_v)."""
     out = _einsum("bhij,bjhd->bihd", p, v)
-    if rel_v is not None:
-        w = _by_offset(p, c, rel_k.shape[0])
-        out = out + _einsum("bhir,rd->bihd", w, np.asarray(rel_v, dtype=dtype))
-    return out, lse
+    if rel_v is None:
+        return out
+    return out + _einsum("bhir,rd->bihd", _by_offset(p, c, R2), np.asarray(rel_v, dtype=dtype))
 
 
 @returns("dq", "dk", "dv", "drel_k", "drel_v")
@@ -76,8 +80,8 @@ def relative_backward(dout, q, k, v, rel_k, rel_v=None, scale=None, rel_scale=No
     R2 = rel_k.shape[0]
     scale = _default_scale(q.shape[3], scale)
     rel_scale = scale if rel_scale is None else float(rel_scale)
-    out, _ = relative_forward(q, k, v, rel_k, rel_v, scale, rel_scale, dtype, mask, prefix)
-    p, _, c, _ = _probabilities(q, k, rel_k, scale, rel_scale, mask, prefix)
+    p, _, c = _probabilities(q, k, rel_k, scale, rel_scale, mask, prefix)
+    out = _outputs(p, c, v, rel_v, R2, dtype)
     dp = _einsum("bihd,bjhd->bhij", dout, v)
     if rel_v is not None:
         y = _einsum("bihd,rd->bhir", dout, np.asarray(rel_v, dtype=dtype))

@@ -200,6 +200,11 @@ CURVE_TABLES = {"digits-fig4": "digits", "digits16-fig4": "digits16"}
 CURVE_POINTS = 20
 
 
+def curve_every(sequences, scale):
+    """The steps between a curve table's evaluations: a CURVE_POINTS-th of the training."""
+    return max(sequences // scale.batch_size // CURVE_POINTS, 1)
+
+
 def grid_fields(operation):
     """TrainConfig fields of a 2D grid transduction (:mod:`mapformer.tasks.grid2d`): sides
     4 to 6 at cpu and paper scale (the task's default), 2 to 4 at tiny (mean side 3; the old
@@ -265,7 +270,7 @@ def configs(task, row, scale, seed, sequences, eval_sequences=None, curves=False
                   eval_sequences=scale.eval_sequences, log_every=100)
     fields = {**fields, **TASKS[task][0](scale)}
     if curves:
-        fields["eval_every"] = max(sequences // scale.batch_size // CURVE_POINTS, 1)
+        fields["eval_every"] = curve_every(sequences, scale)
     if eval_sequences is not None:
         fields["eval_sequences"] = eval_sequences
     train_config = TrainConfig(**fields)
@@ -463,7 +468,7 @@ def table(name, scale="cpu", sequences=None, eval_sequences=None):
     n = sequences or at.steps * at.batch_size
     task, curves = CURVE_TABLES.get(name, name), name in CURVE_TABLES
     note = task_note(task, at, n, eval_sequences, sequences is not None) + (
-        f"; both sets evaluated every {max(n // at.batch_size // CURVE_POINTS, 1)} steps "
+        f"; both sets evaluated every {curve_every(n, at)} steps "
         "(the curves)" if curves else "")
 
     def make_run(part, row, seed):
@@ -488,7 +493,7 @@ def plot_fig4(table, store, seeds, path):
     found = table.records(store, seeds)
     fig, axes = plt.subplots(1, 2, figsize=(11, 4))
     for row in table.rows:
-        curves = [[(e["step"], e["eval"]["dev"]) for e in r.get("evals") or []]
+        curves = [[(e["step"], e["eval"]["dev"]) for e in r["evals"]]
                   + [(r["steps"], r["metrics"]["dev"])]
                   for (_, label, _), r in found.items() if label == row and r.get("evals")]
         if not curves:

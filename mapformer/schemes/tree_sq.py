@@ -83,11 +83,12 @@ def p_gradient(dweight, p, depth, width, scale):
 class TreeSQ(AdditiveScheme):
     """Parameter ``p`` (m,), m = d_model // (2 tree_sq_depth), declared by the first
     layer's scheme (the code is added once, before the first block, as ``learned_abs``'s).
-    Traces: ``onehot`` (B T, L) the last forward's path stacks."""
+    Traces: ``onehot`` (B T, L) the last forward's path stacks, ``weight`` (C, L) its
+    linear op's weight (from p)."""
 
     name = "tree_sq"
     options = (TREE_SQ_DEPTH, TREE_SQ_SCALE)
-    traces = ("onehot",)
+    traces = ("onehot", "weight")
 
     def __init__(self, store, name, config, ops):
         super().__init__(store, name, config, ops)
@@ -114,14 +115,13 @@ class TreeSQ(AdditiveScheme):
                              "Transformer.forward / loss")
         self.onehot = self.ops.asarray(path_onehot(self.ops.to_numpy(self.coordinates),
                                                    self.depth))
-        return self.ops.linear_forward(self.onehot, self._weight()).reshape(batch, steps,
-                                                                            self.C)
+        self.weight = self._weight()
+        return self.ops.linear_forward(self.onehot, self.weight).reshape(batch, steps, self.C)
 
     def code_backward(self, dcode):
         """p's gradient (+=) from the linear op's weight gradient (p_gradient)."""
         dweight = self.ops.zeros((self.C, BRANCHES * self.depth))
-        self.ops.linear_backward(dcode.reshape(-1, self.C), self.onehot, self._weight(),
-                                 dweight)
+        self.ops.linear_backward(dcode.reshape(-1, self.C), self.onehot, self.weight, dweight)
         dp = p_gradient(self.ops.to_numpy(dweight), self.ops.to_numpy(self.p.value),
                         self.depth, self.C, self.config.options["tree_sq_scale"])
         self.ops.add_(self.p.grad, self.ops.asarray(dp))
